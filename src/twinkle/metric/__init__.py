@@ -1,0 +1,42 @@
+"""Computation: pure metrics over explicit observations (no I/O, no clocks, no torch at import).
+
+* :class:`Metric` — the ``accumulate`` / ``calculate`` / ``reset`` protocol.
+* :class:`ThroughputMetric` — window tokens/s and tokens/s/device as ratios of totals.
+* :class:`LengthHistogram` — bounded, deterministic, mergeable length distribution.
+* :func:`memory_metrics` and friends — cross-worker memory reduction in binary units.
+
+Persistence lives in :mod:`twinkle.metric.reporting`, which is not imported here.
+"""
+
+from __future__ import annotations
+
+from twinkle.metric.base import Metric
+from twinkle.metric.histogram import LengthHistogram
+from twinkle.metric.memory import (
+    BINARY_UNITS,
+    MEMORY_FIELDS,
+    MemoryMetrics,
+    Reduction,
+    convert_bytes,
+    gather_readings,
+    memory_metrics,
+    memory_report,
+    reduce_readings,
+)
+from twinkle.metric.throughput import THROUGHPUT_KEYS, ThroughputMetric
+
+__all__ = [
+    "BINARY_UNITS",
+    "MEMORY_FIELDS",
+    "THROUGHPUT_KEYS",
+    "LengthHistogram",
+    "MemoryMetrics",
+    "Metric",
+    "Reduction",
+    "ThroughputMetric",
+    "convert_bytes",
+    "gather_readings",
+    "memory_metrics",
+    "memory_report",
+    "reduce_readings",
+]

@@ -1,0 +1,271 @@
+"""Memory figures across workers: binary unit conversion and cross-worker reduction.
+
+Raw readings (integer bytes, :class:`twinkle.perf.stats.MemoryReading`) are reduced per
+field over workers — max, min, mean, sum, how many workers contributed and which worker
+holds the max — and only then converted to a binary unit (``GiB = 2**30`` bytes).
+Host-only workers report ``None`` device fields; they are skipped for those fields and
+the count says how many workers did contribute.
+
+:func:`gather_readings` collects one reading per rank over ``torch.distributed`` when it
+is initialised; torch is imported only inside it, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, cast
+
+import orjson
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.metric.histogram import _short_repr
+from twinkle.perf.stats import MemoryReading
+
+__all__ = [
+    "BINARY_UNITS",
+    "MEMORY_FIELDS",
+    "MemoryMetrics",
+    "Reduction",
+    "convert_bytes",
+    "gather_readings",
+    "memory_metrics",
+    "memory_report",
+    "reduce_readings",
+]
+
+BINARY_UNITS: Final[Mapping[str, int]] = MappingProxyType(
+    {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+)
+"""Bytes per binary unit (read-only)."""
+
+# How a unit is spelled inside a metric key: ``device_allocated_peak_gib_max``.
+_UNIT_KEY: Final[Mapping[str, str]] = MappingProxyType(
+    {"B": "bytes", "KiB": "kib", "MiB": "mib", "GiB": "gib", "TiB": "tib"}
+)
+
+MEMORY_FIELDS: Final[tuple[str, ...]] = (
+    "host_rss_bytes",
+    "host_peak_rss_bytes",
+    "device_allocated_bytes",
+    "device_allocated_peak_bytes",
+    "device_reserved_bytes",
+    "device_reserved_peak_bytes",
+)
+"""The byte fields of :class:`~twinkle.perf.stats.MemoryReading` that can be reduced."""
+
+
+def _check_unit(unit: object, where: str) -> int:
+    if not isinstance(unit, str) or unit not in BINARY_UNITS:
+        raise InvalidArgumentError(
+            f"{where}: unit must be one of {', '.join(BINARY_UNITS)} (binary units, "
+            f"GiB = 2**30 bytes), got {unit!r}; pass e.g. unit='GiB'"
+        )
+    return BINARY_UNITS[unit]
+
+
+def convert_bytes(value: int, unit: str) -> float:
+    """``value`` bytes in binary ``unit`` (one of :data:`BINARY_UNITS`), correctly rounded."""
+    size = _check_unit(unit, "convert_bytes")
+    if type(value) is not int:
+        raise InvalidArgumentError(
+            f"convert_bytes: value must be an int number of bytes, got {value!r} "
+            f"({type(value).__name__}); pass the raw integer byte count"
+        )
+    return value / size
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """One field reduced over the workers that reported it (raw bytes).
+
+    ``count`` is how many workers contributed (workers whose field is ``None`` are
+    skipped). ``argmax_worker`` is the ``worker_id`` of the first contributing reading,
+    in the order given, that holds ``max``. With no contributor ``max``, ``min`` and
+    ``argmax_worker`` are ``None``, ``sum`` is 0 and ``mean`` is ``nan``.
+    """
+
+    max: int | None
+    min: int | None
+    mean: float
+    sum: int
+    count: int
+    argmax_worker: str | None
+
+
+def _check_readings(readings: object, where: str) -> Sequence[MemoryReading]:
+    if not isinstance(readings, Sequence) or isinstance(readings, str | bytes):
+        raise InvalidArgumentError(
+            f"{where}: readings must be a sequence of MemoryReading, got "
+            f"{_short_repr(readings)}; pass e.g. gather_readings(memory_stats())"
+        )
+    if not readings:
+        raise InvalidArgumentError(
+            f"{where}: readings must hold at least one MemoryReading, got {readings!r}; "
+            f"pass e.g. gather_readings(memory_stats())"
+        )
+    for i, reading in enumerate(readings):
+        if not isinstance(reading, MemoryReading):
+            raise InvalidArgumentError(
+                f"{where}: readings[{i}] must be a twinkle.perf.stats.MemoryReading, got "
+                f"{_short_repr(reading)}; build readings with memory_stats()"
+            )
+    return readings
+
+
+def _check_fields(fields: object, where: str) -> tuple[str, ...]:
+    names: tuple[object, ...] = ()
+    if isinstance(fields, Sequence) and not isinstance(fields, str | bytes):
+        names = tuple(fields)
+    known = [name for name in MEMORY_FIELDS if name in names]
+    if not names or len(known) != len(names):  # also catches unknown and repeated names
+        raise InvalidArgumentError(
+            f"{where}: fields must be a non-empty sequence of distinct names from "
+            f"{MEMORY_FIELDS!r}, got {fields!r}; pass e.g. ('device_allocated_peak_bytes',)"
+        )
+    return tuple(str(name) for name in names)
+
+
+def reduce_readings(
+    readings: Sequence[MemoryReading], *, fields: Sequence[str] = MEMORY_FIELDS
+) -> dict[str, Reduction]:
+    """Reduce each of ``fields`` over ``readings``: ``{field: Reduction}`` in ``fields`` order.
+
+    All readings and values are validated before anything is computed.
+    """
+    return _reduce_readings(readings, fields, "reduce_readings")
+
+
+def _reduce_readings(readings: object, fields: object, where: str) -> dict[str, Reduction]:
+    checked = _check_readings(readings, where)
+    names = _check_fields(fields, where)
+    columns: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
+    for i, reading in enumerate(checked):
+        for name in names:
+            value = getattr(reading, name)
+            if value is None:
+                continue
+            if type(value) is not int or value < 0:
+                raise InvalidArgumentError(
+                    f"{where}: readings[{i}].{name} must be an int >= 0 or None, got "
+                    f"{value!r}; readings carry raw byte counts from memory_stats()"
+                )
+            columns[name].append((value, reading.worker_id))
+    return {name: _reduce(column) for name, column in columns.items()}
+
+
+def _reduce(column: list[tuple[int, str]]) -> Reduction:
+    if not column:
+        return Reduction(max=None, min=None, mean=math.nan, sum=0, count=0, argmax_worker=None)
+    values = [value for value, _ in column]
+    top = max(values)
+    total = sum(values)
+    return Reduction(
+        max=top,
+        min=min(values),
+        mean=total / len(values),
+        sum=total,
+        count=len(values),
+        argmax_worker=column[values.index(top)][1],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryMetrics:
+    """Flat memory figures for a record: numbers in ``values``, worker names in ``attrs``.
+
+    For each field ``<name>_bytes`` and unit tag ``<u>`` (``gib`` for GiB, ``bytes``
+    for B), ``values`` holds ``<name>_<u>_max``, ``_min``, ``_mean``, ``_sum`` (floats;
+    ``nan`` when no worker reported the field) and ``<name>_workers`` (int, how many
+    workers contributed); ``attrs`` holds ``<name>_argmax_worker`` (the ``worker_id``
+    holding the max, ``None`` when no worker contributed).
+    """
+
+    values: dict[str, int | float]
+    attrs: dict[str, str | None]
+
+
+def memory_report(
+    readings: Sequence[MemoryReading],
+    *,
+    unit: str = "GiB",
+    fields: Sequence[str] = MEMORY_FIELDS,
+) -> MemoryMetrics:
+    """Reduce ``readings`` and convert to ``unit``: see :class:`MemoryMetrics`."""
+    size = _check_unit(unit, "memory_metrics")
+    tag = _UNIT_KEY[unit]
+    values: dict[str, int | float] = {}
+    attrs: dict[str, str | None] = {}
+    for name, r in _reduce_readings(readings, fields, "memory_metrics").items():
+        base = name.removesuffix("_bytes")
+        empty = r.count == 0
+        values[f"{base}_{tag}_max"] = math.nan if r.max is None else r.max / size
+        values[f"{base}_{tag}_min"] = math.nan if r.min is None else r.min / size
+        # sum / (count * size) as one exact int division: correctly rounded.
+        values[f"{base}_{tag}_mean"] = math.nan if empty else r.sum / (r.count * size)
+        values[f"{base}_{tag}_sum"] = math.nan if empty else r.sum / size
+        values[f"{base}_workers"] = r.count
+        attrs[f"{base}_argmax_worker"] = r.argmax_worker
+    return MemoryMetrics(values=values, attrs=attrs)
+
+
+def memory_metrics(
+    readings: Sequence[MemoryReading],
+    *,
+    unit: str = "GiB",
+    fields: Sequence[str] = MEMORY_FIELDS,
+) -> dict[str, float | int]:
+    """Flat numeric memory figures of ``readings`` in ``unit`` (``memory_report(...).values``).
+
+    Keys carry the unit, e.g. ``device_allocated_peak_gib_max``, ``host_peak_rss_gib_max``;
+    use :func:`memory_report` to also get which worker holds each max.
+    """
+    return memory_report(readings, unit=unit, fields=fields).values
+
+
+def gather_readings(reading: MemoryReading, *, group: Any = None) -> list[MemoryReading]:
+    """Every rank's reading, in rank order, when ``torch.distributed`` is initialised.
+
+    A collective: with an initialised process group every rank of ``group`` (default:
+    the world) must call it. Without torch, or before ``init_process_group``, it returns
+    ``[reading]``. On NCCL (HCCL) the caller must have selected the rank's CUDA (NPU)
+    device, as for any collective.
+
+    Readings travel as JSON bytes (``MemoryReading.to_dict``) in uint8 tensors and are
+    rebuilt, validated, with ``MemoryReading.from_dict``. Unlike
+    ``all_gather_object`` this needs no numpy and unpickles nothing a peer sent.
+    """
+    if not isinstance(reading, MemoryReading):
+        raise InvalidArgumentError(
+            f"gather_readings: reading must be a twinkle.perf.stats.MemoryReading, got "
+            f"{_short_repr(reading)}; pass memory_stats()"
+        )
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return [reading]
+    if not dist.is_available() or not dist.is_initialized():
+        return [reading]
+    backend = str(dist.get_backend(group)).lower()
+    device = torch.device("cpu")
+    if "gloo" not in backend and "nccl" in backend:
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif "gloo" not in backend and "hccl" in backend:
+        device = torch.device("npu", cast(Any, torch).npu.current_device())  # torch_npu
+    world = dist.get_world_size(group)
+    payload = orjson.dumps(reading.to_dict())
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    padded[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
+    buffers = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(buffers, padded, group=group)
+    return [
+        MemoryReading.from_dict(orjson.loads(bytes(buf[:n].cpu().tolist())))
+        for buf, n in zip(buffers, lengths, strict=True)
+    ]

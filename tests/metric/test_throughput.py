@@ -1,0 +1,323 @@
+"""ThroughputMetric: rates are exact ratios of totals; splits and merges agree bit for bit."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+import sys
+import tracemalloc
+from fractions import Fraction
+from itertools import pairwise
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.metric import THROUGHPUT_KEYS, LengthHistogram, Metric, ThroughputMetric
+
+Call = tuple[list[int], float, int | float]
+
+lengths_st = st.lists(st.integers(0, 2**20), max_size=12)
+seconds_st = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
+devices_st = st.one_of(
+    st.integers(1, 4096),
+    st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False),
+)
+call_st = st.tuples(lengths_st, seconds_st, devices_st)
+calls_st = st.lists(call_st, max_size=12)
+
+
+def fed(calls: list[Call]) -> ThroughputMetric:
+    metric = ThroughputMetric()
+    for lengths, seconds, devices in calls:
+        metric.accumulate(lengths=lengths, seconds=seconds, devices=devices)
+    return metric
+
+
+def bits(figures: dict[str, int | float]) -> list[tuple[str, str, bytes]]:
+    """A bit-exact view of calculate() output (nan == nan, 0.0 != -0.0)."""
+    return [
+        (k, type(v).__name__, struct.pack("<d", v) if isinstance(v, float) else str(v).encode())
+        for k, v in figures.items()
+    ]
+
+
+def exact_ratio(numerator: Fraction, denominator: Fraction) -> float:
+    if denominator == 0:
+        return math.nan
+    try:
+        return float(numerator / denominator)
+    except OverflowError:
+        return math.inf
+
+
+def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates():
+    metric = ThroughputMetric()
+    metric.accumulate(lengths=[40, 60], seconds=1.0, devices=2)  # 100 tok/s
+    metric.accumulate(lengths=[100, 200], seconds=1.5, devices=4)  # 200 tok/s
+    out = metric.calculate()
+    assert out["tokens"] == 400
+    assert out["seconds"] == 2.5
+    assert out["device_seconds"] == 1.0 * 2 + 1.5 * 4
+    assert out["tokens_per_s"] == 400 / 2.5  # 160, not the mean of rates (150)
+    assert out["tokens_per_s_per_device"] == 400 / 8.0
+
+
+def test_calculate_returns_every_key_with_units_in_order():
+    metric = fed([([3, 5], 0.5, 1)])
+    out = metric.calculate()
+    assert tuple(out) == THROUGHPUT_KEYS
+    assert type(out["samples"]) is int and type(out["tokens"]) is int
+    assert all(type(out[k]) is float for k in THROUGHPUT_KEYS[2:])
+    assert out == {
+        "samples": 2,
+        "tokens": 8,
+        "seconds": 0.5,
+        "device_seconds": 0.5,
+        "tokens_per_s": 16.0,
+        "tokens_per_s_per_device": 16.0,
+        "length_mean": 4.0,
+        "length_min": 3.0,
+        "length_max": 5.0,
+        "length_p50": 3.0,
+        "length_p95": 5.0,
+    }
+
+
+def test_empty_metric_reports_nan_for_undefined_figures_and_keeps_every_key():
+    out = ThroughputMetric().calculate()
+    assert tuple(out) == THROUGHPUT_KEYS
+    assert (out["samples"], out["tokens"], out["seconds"], out["device_seconds"]) == (0, 0, 0, 0)
+    for key in THROUGHPUT_KEYS[4:]:
+        assert math.isnan(out[key]), key
+
+
+def test_zero_seconds_gives_nan_rates_but_keeps_counts():
+    out = fed([([7, 9], 0.0, 8)]).calculate()
+    assert out["tokens"] == 16 and out["samples"] == 2
+    assert math.isnan(out["tokens_per_s"]) and math.isnan(out["tokens_per_s_per_device"])
+    assert out["length_mean"] == 8.0
+
+
+def test_seconds_without_samples_count_towards_the_window():
+    metric = fed([([10, 30], 1.0, 1), ([], 1.0, 1)])
+    out = metric.calculate()
+    assert out["samples"] == 2 and out["seconds"] == 2.0
+    assert out["tokens_per_s"] == 20.0
+
+
+def test_rate_beyond_float_range_is_inf_not_an_error():
+    out = fed([([2**53 - 1], 5e-324, 1)]).calculate()
+    assert out["tokens_per_s"] == math.inf
+    assert out["tokens_per_s_per_device"] == math.inf
+
+
+def test_percentiles_are_nearest_rank():
+    out = fed([(list(range(1, 101)), 1.0, 1)]).calculate()
+    assert out["length_p50"] == 50.0
+    assert out["length_p95"] == 95.0
+    assert (out["length_min"], out["length_max"], out["length_mean"]) == (1.0, 100.0, 50.5)
+
+
+def test_calculate_does_not_reset():
+    metric = fed([([1, 2, 3], 0.25, 2)])
+    assert bits(metric.calculate()) == bits(metric.calculate())
+    assert metric.calculate()["samples"] == 3
+
+
+def test_reset_forgets_everything():
+    metric = fed([([1, 2, 3], 0.25, 2)])
+    metric.reset()
+    assert metric == ThroughputMetric()
+    assert bits(metric.calculate()) == bits(ThroughputMetric().calculate())
+
+
+def test_lengths_accept_any_int_sequence():
+    a = fed([((4, 5, 6), 1.0, 1)])
+    b = fed([(range(4, 7), 1.0, 1)])
+    assert a == b
+
+
+def test_throughput_metric_is_a_metric():
+    assert isinstance(ThroughputMetric(), Metric)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    samples=st.lists(st.integers(0, 2**20), max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+    timing=st.lists(st.tuples(seconds_st, devices_st), min_size=9, max_size=9),
+)
+def test_window_is_exact_ratio_of_totals_for_any_split(samples, cuts, timing):
+    bounds = sorted({0, len(samples), *(c for c in cuts if c <= len(samples))})
+    calls = [(samples[lo:hi], *timing[i]) for i, (lo, hi) in enumerate(pairwise(bounds))]
+    out = fed(calls).calculate()
+    tokens = sum(samples)
+    seconds = sum(Fraction(s) for _, s, _ in calls)
+    device_seconds = sum(Fraction(s) * Fraction(d) for _, s, d in calls)
+    assert out["samples"] == len(samples)
+    assert out["tokens"] == tokens
+    # Exact: the correctly rounded value of the exact rational, whatever the split.
+    assert bits({"x": out["seconds"]}) == bits({"x": float(seconds)})
+    assert bits({"x": out["device_seconds"]}) == bits({"x": float(device_seconds)})
+    assert bits({"x": out["tokens_per_s"]}) == bits({"x": exact_ratio(Fraction(tokens), seconds)})
+    assert bits({"x": out["tokens_per_s_per_device"]}) == bits(
+        {"x": exact_ratio(Fraction(tokens), device_seconds)}
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    samples=st.lists(st.integers(0, 2**20), min_size=1, max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+    ticks=st.lists(st.integers(0, 2**20), min_size=9, max_size=9),
+    devices=devices_st,
+)
+def test_many_calls_equal_one_call_of_the_same_samples(samples, cuts, ticks, devices):
+    # Seconds are multiples of 2**-10 so the single call can be given their exact sum.
+    bounds = sorted({0, len(samples), *(c for c in cuts if c <= len(samples))})
+    calls = [
+        (samples[lo:hi], ticks[i] / 1024, devices) for i, (lo, hi) in enumerate(pairwise(bounds))
+    ]
+    single = fed([(samples, sum(ticks[: len(calls)]) / 1024, devices)])
+    assert bits(fed(calls).calculate()) == bits(single.calculate())
+
+
+@settings(max_examples=100, deadline=None)
+@given(calls=calls_st, seed=st.integers(0, 2**32))
+def test_order_of_calls_does_not_change_a_single_bit(calls, seed):
+    shuffled = list(calls)
+    random.Random(seed).shuffle(shuffled)
+    assert bits(fed(calls).calculate()) == bits(fed(shuffled).calculate())
+    assert fed(calls).state() == fed(shuffled).state()
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=calls_st, second=calls_st)
+def test_merge_equals_one_metric_fed_both_streams(first, second):
+    merged, other = fed(first), fed(second)
+    other_before = other.state()
+    merged.merge(other)
+    both = fed(first + second)
+    assert merged == both
+    assert bits(merged.calculate()) == bits(both.calculate())
+    assert other.state() == other_before
+
+
+@settings(max_examples=50, deadline=None)
+@given(calls=calls_st)
+def test_state_round_trips_through_strict_json(calls):
+    metric = fed(calls)
+    restored = ThroughputMetric.from_state(orjson.loads(orjson.dumps(metric.state())))
+    assert restored == metric
+    assert bits(restored.calculate()) == bits(metric.calculate())
+
+
+def test_partials_from_many_workers_reduce_to_the_whole():
+    workers = [fed([([w, w + 1], 0.1 * (w + 1), 8)]) for w in range(4)]
+    total = ThroughputMetric()
+    for state in [w.state() for w in workers]:
+        total.merge(ThroughputMetric.from_state(state))
+    assert total == fed([([w, w + 1], 0.1 * (w + 1), 8) for w in range(4)])
+
+
+GOOD = {"lengths": [1, 2], "seconds": 1.0, "devices": 1}
+
+BAD_INPUTS = [
+    ("lengths", "12"),
+    ("lengths", 12),
+    ("lengths", {1, 2}),
+    ("lengths", (n for n in [1, 2])),
+    ("lengths", [1, -2]),
+    ("lengths", [1, 2.0]),
+    ("lengths", [1, True]),
+    ("lengths", [1, None]),
+    ("lengths", [2**53]),
+    ("seconds", math.nan),
+    ("seconds", math.inf),
+    ("seconds", -0.5),
+    ("seconds", "1.0"),
+    ("seconds", True),
+    ("seconds", None),
+    ("seconds", 10**400),
+    ("devices", 0),
+    ("devices", -1),
+    ("devices", math.nan),
+    ("devices", math.inf),
+    ("devices", True),
+    ("devices", "8"),
+    ("devices", -0.0),
+]
+
+
+@pytest.mark.parametrize(("argument", "value"), BAD_INPUTS)
+def test_bad_input_is_rejected_by_name_and_leaves_state_unchanged(argument, value):
+    metric = fed([([5, 6], 0.5, 2)])
+    before = metric.state()
+    with pytest.raises(InvalidArgumentError, match=argument) as info:
+        metric.accumulate(**{**GOOD, argument: value})
+    assert "got" in str(info.value)
+    assert metric.state() == before
+
+
+def test_merge_rejects_other_types():
+    with pytest.raises(InvalidArgumentError, match="other"):
+        ThroughputMetric().merge({"seconds": "1"})
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda s: s.update(version=2),
+        lambda s: s.update(seconds="-1/2"),
+        lambda s: s.update(seconds="1/3"),
+        lambda s: s.update(seconds=0.5),
+        lambda s: s.update(device_seconds="abc"),
+        lambda s: s.update(lengths=None),
+        lambda s: s["lengths"].update(total=-1),
+    ],
+)
+def test_from_state_rejects_malformed_state(mutate):
+    state = fed([([5, 6], 0.5, 2)]).state()
+    mutate(state)
+    with pytest.raises(InvalidArgumentError, match="state"):
+        ThroughputMetric.from_state(state)
+
+
+def footprint(metric: ThroughputMetric) -> int:
+    """Bytes held by the metric's state (the containers and every number in them)."""
+    h = metric._lengths
+    parts = [metric._seconds, metric._device_seconds, h._count, h._total, h._min, h._max]
+    size = sum(sys.getsizeof(p) for p in parts)
+    for container in (h._counts, h._blocks):
+        size += sys.getsizeof(container)
+        size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in container.items())
+    return size + sys.getsizeof(h._block_keys) + sum(map(sys.getsizeof, h._block_keys))
+
+
+def test_memory_does_not_grow_over_100k_accumulate_calls():
+    pattern = [[(i * 7919) % 9000, (i * 104729) % (1 << 30)] for i in range(1000)]
+    metric = ThroughputMetric()
+    for lengths in pattern:  # every distinct bucket of the run is created here
+        metric.accumulate(lengths=lengths, seconds=0.001, devices=8)
+    metric.calculate()
+    after_1k = footprint(metric)
+    for step in range(89_000):
+        metric.accumulate(lengths=pattern[step % 1000], seconds=0.001, devices=8)
+    # The last 10k calls under tracemalloc: nothing outside the state grows either.
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for step in range(10_000):
+            metric.accumulate(lengths=pattern[step % 1000], seconds=0.001, devices=8)
+        metric.calculate()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert metric.calculate()["samples"] == 200_000
+    assert metric._lengths.bucket_count <= LengthHistogram.MAX_BUCKETS
+    assert footprint(metric) - after_1k < 1024  # counts and exact sums gain a few digits
+    assert after - before < 16 * 1024
