@@ -1,0 +1,33 @@
+"""Raw observation: clocks, spans and memory readings.
+
+Everything here observes and records; nothing computes a rate, writes a file or knows
+about RL. torch is never imported by importing this package.
+"""
+
+from twinkle.perf.clock import Clock, ClockAnchor, ManualClock, default_clock
+from twinkle.perf.stats import MemoryReading, memory_stats
+from twinkle.perf.timer import (
+    Span,
+    SpanContext,
+    TimeRecorder,
+    current_recorder,
+    span,
+    timed,
+    use_recorder,
+)
+
+__all__ = [
+    "Clock",
+    "ClockAnchor",
+    "ManualClock",
+    "MemoryReading",
+    "Span",
+    "SpanContext",
+    "TimeRecorder",
+    "current_recorder",
+    "default_clock",
+    "memory_stats",
+    "span",
+    "timed",
+    "use_recorder",
+]
