@@ -10,7 +10,7 @@ import sys
 from bench._harness import Row, format_table
 
 # Each module exposes ``run(smoke: bool) -> list[Row]``.
-MODULES = ["bench.bench_perf", "bench.bench_reporting"]
+MODULES = ["bench.bench_perf", "bench.bench_reporting", "bench.bench_metric", "bench.bench_engines"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +24,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         mod = importlib.import_module(mod_name)
         rows.extend(mod.run(smoke=args.smoke))
-    print(f"machine: {platform.machine()} {platform.processor() or ''} "
-          f"python {platform.python_version()} {platform.system()}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} "
+        f"python {platform.python_version()} {platform.system()}"
+    )
     print(format_table(rows))
     failed = [r for r in rows if r.met is False]
     if failed and not args.smoke:

@@ -1,0 +1,85 @@
+"""The ``twinkle`` command.
+
+``twinkle replay EVENTS_JSONL --out DIR``  recompute a run's records from its event log
+``twinkle demo [options]``                 the tiny GRPO run, fully observed
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from twinkle.errors import TwinkleError
+
+__all__ = ["build_parser", "main"]
+
+
+def _add_plugin_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-autoload",
+        action="store_true",
+        help="do not load third-party observer plugins (also: TWINKLE_DISABLE_PLUGIN_AUTOLOAD=1)",
+    )
+    p.add_argument(
+        "--block",
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help="never load the observer plugin of this name (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``twinkle`` command."""
+    parser = argparse.ArgumentParser(prog="twinkle", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
+    rp.add_argument("events", metavar="EVENTS_JSONL", help="the run's events.jsonl")
+    rp.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    _add_plugin_options(rp)
+
+    from twinkle.demo.cli import add_demo_arguments
+
+    dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
+    add_demo_arguments(dp)
+    _add_plugin_options(dp)
+    return parser
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from twinkle.replay import replay
+
+    result = replay(
+        args.events,
+        args.out,
+        autoload=False if args.no_autoload else None,
+        blocked=args.block,
+    )
+    summary = result.summary
+    print(
+        f"replayed {result.events} events of run {summary['run_id']!r} into {result.out_dir} "
+        f"(status {summary['status']}, observer failures "
+        f"{sum(summary['observer_failures'].values())})"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "replay":
+            return _replay(args)
+        from twinkle.demo.cli import run_demo_command
+
+        return run_demo_command(args)
+    except TwinkleError as exc:
+        print(f"twinkle: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Events: frozen, typed observation values and the signals that carry them.
+
+Publishers (the driver, recorders, the caller's business code) publish through an
+:class:`EventBus`; observers are functions of the events they receive.
+"""
+
+from twinkle.events._bus import EventBus
+from twinkle.events._codec import dumps_event, event_from_dict, event_to_dict, loads_event
+from twinkle.events._signals import (
+    SIGNALS,
+    iteration_started,
+    memory,
+    optimizer_step,
+    run_finished,
+    run_started,
+    samples,
+    scalars,
+    signal_for,
+    snapshot,
+    spans,
+    weights_published,
+)
+from twinkle.events._types import (
+    EVENT_TYPES,
+    EngineAck,
+    Event,
+    IterationStarted,
+    MemoryReadings,
+    OptimizerStep,
+    RunFinished,
+    RunStarted,
+    SamplesObserved,
+    ScalarsObserved,
+    Snapshot,
+    SpanBatch,
+    WeightsPublished,
+)
+from twinkle.events._validate import validate_event
+
+__all__ = [
+    "EVENT_TYPES",
+    "SIGNALS",
+    "EngineAck",
+    "Event",
+    "EventBus",
+    "IterationStarted",
+    "MemoryReadings",
+    "OptimizerStep",
+    "RunFinished",
+    "RunStarted",
+    "SamplesObserved",
+    "ScalarsObserved",
+    "Snapshot",
+    "SpanBatch",
+    "WeightsPublished",
+    "dumps_event",
+    "event_from_dict",
+    "event_to_dict",
+    "iteration_started",
+    "loads_event",
+    "memory",
+    "optimizer_step",
+    "run_finished",
+    "run_started",
+    "samples",
+    "scalars",
+    "signal_for",
+    "snapshot",
+    "spans",
+    "validate_event",
+    "weights_published",
+]

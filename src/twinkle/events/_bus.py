@@ -1,0 +1,227 @@
+"""``EventBus``: stamps events with the run's clock and sends them on the signals.
+
+The bus is a publisher, so it may read a clock; observers never do. One bus serves one
+run: it is the blinker *sender* of every event it publishes, so receivers connected with
+``sender=bus`` see exactly that run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.events._signals import signal_for
+from twinkle.events._types import (
+    EngineAck,
+    Event,
+    IterationStarted,
+    MemoryReadings,
+    OptimizerStep,
+    RunFinished,
+    RunStarted,
+    SamplesObserved,
+    ScalarsObserved,
+    Snapshot,
+    SpanBatch,
+    WeightsPublished,
+)
+from twinkle.events._validate import validate_event
+from twinkle.perf import Clock, ClockAnchor, TimeRecorder
+from twinkle.perf.stats import MemoryReading
+
+__all__ = ["EventBus"]
+
+
+class EventBus:
+    """Publishes the events of one run.
+
+    ``clock`` is the run's monotonic ns clock (inject a manual clock in tests);
+    ``wall_clock`` gives unix-epoch ns. Recorders attached with :meth:`attach` are drained
+    into :class:`SpanBatch` events by :meth:`flush_spans`, which runs automatically before
+    every iteration boundary and before the run finishes, so a boundary event always comes
+    after every span that closed before it.
+    """
+
+    __slots__ = ("_clock", "_lock", "_recorders", "_wall_clock", "anchor", "run_id", "validate")
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        clock: Clock = time.perf_counter_ns,
+        wall_clock: Clock = time.time_ns,
+        validate: bool = True,
+    ) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidArgumentError(f"run_id must be a non-empty string, got {run_id!r}")
+        self.run_id = run_id
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.validate = validate
+        self._recorders: list[tuple[str, TimeRecorder]] = []
+        self._lock = threading.Lock()
+        mono = clock()
+        self.anchor = ClockAnchor(
+            monotonic_ns=mono, wall_ns=wall_clock(), pid=os.getpid(), hostname=socket.gethostname()
+        )
+
+    @property
+    def clock(self) -> Clock:
+        """The run's monotonic ns clock."""
+        return self._clock
+
+    def now_ns(self) -> int:
+        """The run clock's current reading."""
+        return self._clock()
+
+    def _times(self) -> tuple[int, int]:
+        return self._clock(), self._wall_clock()
+
+    # -- publishing -------------------------------------------------------------------
+
+    def publish(self, event: Event) -> None:
+        """Validate ``event`` and send it on its signal, with this bus as the sender."""
+        if self.validate:
+            validate_event(event)
+        signal_for(event).send(self, event=event)
+
+    def attach(self, recorder: TimeRecorder, *, source: str) -> None:
+        """Drain ``recorder`` into span batches named ``source`` at every flush."""
+        if not isinstance(source, str) or not source:
+            raise InvalidArgumentError(f"source must be a non-empty string, got {source!r}")
+        with self._lock:
+            if any(s == source for s, _ in self._recorders):
+                raise InvalidArgumentError(
+                    f"a recorder is already attached as source {source!r}; pick another name"
+                )
+            self._recorders.append((source, recorder))
+
+    def detach(self, source: str) -> None:
+        """Stop draining the recorder attached as ``source`` (its pending spans are flushed)."""
+        with self._lock:
+            found = [(s, r) for s, r in self._recorders if s == source]
+            self._recorders = [(s, r) for s, r in self._recorders if s != source]
+        for s, r in found:
+            self._publish_spans(s, r)
+
+    def flush_spans(self) -> int:
+        """Publish every finished span of the attached recorders; returns how many."""
+        with self._lock:
+            recorders = list(self._recorders)
+        return sum(self._publish_spans(s, r) for s, r in recorders)
+
+    def publish_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
+        """Publish spans recorded elsewhere (another process) with that process's anchor."""
+        if spans:
+            mono, wall = self._times()
+            self.publish(SpanBatch(self.run_id, mono, wall, source, anchor, tuple(spans)))
+
+    def _publish_spans(self, source: str, recorder: TimeRecorder) -> int:
+        spans = recorder.drain()
+        if spans:
+            mono, wall = self._times()
+            self.publish(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, tuple(spans)))
+        return len(spans)
+
+    # -- builders for each event ------------------------------------------------------
+
+    def run_started(self, config: Mapping[str, Any] | None = None) -> RunStarted:
+        """Publish :class:`RunStarted` with the caller's observer configuration."""
+        mono, wall = self._times()
+        event = RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {}))
+        self.publish(event)
+        return event
+
+    def iteration_started(self, iteration: int) -> IterationStarted:
+        """Flush spans, then publish :class:`IterationStarted`."""
+        self.flush_spans()
+        mono, wall = self._times()
+        event = IterationStarted(self.run_id, mono, wall, iteration)
+        self.publish(event)
+        return event
+
+    def weights_published(
+        self, version: int, *, start_ns: int, end_ns: int, acks: Iterable[tuple[str, int]]
+    ) -> WeightsPublished:
+        """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
+        mono, wall = self._times()
+        event = WeightsPublished(
+            self.run_id,
+            mono,
+            wall,
+            version,
+            start_ns,
+            end_ns,
+            tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
+        )
+        self.publish(event)
+        return event
+
+    def snapshot(self, state: Mapping[str, Any]) -> Snapshot:
+        """Publish a :class:`Snapshot` of driver state (a plain dict)."""
+        mono, wall = self._times()
+        event = Snapshot(self.run_id, mono, wall, dict(state))
+        self.publish(event)
+        return event
+
+    def samples(
+        self, *, iteration: int, phase: str, lengths: Iterable[int], groups: int = 0
+    ) -> SamplesObserved:
+        """Publish the caller's samples of ``iteration`` tagged with ``phase``."""
+        mono, wall = self._times()
+        event = SamplesObserved(self.run_id, mono, wall, iteration, phase, tuple(lengths), groups)
+        self.publish(event)
+        return event
+
+    def optimizer_step(self, *, iteration: int, step: int, samples: int = 0) -> OptimizerStep:
+        """Publish an :class:`OptimizerStep` (``step``: optimizer steps so far, 1-based)."""
+        mono, wall = self._times()
+        event = OptimizerStep(self.run_id, mono, wall, iteration, step, samples)
+        self.publish(event)
+        return event
+
+    def scalars(
+        self, *, iteration: int, name: str, values: Mapping[str, int | float]
+    ) -> ScalarsObserved:
+        """Publish the caller's named per-iteration figures (reward, loss, ...)."""
+        mono, wall = self._times()
+        event = ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
+        self.publish(event)
+        return event
+
+    def memory(self, readings: Iterable[MemoryReading], *, iteration: int | None) -> MemoryReadings:
+        """Publish raw per-worker memory readings."""
+        mono, wall = self._times()
+        event = MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings))
+        self.publish(event)
+        return event
+
+    def run_finished(
+        self,
+        *,
+        status: str = "ok",
+        error: str | None = None,
+        terminal_totals: Mapping[str, int | float] | None = None,
+        records_dropped: int = 0,
+        process_wall_ns: int | None = None,
+    ) -> RunFinished:
+        """Flush spans, then publish :class:`RunFinished`."""
+        self.flush_spans()
+        mono, wall = self._times()
+        event = RunFinished(
+            self.run_id,
+            mono,
+            wall,
+            status,
+            error,
+            dict(terminal_totals or {}),
+            records_dropped,
+            process_wall_ns,
+        )
+        self.publish(event)
+        return event

@@ -1,0 +1,206 @@
+"""The observer contract: one typed ``twinkle_*`` hook per event, plus the run's frame.
+
+This module *is* the contract. Hooks only ever gain arguments, never lose them; an
+implementation may accept any subset of a hook's arguments (pluggy passes only the ones
+it names). Every hook runs on the thread that dispatches the event, one observer at a
+time, in pluggy's order (last registered first, ``tryfirst``/``trylast`` respected).
+
+A raising implementation never stops the others or the run: the dispatcher logs it with
+the plugin's name, counts it (``summary.json`` → ``observer_failures``) and goes on.
+
+Observers are deterministic functions of the events they receive: they read no clock,
+environment or device. Replaying a run's ``events.jsonl`` through the same observers
+reproduces every record they produced.
+
+Event hooks may return a list of :class:`~twinkle.metric.reporting.MetricRecord`
+(``seq`` is assigned by the run's reporter) or ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from twinkle.events import (
+    Event,
+    IterationStarted,
+    MemoryReadings,
+    OptimizerStep,
+    RunFinished,
+    RunStarted,
+    SamplesObserved,
+    ScalarsObserved,
+    Snapshot,
+    SpanBatch,
+    WeightsPublished,
+)
+from twinkle.metric.reporting import Backend, MetricRecord
+
+__all__ = ["OVERHEAD_SPAN", "PROJECT_NAME", "RunContext", "hookimpl", "hookspec"]
+
+PROJECT_NAME = "twinkle"
+#: Name of the spans that time the observers' own work (the dispatcher records them;
+#: the timing observer deducts their union from an iteration's logical seconds).
+OVERHEAD_SPAN = "twinkle.observe"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+Records = Sequence[MetricRecord] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What an observer may know about the run's frame (never a clock).
+
+    ``out_dir`` is the run directory (``runs/<run_id>/``) where sinks write, or ``None``
+    when nothing is to be written; ``config`` is the caller's observer configuration
+    (the same dict :class:`~twinkle.events.RunStarted` will carry); ``replay`` is true
+    when events come from a log.
+    """
+
+    run_id: str
+    out_dir: Path | None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    replay: bool = False
+
+
+@hookspec
+def twinkle_configure(context: RunContext) -> None:
+    """Once per run, after every plugin is registered and before the first event.
+
+    :param context: the run's id, output directory and whether this is a replay.
+    """
+
+
+@hookspec
+def twinkle_make_backends(context: RunContext) -> Sequence[Backend] | None:
+    """Once per run, after :func:`twinkle_configure`: record backends this plugin provides.
+
+    The run's single :class:`~twinkle.metric.reporting.MetricsReporter` fans every record
+    out to all backends returned here (it assigns ``seq`` and isolates failing backends).
+
+    :param context: as for :func:`twinkle_configure`.
+    """
+
+
+@hookspec
+def twinkle_run_started(event: RunStarted) -> Records:
+    """The run began; first event of every run.
+
+    :param event: run id, start times, the run process's clock anchor and the caller's
+        observer configuration (``event.config``: phases, sample tags, denominators).
+    """
+
+
+@hookspec
+def twinkle_iteration_started(event: IterationStarted) -> Records:
+    """The driver began iteration ``event.iteration``. Every span that closed before it
+    has already arrived in :func:`twinkle_spans`, so the previous iteration is complete.
+
+    :param event: the iteration number and its start time (``event.monotonic_ns``).
+    """
+
+
+@hookspec
+def twinkle_weights_published(event: WeightsPublished) -> Records:
+    """Every engine acknowledged loading weight ``event.version`` (the real completion).
+
+    :param event: version, publishing start/end ns, one acknowledgement per engine.
+    """
+
+
+@hookspec
+def twinkle_snapshot(event: Snapshot) -> Records:
+    """The driver published its state.
+
+    :param event: ``event.state`` is a plain dict (counts, version, waits).
+    """
+
+
+@hookspec
+def twinkle_spans(event: SpanBatch) -> Records:
+    """A batch of finished spans arrived from one recorder.
+
+    :param event: ``event.spans`` (name, start/end ns, thread, pid, attrs, error) on the
+        clock of the process that ``event.anchor`` describes.
+    """
+
+
+@hookspec
+def twinkle_memory(event: MemoryReadings) -> Records:
+    """Raw per-worker memory readings arrived.
+
+    :param event: ``event.readings`` in integer bytes, ``event.iteration`` they belong to.
+    """
+
+
+@hookspec
+def twinkle_samples(event: SamplesObserved) -> Records:
+    """The caller observed samples with per-sample token lengths, tagged with a phase.
+
+    :param event: iteration, phase tag, token length of every sample, group count.
+    """
+
+
+@hookspec
+def twinkle_optimizer_step(event: OptimizerStep) -> Records:
+    """The trainer took an optimizer step.
+
+    :param event: iteration, optimizer steps so far (1-based), samples in the step.
+    """
+
+
+@hookspec
+def twinkle_scalars(event: ScalarsObserved) -> Records:
+    """The caller published named per-iteration figures (reward, loss, ...).
+
+    :param event: iteration, the figures' group name and their values.
+    """
+
+
+@hookspec
+def twinkle_run_finished(event: RunFinished) -> Records:
+    """The run ended; last event of every run. Emit the final and run-scope records.
+
+    :param event: status, terminal totals from the producers, dropped-record count.
+    """
+
+
+@hookspec
+def twinkle_event(event: Event) -> None:
+    """Every event, after its typed hook has run for every observer (event-log sinks).
+
+    :param event: any event value; ``type(event).TYPE`` names its kind.
+    """
+
+
+@hookspec
+def twinkle_record(record: MetricRecord) -> None:
+    """Every record any observer produced, after the reporter stamped its ``seq``.
+
+    :param record: the stamped record.
+    """
+
+
+@hookspec
+def twinkle_summary(event: RunFinished) -> dict[str, Any] | None:
+    """After :func:`twinkle_run_finished`: this observer's part of ``summary.json``.
+
+    Keys of all parts are merged into one object; a key two plugins both return is kept
+    under ``"<plugin>.<key>"`` for the later one.
+
+    :param event: the run's final event.
+    """
+
+
+@hookspec
+def twinkle_unconfigure(context: RunContext) -> None:
+    """Once per run, last: flush and close whatever the plugin opened.
+
+    :param context: as for :func:`twinkle_configure`.
+    """

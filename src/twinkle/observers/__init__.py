@@ -1,0 +1,35 @@
+"""Built-in observers, registered through the ``twinkle.observers`` entry-point group
+like any third-party plugin: timing, throughput, memory, and the sinks (raw records,
+WebUI flat file, event log, trace)."""
+
+from twinkle.observers._config import ObserverConfig
+from twinkle.observers.memory import MemoryObserver
+from twinkle.observers.scalars import ScalarsObserver
+from twinkle.observers.sinks import (
+    EVENTS_FILE,
+    RAW_FILE,
+    TRACE_FILE,
+    WEBUI_FILE,
+    EventLogSink,
+    RawRecordsSink,
+    TraceSink,
+    WebUISink,
+)
+from twinkle.observers.throughput import ThroughputObserver
+from twinkle.observers.timing import TimingObserver
+
+__all__ = [
+    "EVENTS_FILE",
+    "RAW_FILE",
+    "TRACE_FILE",
+    "WEBUI_FILE",
+    "EventLogSink",
+    "MemoryObserver",
+    "ObserverConfig",
+    "RawRecordsSink",
+    "ScalarsObserver",
+    "ThroughputObserver",
+    "TimingObserver",
+    "TraceSink",
+    "WebUISink",
+]

@@ -1,0 +1,145 @@
+"""The caller's business definitions, as the built-in observers read them.
+
+The configuration travels in :class:`~twinkle.events.RunStarted` as plain JSON data so
+that a replay rebuilds identical observers. Its shape::
+
+    {
+      "phases": {"rollout": ["generate", "reward"], "train": ["train.*"]},
+      "throughput": {"rollout": {"samples": "rollout", "devices": 1},
+                     "train":   {"samples": "train",   "devices": 1}},
+      "window": {"samples": "rollout", "devices": 2},
+      "total_steps": 10
+    }
+
+* ``phases``: phase name -> span names forming it (``"prefix*"`` matches a prefix).
+* ``throughput``: per phase, which sample tag counts its tokens and the device
+  denominator of that phase (the physical devices it ran on).
+* ``window``: the run-level window: the sample tag whose tokens count as effective
+  tokens, divided by the iterations' logical seconds and ``devices``.
+* ``total_steps``: the planned optimizer steps (the WebUI flat file shows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from twinkle.errors import ConfigError
+
+__all__ = ["ObserverConfig", "PhaseThroughput", "SpanMatcher"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanMatcher:
+    """Exact span names plus name prefixes (from ``"prefix*"`` patterns)."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, phase: str, patterns: Any) -> SpanMatcher:
+        if isinstance(patterns, str) or not isinstance(patterns, list | tuple):
+            raise ConfigError(
+                f"config.phases[{phase!r}] must be a list of span names, got {patterns!r}; "
+                'e.g. ["generate", "train.*"]'
+            )
+        names: set[str] = set()
+        prefixes: list[str] = []
+        for p in patterns:
+            if not isinstance(p, str) or not p or p == "*":
+                raise ConfigError(
+                    f"config.phases[{phase!r}] holds {p!r}; each entry must be a span name "
+                    'or a "prefix*" pattern'
+                )
+            if p.endswith("*"):
+                prefixes.append(p[:-1])
+            else:
+                names.add(p)
+        return cls(frozenset(names), tuple(sorted(prefixes)))
+
+    def __call__(self, name: str) -> bool:
+        return name in self.names or any(name.startswith(p) for p in self.prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseThroughput:
+    """Which samples count for a phase's throughput and its device denominator."""
+
+    samples: str
+    devices: float
+
+
+def _devices(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(
+            f"{where}.devices must be a positive number of physical devices, got {value!r}"
+        )
+    return float(value)
+
+
+def _tag(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.samples must name a sample tag (a string), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ObserverConfig:
+    """Parsed observer configuration (see the module doc for the JSON shape)."""
+
+    phases: dict[str, SpanMatcher]
+    throughput: dict[str, PhaseThroughput]
+    window: PhaseThroughput | None
+    total_steps: int
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
+        """Validate ``raw`` (``RunStarted.config``); :class:`ConfigError` names the key."""
+        known = {"phases", "throughput", "window", "total_steps"}
+        unknown = sorted(k for k in raw if k not in known and not k.startswith("x_"))
+        if unknown:
+            raise ConfigError(
+                f"unknown observer config key(s) {unknown}; known: {sorted(known)} "
+                "(prefix your own keys with 'x_')"
+            )
+        phases_raw = raw.get("phases", {})
+        if not isinstance(phases_raw, Mapping):
+            raise ConfigError(f"config.phases must be an object, got {phases_raw!r}")
+        phases = {str(k): SpanMatcher.parse(k, v) for k, v in phases_raw.items()}
+        tp_raw = raw.get("throughput", {})
+        if not isinstance(tp_raw, Mapping):
+            raise ConfigError(f"config.throughput must be an object, got {tp_raw!r}")
+        throughput: dict[str, PhaseThroughput] = {}
+        for phase, spec in tp_raw.items():
+            where = f"config.throughput[{phase!r}]"
+            if phase not in phases:
+                raise ConfigError(
+                    f"{where} names a phase that config.phases does not define; "
+                    f"defined phases: {sorted(phases)}"
+                )
+            if not isinstance(spec, Mapping):
+                raise ConfigError(f"{where} must be an object, got {spec!r}")
+            throughput[phase] = PhaseThroughput(
+                _tag(where, spec.get("samples")), _devices(where, spec.get("devices"))
+            )
+        window_raw = raw.get("window")
+        window = None
+        if window_raw is not None:
+            if not isinstance(window_raw, Mapping):
+                raise ConfigError(f"config.window must be an object, got {window_raw!r}")
+            window = PhaseThroughput(
+                _tag("config.window", window_raw.get("samples")),
+                _devices("config.window", window_raw.get("devices")),
+            )
+        total_steps = raw.get("total_steps", 0)
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0:
+            raise ConfigError(f"config.total_steps must be a non-negative int, got {total_steps!r}")
+        return cls(phases, throughput, window, total_steps)
+
+    def phase_of(self, span_name: str) -> str | None:
+        """The first configured phase (in config order) whose patterns match."""
+        for phase, matcher in self.phases.items():
+            if matcher(span_name):
+                return phase
+        return None

@@ -1,0 +1,78 @@
+"""Memory observer: per-worker raw readings reduced across workers.
+
+Each :class:`~twinkle.events.MemoryReadings` event gives one ``memory`` record (scope
+``iteration``): for every field, max/min/mean/sum over the workers' latest readings in
+bytes, how many workers reported it, and (in ``attrs``) which worker holds the max.
+The summary keeps the run's highest reading of every field and its worker. Peaks are
+the allocator's lifetime peaks as read; nothing here resets them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle.events import MemoryReadings, OptimizerStep, RunStarted
+from twinkle.hookspecs import hookimpl
+from twinkle.metric import MEMORY_FIELDS, memory_report
+from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.perf.stats import MemoryReading
+
+__all__ = ["MemoryObserver"]
+
+
+class MemoryObserver:
+    """Reduces memory readings; a deterministic function of the events."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.step = 0
+        self.iteration = 0
+        self.peaks: dict[str, tuple[int, str]] = {}
+        self.readings = 0
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        self.step = max(self.step, event.step)
+
+    @hookimpl
+    def twinkle_memory(self, event: MemoryReadings) -> list[MetricRecord]:
+        if not event.readings:
+            return []
+        if event.iteration is not None:
+            self.iteration = event.iteration
+        latest: dict[str, MemoryReading] = {}
+        for reading in event.readings:
+            latest[reading.worker_id] = reading
+            self.readings += 1
+            for name in MEMORY_FIELDS:
+                value = getattr(reading, name)
+                if value is not None and (name not in self.peaks or value > self.peaks[name][0]):
+                    self.peaks[name] = (value, reading.worker_id)
+        report = memory_report(list(latest.values()), unit="B")
+        return [
+            make_record(
+                kind="memory",
+                scope="iteration",
+                run_id=self.run_id,
+                step=self.step,
+                iteration=self.iteration,
+                wall_ns=event.wall_ns,
+                monotonic_ns=event.monotonic_ns,
+                values=report.values,
+                attrs={**report.attrs, "workers": sorted(latest)},
+            )
+        ]
+
+    @hookimpl
+    def twinkle_summary(self) -> dict[str, Any]:
+        return {
+            "memory_readings": self.readings,
+            "memory_max": {
+                name: {"bytes": value, "worker": worker}
+                for name, (value, worker) in sorted(self.peaks.items())
+            },
+        }

@@ -1,0 +1,69 @@
+"""Scalars observer: the caller's named per-iteration figures as records.
+
+Each :class:`~twinkle.events.ScalarsObserved` event becomes one record (``kind`` = the
+event's name, scope ``iteration``); the summary keeps, per name and key, the first and
+last value and the iterations they came from (e.g. the reward at the start and the end).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle.events import OptimizerStep, RunStarted, ScalarsObserved
+from twinkle.hookspecs import hookimpl
+from twinkle.metric.reporting import MetricRecord, make_record
+
+__all__ = ["ScalarsObserver"]
+
+
+class ScalarsObserver:
+    """Caller figures → records, and first/last values for the summary."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.step = 0
+        self.first: dict[str, dict[str, tuple[int, int | float]]] = {}
+        self.last: dict[str, dict[str, tuple[int, int | float]]] = {}
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        self.step = max(self.step, event.step)
+
+    @hookimpl
+    def twinkle_scalars(self, event: ScalarsObserved) -> list[MetricRecord]:
+        first = self.first.setdefault(event.name, {})
+        last = self.last.setdefault(event.name, {})
+        for key, value in event.values.items():
+            first.setdefault(key, (event.iteration, value))
+            last[key] = (event.iteration, value)
+        return [
+            make_record(
+                kind=event.name,
+                scope="iteration",
+                run_id=self.run_id,
+                step=self.step,
+                iteration=event.iteration,
+                wall_ns=event.wall_ns,
+                monotonic_ns=event.monotonic_ns,
+                values=event.values,
+            )
+        ]
+
+    @hookimpl
+    def twinkle_summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, keys in sorted(self.first.items()):
+            out[name] = {
+                key: {
+                    "first": value,
+                    "first_iteration": it,
+                    "last": self.last[name][key][1],
+                    "last_iteration": self.last[name][key][0],
+                }
+                for key, (it, value) in sorted(keys.items())
+            }
+        return {"scalars": out}

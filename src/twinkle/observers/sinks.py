@@ -1,0 +1,216 @@
+"""Built-in sinks: the raw records, the WebUI flat file, the event log and the trace.
+
+Sinks write what the run produced; they compute nothing. Every JSONL file goes through
+the one :class:`~twinkle.metric.reporting.JsonlWriter`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinkle.events import (
+    Event,
+    IterationStarted,
+    RunStarted,
+    SpanBatch,
+    WeightsPublished,
+    event_to_dict,
+)
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.metric.reporting import Backend, JsonlBackend, JsonlWriter, WebUIFlatBackend
+from twinkle.perf import ClockAnchor
+
+__all__ = [
+    "EVENTS_FILE",
+    "EventLogSink",
+    "RAW_FILE",
+    "RawRecordsSink",
+    "TRACE_FILE",
+    "TraceSink",
+    "WEBUI_FILE",
+    "WebUISink",
+]
+
+EVENTS_FILE = "events.jsonl"
+RAW_FILE = "metrics_raw.jsonl"
+WEBUI_FILE = "metrics.jsonl"
+TRACE_FILE = "trace.json"
+
+
+class RawRecordsSink:
+    """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``."""
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
+        if context.out_dir is None:
+            return None
+        return [JsonlBackend(context.out_dir / RAW_FILE)]
+
+
+class WebUISink:
+    """One flat numeric object per step in ``metrics.jsonl`` (``ts``, ``step``,
+    ``total_steps``, then ``<kind>/<key>`` values)."""
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
+        if context.out_dir is None:
+            return None
+        total = context.config.get("total_steps", 0)
+        return [WebUIFlatBackend(context.out_dir / WEBUI_FILE, total_steps=int(total or 0))]
+
+
+class EventLogSink:
+    """The run's full event stream in ``events.jsonl``: the log everything replays from.
+
+    The file is opened in append mode (a resumed run keeps its earlier events; a torn
+    last line is recovered) and written through at every iteration boundary.
+    """
+
+    def __init__(self) -> None:
+        self.writer: JsonlWriter | None = None
+        self._pending: list[dict[str, Any]] = []
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        if context.out_dir is not None:
+            self.writer = JsonlWriter(context.out_dir / EVENTS_FILE, append=True)
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        if self.writer is None:
+            return
+        self._pending.append(event_to_dict(event))
+        # Batch between boundaries; write through at boundaries and every 256 events so
+        # a crash loses at most the current batch of the log.
+        if len(self._pending) >= 256 or not isinstance(event, SpanBatch):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.writer is not None and self._pending:
+            batch, self._pending = self._pending, []
+            self.writer.write(batch)
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        if self.writer is not None:
+            self.flush()
+            self.writer.close()
+            self.writer = None
+
+
+class TraceSink:
+    """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
+
+    Times are microseconds since the run started, on the run's timeline (spans of other
+    processes moved through their clock anchors). Iteration starts and weight publishes
+    are instant events.
+    """
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._fh: Any = None
+        self._origin: ClockAnchor | None = None
+        self._named: set[tuple[int, int]] = set()
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        if context.out_dir is not None:
+            self.path = context.out_dir / TRACE_FILE
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self._fh = self.path.open("wb")
+            # JSON array form: Perfetto and chrome://tracing accept it.
+            self._fh.write(b"[\n")
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(orjson.dumps(obj) + b",\n")
+
+    def _us(self, ns: int) -> float:
+        origin = self._origin.monotonic_ns if self._origin is not None else 0
+        return (ns - origin) / 1000.0
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self._origin = event.anchor
+        self._write(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": event.anchor.pid,
+                "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
+            }
+        )
+
+    @hookimpl
+    def twinkle_spans(self, event: SpanBatch) -> None:
+        shift = 0
+        run = self._origin
+        a = event.anchor
+        if run is not None and (a.pid != run.pid or a.hostname != run.hostname):
+            shift = (a.wall_ns - a.monotonic_ns) - (run.wall_ns - run.monotonic_ns)
+        for span in event.spans:
+            key = (span.pid, span.thread_id)
+            if key not in self._named:
+                self._named.add(key)
+                self._write(
+                    {
+                        "name": "thread_name",
+                        "ph": "M",
+                        "pid": span.pid,
+                        "tid": span.thread_id,
+                        "args": {"name": f"{event.source}:{span.thread_id}"},
+                    }
+                )
+            args: dict[str, Any] = dict(span.attrs)
+            if span.error is not None:
+                args["error"] = span.error
+            self._write(
+                {
+                    "name": span.name,
+                    "cat": event.source,
+                    "ph": "X",
+                    "pid": span.pid,
+                    "tid": span.thread_id,
+                    "ts": self._us(span.start_ns + shift),
+                    "dur": (span.end_ns - span.start_ns) / 1000.0,
+                    "args": args,
+                }
+            )
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        self._write(
+            {
+                "name": f"iteration {event.iteration}",
+                "ph": "i",
+                "s": "g",
+                "pid": self._origin.pid if self._origin else 0,
+                "tid": 0,
+                "ts": self._us(event.monotonic_ns),
+            }
+        )
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        self._write(
+            {
+                "name": f"weights v{event.version}",
+                "ph": "X",
+                "cat": "weights",
+                "pid": self._origin.pid if self._origin else 0,
+                "tid": 0,
+                "ts": self._us(event.start_ns),
+                "dur": (event.end_ns - event.start_ns) / 1000.0,
+                "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
+            }
+        )
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        if self._fh is not None:
+            self._fh.write(b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n')
+            self._fh.close()
+            self._fh = None
