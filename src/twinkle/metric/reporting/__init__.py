@@ -1,0 +1,55 @@
+"""Persistence: metric records, the JSONL writer, backends and the reporter.
+
+* :class:`MetricRecord` / :func:`make_record`: validated, frozen, strict-JSON records.
+* :class:`JsonlWriter`: the one writer of every JSONL file (records, events, WebUI flat):
+  append mode, torn-last-line repair, write errors that keep the unwritten lines.
+* :class:`JsonlBackend`, :class:`WebUIFlatBackend`: the two built-in backends.
+* :class:`MetricsReporter`: assigns ``seq``, fans out to backends, optional writer thread.
+* :class:`RunTotals`: per-batch totals calibrated against terminal totals.
+
+This layer reads no clock: wall and monotonic times come in the records.
+"""
+
+from __future__ import annotations
+
+from twinkle.metric.reporting.jsonl import (
+    JsonlReader,
+    JsonlWriter,
+    TornLineRecovery,
+    read_jsonl,
+)
+from twinkle.metric.reporting.record import (
+    SCOPES,
+    UNASSIGNED_SEQ,
+    MetricRecord,
+    make_record,
+    record_from_dict,
+    record_to_dict,
+)
+from twinkle.metric.reporting.reporter import (
+    Backend,
+    JsonlBackend,
+    MetricsReporter,
+    ReporterStats,
+)
+from twinkle.metric.reporting.totals import RunTotals
+from twinkle.metric.reporting.webui import WebUIFlatBackend
+
+__all__ = [
+    "SCOPES",
+    "UNASSIGNED_SEQ",
+    "Backend",
+    "JsonlBackend",
+    "JsonlReader",
+    "JsonlWriter",
+    "MetricRecord",
+    "MetricsReporter",
+    "ReporterStats",
+    "RunTotals",
+    "TornLineRecovery",
+    "WebUIFlatBackend",
+    "make_record",
+    "read_jsonl",
+    "record_from_dict",
+    "record_to_dict",
+]

@@ -1,0 +1,291 @@
+"""MetricRecord: validation, normalisation of non-finite values, immutability, round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fractions
+import json
+import math
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twinkle.errors import InvalidArgumentError, RecordError
+from twinkle.metric.reporting import (
+    SCOPES,
+    UNASSIGNED_SEQ,
+    JsonlBackend,
+    JsonlWriter,
+    MetricRecord,
+    make_record,
+    record_from_dict,
+    record_to_dict,
+)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-strict JSON token {name}")
+
+
+def strict_loads(line: str | bytes) -> Any:
+    return json.loads(line, parse_constant=_reject_constant)
+
+
+def rec(**overrides: Any) -> MetricRecord:
+    fields: dict[str, Any] = dict(
+        kind="train",
+        scope="iteration",
+        run_id="run-1",
+        step=3,
+        iteration=4,
+        wall_ns=1_700_000_000_000_000_000,
+        monotonic_ns=123_456,
+        values={"tokens": 100, "tokens_per_s": 12.5},
+        attrs={"phase": "train"},
+    )
+    fields.update(overrides)
+    return make_record(**fields)
+
+
+def test_make_record_keeps_fields_and_leaves_seq_unassigned():
+    r = rec()
+    assert r.kind == "train" and r.scope == "iteration" and r.run_id == "run-1"
+    assert (r.step, r.iteration, r.wall_ns, r.monotonic_ns) == (
+        3,
+        4,
+        1_700_000_000_000_000_000,
+        123_456,
+    )
+    assert r.seq == UNASSIGNED_SEQ == -1
+    assert dict(r.values) == {"tokens": 100, "tokens_per_s": 12.5}
+    assert dict(r.attrs) == {"phase": "train"}
+
+
+def test_non_finite_values_become_none_and_are_named_sorted():
+    r = rec(values={"z": float("inf"), "a": float("nan"), "ok": 1.0, "m": -math.inf})
+    assert dict(r.values) == {"z": None, "a": None, "ok": 1.0, "m": None}
+    assert r.attrs["nonfinite"] == ("a", "m", "z")
+    assert r.attrs["phase"] == "train"
+
+
+def test_finite_record_has_no_nonfinite_attr():
+    assert "nonfinite" not in rec().attrs
+
+
+def test_none_value_accepted_only_when_named_nonfinite():
+    r = rec(values={"x": None}, attrs={"nonfinite": ["x"]})
+    assert r.values["x"] is None and r.attrs["nonfinite"] == ("x",)
+    with pytest.raises(RecordError, match=r"values\['x'\] is None.*float\('nan'\)"):
+        rec(values={"x": None})
+
+
+def test_nonfinite_attr_contradicting_values_is_rejected():
+    with pytest.raises(RecordError, match=r"names 'x'.*finite"):
+        rec(values={"x": 1.0}, attrs={"nonfinite": ["x"]})
+    with pytest.raises(RecordError, match=r"\['ghost'\].*not in values"):
+        rec(values={"x": float("nan")}, attrs={"nonfinite": ["ghost", "x"]})
+    with pytest.raises(RecordError, match="must be a list of values keys"):
+        rec(attrs={"nonfinite": "x"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "culprit"),
+    [
+        ({"values": {1: 2.0}}, r"values key 1 is a int; keys must be str"),
+        ({"values": {"loss": "0.5"}}, r"values\['loss'\] = '0.5' is a str"),
+        ({"values": {"ok": True}}, r"values\['ok'\] = True is a bool"),
+        ({"values": {"mem": {"max": 1.0}}}, r"values\['mem'\] is a nested dict.*'mem/<name>'"),
+        ({"values": {"xs": [1, 2]}}, r"values\['xs'\] is a nested list"),
+        ({"values": {"t": object()}}, r"values\['t'\] = <object.*is not a number"),
+        ({"values": {"": 1}}, r"values has an empty key"),
+        ({"values": {"big": 2**70}}, r"values\['big'\].*64-bit"),
+        ({"values": [("a", 1)]}, r"values must be a mapping"),
+        ({"kind": ""}, r"kind must be a non-empty str.*got ''"),
+        ({"kind": "train/x"}, r"kind.*no '/'.*got 'train/x'"),
+        ({"kind": 3}, r"kind .*got 3"),
+        ({"scope": "epoch"}, r"scope must be one of .*got 'epoch'"),
+        ({"run_id": ""}, r"run_id must be a non-empty str"),
+        ({"run_id": "a/b"}, r"run_id 'a/b' is not usable as a directory name"),
+        ({"run_id": "..x"}, r"run_id '..x'"),
+        ({"run_id": "a\\b"}, r"run_id 'a\\\\b'"),
+        ({"step": -1}, r"step must be an int >= 0, got -1"),
+        ({"step": 1.0}, r"step must be an int >= 0, got 1.0"),
+        ({"iteration": True}, r"iteration must be an int >= 0, got True"),
+        ({"wall_ns": -5}, r"wall_ns must be an int >= 0, got -5"),
+        ({"monotonic_ns": None}, r"monotonic_ns must be an int >= 0, got None"),
+        ({"seq": -2}, r"seq must be an int >= -1, got -2"),
+        ({"attrs": {"x": float("nan")}}, r"attrs\['x'\] = nan is not finite"),
+        ({"attrs": {"x": {1: "a"}}}, r"attrs\['x'\] key 1 is a int"),
+        ({"attrs": {"when": object()}}, r"attrs\['when'\] = <object.*is not a JSON value"),
+        ({"attrs": {"s": "\ud800"}}, r"attrs\['s'\] is not valid UTF-8"),
+        ({"attrs": ["a"]}, r"attrs must be a str-keyed mapping"),
+        ({"values": {"\udcff": 1}}, r"values key .* not valid UTF-8"),
+    ],
+)
+def test_bad_record_input_raises_record_error_naming_the_culprit(overrides, culprit):
+    with pytest.raises(RecordError, match=culprit):
+        rec(**overrides)
+
+
+def test_record_error_is_an_invalid_argument_value_error():
+    with pytest.raises(ValueError):
+        rec(step=-1)
+    assert issubclass(RecordError, InvalidArgumentError)
+
+
+def test_numeric_subtypes_are_normalised_to_int_and_float():
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    r = rec(values={"half": fractions.Fraction(1, 2), "level": Level.HIGH})
+    assert r.values["half"] == 0.5 and type(r.values["half"]) is float
+    assert r.values["level"] == 3 and type(r.values["level"]) is int
+
+
+def test_record_is_immutable_deeply():
+    r = rec(attrs={"nested": {"xs": [1, 2]}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.step = 9  # type: ignore[misc]
+    with pytest.raises(TypeError, match="read-only"):
+        r.values["tokens"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        r.attrs["nested"]["xs"] = []
+    assert r.attrs["nested"]["xs"] == (1, 2)
+
+
+def test_record_copies_its_inputs():
+    values = {"a": 1.0}
+    attrs: dict[str, Any] = {"xs": [1]}
+    r = rec(values=values, attrs=attrs)
+    values["a"] = 2.0
+    attrs["xs"].append(2)
+    assert r.values["a"] == 1.0 and r.attrs["xs"] == (1,)
+
+
+def test_equal_records_hash_equal():
+    a = rec(attrs={"d": {"xs": [1, {"y": 2}]}})
+    b = rec(attrs={"d": {"xs": (1, {"y": 2})}})
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b, dataclasses.replace(a, seq=3)}) == 2
+
+
+def test_replace_revalidates():
+    r = rec()
+    assert dataclasses.replace(r, seq=7).seq == 7
+    with pytest.raises(RecordError, match="step must be"):
+        dataclasses.replace(r, step=-3)
+
+
+def test_record_pickles_and_stays_read_only():
+    r = rec(values={"x": float("nan"), "y": 2})
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r
+    with pytest.raises(TypeError):
+        back.values["y"] = 3  # type: ignore[index]
+
+
+def test_record_to_dict_is_plain_json_in_field_order():
+    r = rec(values={"x": float("nan")}, attrs={"tags": ["a", "b"], "d": {"k": 1}})
+    d = record_to_dict(r)
+    assert list(d) == [f.name for f in dataclasses.fields(MetricRecord)]
+    assert type(d["values"]) is dict and type(d["attrs"]) is dict
+    assert d["attrs"] == {"tags": ["a", "b"], "d": {"k": 1}, "nonfinite": ["x"]}
+    assert type(d["attrs"]["tags"]) is list and type(d["attrs"]["d"]) is dict
+    assert record_from_dict(d) == r
+
+
+def test_record_from_dict_rejects_missing_and_unknown_keys():
+    d = record_to_dict(rec())
+    del d["wall_ns"]
+    with pytest.raises(RecordError, match=r"lacks \['wall_ns'\]"):
+        record_from_dict(d)
+    d = record_to_dict(rec())
+    d["extra"] = 1
+    with pytest.raises(RecordError, match=r"unknown keys \['extra'\]"):
+        record_from_dict(d)
+    with pytest.raises(RecordError, match="must be a JSON object"):
+        record_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+# -- property: the JSONL round trip loses nothing ---------------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+_key = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    _text,
+)
+_json = st.recursive(
+    _json_scalar,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_key, inner, max_size=4),
+    max_leaves=12,
+)
+_values = st.dictionaries(
+    _key,
+    st.one_of(
+        st.integers(min_value=-(2**63), max_value=2**64 - 1),
+        st.floats(allow_nan=True, allow_infinity=True),
+    ),
+    max_size=8,
+)
+_attrs = st.dictionaries(_key.filter(lambda k: k != "nonfinite"), _json, max_size=5)
+_ns = st.integers(min_value=0, max_value=2**63)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,10}", fullmatch=True),
+    scope=st.sampled_from(SCOPES),
+    run_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_=+@-]{0,10}", fullmatch=True),
+    seq=st.integers(min_value=0, max_value=2**63),
+    step=_ns,
+    iteration=_ns,
+    wall_ns=_ns,
+    monotonic_ns=_ns,
+    values=_values,
+    attrs=_attrs,
+)
+def test_jsonl_round_trip_loses_nothing(
+    kind, scope, run_id, seq, step, iteration, wall_ns, monotonic_ns, values, attrs
+):
+    record = make_record(
+        kind=kind,
+        scope=scope,
+        run_id=run_id,
+        seq=seq,
+        step=step,
+        iteration=iteration,
+        wall_ns=wall_ns,
+        monotonic_ns=monotonic_ns,
+        values=values,
+        attrs=attrs,
+    )
+    nonfinite = sorted(
+        k for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)
+    )
+    assert list(record.attrs.get("nonfinite", ())) == nonfinite
+    for k, v in values.items():
+        assert record.values[k] == (None if k in nonfinite else v)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "r.jsonl")
+        backend = JsonlBackend(path)  # the reporter's path: records serialised as-is
+        backend.write([record])
+        backend.close()
+        with JsonlWriter(path) as w:  # the generic path: plain dicts
+            w.write([record_to_dict(record)])
+        lines = path.read_bytes().splitlines()
+    assert len(lines) == 2
+    assert lines[0] == lines[1]
+    parsed = strict_loads(lines[0])
+    assert parsed == record_to_dict(record)
+    assert record_from_dict(parsed) == record
+    assert parsed["attrs"].get("nonfinite", []) == nonfinite

@@ -1,0 +1,156 @@
+"""WebUIFlatBackend: one flat numeric object per step, merged across kinds."""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.metric.reporting import (
+    JsonlBackend,
+    MetricRecord,
+    MetricsReporter,
+    WebUIFlatBackend,
+    make_record,
+)
+
+RUN = "flat-run"
+
+
+def rec(kind: str, step: int, values: dict[str, Any], wall_ns: int = 0, **kw: Any) -> MetricRecord:
+    return make_record(
+        kind=kind,
+        scope=kw.pop("scope", "iteration"),
+        run_id=RUN,
+        step=step,
+        iteration=kw.pop("iteration", step),
+        wall_ns=wall_ns or (1_700_000_000 + step) * 10**9,
+        monotonic_ns=step,
+        values=values,
+        **kw,
+    )
+
+
+def flat_lines(path: Path) -> list[dict[str, Any]]:
+    def reject(name: str) -> Any:
+        raise ValueError(name)
+
+    return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
+
+
+def test_records_of_one_step_merge_into_one_line_in_deterministic_key_order(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=10)
+    b.write([rec("train", 1, {"loss": 0.5, "tokens": 10}), rec("rollout", 1, {"tokens": 7})])
+    b.write([rec("train", 2, {"loss": 0.25})])
+    b.close()
+    lines = flat_lines(path)
+    assert lines == [
+        {
+            "ts": 1_700_000_001.0,
+            "step": 1,
+            "total_steps": 10,
+            "rollout/tokens": 7,
+            "train/loss": 0.5,
+            "train/tokens": 10,
+        },
+        {"ts": 1_700_000_002.0, "step": 2, "total_steps": 10, "train/loss": 0.25},
+    ]
+    assert list(lines[0]) == [
+        "ts",
+        "step",
+        "total_steps",
+        "rollout/tokens",
+        "train/loss",
+        "train/tokens",
+    ]
+
+
+def test_line_is_emitted_only_when_a_later_step_arrives_or_at_flush(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=3)
+    b.write([rec("train", 0, {"a": 1})])
+    assert path.read_text() == ""
+    b.write([rec("rollout", 0, {"b": 2})])
+    assert path.read_text() == ""
+    b.write([rec("train", 1, {"a": 3})])
+    assert [line["step"] for line in flat_lines(path)] == [0]
+    b.flush()
+    assert [line["step"] for line in flat_lines(path)] == [0, 1]
+    b.flush()  # nothing pending: no empty line
+    b.close()
+    assert [line["step"] for line in flat_lines(path)] == [0, 1]
+
+
+def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=1)
+    b.write(
+        [rec("train", 0, {"ok": 2, "bad": float("nan"), "inf": float("inf")}, attrs={"s": "x"})]
+    )
+    b.close()
+    (line,) = flat_lines(path)
+    assert line == {"ts": line["ts"], "step": 0, "total_steps": 1, "train/ok": 2}
+    assert all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in line.values())
+
+
+def test_ts_is_latest_wall_time_of_the_step_and_later_values_win(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=5)
+    b.write(
+        [
+            rec("train", 4, {"x": 1}, wall_ns=2_000_000_000),
+            rec("train", 4, {"x": 2}, wall_ns=3_500_000_000, iteration=5),
+            rec("rollout", 4, {"y": 1}, wall_ns=2_500_000_000),
+        ]
+    )
+    b.close()
+    (line,) = flat_lines(path)
+    assert line["ts"] == 3.5
+    assert line["train/x"] == 2
+
+
+def test_flat_file_appends_across_restarts(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for step in range(3):
+        b = WebUIFlatBackend(path, total_steps=3)
+        b.write([rec("train", step, {"a": step})])
+        b.close()
+    assert [line["step"] for line in flat_lines(path)] == [0, 1, 2]
+
+
+def test_through_a_reporter_next_to_the_raw_file(tmp_path):
+    raw, flat = tmp_path / "metrics_raw.jsonl", tmp_path / "metrics.jsonl"
+    with MetricsReporter(
+        [JsonlBackend(raw), WebUIFlatBackend(flat, total_steps=2)], run_id=RUN, background=True
+    ) as reporter:
+        for step in range(2):
+            reporter.report(rec("rollout", step, {"tokens": 10 * step}))
+            reporter.report(rec("train", step, {"loss": 1.0 / (step + 1), "p95": float("nan")}))
+    assert len(flat_lines(raw)) == 4
+    assert flat_lines(flat) == [
+        {
+            "ts": 1_700_000_000.0,
+            "step": 0,
+            "total_steps": 2,
+            "rollout/tokens": 0,
+            "train/loss": 1.0,
+        },
+        {
+            "ts": 1_700_000_001.0,
+            "step": 1,
+            "total_steps": 2,
+            "rollout/tokens": 10,
+            "train/loss": 0.5,
+        },
+    ]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None, True, "10"])
+def test_total_steps_must_be_a_non_negative_int(tmp_path, bad):
+    with pytest.raises(InvalidArgumentError, match=rf"total_steps must be an int >= 0.*{bad!r}"):
+        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=bad)
