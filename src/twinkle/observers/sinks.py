@@ -6,6 +6,8 @@ the one :class:`~twinkle.metric.reporting.JsonlWriter`.
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import orjson
 from twinkle.events import (
     Event,
     IterationStarted,
+    RunFinished,
     RunStarted,
     SpanBatch,
     WeightsPublished,
@@ -66,37 +69,66 @@ class EventLogSink:
     """The run's full event stream in ``events.jsonl``: the log everything replays from.
 
     The file is opened in append mode (a resumed run keeps its earlier events; a torn
-    last line is recovered) and written through at every iteration boundary.
+    last line is recovered). Events are batched and handed to one writer thread at every
+    iteration boundary (and every 256 events), so the publishing thread never waits on
+    the disk; a write error surfaces at the next hand-over or at close, and the batch
+    it concerns stays in the writer's memory (see :class:`JsonlWriter`).
     """
+
+    _BATCH = 256
+    _MAX_IN_FLIGHT = 64  # batches queued for the writer before the publisher waits
 
     def __init__(self) -> None:
         self.writer: JsonlWriter | None = None
         self._pending: list[dict[str, Any]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._in_flight: deque[Future[int]] = deque()
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
         if context.out_dir is not None:
             self.writer = JsonlWriter(context.out_dir / EVENTS_FILE, append=True)
+            # Replays write inline: nothing to overlap, and byte order stays obvious.
+            if not context.replay:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="twinkle-eventlog")
 
     @hookimpl
     def twinkle_event(self, event: Event) -> None:
         if self.writer is None:
             return
         self._pending.append(event_to_dict(event))
-        # Batch between boundaries; write through at boundaries and every 256 events so
-        # a crash loses at most the current batch of the log.
-        if len(self._pending) >= 256 or not isinstance(event, SpanBatch):
+        if len(self._pending) >= self._BATCH or isinstance(
+            event, IterationStarted | RunFinished
+        ):
             self.flush()
 
     def flush(self) -> None:
-        if self.writer is not None and self._pending:
-            batch, self._pending = self._pending, []
-            self.writer.write(batch)
+        """Hand the pending events to the writer (raises an earlier write's error)."""
+        writer = self.writer
+        if writer is None or not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        if self._pool is None:
+            writer.write(batch)
+            return
+        while self._in_flight and self._in_flight[0].done():
+            self._in_flight.popleft().result()  # re-raises a failed write here
+        if len(self._in_flight) >= self._MAX_IN_FLIGHT:
+            self._in_flight.popleft().result()  # back-pressure: never drop, never grow
+        self._in_flight.append(self._pool.submit(writer.write, batch))
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        try:
             self.flush()
+            while self._in_flight:
+                self._in_flight.popleft().result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
             self.writer.close()
             self.writer = None
 
@@ -120,7 +152,7 @@ class TraceSink:
         if context.out_dir is not None:
             self.path = context.out_dir / TRACE_FILE
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            self._fh = self.path.open("wb")
+            self._fh = self.path.open("wb", buffering=1 << 20)
             # JSON array form: Perfetto and chrome://tracing accept it.
             self._fh.write(b"[\n")
 

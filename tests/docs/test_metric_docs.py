@@ -1,0 +1,109 @@
+"""The key tables of docs/metrics.md are checked against real records (STYLE habit 11)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from twinkle.perf import ManualClock
+from twinkle.perf.stats import MemoryReading
+from twinkle.session import RunSession
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observers"))
+from test_scripted_run import scripted_run  # noqa: E402
+
+FIELDS = [
+    "device_allocated",
+    "device_allocated_peak",
+    "device_reserved",
+    "device_reserved_peak",
+    "host_rss",
+    "host_peak_rss",
+]
+
+
+def doc_tables() -> dict[str, set[str]]:
+    """``{heading kind: {keys}}`` from the '### kind ...' tables."""
+    tables: dict[str, set[str]] = {}
+    current: str | None = None
+    for line in DOC.read_text().splitlines():
+        heading = re.match(r"### kind `([^`]+)`", line)
+        if heading:
+            current = heading.group(1)
+            tables[current] = set()
+        elif line.startswith("## "):
+            current = None
+        elif current is not None:
+            row = re.match(r"\| `([^`]+)` \|", line)
+            if row:
+                tables[current].add(row.group(1))
+    return tables
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("doc")
+    run = scripted_run(out / "a")
+    clock = ManualClock(0)
+    with RunSession(out_dir=out / "b", run_id="mem", clock=clock, autoload=False) as other:
+        reading = MemoryReading("w0", 0, 1, "h", "cuda:0", 1, 2, 3, 4, 5, 6)
+        other.bus.iteration_started(0)
+        other.bus.memory([reading], iteration=0)
+        other.bus.scalars(iteration=0, name="grpo", values={"reward_mean": 0.5})
+    assert run.out_dir is not None and other.out_dir is not None
+    return _records(run.out_dir) + _records(other.out_dir)
+
+
+def _keys(records: list[dict[str, Any]], kind: str, scope: str) -> set[str]:
+    found = [r for r in records if r["kind"] == kind and r["scope"] == scope]
+    assert found, (kind, scope)
+    return set().union(*(r["values"] for r in found))
+
+
+def _generic(keys: set[str], phases: list[str]) -> set[str]:
+    out = set()
+    for key in keys:
+        for phase in phases:
+            if key.startswith(phase + "_"):
+                key = "<phase>" + key[len(phase) :]
+                break
+        out.add(key)
+    return out
+
+
+def test_timing_table_matches_records(records: list[dict[str, Any]]) -> None:
+    assert doc_tables()["timing"] == _generic(
+        _keys(records, "timing", "iteration"), ["rollout", "train"]
+    )
+
+
+def test_phase_table_matches_records(records: list[dict[str, Any]]) -> None:
+    assert doc_tables()["<phase>"] == _keys(records, "rollout", "iteration")
+    assert _keys(records, "rollout", "window") == doc_tables()["<phase>"] - {"groups"}
+
+
+def test_iteration_and_run_tables_match_records(records: list[dict[str, Any]]) -> None:
+    tables = doc_tables()
+    assert tables["iteration"] == _keys(records, "iteration", "iteration")
+    assert tables["run"] == _keys(records, "run", "run")
+
+
+def test_memory_table_matches_records(records: list[dict[str, Any]]) -> None:
+    documented = {
+        key.replace("F_", f"{f}_", 1) for key in doc_tables()["memory"] for f in FIELDS
+    }
+    assert documented == _keys(records, "memory", "iteration")
+
+
+def test_scalars_records_carry_the_callers_values(records: list[dict[str, Any]]) -> None:
+    assert _keys(records, "grpo", "iteration") == {"reward_mean"}
