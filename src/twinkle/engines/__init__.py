@@ -1,0 +1,59 @@
+"""Inference engines for the flow layer: concurrent start-up, port reservation, adapters.
+
+``EnginePool`` starts independent engines at once (no global lock around a whole
+initialisation); ``PortRegistry`` serialises only the choice of ports, host-wide, so
+concurrent starts cannot collide. ``vllm_engine_factory`` runs vLLM servers (needs the
+``twinkle[vllm]`` extra; vLLM itself is only imported in the engine processes).
+"""
+
+from twinkle.engines._subprocess import (
+    ReadyCheck,
+    SubprocessEngine,
+    launch_subprocess,
+    wait_for_line,
+)
+from twinkle.engines.pool import (
+    Engine,
+    EngineFactory,
+    EnginePool,
+    EngineStartCancelled,
+    EngineStartTimeout,
+    StartContext,
+)
+from twinkle.engines.ports import (
+    DEFAULT_PORT_RANGE,
+    PortClaim,
+    PortRegistry,
+    PortReservationError,
+    Reservation,
+)
+from twinkle.engines.vllm import (
+    VllmConfig,
+    VllmEngine,
+    VllmNotInstalledError,
+    VllmPorts,
+    vllm_engine_factory,
+)
+
+__all__ = [
+    "DEFAULT_PORT_RANGE",
+    "Engine",
+    "EngineFactory",
+    "EnginePool",
+    "EngineStartCancelled",
+    "EngineStartTimeout",
+    "PortClaim",
+    "PortRegistry",
+    "PortReservationError",
+    "ReadyCheck",
+    "Reservation",
+    "StartContext",
+    "SubprocessEngine",
+    "VllmConfig",
+    "VllmEngine",
+    "VllmNotInstalledError",
+    "VllmPorts",
+    "launch_subprocess",
+    "vllm_engine_factory",
+    "wait_for_line",
+]

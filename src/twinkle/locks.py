@@ -1,0 +1,260 @@
+"""Narrow, host-wide file locks (on ``filelock``) with timeouts that name the holder.
+
+A :class:`FileLock` serialises one short critical section across threads *and*
+processes of the same user on one host (e.g. choosing and recording ports). Lock files
+live in a caller-chosen directory or in the per-user runtime directory
+(:func:`runtime_dir`), never in the working directory. Nothing is created or read at
+import: the directory is resolved when a lock is first built.
+
+While held, a small sidecar ``<name>.holder.json`` records who holds the lock (pid,
+thread, host, since when) so that a timeout can say which process to look at.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final, final
+
+import filelock
+import orjson
+import psutil
+
+from twinkle.errors import ConfigError, InvalidArgumentError, LockTimeoutError
+
+__all__ = ["FileLock", "LockHolder", "runtime_dir"]
+
+_RUNTIME_SUBDIR: Final = "twinkle"
+_DIR_MODE: Final = 0o700
+_FILE_MODE: Final = 0o600
+_UNSAFE_DIR_BITS: Final = stat.S_IRWXG | stat.S_IRWXO
+
+
+class _Unset(enum.Enum):
+    TOKEN = 0
+
+
+_UNSET: Final = _Unset.TOKEN
+
+
+def runtime_dir() -> Path:
+    """The per-user directory for twinkle's lock and registry files, created on first use.
+
+    ``$TWINKLE_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/twinkle``, else
+    ``/tmp/twinkle-<uid>``; created with mode 0700. An existing directory must be owned
+    by the current user and not be accessible to others (a shared ``/tmp`` must not let
+    another user plant files we would trust).
+    """
+    explicit = os.environ.get("TWINKLE_RUNTIME_DIR")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if explicit:
+        path = Path(explicit)
+    elif xdg and Path(xdg).is_dir():
+        path = Path(xdg) / _RUNTIME_SUBDIR
+    else:
+        path = Path("/tmp") / f"twinkle-{os.getuid()}"
+    return _ensure_private_dir(path)
+
+
+def _ensure_dir(path: Path) -> Path:
+    """A caller-chosen directory: created if missing, its permissions left to the caller."""
+    try:
+        path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"directory={str(path)!r} cannot be created: {exc}; pass a writable directory"
+        ) from exc
+    if not path.is_dir():
+        raise InvalidArgumentError(f"directory={str(path)!r} is not a directory")
+    return path
+
+
+def _ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) if missing; refuse one that is not ours or not private."""
+    try:
+        path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the twinkle runtime directory {str(path)!r}: {exc}; "
+            "set TWINKLE_RUNTIME_DIR or pass directory= to a writable place"
+        ) from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(
+            f"twinkle runtime directory {str(path)!r} is not a directory (a symlink or file); "
+            "remove it or set TWINKLE_RUNTIME_DIR"
+        )
+    if st.st_uid != os.getuid():
+        raise ConfigError(
+            f"twinkle runtime directory {str(path)!r} is owned by uid {st.st_uid}, "
+            f"not by us (uid {os.getuid()}); remove it or set TWINKLE_RUNTIME_DIR"
+        )
+    if st.st_mode & _UNSAFE_DIR_BITS:
+        os.chmod(path, _DIR_MODE)
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """Who holds (or last held) a lock, as recorded in its sidecar file."""
+
+    pid: int
+    thread: str
+    hostname: str
+    acquired_unix_ns: int
+    alive: bool  # whether a process with that pid exists now
+
+    def describe(self, now_unix_ns: int) -> str:
+        """One line for error messages: pid, thread, host, how long it has held the lock."""
+        held_s = max(0, now_unix_ns - self.acquired_unix_ns) / 1e9
+        state = "" if self.alive else ", no longer running"
+        return (
+            f"pid {self.pid} (thread {self.thread!r} on {self.hostname}{state}), "
+            f"held for {held_s:.1f} s"
+        )
+
+
+@final
+class FileLock:
+    """An exclusive lock on ``<directory>/<name>.lock``, across threads and processes.
+
+    Not re-entrant: a second :meth:`acquire` from any thread (also the holder's) waits.
+    ``timeout_s`` bounds every wait (``None`` waits forever); on timeout
+    :class:`~twinkle.errors.LockTimeoutError` names the lock file and the holder.
+    Keep the critical section short: the point of this lock is that only the step that
+    truly conflicts is serialised.
+    """
+
+    __slots__ = ("_file_lock", "_holder_path", "_local", "path", "timeout_s")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        timeout_s: float | None = 60.0,
+    ) -> None:
+        if not name or name != Path(name).name or name.startswith("."):
+            raise InvalidArgumentError(
+                f"name={name!r} is not a plain file name; pass a name such as 'ports' "
+                "(the lock file is <directory>/<name>.lock)"
+            )
+        _check_timeout(timeout_s)
+        base = runtime_dir() if directory is None else _ensure_dir(Path(directory))
+        self.path: Path = base / f"{name}.lock"
+        self.timeout_s = timeout_s
+        self._holder_path = base / f"{name}.holder.json"
+        # filelock counts re-entries per object; this lock makes the object exclusive
+        # between threads too, so a second thread waits instead of "re-entering".
+        self._local = threading.Lock()
+        self._file_lock = filelock.FileLock(
+            str(self.path), timeout=-1, mode=_FILE_MODE, thread_local=False
+        )
+
+    @property
+    def is_locked(self) -> bool:
+        """Whether this object currently holds the lock."""
+        return self._file_lock.is_locked
+
+    def acquire(self, timeout_s: float | _Unset | None = _UNSET) -> None:
+        """Wait for the lock (``timeout_s`` overrides the constructor's for this call)."""
+        limit = self.timeout_s if isinstance(timeout_s, _Unset) else timeout_s
+        _check_timeout(limit)
+        deadline = None if limit is None else time.monotonic() + limit
+        if not self._local.acquire(timeout=-1 if limit is None else limit):
+            raise self._timeout_error(limit)
+        try:
+            remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._file_lock.acquire(timeout=remaining, poll_interval=0.005)
+            except filelock.Timeout:
+                raise self._timeout_error(limit) from None
+            self._write_holder()
+        except BaseException:
+            if self._file_lock.is_locked:
+                self._file_lock.release()
+            self._local.release()
+            raise
+
+    def release(self) -> None:
+        """Release the lock; raises ``RuntimeError`` if this object does not hold it."""
+        if not self._local.locked():
+            raise RuntimeError(f"lock {str(self.path)!r} released but not held")
+        try:
+            self._holder_path.unlink(missing_ok=True)
+        finally:
+            try:
+                self._file_lock.release()
+            finally:
+                self._local.release()
+
+    def holder(self) -> LockHolder | None:
+        """The holder recorded in the sidecar, or ``None`` if none is recorded."""
+        try:
+            data = orjson.loads(self._holder_path.read_bytes())
+            pid = int(data["pid"])
+            hostname = str(data.get("hostname", "?"))
+            return LockHolder(
+                pid=pid,
+                thread=str(data.get("thread", "?")),
+                hostname=hostname,
+                acquired_unix_ns=int(data.get("acquired_unix_ns", 0)),
+                # a pid on another host (shared file system) cannot be checked from here
+                alive=psutil.pid_exists(pid) if hostname == socket.gethostname() else True,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_holder(self) -> None:
+        record = {
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+            "hostname": socket.gethostname(),
+            "acquired_unix_ns": time.time_ns(),
+        }
+        tmp = self._holder_path.with_name(f"{self._holder_path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+        with open(fd, "wb") as f:
+            f.write(orjson.dumps(record))
+        os.replace(tmp, self._holder_path)
+
+    def _timeout_error(self, timeout_s: float | None) -> LockTimeoutError:
+        holder = self.holder()
+        who = (
+            f"held by {holder.describe(time.time_ns())}"
+            if holder is not None
+            else "holder not recorded"
+        )
+        return LockTimeoutError(
+            f"could not acquire lock {str(self.path)!r} within {timeout_s} s ({who}); "
+            "wait for that process to finish, raise timeout_s, or stop the holder if it is stuck"
+        )
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"FileLock({str(self.path)!r}, timeout_s={self.timeout_s!r})"
+
+
+def _check_timeout(timeout_s: float | None) -> None:
+    if timeout_s is not None and not timeout_s >= 0:
+        raise InvalidArgumentError(
+            f"timeout_s={timeout_s!r} must be a number of seconds >= 0, or None to wait forever"
+        )
