@@ -138,9 +138,12 @@ class EventBus:
         return event
 
     def iteration_started(self, iteration: int) -> IterationStarted:
-        """Flush spans, then publish :class:`IterationStarted`."""
-        self.flush_spans()
+        """Publish :class:`IterationStarted` after flushing every recorder.
+
+        The boundary time is read *before* the flush, so the observers' work of flushing
+        and dispatching belongs to the new iteration and arrives before its end."""
         mono, wall = self._times()
+        self.flush_spans()
         event = IterationStarted(self.run_id, mono, wall, iteration)
         self.publish(event)
         return event
@@ -210,9 +213,10 @@ class EventBus:
         records_dropped: int = 0,
         process_wall_ns: int | None = None,
     ) -> RunFinished:
-        """Flush spans, then publish :class:`RunFinished`."""
-        self.flush_spans()
+        """Publish :class:`RunFinished` after flushing every recorder (the end time is
+        read before the flush, as for :meth:`iteration_started`)."""
         mono, wall = self._times()
+        self.flush_spans()
         event = RunFinished(
             self.run_id,
             mono,

@@ -1,0 +1,177 @@
+"""``twinkle demo``: options, progress bar, per-iteration table and the run summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["add_demo_arguments", "format_summary", "format_table", "run_demo_command"]
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """The demo's options (defaults from :class:`~twinkle.demo.DemoConfig`)."""
+    from twinkle.demo.config import DemoConfig
+
+    d = DemoConfig()
+    p.add_argument("--iterations", type=int, default=d.iterations, metavar="N")
+    p.add_argument("--out", default="runs", metavar="DIR", help="the run goes to DIR/<run_id>/")
+    p.add_argument("--run-id", default=None, help="default: time, pid and a random suffix")
+    p.add_argument(
+        "--prompts", type=int, default=d.prompts_per_iteration, help="prompts per iteration"
+    )
+    p.add_argument(
+        "--completions",
+        type=int,
+        default=d.completions_per_prompt,
+        help="completions per prompt (the GRPO group size)",
+    )
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    p.add_argument(
+        "--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--engines", type=int, default=d.engines, help="rollout engines")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, help="torch device of the trainer and engines")
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--overlap",
+        dest="overlap",
+        action="store_true",
+        default=d.overlap,
+        help="generate the next rollout while training (default)",
+    )
+    overlap.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="generate only with the newest weights (no streaming)",
+    )
+    p.add_argument(
+        "--no-observers",
+        action="store_true",
+        help="run without any observer (for overhead comparison); writes no files",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """Per-iteration table, computed from the raw records (nothing re-measured)."""
+    by: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        if r["scope"] == "iteration":
+            by[(r["kind"], r["iteration"])] = r["values"]
+    iterations = sorted({it for kind, it in by if kind == "timing"})
+    nan = float("nan")
+    head = (
+        f"{'iter':>4} {'reward':>7} {'loss':>8} {'tokens':>7} {'gen s':>7} "
+        f"{'train s':>7} {'logical s':>9} {'overhead':>8} {'tok/s/dev':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for it in iterations:
+        t = by[("timing", it)]
+        g = by.get(("grpo", it), {})
+        w = by.get(("iteration", it), {})
+        lines.append(
+            f"{it:>4} {g.get('reward_mean', nan):>7.3f} {g.get('loss', nan):>8.4f} "
+            f"{w.get('tokens', 0):>7} {t.get('rollout_union_seconds', 0.0):>7.3f} "
+            f"{t.get('train_union_seconds', 0.0):>7.3f} {t['logical_seconds']:>9.3f} "
+            f"{t['overhead_seconds'] * 1e3:>6.2f}ms {_num(w.get('tokens_per_s_per_device')):>10}"
+        )
+    return "\n".join(lines)
+
+
+def _num(x: Any) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The run summary for humans (summary.json holds the numbers)."""
+    counts = summary.get("counts", {})
+
+    def c(key: str) -> Any:
+        return counts.get(key, {}).get("final")
+
+    window = summary.get("window", {})
+    grpo = summary.get("scalars", {}).get("grpo", {}).get("reward_mean", {})
+    secs = summary.get("seconds", {})
+    lines = [
+        f"run {summary['run_id']}: {summary['status']}",
+        f"  generation groups       {c('groups_rollout')}",
+        f"  samples generated       {c('samples_rollout')}",
+        f"  training sample visits  {c('samples_train')}",
+        f"  optimizer updates       {c('optimizer_updates')}",
+        f"  records dropped         {summary.get('records_dropped')}",
+        f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
+        f"  window throughput       {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
+        f"({window.get('tokens')} tokens / {window.get('seconds', 0.0):.2f} logical s)",
+        f"  phase seconds           rollout {secs.get('rollout_union', 0.0):.2f}, "
+        f"train {secs.get('train_union', 0.0):.2f}, overlap {secs.get('overlap', 0.0):.2f}, "
+        f"observer overhead {secs.get('overhead', 0.0):.3f}",
+        f"  reward mean             {grpo.get('first', float('nan')):.3f} (iteration "
+        f"{grpo.get('first_iteration')}) -> {grpo.get('last', float('nan')):.3f} (iteration "
+        f"{grpo.get('last_iteration')})",
+        f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
+        "(start-up included)",
+    ]
+    return "\n".join(lines)
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    """Run the demo from parsed arguments; prints the table and the summary."""
+    from twinkle.demo.config import DemoConfig
+    from twinkle.demo.runner import run_demo
+
+    cfg = DemoConfig(
+        iterations=args.iterations,
+        prompts_per_iteration=args.prompts,
+        completions_per_prompt=args.completions,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        engines=args.engines,
+        seed=args.seed,
+        overlap=args.overlap,
+        device=args.device,
+        observers=not args.no_observers,
+    )
+    bar: Any = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.iterations, desc="GRPO", unit="it", file=sys.stderr)
+
+    def progress(result: Any) -> None:
+        if bar is not None:
+            bar.set_postfix(reward=f"{result.reward_mean:.3f}")
+            bar.update(1)
+
+    try:
+        result = run_demo(
+            cfg,
+            out_dir=args.out,
+            run_id=args.run_id,
+            progress=progress,
+            autoload=False if args.no_autoload else None,
+            blocked=args.block,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if result.run_dir is None:
+        first, last = result.iterations[0], result.iterations[-1]
+        print(
+            f"ran {len(result.iterations)} iterations without observers in "
+            f"{result.wall_seconds:.1f} s; reward mean {first.reward_mean:.3f} -> "
+            f"{last.reward_mean:.3f}"
+        )
+        return 0
+    raw = Path(result.run_dir) / "metrics_raw.jsonl"
+    records = [orjson.loads(line) for line in raw.read_bytes().splitlines()]
+    print(format_table(records))
+    print()
+    print(format_summary(result.summary))
+    print(f"  files                   {result.run_dir}/")
+    return 0

@@ -1,0 +1,90 @@
+"""Demo configuration (plain values; no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from twinkle.errors import ConfigError
+
+__all__ = ["DemoConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Every knob of the demo run. Same config and seed → same tokens, rewards, losses."""
+
+    iterations: int = 60
+    prompts_per_iteration: int = 16
+    completions_per_prompt: int = 16
+    micro_batch: int = 32
+    grad_accum: int = 2
+    engines: int = 2
+    seed: int = 0
+    overlap: bool = True
+    lr: float = 1e-2
+    clip_eps: float = 0.2
+    kl_coef: float = 0.005
+    temperature: float = 1.0
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    min_digits: int = 3
+    max_digits: int = 3
+    device: str = "cpu"
+    observers: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {
+            "iterations": self.iterations,
+            "prompts_per_iteration": self.prompts_per_iteration,
+            "completions_per_prompt": self.completions_per_prompt,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "engines": self.engines,
+            "d_model": self.d_model,
+            "layers": self.layers,
+            "heads": self.heads,
+            "min_digits": self.min_digits,
+        }
+        for name, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.completions_per_prompt < 2:
+            raise ConfigError(
+                "completions_per_prompt must be >= 2: GRPO normalises rewards within each "
+                f"group, got {self.completions_per_prompt!r}"
+            )
+        if self.max_digits < self.min_digits or self.max_digits > 8:
+            raise ConfigError(
+                f"max_digits must lie in [min_digits, 8], got {self.max_digits!r} "
+                f"(min_digits {self.min_digits!r})"
+            )
+        if self.d_model % self.heads:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})"
+            )
+        if self.prompts_per_iteration % self.engines:
+            raise ConfigError(
+                f"prompts_per_iteration ({self.prompts_per_iteration}) must be a multiple of "
+                f"engines ({self.engines}): each engine serves an equal share"
+            )
+        for fname, fvalue in (("lr", self.lr), ("temperature", self.temperature)):
+            if not fvalue > 0:
+                raise ConfigError(f"{fname} must be > 0, got {fvalue!r}")
+        if not 0 < self.clip_eps < 1:
+            raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.prompts_per_iteration * self.completions_per_prompt
+
+    @property
+    def lag(self) -> int:
+        """How many weight versions behind the rollouts may be (1 with overlap)."""
+        return 1 if self.overlap else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,173 @@
+"""Rollout engines: separate workers, each holding its own copy of the policy weights.
+
+An engine generates the completions of its share of an iteration's prompts with the
+weight version that iteration is due (``iteration - lag``), and loads new weights only
+when every generation that still needs the old version is done — so a run with the same
+seed yields the same tokens whatever the thread timing.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.model import TinyDecoder
+from twinkle.demo.task import DIGITS, EOS, PAD, VOCAB, make_prompts, max_response_tokens, reward
+from twinkle.perf import TimeRecorder
+
+__all__ = ["RolloutBatch", "TorchEngine", "Trajectory", "seed_for"]
+
+
+def seed_for(*parts: int) -> int:
+    """A stable seed from integers (same parts, same seed, any process)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One completion: the prompt and response token ids and its reward."""
+
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]  # up to and including EOS (or cut at the limit)
+    reward: float
+    group: int  # index of the prompt within the iteration
+    logprobs: tuple[float, ...] = ()  # the engine's log-prob of each response token
+
+    @property
+    def tokens(self) -> int:
+        """Effective tokens: prompt + response."""
+        return len(self.prompt) + len(self.response)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutBatch:
+    """One engine's share of an iteration: whole groups of completions."""
+
+    iteration: int
+    engine: str
+    version: int
+    trajectories: tuple[Trajectory, ...]
+
+
+class TorchEngine:
+    """A rollout worker with its own model copy; thread-safe generate/load_weights."""
+
+    def __init__(self, name: str, index: int, config: DemoConfig, recorder: TimeRecorder) -> None:
+        self.name = name
+        self.index = index
+        self.config = config
+        self.recorder = recorder
+        self.max_len = config.max_digits + 2 + max_response_tokens(config.max_digits)
+        self.model = TinyDecoder(VOCAB, config.d_model, config.layers, config.heads, self.max_len)
+        self.model.requires_grad_(False)
+        self.model.eval()
+        self.version = -1  # nothing loaded yet
+        self.generated_through = -1  # last iteration whose rollouts are done
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _required_version(self, iteration: int) -> int:
+        return max(0, iteration - self.config.lag)
+
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> str:
+        """Copy ``state`` into this engine's model once no pending rollout needs the old
+        weights; returns the engine's name as the acknowledgement."""
+        last_needing_older = version - 1 + self.config.lag if version > 0 else -1
+        with self._cond:
+            while self.generated_through < last_needing_older and not self._closed:
+                self._cond.wait(0.05)
+            with self.recorder.span("weights.load", engine=self.name, version=version):
+                self.model.load_state_dict(state)  # a real copy into our own tensors
+            self.version = version
+            self._cond.notify_all()
+        return self.name
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def rollout(self, iteration: int) -> RolloutBatch:
+        """Generate this engine's groups for ``iteration`` with the version it is due."""
+        cfg = self.config
+        need = self._required_version(iteration)
+        with self._cond:
+            while self.version < need and not self._closed:
+                self._cond.wait(0.05)
+            if self._closed:
+                raise RuntimeError(f"engine {self.name} closed")
+            if self.version != need:
+                raise RuntimeError(
+                    f"engine {self.name} holds version {self.version} but iteration "
+                    f"{iteration} is due version {need}: the schedule broke"
+                )
+            version = self.version
+        per_engine = cfg.prompts_per_iteration // cfg.engines
+        prompt_rng = random.Random(seed_for(cfg.seed, iteration, 1))
+        prompts = make_prompts(
+            prompt_rng, cfg.prompts_per_iteration, cfg.min_digits, cfg.max_digits
+        )[self.index * per_engine : (self.index + 1) * per_engine]
+        gen = torch.Generator().manual_seed(seed_for(cfg.seed, iteration, 2, self.index))
+        with self.recorder.span("generate", iteration=iteration, engine=self.name):
+            responses = self._generate(prompts, gen)
+        with self.recorder.span("reward", iteration=iteration, engine=self.name):
+            trajectories = tuple(
+                Trajectory(
+                    tuple(p),
+                    tuple(r),
+                    reward(p, r),
+                    self.index * per_engine + i // cfg.completions_per_prompt,
+                    tuple(lp),
+                )
+                for i, (p, r, lp) in enumerate(responses)
+            )
+        with self._cond:
+            self.generated_through = max(self.generated_through, iteration)
+            self._cond.notify_all()
+        return RolloutBatch(iteration, self.name, version, trajectories)
+
+    @torch.no_grad()
+    def _generate(
+        self, prompts: list[list[int]], gen: torch.Generator
+    ) -> list[tuple[list[int], list[int], list[float]]]:
+        cfg = self.config
+        g = cfg.completions_per_prompt
+        limit = max_response_tokens(cfg.max_digits)
+        out: list[tuple[list[int], list[int], list[float]] | None] = [None] * (len(prompts) * g)
+        # Batch prompts of equal length together: no padding inside generation.
+        by_len: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_len.setdefault(len(p), []).append(i)
+        allowed = torch.full((VOCAB,), float("-inf"))
+        allowed[:DIGITS] = 0.0
+        allowed[EOS] = 0.0
+        for _, idxs in sorted(by_len.items()):
+            rows = [prompts[i] for i in idxs for _ in range(g)]
+            x = torch.tensor(rows, dtype=torch.long)
+            done = torch.zeros(len(rows), dtype=torch.bool)
+            steps = []
+            logps = []
+            for _ in range(limit):
+                logits = self.model(x)[:, -1] / cfg.temperature + allowed
+                nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+                logps.append(torch.log_softmax(logits, -1).gather(1, nxt[:, None]).squeeze(1))
+                nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
+                steps.append(nxt)
+                done = done | (nxt == EOS)
+                x = torch.cat([x, nxt[:, None]], dim=1)
+                if bool(done.all()):
+                    break
+            resp = torch.stack(steps, dim=1).tolist()
+            lps = torch.stack(logps, dim=1).tolist()
+            for j, i in enumerate(idxs):
+                for c in range(g):
+                    r = [t for t in resp[j * g + c] if t != PAD]
+                    out[i * g + c] = (prompts[i], r, lps[j * g + c][: len(r)])
+        return [o for o in out if o is not None]

@@ -1,0 +1,193 @@
+"""Runs the demo: engines and trainer driven by the StreamingDriver, observed by twinkle.
+
+The demo is the caller, so it defines the business semantics:
+
+* effective tokens = prompt + response tokens of every trajectory (sample tag
+  ``rollout``: generated; ``train``: the trainer's visits);
+* phases: ``rollout`` = the engines' ``generate`` and ``reward`` spans; ``train`` =
+  advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
+  step; ``publish`` = weight loading on the engines;
+* the device denominator comes from the :class:`~twinkle.cluster.LocalCluster`: its
+  accelerators, or — on a CPU-only machine — the host counted as one device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle.cluster import LocalCluster
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
+from twinkle.demo.trainer import GRPOTrainer, IterationResult
+from twinkle.driver import StreamingDriver
+from twinkle.session import RunSession
+
+__all__ = ["DemoResult", "observer_config", "run_demo"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """What the run did: per-iteration results, the summary and where the files are."""
+
+    config: DemoConfig
+    run_dir: Path | None
+    iterations: tuple[IterationResult, ...]
+    summary: dict[str, Any]
+    trajectories: tuple[tuple[Trajectory, ...], ...]
+    wall_seconds: float
+
+
+def _devices(cfg: DemoConfig) -> tuple[int, dict[str, Any]]:
+    resources = LocalCluster(torch=True, workers={"rollout": cfg.engines, "trainer": 1})
+    res = resources.resources()
+    kind = cfg.device.split(":")[0]
+    count = res.device_count(kind) if kind != "cpu" else 0
+    return (count or 1), res.to_dict()
+
+
+def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
+    """The business definitions the observers apply (travels in ``run_started``)."""
+    return {
+        "phases": {
+            "rollout": ["generate", "reward"],
+            "train": ["advantage", "old_logprobs", "ref_logprobs", "train.*"],
+            "publish": ["weights.load"],
+        },
+        "throughput": {
+            "rollout": {"samples": "rollout", "devices": devices},
+            "train": {"samples": "train", "devices": devices},
+        },
+        "window": {"samples": "rollout", "devices": devices},
+        "total_steps": cfg.iterations * _steps_per_iteration(cfg),
+        "x_demo": cfg.to_dict(),
+    }
+
+
+def _steps_per_iteration(cfg: DemoConfig) -> int:
+    per_step = cfg.micro_batch * cfg.grad_accum
+    return -(-cfg.samples_per_iteration // per_step)
+
+
+def _producer(engine: TorchEngine, iterations: int) -> Callable[[int], RolloutBatch]:
+    """One engine's producer: its share of iteration 0, 1, 2, ... then exhausted."""
+    counter = iter(range(iterations))
+
+    def produce(version: int) -> RolloutBatch:
+        iteration = next(counter)  # StopIteration ends the producer
+        return engine.rollout(iteration)
+
+    return produce
+
+
+def run_demo(
+    cfg: DemoConfig,
+    *,
+    out_dir: str | os.PathLike[str] | None = "runs",
+    run_id: str | None = None,
+    progress: Callable[[IterationResult], None] | None = None,
+    autoload: bool | None = None,
+    blocked: Iterable[str] = (),
+) -> DemoResult:
+    """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false."""
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
+    devices, cluster = _devices(cfg)
+    config = observer_config(cfg, devices)
+    config["x_cluster"] = cluster
+    session = RunSession(
+        out_dir=out_dir if cfg.observers else None,
+        run_id=run_id,
+        config=config,
+        builtins=cfg.observers,
+        autoload=autoload if cfg.observers else False,
+        blocked=blocked,
+    )
+    results: list[IterationResult] = []
+    kept: list[tuple[Trajectory, ...]] = []
+    with session as run:
+        rec, bus = run.recorder, run.bus
+        trainer = GRPOTrainer(
+            cfg,
+            rec,
+            on_step=lambda it, step, n: bus.optimizer_step(iteration=it, step=step, samples=n),
+        )
+        engines = [TorchEngine(f"engine{i}", i, cfg, rec) for i in range(cfg.engines)]
+        initial = trainer.state()
+        for engine in engines:
+            engine.load_weights(0, initial)
+        producers = {e.name: _producer(e, cfg.iterations) for e in engines}
+        generated = groups = visits = 0
+        try:
+            with StreamingDriver(
+                producers,
+                bus=bus,
+                publisher=engines,
+                buffer_size=2 * cfg.engines,
+                # The driver tags an item with its version when it *calls* the producer;
+                # the engine then waits for exactly the version the iteration is due
+                # (iteration - lag), so a tag can trail the real version by up to two
+                # publishes. The engine's schedule is the real bound; this is the net.
+                max_staleness=cfg.lag + 2,
+            ) as driver:
+                for it in range(cfg.iterations):
+                    with rec.span("wait.rollout", iteration=it):
+                        items = driver.next_batch(cfg.engines)
+                    batches = sorted((i.payload for i in items), key=lambda b: b.engine)
+                    trajs = tuple(t for b in batches for t in b.trajectories)
+                    lengths = [t.tokens for t in trajs]
+                    bus.samples(
+                        iteration=it,
+                        phase="rollout",
+                        lengths=lengths,
+                        groups=cfg.prompts_per_iteration,
+                    )
+                    generated += len(trajs)
+                    groups += cfg.prompts_per_iteration
+                    result = trainer.train_iteration(it, trajs)
+                    bus.samples(iteration=it, phase="train", lengths=lengths)
+                    visits += len(trajs)
+                    bus.scalars(
+                        iteration=it,
+                        name="grpo",
+                        values={
+                            "reward_mean": result.reward_mean,
+                            "loss": result.loss,
+                            "kl": result.kl,
+                        },
+                    )
+                    run.read_memory(iteration=it)
+                    if it + 1 < cfg.iterations:
+                        # Engines load the new weights once their in-flight rollouts that
+                        # still need the old ones are done; the trainer goes on meanwhile.
+                        driver.publish_weights(trainer.state(), version=it + 1, wait=False)
+                    driver.snapshot()
+                    results.append(result)
+                    kept.append(trajs)
+                    if progress is not None:
+                        progress(result)
+        finally:
+            for engine in engines:
+                engine.close()
+        summary = run.finish(
+            terminal_totals={
+                "samples_rollout": generated,
+                "groups_rollout": groups,
+                "samples_train": visits,
+                "optimizer_updates": trainer.optimizer_steps,
+            }
+        )
+    return DemoResult(
+        config=cfg,
+        run_dir=run.out_dir,
+        iterations=tuple(results),
+        summary=summary,
+        trajectories=tuple(kept),
+        wall_seconds=time.perf_counter() - t0,
+    )

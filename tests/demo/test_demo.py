@@ -1,0 +1,231 @@
+"""The demo: a real GRPO run whose figures are recomputed here independently from the
+trajectories' own lengths and the raw spans in events.jsonl."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from twinkle.cli import main
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.runner import DemoResult, run_demo
+from twinkle.demo.task import BOS, EOS, SEP, reward
+from twinkle.demo.trainer import group_advantages
+from twinkle.errors import ConfigError
+
+SMALL = DemoConfig(
+    iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=5, grad_accum=1
+)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    return run_demo(SMALL, out_dir=tmp_path_factory.mktemp("demo"), run_id="small")
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    start = None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            if end is not None and start is not None:
+                total += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    if end is not None and start is not None:
+        total += end - start
+    return total
+
+
+def test_records_recomputed_from_trajectories_and_raw_spans(small: DemoResult) -> None:
+    assert small.run_dir is not None
+    events = _lines(small.run_dir / "events.jsonl")
+    records = _lines(small.run_dir / "metrics_raw.jsonl")
+    starts = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
+    (finish,) = [e["monotonic_ns"] for e in events if e["type"] == "run_finished"]
+    bounds = [*starts, finish]
+    # Overhead spans as logged, each with its position in the log: an iteration deducts
+    # the overhead inside its window that was logged before its closing boundary event.
+    overhead = [
+        (pos, s["start_ns"], s["end_ns"])
+        for pos, e in enumerate(events)
+        if e["type"] == "spans"
+        for s in e["spans"]
+        if s["name"] == "twinkle.observe"
+    ]
+    closing = [
+        pos for pos, e in enumerate(events) if e["type"] in ("iteration_started", "run_finished")
+    ][1:]
+    devices = small.summary["window"]["device_seconds"] / small.summary["window"]["seconds"]
+    assert devices == 1.0  # CPU-only: the host counts as one device
+    iteration = {r["iteration"]: r["values"] for r in records if r["kind"] == "iteration"}
+    timing = {r["iteration"]: r["values"] for r in records if r["kind"] == "timing"}
+    total_tokens, total_logical_ns = 0, 0
+    for i, trajs in enumerate(small.trajectories):
+        tokens = sum(len(t.prompt) + len(t.response) for t in trajs)
+        lo, hi = bounds[i], bounds[i + 1]
+        clipped = [
+            (max(s, lo), min(e, hi))
+            for pos, s, e in overhead
+            if e > lo and s < hi and pos < closing[i]
+        ]
+        logical_ns = (hi - lo) - _union(clipped)
+        assert iteration[i]["tokens"] == tokens
+        assert timing[i]["logical_seconds"] == logical_ns / 1e9
+        assert iteration[i]["tokens_per_s_per_device"] == pytest.approx(
+            tokens / (logical_ns / 1e9) / devices, rel=1e-12
+        )
+        total_tokens += tokens
+        total_logical_ns += logical_ns
+    (run,) = [r["values"] for r in records if r["kind"] == "run"]
+    assert run["tokens"] == total_tokens
+    assert run["tokens_per_s_per_device"] == pytest.approx(
+        total_tokens / (total_logical_ns / 1e9) / devices, rel=1e-12
+    )
+
+
+def test_generation_seconds_are_the_union_of_the_engines_spans(small: DemoResult) -> None:
+    assert small.run_dir is not None
+    events = _lines(small.run_dir / "events.jsonl")
+    records = _lines(small.run_dir / "metrics_raw.jsonl")
+    timing = {r["iteration"]: r["values"] for r in records if r["kind"] == "timing"}
+    spans = [s for e in events if e["type"] == "spans" for s in e["spans"]]
+    for i in range(SMALL.iterations):
+        gen = [
+            (s["start_ns"], s["end_ns"])
+            for s in spans
+            if s["name"] in ("generate", "reward") and s["attrs"].get("iteration") == i
+        ]
+        assert len(gen) == 2 * SMALL.engines
+        assert timing[i]["rollout_union_seconds"] == _union(gen) / 1e9
+
+
+def test_summary_counts_match_the_configuration(small: DemoResult) -> None:
+    s = small.summary
+    n = SMALL.iterations
+    samples = n * SMALL.prompts_per_iteration * SMALL.completions_per_prompt
+    steps = n * math.ceil(SMALL.samples_per_iteration / (SMALL.micro_batch * SMALL.grad_accum))
+    counts = s["counts"]
+    assert counts["groups_rollout"]["final"] == n * SMALL.prompts_per_iteration
+    assert counts["samples_rollout"]["final"] == samples
+    assert counts["samples_train"]["final"] == samples
+    assert counts["optimizer_updates"]["final"] == steps
+    assert all(c["discrepancy"] in (0, None) for c in counts.values())
+    assert s["records_dropped"] == 0
+    assert s["observer_failures"] == {}
+    assert s["iterations"] == n
+    assert s["process_wall_seconds"] > 0
+    first = s["scalars"]["grpo"]["reward_mean"]
+    assert first["first"] == small.iterations[0].reward_mean
+    assert first["last"] == small.iterations[-1].reward_mean
+    assert {p.name for p in small.run_dir.iterdir()} >= {  # type: ignore[union-attr]
+        "events.jsonl",
+        "metrics_raw.jsonl",
+        "metrics.jsonl",
+        "summary.json",
+        "trace.json",
+    }
+
+
+def test_tail_micro_batches_are_counted(small: DemoResult) -> None:
+    # 16 samples, micro-batch 5, no accumulation: 3 full micro-batches and a tail of 1
+    for result in small.iterations:
+        assert result.micro_batches == 4
+        assert result.optimizer_steps == 4
+        assert result.samples == 16
+
+
+def test_trajectories_are_rewarded_by_the_task(small: DemoResult) -> None:
+    for trajs in small.trajectories:
+        assert len(trajs) == SMALL.samples_per_iteration
+        for t in trajs:
+            assert t.prompt[0] == BOS and t.prompt[-1] == SEP
+            assert t.reward == reward(t.prompt, t.response)
+            assert len(t.logprobs) == len(t.response)
+            assert all(tok < 10 or tok == EOS for tok in t.response)
+
+
+def test_same_seed_gives_same_tokens_rewards_and_losses() -> None:
+    cfg = DemoConfig(
+        iterations=3, prompts_per_iteration=4, completions_per_prompt=4, observers=False
+    )
+    a = run_demo(cfg, out_dir=None)
+    b = run_demo(cfg, out_dir=None)
+    assert a.trajectories == b.trajectories
+    assert a.iterations == b.iterations
+    c = run_demo(DemoConfig(**{**cfg.to_dict(), "seed": 1}), out_dir=None)
+    assert c.trajectories != a.trajectories
+
+
+def test_group_advantages_are_normalised_within_each_group() -> None:
+    adv = group_advantages([1.0, 0.0, 0.5, 0.5], 2)
+    assert adv[0] == pytest.approx(1.0, abs=1e-5) and adv[1] == pytest.approx(-1.0, abs=1e-5)
+    assert adv[2:] == [0.0, 0.0]
+
+
+def test_without_observers_nothing_is_written(tmp_path: Path) -> None:
+    cfg = DemoConfig(
+        iterations=2, prompts_per_iteration=2, completions_per_prompt=2, observers=False
+    )
+    result = run_demo(cfg, out_dir=tmp_path)
+    assert result.run_dir is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_command_prints_table_and_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        [
+            "demo",
+            "--iterations",
+            "2",
+            "--prompts",
+            "2",
+            "--completions",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cli",
+            "--no-progress",
+            "--no-autoload",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "tok/s/dev" in out and "samples generated       8" in out
+    assert (tmp_path / "cli" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"completions_per_prompt": 1}, "completions_per_prompt"),
+        ({"iterations": 0}, "iterations"),
+        ({"prompts_per_iteration": 3, "engines": 2}, "engines"),
+        ({"lr": -1.0}, "lr"),
+        ({"d_model": 30, "heads": 4}, "heads"),
+    ],
+)
+def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        DemoConfig(**kwargs)
+
+
+def test_default_run_learns() -> None:
+    """The default run (60 iterations) lifts the reward mean clearly."""
+    result = run_demo(DemoConfig(observers=False), out_dir=None)
+    rewards = [r.reward_mean for r in result.iterations]
+    first = rewards[0]
+    late = sum(rewards[-10:]) / 10
+    assert late > 2 * first, rewards
