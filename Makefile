@@ -33,13 +33,22 @@ layers: $(STAMP)
 check: lint typing layers test
 
 demo: $(STAMP)
-	$(PY) -m twinkle.cli demo
+	$(PY) -m twinkle.cli demo $(DEMO_ARGS)
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q -c constraints.txt -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench
 
-bench-smoke: $(STAMP)
+bench-smoke: $(BENCH_STAMP)
 	$(PY) -m bench --smoke
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -m soak tests/reliability
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
