@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -193,6 +193,7 @@ class Dispatcher:
         self.failures: Counter[str] = Counter()
         self.events_dispatched = 0
         self._owner: int | None = None
+        self._plans: dict[str, list[tuple[str, Callable[..., Any], tuple[str, ...]]]] = {}
 
     # -- wiring -----------------------------------------------------------------------
 
@@ -252,33 +253,39 @@ class Dispatcher:
         A raising observer is logged with its name, counted in :attr:`failures` and
         skipped; every other observer still runs.
         """
-        caller = getattr(self.pm.hook, hook_name)
-        results: list[Any] = []
-        for impl in reversed(caller.get_hookimpls()):
-            try:
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
-            except Exception:
-                self.failures[impl.plugin_name] += 1
-                log.exception("observer %r failed in %s; skipped", impl.plugin_name, hook_name)
-                continue
-            if result is not None:
-                results.append(result)
-        return results
+        return [result for _, result in self._calls(hook_name, kwargs)]
 
     def call_named(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Like :meth:`call`, with each result paired with its plugin's name."""
-        caller = getattr(self.pm.hook, hook_name)
-        out: list[tuple[str, Any]] = []
-        for impl in reversed(caller.get_hookimpls()):
+        return list(self._calls(hook_name, kwargs))
+
+    def refresh(self) -> None:
+        """Forget the cached hook implementations (after registering plugins late)."""
+        self._plans.clear()
+
+    def _plan(self, hook_name: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...]]]:
+        # The implementations of a hook, in pluggy's call order, looked up once: the
+        # plugin set is fixed for a run (call refresh() after registering late).
+        plan = self._plans.get(hook_name)
+        if plan is None:
+            caller = getattr(self.pm.hook, hook_name)
+            plan = [
+                (impl.plugin_name, impl.function, tuple(impl.argnames))
+                for impl in reversed(caller.get_hookimpls())
+            ]
+            self._plans[hook_name] = plan
+        return plan
+
+    def _calls(self, hook_name: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        for name, function, argnames in self._plan(hook_name):
             try:
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
+                result = function(*[kwargs[a] for a in argnames])
             except Exception:
-                self.failures[impl.plugin_name] += 1
-                log.exception("observer %r failed in %s; skipped", impl.plugin_name, hook_name)
+                self.failures[name] += 1
+                log.exception("observer %r failed in %s; skipped", name, hook_name)
                 continue
             if result is not None:
-                out.append((impl.plugin_name, result))
-        return out
+                yield name, result
 
 
 def merge_summary(parts: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -46,11 +46,15 @@ def validate_event(event: Event) -> None:
         _int(event, "iteration", event.iteration)
         _name(event, "phase", event.phase)
         _int(event, "groups", event.groups)
-        for i, n in enumerate(event.lengths):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise RecordError(
-                    f"samples.lengths[{i}] must be a non-negative int token count, got {n!r}"
-                )
+        lengths = event.lengths
+        # Fast path for the common case (all plain non-negative ints); the slow loop
+        # only runs to name the culprit.
+        if not (all(type(n) is int for n in lengths) and (not lengths or min(lengths) >= 0)):
+            for i, n in enumerate(lengths):
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise RecordError(
+                        f"samples.lengths[{i}] must be a non-negative int token count, got {n!r}"
+                    )
     elif isinstance(event, OptimizerStep):
         _int(event, "iteration", event.iteration)
         _int(event, "step", event.step, minimum=1)

@@ -97,9 +97,7 @@ class EventLogSink:
         if self.writer is None:
             return
         self._pending.append(event_to_dict(event))
-        if len(self._pending) >= self._BATCH or isinstance(
-            event, IterationStarted | RunFinished
-        ):
+        if len(self._pending) >= self._BATCH or isinstance(event, IterationStarted | RunFinished):
             self.flush()
 
     def flush(self) -> None:
