@@ -28,7 +28,7 @@ typing: $(STAMP)
 	$(VENV)/bin/mypy
 
 layers: $(STAMP)
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 check: lint typing layers test
 
