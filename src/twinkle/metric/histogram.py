@@ -28,7 +28,7 @@ import reprlib
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate
 from typing import Any, Final, TypeGuard, final
 
 from twinkle.errors import InvalidArgumentError
@@ -39,9 +39,6 @@ _EXACT_BITS: Final = 12
 _SUB_BITS: Final = 7  # 2**7 = 128 buckets per octave above the exact range
 _EXACT_BELOW: Final = 1 << _EXACT_BITS
 _MAX_LENGTH: Final = (1 << 53) - 1
-# Buckets are grouped in blocks of 64 consecutive indices; keeping per-block totals lets
-# quantile() walk a few hundred blocks and then one block instead of every bucket.
-_BLOCK_BITS: Final = 6
 _STATE_VERSION: Final = 1
 
 
@@ -136,12 +133,24 @@ class LengthHistogram:
     MAX_BUCKETS: Final = _EXACT_BELOW + ((53 - _EXACT_BITS) << _SUB_BITS)
     RELATIVE_ERROR: Final = 2.0 ** -(_SUB_BITS + 1)
 
-    __slots__ = ("_block_keys", "_blocks", "_count", "_counts", "_max", "_min", "_total")
+    __slots__ = (
+        "_count",
+        "_counts",
+        "_max",
+        "_min",
+        "_quantile_cache",
+        "_sorted",
+        "_total",
+    )
 
     def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
-        self._blocks: Counter[int] = Counter()
-        self._block_keys: list[int] = []  # sorted keys of _blocks, refreshed on demand
+        # (sorted bucket indices, cumulative counts in that order), derived from _counts
+        # only when a quantile is asked for (None: out of date), so adding costs one
+        # Counter update; building it is a C-level sort and prefix sum over the buckets.
+        self._sorted: tuple[list[int], list[int]] | None = None
+        # The last quantiles computed, valid until the next add/merge/reset.
+        self._quantile_cache: tuple[tuple[tuple[int, int], ...], list[float]] | None = None
         self._count = 0
         self._total = 0
         # Meaningful only while _count > 0 (the properties say None otherwise).
@@ -192,7 +201,8 @@ class LengthHistogram:
                 for v in values
             ]
         self._counts.update(indices)
-        self._blocks.update(map(operator.rshift, indices, repeat(_BLOCK_BITS)))
+        self._sorted = None
+        self._quantile_cache = None
         if self._count == 0:
             self._min, self._max = low, high
         else:
@@ -213,28 +223,25 @@ class LengthHistogram:
         n = self._count
         if n == 0:
             return [math.nan] * len(qs)
-        keys = self._block_keys
-        if len(keys) != len(self._blocks):
-            # Blocks are only ever added (reset clears both), so equal sizes mean equal keys.
-            keys = self._block_keys = sorted(self._blocks)
-        cumulative: list[int] = []
+        qs = tuple(qs)
+        cached = self._quantile_cache
+        if cached is not None and cached[0] == qs:
+            return list(cached[1])
+        if self._sorted is None:
+            keys = sorted(self._counts)
+            self._sorted = (keys, list(accumulate(map(self._counts.__getitem__, keys))))
+        keys, cumulative = self._sorted
         out: list[float] = []
         for numerator, denominator in qs:
             rank = max(1, -((-numerator * n) // denominator))  # ceil(q * n), exactly
             if rank in (1, n):
                 out.append(float(self._min if rank == 1 else self._max))
                 continue
-            if not cumulative:
-                cumulative = list(accumulate(map(self._blocks.__getitem__, keys)))
-            position = bisect_left(cumulative, rank)
-            seen = cumulative[position - 1] if position else 0
-            start = keys[position] << _BLOCK_BITS
-            for index in range(start, start + (1 << _BLOCK_BITS)):
-                seen += self._counts.get(index, 0)
-                if seen >= rank:
-                    break
+            # The first bucket whose cumulative count reaches the rank holds the sample.
+            index = keys[bisect_left(cumulative, rank)]
             low, high = _bucket_bounds(index)
             out.append(float(min(max((low + high) / 2, self._min), self._max)))
+        self._quantile_cache = (qs, list(out))
         return out
 
     def merge(self, other: LengthHistogram) -> None:
@@ -247,7 +254,8 @@ class LengthHistogram:
         if other._count == 0:
             return
         self._counts.update(other._counts)
-        self._blocks.update(other._blocks)
+        self._sorted = None
+        self._quantile_cache = None
         if self._count == 0:
             self._min, self._max = other._min, other._max
         else:
@@ -258,8 +266,8 @@ class LengthHistogram:
     def reset(self) -> None:
         """Forget every length."""
         self._counts.clear()
-        self._blocks.clear()
-        self._block_keys = []
+        self._sorted = None
+        self._quantile_cache = None
         self._count = 0
         self._total = 0
         self._min = 0
@@ -327,7 +335,6 @@ class LengthHistogram:
                 )
             index = _bucket(low)
             hist._counts[index] = count
-            hist._blocks[index >> _BLOCK_BITS] += count
             hist._count += count
         total, low, high = state.get("total"), state.get("min"), state.get("max")
         if hist._count == 0:

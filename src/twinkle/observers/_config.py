@@ -22,7 +22,7 @@ that a replay rebuilds identical observers. Its shape::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.errors import ConfigError
@@ -92,6 +92,8 @@ class ObserverConfig:
     throughput: dict[str, PhaseThroughput]
     window: PhaseThroughput | None
     total_steps: int
+    # span name -> phase, filled as names are seen (a run uses a handful of names)
+    _phase_cache: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
@@ -139,7 +141,15 @@ class ObserverConfig:
 
     def phase_of(self, span_name: str) -> str | None:
         """The first configured phase (in config order) whose patterns match."""
+        cache = self._phase_cache
+        try:
+            return cache[span_name]
+        except KeyError:
+            pass
+        found = None
         for phase, matcher in self.phases.items():
             if matcher(span_name):
-                return phase
-        return None
+                found = phase
+                break
+        cache[span_name] = found
+        return found

@@ -121,8 +121,8 @@ class IterationData:
     iteration: int
     start_ns: int
     end_ns: int | None = None
-    #: (name, start_ns, end_ns, error, thread_id) on the run's timeline
-    spans: list[tuple[str, int, int, str | None, int]] = field(default_factory=list)
+    #: (phase or None, start_ns, end_ns, error, thread_id) on the run's timeline
+    spans: list[tuple[str | None, int, int, str | None, int]] = field(default_factory=list)
     samples: dict[str, list[int]] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     steps: int = 0
@@ -152,9 +152,8 @@ class IterationData:
         sums = dict.fromkeys(config.phases, 0)
         counts = dict.fromkeys(config.phases, 0)
         errors = 0
-        for name, start, end, error, tid in self.spans:
+        for phase, start, end, error, tid in self.spans:
             errors += error is not None
-            phase = config.phase_of(name)
             if phase is not None:
                 by_phase[phase].append((start, end))
                 by_phase_thread[phase].setdefault(tid, []).append((start, end))
@@ -227,7 +226,9 @@ class Timeline:
             target = self._target(span.attrs.get("iteration"), start)
             if target is None:
                 continue
-            target.spans.append((span.name, start, end, span.error, span.thread_id))
+            target.spans.append(
+                (self.config.phase_of(span.name), start, end, span.error, span.thread_id)
+            )
 
     def samples(self, event: SamplesObserved) -> None:
         data = self._for_iteration(event.iteration)

@@ -114,9 +114,8 @@ class ThroughputObserver:
             seconds = timing.phase_logical_ns[phase] / _NS
             if lengths or seconds:
                 metric.accumulate(lengths=lengths, seconds=seconds, devices=spec.devices)
-                self.phase_windows[phase].accumulate(
-                    lengths=lengths, seconds=seconds, devices=spec.devices
-                )
+                # Mergeable partials: the window takes the iteration's sums and buckets.
+                self.phase_windows[phase].merge(metric)
             values = {**metric.calculate(), "groups": data.groups.get(spec.samples, 0)}
             records.append(make_record(kind=phase, values=values, **common))
         if config.window is not None:
@@ -124,7 +123,7 @@ class ThroughputObserver:
             seconds = timing.logical_ns / _NS
             metric = ThroughputMetric()
             metric.accumulate(lengths=lengths, seconds=seconds, devices=config.window.devices)
-            self.window.accumulate(lengths=lengths, seconds=seconds, devices=config.window.devices)
+            self.window.merge(metric)
             values = {**metric.calculate(), "logical_seconds": seconds}
             records.append(make_record(kind="iteration", values=values, **common))
         return records
