@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo,bench]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -35,16 +35,10 @@ check: lint typing layers test
 demo: $(STAMP)
 	$(PY) -m twinkle.cli demo $(DEMO_ARGS)
 
-BENCH_STAMP := $(VENV)/.installed-bench
-
-$(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q -c constraints.txt -e ".[bench]"
-	touch $(BENCH_STAMP)
-
-bench: $(BENCH_STAMP)
+bench: $(STAMP)
 	$(PY) -m bench
 
-bench-smoke: $(BENCH_STAMP)
+bench-smoke: $(STAMP)
 	$(PY) -m bench --smoke
 
 soak: $(STAMP)
