@@ -135,11 +135,23 @@ def run_demo(
                 # (iteration - lag), so a tag can trail the real version by up to two
                 # publishes. The engine's schedule is the real bound; this is the net.
                 max_staleness=cfg.lag + 2,
+                auto_iterations=False,
             ) as driver:
+                # An engine may finish its share of the next iteration before a slower
+                # engine finishes this one: stash items by iteration, take whole ones.
+                stash: dict[int, list[RolloutBatch]] = {}
                 for it in range(cfg.iterations):
+                    driver.begin_iteration()
                     with rec.span("wait.rollout", iteration=it):
-                        items = driver.next_batch(cfg.engines)
-                    batches = sorted((i.payload for i in items), key=lambda b: b.engine)
+                        while len(stash.get(it, ())) < cfg.engines:
+                            (item,) = driver.next_batch(1)
+                            stash.setdefault(item.payload.iteration, []).append(item.payload)
+                    batches = sorted(stash.pop(it), key=lambda b: b.engine)
+                    if [b.engine for b in batches] != sorted(e.name for e in engines):
+                        raise RuntimeError(
+                            f"iteration {it} got rollouts from {[b.engine for b in batches]}, "
+                            "expected one batch per engine"
+                        )
                     trajs = tuple(t for b in batches for t in b.trajectories)
                     lengths = [t.tokens for t in trajs]
                     bus.samples(
