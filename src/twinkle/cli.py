@@ -63,6 +63,12 @@ def _replay(args: argparse.Namespace) -> int:
         f"(status {summary['status']}, observer failures "
         f"{sum(summary['observer_failures'].values())})"
     )
+    if result.torn_line is not None:
+        print(
+            f"twinkle: warning: passed over the torn last line {result.torn_line} of "
+            f"{args.events} ({result.torn_bytes} byte(s): the run was killed while writing it)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -73,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return _replay(args)
+        if getattr(args, "run_id", None) is not None:
+            from twinkle.session import check_name
+
+            check_name(args.run_id, "--run-id")  # before anything heavy starts
         from twinkle.demo.cli import run_demo_command
 
         return run_demo_command(args)

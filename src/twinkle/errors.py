@@ -6,6 +6,8 @@ and how to fix it. Callers match on the class, never on the message.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TwinkleError",
     "ConfigError",
@@ -42,7 +44,13 @@ class ReporterError(TwinkleError):
 
 
 class WriteError(ReporterError, OSError):
-    """Writing to disk failed; records not yet written stay in memory and can be flushed."""
+    """Writing to disk failed; records not yet written stay in memory and can be flushed.
+
+    ``record``: when raised by ``MetricsReporter.report``, the record that call accepted
+    (stamped with its ``seq`` and kept, like the others); otherwise None.
+    """
+
+    record: Any = None
 
 
 class ReplayError(TwinkleError):

@@ -18,7 +18,7 @@ from typing import Any
 import pluggy
 
 from twinkle import hookspecs
-from twinkle.errors import PluginError
+from twinkle.errors import PluginError, WriteError
 from twinkle.events import (
     SIGNALS,
     Event,
@@ -44,6 +44,7 @@ __all__ = [
     "HOOK_FOR_EVENT",
     "OVERHEAD_SPAN",
     "BUILTIN_DISTRIBUTION",
+    "REPORTER_FAILURES",
     "Dispatcher",
     "make_plugin_manager",
 ]
@@ -53,6 +54,9 @@ log = logging.getLogger("twinkle.plugins")
 ENTRY_POINT_GROUP = "twinkle.observers"
 DISABLE_AUTOLOAD_ENV = "TWINKLE_DISABLE_PLUGIN_AUTOLOAD"
 BUILTIN_DISTRIBUTION = "twinkle"
+#: key of :attr:`Dispatcher.failures` (``summary.json`` → ``observer_failures``) counting
+#: records the run's reporter could not write at once (a disk fault; they are kept)
+REPORTER_FAILURES = "twinkle.reporter"
 
 HOOK_FOR_EVENT: dict[type[Event], str] = {
     RunStarted: "twinkle_run_started",
@@ -168,12 +172,16 @@ class Dispatcher:
 
     Events published concurrently from several threads, or from inside a hook, are queued
     and dispatched in order by whichever thread is already dispatching, so observers never
-    run concurrently and never re-enter. The time spent dispatching is recorded as
-    ``twinkle.observe`` spans on ``overhead`` (when given) so it can be deducted from the
-    iteration's logical seconds.
+    run concurrently and never re-enter. A hook must therefore not *wait* for another
+    thread that publishes: that thread waits for this dispatch to finish. The time spent
+    dispatching is recorded as ``twinkle.observe`` spans on ``overhead`` (when given) so
+    it can be deducted from the iteration's logical seconds.
 
     ``report`` stamps the records the observers return (the run's reporter) before they
-    go to :func:`~twinkle.hookspecs.twinkle_record`.
+    go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
+    records, and a record the reporter refuses, count as that observer's failures; a
+    disk fault the reporter reports (``WriteError``: the record is kept) counts under
+    :data:`REPORTER_FAILURES` and never stops the run.
     """
 
     def __init__(
@@ -241,11 +249,38 @@ class Dispatcher:
                 self._dispatch_untimed(event)
 
     def _dispatch_untimed(self, event: Event) -> None:
-        for result in self.call(HOOK_FOR_EVENT[type(event)], event=event):
-            for record in result:
-                stamped = self._report(record) if self._report is not None else record
-                self.call("twinkle_record", record=stamped)
+        for name, result in self.call_named(HOOK_FOR_EVENT[type(event)], event=event):
+            try:
+                records = list(result)
+            except TypeError:
+                self._count(name, "returned %r, not a list of records", result)
+                continue
+            for record in records:
+                stamped = self._stamp(name, record)
+                if stamped is not None:
+                    self.call("twinkle_record", record=stamped)
         self.call("twinkle_event", event=event)
+
+    def _stamp(self, plugin: str, record: Any) -> MetricRecord | None:
+        """The reporter's stamped record, or None when the observer's record is refused."""
+        if self._report is None:
+            return record if isinstance(record, MetricRecord) else None
+        try:
+            return self._report(record)
+        except WriteError as exc:
+            # A disk fault: the record was accepted and is kept in memory (the reporter
+            # writes it once the fault is gone). Counted, never fatal to the run.
+            self._count(REPORTER_FAILURES, "cannot write records: %s", exc)
+            return exc.record if isinstance(exc.record, MetricRecord) else None
+        except Exception as exc:  # the observer's record is bad (other run, not a record)
+            self._count(plugin, "returned a record the reporter refused: %s", exc)
+            return None
+
+    def _count(self, name: str, message: str, *args: object) -> None:
+        self.failures[name] += 1
+        n = self.failures[name]
+        if n & (n - 1) == 0:  # 1st, 2nd, 4th, 8th... so a lasting fault does not flood
+            log.error(f"observer %r {message} (failure %d)", name, *args, n)
 
     def call(self, hook_name: str, **kwargs: Any) -> list[Any]:
         """Call ``hook_name`` on every observer in isolation; the non-None results.

@@ -15,13 +15,20 @@ from typing import Any
 
 import pluggy
 
-from twinkle.errors import RecordError, ReplayError
+from twinkle.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    RecordError,
+    ReplayError,
+    ReporterError,
+)
 from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.metric.reporting import read_jsonl
 from twinkle.plugins import make_plugin_manager
 from twinkle.session import (
     SUMMARY_FILE,
+    check_config,
     check_name,
     close_observers,
     open_observers,
@@ -33,27 +40,69 @@ __all__ = ["ReplayResult", "iter_events", "replay"]
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
-    """What a replay did: the output directory, how many events, and the summary."""
+    """What a replay did: the output directory, how many events, and the summary.
+
+    ``torn_line`` is the line number of a torn last line that was passed over (what a
+    crash in the middle of a write leaves), ``torn_bytes`` its length; None and 0 when
+    the log ended cleanly.
+    """
 
     out_dir: Path | None
     events: int
     summary: dict[str, Any]
+    torn_line: int | None = None
+    torn_bytes: int = 0
+
+
+class _EventLog(Iterator[Event]):
+    """The events of one log file; notes a torn last line instead of failing on it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._reader = read_jsonl(path, allow_torn_tail=True)
+
+    @property
+    def torn_line(self) -> int | None:
+        return self._reader.torn_line
+
+    @property
+    def torn_bytes(self) -> int:
+        return self._reader.torn_bytes
+
+    @property
+    def lineno(self) -> int:
+        """Line number of the event returned last."""
+        return self._reader.lineno
+
+    def __iter__(self) -> _EventLog:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            data = next(self._reader)
+        except RecordError as exc:
+            # A bad line before the end is corruption, not a crash: never skipped.
+            lineno, why = self._reader.error or (self._reader.lineno, str(exc))
+            raise ReplayError(
+                f"{self.path}:{lineno}: {why}; a bad line before the end of the log is "
+                "corruption, never skipped: fix or remove that line and replay again"
+            ) from exc
+        except ReporterError as exc:
+            raise ReplayError(f"cannot read the event log: {exc}") from exc
+        try:
+            return event_from_dict(data)
+        except RecordError as exc:
+            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}") from exc
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
     """The events of a log, in order; a malformed line raises :class:`ReplayError`
-    naming the file and line number."""
+    naming the file and line number. A torn last line (no newline, not a JSON object:
+    a crash stopped its write) is passed over and logged; see :func:`replay`."""
     p = Path(path)
     if not p.is_file():
         raise ReplayError(f"event log {str(p)!r} does not exist or is not a file")
-    try:
-        for lineno, data in enumerate(read_jsonl(p), start=1):
-            try:
-                yield event_from_dict(data)
-            except RecordError as exc:
-                raise ReplayError(f"{p}:{lineno}: {exc}") from exc
-    except RecordError as exc:
-        raise ReplayError(f"{p}: {exc}") from exc
+    return _EventLog(p)
 
 
 def replay(
@@ -71,12 +120,20 @@ def replay(
     The outputs land directly in ``out_dir`` (not in a ``<run_id>`` subfolder); it must
     not be the directory the log lives in. The log must start with ``run_started``; a
     log that ends without ``run_finished`` (a crashed run) is closed with an ``error``
-    status at its last event's time.
+    status at its last event's time. A torn last line (a crash in the middle of its
+    write) is passed over, logged and reported (:attr:`ReplayResult.torn_line`, and in
+    the summary's ``error``); a malformed line anywhere else raises
+    :class:`ReplayError` naming it.
     """
     source_dir: Path | None = None
+    log: _EventLog | None = None
+    stream: Iterable[Event]
     if isinstance(events, str | os.PathLike):
-        source_dir = Path(events).resolve().parent
-        stream: Iterable[Event] = iter_events(events)
+        log_path = Path(events)
+        if not log_path.is_file():
+            raise ReplayError(f"event log {str(log_path)!r} does not exist or is not a file")
+        source_dir = log_path.resolve().parent
+        stream = log = _EventLog(log_path)
     else:
         stream = events
     target = None if out_dir is None else Path(out_dir)
@@ -91,50 +148,66 @@ def replay(
     iterator = iter(stream)
     first = next(iterator, None)
     if not isinstance(first, RunStarted):
+        torn = "" if log is None or log.torn_line is None else " (its only line is torn)"
         raise ReplayError(
             "the event log must start with a run_started event, got "
-            f"{'nothing' if first is None else first.TYPE!r}"
+            f"{'nothing' if first is None else first.TYPE!r}{torn}"
         )
-    check_name(first.run_id, "run_id")
-    if target is not None:
-        target.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        check_name(first.run_id, "run_id")
+    except InvalidArgumentError as exc:
+        raise ReplayError(f"the log's run_started event: {exc}") from exc
     pm = plugin_manager or make_plugin_manager(
         autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
     )
+    try:
+        check_config(first.config, pm)
+    except ConfigError as exc:
+        raise ReplayError(f"the log's run_started event: {exc}") from exc
+    if target is not None:
+        target.mkdir(parents=True, exist_ok=True, mode=0o755)
     context = RunContext(first.run_id, target, dict(first.config), replay=True)
     reporter, dispatcher = open_observers(pm, context, background=False, overhead=None)
     count = 0
     last: Event = first
+    finished: RunFinished | None = None
     try:
         for event in _chain(first, iterator):
+            where = f"event {count + 1}" if log is None else f"{log.path}:{log.lineno}"
             if count and isinstance(event, RunStarted):
                 raise ReplayError(
-                    f"event {count + 1} starts a second run ({event.run_id!r}); replay one "
-                    "run's log at a time"
+                    f"{where} starts a second run ({event.run_id!r}); replay one run's log "
+                    "at a time"
                 )
             if event.run_id != first.run_id:
-                raise ReplayError(
-                    f"event {count + 1} belongs to run {event.run_id!r}, not {first.run_id!r}"
-                )
+                raise ReplayError(f"{where} belongs to run {event.run_id!r}, not {first.run_id!r}")
+            if finished is not None and isinstance(event, RunFinished):
+                raise ReplayError(f"{where} finishes the run a second time")
+            # Events after run_finished (published by an observer while the run finished)
+            # reached the live observers before the summary: replay them too.
             dispatcher.submit(event)
             count += 1
             last = event
             if isinstance(event, RunFinished):
-                break
-        if not isinstance(last, RunFinished):
-            last = RunFinished(
-                last.run_id,
-                last.monotonic_ns,
-                last.wall_ns,
-                status="error",
-                error="event log ends without run_finished (the run did not finish)",
+                finished = event
+        if finished is None:
+            error = "event log ends without run_finished (the run did not finish)"
+            if log is not None and log.torn_line is not None:
+                error += (
+                    f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
+                    "by a crash in the middle of a write) was passed over"
+                )
+            finished = RunFinished(
+                last.run_id, last.monotonic_ns, last.wall_ns, status="error", error=error
             )
-            dispatcher.submit(last)
+            dispatcher.submit(finished)
         path = None if target is None else target / SUMMARY_FILE
-        summary = write_summary(path, last, dispatcher)
+        summary = write_summary(path, finished, dispatcher)
     finally:
         close_observers(reporter, dispatcher, context)
-    return ReplayResult(target, count, summary)
+    if log is None or log.torn_line is None:
+        return ReplayResult(target, count, summary)
+    return ReplayResult(target, count, summary, log.torn_line, log.torn_bytes)
 
 
 def _chain(first: Event, rest: Iterator[Event]) -> Iterator[Event]:

@@ -14,10 +14,14 @@ It writes ``runs/<run_id>/`` (SPEC §8): ``events.jsonl``, ``metrics_raw.jsonl``
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,19 +29,28 @@ from typing import Any
 import orjson
 import pluggy
 
-from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.errors import ConfigError, InvalidArgumentError, TwinkleError, WriteError
 from twinkle.events import EventBus, RunFinished
 from twinkle.hookspecs import RunContext
 from twinkle.metric.reporting import Backend, MetricsReporter
+from twinkle.observers._config import ObserverConfig
 from twinkle.perf import Clock, TimeRecorder
 from twinkle.perf.stats import memory_stats
 from twinkle.plugins import Dispatcher, make_plugin_manager, merge_summary
 
-__all__ = ["SUMMARY_FILE", "RunSession", "check_name", "new_run_id", "write_summary"]
+__all__ = [
+    "SUMMARY_FILE",
+    "RunSession",
+    "check_config",
+    "check_name",
+    "new_run_id",
+    "write_summary",
+]
 
 SUMMARY_FILE = "summary.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 OVERHEAD_SOURCE = "twinkle.observers"
+log = logging.getLogger("twinkle.session")
 
 
 def check_name(value: object, what: str) -> str:
@@ -81,8 +94,31 @@ def write_summary(
     summary["observer_failures"] = dict(sorted(dispatcher.failures.items()))
     if path is not None:
         data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-        path.write_bytes(data + b"\n")
+        _write_atomically(path, data + b"\n")
     return summary
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a crash never leaves half a summary); mode
+    0644 less the umask, like every file twinkle creates."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(
+            exc.errno,
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; free disk space "
+            "or fix permissions (the summary can be rebuilt: twinkle replay events.jsonl)",
+        ) from exc
 
 
 class RunSession:
@@ -113,7 +149,11 @@ class RunSession:
         plugins: Iterable[tuple[str, object]] = (),
         background_writer: bool = True,
     ) -> None:
-        self.run_id = check_name(run_id or new_run_id(wall_clock()), "run_id")
+        self.run_id = check_name(new_run_id(wall_clock()) if run_id is None else run_id, "run_id")
+        if config is not None and not isinstance(config, Mapping):
+            raise InvalidArgumentError(
+                f"config must be a mapping of the observers' definitions, got {config!r:.200}"
+            )
         self.config: dict[str, Any] = dict(config or {})
         self.out_dir = None if out_dir is None else Path(out_dir) / self.run_id
         self.bus = EventBus(self.run_id, clock=clock, wall_clock=wall_clock)
@@ -124,10 +164,12 @@ class RunSession:
             autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
         )
         self._background = background_writer
+        check_config(self.config, self.pm)
         self.context = RunContext(self.run_id, self.out_dir, self.config, replay=False)
         self.reporter: MetricsReporter | None = None
         self.dispatcher: Dispatcher | None = None
         self.summary: dict[str, Any] | None = None
+        self._atexit: Callable[[], None] | None = None
         self._state = "new"
 
     # -- lifecycle --------------------------------------------------------------------
@@ -142,10 +184,18 @@ class RunSession:
         self.reporter, self.dispatcher = open_observers(
             self.pm, self.context, background=self._background, overhead=self._overhead
         )
-        self.bus.attach(self.recorder, source="main")
-        self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
-        self.dispatcher.connect(self.bus)
-        self.bus.run_started(self.config)
+        try:
+            self.bus.attach(self.recorder, source="main")
+            self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
+            self.dispatcher.connect(self.bus)
+            self.bus.run_started(self.config)
+        except BaseException:
+            self._state = "failed"
+            close_observers(self.reporter, self.dispatcher, self.context)
+            raise
+        # A caller that neither exits a ``with`` block nor calls finish() (an uncaught
+        # exception outside one, sys.exit) still gets its summary, marked as an error.
+        self._atexit = _finish_at_exit(self)
         return self
 
     def finish(
@@ -159,6 +209,9 @@ class RunSession:
         if self._state != "running" or self.reporter is None or self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not running (state: {self._state})")
         self._state = "finished"
+        if self._atexit is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
         try:
             event = self.bus.run_finished(
                 status=status,
@@ -191,11 +244,16 @@ class RunSession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state == "running":
-            if exc is None:
-                self.finish()
-            else:
-                self.finish(status="error", error=f"{type(exc).__qualname__}: {exc}")
+        if self._state != "running":
+            return
+        if exc is None:
+            self.finish()
+            return
+        try:
+            self.finish(status="error", error=f"{type(exc).__qualname__}: {exc}")
+        except Exception:
+            # The caller's exception is the one to see; this one is logged.
+            log.exception("run %r: finishing after %s failed", self.run_id, type(exc).__name__)
 
     # -- conveniences -----------------------------------------------------------------
 
@@ -208,6 +266,35 @@ class RunSession:
     def failures(self) -> dict[str, int]:
         """Observer failures so far, per plugin name."""
         return {} if self.dispatcher is None else dict(self.dispatcher.failures)
+
+
+def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> None:
+    """Refuse, before anything starts, a configuration the built-in observers cannot use
+    (:class:`~twinkle.errors.ConfigError` naming the key) or the log cannot hold."""
+    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
+        ObserverConfig.parse(config)
+    try:
+        orjson.dumps(config, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        raise ConfigError(
+            f"config must hold only JSON values (it travels in events.jsonl): {exc}"
+        ) from None
+
+
+def _finish_at_exit(session: RunSession) -> Callable[[], None]:
+    ref = weakref.ref(session)
+
+    def finish() -> None:
+        run = ref()
+        if run is None or run._state != "running":
+            return
+        try:
+            run.finish(status="error", error="the process exited without finishing the run")
+        except Exception:
+            log.exception("run %r: finishing at interpreter exit failed", run.run_id)
+
+    atexit.register(finish)
+    return finish
 
 
 def open_observers(

@@ -7,12 +7,16 @@ run: it is the blinker *sender* of every event it publishes, so receivers connec
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.events._signals import signal_for
@@ -31,10 +35,12 @@ from twinkle.events._types import (
     WeightsPublished,
 )
 from twinkle.events._validate import validate_event
-from twinkle.perf import Clock, ClockAnchor, TimeRecorder
+from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
 
 __all__ = ["EventBus"]
+
+_log = logging.getLogger("twinkle.events")
 
 
 class EventBus:
@@ -119,13 +125,15 @@ class EventBus:
         """Publish spans recorded elsewhere (another process) with that process's anchor."""
         if spans:
             mono, wall = self._times()
-            self.publish(SpanBatch(self.run_id, mono, wall, source, anchor, tuple(spans)))
+            batch = _json_safe_spans(tuple(spans), source)
+            self.publish(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
 
     def _publish_spans(self, source: str, recorder: TimeRecorder) -> int:
         spans = recorder.drain()
         if spans:
             mono, wall = self._times()
-            self.publish(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, tuple(spans)))
+            batch = _json_safe_spans(tuple(spans), source)
+            self.publish(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, batch))
         return len(spans)
 
     # -- builders for each event ------------------------------------------------------
@@ -229,3 +237,56 @@ class EventBus:
         )
         self.publish(event)
         return event
+
+
+_JSON_SCALARS = frozenset({str, float, bool, type(None)})
+_INT_RANGE = range(-(2**63), 2**64)
+
+
+def _json_safe(value: Any) -> bool:
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if kind is int:
+        return value in _INT_RANGE
+    try:
+        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        return False
+    return True
+
+
+def _json_safe_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
+    """Spans whose attrs the log can hold: a value that is not JSON (an object, a set, an
+    int beyond 64 bits) is replaced by its ``repr`` and logged, so the span and the rest
+    of its batch still reach the observers and the log (the span was already drained:
+    refusing it would lose it). Observers and a replay see the same replaced value."""
+    out: list[Any] | None = None
+    scalars, int_range = _JSON_SCALARS, _INT_RANGE
+    for i, span in enumerate(spans):
+        if type(span) is not Span:
+            continue  # validation names it
+        attrs = span.attrs
+        if not attrs:
+            continue
+        for v in attrs.values():
+            kind = type(v)
+            if not (kind in scalars or (kind is int and v in int_range)):
+                break
+        else:
+            continue  # the common case: str, float, bool, None and 64-bit ints
+        bad = [k for k, v in attrs.items() if not isinstance(k, str) or not _json_safe(v)]
+        if not bad:
+            continue
+        fixed = {str(k): (f"{v!r:.200}" if k in bad else v) for k, v in attrs.items()}
+        _log.warning(
+            "span %r (source %r) has attribute(s) %s that are not JSON; written as their "
+            "repr: pass str, int, float, bool, None, lists or dicts",
+            span.name,
+            source,
+            sorted(str(k) for k in bad),
+        )
+        if out is None:
+            out = list(spans)
+        out[i] = dataclasses.replace(span, attrs=fixed)
+    return spans if out is None else tuple(out)

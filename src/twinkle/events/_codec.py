@@ -18,8 +18,10 @@ from twinkle.events._types import (
     EngineAck,
     Event,
     MemoryReadings,
+    RunFinished,
     RunStarted,
     SamplesObserved,
+    ScalarsObserved,
     SpanBatch,
     WeightsPublished,
     event_field_names,
@@ -29,7 +31,9 @@ from twinkle.perf.stats import MemoryReading
 
 __all__ = ["event_to_dict", "event_from_dict", "dumps_event", "loads_event"]
 
+_NAN = float("nan")
 _FIELDS: dict[str, tuple[str, ...]] = {t: event_field_names(c) for t, c in EVENT_TYPES.items()}
+_ALLOWED: dict[str, frozenset[str]] = {t: frozenset({"type", *f}) for t, f in _FIELDS.items()}
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -52,6 +56,15 @@ def dumps_event(event: Event) -> bytes:
         ) from exc
 
 
+def _numbers_from_json(values: Any) -> Any:
+    """JSON has no NaN or infinity: orjson writes them as ``null``. In the number-only
+    fields (scalars, terminal totals) ``null`` therefore reads back as NaN, so a replay
+    sees a non-finite value where the run did (records write both as ``null``)."""
+    if isinstance(values, dict) and None in values.values():
+        return {k: _NAN if v is None else v for k, v in values.items()}
+    return values
+
+
 def _anchor(d: Mapping[str, Any]) -> ClockAnchor:
     return ClockAnchor(**d)
 
@@ -70,8 +83,18 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
     missing = [n for n in names if n not in data and not _has_default(cls, n)]
     if missing:
         raise RecordError(f"event {kind!r} lacks field(s) {missing}; it cannot be rebuilt")
+    if not data.keys() <= _ALLOWED[cls.TYPE]:
+        unknown = sorted(str(k) for k in data if k != "type" and k not in names)
+        # Never dropped quietly: a mistyped key would otherwise leave a default in place.
+        raise RecordError(
+            f"event {kind!r} has unknown field(s) {unknown}; known fields: {list(names)}"
+        )
     kwargs = {n: data[n] for n in names if n in data}
     try:
+        if cls is ScalarsObserved:
+            kwargs["values"] = _numbers_from_json(kwargs["values"])
+        elif cls is RunFinished and "terminal_totals" in kwargs:
+            kwargs["terminal_totals"] = _numbers_from_json(kwargs["terminal_totals"])
         if cls is RunStarted:
             kwargs["anchor"] = _anchor(kwargs["anchor"])
         elif cls is SpanBatch:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from twinkle.errors import RecordError, WriteError
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -71,8 +72,15 @@ class EventLogSink:
     The file is opened in append mode (a resumed run keeps its earlier events; a torn
     last line is recovered). Events are batched and handed to one writer thread at every
     iteration boundary (and every 256 events), so the publishing thread never waits on
-    the disk; a write error surfaces at the next hand-over or at close, and the batch
-    it concerns stays in the writer's memory (see :class:`JsonlWriter`).
+    the disk for the current batch. At a boundary it waits for the batches handed over
+    before (the writer had a whole iteration for them), so the writer is never more than
+    one batch behind there: a process killed outright (SIGKILL, OOM killer) loses at most
+    the events published since the previous iteration boundary; an exception loses none
+    (:meth:`RunSession.finish` flushes).
+
+    A write error (disk full) surfaces at the next hand-over or at close; the events it
+    concerns stay in the writer's memory and go out first with the next batch (see
+    :class:`JsonlWriter`), so a passing fault loses nothing.
     """
 
     _BATCH = 256
@@ -83,6 +91,8 @@ class EventLogSink:
         self._pending: list[dict[str, Any]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: deque[Future[int]] = deque()
+        #: events that could not be serialised at all (logged; 0 for validated events)
+        self.unwritable = 0
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -97,38 +107,96 @@ class EventLogSink:
         if self.writer is None:
             return
         self._pending.append(event_to_dict(event))
-        if len(self._pending) >= self._BATCH or isinstance(event, IterationStarted | RunFinished):
+        if isinstance(event, IterationStarted | RunFinished):
+            self.flush(boundary=True)
+        elif len(self._pending) >= self._BATCH:
             self.flush()
 
-    def flush(self) -> None:
-        """Hand the pending events to the writer (raises an earlier write's error)."""
+    def flush(self, *, boundary: bool = False) -> None:
+        """Hand the pending events to the writer; raises an earlier write's error (after
+        handing over, so the pending events are never lost to it).
+
+        ``boundary=True`` also waits for every batch handed over before this one.
+        """
         writer = self.writer
-        if writer is None or not self._pending:
+        if writer is None:
             return
-        batch, self._pending = self._pending, []
-        if self._pool is None:
-            writer.write(batch)
-            return
-        while self._in_flight and self._in_flight[0].done():
-            self._in_flight.popleft().result()  # re-raises a failed write here
-        if len(self._in_flight) >= self._MAX_IN_FLIGHT:
-            self._in_flight.popleft().result()  # back-pressure: never drop, never grow
-        self._in_flight.append(self._pool.submit(writer.write, batch))
+        if self._pending:
+            batch, self._pending = self._pending, []
+            if self._pool is None:
+                self._write(writer, batch)
+                return
+            try:
+                self._in_flight.append(self._pool.submit(self._write, writer, batch))
+            except RuntimeError:
+                # The interpreter is exiting (a run finished at exit): the pool takes no
+                # more work, so write here, after the batches already handed over.
+                try:
+                    self._wait_all()
+                finally:
+                    self._write(writer, batch)  # an earlier batch's error never drops it
+                return
+        keep = 1 if boundary else self._MAX_IN_FLIGHT
+        error: BaseException | None = None
+        while self._in_flight and (self._in_flight[0].done() or len(self._in_flight) > keep):
+            try:
+                self._in_flight.popleft().result()
+            except Exception as exc:  # later batches still get written
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def _wait_all(self) -> None:
+        error: BaseException | None = None
+        while self._in_flight:
+            try:
+                self._in_flight.popleft().result()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def _write(self, writer: JsonlWriter, batch: list[dict[str, Any]]) -> int:
+        try:
+            return writer.write(batch)
+        except RecordError:
+            pass  # one event of the batch is not JSON: write every other one
+        written = 0
+        bad: list[str] = []
+        for obj in batch:
+            try:
+                written += writer.write([obj])
+            except RecordError as exc:
+                self.unwritable += 1
+                bad.append(f"{obj.get('type')!r}: {exc}")
+        raise RecordError(
+            f"{len(bad)} event(s) could not be written to {str(writer.path)!r} and are "
+            f"missing from the log ({'; '.join(bad)[:500]}); the other {written} were written"
+        )
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
         if self.writer is None:
             return
+        error: BaseException | None = None
         try:
-            self.flush()
-            while self._in_flight:
-                self._in_flight.popleft().result()
+            try:
+                self.flush()
+            except Exception as exc:
+                error = exc
+            try:
+                self._wait_all()
+            except Exception as exc:
+                error = error or exc
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
-            self.writer.close()
-            self.writer = None
+            writer, self.writer = self.writer, None
+            writer.close()  # raises if lines stay unwritten (a fault that did not pass)
+        # A write error whose lines went out later (close succeeded) lost nothing.
+        if error is not None and not isinstance(error, WriteError):
+            raise error
 
 
 class TraceSink:

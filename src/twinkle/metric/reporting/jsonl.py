@@ -9,6 +9,10 @@ Design points, each one tested:
 * Append mode keeps what an earlier process wrote. A torn last line left by a crash
   is moved to a sidecar (``<name>.torn``, one JSON line per recovery) and the file is
   truncated back to its last complete line; :attr:`JsonlWriter.recovery` says so.
+* Several processes may append to one file: each writer holds a shared ``flock`` on it
+  while open, and the torn-line repair runs only under an exclusive one, so it never
+  mistakes another live writer's line in progress for a torn one (a writer that finds
+  the file shared leaves its tail alone: a live writer owns it).
 * A failed write raises :class:`~twinkle.errors.WriteError`; the lines not yet written
   stay in memory and go out first on the next ``write``/``flush``, so a partly written
   line is completed, never duplicated.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import errno as _errno
+import fcntl
 import logging
 import os
 import stat
@@ -66,7 +71,7 @@ def _reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
         fix = "pass a file path inside it, e.g. <dir>/metrics_raw.jsonl"
     elif isinstance(exc, PermissionError):
         fix = "fix the permissions or choose a writable directory"
-    elif isinstance(exc, NotADirectoryError):
+    elif isinstance(exc, NotADirectoryError | FileExistsError):
         fix = "a parent of the path is a file: choose another path"
     else:
         fix = "check the path and the file system"
@@ -101,6 +106,21 @@ def _open_fd(path: Path, append: bool) -> tuple[int, bool]:
         raise _reporter_error(path, exc, "open") from exc
 
 
+def _lock(fd: int, how: int) -> bool:
+    """``flock(fd, how)``; False only when another holder makes it busy (``LOCK_NB``).
+
+    Where the file system has no ``flock`` the answer is True: one writer per file is
+    then assumed, as before locks were taken.
+    """
+    try:
+        fcntl.flock(fd, how)
+    except OSError as exc:
+        if exc.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
+            return False
+        logger.debug("flock(%d) unsupported here (%s): no cross-process guard", fd, exc)
+    return True
+
+
 def _is_json_object(line: bytes) -> bool:
     try:
         return isinstance(orjson.loads(line), dict)
@@ -125,8 +145,9 @@ class JsonlWriter:
     syncs after every write. A path that is a directory, under a file, or not writable
     raises :class:`~twinkle.errors.ReporterError` naming it.
 
-    One writing process per file: the torn-line repair on open assumes no other process
-    is in the middle of appending to it.
+    Several writers (threads or processes) may append to one file: each batch is one
+    ``O_APPEND`` write of whole lines. A writer holds a shared ``flock`` while open; the
+    torn-line repair on open runs only when no other writer holds the file.
     """
 
     __slots__ = (
@@ -159,13 +180,20 @@ class JsonlWriter:
         self._closed = False
         self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
         self.recovery: TornLineRecovery | None = None  # what open found and repaired
-        if append and self._regular and self._readable:
-            try:
+        if not self._regular:
+            return
+        try:
+            # Exclusive: no other writer is open, so a partial last line is torn (its
+            # writer died) and may be repaired. Busy: another live writer may be in the
+            # middle of a line; leave the tail to it. Then hold a shared lock while open.
+            alone = _lock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if append and self._readable and alone:
                 self.recovery = self._recover()
-            except BaseException:
-                os.close(self._fd)
-                self._closed = True
-                raise
+            _lock(self._fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(self._fd)
+            self._closed = True
+            raise
 
     # -- writing -----------------------------------------------------------------
 
@@ -455,13 +483,22 @@ class JsonlReader(Iterator[dict[str, Any]]):
 
     ``skipped`` counts the lines ``on_error="skip"`` passed over; ``skipped_lines``
     holds their 1-based line numbers. Blank lines are ignored and not counted.
+    ``lineno`` is the line number of the object returned last. ``torn_line`` and
+    ``torn_bytes`` describe a torn last line passed over (``allow_torn_tail=True``).
     """
 
-    def __init__(self, path: Path, on_error: Literal["raise", "skip"]) -> None:
+    def __init__(
+        self, path: Path, on_error: Literal["raise", "skip"], allow_torn_tail: bool = False
+    ) -> None:
         self.path = path
         self.on_error = on_error
+        self.allow_torn_tail = allow_torn_tail
         self.skipped = 0
         self.skipped_lines: list[int] = []
+        self.lineno = 0
+        self.torn_line: int | None = None
+        self.torn_bytes = 0
+        self.error: tuple[int, str] | None = None  # (line, why) of the line that raised
         self._it = self._lines()
 
     def __iter__(self) -> JsonlReader:
@@ -480,8 +517,22 @@ class JsonlReader(Iterator[dict[str, Any]]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _bad(self, lineno: int, why: str) -> None:
+    def _bad(self, lineno: int, line: bytes, why: str) -> None:
+        if self.allow_torn_tail and not line.endswith(b"\n"):
+            # Only the last line can lack its newline: the write of a crashed process
+            # stopped inside it. Complete JSON objects never get here.
+            self.torn_line = lineno
+            self.torn_bytes = len(line)
+            logger.warning(
+                "%s:%d: torn last line (%d byte(s) without a newline: %s) passed over",
+                self.path,
+                lineno,
+                len(line),
+                why,
+            )
+            return
         if self.on_error == "raise":
+            self.error = (lineno, why)
             raise RecordError(
                 f"{self.path!s}:{lineno}: {why}; fix or remove that line, or read with "
                 "on_error='skip'"
@@ -502,24 +553,33 @@ class JsonlReader(Iterator[dict[str, Any]]):
                 except orjson.JSONDecodeError as exc:
                     if not line.strip():
                         continue
-                    self._bad(lineno, f"invalid JSON ({exc})")
+                    self._bad(lineno, line, f"invalid JSON ({exc})")
                     continue
                 if type(obj) is not dict:
-                    self._bad(lineno, f"expected a JSON object, got {type(obj).__name__}")
+                    self._bad(lineno, line, f"expected a JSON object, got {type(obj).__name__}")
                     continue
+                self.lineno = lineno
                 yield obj
 
 
-def read_jsonl(path: StrPath, *, on_error: Literal["raise", "skip"] = "raise") -> JsonlReader:
+def read_jsonl(
+    path: StrPath,
+    *,
+    on_error: Literal["raise", "skip"] = "raise",
+    allow_torn_tail: bool = False,
+) -> JsonlReader:
     """Iterate the JSON objects of a JSONL file, lazily, in file order.
 
     A line that is not a JSON object raises :class:`~twinkle.errors.RecordError`
     naming ``file:line``; with ``on_error="skip"`` it is skipped and counted in the
-    returned reader's ``skipped``. A missing file raises
-    :class:`~twinkle.errors.ReporterError` when iteration starts.
+    returned reader's ``skipped``. ``allow_torn_tail=True`` passes over a last line
+    without a newline that is not a JSON object (what a crash mid-write leaves),
+    logs it and notes it in ``torn_line``/``torn_bytes``; a bad line anywhere else
+    is still an error. A missing file raises :class:`~twinkle.errors.ReporterError`
+    when iteration starts.
     """
     if on_error not in ("raise", "skip"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
-    return JsonlReader(Path(path), on_error)
+    return JsonlReader(Path(path), on_error, bool(allow_torn_tail))

@@ -8,9 +8,12 @@ Failure policy: a backend that raises is logged (logger ``twinkle.reporting``) w
 name, counted in :attr:`MetricsReporter.stats`, and skipped for that batch; the other
 backends still get every record. Nothing is dropped silently: with ``on_full="drop"``
 a full queue drops the record but counts it (and its ``seq`` stays unused, so the gap
-shows in the file); lines a backend could not write stay in that backend's memory and
-are counted in ``stats.unwritten``; :meth:`MetricsReporter.flush` and
-:meth:`MetricsReporter.close` raise :class:`~twinkle.errors.WriteError` while any remain.
+shows in the file); lines a backend could not write (disk full, permissions) stay in
+that backend's memory and are counted in ``stats.unwritten``, and while any remain
+:meth:`MetricsReporter.report`, :meth:`MetricsReporter.flush` and
+:meth:`MetricsReporter.close` raise :class:`~twinkle.errors.WriteError` — ``report``
+after accepting the record (``WriteError.record``), so the caller learns of the fault
+at its next call and loses nothing; the kept lines go out first once the fault is gone.
 """
 
 from __future__ import annotations
@@ -212,6 +215,7 @@ class MetricsReporter:
         self._delivered = 0
         self._dropped = 0
         self._refuse: str | None = None  # set when closed or the writer died
+        self._fault: str | None = None  # a disk fault keeps records in a backend's memory
         self._writer_failed = False
         self._closed = False
         self._stopping = False
@@ -233,7 +237,11 @@ class MetricsReporter:
 
         Raises :class:`~twinkle.errors.RecordError` for a record of another run and
         :class:`~twinkle.errors.ReporterError` once the reporter is closed. Backend
-        failures do not raise here (they are logged and counted).
+        failures do not raise here (they are logged and counted), except a disk fault
+        that keeps records in a backend's memory: then :class:`~twinkle.errors.WriteError`
+        is raised *after* the record was accepted (stamped and kept: ``exc.record``), at
+        every call until a write succeeds again (in background mode: from the call after
+        the writer thread met the fault).
         """
         if type(record) is not MetricRecord and not isinstance(record, MetricRecord):
             raise InvalidArgumentError(
@@ -270,15 +278,25 @@ class MetricsReporter:
                 if self._writer_idle:
                     self._writer_idle = False
                     self._wakeup.notify()
-                return stamped
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            stamped = _with_seq(record, seq)
-            with self._io_lock:
-                self._deliver((stamped,))
-            self._enqueued += 1
-            self._delivered += 1
-            return stamped
+                fault = self._fault
+            else:
+                seq = self._next_seq
+                self._next_seq = seq + 1
+                stamped = _with_seq(record, seq)
+                with self._io_lock:
+                    self._deliver((stamped,))
+                self._enqueued += 1
+                self._delivered += 1
+                fault = self._fault
+        if fault is not None:
+            error = WriteError(
+                f"record seq={stamped.seq} of run {self.run_id!r} was accepted, but {fault}; "
+                "records are kept in memory: fix the fault (disk space, permissions), "
+                "then call flush()"
+            )
+            error.record = stamped
+            raise error
+        return stamped
 
     def flush(self) -> None:
         """Wait until every record reported so far was handed to the backends, then flush
@@ -300,6 +318,8 @@ class MetricsReporter:
                     backend.flush()
                 except Exception as exc:
                     self._failed(i, "flush", 0, exc)
+            if self._fault is not None and not any(_unwritten(b) for b in self._backends):
+                self._fault = None  # the kept lines are out: report() stops raising
         self._raise_if_unwritten("flush")
 
     def close(self) -> None:
@@ -423,12 +443,19 @@ class MetricsReporter:
         return True
 
     def _deliver(self, batch: Sequence[MetricRecord]) -> None:
-        """Hand one batch to every backend (io lock held)."""
+        """Hand one batch to every backend (io lock held); note a disk fault."""
+        fault: list[str] | None = None
         for i, backend in enumerate(self._backends):
             try:
                 backend.write(batch)
             except Exception as exc:
                 self._failed(i, "write", len(batch), exc)
+                if isinstance(exc, WriteError):
+                    fault = fault or []
+                    fault.append(f"{self._names[i]} cannot write ({exc.strerror or exc})")
+        if fault is None and self._fault is not None and any(_unwritten(b) for b in self._backends):
+            return  # no new failure, but a backend still keeps lines back
+        self._fault = None if fault is None else "; ".join(fault)
 
     def _failed(self, i: int, call: str, n: int, exc: Exception) -> None:
         self._failures[i] += 1

@@ -1,0 +1,348 @@
+"""Observer faults: raising, slow, re-entrant and misbehaving observers, and callers that
+raise. The run always completes, every failure is counted in ``summary.json``
+(``observer_failures``) and the other observers' files stay complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import twinkle.metric.reporting.jsonl as jsonl_mod
+from twinkle.events import (
+    Event,
+    IterationStarted,
+    OptimizerStep,
+    RunFinished,
+    SamplesObserved,
+)
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.perf import ManualClock
+from twinkle.replay import replay
+from twinkle.session import RunSession
+
+CONFIG = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {
+        "rollout": {"samples": "rollout", "devices": 1},
+        "train": {"samples": "train", "devices": 1},
+    },
+    "window": {"samples": "rollout", "devices": 1},
+    "total_steps": 6,
+}
+ITERATIONS = 6
+
+
+def drive(run: RunSession, clock: ManualClock, iterations: int = ITERATIONS) -> None:
+    for i in range(iterations):
+        run.bus.iteration_started(i)
+        with run.recorder.span("generate", iteration=i):
+            clock.advance(3_000_000)
+        run.bus.samples(iteration=i, phase="rollout", lengths=[5, 7 + i], groups=1)
+        with run.recorder.span("train.step"):
+            clock.advance(5_000_000)
+        run.bus.samples(iteration=i, phase="train", lengths=[5, 7 + i])
+        run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+
+
+def session(out: Path, run_id: str, plugins: list[tuple[str, object]]) -> tuple[RunSession, Any]:
+    clock = ManualClock(10**9)
+    run = RunSession(
+        out_dir=out,
+        run_id=run_id,
+        config=CONFIG,
+        autoload=False,
+        plugins=plugins,
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
+    )
+    return run, clock
+
+
+def summary_of(run: RunSession) -> dict[str, Any]:
+    assert run.out_dir is not None
+    data: dict[str, Any] = json.loads((run.out_dir / "summary.json").read_text())
+    return data
+
+
+def same_records_as_replay_without(run: RunSession, tmp_path: Path) -> None:
+    """The built-in observers' files are what the log gives without the odd plugin."""
+    assert run.out_dir is not None
+    again = tmp_path / f"again-{run.run_id}"
+    replay(run.out_dir / "events.jsonl", again, autoload=False)
+    for name in ("metrics_raw.jsonl", "metrics.jsonl", "trace.json"):
+        assert (run.out_dir / name).read_bytes() == (again / name).read_bytes(), name
+
+
+class RaisesEverywhere:
+    """Raises in every hook twinkle calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _boom(self, hook: str) -> None:
+        self.calls += 1
+        raise RuntimeError(f"bug in {hook}")
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self._boom("configure")
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> None:
+        self._boom("make_backends")
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        self._boom("iteration_started")
+
+    @hookimpl
+    def twinkle_samples(self, event: SamplesObserved) -> None:
+        self._boom("samples")
+
+    @hookimpl
+    def twinkle_run_finished(self, event: RunFinished) -> None:
+        self._boom("run_finished")
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        self._boom("event")
+
+    @hookimpl
+    def twinkle_record(self, record: MetricRecord) -> None:
+        self._boom("record")
+
+    @hookimpl
+    def twinkle_summary(self, event: RunFinished) -> None:
+        self._boom("summary")
+
+
+def test_observer_raising_in_every_hook_is_counted_and_the_run_completes(tmp_path: Path) -> None:
+    bad = RaisesEverywhere()
+    run, clock = session(tmp_path, "raising", [("bad", bad)])
+    with run:
+        drive(run, clock)
+    summary = summary_of(run)
+    assert summary["status"] == "ok"
+    # every call up to the summary is counted (unconfigure runs after it is written)
+    assert summary["observer_failures"] == {"bad": bad.calls}
+    assert bad.calls > 4 * ITERATIONS
+    same_records_as_replay_without(run, tmp_path)
+
+
+def test_slow_observer_slows_the_run_but_loses_nothing(tmp_path: Path) -> None:
+    class Slow:
+        @hookimpl
+        def twinkle_event(self, event: Event) -> None:
+            time.sleep(0.002)  # a blocking network call, say
+
+    run, clock = session(tmp_path, "slow", [("slow", Slow())])
+    with run:
+        drive(run, clock)
+    assert summary_of(run)["observer_failures"] == {}
+    same_records_as_replay_without(run, tmp_path)
+
+
+class Republisher:
+    """Publishes from inside its hooks: a scalar per optimizer step, a snapshot at every
+    iteration start, a span flush from a samples hook, and one event while the run
+    finishes."""
+
+    def __init__(self) -> None:
+        self.run: RunSession | None = None
+        self.seen: list[str] = []
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        assert self.run is not None
+        self.run.bus.scalars(iteration=event.iteration, name="derived", values={"s": event.step})
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        assert self.run is not None
+        self.run.bus.snapshot({"seen_iteration": event.iteration})
+
+    @hookimpl
+    def twinkle_samples(self, event: SamplesObserved) -> None:
+        assert self.run is not None
+        self.run.bus.flush_spans()
+
+    @hookimpl
+    def twinkle_run_finished(self, event: RunFinished) -> None:
+        assert self.run is not None
+        self.run.bus.snapshot({"after": "run_finished"})
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        self.seen.append(event.TYPE)
+
+
+def test_observer_publishing_from_its_hooks_is_dispatched_in_order_and_logged(
+    tmp_path: Path,
+) -> None:
+    rep = Republisher()
+    run, clock = session(tmp_path, "reentrant", [("rep", rep)])
+    rep.run = run
+    with run:
+        drive(run, clock)
+    summary = summary_of(run)
+    assert summary["observer_failures"] == {}
+    assert summary["scalars"]["derived"]["s"]["last"] == ITERATIONS
+    assert run.out_dir is not None
+    log = [json.loads(line) for line in (run.out_dir / "events.jsonl").read_bytes().splitlines()]
+    types = [o["type"] for o in log if o["type"] != "spans"]
+    assert types == [t for t in rep.seen if t != "spans"]  # the log is what observers saw
+    for i, t in enumerate(types):
+        if t == "optimizer_step":
+            assert types[i + 1] == "scalars"  # right after the event that caused it
+        if t == "iteration_started":
+            assert types[i + 1] == "snapshot"
+    assert types[-2:] == ["run_finished", "snapshot"]
+    # Replaying the log (without the republisher) reproduces the run, including the
+    # event published while it finished.
+    result = replay(run.out_dir / "events.jsonl", tmp_path / "again", autoload=False)
+    assert result.events == len(log)
+    for name in ("metrics_raw.jsonl", "metrics.jsonl", "summary.json"):
+        assert (run.out_dir / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+
+
+def test_publishers_on_many_threads_and_a_republishing_observer_lose_no_event(
+    tmp_path: Path,
+) -> None:
+    rep = Republisher()
+    run, _ = session(tmp_path, "threads", [("rep", rep)])
+    rep.run = run
+    per_thread = 200
+    with run:
+        run.bus.iteration_started(0)
+
+        def publish(t: int) -> None:
+            for k in range(per_thread):
+                run.bus.optimizer_step(iteration=0, step=t * per_thread + k + 1, samples=1)
+
+        workers = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    assert run.out_dir is not None
+    log = [json.loads(line) for line in (run.out_dir / "events.jsonl").read_bytes().splitlines()]
+    steps = sorted(o["step"] for o in log if o["type"] == "optimizer_step")
+    assert steps == list(range(1, 4 * per_thread + 1))
+    assert sum(o["type"] == "scalars" for o in log) == 4 * per_thread
+    assert summary_of(run)["observer_failures"] == {}
+
+
+def test_observer_returning_garbage_is_counted_and_skipped(tmp_path: Path) -> None:
+    class Garbage:
+        @hookimpl
+        def twinkle_iteration_started(self, event: IterationStarted) -> Any:
+            return 42  # not a list of records
+
+        @hookimpl
+        def twinkle_samples(self, event: SamplesObserved) -> Any:
+            return ["not a record"]
+
+        @hookimpl
+        def twinkle_optimizer_step(self, event: OptimizerStep) -> Any:
+            return [
+                make_record(  # a record of another run
+                    kind="x",
+                    scope="iteration",
+                    run_id="someone-else",
+                    step=0,
+                    iteration=0,
+                    wall_ns=0,
+                    monotonic_ns=0,
+                    values={},
+                )
+            ]
+
+    run, clock = session(tmp_path, "garbage", [("garbage", Garbage())])
+    with run:
+        drive(run, clock)
+    assert summary_of(run)["observer_failures"] == {"garbage": 4 * ITERATIONS}
+    same_records_as_replay_without(run, tmp_path)
+
+
+# -- callers that fail --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("trainer blew up"), KeyboardInterrupt()])
+def test_caller_raising_mid_run_still_gets_an_error_summary_and_complete_files(
+    tmp_path: Path, exc: BaseException
+) -> None:
+    run, clock = session(tmp_path, "caller-error", [])
+    with pytest.raises(type(exc)):
+        with run:
+            drive(run, clock, iterations=3)
+            raise exc
+    summary = summary_of(run)
+    assert summary["status"] == "error"
+    assert summary["error"].startswith(type(exc).__qualname__)
+    assert run.reporter is not None and run.reporter.closed
+    same_records_as_replay_without(run, tmp_path)
+    assert (tmp_path / "again-caller-error" / "summary.json").read_bytes() == (
+        tmp_path / "caller-error" / "summary.json"
+    ).read_bytes()
+
+
+def test_failure_while_finishing_does_not_hide_the_callers_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run, clock = session(tmp_path, "double-fault", [])
+
+    def disk_gone(fd: int, data: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ValueError, match="the caller's bug"):
+        with run:
+            drive(run, clock, iterations=2)
+            monkeypatch.setattr(jsonl_mod, "_os_write", disk_gone)
+            raise ValueError("the caller's bug")
+    assert "finishing after ValueError failed" in caplog.text
+    assert summary_of(run)["status"] == "error"
+
+
+UNFINISHED = textwrap.dedent(
+    """
+    import sys
+    from twinkle.session import RunSession
+
+    run = RunSession(out_dir=sys.argv[1], run_id="unfinished", autoload=False).start()
+    run.bus.iteration_started(0)
+    run.bus.optimizer_step(iteration=0, step=1, samples=1)
+    if sys.argv[2] == "raise":
+        raise RuntimeError("uncaught, outside any with block")
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_run_never_finished_by_its_caller_is_closed_at_exit_as_an_error(
+    tmp_path: Path, how: str
+) -> None:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", UNFINISHED, str(tmp_path), how],
+        capture_output=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == (1 if how == "raise" else 3)
+    summary = json.loads((tmp_path / "unfinished" / "summary.json").read_text())
+    assert summary["status"] == "error"
+    assert "exited without finishing" in summary["error"]
+    log = (tmp_path / "unfinished" / "events.jsonl").read_bytes().splitlines()
+    assert json.loads(log[-1])["type"] == "run_finished"
