@@ -211,3 +211,23 @@ def test_trace_is_valid_chrome_trace_json(run_dir: Path) -> None:
     events = orjson.loads((run_dir / "trace.json").read_bytes())
     names = {e["name"] for e in events if e.get("ph") == "X"}
     assert {"generate", "train.fwd", "train.inner", "twinkle.observe"} <= names
+
+
+def test_overhead_intervals_are_pruned_as_iterations_close(tmp_path: Path) -> None:
+    clock = ManualClock(0)
+    run = RunSession(
+        out_dir=None, run_id="prune", config=CONFIG, clock=clock, autoload=False
+    ).start()
+    timing = run.pm.get_plugin("timing")
+    throughput = run.pm.get_plugin("throughput")
+    for i in range(200):
+        run.bus.iteration_started(i)
+        base = i * 10
+        run.bus.publish_spans(
+            "main", run.bus.anchor, [_s("train.fwd", base, base + 5, A), _over(base, base + 1, A)]
+        )
+        clock.set((i + 1) * 10 * MS)
+    # one shared timeline; it keeps only what open iterations can still need
+    assert timing.timeline is throughput.timeline
+    assert len(timing.timeline.overhead) < 10
+    run.finish()

@@ -18,8 +18,9 @@ Rules (documented in docs/metrics.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from twinkle.events import (
     IterationStarted,
@@ -33,7 +34,7 @@ from twinkle.hookspecs import OVERHEAD_SPAN
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor
 
-__all__ = ["IterationData", "IterationTiming", "Timeline", "union_ns"]
+__all__ = ["Finished", "IterationData", "IterationTiming", "Timeline", "union_ns"]
 
 Interval = tuple[int, int]
 
@@ -183,10 +184,56 @@ class IterationData:
         )
 
 
+Finished = tuple[IterationData, IterationTiming]
+"""An iteration handed out when it is complete, with its time accounting."""
+
+_T = TypeVar("_T")
+
+# Timelines of runs in progress, by the identity of their RunStarted event: observers
+# that need the iteration accounting (timing, throughput) share one per run instead of
+# each placing every span again. A Timeline is a pure function of the events and takes
+# each event once (by identity), so sharing changes no figure.
+_RUNS: dict[int, tuple[RunStarted, Timeline]] = {}
+
+
 class Timeline:
-    """Attributes events to iterations and hands out each iteration when it is complete."""
+    """Attributes events to iterations and hands out each iteration when it is complete.
+
+    Every event method may be called several times with the same event object (one call
+    per observer sharing the timeline): only the first call acts, later ones return the
+    same result.
+    """
+
+    _last_event: object
+    _last_result: Any
+
+    @classmethod
+    def for_run(cls, event: RunStarted) -> Timeline:
+        """The shared timeline of the run ``event`` starts (made on first request)."""
+        entry = _RUNS.get(id(event))
+        if entry is None or entry[0] is not event:
+            timeline = cls()
+            timeline.run_started(event)
+            entry = _RUNS[id(event)] = (event, timeline)
+        return entry[1]
+
+    def release(self) -> None:
+        """Forget this timeline in the registry of runs in progress (idempotent)."""
+        for key, (_, timeline) in list(_RUNS.items()):
+            if timeline is self:
+                del _RUNS[key]
+
+    def _once(self, event: object, compute: Callable[[], _T]) -> _T:
+        if event is self._last_event:
+            return cast(_T, self._last_result)
+        result = compute()
+        self._last_event = event
+        self._last_result = result
+        return result
 
     def __init__(self) -> None:
+        self._last_event = None
+        self._last_result = None
         self.config = ObserverConfig.parse({})
         self.anchor: ClockAnchor | None = None
         self.current: IterationData | None = None
@@ -205,18 +252,26 @@ class Timeline:
         self.config = ObserverConfig.parse(event.config)
         self.anchor = event.anchor
 
-    def iteration_started(self, event: IterationStarted) -> IterationData | None:
+    def iteration_started(self, event: IterationStarted) -> Finished | None:
         """Open ``event.iteration``; returns the iteration it finalises, if any."""
+        return self._once(event, lambda: self._iteration_started(event))
+
+    def _iteration_started(self, event: IterationStarted) -> Finished | None:
         done = self._finalise(event.monotonic_ns, event.wall_ns)
         data = self.future.pop(event.iteration, None) or IterationData(event.iteration, 0)
         data.start_ns = event.monotonic_ns
         self.current = data
+        self.prune_overhead()
         return done
 
-    def run_finished(self, event: RunFinished) -> IterationData | None:
-        return self._finalise(event.monotonic_ns, event.wall_ns)
+    def run_finished(self, event: RunFinished) -> Finished | None:
+        """The last iteration, finalised at the run's end (if one was open)."""
+        return self._once(event, lambda: self._finalise(event.monotonic_ns, event.wall_ns))
 
     def spans(self, event: SpanBatch) -> None:
+        self._once(event, lambda: self._spans(event))
+
+    def _spans(self, event: SpanBatch) -> None:
         shift = self._shift(event.anchor)
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
@@ -231,6 +286,9 @@ class Timeline:
             )
 
     def samples(self, event: SamplesObserved) -> None:
+        self._once(event, lambda: self._samples(event))
+
+    def _samples(self, event: SamplesObserved) -> None:
         data = self._for_iteration(event.iteration)
         if data is None:
             self.late_samples += len(event.lengths)
@@ -239,6 +297,9 @@ class Timeline:
         data.groups[event.phase] = data.groups.get(event.phase, 0) + event.groups
 
     def optimizer_step(self, event: OptimizerStep) -> None:
+        self._once(event, lambda: self._optimizer_step(event))
+
+    def _optimizer_step(self, event: OptimizerStep) -> None:
         self.optimizer_steps += 1
         self.step = max(self.step, event.step)
         data = self._for_iteration(event.iteration)
@@ -281,7 +342,7 @@ class Timeline:
             return None
         return cur
 
-    def _finalise(self, end_ns: int, wall_ns: int) -> IterationData | None:
+    def _finalise(self, end_ns: int, wall_ns: int) -> Finished | None:
         cur = self.current
         if cur is None:
             return None
@@ -291,7 +352,7 @@ class Timeline:
         cur.step = max(cur.step, self.step)
         self.finalised.add(cur.iteration)
         self.current = None
-        return cur
+        return cur, cur.timing(self.config, self.overhead)
 
     def prune_overhead(self) -> None:
         """Forget overhead no open or future iteration can still need (bounded memory)."""

@@ -23,7 +23,7 @@ from twinkle.events import (
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
 from twinkle.metric.reporting import MetricRecord, RunTotals, make_record
-from twinkle.observers._timeline import IterationData, Timeline
+from twinkle.observers._timeline import Finished, Timeline
 
 __all__ = ["ThroughputObserver"]
 
@@ -45,7 +45,7 @@ class ThroughputObserver:
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         self.run_id = event.run_id
-        self.timeline.run_started(event)
+        self.timeline = Timeline.for_run(event)
         self.phase_windows = {p: ThroughputMetric() for p in self.timeline.config.throughput}
 
     @hookimpl
@@ -91,12 +91,11 @@ class ThroughputObserver:
         records.append(make_record(kind="run", scope="run", values=run_values, **common))
         return records
 
-    def _emit(self, data: IterationData | None, monotonic_ns: int) -> list[MetricRecord]:
-        if data is None:
+    def _emit(self, finished: Finished | None, monotonic_ns: int) -> list[MetricRecord]:
+        if finished is None:
             return []
+        data, timing = finished
         config = self.timeline.config
-        timing = data.timing(config, self.timeline.overhead)
-        self.timeline.prune_overhead()
         self.iterations += 1
         self.last_step = data.step
         common: dict[str, Any] = {

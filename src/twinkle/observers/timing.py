@@ -24,7 +24,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import hookimpl
 from twinkle.metric.reporting import MetricRecord, make_record
-from twinkle.observers._timeline import IterationData, IterationTiming, Timeline
+from twinkle.observers._timeline import Finished, IterationTiming, Timeline
 
 __all__ = ["TimingObserver", "timing_values"]
 
@@ -62,7 +62,7 @@ class TimingObserver:
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         self.run_id = event.run_id
-        self.timeline.run_started(event)
+        self.timeline = Timeline.for_run(event)
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
@@ -82,13 +82,14 @@ class TimingObserver:
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
-        return self._emit(self.timeline.run_finished(event), event.monotonic_ns)
+        records = self._emit(self.timeline.run_finished(event), event.monotonic_ns)
+        self.timeline.release()
+        return records
 
-    def _emit(self, data: IterationData | None, monotonic_ns: int) -> list[MetricRecord]:
-        if data is None:
+    def _emit(self, finished: Finished | None, monotonic_ns: int) -> list[MetricRecord]:
+        if finished is None:
             return []
-        timing = data.timing(self.timeline.config, self.timeline.overhead)
-        self.timeline.prune_overhead()
+        data, timing = finished
         self.iterations += 1
         values = timing_values(timing)
         for key, value in (

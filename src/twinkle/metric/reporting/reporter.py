@@ -40,6 +40,10 @@ __all__ = ["Backend", "JsonlBackend", "MetricsReporter", "ReporterStats"]
 
 logger = logging.getLogger("twinkle.reporting")
 
+#: The background writer hands queued records to the backends at least this often
+#: (sooner when 1024 records are queued, or on flush/close/a full queue).
+WRITE_INTERVAL_S = 0.2
+
 
 class Backend(Protocol):
     """Where records go. Called from one thread at a time, records in ``seq`` order.
@@ -220,6 +224,8 @@ class MetricsReporter:
         self._closed = False
         self._stopping = False
         self._writer_idle = False
+        self._wake_at = max(1, min(1024, queue_size // 2))
+        self._urgent = False
         self._writer_ident: int | None = None
         self._thread: threading.Thread | None = None
         self._atexit = _AtExit(self)
@@ -275,8 +281,10 @@ class MetricsReporter:
                 stamped = _with_seq(record, seq)
                 self._queue.append(stamped)
                 self._enqueued += 1
-                if self._writer_idle:
-                    self._writer_idle = False
+                # Waking the writer per record makes it fight the caller for the GIL at
+                # every burst; it wakes by itself every WRITE_INTERVAL_S, and now only
+                # when a batch is worth writing.
+                if self._writer_idle and len(self._queue) >= self._wake_at:
                     self._wakeup.notify()
                 fault = self._fault
             else:
@@ -308,6 +316,9 @@ class MetricsReporter:
             if self._thread is not None and threading.get_ident() == self._writer_ident:
                 raise ReporterError("flush() called from the reporter's own writer thread")
             target = self._enqueued
+            if self._delivered < target:
+                self._urgent = True
+                self._wakeup.notify()
             while self._delivered < target:
                 if self._writer_failed:
                     raise ReporterError(str(self._refuse))
@@ -437,6 +448,8 @@ class MetricsReporter:
         while self._enqueued - self._delivered >= self._queue_size:
             if self._refuse is not None:
                 raise ReporterError(self._refuse)
+            self._urgent = True
+            self._wakeup.notify()
             self._not_full.wait()
         if self._refuse is not None:
             raise ReporterError(self._refuse)
@@ -491,13 +504,18 @@ class MetricsReporter:
         try:
             while True:
                 with self._lock:
-                    while not self._queue and not self._stopping:
+                    # Sleep until a full batch, flush(), close() or a full queue asks
+                    # for the writer, or WRITE_INTERVAL_S passes; then take the queue.
+                    if not (self._stopping or self._urgent or len(self._queue) >= self._wake_at):
                         self._writer_idle = True
-                        self._wakeup.wait()
+                        self._wakeup.wait(WRITE_INTERVAL_S)
                     self._writer_idle = False
+                    self._urgent = False
                     batch = self._queue
                     if not batch:
-                        return
+                        if self._stopping:
+                            return
+                        continue
                     self._queue = []
                 with self._io_lock:
                     self._deliver(tuple(batch))
