@@ -292,11 +292,10 @@ def footprint(metric: ThroughputMetric) -> int:
     h = metric._lengths
     parts = [metric._seconds, metric._device_seconds, h._count, h._total, h._min, h._max]
     size = sum(sys.getsizeof(p) for p in parts)
-    size += sys.getsizeof(h._counts)
-    size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in h._counts.items())
-    for derived in h._sorted or ():
-        size += sys.getsizeof(derived) + sum(map(sys.getsizeof, derived))
-    return size
+    for container in (h._counts, h._blocks):
+        size += sys.getsizeof(container)
+        size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in container.items())
+    return size + sys.getsizeof(h._block_keys) + sum(map(sys.getsizeof, h._block_keys))
 
 
 def test_memory_does_not_grow_over_100k_accumulate_calls():

@@ -28,7 +28,7 @@ import reprlib
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any, Final, TypeGuard, final
 
 from twinkle.errors import InvalidArgumentError
@@ -39,6 +39,9 @@ _EXACT_BITS: Final = 12
 _SUB_BITS: Final = 7  # 2**7 = 128 buckets per octave above the exact range
 _EXACT_BELOW: Final = 1 << _EXACT_BITS
 _MAX_LENGTH: Final = (1 << 53) - 1
+# Buckets are grouped in blocks of 64 consecutive indices; keeping per-block totals lets
+# quantile() walk a few hundred blocks and then one block instead of every bucket.
+_BLOCK_BITS: Final = 6
 _STATE_VERSION: Final = 1
 
 
@@ -134,21 +137,20 @@ class LengthHistogram:
     RELATIVE_ERROR: Final = 2.0 ** -(_SUB_BITS + 1)
 
     __slots__ = (
+        "_block_keys",
+        "_blocks",
         "_count",
         "_counts",
         "_max",
         "_min",
         "_quantile_cache",
-        "_sorted",
         "_total",
     )
 
     def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
-        # (sorted bucket indices, cumulative counts in that order), derived from _counts
-        # only when a quantile is asked for (None: out of date), so adding costs one
-        # Counter update; building it is a C-level sort and prefix sum over the buckets.
-        self._sorted: tuple[list[int], list[int]] | None = None
+        self._blocks: Counter[int] = Counter()
+        self._block_keys: list[int] = []  # sorted keys of _blocks, refreshed on demand
         # The last quantiles computed, valid until the next add/merge/reset.
         self._quantile_cache: tuple[tuple[tuple[int, int], ...], list[float]] | None = None
         self._count = 0
@@ -201,7 +203,7 @@ class LengthHistogram:
                 for v in values
             ]
         self._counts.update(indices)
-        self._sorted = None
+        self._blocks.update(map(operator.rshift, indices, repeat(_BLOCK_BITS)))
         self._quantile_cache = None
         if self._count == 0:
             self._min, self._max = low, high
@@ -227,18 +229,26 @@ class LengthHistogram:
         cached = self._quantile_cache
         if cached is not None and cached[0] == qs:
             return list(cached[1])
-        if self._sorted is None:
-            keys = sorted(self._counts)
-            self._sorted = (keys, list(accumulate(map(self._counts.__getitem__, keys))))
-        keys, cumulative = self._sorted
+        keys = self._block_keys
+        if len(keys) != len(self._blocks):
+            # Blocks are only ever added (reset clears both), so equal sizes mean equal keys.
+            keys = self._block_keys = sorted(self._blocks)
+        cumulative: list[int] = []
         out: list[float] = []
         for numerator, denominator in qs:
             rank = max(1, -((-numerator * n) // denominator))  # ceil(q * n), exactly
             if rank in (1, n):
                 out.append(float(self._min if rank == 1 else self._max))
                 continue
-            # The first bucket whose cumulative count reaches the rank holds the sample.
-            index = keys[bisect_left(cumulative, rank)]
+            if not cumulative:
+                cumulative = list(accumulate(map(self._blocks.__getitem__, keys)))
+            position = bisect_left(cumulative, rank)
+            seen = cumulative[position - 1] if position else 0
+            start = keys[position] << _BLOCK_BITS
+            for index in range(start, start + (1 << _BLOCK_BITS)):
+                seen += self._counts.get(index, 0)
+                if seen >= rank:
+                    break
             low, high = _bucket_bounds(index)
             out.append(float(min(max((low + high) / 2, self._min), self._max)))
         self._quantile_cache = (qs, list(out))
@@ -254,7 +264,7 @@ class LengthHistogram:
         if other._count == 0:
             return
         self._counts.update(other._counts)
-        self._sorted = None
+        self._blocks.update(other._blocks)
         self._quantile_cache = None
         if self._count == 0:
             self._min, self._max = other._min, other._max
@@ -266,7 +276,8 @@ class LengthHistogram:
     def reset(self) -> None:
         """Forget every length."""
         self._counts.clear()
-        self._sorted = None
+        self._blocks.clear()
+        self._block_keys = []
         self._quantile_cache = None
         self._count = 0
         self._total = 0
@@ -335,6 +346,7 @@ class LengthHistogram:
                 )
             index = _bucket(low)
             hist._counts[index] = count
+            hist._blocks[index >> _BLOCK_BITS] += count
             hist._count += count
         total, low, high = state.get("total"), state.get("min"), state.get("max")
         if hist._count == 0:
