@@ -32,7 +32,10 @@ def _add_plugin_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``twinkle`` command."""
-    parser = argparse.ArgumentParser(prog="twinkle", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="twinkle",
+        description="How fast your RL run really is: replay a run's event log, or run the demo.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
