@@ -4,54 +4,18 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from typing import Any, cast
-
-import orjson
+from typing import Any
 
 from twinkle.cluster._local import local_cpus
 from twinkle.cluster._resources import ClusterResources
 from twinkle.errors import ConfigError, InvalidArgumentError
+from twinkle.perf.dist import all_gather_json, collective_device
 
 __all__ = ["TorchDistributedCluster"]
 
 
-def _collective_device(dist: Any, group: Any) -> Any:
-    """The device a collective of ``group`` runs on (NCCL: the current CUDA device)."""
-    import torch
-
-    backend = str(dist.get_backend(group)).lower()
-    if "gloo" not in backend and "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    if "gloo" not in backend and "hccl" in backend:
-        return torch.device("npu", cast(Any, torch).npu.current_device())  # torch_npu
-    return torch.device("cpu")
-
-
-def _all_gather_json(dist: Any, group: Any, obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``obj``, in rank order, as JSON bytes in uint8 tensors.
-
-    Unlike ``all_gather_object`` this needs no numpy and unpickles nothing a peer sent.
-    """
-    import torch
-
-    device = _collective_device(dist, group)
-    world = dist.get_world_size(group)
-    payload = orjson.dumps(obj)
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
-    buffers = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(buffers, padded, group=group)
-    return [
-        orjson.loads(bytes(buf[:n].cpu().tolist())) for buf, n in zip(buffers, lengths, strict=True)
-    ]
-
-
 def _default_device(dist: Any, group: Any) -> str:
-    device = _collective_device(dist, group)
+    device = collective_device(dist, group)
     return "cpu" if device.type == "cpu" else f"{device.type}:{device.index}"
 
 
@@ -104,7 +68,7 @@ class TorchDistributedCluster:
             "device": self._device or _default_device(dist, self._group),
             "role": self._role,
         }
-        gathered = _all_gather_json(dist, self._group, mine)
+        gathered = all_gather_json(dist, self._group, mine)
         cpus_by_host: dict[str, int] = {}
         devices: set[tuple[str, str]] = set()
         for info in gathered:

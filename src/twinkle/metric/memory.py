@@ -13,15 +13,15 @@ is initialised; torch is imported only inside it, never when this module is impo
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, cast
-
-import orjson
+from typing import Any, Final
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.metric.histogram import _short_repr
+from twinkle.perf.dist import all_gather_json
 from twinkle.perf.stats import MemoryReading
 
 __all__ = [
@@ -242,30 +242,9 @@ def gather_readings(reading: MemoryReading, *, group: Any = None) -> list[Memory
             f"gather_readings: reading must be a twinkle.perf.stats.MemoryReading, got "
             f"{_short_repr(reading)}; pass memory_stats()"
         )
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
+    # An initialised process group means torch.distributed is already imported: never
+    # import torch here just to find out there is none.
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
         return [reading]
-    if not dist.is_available() or not dist.is_initialized():
-        return [reading]
-    backend = str(dist.get_backend(group)).lower()
-    device = torch.device("cpu")
-    if "gloo" not in backend and "nccl" in backend:
-        device = torch.device("cuda", torch.cuda.current_device())
-    elif "gloo" not in backend and "hccl" in backend:
-        device = torch.device("npu", cast(Any, torch).npu.current_device())  # torch_npu
-    world = dist.get_world_size(group)
-    payload = orjson.dumps(reading.to_dict())
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
-    buffers = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(buffers, padded, group=group)
-    return [
-        MemoryReading.from_dict(orjson.loads(bytes(buf[:n].cpu().tolist())))
-        for buf, n in zip(buffers, lengths, strict=True)
-    ]
+    return [MemoryReading.from_dict(d) for d in all_gather_json(dist, group, reading.to_dict())]
