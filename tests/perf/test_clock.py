@@ -130,3 +130,13 @@ def test_anchor_round_trips_through_a_dict() -> None:
 def test_anchor_from_dict_rejects_malformed_data(data: object) -> None:
     with pytest.raises(InvalidArgumentError, match="data"):
         ClockAnchor.from_dict(data)  # type: ignore[arg-type]
+
+
+def test_anchor_shift_onto_places_another_process_on_the_timeline() -> None:
+    run = ClockAnchor(monotonic_ns=1_000, wall_ns=10_000, pid=1, hostname="a")
+    same = ClockAnchor(monotonic_ns=2_000, wall_ns=11_003, pid=1, hostname="a")
+    other = ClockAnchor(monotonic_ns=500, wall_ns=10_100, pid=2, hostname="a")
+    assert same.shift_onto(run) == 0  # one process, one clock: re-read anchors never shift
+    assert other.shift_onto(None) == 0
+    # other's reading 500 happened at wall 10_100, which is run's monotonic 1_100
+    assert 500 + other.shift_onto(run) == 1_100

@@ -272,7 +272,7 @@ class Timeline:
         self._once(event, lambda: self._spans(event))
 
     def _spans(self, event: SpanBatch) -> None:
-        shift = self._shift(event.anchor)
+        shift = event.anchor.shift_onto(self.anchor)
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
             if span.name == OVERHEAD_SPAN:
@@ -308,13 +308,6 @@ class Timeline:
             data.step = max(data.step, event.step)
 
     # -- helpers ---------------------------------------------------------------------
-
-    def _shift(self, anchor: ClockAnchor) -> int:
-        """Offset that moves a recorder's clock onto the run's timeline."""
-        run = self.anchor
-        if run is None or (anchor.pid == run.pid and anchor.hostname == run.hostname):
-            return 0
-        return (anchor.wall_ns - anchor.monotonic_ns) - (run.wall_ns - run.monotonic_ns)
 
     def _for_iteration(self, iteration: int) -> IterationData | None:
         cur = self.current

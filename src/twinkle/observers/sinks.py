@@ -244,11 +244,7 @@ class TraceSink:
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
-        shift = 0
-        run = self._origin
-        a = event.anchor
-        if run is not None and (a.pid != run.pid or a.hostname != run.hostname):
-            shift = (a.wall_ns - a.monotonic_ns) - (run.wall_ns - run.monotonic_ns)
+        shift = event.anchor.shift_onto(self._origin)
         for span in event.spans:
             key = (span.pid, span.thread_id)
             if key not in self._named:

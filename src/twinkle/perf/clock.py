@@ -128,6 +128,15 @@ class ClockAnchor:
         """The unix-epoch nanoseconds of a reading of this process's monotonic clock."""
         return self.wall_ns + (monotonic_ns - self.monotonic_ns)
 
+    def shift_onto(self, timeline: ClockAnchor | None) -> int:
+        """Nanoseconds to add to this process's monotonic readings to place them on the
+        timeline whose anchor is ``timeline``: 0 for the same process (one clock, no
+        drift from re-reading the anchors) or without a timeline; else the difference of
+        the two processes' wall-minus-monotonic offsets."""
+        if timeline is None or (self.pid == timeline.pid and self.hostname == timeline.hostname):
+            return 0
+        return (self.wall_ns - self.monotonic_ns) - (timeline.wall_ns - timeline.monotonic_ns)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields."""
         return {
