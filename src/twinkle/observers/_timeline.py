@@ -30,11 +30,18 @@ from twinkle.events import (
     SamplesObserved,
     SpanBatch,
 )
-from twinkle.hookspecs import OVERHEAD_SPAN
+from twinkle.hookspecs import OVERHEAD_SPAN, hookimpl
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor
 
-__all__ = ["Finished", "IterationData", "IterationTiming", "Timeline", "union_ns"]
+__all__ = [
+    "Finished",
+    "IterationData",
+    "IterationTiming",
+    "Timeline",
+    "TimelineObserver",
+    "union_ns",
+]
 
 Interval = tuple[int, int]
 
@@ -357,3 +364,33 @@ class Timeline:
             return
         horizon = min(starts)
         self.overhead = [iv for iv in self.overhead if iv[1] > horizon]
+
+
+class TimelineObserver:
+    """Base of the observers that read the iteration accounting (timing, throughput):
+    it joins the run's shared :class:`Timeline` and feeds it spans, samples and steps.
+
+    A subclass that overrides one of these hooks decorates it with ``@hookimpl`` again
+    and calls ``super()``.
+    """
+
+    def __init__(self) -> None:
+        self.timeline = Timeline()
+        self.run_id = ""
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
+        self.timeline = Timeline.for_run(event)
+
+    @hookimpl
+    def twinkle_spans(self, event: SpanBatch) -> None:
+        self.timeline.spans(event)
+
+    @hookimpl
+    def twinkle_samples(self, event: SamplesObserved) -> None:
+        self.timeline.samples(event)
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        self.timeline.optimizer_step(event)

@@ -18,24 +18,22 @@ from twinkle.events import (
     RunFinished,
     RunStarted,
     SamplesObserved,
-    SpanBatch,
 )
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
 from twinkle.metric.reporting import MetricRecord, RunTotals, make_record
-from twinkle.observers._timeline import Finished, Timeline
+from twinkle.observers._timeline import Finished, TimelineObserver
 
 __all__ = ["ThroughputObserver"]
 
 _NS = 1e9
 
 
-class ThroughputObserver:
+class ThroughputObserver(TimelineObserver):
     """One ThroughputMetric per phase per iteration, and windows over the run."""
 
     def __init__(self) -> None:
-        self.timeline = Timeline()
-        self.run_id = ""
+        super().__init__()
         self.phase_windows: dict[str, ThroughputMetric] = {}
         self.window = ThroughputMetric()
         self.iterations = 0
@@ -44,17 +42,12 @@ class ThroughputObserver:
 
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
-        self.run_id = event.run_id
-        self.timeline = Timeline.for_run(event)
+        super().twinkle_run_started(event)
         self.phase_windows = {p: ThroughputMetric() for p in self.timeline.config.throughput}
 
     @hookimpl
-    def twinkle_spans(self, event: SpanBatch) -> None:
-        self.timeline.spans(event)
-
-    @hookimpl
     def twinkle_samples(self, event: SamplesObserved) -> None:
-        self.timeline.samples(event)
+        super().twinkle_samples(event)
         self.totals.add(f"samples_{event.phase}", len(event.lengths))
         self.totals.add(f"tokens_{event.phase}", sum(event.lengths))
         if event.groups:
@@ -62,7 +55,7 @@ class ThroughputObserver:
 
     @hookimpl
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.timeline.optimizer_step(event)
+        super().twinkle_optimizer_step(event)
         self.totals.add("optimizer_updates", 1)
 
     @hookimpl

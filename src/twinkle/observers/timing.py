@@ -16,15 +16,11 @@ from typing import Any
 
 from twinkle.events import (
     IterationStarted,
-    OptimizerStep,
     RunFinished,
-    RunStarted,
-    SamplesObserved,
-    SpanBatch,
 )
 from twinkle.hookspecs import hookimpl
 from twinkle.metric.reporting import MetricRecord, make_record
-from twinkle.observers._timeline import Finished, IterationTiming, Timeline
+from twinkle.observers._timeline import Finished, IterationTiming, TimelineObserver
 
 __all__ = ["TimingObserver", "timing_values"]
 
@@ -50,31 +46,13 @@ def timing_values(t: IterationTiming) -> dict[str, int | float]:
     return values
 
 
-class TimingObserver:
+class TimingObserver(TimelineObserver):
     """Per-iteration time accounting; a deterministic function of the events."""
 
     def __init__(self) -> None:
-        self.timeline = Timeline()
-        self.run_id = ""
+        super().__init__()
         self.iterations = 0
         self.totals_ns: dict[str, int] = {}
-
-    @hookimpl
-    def twinkle_run_started(self, event: RunStarted) -> None:
-        self.run_id = event.run_id
-        self.timeline = Timeline.for_run(event)
-
-    @hookimpl
-    def twinkle_spans(self, event: SpanBatch) -> None:
-        self.timeline.spans(event)
-
-    @hookimpl
-    def twinkle_samples(self, event: SamplesObserved) -> None:
-        self.timeline.samples(event)
-
-    @hookimpl
-    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.timeline.optimizer_step(event)
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
