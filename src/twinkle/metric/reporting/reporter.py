@@ -36,7 +36,7 @@ from twinkle.metric.reporting.record import (
     _with_seq,
 )
 
-__all__ = ["Backend", "JsonlBackend", "MetricsReporter", "ReporterStats"]
+__all__ = ["Backend", "JsonlBackend", "JsonlFileBackend", "MetricsReporter", "ReporterStats"]
 
 logger = logging.getLogger("twinkle.reporting")
 
@@ -66,12 +66,14 @@ class _SeqSource(Protocol):
     def last_seq(self, run_id: str) -> int | None: ...
 
 
-class JsonlBackend(Backend):
-    """Writes each record as one JSON line (``metrics_raw.jsonl``) via :class:`JsonlWriter`."""
+class JsonlFileBackend(Backend):
+    """What every backend writing one JSONL file through :class:`JsonlWriter` shares:
+    the writer, its path, what it recovered on open and what it still holds after a
+    failed write. Subclasses write their lines in ``write``."""
 
     def __init__(self, path: StrPath, *, append: bool = True, fsync: bool = False) -> None:
         self._writer = JsonlWriter(path, append=append, fsync=fsync)
-        self.name = f"JsonlBackend({str(self._writer.path)!r})"
+        self.name = f"{type(self).__name__}({str(self._writer.path)!r})"
 
     @property
     def path(self) -> str:
@@ -87,11 +89,11 @@ class JsonlBackend(Backend):
 
     @property
     def unwritten(self) -> int:
+        """Lines kept in memory after a failed write (retried by ``write``/``flush``)."""
         return self._writer.unwritten_records
 
     def write(self, records: Sequence[MetricRecord]) -> None:
-        # A plain dict per record serialises faster than orjson's slotted-dataclass path.
-        self._writer.write(map(_json_fields, records))
+        raise NotImplementedError  # pragma: no cover - subclasses write their lines
 
     def flush(self) -> None:
         self._writer.flush()
@@ -99,15 +101,23 @@ class JsonlBackend(Backend):
     def close(self) -> None:
         self._writer.close()
 
+    def __repr__(self) -> str:
+        return self.name
+
+
+class JsonlBackend(JsonlFileBackend):
+    """Writes each record as one JSON line (``metrics_raw.jsonl``) via :class:`JsonlWriter`."""
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        # A plain dict per record serialises faster than orjson's slotted-dataclass path.
+        self._writer.write(map(_json_fields, records))
+
     def last_seq(self, run_id: str) -> int | None:
         """``seq`` of the last record of ``run_id`` in the file, or None."""
         obj = self._writer.last_object(
             lambda o: o.get("run_id") == run_id and type(o.get("seq")) is int
         )
         return None if obj is None else int(obj["seq"])
-
-    def __repr__(self) -> str:
-        return self.name
 
 
 @dataclass(frozen=True, slots=True)

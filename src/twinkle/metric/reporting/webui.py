@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.reporting.jsonl import JsonlWriter, StrPath, TornLineRecovery
+from twinkle.metric.reporting.jsonl import StrPath
 from twinkle.metric.reporting.record import MetricRecord
-from twinkle.metric.reporting.reporter import Backend
+from twinkle.metric.reporting.reporter import JsonlFileBackend
 
 __all__ = ["WebUIFlatBackend"]
 
 
-class WebUIFlatBackend(Backend):
+class WebUIFlatBackend(JsonlFileBackend):
     """Backend writing the WebUI flat format (see the module docstring). Not thread-safe:
     :class:`MetricsReporter` calls it from one thread at a time."""
 
@@ -47,24 +47,10 @@ class WebUIFlatBackend(Backend):
                 f"got {total_steps!r}"
             )
         self.total_steps = total_steps
-        self._writer = JsonlWriter(path, append=append, fsync=fsync)
-        self.name = f"WebUIFlatBackend({str(self._writer.path)!r})"
+        super().__init__(path, append=append, fsync=fsync)
         self._step: int | None = None
         self._wall_ns = 0
         self._metrics: dict[str, int | float] = {}
-
-    @property
-    def path(self) -> str:
-        return str(self._writer.path)
-
-    @property
-    def recovery(self) -> TornLineRecovery | None:
-        return self._writer.recovery
-
-    @property
-    def unwritten(self) -> int:
-        """Lines kept in memory after a failed write (retried by ``write``/``flush``)."""
-        return self._writer.unwritten_records
 
     def write(self, records: Sequence[MetricRecord]) -> None:
         lines: list[dict[str, Any]] = []
@@ -107,6 +93,3 @@ class WebUIFlatBackend(Backend):
         self._wall_ns = 0
         self._metrics = {}
         return line
-
-    def __repr__(self) -> str:
-        return self.name
