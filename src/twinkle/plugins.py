@@ -192,7 +192,9 @@ class Dispatcher:
         overhead: TimeRecorder | None = None,
     ) -> None:
         self.pm = pm
-        self._report = report
+        #: stamps the observers' records (the run's reporter); may be set after
+        #: construction, once the plugins have provided the reporter's backends
+        self.report = report
         self._overhead = overhead
         self._pending: deque[Event] = deque()
         self._lock = threading.Lock()
@@ -263,10 +265,10 @@ class Dispatcher:
 
     def _stamp(self, plugin: str, record: Any) -> MetricRecord | None:
         """The reporter's stamped record, or None when the observer's record is refused."""
-        if self._report is None:
+        if self.report is None:
             return record if isinstance(record, MetricRecord) else None
         try:
-            return self._report(record)
+            return self.report(record)
         except WriteError as exc:
             # A disk fault: the record was accepted and is kept in memory (the reporter
             # writes it once the fault is gone). Counted, never fatal to the run.

@@ -305,14 +305,13 @@ def open_observers(
     overhead: TimeRecorder | None,
 ) -> tuple[MetricsReporter, Dispatcher]:
     """Configure the plugins of ``pm`` for ``context``: the reporter and the dispatcher."""
-    probe = Dispatcher(pm)
-    probe.call("twinkle_configure", context=context)
+    dispatcher = Dispatcher(pm, overhead=overhead)
+    dispatcher.call("twinkle_configure", context=context)
     backends: list[Backend] = []
-    for result in probe.call("twinkle_make_backends", context=context):
+    for result in dispatcher.call("twinkle_make_backends", context=context):
         backends.extend(result)
     reporter = MetricsReporter(backends, run_id=context.run_id, background=background)
-    dispatcher = Dispatcher(pm, report=reporter.report, overhead=overhead)
-    dispatcher.failures.update(probe.failures)
+    dispatcher.report = reporter.report
     return reporter, dispatcher
 
 
