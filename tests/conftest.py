@@ -1,8 +1,11 @@
 """Shared fixtures.
 
-``ray_cluster``: one local Ray cluster per pytest run (2 CPUs on 127.0.0.1, no dashboard,
-one custom resource ``twinkle_test_slot: 3``), shut down at the end of the session. Tests
-that need Ray take this fixture; it skips them when ray is not installed.
+``ray_cluster``: one local Ray cluster per pytest run (2 CPUs, no dashboard, one custom
+resource ``twinkle_test_slot: 3``), started by :func:`twinkle.cluster.init_ray` so that it
+binds 127.0.0.1 only, and shut down at the end of the session. The fixture asserts that
+the node and every node's ``NodeManagerAddress`` are 127.0.0.1: test traffic never
+leaves loopback, and no later change can quietly start Ray on another address. Tests that
+need Ray take this fixture; it skips them when ray is not installed.
 """
 
 from __future__ import annotations
@@ -16,29 +19,45 @@ import pytest
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
 
 
+def assert_ray_on_loopback(ray: Any) -> None:
+    """Fail, saying why, unless this process's Ray node and every node are 127.0.0.1."""
+    addresses = {"ray.util.get_node_ip_address()": ray.util.get_node_ip_address()}
+    for node in ray.nodes():
+        addresses[f"node {node['NodeID'][:8]} NodeManagerAddress"] = node["NodeManagerAddress"]
+    wrong = {where: ip for where, ip in addresses.items() if ip != "127.0.0.1"}
+    assert not wrong, (
+        f"the test Ray cluster is not on loopback: {wrong}. Test traffic must stay on "
+        "127.0.0.1: start Ray with twinkle.cluster.init_ray() (it sets "
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before ray.init; Ray ignores "
+        "_node_ip_address='127.0.0.1' for a local cluster)"
+    )
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     try:
         import ray
     except ImportError:
         pytest.skip("ray is not installed (install the extra: pip install 'twinkle[ray]')")
-    if ray.is_initialized():  # someone else's cluster: use it, leave it running
+    from twinkle.cluster import LOOPBACK_ENV, init_ray
+
+    if ray.is_initialized():  # someone else's cluster: use it (it too must be loopback)
+        assert_ray_on_loopback(ray)
         yield ray
         return
-    # A throwaway test cluster: no token set-up (it writes ~/.ray/auth_token), no
-    # usage-stats prompt.
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # A throwaway test cluster on loopback: no token set-up (it writes
+    # ~/.ray/auth_token), no usage-stats reporting.
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **LOOPBACK_ENV}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        ray.init(
-            address="local",
+        init_ray(
             num_cpus=2,
             resources=RAY_TEST_RESOURCES,
             include_dashboard=False,
-            _node_ip_address="127.0.0.1",
             log_to_driver=False,
         )
+        assert_ray_on_loopback(ray)
         yield ray
     finally:
         ray.shutdown()

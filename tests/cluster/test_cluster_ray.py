@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from typing import Any
 
 import pytest
 
-from twinkle.cluster import ClusterAdapter, RayCluster, RayNotInstalledError
+from twinkle.cluster import (
+    LOOPBACK_ENV,
+    ClusterAdapter,
+    RayCluster,
+    RayNotInstalledError,
+    check_loopback,
+    init_ray,
+)
 from twinkle.errors import ConfigError
+
+
+def test_the_local_test_cluster_binds_loopback_only(ray_cluster: Any) -> None:
+    ray = ray_cluster
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    gcs = ray.get_runtime_context().gcs_address
+    assert gcs.startswith("127.0.0.1:"), gcs
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    check_loopback(ray)  # the library's own check agrees
 
 
 def test_counts_of_the_local_test_cluster(ray_cluster: Any) -> None:
@@ -87,3 +105,54 @@ def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RayNotInstalledError, match=r"pip install 'twinkle\[ray\]'") as info:
         RayCluster()
     assert isinstance(info.value, ImportError)
+
+
+def _recording_ray(node_ip: str, manager_ips: list[str]) -> tuple[types.ModuleType, list[Any]]:
+    calls: list[Any] = []
+    ray = types.ModuleType("ray")
+    ray.init = lambda **kw: calls.append(("init", kw))  # type: ignore[attr-defined]
+    ray.shutdown = lambda: calls.append(("shutdown",))  # type: ignore[attr-defined]
+    ray.util = types.SimpleNamespace(get_node_ip_address=lambda: node_ip)  # type: ignore[attr-defined]
+    ray.nodes = lambda: [  # type: ignore[attr-defined]
+        {"NodeID": f"n{i}", "NodeManagerAddress": ip} for i, ip in enumerate(manager_ips)
+    ]
+    return ray, calls
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://head:10001", "10.0.0.1:6379"])
+def test_an_explicit_cluster_address_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    ray, calls = _recording_ray("10.0.0.1", ["10.0.0.1"])
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    assert init_ray(address, num_cpus=4) is ray
+    assert calls == [("init", {"address": address, "num_cpus": 4})]
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+
+
+def test_a_local_cluster_off_loopback_is_refused_and_shut_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ray, calls = _recording_ray("127.0.0.1", ["127.0.0.1", "172.17.0.2"])
+    ray_private = types.ModuleType("ray._private")
+    constants = types.ModuleType("ray._private.ray_constants")
+    constants.ENABLE_RAY_CLUSTER = True  # type: ignore[attr-defined]
+    ray_private.ray_constants = constants  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray._private", ray_private)
+    monkeypatch.setitem(sys.modules, "ray._private.ray_constants", constants)
+    for key in LOOPBACK_ENV:
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ConfigError, match=r"not on loopback.*172\.17\.0\.2.*init_ray"):
+        init_ray(num_cpus=2)
+    assert calls == [("init", {"address": "local", "num_cpus": 2}), ("shutdown",)]
+    # the switch was set for the processes Ray starts and for the imported constant
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert constants.ENABLE_RAY_CLUSTER is False  # type: ignore[attr-defined]
+
+
+def test_check_loopback_names_the_node_ip(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray, _ = _recording_ray("10.1.2.3", ["127.0.0.1"])
+    with pytest.raises(ConfigError, match=r"get_node_ip_address.*10\.1\.2\.3"):
+        check_loopback(ray)

@@ -1,7 +1,9 @@
-"""``RayCluster``: resources of the Ray cluster this process is connected to."""
+"""Ray: :func:`init_ray` (a local cluster on 127.0.0.1 only) and ``RayCluster``, the
+resources of the Ray cluster this process is connected to."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +14,7 @@ from twinkle.cluster._resources import (
 )
 from twinkle.errors import ConfigError, InvalidArgumentError
 
-__all__ = ["RAY_DEVICE_TYPES", "RayCluster"]
+__all__ = ["LOOPBACK_ENV", "RAY_DEVICE_TYPES", "RayCluster", "check_loopback", "init_ray"]
 
 #: Ray accelerator resource names -> torch device types.
 RAY_DEVICE_TYPES = {"GPU": "cuda", "NPU": "npu", "HPU": "hpu", "TPU": "tpu"}
@@ -30,6 +32,64 @@ def import_ray() -> Any:
             "Ray is not installed; install the extra: pip install 'twinkle[ray]'"
         ) from exc
     return ray
+
+
+LOOPBACK = "127.0.0.1"
+#: Ray's own switch: false makes a local cluster bind and advertise the loopback address.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def init_ray(address: str | None = None, **init_kwargs: Any) -> Any:
+    """Start (or join) Ray for this process; returns the ``ray`` module.
+
+    ``address`` ``None`` or ``"local"`` starts a **local cluster bound to 127.0.0.1
+    only**. Ray does not honour ``_node_ip_address="127.0.0.1"`` for a local cluster:
+    the node, its raylet and the GCS still bind and advertise the host's network
+    interface. Ray's own switch does it: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    (``ray_constants.ENABLE_RAY_CLUSTER`` false) a local node uses the loopback
+    address. The variable is set in ``os.environ`` before ``ray.init`` (the processes
+    Ray starts inherit it and read it at import), and the constant of an
+    already-imported ``ray`` is set to match, so the order of imports does not matter.
+    The cluster that comes up is checked: :class:`~twinkle.errors.ConfigError` if the
+    node or any node's ``NodeManagerAddress`` is not 127.0.0.1 (it is shut down first).
+
+    Any other ``address`` (``"auto"``, ``"ray://host:10001"``, ``"10.0.0.1:6379"``) is
+    a cluster the caller chose: ``ray.init(address=address, **init_kwargs)`` runs
+    unchanged and the environment is left alone.
+    """
+    ray = import_ray()
+    if address not in (None, "local"):
+        ray.init(address=address, **init_kwargs)
+        return ray
+    os.environ.update(LOOPBACK_ENV)
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(address="local", **init_kwargs)
+    try:
+        check_loopback(ray)
+    except BaseException:
+        ray.shutdown()
+        raise
+    return ray
+
+
+def check_loopback(ray: Any) -> None:
+    """:class:`~twinkle.errors.ConfigError` unless this process's Ray node and every
+    node of the cluster are on 127.0.0.1."""
+    addresses = {"ray.util.get_node_ip_address()": ray.util.get_node_ip_address()}
+    for node in ray.nodes():
+        addresses[f"node {node.get('NodeID', '?')} NodeManagerAddress"] = node.get(
+            "NodeManagerAddress"
+        )
+    wrong = {where: ip for where, ip in addresses.items() if ip != LOOPBACK}
+    if wrong:
+        raise ConfigError(
+            f"the local Ray cluster is not on loopback only: {wrong}; a local cluster must "
+            f"bind {LOOPBACK} (test and demo traffic stays on this machine). Start it with "
+            "twinkle.cluster.init_ray(), which sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "
+            "before ray.init, or set that variable in the environment before importing ray"
+        )
 
 
 class RayCluster:
