@@ -26,6 +26,7 @@ from typing import Any
 import pluggy
 
 from twinkle.events import (
+    OVERHEAD_SPAN,
     Event,
     IterationStarted,
     MemoryReadings,
@@ -43,9 +44,6 @@ from twinkle.metric.reporting import Backend, MetricRecord
 __all__ = ["OVERHEAD_SPAN", "PROJECT_NAME", "RunContext", "hookimpl", "hookspec"]
 
 PROJECT_NAME = "twinkle"
-#: Name of the spans that time the observers' own work (the dispatcher records them;
-#: the timing observer deducts their union from an iteration's logical seconds).
-OVERHEAD_SPAN = "twinkle.observe"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

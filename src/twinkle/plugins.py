@@ -36,7 +36,6 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import OVERHEAD_SPAN
 from twinkle.metric.reporting import MetricRecord
-from twinkle.perf import TimeRecorder
 
 __all__ = [
     "DISABLE_AUTOLOAD_ENV",
@@ -174,8 +173,8 @@ class Dispatcher:
     and dispatched in order by whichever thread is already dispatching, so observers never
     run concurrently and never re-enter. A hook must therefore not *wait* for another
     thread that publishes: that thread waits for this dispatch to finish. The time spent
-    dispatching is recorded as ``twinkle.observe`` spans on ``overhead`` (when given) so
-    it can be deducted from the iteration's logical seconds.
+    is twinkle's own: the :class:`~twinkle.events.EventBus` that publishes records it
+    (with the building of the event) as ``twinkle.observe`` spans.
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
@@ -189,13 +188,11 @@ class Dispatcher:
         pm: pluggy.PluginManager,
         *,
         report: Callable[[MetricRecord], MetricRecord] | None = None,
-        overhead: TimeRecorder | None = None,
     ) -> None:
         self.pm = pm
         #: stamps the observers' records (the run's reporter); may be set after
         #: construction, once the plugins have provided the reporter's backends
         self.report = report
-        self._overhead = overhead
         self._pending: deque[Event] = deque()
         self._lock = threading.Lock()
         self._receivers: list[tuple[Any, Any]] = []
@@ -244,13 +241,6 @@ class Dispatcher:
 
     def _dispatch(self, event: Event) -> None:
         self.events_dispatched += 1
-        if self._overhead is None:
-            self._dispatch_untimed(event)
-        else:
-            with self._overhead.span(OVERHEAD_SPAN, event=event.TYPE):
-                self._dispatch_untimed(event)
-
-    def _dispatch_untimed(self, event: Event) -> None:
         for name, result in self.call_named(HOOK_FOR_EVENT[type(event)], event=event):
             try:
                 records = list(result)

@@ -167,7 +167,7 @@ def replay(
     if target is not None:
         target.mkdir(parents=True, exist_ok=True, mode=0o755)
     context = RunContext(first.run_id, target, dict(first.config), replay=True)
-    reporter, dispatcher = open_observers(pm, context, background=False, overhead=None)
+    reporter, dispatcher = open_observers(pm, context, background=False)
     count = 0
     last: Event = first
     finished: RunFinished | None = None

@@ -34,7 +34,7 @@ from twinkle.events import EventBus, RunFinished
 from twinkle.hookspecs import RunContext
 from twinkle.metric.reporting import Backend, MetricsReporter
 from twinkle.observers._config import ObserverConfig
-from twinkle.perf import Clock, TimeRecorder
+from twinkle.perf import Clock, TimeRecorder, bind_process_recorder
 from twinkle.perf.stats import memory_stats
 from twinkle.plugins import Dispatcher, make_plugin_manager, merge_summary
 
@@ -156,9 +156,13 @@ class RunSession:
             )
         self.config: dict[str, Any] = dict(config or {})
         self.out_dir = None if out_dir is None else Path(out_dir) / self.run_id
-        self.bus = EventBus(self.run_id, clock=clock, wall_clock=wall_clock)
         self.recorder = TimeRecorder(clock=clock, wall_clock=wall_clock)
+        # twinkle's own time on the caller's threads: every publish, timed by the bus
         self._overhead = TimeRecorder(clock=clock, wall_clock=wall_clock)
+        self.bus = EventBus(
+            self.run_id, clock=clock, wall_clock=wall_clock, overhead=self._overhead
+        )
+        self._unbind: Callable[[], None] | None = None
         self._wall_clock = wall_clock
         self.pm = plugin_manager or make_plugin_manager(
             autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
@@ -182,7 +186,7 @@ class RunSession:
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.reporter, self.dispatcher = open_observers(
-            self.pm, self.context, background=self._background, overhead=self._overhead
+            self.pm, self.context, background=self._background
         )
         try:
             self.bus.attach(self.recorder, source="main")
@@ -193,6 +197,8 @@ class RunSession:
             self._state = "failed"
             close_observers(self.reporter, self.dispatcher, self.context)
             raise
+        # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
+        self._unbind = bind_process_recorder(self.recorder)
         # A caller that neither exits a ``with`` block nor calls finish() (an uncaught
         # exception outside one, sys.exit) still gets its summary, marked as an error.
         self._atexit = _finish_at_exit(self)
@@ -209,6 +215,9 @@ class RunSession:
         if self._state != "running" or self.reporter is None or self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not running (state: {self._state})")
         self._state = "finished"
+        if self._unbind is not None:
+            self._unbind()
+            self._unbind = None
         if self._atexit is not None:
             atexit.unregister(self._atexit)
             self._atexit = None
@@ -260,7 +269,9 @@ class RunSession:
     def read_memory(self, *, iteration: int | None, device: str | None = None) -> None:
         """Read this process's memory (:func:`~twinkle.perf.stats.memory_stats`) and
         publish it; other workers' readings go through ``bus.memory``."""
-        self.bus.memory([memory_stats(device=device)], iteration=iteration)
+        with self.bus.own_work("memory"):
+            reading = memory_stats(device=device)
+        self.bus.memory([reading], iteration=iteration)
 
     @property
     def failures(self) -> dict[str, int]:
@@ -302,10 +313,9 @@ def open_observers(
     context: RunContext,
     *,
     background: bool,
-    overhead: TimeRecorder | None,
 ) -> tuple[MetricsReporter, Dispatcher]:
     """Configure the plugins of ``pm`` for ``context``: the reporter and the dispatcher."""
-    dispatcher = Dispatcher(pm, overhead=overhead)
+    dispatcher = Dispatcher(pm)
     dispatcher.call("twinkle_configure", context=context)
     backends: list[Backend] = []
     for result in dispatcher.call("twinkle_make_backends", context=context):

@@ -35,7 +35,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--engines", type=int, default=d.engines, help="rollout engines")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--device", default=d.device, help="torch device of the trainer and engines")
     overlap = p.add_mutually_exclusive_group()
     overlap.add_argument(
         "--overlap",
@@ -59,7 +58,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
-    """Per-iteration table, computed from the raw records (nothing re-measured)."""
+    """Per-iteration table, computed from the raw records (nothing re-measured).
+
+    ``gen s``/``train s``: the work done for the iteration (attributed view); ``window
+    s``, ``overlap s`` (generation while training), ``idle s`` and ``overhead``: the wall
+    clock from this iteration's boundary to the next (window view)."""
     by: dict[tuple[str, int], dict[str, Any]] = {}
     for r in records:
         if r["scope"] == "iteration":
@@ -67,8 +70,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
     iterations = sorted({it for kind, it in by if kind == "timing"})
     nan = float("nan")
     head = (
-        f"{'iter':>4} {'reward':>7} {'loss':>8} {'tokens':>7} {'gen s':>7} "
-        f"{'train s':>7} {'logical s':>9} {'overhead':>8} {'tok/s/dev':>10}"
+        f"{'iter':>4} {'reward':>7} {'loss':>8} {'tokens':>7} {'gen s':>7} {'train s':>7} "
+        f"{'window s':>8} {'overlap s':>9} {'idle s':>7} {'overhead':>8} {'tok/s/dev':>10}"
     )
     lines = [head, "-" * len(head)]
     for it in iterations:
@@ -77,15 +80,21 @@ def format_table(records: list[dict[str, Any]]) -> str:
         w = by.get(("iteration", it), {})
         lines.append(
             f"{it:>4} {g.get('reward_mean', nan):>7.3f} {g.get('loss', nan):>8.4f} "
-            f"{w.get('tokens', 0):>7} {t.get('rollout_union_seconds', 0.0):>7.3f} "
-            f"{t.get('train_union_seconds', 0.0):>7.3f} {t['logical_seconds']:>9.3f} "
-            f"{t['overhead_seconds'] * 1e3:>6.2f}ms {_num(w.get('tokens_per_s_per_device')):>10}"
+            f"{w.get('tokens', 0):>7} {t.get('attributed_rollout_seconds', 0.0):>7.3f} "
+            f"{t.get('attributed_train_seconds', 0.0):>7.3f} {t['window_wall_seconds']:>8.3f} "
+            f"{t.get('window_overlap_rollout_train_seconds', 0.0):>9.3f} "
+            f"{t['window_idle_seconds']:>7.3f} {t['window_overhead_seconds'] * 1e3:>6.2f}ms "
+            f"{_num(w.get('tokens_per_s_per_device')):>10}"
         )
     return "\n".join(lines)
 
 
 def _num(x: Any) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -98,6 +107,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     window = summary.get("window", {})
     grpo = summary.get("scalars", {}).get("grpo", {}).get("reward_mean", {})
     secs = summary.get("seconds", {})
+    late = summary.get("spans", {}).get("window", {}).get("late", {})
     lines = [
         f"run {summary['run_id']}: {summary['status']}",
         f"  generation groups       {c('groups_rollout')}",
@@ -107,10 +117,18 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  records dropped         {summary.get('records_dropped')}",
         f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
         f"  window throughput       {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"({window.get('tokens')} tokens / {window.get('seconds', 0.0):.2f} logical s)",
-        f"  phase seconds           rollout {secs.get('rollout_union', 0.0):.2f}, "
-        f"train {secs.get('train_union', 0.0):.2f}, overlap {secs.get('overlap', 0.0):.2f}, "
-        f"observer overhead {secs.get('overhead', 0.0):.3f}",
+        f"({window.get('tokens')} tokens / {window.get('seconds', 0.0):.2f} active logical s)",
+        f"  run wall clock          {secs.get('wall_seconds', 0.0):.2f} s: set-up "
+        f"{secs.get('setup_wall_seconds', 0.0):.2f}, busy {secs.get('busy_seconds', 0.0):.2f}, "
+        f"idle {secs.get('idle_seconds', 0.0):.2f}, observer overhead "
+        f"{secs.get('overhead_seconds', 0.0):.3f}",
+        f"  phase seconds (union)   rollout {secs.get('rollout_seconds', 0.0):.2f}, "
+        f"train {secs.get('train_seconds', 0.0):.2f}, publish "
+        f"{secs.get('publish_seconds', 0.0):.2f}",
+        f"  generation hidden       {secs.get('generation_hidden_seconds', 0.0):.2f} s behind "
+        f"training ({_pct(secs.get('generation_hidden_share'))} of generation)",
+        f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
+        "outside their windows)",
         f"  reward mean             {grpo.get('first', float('nan')):.3f} (iteration "
         f"{grpo.get('first_iteration')}) -> {grpo.get('last', float('nan')):.3f} (iteration "
         f"{grpo.get('last_iteration')})",
@@ -134,7 +152,6 @@ def run_demo_command(args: argparse.Namespace) -> int:
         engines=args.engines,
         seed=args.seed,
         overlap=args.overlap,
-        device=args.device,
         observers=not args.no_observers,
     )
     bar: Any = None

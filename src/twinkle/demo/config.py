@@ -31,7 +31,6 @@ class DemoConfig:
     heads: int = 4
     min_digits: int = 3
     max_digits: int = 3
-    device: str = "cpu"
     observers: bool = True
 
     def __post_init__(self) -> None:

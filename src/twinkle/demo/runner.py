@@ -7,8 +7,13 @@ The demo is the caller, so it defines the business semantics:
 * phases: ``rollout`` = the engines' ``generate`` and ``reward`` spans; ``train`` =
   advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
   step; ``publish`` = weight loading on the engines;
-* the device denominator comes from the :class:`~twinkle.cluster.LocalCluster`: its
-  accelerators, or — on a CPU-only machine — the host counted as one device.
+* the device denominators are the devices each phase really ran on: the trainer and
+  every engine run on this host's CPU (the demo places nothing on an accelerator), so
+  each phase and the run window count the host as one device, whatever accelerators
+  the :class:`~twinkle.cluster.LocalCluster` reports (those are recorded in the config
+  as ``x_cluster``, not divided by);
+* streaming: generation is ``rollout``, training is ``train`` (the share of generation
+  hidden behind training).
 """
 
 from __future__ import annotations
@@ -44,12 +49,13 @@ class DemoResult:
     wall_seconds: float
 
 
-def _devices(cfg: DemoConfig) -> tuple[int, dict[str, Any]]:
+#: The devices the demo's phases run on: the host's CPU, counted as one device.
+DEMO_DEVICES = 1
+
+
+def _cluster(cfg: DemoConfig) -> dict[str, Any]:
     resources = LocalCluster(torch=True, workers={"rollout": cfg.engines, "trainer": 1})
-    res = resources.resources()
-    kind = cfg.device.split(":")[0]
-    count = res.device_count(kind) if kind != "cpu" else 0
-    return (count or 1), res.to_dict()
+    return resources.resources().to_dict()
 
 
 def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
@@ -65,6 +71,7 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
             "train": {"samples": "train", "devices": devices},
         },
         "window": {"samples": "rollout", "devices": devices},
+        "streaming": {"generation": "rollout", "training": "train"},
         "total_steps": cfg.iterations * _steps_per_iteration(cfg),
         "x_demo": cfg.to_dict(),
     }
@@ -98,9 +105,8 @@ def run_demo(
     """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
-    devices, cluster = _devices(cfg)
-    config = observer_config(cfg, devices)
-    config["x_cluster"] = cluster
+    config = observer_config(cfg, DEMO_DEVICES)
+    config["x_cluster"] = _cluster(cfg)
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,
         run_id=run_id,

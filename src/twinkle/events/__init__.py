@@ -4,7 +4,7 @@ Publishers (the driver, recorders, the caller's business code) publish through a
 :class:`EventBus`; observers are functions of the events they receive.
 """
 
-from twinkle.events._bus import EventBus
+from twinkle.events._bus import OVERHEAD_SPAN, EventBus
 from twinkle.events._codec import dumps_event, event_from_dict, event_to_dict, loads_event
 from twinkle.events._signals import (
     SIGNALS,
@@ -38,6 +38,7 @@ from twinkle.events._types import (
 from twinkle.events._validate import validate_event
 
 __all__ = [
+    "OVERHEAD_SPAN",
     "EVENT_TYPES",
     "SIGNALS",
     "EngineAck",

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import orjson
@@ -38,7 +39,12 @@ from twinkle.events._validate import validate_event
 from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
 
-__all__ = ["EventBus"]
+__all__ = ["OVERHEAD_SPAN", "EventBus"]
+
+#: Name of the spans that time twinkle's own work on the caller's threads: every publish
+#: (building, validating and dispatching the event, flushing recorders). The timing
+#: observer deducts their union from the logical seconds, once.
+OVERHEAD_SPAN = "twinkle.observe"
 
 _log = logging.getLogger("twinkle.events")
 
@@ -51,9 +57,23 @@ class EventBus:
     into :class:`SpanBatch` events by :meth:`flush_spans`, which runs automatically before
     every iteration boundary and before the run finishes, so a boundary event always comes
     after every span that closed before it.
+
+    ``overhead``: a recorder for twinkle's own time. Every publishing call (event built,
+    validated, dispatched; recorders flushed) is then one :data:`OVERHEAD_SPAN` span on
+    the calling thread, so the observers can deduct it; attach the recorder too, so its
+    spans reach the log.
     """
 
-    __slots__ = ("_clock", "_lock", "_recorders", "_wall_clock", "anchor", "run_id", "validate")
+    __slots__ = (
+        "_clock",
+        "_lock",
+        "_own",
+        "_recorders",
+        "_wall_clock",
+        "anchor",
+        "run_id",
+        "validate",
+    )
 
     def __init__(
         self,
@@ -62,6 +82,7 @@ class EventBus:
         clock: Clock = time.perf_counter_ns,
         wall_clock: Clock = time.time_ns,
         validate: bool = True,
+        overhead: TimeRecorder | None = None,
     ) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise InvalidArgumentError(f"run_id must be a non-empty string, got {run_id!r}")
@@ -70,6 +91,7 @@ class EventBus:
         self._wall_clock = wall_clock
         self.validate = validate
         self._recorders: list[tuple[str, TimeRecorder]] = []
+        self._own = overhead
         self._lock = threading.Lock()
         mono = clock()
         self.anchor = ClockAnchor(
@@ -90,8 +112,17 @@ class EventBus:
 
     # -- publishing -------------------------------------------------------------------
 
+    def own_work(self, what: str) -> AbstractContextManager[object]:
+        """A span of twinkle's own time on this thread (when an overhead recorder is set)."""
+        own = self._own
+        return nullcontext() if own is None else own.span(OVERHEAD_SPAN, event=what)
+
     def publish(self, event: Event) -> None:
         """Validate ``event`` and send it on its signal, with this bus as the sender."""
+        with self.own_work(event.TYPE):
+            self._send(event)
+
+    def _send(self, event: Event) -> None:
         if self.validate:
             validate_event(event)
         signal_for(event).send(self, event=event)
@@ -112,11 +143,16 @@ class EventBus:
         with self._lock:
             found = [(s, r) for s, r in self._recorders if s == source]
             self._recorders = [(s, r) for s, r in self._recorders if s != source]
-        for s, r in found:
-            self._publish_spans(s, r)
+        with self.own_work(SpanBatch.TYPE):
+            for s, r in found:
+                self._publish_spans(s, r)
 
     def flush_spans(self) -> int:
         """Publish every finished span of the attached recorders; returns how many."""
+        with self.own_work(SpanBatch.TYPE):
+            return self._flush_spans()
+
+    def _flush_spans(self) -> int:
         with self._lock:
             recorders = list(self._recorders)
         return sum(self._publish_spans(s, r) for s, r in recorders)
@@ -124,25 +160,27 @@ class EventBus:
     def publish_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
         """Publish spans recorded elsewhere (another process) with that process's anchor."""
         if spans:
-            mono, wall = self._times()
-            batch = _json_safe_spans(tuple(spans), source)
-            self.publish(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
+            with self.own_work(SpanBatch.TYPE):
+                mono, wall = self._times()
+                batch = _json_safe_spans(tuple(spans), source)
+                self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
 
     def _publish_spans(self, source: str, recorder: TimeRecorder) -> int:
         spans = recorder.drain()
         if spans:
             mono, wall = self._times()
             batch = _json_safe_spans(tuple(spans), source)
-            self.publish(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, batch))
+            self._send(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, batch))
         return len(spans)
 
     # -- builders for each event ------------------------------------------------------
 
     def run_started(self, config: Mapping[str, Any] | None = None) -> RunStarted:
         """Publish :class:`RunStarted` with the caller's observer configuration."""
-        mono, wall = self._times()
-        event = RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {}))
-        self.publish(event)
+        with self.own_work(RunStarted.TYPE):
+            mono, wall = self._times()
+            event = RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {}))
+            self._send(event)
         return event
 
     def iteration_started(self, iteration: int) -> IterationStarted:
@@ -150,66 +188,75 @@ class EventBus:
 
         The boundary time is read *before* the flush, so the observers' work of flushing
         and dispatching belongs to the new iteration and arrives before its end."""
-        mono, wall = self._times()
-        self.flush_spans()
-        event = IterationStarted(self.run_id, mono, wall, iteration)
-        self.publish(event)
+        with self.own_work(IterationStarted.TYPE):
+            mono, wall = self._times()
+            self._flush_spans()
+            event = IterationStarted(self.run_id, mono, wall, iteration)
+            self._send(event)
         return event
 
     def weights_published(
         self, version: int, *, start_ns: int, end_ns: int, acks: Iterable[tuple[str, int]]
     ) -> WeightsPublished:
         """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
-        mono, wall = self._times()
-        event = WeightsPublished(
-            self.run_id,
-            mono,
-            wall,
-            version,
-            start_ns,
-            end_ns,
-            tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
-        )
-        self.publish(event)
+        with self.own_work(WeightsPublished.TYPE):
+            mono, wall = self._times()
+            event = WeightsPublished(
+                self.run_id,
+                mono,
+                wall,
+                version,
+                start_ns,
+                end_ns,
+                tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
+            )
+            self._send(event)
         return event
 
     def snapshot(self, state: Mapping[str, Any]) -> Snapshot:
         """Publish a :class:`Snapshot` of driver state (a plain dict)."""
-        mono, wall = self._times()
-        event = Snapshot(self.run_id, mono, wall, dict(state))
-        self.publish(event)
+        with self.own_work(Snapshot.TYPE):
+            mono, wall = self._times()
+            event = Snapshot(self.run_id, mono, wall, dict(state))
+            self._send(event)
         return event
 
     def samples(
         self, *, iteration: int, phase: str, lengths: Iterable[int], groups: int = 0
     ) -> SamplesObserved:
         """Publish the caller's samples of ``iteration`` tagged with ``phase``."""
-        mono, wall = self._times()
-        event = SamplesObserved(self.run_id, mono, wall, iteration, phase, tuple(lengths), groups)
-        self.publish(event)
+        with self.own_work(SamplesObserved.TYPE):
+            mono, wall = self._times()
+            event = SamplesObserved(
+                self.run_id, mono, wall, iteration, phase, tuple(lengths), groups
+            )
+            self._send(event)
         return event
 
     def optimizer_step(self, *, iteration: int, step: int, samples: int = 0) -> OptimizerStep:
         """Publish an :class:`OptimizerStep` (``step``: optimizer steps so far, 1-based)."""
-        mono, wall = self._times()
-        event = OptimizerStep(self.run_id, mono, wall, iteration, step, samples)
-        self.publish(event)
+        with self.own_work(OptimizerStep.TYPE):
+            mono, wall = self._times()
+            event = OptimizerStep(self.run_id, mono, wall, iteration, step, samples)
+            self._send(event)
         return event
 
     def scalars(
         self, *, iteration: int, name: str, values: Mapping[str, int | float]
     ) -> ScalarsObserved:
         """Publish the caller's named per-iteration figures (reward, loss, ...)."""
-        mono, wall = self._times()
-        event = ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
-        self.publish(event)
+        with self.own_work(ScalarsObserved.TYPE):
+            mono, wall = self._times()
+            event = ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
+            self._send(event)
         return event
 
     def memory(self, readings: Iterable[MemoryReading], *, iteration: int | None) -> MemoryReadings:
         """Publish raw per-worker memory readings."""
-        mono, wall = self._times()
-        event = MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings))
-        self.publish(event)
+        with self.own_work(MemoryReadings.TYPE):
+            mono, wall = self._times()
+            event = MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings))
+            self._send(event)
         return event
 
     def run_finished(
@@ -223,19 +270,20 @@ class EventBus:
     ) -> RunFinished:
         """Publish :class:`RunFinished` after flushing every recorder (the end time is
         read before the flush, as for :meth:`iteration_started`)."""
-        mono, wall = self._times()
-        self.flush_spans()
-        event = RunFinished(
-            self.run_id,
-            mono,
-            wall,
-            status,
-            error,
-            dict(terminal_totals or {}),
-            records_dropped,
-            process_wall_ns,
-        )
-        self.publish(event)
+        with self.own_work(RunFinished.TYPE):
+            mono, wall = self._times()
+            self._flush_spans()
+            event = RunFinished(
+                self.run_id,
+                mono,
+                wall,
+                status,
+                error,
+                dict(terminal_totals or {}),
+                records_dropped,
+                process_wall_ns,
+            )
+            self._send(event)
         return event
 
 

@@ -8,6 +8,8 @@ that a replay rebuilds identical observers. Its shape::
       "throughput": {"rollout": {"samples": "rollout", "devices": 1},
                      "train":   {"samples": "train",   "devices": 1}},
       "window": {"samples": "rollout", "devices": 2},
+      "streaming": {"generation": "rollout", "training": "train"},
+      "finalise_lag": 1,
       "total_steps": 10
     }
 
@@ -16,6 +18,11 @@ that a replay rebuilds identical observers. Its shape::
   denominator of that phase (the physical devices it ran on).
 * ``window``: the run-level window: the sample tag whose tokens count as effective
   tokens, divided by the iterations' logical seconds and ``devices``.
+* ``streaming``: which phase is generation and which is training, for the share of
+  generation hidden behind training (optional).
+* ``finalise_lag``: iteration ``i``'s records are written when iteration ``i + 1 + lag``
+  starts (or the run finishes), so spans that close up to ``lag`` windows after their
+  window still reach its figures (default 1; see docs/metrics.md).
 * ``total_steps``: the planned optimizer steps (the WebUI flat file shows it).
 """
 
@@ -84,6 +91,26 @@ def _tag(where: str, value: Any) -> str:
     return value
 
 
+def _streaming(raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher]) -> tuple[str, str] | None:
+    spec = raw.get("streaming")
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping) or set(spec) != {"generation", "training"}:
+        raise ConfigError(
+            f"config.streaming must be an object with keys 'generation' and 'training' "
+            f'naming phases, got {spec!r}; e.g. {{"generation": "rollout", "training": "train"}}'
+        )
+    for key in ("generation", "training"):
+        if spec[key] not in phases:
+            raise ConfigError(
+                f"config.streaming.{key} is {spec[key]!r}, not a phase of config.phases "
+                f"({sorted(phases)})"
+            )
+    if spec["generation"] == spec["training"]:
+        raise ConfigError("config.streaming must name two different phases")
+    return str(spec["generation"]), str(spec["training"])
+
+
 @dataclass(frozen=True, slots=True)
 class ObserverConfig:
     """Parsed observer configuration (see the module doc for the JSON shape)."""
@@ -92,13 +119,16 @@ class ObserverConfig:
     throughput: dict[str, PhaseThroughput]
     window: PhaseThroughput | None
     total_steps: int
+    #: (generation phase, training phase) of a streaming run, or None
+    streaming: tuple[str, str] | None = None
+    finalise_lag: int = 1
     # span name -> phase, filled as names are seen (a run uses a handful of names)
     _phase_cache: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
         """Validate ``raw`` (``RunStarted.config``); :class:`ConfigError` names the key."""
-        known = {"phases", "throughput", "window", "total_steps"}
+        known = {"phases", "throughput", "window", "total_steps", "streaming", "finalise_lag"}
         unknown = sorted(k for k in raw if k not in known and not k.startswith("x_"))
         if unknown:
             raise ConfigError(
@@ -137,7 +167,19 @@ class ObserverConfig:
         total_steps = raw.get("total_steps", 0)
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0:
             raise ConfigError(f"config.total_steps must be a non-negative int, got {total_steps!r}")
-        return cls(phases, throughput, window, total_steps)
+        lag = raw.get("finalise_lag", 1)
+        if isinstance(lag, bool) or not isinstance(lag, int) or not 0 <= lag <= 64:
+            raise ConfigError(
+                f"config.finalise_lag must be an int in [0, 64] (iterations a window's "
+                f"records wait for late spans), got {lag!r}"
+            )
+        return cls(phases, throughput, window, total_steps, _streaming(raw, phases), lag)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every pair of phases, in config order (the pairwise overlaps reported)."""
+        names = list(self.phases)
+        return [(p, q) for i, p in enumerate(names) for q in names[i + 1 :]]
 
     def phase_of(self, span_name: str) -> str | None:
         """The first configured phase (in config order) whose patterns match."""

@@ -1,24 +1,31 @@
-"""Places spans, samples and steps into iterations; the accounting the observers share.
+"""The run's timeline: where every span's time went, in two views (docs/metrics.md).
 
-Rules (documented in docs/metrics.md):
-
-* Iteration ``i`` spans the window ``[start_i, start_next)`` on the run's timeline (the
-  last one ends at the run's finish). It is *finalised* when the next iteration starts or
-  the run finishes; the bus flushes every recorder first, so all spans closed by then
-  have arrived.
-* A span belongs to the iteration named by its ``iteration`` attribute when it has one
-  (streaming: the next rollout runs during this iteration's training), else to the
-  iteration whose window holds its start. Spans that start before the first iteration
-  are *setup*; spans for an iteration already finalised are *late*: both are counted in
-  the run totals, never silently dropped.
+* **Windows tile the run.** The *set-up* window runs from the run's start (or an earlier
+  span) to the first iteration boundary, iteration ``i``'s window from its boundary to
+  the next (the last to the run's finish), the *tear-down* window from the finish to the
+  end of the last span. Every span is clipped to each window it crosses, whichever
+  iteration it serves: per-phase unions, busy (union of all phases), pairwise overlap,
+  idle (no phase running) and overhead are measured on the wall clock, so busy <= wall
+  and the run's figures are the sums of its windows' (true unions, not sums of
+  per-iteration unions).
+* **Attribution.** The work done *for* iteration ``i``, wherever it ran: spans whose
+  ``iteration`` attribute is ``i``, and spans without one that start in ``i``'s window.
+  Per-phase throughput uses this view.
+* **Bounded lag.** A window and its iteration are *finalised* (their records written)
+  when ``finalise_lag`` further boundaries have passed after the window's end, or at the
+  run's finish; the bus flushes every recorder before each boundary, so every span that
+  closed by then is in. A span arriving later is *late*: its time before the finalised
+  horizon is counted in ``late_seconds`` (summed) and its time after it in the windows
+  as usual; a span attributed to a finalised iteration is counted as attributed late.
 * Spans of other processes are moved onto the run's timeline through the clock anchors.
-* Overhead spans (``twinkle.observe``) are taken by time: their union inside the window
-  is the observers' own time, deducted once from the iteration's wall seconds.
+  Overhead spans (``twinkle.observe``: every publish and dispatch on the caller's
+  threads) are taken by time and deducted once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -32,93 +39,125 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import OVERHEAD_SPAN, hookimpl
 from twinkle.observers._config import ObserverConfig
+from twinkle.observers._intervals import Interval, clip, intersect, merge, subtract, union_ns
 from twinkle.perf import ClockAnchor
 
 __all__ = [
+    "AttributedTiming",
     "Finished",
     "IterationData",
-    "IterationTiming",
+    "RunTiming",
     "Timeline",
     "TimelineObserver",
-    "union_ns",
+    "WindowTiming",
 ]
 
-Interval = tuple[int, int]
-
-
-def union_ns(intervals: Iterable[Interval]) -> int:
-    """Length of the union of half-open intervals (overlaps counted once)."""
-    total = 0
-    cur_start = cur_end = None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None and cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None and cur_start is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def _clip(intervals: Iterable[Interval], lo: int, hi: int) -> list[Interval]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
-
-
-def _merge(intervals: Iterable[Interval]) -> list[Interval]:
-    out: list[Interval] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1] = (out[-1][0], end)
-        else:
-            out.append((start, end))
-    return out
-
-
-def _subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """The parts of union(a) outside union(b)."""
-    out: list[Interval] = []
-    holes = _merge(b)
-    j = 0
-    for start, end in _merge(a):
-        cur = start
-        while j < len(holes) and holes[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(holes) and holes[k][0] < end:
-            hs, he = holes[k]
-            if hs > cur:
-                out.append((cur, hs))
-            cur = max(cur, he)
-            if cur >= end:
-                break
-            k += 1
-        if cur < end:
-            out.append((cur, end))
-    return out
+# (phase or None, start_ns, end_ns, thread_id) of a span on the run's timeline
+_Piece = tuple[str | None, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
-class IterationTiming:
-    """Time accounting of one iteration, in integer nanoseconds.
+class WindowTiming:
+    """Wall-clock accounting of one stretch of the timeline, in integer nanoseconds.
 
-    ``phase_sum_ns`` adds span durations (nested/concurrent spans counted each time);
-    ``phase_union_ns`` is their union on the timeline; ``phase_logical_ns`` is the union
-    minus the observers' overhead; ``overlap_ns`` = Σ phase unions - union of all phases.
+    ``phase_ns``: union of each phase's spans clipped to the window; ``phase_logical_ns``:
+    that union less the overhead on the same threads; ``busy_ns``: union of all phases;
+    ``idle_ns`` = wall - busy; ``overlap_ns[(p, q)]`` = |p ∩ q|; ``overhead_ns``: union of
+    twinkle's own spans; ``span_ns``: every span's clipped duration added (phase or not).
     """
 
     wall_ns: int
     overhead_ns: int
-    logical_ns: int
     busy_ns: int
-    overlap_ns: int
+    span_ns: int
+    phase_ns: dict[str, int]
+    phase_logical_ns: dict[str, int]
+    overlap_ns: dict[tuple[str, str], int]
+
+    @property
+    def logical_ns(self) -> int:
+        return self.wall_ns - self.overhead_ns
+
+    @property
+    def idle_ns(self) -> int:
+        return self.wall_ns - self.busy_ns
+
+    @classmethod
+    def empty(cls, config: ObserverConfig) -> WindowTiming:
+        zero = dict.fromkeys(config.phases, 0)
+        return cls(0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0))
+
+    def __add__(self, other: WindowTiming) -> WindowTiming:
+        return WindowTiming(
+            self.wall_ns + other.wall_ns,
+            self.overhead_ns + other.overhead_ns,
+            self.busy_ns + other.busy_ns,
+            self.span_ns + other.span_ns,
+            {p: v + other.phase_ns[p] for p, v in self.phase_ns.items()},
+            {p: v + other.phase_logical_ns[p] for p, v in self.phase_logical_ns.items()},
+            {k: v + other.overlap_ns[k] for k, v in self.overlap_ns.items()},
+        )
+
+
+def measure_window(
+    lo: int,
+    hi: int,
+    spans: list[_Piece],
+    overhead: list[tuple[int, int, int]],
+    config: ObserverConfig,
+) -> WindowTiming:
+    """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it."""
+    over = clip(((s, e) for s, e, _ in overhead), lo, hi)
+    over_by_thread: dict[int, list[Interval]] = {}
+    for s, e, tid in overhead:
+        if e > lo and s < hi:
+            over_by_thread.setdefault(tid, []).append((max(s, lo), min(e, hi)))
+    by_phase: dict[str, list[Interval]] = {p: [] for p in config.phases}
+    by_phase_thread: dict[str, dict[int, list[Interval]]] = {p: {} for p in config.phases}
+    span_ns = 0
+    for phase, start, end, tid in spans:
+        if end <= lo or start >= hi:
+            continue
+        s, e = max(start, lo), min(end, hi)
+        span_ns += e - s
+        if phase is not None:
+            by_phase[phase].append((s, e))
+            by_phase_thread[phase].setdefault(tid, []).append((s, e))
+    merged = {p: merge(ivs) for p, ivs in by_phase.items()}
+    logical = {}
+    for phase, threads in by_phase_thread.items():
+        kept: list[Interval] = []
+        for tid, ivs in threads.items():
+            kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
+        logical[phase] = union_ns(kept)
+    return WindowTiming(
+        wall_ns=hi - lo,
+        overhead_ns=union_ns(over),
+        busy_ns=union_ns(iv for ivs in merged.values() for iv in ivs),
+        span_ns=span_ns,
+        phase_ns={p: sum(e - s for s, e in ivs) for p, ivs in merged.items()},
+        phase_logical_ns=logical,
+        overlap_ns={
+            (p, q): sum(e - s for s, e in intersect(merged[p], merged[q])) for p, q in config.pairs
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedTiming:
+    """The work done for one iteration wherever it ran, in integer nanoseconds.
+
+    ``phase_sum_ns`` adds span durations (nested/concurrent spans counted each time);
+    ``phase_union_ns`` is their union; ``phase_logical_ns`` the union less the overhead on
+    the threads the spans ran on; ``span_ns`` adds every attributed span's duration.
+    """
+
     phase_sum_ns: dict[str, int]
     phase_union_ns: dict[str, int]
     phase_logical_ns: dict[str, int]
     phase_spans: dict[str, int]
     spans: int
+    span_ns: int
     errors: int
 
 
@@ -127,31 +166,19 @@ class IterationData:
     """Everything attributed to one iteration, until it is finalised."""
 
     iteration: int
-    start_ns: int
-    end_ns: int | None = None
-    #: (phase or None, start_ns, end_ns, error, thread_id) on the run's timeline
-    spans: list[tuple[str | None, int, int, str | None, int]] = field(default_factory=list)
+    #: (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute)
+    spans: list[tuple[str | None, int, int, str | None, int, bool]] = field(default_factory=list)
     samples: dict[str, list[int]] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     step: int = 0
     wall_ns: int = 0
 
-    def timing(
+    def attributed(
         self, config: ObserverConfig, overhead: list[tuple[int, int, int]]
-    ) -> IterationTiming:
-        """The iteration's time accounting (``end_ns`` must be set).
-
-        ``overhead`` holds (start_ns, end_ns, thread_id) of the observers' own work. The
-        iteration's logical time deducts its union inside the window, whatever the
-        thread; a phase's logical time deducts only overhead on the threads its spans
-        ran on (an observer running on another thread did not stall that phase).
-        """
-        if self.end_ns is None:
-            raise RuntimeError(f"iteration {self.iteration} is not finalised")
-        lo, hi = self.start_ns, self.end_ns
-        overhead_ns = union_ns(_clip(((s, e) for s, e, _ in overhead), lo, hi))
-        wall_ns = hi - lo
+    ) -> AttributedTiming:
+        """The attributed view; ``overhead`` holds (start_ns, end_ns, thread_id) of
+        twinkle's own work (only the threads a phase's spans ran on are deducted)."""
         over_by_thread: dict[int, list[Interval]] = {}
         for s, e, tid in overhead:
             over_by_thread.setdefault(tid, []).append((s, e))
@@ -159,9 +186,10 @@ class IterationData:
         by_phase_thread: dict[str, dict[int, list[Interval]]] = {p: {} for p in config.phases}
         sums = dict.fromkeys(config.phases, 0)
         counts = dict.fromkeys(config.phases, 0)
-        errors = 0
-        for phase, start, end, error, tid in self.spans:
+        errors = span_ns = 0
+        for phase, start, end, error, tid, _ in self.spans:
             errors += error is not None
+            span_ns += end - start
             if phase is not None:
                 by_phase[phase].append((start, end))
                 by_phase_thread[phase].setdefault(tid, []).append((start, end))
@@ -171,28 +199,45 @@ class IterationData:
         for phase, threads in by_phase_thread.items():
             kept: list[Interval] = []
             for tid, ivs in threads.items():
-                kept.extend(_subtract(ivs, over_by_thread.get(tid, [])))
+                kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
             logical[phase] = union_ns(kept)
-        unions = {p: union_ns(iv) for p, iv in by_phase.items()}
-        everything = [iv for ivs in by_phase.values() for iv in ivs]
-        busy = union_ns(everything)
-        return IterationTiming(
-            wall_ns=wall_ns,
-            overhead_ns=overhead_ns,
-            logical_ns=wall_ns - overhead_ns,
-            busy_ns=busy,
-            overlap_ns=sum(unions.values()) - busy,
+        return AttributedTiming(
             phase_sum_ns=sums,
-            phase_union_ns=unions,
+            phase_union_ns={p: union_ns(iv) for p, iv in by_phase.items()},
             phase_logical_ns=logical,
             phase_spans=counts,
             spans=len(self.spans),
+            span_ns=span_ns,
             errors=errors,
         )
 
 
-Finished = tuple[IterationData, IterationTiming]
-"""An iteration handed out when it is complete, with its time accounting."""
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """An iteration handed out when it is finalised: its data and both views."""
+
+    data: IterationData
+    attributed: AttributedTiming
+    window: WindowTiming
+
+
+@dataclass(frozen=True, slots=True)
+class RunTiming:
+    """The run-level figures: the sum of every window, set-up and tear-down included.
+
+    ``active`` starts at the first phase span or the first boundary, whichever is first
+    (the time the run's tokens took, rollouts before the first boundary included).
+    ``late_ns`` sums the time of late spans before the horizon (in no window).
+    """
+
+    total: WindowTiming
+    setup: WindowTiming
+    teardown: WindowTiming
+    active_wall_ns: int
+    active_overhead_ns: int
+    late_spans: int
+    late_ns: int
+
 
 _T = TypeVar("_T")
 
@@ -203,8 +248,18 @@ _T = TypeVar("_T")
 _RUNS: dict[int, tuple[RunStarted, Timeline]] = {}
 
 
+@dataclass(slots=True)
+class _Window:
+    """A window not yet finalised: its iteration (None: set-up) and bounds."""
+
+    iteration: int | None
+    start_ns: int
+    end_ns: int | None = None
+    closed_at: int = 0  # the number of the boundary that closed it (1 = the first)
+
+
 class Timeline:
-    """Attributes events to iterations and hands out each iteration when it is complete.
+    """Places events on the run's timeline and hands out iterations when finalised.
 
     Every event method may be called several times with the same event object (one call
     per observer sharing the timeline): only the first call acts, later ones return the
@@ -243,13 +298,29 @@ class Timeline:
         self._last_result = None
         self.config = ObserverConfig.parse({})
         self.anchor: ClockAnchor | None = None
-        self.current: IterationData | None = None
-        self.future: dict[int, IterationData] = {}
-        self.finalised: set[int] = set()
+        #: windows not yet finalised, oldest first (the newest is open)
+        self.windows: deque[_Window] = deque()
+        self.boundaries = 0
+        #: end of the last finalised window: time before it is in no more window
+        self.horizon: int | None = None
+        self.pieces: list[_Piece] = []
         self.overhead: list[tuple[int, int, int]] = []
-        self.setup_spans = 0
-        self.late_spans = 0
+        self.open: dict[int, IterationData] = {}  # started, not finalised
+        self.future: dict[int, IterationData] = {}  # observed, not (yet) started
+        self.finalised: set[int] = set()
+        self.run: RunTiming | None = None
+        self._totals = WindowTiming.empty(self.config)
+        self._setup = WindowTiming.empty(self.config)
+        self._first_work_ns: int | None = None
+        self._active_wall_ns = self._active_overhead_ns = 0
+        self.late_spans = self.late_ns = 0
         self.late_samples = 0
+        #: spans and their summed seconds by where they were attributed
+        self.where: dict[str, list[int]] = {
+            k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
+        }
+        self.unstarted: dict[int, IterationData] = {}
+        self.setup_spans: list[tuple[int, int]] = []
         self.step = 0
         self.optimizer_steps = 0
 
@@ -258,39 +329,118 @@ class Timeline:
     def run_started(self, event: RunStarted) -> None:
         self.config = ObserverConfig.parse(event.config)
         self.anchor = event.anchor
+        self._totals = self._setup = WindowTiming.empty(self.config)
+        self.windows.append(_Window(None, event.monotonic_ns))
 
-    def iteration_started(self, event: IterationStarted) -> Finished | None:
-        """Open ``event.iteration``; returns the iteration it finalises, if any."""
+    def iteration_started(self, event: IterationStarted) -> list[Finished]:
+        """Open ``event.iteration``; returns the iterations this boundary finalises."""
         return self._once(event, lambda: self._iteration_started(event))
 
-    def _iteration_started(self, event: IterationStarted) -> Finished | None:
-        done = self._finalise(event.monotonic_ns, event.wall_ns)
-        data = self.future.pop(event.iteration, None) or IterationData(event.iteration, 0)
-        data.start_ns = event.monotonic_ns
-        self.current = data
-        self.prune_overhead()
+    def _iteration_started(self, event: IterationStarted) -> list[Finished]:
+        self._close_window(event.monotonic_ns, event.wall_ns)
+        self.boundaries += 1
+        data = self.future.pop(event.iteration, None) or IterationData(event.iteration)
+        self.open[event.iteration] = data
+        self.windows.append(_Window(event.iteration, event.monotonic_ns))
+        lag = self.config.finalise_lag
+        done: list[Finished] = []
+        while len(self.windows) > 1 and self.boundaries - self.windows[0].closed_at >= lag:
+            done.extend(self._finalise(self.windows.popleft()))
         return done
 
-    def run_finished(self, event: RunFinished) -> Finished | None:
-        """The last iteration, finalised at the run's end (if one was open)."""
-        return self._once(event, lambda: self._finalise(event.monotonic_ns, event.wall_ns))
+    def run_finished(self, event: RunFinished) -> list[Finished]:
+        """Every iteration still open, finalised at the run's end, and the run figures."""
+        return self._once(event, lambda: self._run_finished(event))
+
+    def _run_finished(self, event: RunFinished) -> list[Finished]:
+        end = event.monotonic_ns
+        last = self.windows[-1] if self.windows else None
+        if last is not None and last.iteration is not None:
+            # A span without an iteration attribute that starts after the finish belongs
+            # to the tear-down, not to the last iteration.
+            data = self.open[last.iteration]
+            keep = []
+            for span in data.spans:
+                if not span[5] and span[1] >= end:
+                    self._place("teardown", span[2] - span[1])
+                else:
+                    keep.append(span)
+            data.spans = keep
+        self._close_window(end, event.wall_ns)
+        done: list[Finished] = []
+        while self.windows:
+            done.extend(self._finalise(self.windows.popleft()))
+        tail = max([end, *(e for _, _, e, _ in self.pieces)])
+        start = end if self.horizon is None else self.horizon
+        teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
+        self._totals = self._totals + teardown
+        self._active_wall_ns += teardown.wall_ns
+        self._active_overhead_ns += teardown.overhead_ns
+        self.pieces, self.overhead = [], []
+        for iteration, data in sorted(self.future.items()):
+            self.unstarted[iteration] = data
+            for span in data.spans:
+                self._place("unstarted", span[2] - span[1])
+        self.future = {}
+        self.run = RunTiming(
+            total=self._totals,
+            setup=self._setup,
+            teardown=teardown,
+            active_wall_ns=self._active_wall_ns,
+            active_overhead_ns=self._active_overhead_ns,
+            late_spans=self.late_spans,
+            late_ns=self.late_ns,
+        )
+        return done
 
     def spans(self, event: SpanBatch) -> None:
         self._once(event, lambda: self._spans(event))
 
     def _spans(self, event: SpanBatch) -> None:
         shift = event.anchor.shift_onto(self.anchor)
+        phase_of = self.config.phase_of
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
             if span.name == OVERHEAD_SPAN:
                 self.overhead.append((start, end, span.thread_id))
                 continue
-            target = self._target(span.attrs.get("iteration"), start)
-            if target is None:
-                continue
-            target.spans.append(
-                (self.config.phase_of(span.name), start, end, span.error, span.thread_id)
-            )
+            phase = phase_of(span.name)
+            horizon = self.horizon
+            if horizon is not None and start < horizon:
+                # Its time before the horizon is in windows already written: late.
+                self.late_spans += 1
+                self.late_ns += min(end, horizon) - start
+            if horizon is None or end > horizon:
+                clipped = start if horizon is None else max(start, horizon)
+                self.pieces.append((phase, clipped, end, span.thread_id))
+            if phase is not None and horizon is None:  # the set-up window is still open
+                first = self._first_work_ns
+                self._first_work_ns = start if first is None else min(first, start)
+            self._attribute(span.attrs.get("iteration"), phase, start, end, span)
+
+    def _attribute(self, attr: object, phase: str | None, start: int, end: int, span: Any) -> None:
+        explicit = isinstance(attr, int) and not isinstance(attr, bool)
+        data: IterationData | None
+        if explicit:
+            data = self._for_iteration(cast(int, attr))
+        else:
+            window = self._window_at(start)
+            if window is None:
+                data = None
+            elif window.iteration is None:
+                self._place("setup", end - start)
+                return
+            else:
+                data = self.open[window.iteration]
+        if data is None:
+            self._place("late", end - start)
+            return
+        data.spans.append((phase, start, end, span.error, span.thread_id, explicit))
+
+    def _place(self, where: str, duration_ns: int) -> None:
+        entry = self.where[where]
+        entry[0] += 1
+        entry[1] += duration_ns
 
     def samples(self, event: SamplesObserved) -> None:
         self._once(event, lambda: self._samples(event))
@@ -317,53 +467,100 @@ class Timeline:
     # -- helpers ---------------------------------------------------------------------
 
     def _for_iteration(self, iteration: int) -> IterationData | None:
-        cur = self.current
-        if cur is not None and iteration == cur.iteration:
-            return cur
-        if iteration in self.finalised or (cur is not None and iteration < cur.iteration):
+        """The iteration's data (made for one not started yet); None once finalised."""
+        data = self.open.get(iteration)
+        if data is not None:
+            return data
+        if iteration in self.finalised:
             return None
         data = self.future.get(iteration)
         if data is None:
-            data = self.future[iteration] = IterationData(iteration, 0)
+            data = self.future[iteration] = IterationData(iteration)
         return data
 
-    def _target(self, attr: object, start: int) -> IterationData | None:
-        if isinstance(attr, int) and not isinstance(attr, bool):
-            data = self._for_iteration(attr)
-            if data is None:
-                self.late_spans += 1
-            return data
-        cur = self.current
-        if cur is None:
-            self.setup_spans += 1
+    def _window_at(self, start: int) -> _Window | None:
+        """The window not yet finalised that holds ``start`` (the set-up window also
+        takes what started before it); None when that window is finalised."""
+        if self.horizon is not None and start < self.horizon:
             return None
-        if start < cur.start_ns:
-            self.late_spans += 1
-            return None
-        return cur
+        for window in reversed(self.windows):
+            if start >= window.start_ns:
+                return window
+        return self.windows[0] if self.windows else None
 
-    def _finalise(self, end_ns: int, wall_ns: int) -> Finished | None:
-        cur = self.current
-        if cur is None:
-            return None
-        cur.end_ns = end_ns
-        cur.wall_ns = wall_ns
-        # Steps taken so far count for this iteration's records (the step axis).
-        cur.step = max(cur.step, self.step)
-        self.finalised.add(cur.iteration)
-        self.current = None
-        return cur, cur.timing(self.config, self.overhead)
-
-    def prune_overhead(self) -> None:
-        """Forget overhead no open or future iteration can still need (bounded memory)."""
-        starts = [d.start_ns for d in (self.current,) if d is not None]
-        for data in (self.current, *self.future.values()):
-            if data is not None:
-                starts.extend(s for _, s, _, _, _ in data.spans)
-        if not starts:
+    def _close_window(self, end_ns: int, wall_ns: int) -> None:
+        if not self.windows:
             return
-        horizon = min(starts)
+        window = self.windows[-1]
+        window.end_ns = end_ns
+        window.closed_at = self.boundaries + 1  # the boundary that closes it, counted from 1
+        if window.iteration is not None:
+            data = self.open[window.iteration]
+            data.wall_ns = wall_ns
+            data.step = max(data.step, self.step)  # steps so far: the record's step axis
+
+    def _finalise(self, window: _Window) -> list[Finished]:
+        """Measure a closed window, fold it into the run and forget what it needed."""
+        end = cast(int, window.end_ns)
+        start = window.start_ns
+        if window.iteration is None:
+            # Set-up also holds whatever started before the run did (another process, or
+            # the publish of run_started itself).
+            start = min(
+                [start, *(s for _, s, _, _ in self.pieces), *(s for s, _, _ in self.overhead)]
+            )
+        timing = measure_window(start, end, self.pieces, self.overhead, self.config)
+        self._totals = self._totals + timing
+        self.horizon = end
+        if window.iteration is None:
+            self._setup = timing
+            first = end if self._first_work_ns is None else min(self._first_work_ns, end)
+            active = measure_window(first, end, self.pieces, self.overhead, self.config)
+            self._active_wall_ns += active.wall_ns
+            self._active_overhead_ns += active.overhead_ns
+        else:
+            self._active_wall_ns += timing.wall_ns
+            self._active_overhead_ns += timing.overhead_ns
+        self.pieces = [p for p in self.pieces if p[2] > end]
+        out: list[Finished] = []
+        if window.iteration is not None:
+            data = self.open.pop(window.iteration)
+            self.finalised.add(window.iteration)
+            for span in data.spans:
+                self._place("iterations", span[2] - span[1])
+            out.append(Finished(data, data.attributed(self.config, self.overhead), timing))
+        self._prune_overhead()
+        return out
+
+    def _prune_overhead(self) -> None:
+        """Forget overhead no window or attributed iteration can still need."""
+        horizon = self.horizon
+        if horizon is None:
+            return
+        for data in (*self.open.values(), *self.future.values()):
+            for span in data.spans:
+                horizon = min(horizon, span[1])
         self.overhead = [iv for iv in self.overhead if iv[1] > horizon]
+
+    def accounting(self) -> dict[str, Any]:
+        """Where every span went, for the summary (after the run finished)."""
+        where = {k: {"spans": n, "seconds": ns / 1e9} for k, (n, ns) in self.where.items()}
+        run = self.run
+        late = (
+            {"spans": 0, "seconds": 0.0}
+            if run is None
+            else {
+                "spans": run.late_spans,
+                "seconds": run.late_ns / 1e9,
+            }
+        )
+        in_windows = 0.0 if run is None else run.total.span_ns / 1e9
+        return {
+            "attributed": where,
+            "window": {"in_windows_seconds": in_windows, "late": late},
+            "total": sum(n for n, _ in self.where.values()),
+            "total_seconds": sum(ns for _, ns in self.where.values()) / 1e9,
+        }
 
 
 class TimelineObserver:

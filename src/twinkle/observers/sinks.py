@@ -55,15 +55,21 @@ class RawRecordsSink:
 
 
 class WebUISink:
-    """One flat numeric object per step in ``metrics.jsonl`` (``ts``, ``step``,
-    ``total_steps``, then ``<kind>/<key>`` values)."""
+    """One flat numeric object per iteration in ``metrics.jsonl`` (``ts``, ``step``,
+    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values)."""
 
     @hookimpl
     def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
         if context.out_dir is None:
             return None
         total = context.config.get("total_steps", 0)
-        return [WebUIFlatBackend(context.out_dir / WEBUI_FILE, total_steps=int(total or 0))]
+        lag = context.config.get("finalise_lag", 1)
+        # An iteration's timing and throughput come lag + 1 boundaries after it began.
+        return [
+            WebUIFlatBackend(
+                context.out_dir / WEBUI_FILE, total_steps=int(total or 0), hold=int(lag) + 2
+            )
+        ]
 
 
 class EventLogSink:

@@ -2,10 +2,14 @@
 
 The caller's configuration (``RunStarted.config``) says which spans make a phase, which
 sample tag counts for it and which device count is its denominator. Per iteration it
-emits one record per configured phase (``kind`` = the phase name) and one ``iteration``
-record for the window definition (effective tokens over the iteration's *logical*
-seconds); at the end, per-phase ``window`` records and one ``run`` record. Every rate is
-a ratio of totals (:class:`~twinkle.metric.ThroughputMetric`), never a mean of rates.
+emits one record per configured phase (``kind`` = the phase name: the iteration's tokens
+of that tag over the phase's *attributed* logical seconds) and one ``iteration`` record
+(effective tokens over the iteration's *window* logical seconds). At the finish, per
+phase a ``window`` record (every sample of the tag over the phase's true union on the
+run's timeline, less overhead) and one ``run`` record (every effective token over the
+run's *active* logical seconds: from the first phase span or boundary to the end, so
+rollouts before the first boundary count in time as in tokens). Every rate is a ratio
+of totals (:class:`~twinkle.metric.ThroughputMetric`), never a mean of rates.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ class ThroughputObserver(TimelineObserver):
 
     def __init__(self) -> None:
         super().__init__()
-        self.phase_windows: dict[str, ThroughputMetric] = {}
-        self.window = ThroughputMetric()
+        #: every sample of each tag the run saw (lengths only; seconds come at the end)
+        self.tag_lengths: dict[str, ThroughputMetric] = {}
         self.iterations = 0
         self.totals = RunTotals()
         self.last_step = 0
@@ -43,7 +47,11 @@ class ThroughputObserver(TimelineObserver):
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         super().twinkle_run_started(event)
-        self.phase_windows = {p: ThroughputMetric() for p in self.timeline.config.throughput}
+        config = self.timeline.config
+        tags = {spec.samples for spec in config.throughput.values()}
+        if config.window is not None:
+            tags.add(config.window.samples)
+        self.tag_lengths = {tag: ThroughputMetric() for tag in sorted(tags)}
 
     @hookimpl
     def twinkle_samples(self, event: SamplesObserved) -> None:
@@ -52,6 +60,9 @@ class ThroughputObserver(TimelineObserver):
         self.totals.add(f"tokens_{event.phase}", sum(event.lengths))
         if event.groups:
             self.totals.add(f"groups_{event.phase}", event.groups)
+        metric = self.tag_lengths.get(event.phase)
+        if metric is not None:
+            metric.accumulate(lengths=event.lengths, seconds=0.0, devices=1)
 
     @hookimpl
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
@@ -64,7 +75,12 @@ class ThroughputObserver(TimelineObserver):
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
-        records = self._emit(self.timeline.run_finished(event), event.monotonic_ns)
+        tl = self.timeline
+        records = self._emit(tl.run_finished(event), event.monotonic_ns)
+        tl.release()
+        run = tl.run
+        if run is None:
+            return records
         common: dict[str, Any] = {
             "run_id": self.run_id,
             "step": self.last_step,
@@ -72,60 +88,87 @@ class ThroughputObserver(TimelineObserver):
             "wall_ns": event.wall_ns,
             "monotonic_ns": event.monotonic_ns,
         }
-        for phase, metric in self.phase_windows.items():
-            records.append(
-                make_record(kind=phase, scope="window", values=metric.calculate(), **common)
-            )
+        for phase, values in self.phase_windows().items():
+            records.append(make_record(kind=phase, scope="window", values=values, **common))
         run_values: dict[str, int | float] = {
-            **self.window.calculate(),
+            **self.run_window(),
             "iterations": self.iterations,
-            "optimizer_updates": self.timeline.optimizer_steps,
+            "optimizer_updates": tl.optimizer_steps,
         }
         records.append(make_record(kind="run", scope="run", values=run_values, **common))
         return records
 
-    def _emit(self, finished: Finished | None, monotonic_ns: int) -> list[MetricRecord]:
-        if finished is None:
-            return []
-        data, timing = finished
-        config = self.timeline.config
-        self.iterations += 1
-        self.last_step = data.step
-        common: dict[str, Any] = {
-            "run_id": self.run_id,
-            "scope": "iteration",
-            "step": data.step,
-            "iteration": data.iteration,
-            "wall_ns": data.wall_ns,
-            "monotonic_ns": monotonic_ns,
+    def _window_metric(self, tag: str, seconds_ns: int, devices: float) -> ThroughputMetric:
+        metric = ThroughputMetric()
+        metric.merge(self.tag_lengths[tag])
+        # The lengths went in with 0 s on 1 device: the device-seconds are all here.
+        metric.accumulate(lengths=(), seconds=seconds_ns / _NS, devices=devices)
+        return metric
+
+    def phase_windows(self) -> dict[str, dict[str, int | float]]:
+        """Per phase: every sample of its tag over its run-level logical seconds."""
+        run = self.timeline.run
+        if run is None:
+            return {}
+        return {
+            phase: self._window_metric(
+                spec.samples, run.total.phase_logical_ns[phase], spec.devices
+            ).calculate()
+            for phase, spec in self.timeline.config.throughput.items()
         }
+
+    def run_window(self) -> dict[str, int | float]:
+        """Every effective token over the run's active logical seconds (no window
+        configured: no tokens, the seconds alone)."""
+        run, config = self.timeline.run, self.timeline.config
+        if run is None:
+            return {}
+        active_ns = run.active_wall_ns - run.active_overhead_ns
+        if config.window is None:
+            metric = ThroughputMetric()
+            metric.accumulate(lengths=(), seconds=active_ns / _NS, devices=1)
+            return metric.calculate()
+        return self._window_metric(
+            config.window.samples, active_ns, config.window.devices
+        ).calculate()
+
+    def _emit(self, finished: list[Finished], monotonic_ns: int) -> list[MetricRecord]:
+        config = self.timeline.config
         records: list[MetricRecord] = []
-        for phase, spec in config.throughput.items():
-            metric = ThroughputMetric()
-            lengths = data.samples.get(spec.samples, [])
-            seconds = timing.phase_logical_ns[phase] / _NS
-            if lengths or seconds:
-                metric.accumulate(lengths=lengths, seconds=seconds, devices=spec.devices)
-                # Mergeable partials: the window takes the iteration's sums and buckets.
-                self.phase_windows[phase].merge(metric)
-            values = {**metric.calculate(), "groups": data.groups.get(spec.samples, 0)}
-            records.append(make_record(kind=phase, values=values, **common))
-        if config.window is not None:
-            lengths = data.samples.get(config.window.samples, [])
-            seconds = timing.logical_ns / _NS
-            metric = ThroughputMetric()
-            metric.accumulate(lengths=lengths, seconds=seconds, devices=config.window.devices)
-            self.window.merge(metric)
-            values = {**metric.calculate(), "logical_seconds": seconds}
-            records.append(make_record(kind="iteration", values=values, **common))
+        for done in finished:
+            data = done.data
+            self.iterations += 1
+            self.last_step = data.step
+            common: dict[str, Any] = {
+                "run_id": self.run_id,
+                "scope": "iteration",
+                "step": data.step,
+                "iteration": data.iteration,
+                "wall_ns": data.wall_ns,
+                "monotonic_ns": monotonic_ns,
+            }
+            for phase, spec in config.throughput.items():
+                metric = ThroughputMetric()
+                lengths = data.samples.get(spec.samples, [])
+                seconds = done.attributed.phase_logical_ns[phase] / _NS
+                if lengths or seconds:
+                    metric.accumulate(lengths=lengths, seconds=seconds, devices=spec.devices)
+                values = {**metric.calculate(), "groups": data.groups.get(spec.samples, 0)}
+                records.append(make_record(kind=phase, values=values, **common))
+            if config.window is not None:
+                lengths = data.samples.get(config.window.samples, [])
+                seconds = done.window.logical_ns / _NS
+                metric = ThroughputMetric()
+                metric.accumulate(lengths=lengths, seconds=seconds, devices=config.window.devices)
+                values = {**metric.calculate(), "window_logical_seconds": seconds}
+                records.append(make_record(kind="iteration", values=values, **common))
         return records
 
     @hookimpl
     def twinkle_summary(self, event: RunFinished) -> dict[str, Any]:
-        window = self.window.calculate()
         return {
-            "window": window,
-            "phase_windows": {p: m.calculate() for p, m in self.phase_windows.items()},
+            "window": self.run_window(),
+            "phase_windows": self.phase_windows(),
             "counts": self.totals.calibrate(event.terminal_totals),
             "late_samples": self.timeline.late_samples,
         }

@@ -1,58 +1,109 @@
-"""Timing observer: where each iteration's time went.
+"""Timing observer: where the run's time went, in the window and attributed views.
 
-Per iteration it emits one ``timing`` record (scope ``iteration``) with, in seconds:
-``wall_seconds`` (between iteration starts), ``overhead_seconds`` (union of the
-observers' own spans in the window), ``logical_seconds`` (wall minus overhead, overlap
-deducted once), ``busy_seconds`` (union of every phase span), ``overlap_seconds``
-(Σ phase unions - busy), and per configured phase ``<phase>_sum_seconds`` (durations
-added), ``<phase>_union_seconds`` (their union) and ``<phase>_logical_seconds`` (union
-minus overhead on the same threads). Nested or concurrent spans are never simply added
-into a total that claims to be wall time.
+Per iteration one ``timing`` record (scope ``iteration``) holds both views of
+docs/metrics.md: ``window_*`` keys measure the wall clock from this iteration's boundary
+to the next (every span clipped to it, whichever iteration it serves: busy <= wall,
+consecutive windows tile the run); ``attributed_*`` keys measure the work done for this
+iteration wherever it ran. At the finish one ``timing`` record of scope ``run`` holds the
+run's true unions, pairwise overlaps, idle time, the generation hidden behind training,
+and the set-up and tear-down windows; it is the sum of every window's figures.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from twinkle.events import (
-    IterationStarted,
-    RunFinished,
-)
+from twinkle.events import IterationStarted, RunFinished
 from twinkle.hookspecs import hookimpl
 from twinkle.metric.reporting import MetricRecord, make_record
-from twinkle.observers._timeline import Finished, IterationTiming, TimelineObserver
+from twinkle.observers._config import ObserverConfig
+from twinkle.observers._timeline import (
+    AttributedTiming,
+    Finished,
+    RunTiming,
+    TimelineObserver,
+    WindowTiming,
+)
 
-__all__ = ["TimingObserver", "timing_values"]
+__all__ = ["TimingObserver", "attributed_values", "run_values", "window_values"]
 
 _NS = 1e9
 
 
-def timing_values(t: IterationTiming) -> dict[str, int | float]:
-    """Flat record values (seconds) of one iteration's timing."""
+def window_values(t: WindowTiming, prefix: str) -> dict[str, int | float]:
+    """Flat values (seconds) of one stretch of the timeline, keys ``<prefix><name>``."""
     values: dict[str, int | float] = {
-        "wall_seconds": t.wall_ns / _NS,
-        "overhead_seconds": t.overhead_ns / _NS,
-        "logical_seconds": t.logical_ns / _NS,
-        "busy_seconds": t.busy_ns / _NS,
-        "overlap_seconds": t.overlap_ns / _NS,
-        "spans": t.spans,
-        "span_errors": t.errors,
+        f"{prefix}wall_seconds": t.wall_ns / _NS,
+        f"{prefix}overhead_seconds": t.overhead_ns / _NS,
+        f"{prefix}logical_seconds": t.logical_ns / _NS,
+        f"{prefix}busy_seconds": t.busy_ns / _NS,
+        f"{prefix}idle_seconds": t.idle_ns / _NS,
+        f"{prefix}span_seconds": t.span_ns / _NS,
+    }
+    for phase, ns in t.phase_ns.items():
+        values[f"{prefix}{phase}_seconds"] = ns / _NS
+        values[f"{prefix}{phase}_logical_seconds"] = t.phase_logical_ns[phase] / _NS
+    for (p, q), ns in t.overlap_ns.items():
+        values[f"{prefix}overlap_{p}_{q}_seconds"] = ns / _NS
+    return values
+
+
+def attributed_values(t: AttributedTiming) -> dict[str, int | float]:
+    """Flat values of one iteration's attributed view (keys ``attributed_*``)."""
+    values: dict[str, int | float] = {
+        "attributed_spans": t.spans,
+        "attributed_span_errors": t.errors,
+        "attributed_span_seconds": t.span_ns / _NS,
     }
     for phase in t.phase_sum_ns:
-        values[f"{phase}_sum_seconds"] = t.phase_sum_ns[phase] / _NS
-        values[f"{phase}_union_seconds"] = t.phase_union_ns[phase] / _NS
-        values[f"{phase}_logical_seconds"] = t.phase_logical_ns[phase] / _NS
-        values[f"{phase}_spans"] = t.phase_spans[phase]
+        values[f"attributed_{phase}_sum_seconds"] = t.phase_sum_ns[phase] / _NS
+        values[f"attributed_{phase}_seconds"] = t.phase_union_ns[phase] / _NS
+        values[f"attributed_{phase}_logical_seconds"] = t.phase_logical_ns[phase] / _NS
+        values[f"attributed_{phase}_spans"] = t.phase_spans[phase]
+    return values
+
+
+def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[str, int | float]:
+    """Flat values of the run-level record (scope ``run``)."""
+    short = ("wall", "overhead", "busy", "idle")
+    values: dict[str, int | float] = {
+        **window_values(run.total, ""),
+        "active_wall_seconds": run.active_wall_ns / _NS,
+        "active_logical_seconds": (run.active_wall_ns - run.active_overhead_ns) / _NS,
+        **{
+            f"setup_{k}": v
+            for k, v in window_values(run.setup, "").items()
+            if k.removesuffix("_seconds") in short
+        },
+        **{
+            f"teardown_{k}": v
+            for k, v in window_values(run.teardown, "").items()
+            if k.removesuffix("_seconds") in short
+        },
+        "late_spans": run.late_spans,
+        "late_seconds": run.late_ns / _NS,
+        "iterations": iterations,
+    }
+    if config.streaming is not None:
+        generation, training = config.streaming
+        hidden = run.total.overlap_ns.get((generation, training))
+        if hidden is None:  # config order put training first
+            hidden = run.total.overlap_ns[(training, generation)]
+        total = run.total.phase_ns[generation]
+        values["generation_hidden_seconds"] = hidden / _NS
+        values["generation_hidden_share"] = hidden / total if total else math.nan
     return values
 
 
 class TimingObserver(TimelineObserver):
-    """Per-iteration time accounting; a deterministic function of the events."""
+    """Time accounting per iteration and for the run; a deterministic function of the
+    events."""
 
     def __init__(self) -> None:
         super().__init__()
         self.iterations = 0
-        self.totals_ns: dict[str, int] = {}
+        self.run_seconds: dict[str, int | float] = {}
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
@@ -60,46 +111,61 @@ class TimingObserver(TimelineObserver):
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
-        records = self._emit(self.timeline.run_finished(event), event.monotonic_ns)
-        self.timeline.release()
-        return records
-
-    def _emit(self, finished: Finished | None, monotonic_ns: int) -> list[MetricRecord]:
-        if finished is None:
-            return []
-        data, timing = finished
-        self.iterations += 1
-        values = timing_values(timing)
-        for key, value in (
-            ("wall", timing.wall_ns),
-            ("overhead", timing.overhead_ns),
-            ("logical", timing.logical_ns),
-            ("busy", timing.busy_ns),
-            ("overlap", timing.overlap_ns),
-            *((f"{p}_sum", v) for p, v in timing.phase_sum_ns.items()),
-            *((f"{p}_union", v) for p, v in timing.phase_union_ns.items()),
-            *((f"{p}_logical", v) for p, v in timing.phase_logical_ns.items()),
-        ):
-            self.totals_ns[key] = self.totals_ns.get(key, 0) + value
-        return [
+        tl = self.timeline
+        records = self._emit(tl.run_finished(event), event.monotonic_ns)
+        tl.release()
+        if tl.run is None:
+            return records
+        self.run_seconds = run_values(tl.run, tl.config, self.iterations)
+        records.append(
             make_record(
                 kind="timing",
-                scope="iteration",
+                scope="run",
                 run_id=self.run_id,
-                step=data.step,
-                iteration=data.iteration,
-                wall_ns=data.wall_ns,
-                monotonic_ns=monotonic_ns,
-                values=values,
+                step=tl.step,
+                iteration=max(self.iterations - 1, 0),
+                wall_ns=event.wall_ns,
+                monotonic_ns=event.monotonic_ns,
+                values=self.run_seconds,
             )
-        ]
+        )
+        return records
+
+    def _emit(self, finished: list[Finished], monotonic_ns: int) -> list[MetricRecord]:
+        records = []
+        for done in finished:
+            self.iterations += 1
+            values = {**window_values(done.window, "window_"), **attributed_values(done.attributed)}
+            records.append(
+                make_record(
+                    kind="timing",
+                    scope="iteration",
+                    run_id=self.run_id,
+                    step=done.data.step,
+                    iteration=done.data.iteration,
+                    wall_ns=done.data.wall_ns,
+                    monotonic_ns=monotonic_ns,
+                    values=values,
+                )
+            )
+        return records
 
     @hookimpl
     def twinkle_summary(self) -> dict[str, Any]:
         tl = self.timeline
+        unstarted = {
+            str(it): {
+                "spans": len(data.spans),
+                "span_seconds": sum(s[2] - s[1] for s in data.spans) / _NS,
+                "samples": {tag: len(v) for tag, v in sorted(data.samples.items())},
+                "tokens": {tag: sum(v) for tag, v in sorted(data.samples.items())},
+            }
+            for it, data in sorted(tl.unstarted.items())
+        }
         return {
             "iterations": self.iterations,
-            "seconds": {k: v / _NS for k, v in sorted(self.totals_ns.items())},
-            "setup_spans": tl.setup_spans,
-            "late_spans": tl.late_spans,
+            "seconds": self.run_seconds,
+            "spans": tl.accounting(),
+            "unstarted_iterations": unstarted,
+            "finalise_lag": tl.config.finalise_lag,
         }

@@ -60,10 +60,22 @@ _get_ident = threading.get_ident
 class _ProcessState:
     """What recorders of this process share; mutated in place rather than via ``global``."""
 
-    __slots__ = ("fork_hook_installed", "hook_lock", "lock", "recorder", "recorders")
+    __slots__ = (
+        "bound",
+        "default",
+        "fork_hook_installed",
+        "hook_lock",
+        "lock",
+        "recorder",
+        "recorders",
+    )
 
     def __init__(self) -> None:
-        self.recorder: TimeRecorder | None = None  # the default: made on first use
+        #: what module-level span()/timed() record into outside use_recorder: the one
+        #: bound recorder, else the default; None until first use (or while two are bound)
+        self.recorder: TimeRecorder | None = None
+        self.default: TimeRecorder | None = None  # the process default: made on first use
+        self.bound: list[TimeRecorder] = []  # recorders of the runs in progress
         self.lock = threading.Lock()  # guards creating the default recorder
         self.hook_lock = threading.Lock()  # separate: __init__ runs under self.lock
         self.fork_hook_installed = False
@@ -426,9 +438,47 @@ def current_recorder() -> TimeRecorder:
 
 def _make_process_recorder() -> TimeRecorder:
     with _process.lock:
+        if len(_process.bound) > 1:
+            raise InvalidArgumentError(
+                f"{len(_process.bound)} runs are in progress in this process, so a "
+                "module-level span()/timed() cannot tell which run it belongs to; record "
+                "on the run's own recorder (run.recorder.span(...)) or select it with "
+                "`with twinkle.perf.use_recorder(run.recorder):`"
+            )
         if _process.recorder is None:
-            _process.recorder = TimeRecorder()
+            if _process.default is None:
+                _process.default = TimeRecorder()
+            _process.recorder = _process.default
         return _process.recorder
+
+
+def _rebind() -> None:
+    bound = _process.bound
+    _process.recorder = bound[0] if len(bound) == 1 else None if bound else _process.default
+
+
+def bind_process_recorder(recorder: TimeRecorder) -> Callable[[], None]:
+    """Route module-level :func:`span`/:func:`timed` to ``recorder`` on every thread that
+    has no :func:`use_recorder` of its own, until the returned function is called.
+
+    A run session binds its recorder while it runs, so the convenience functions reach
+    the run's log from any thread. While two recorders are bound (two runs in one
+    process) a module-level span is ambiguous and raises an error that says how to pick
+    the run. Unbinding restores what was current before.
+    """
+    if not isinstance(recorder, TimeRecorder):
+        raise InvalidArgumentError(f"recorder must be a TimeRecorder, got {recorder!r}")
+    with _process.lock:
+        _process.bound.append(recorder)
+        _rebind()
+
+    def release() -> None:
+        with _process.lock:
+            if recorder in _process.bound:
+                _process.bound.remove(recorder)
+                _rebind()
+
+    return release
 
 
 def use_recorder(recorder: TimeRecorder) -> AbstractContextManager[TimeRecorder]:

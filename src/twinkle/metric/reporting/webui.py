@@ -1,15 +1,22 @@
-"""``WebUIFlatBackend``: ``metrics.jsonl``, one flat numeric JSON object per step.
+"""``WebUIFlatBackend``: ``metrics.jsonl``, one flat numeric JSON object per iteration.
 
 Line format (keys in this order)::
 
     {"ts": <unix seconds, float>, "step": <int>, "total_steps": <int>,
-     "<kind>/<key>": <number>, ...}          # metric keys sorted
+     "iteration": <int>, "<kind>/<key>": <number>, ...}          # metric keys sorted
 
-* Records are merged per step: every record of one step (several kinds, or several
-  records of one kind) goes into one line; for a key reported twice in a step the later
-  record wins. ``ts`` is the latest ``wall_ns`` among them.
-* A step's line is written when a record of another step arrives, or at
-  ``flush()``/``close()`` (records of that step arriving after a flush start a new line).
+* Only records of scope ``iteration`` go here, merged per iteration: every record of one
+  iteration (several kinds) goes into one line; for a key reported twice for an
+  iteration the later record wins. ``step`` is the highest optimizer step among them
+  (the steps taken by the iteration's end), ``ts`` the latest ``wall_ns``. Window and
+  run records (``scope`` ``window``/``run``) are in ``metrics_raw.jsonl`` and the summary,
+  never in this file, so they cannot overwrite an iteration's values.
+* An iteration's records arrive over a few boundaries (its memory and caller figures
+  during it, its timing and throughput when it is finalised, ``hold - 1`` boundaries
+  later), so the newest ``hold`` iterations stay open: a line is written once a record
+  of an iteration ``hold`` or more later arrives, and at ``flush()``/``close()``, in
+  iteration order. A record for an iteration whose line was already written starts a
+  second line for it; a line is never rewritten.
 * The file is numeric-only, so ``None`` values (non-finite numbers) are left out here;
   ``metrics_raw.jsonl`` keeps them, named in ``attrs["nonfinite"]``. ``attrs`` are not
   part of the flat format.
@@ -31,13 +38,18 @@ __all__ = ["WebUIFlatBackend"]
 
 class WebUIFlatBackend(JsonlFileBackend):
     """Backend writing the WebUI flat format (see the module docstring). Not thread-safe:
-    :class:`MetricsReporter` calls it from one thread at a time."""
+    :class:`MetricsReporter` calls it from one thread at a time.
+
+    ``hold``: how many of the newest iterations stay open for more records (>= 1; the
+    run session passes ``finalise_lag + 2``).
+    """
 
     def __init__(
         self,
         path: StrPath,
         *,
         total_steps: int,
+        hold: int = 1,
         append: bool = True,
         fsync: bool = False,
     ) -> None:
@@ -46,50 +58,59 @@ class WebUIFlatBackend(JsonlFileBackend):
                 f"total_steps must be an int >= 0 (the planned optimizer steps), "
                 f"got {total_steps!r}"
             )
+        if type(hold) is not int or hold < 1:
+            raise InvalidArgumentError(
+                f"hold must be an int >= 1 (iterations kept open for more records), "
+                f"got {hold!r}"
+            )
         self.total_steps = total_steps
+        self.hold = hold
         super().__init__(path, append=append, fsync=fsync)
-        self._step: int | None = None
-        self._wall_ns = 0
-        self._metrics: dict[str, int | float] = {}
+        # iteration -> (step, wall_ns, metrics), the open lines
+        self._open: dict[int, tuple[int, int, dict[str, int | float]]] = {}
+        self._newest: int | None = None
 
     def write(self, records: Sequence[MetricRecord]) -> None:
-        lines: list[dict[str, Any]] = []
         for record in records:
-            if record.step != self._step:
-                if self._step is not None:
-                    lines.append(self._take_line())
-                self._step = record.step
-            self._wall_ns = max(self._wall_ns, record.wall_ns)
+            if record.scope != "iteration":
+                continue
+            it = record.iteration
+            step, wall_ns, metrics = self._open.get(it) or (record.step, 0, {})
             prefix = record.kind + "/"
-            metrics = self._metrics
             for key, value in record.values.items():
                 if value is not None:
                     metrics[prefix + key] = value
-        if lines:
-            self._writer.write(lines)
+            self._open[it] = (max(step, record.step), max(wall_ns, record.wall_ns), metrics)
+            if self._newest is None or it > self._newest:
+                self._newest = it
+        if self._newest is not None:
+            self._write_through(self._newest - self.hold)
+
+    def _write_through(self, last: int | None) -> None:
+        """Write the open lines of iterations ``<= last`` (all when None), in order."""
+        done = sorted(it for it in self._open if last is None or it <= last)
+        if done:
+            self._writer.write([self._line(it, *self._open.pop(it)) for it in done])
 
     def flush(self) -> None:
-        if self._step is not None:
-            self._writer.write([self._take_line()])
+        self._write_through(None)
         self._writer.flush()
 
     def close(self) -> None:
         try:
-            if self._step is not None:
-                self._writer.write([self._take_line()])
+            self._write_through(None)
         finally:
             self._writer.close()
 
-    def _take_line(self) -> dict[str, Any]:
+    def _line(
+        self, iteration: int, step: int, wall_ns: int, metrics: dict[str, int | float]
+    ) -> dict[str, Any]:
         line: dict[str, Any] = {
-            "ts": self._wall_ns / 1e9,
-            "step": self._step,
+            "ts": wall_ns / 1e9,
+            "step": step,
             "total_steps": self.total_steps,
+            "iteration": iteration,
         }
-        metrics = self._metrics
         for key in sorted(metrics):
             line[key] = metrics[key]
-        self._step = None
-        self._wall_ns = 0
-        self._metrics = {}
         return line
