@@ -1,5 +1,5 @@
-"""The demo: a real GRPO run whose figures are recomputed here independently from the
-trajectories' own lengths and the raw spans in events.jsonl."""
+"""The demo: a real GRPO run (its figures are recomputed independently from
+events.jsonl in test_recompute.py)."""
 
 from __future__ import annotations
 
@@ -29,84 +29,6 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     return run_demo(SMALL, out_dir=tmp_path_factory.mktemp("demo"), run_id="small")
-
-
-def _union(intervals: list[tuple[int, int]]) -> int:
-    total, end = 0, None
-    start = None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            if end is not None and start is not None:
-                total += end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    if end is not None and start is not None:
-        total += end - start
-    return total
-
-
-def test_records_recomputed_from_trajectories_and_raw_spans(small: DemoResult) -> None:
-    assert small.run_dir is not None
-    events = _lines(small.run_dir / "events.jsonl")
-    records = _lines(small.run_dir / "metrics_raw.jsonl")
-    starts = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
-    (finish,) = [e["monotonic_ns"] for e in events if e["type"] == "run_finished"]
-    bounds = [*starts, finish]
-    # Overhead spans as logged, each with its position in the log: an iteration deducts
-    # the overhead inside its window that was logged before its closing boundary event.
-    overhead = [
-        (pos, s["start_ns"], s["end_ns"])
-        for pos, e in enumerate(events)
-        if e["type"] == "spans"
-        for s in e["spans"]
-        if s["name"] == "twinkle.observe"
-    ]
-    closing = [
-        pos for pos, e in enumerate(events) if e["type"] in ("iteration_started", "run_finished")
-    ][1:]
-    devices = small.summary["window"]["device_seconds"] / small.summary["window"]["seconds"]
-    assert devices == 1.0  # CPU-only: the host counts as one device
-    iteration = {r["iteration"]: r["values"] for r in records if r["kind"] == "iteration"}
-    timing = {r["iteration"]: r["values"] for r in records if r["kind"] == "timing"}
-    total_tokens, total_logical_ns = 0, 0
-    for i, trajs in enumerate(small.trajectories):
-        tokens = sum(len(t.prompt) + len(t.response) for t in trajs)
-        lo, hi = bounds[i], bounds[i + 1]
-        clipped = [
-            (max(s, lo), min(e, hi))
-            for pos, s, e in overhead
-            if e > lo and s < hi and pos < closing[i]
-        ]
-        logical_ns = (hi - lo) - _union(clipped)
-        assert iteration[i]["tokens"] == tokens
-        assert timing[i]["logical_seconds"] == logical_ns / 1e9
-        assert iteration[i]["tokens_per_s_per_device"] == pytest.approx(
-            tokens / (logical_ns / 1e9) / devices, rel=1e-12
-        )
-        total_tokens += tokens
-        total_logical_ns += logical_ns
-    (run,) = [r["values"] for r in records if r["kind"] == "run"]
-    assert run["tokens"] == total_tokens
-    assert run["tokens_per_s_per_device"] == pytest.approx(
-        total_tokens / (total_logical_ns / 1e9) / devices, rel=1e-12
-    )
-
-
-def test_generation_seconds_are_the_union_of_the_engines_spans(small: DemoResult) -> None:
-    assert small.run_dir is not None
-    events = _lines(small.run_dir / "events.jsonl")
-    records = _lines(small.run_dir / "metrics_raw.jsonl")
-    timing = {r["iteration"]: r["values"] for r in records if r["kind"] == "timing"}
-    spans = [s for e in events if e["type"] == "spans" for s in e["spans"]]
-    for i in range(SMALL.iterations):
-        gen = [
-            (s["start_ns"], s["end_ns"])
-            for s in spans
-            if s["name"] in ("generate", "reward") and s["attrs"].get("iteration") == i
-        ]
-        assert len(gen) == 2 * SMALL.engines
-        assert timing[i]["rollout_union_seconds"] == _union(gen) / 1e9
 
 
 def test_summary_counts_match_the_configuration(small: DemoResult) -> None:

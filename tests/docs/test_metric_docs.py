@@ -28,21 +28,35 @@ FIELDS = [
 ]
 
 
+VIEWS = {"window", "attributed", "run"}
+
+
 def doc_tables() -> dict[str, set[str]]:
-    """``{heading kind: {keys}}`` from the '### kind ...' tables."""
+    """``{heading: {keys}}`` from the '### kind ...' tables; a heading is the kind, or
+    ``kind/scope`` when the heading names a scope other than ``iteration``. A table with
+    a ``view`` column must give every key a view of :data:`VIEWS`."""
     tables: dict[str, set[str]] = {}
     current: str | None = None
+    view_column: int | None = None
     for line in DOC.read_text().splitlines():
-        heading = re.match(r"### kind `([^`]+)`", line)
+        heading = re.match(r"### kind `([^`]+)`(?:, scope `([^`]+)`)?", line)
         if heading:
-            current = heading.group(1)
+            kind, scope = heading.group(1), heading.group(2) or "iteration"
+            current = kind if scope == "iteration" else f"{kind}/{scope}"
             tables[current] = set()
+            view_column = None
         elif line.startswith("## "):
             current = None
+        elif current is not None and line.startswith("| key |"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            view_column = cells.index("view") if "view" in cells else None
         elif current is not None:
             row = re.match(r"\| `([^`]+)` \|", line)
             if row:
                 tables[current].add(row.group(1))
+                if view_column is not None:
+                    cells = [c.strip() for c in line.strip("|").split("|")]
+                    assert cells[view_column] in VIEWS, (current, row.group(1), cells)
     return tables
 
 
@@ -71,21 +85,21 @@ def _keys(records: list[dict[str, Any]], kind: str, scope: str) -> set[str]:
 
 
 def _generic(keys: set[str], phases: list[str]) -> set[str]:
+    """Phase names as ``<phase>``, phase pairs as ``<p>_<q>``."""
     out = set()
     for key in keys:
-        generic = key
+        generic = re.sub(r"overlap_([a-z]+)_([a-z]+)_", "overlap_<p>_<q>_", key)
         for phase in phases:
-            if key.startswith(phase + "_"):
-                generic = "<phase>" + key[len(phase) :]
-                break
+            generic = re.sub(rf"(^|_){phase}_", r"\1<phase>_", generic)
         out.add(generic)
     return out
 
 
 def test_timing_table_matches_records(records: list[dict[str, Any]]) -> None:
-    assert doc_tables()["timing"] == _generic(
-        _keys(records, "timing", "iteration"), ["rollout", "train"]
-    )
+    tables = doc_tables()
+    phases = ["rollout", "train"]
+    assert tables["timing"] == _generic(_keys(records, "timing", "iteration"), phases)
+    assert tables["timing/run"] == _generic(_keys(records, "timing", "run"), phases)
 
 
 def test_phase_table_matches_records(records: list[dict[str, Any]]) -> None:
@@ -96,7 +110,7 @@ def test_phase_table_matches_records(records: list[dict[str, Any]]) -> None:
 def test_iteration_and_run_tables_match_records(records: list[dict[str, Any]]) -> None:
     tables = doc_tables()
     assert tables["iteration"] == _keys(records, "iteration", "iteration")
-    assert tables["run"] == _keys(records, "run", "run")
+    assert tables["run/run"] == _keys(records, "run", "run")
 
 
 def test_memory_table_matches_records(records: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ CONFIG: dict[str, Any] = {
         "train": {"samples": "train", "devices": 1},
     },
     "window": {"samples": "rollout", "devices": 3},
+    "streaming": {"generation": "rollout", "training": "train"},
     "total_steps": 3,
 }
 
@@ -114,33 +115,34 @@ def test_timing_records_are_exact(run_dir: Path) -> None:
     assert [r["step"] for r in timing] == [1, 2, 3]
     v0, v1, v2 = (r["values"] for r in timing)
     # iteration 0: window [0,100); overhead [60,65] u [63,67] = 7 ms, counted once
-    assert v0["wall_seconds"] == 0.1
-    assert v0["overhead_seconds"] == 0.007
-    assert v0["logical_seconds"] == 0.093
-    assert v0["rollout_sum_seconds"] == 0.04
-    assert v0["rollout_logical_seconds"] == 0.04
-    assert v0["train_sum_seconds"] == 0.04
-    assert v0["train_union_seconds"] == 0.04
-    assert v0["train_logical_seconds"] == 0.033  # 40 ms minus the 7 ms nested overhead
-    assert v0["busy_seconds"] == 0.08
-    assert v0["overlap_seconds"] == 0.0
+    assert v0["window_wall_seconds"] == 0.1
+    assert v0["window_overhead_seconds"] == 0.007
+    assert v0["window_logical_seconds"] == 0.093
+    assert v0["attributed_rollout_sum_seconds"] == 0.04
+    assert v0["attributed_rollout_logical_seconds"] == 0.04
+    assert v0["attributed_train_sum_seconds"] == 0.04
+    assert v0["attributed_train_seconds"] == 0.04
+    assert v0["attributed_train_logical_seconds"] == 0.033  # 40 ms less 7 ms nested overhead
+    # the window holds the next iteration's generate [50,100) too: busy [0,100)
+    assert v0["window_busy_seconds"] == 0.1
+    assert v0["window_overlap_rollout_train_seconds"] == 0.03  # [50,80)
     # iteration 1: the rollout for it ran [50,120) during iteration 0 (streaming)
-    assert v1["overhead_seconds"] == 0.003
-    assert v1["logical_seconds"] == 0.097
-    assert v1["rollout_sum_seconds"] == 0.07
-    assert v1["train_logical_seconds"] == 0.048
-    assert v1["busy_seconds"] == 0.1  # [50,150)
-    assert v1["overlap_seconds"] == 0.02  # generate [50,120) overlaps train [100,150)
+    assert v1["window_overhead_seconds"] == 0.003
+    assert v1["window_logical_seconds"] == 0.097
+    assert v1["attributed_rollout_sum_seconds"] == 0.07
+    assert v1["attributed_train_logical_seconds"] == 0.048
+    assert v1["window_busy_seconds"] == 0.06  # [100,160)
+    assert v1["window_overlap_rollout_train_seconds"] == 0.05  # train [100,150) under generate
     # iteration 2: nested train spans: sum adds them, union does not
-    assert v2["wall_seconds"] == 0.05
-    assert v2["overhead_seconds"] == 0.003
-    assert v2["logical_seconds"] == 0.047
-    assert v2["train_sum_seconds"] == 0.05
-    assert v2["train_union_seconds"] == 0.04
-    assert v2["train_logical_seconds"] == 0.037
+    assert v2["window_wall_seconds"] == 0.05
+    assert v2["window_overhead_seconds"] == 0.003
+    assert v2["window_logical_seconds"] == 0.047
+    assert v2["attributed_train_sum_seconds"] == 0.05
+    assert v2["attributed_train_seconds"] == 0.04
+    assert v2["attributed_train_logical_seconds"] == 0.037
     # the rollout thread's overhead [130,131) fell inside this iteration's generate
-    assert v2["rollout_union_seconds"] == 0.05
-    assert v2["rollout_logical_seconds"] == 0.049
+    assert v2["attributed_rollout_seconds"] == 0.05
+    assert v2["attributed_rollout_logical_seconds"] == 0.049
 
 
 def test_throughput_records_are_ratios_of_the_iteration_totals(run_dir: Path) -> None:
@@ -161,12 +163,13 @@ def test_throughput_records_are_ratios_of_the_iteration_totals(run_dir: Path) ->
     assert run["values"]["tokens"] == 85
     assert run["values"]["iterations"] == 3
     assert run["values"]["optimizer_updates"] == 3
-    window = 85 / (0.093 + 0.097 + 0.047)
+    window = 85 / (0.25 - 0.013)  # the active run: [0, 250) less the overhead
     assert run["values"]["tokens_per_s"] == pytest.approx(window, rel=1e-12)
     assert run["values"]["tokens_per_s_per_device"] == pytest.approx(window / 3, rel=1e-12)
     (rollout_window,) = _by(records, "rollout", "window")
     assert rollout_window["values"]["tokens_per_s"] == pytest.approx(
-        85 / (0.04 + 0.07 + 0.049), rel=1e-12
+        85 / 0.149,
+        rel=1e-12,  # the true union [0,40) u [50,160), less [130,131) on B
     )
 
 
@@ -180,6 +183,7 @@ def test_seq_is_strictly_increasing_and_records_are_complete(run_dir: Path) -> N
         ("rollout", "window"),
         ("run", "run"),
         ("timing", "iteration"),
+        ("timing", "run"),
         ("train", "iteration"),
         ("train", "window"),
     ]
@@ -188,8 +192,8 @@ def test_seq_is_strictly_increasing_and_records_are_complete(run_dir: Path) -> N
 def test_summary_counts_overhead_once_and_calibrates_totals(run_dir: Path) -> None:
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["iterations"] == 3
-    assert summary["seconds"]["overhead"] == pytest.approx(0.013, abs=1e-15)
-    assert summary["seconds"]["logical"] == pytest.approx(0.237, abs=1e-15)
+    assert summary["seconds"]["overhead_seconds"] == pytest.approx(0.013, abs=1e-15)
+    assert summary["seconds"]["logical_seconds"] == pytest.approx(0.237, abs=1e-15)
     assert summary["observer_failures"] == {}
     assert summary["records_dropped"] == 0
     counts = summary["counts"]
@@ -199,9 +203,10 @@ def test_summary_counts_overhead_once_and_calibrates_totals(run_dir: Path) -> No
     assert counts["optimizer_updates"]["accumulated"] == 3
 
 
-def test_webui_flat_file_has_one_numeric_object_per_step(run_dir: Path) -> None:
+def test_webui_flat_file_has_one_numeric_object_per_iteration(run_dir: Path) -> None:
     lines = _records(run_dir / "metrics.jsonl")
-    assert [line["step"] for line in lines] == sorted({line["step"] for line in lines})
+    assert [line["iteration"] for line in lines] == [0, 1, 2]
+    assert [line["step"] for line in lines] == [1, 2, 3]
     for line in lines:
         assert line["total_steps"] == 3
         assert all(isinstance(v, int | float) for v in line.values())

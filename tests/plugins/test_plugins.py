@@ -198,11 +198,11 @@ def test_slow_observer_time_is_deducted_as_overhead_and_others_still_run(tmp_pat
     timing = [
         orjson.loads(line)["values"]
         for line in (tmp_path / "slow" / "metrics_raw.jsonl").read_bytes().splitlines()
-        if b'"kind":"timing"' in line
+        if b'"kind":"timing","scope":"iteration"' in line
     ]
-    assert [t["wall_seconds"] for t in timing] == [0.13, 0.13]
-    assert [t["overhead_seconds"] for t in timing] == [0.03, 0.03]
-    assert [t["logical_seconds"] for t in timing] == [0.1, 0.1]
+    assert [t["window_wall_seconds"] for t in timing] == [0.13, 0.13]
+    assert [t["window_overhead_seconds"] for t in timing] == [0.03, 0.03]
+    assert [t["window_logical_seconds"] for t in timing] == [0.1, 0.1]
     assert good.events.count("iteration_started") == 2
 
 

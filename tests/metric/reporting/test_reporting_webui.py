@@ -1,4 +1,4 @@
-"""WebUIFlatBackend: one flat numeric object per step, merged across kinds."""
+"""WebUIFlatBackend: one flat numeric object per iteration, merged across kinds."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def flat_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
 
 
-def test_records_of_one_step_merge_into_one_line_in_deterministic_key_order(tmp_path):
+def test_records_of_one_iteration_merge_into_one_line_in_deterministic_key_order(tmp_path):
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=10)
     b.write([rec("train", 1, {"loss": 0.5, "tokens": 10}), rec("rollout", 1, {"tokens": 7})])
@@ -54,36 +54,78 @@ def test_records_of_one_step_merge_into_one_line_in_deterministic_key_order(tmp_
             "ts": 1_700_000_001.0,
             "step": 1,
             "total_steps": 10,
+            "iteration": 1,
             "rollout/tokens": 7,
             "train/loss": 0.5,
             "train/tokens": 10,
         },
-        {"ts": 1_700_000_002.0, "step": 2, "total_steps": 10, "train/loss": 0.25},
+        {"ts": 1_700_000_002.0, "step": 2, "total_steps": 10, "iteration": 2, "train/loss": 0.25},
     ]
     assert list(lines[0]) == [
         "ts",
         "step",
         "total_steps",
+        "iteration",
         "rollout/tokens",
         "train/loss",
         "train/tokens",
     ]
 
 
-def test_line_is_emitted_only_when_a_later_step_arrives_or_at_flush(tmp_path):
+def test_line_is_written_once_an_iteration_hold_later_arrives_or_at_flush(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    b = WebUIFlatBackend(path, total_steps=3)
+    b = WebUIFlatBackend(path, total_steps=3, hold=2)
     b.write([rec("train", 0, {"a": 1})])
-    assert path.read_text() == ""
-    b.write([rec("rollout", 0, {"b": 2})])
-    assert path.read_text() == ""
     b.write([rec("train", 1, {"a": 3})])
-    assert [line["step"] for line in flat_lines(path)] == [0]
+    assert path.read_text() == ""
+    b.write([rec("timing", 0, {"late": 9})])  # iteration 0 is still open: same line
+    assert path.read_text() == ""
+    b.write([rec("train", 2, {"a": 4})])
+    assert [(x["iteration"], x.get("timing/late")) for x in flat_lines(path)] == [(0, 9)]
     b.flush()
-    assert [line["step"] for line in flat_lines(path)] == [0, 1]
+    assert [line["iteration"] for line in flat_lines(path)] == [0, 1, 2]
     b.flush()  # nothing pending: no empty line
     b.close()
-    assert [line["step"] for line in flat_lines(path)] == [0, 1]
+    assert [line["iteration"] for line in flat_lines(path)] == [0, 1, 2]
+
+
+def test_run_and_window_records_never_reach_the_flat_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=3)
+    b.write([rec("iteration", 2, {"tokens": 10})])
+    b.write([rec("iteration", 2, {"tokens": 999}, scope="run")])
+    b.write([rec("rollout", 2, {"tokens": 999}, scope="window")])
+    b.close()
+    (line,) = flat_lines(path)
+    assert line["iteration/tokens"] == 10
+    assert "rollout/tokens" not in line
+
+
+def test_interleaved_iterations_still_give_one_line_each(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    b = WebUIFlatBackend(path, total_steps=3, hold=3)
+    # the end of a run: several observers each finalise the last iterations
+    b.write([rec("timing", 1, {"a": 1}), rec("timing", 2, {"a": 2})])
+    b.write([rec("rollout", 1, {"b": 1}), rec("rollout", 2, {"b": 2})])
+    b.close()
+    assert flat_lines(path) == [
+        {
+            "ts": 1_700_000_001.0,
+            "step": 1,
+            "total_steps": 3,
+            "iteration": 1,
+            "rollout/b": 1,
+            "timing/a": 1,
+        },
+        {
+            "ts": 1_700_000_002.0,
+            "step": 2,
+            "total_steps": 3,
+            "iteration": 2,
+            "rollout/b": 2,
+            "timing/a": 2,
+        },
+    ]
 
 
 def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path):
@@ -94,17 +136,17 @@ def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path):
     )
     b.close()
     (line,) = flat_lines(path)
-    assert line == {"ts": line["ts"], "step": 0, "total_steps": 1, "train/ok": 2}
+    assert line == {"ts": line["ts"], "step": 0, "total_steps": 1, "iteration": 0, "train/ok": 2}
     assert all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in line.values())
 
 
-def test_ts_is_latest_wall_time_of_the_step_and_later_values_win(tmp_path):
+def test_ts_is_latest_wall_time_of_the_iteration_step_highest_and_later_values_win(tmp_path):
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=5)
     b.write(
         [
             rec("train", 4, {"x": 1}, wall_ns=2_000_000_000),
-            rec("train", 4, {"x": 2}, wall_ns=3_500_000_000, iteration=5),
+            rec("train", 5, {"x": 2}, wall_ns=3_500_000_000, iteration=4),
             rec("rollout", 4, {"y": 1}, wall_ns=2_500_000_000),
         ]
     )
@@ -112,6 +154,7 @@ def test_ts_is_latest_wall_time_of_the_step_and_later_values_win(tmp_path):
     (line,) = flat_lines(path)
     assert line["ts"] == 3.5
     assert line["train/x"] == 2
+    assert line["step"] == 5
 
 
 def test_flat_file_appends_across_restarts(tmp_path):
@@ -137,6 +180,7 @@ def test_through_a_reporter_next_to_the_raw_file(tmp_path):
             "ts": 1_700_000_000.0,
             "step": 0,
             "total_steps": 2,
+            "iteration": 0,
             "rollout/tokens": 0,
             "train/loss": 1.0,
         },
@@ -144,6 +188,7 @@ def test_through_a_reporter_next_to_the_raw_file(tmp_path):
             "ts": 1_700_000_001.0,
             "step": 1,
             "total_steps": 2,
+            "iteration": 1,
             "rollout/tokens": 10,
             "train/loss": 0.5,
         },
@@ -154,3 +199,9 @@ def test_through_a_reporter_next_to_the_raw_file(tmp_path):
 def test_total_steps_must_be_a_non_negative_int(tmp_path, bad):
     with pytest.raises(InvalidArgumentError, match=rf"total_steps must be an int >= 0.*{bad!r}"):
         WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, None])
+def test_hold_must_be_a_positive_int(tmp_path, bad):
+    with pytest.raises(InvalidArgumentError, match=rf"hold must be an int >= 1.*{bad!r}"):
+        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=1, hold=bad)

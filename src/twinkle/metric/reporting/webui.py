@@ -60,8 +60,7 @@ class WebUIFlatBackend(JsonlFileBackend):
             )
         if type(hold) is not int or hold < 1:
             raise InvalidArgumentError(
-                f"hold must be an int >= 1 (iterations kept open for more records), "
-                f"got {hold!r}"
+                f"hold must be an int >= 1 (iterations kept open for more records), got {hold!r}"
             )
         self.total_steps = total_steps
         self.hold = hold

@@ -1,0 +1,92 @@
+"""Module-level ``twinkle.perf.span``/``@timed`` reach the run in progress, on any thread;
+every publish is twinkle's own time (overhead), event building included."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from twinkle import perf
+from twinkle.errors import InvalidArgumentError
+from twinkle.hookspecs import hookimpl
+from twinkle.perf import ManualClock
+from twinkle.session import RunSession
+
+
+def _spans(run_dir: Path) -> list[dict[str, object]]:
+    events = [orjson.loads(x) for x in (run_dir / "events.jsonl").read_bytes().splitlines()]
+    return [s for e in events if e["type"] == "spans" for s in e["spans"]]
+
+
+@perf.timed("decorated")
+def _work() -> int:
+    return 1
+
+
+def test_module_level_spans_on_any_thread_reach_the_run(tmp_path: Path) -> None:
+    config = {"phases": {"work": ["main.*", "thread.*", "decorated"]}}
+    with RunSession(out_dir=tmp_path, run_id="mod", config=config, autoload=False) as run:
+        run.bus.iteration_started(0)
+        with perf.span("main.step", iteration=0):
+            _work()
+        worker = threading.Thread(
+            target=lambda: perf.span("thread.step").__enter__().__exit__(None, None, None)
+        )
+        worker.start()
+        worker.join()
+    names = {s["name"] for s in _spans(tmp_path / "mod")}
+    assert {"main.step", "thread.step", "decorated"} <= names
+    # after the run, module-level spans go back to the process default recorder
+    with perf.span("after"):
+        pass
+    assert perf.current_recorder() is not run.recorder
+
+
+def test_two_runs_in_progress_make_module_level_spans_an_error_that_says_what_to_do() -> None:
+    first = RunSession(out_dir=None, run_id="one", autoload=False).start()
+    second = RunSession(out_dir=None, run_id="two", autoload=False).start()
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"2 runs.*run\.recorder.*use_recorder"):
+            with perf.span("ambiguous"):
+                pass
+        with perf.use_recorder(second.recorder):  # the fix the message names
+            with perf.span("chosen"):
+                pass
+    finally:
+        second.finish()
+    with perf.span("only-one-left"):  # one run left: unambiguous again
+        pass
+    summary = first.finish()
+    assert summary["spans"]["total"] == 1
+
+
+def test_every_publish_is_an_overhead_span_on_its_thread(tmp_path: Path) -> None:
+    clock = ManualClock(0)
+
+    class Slow:
+        @hookimpl
+        def twinkle_samples(self, event: object) -> None:
+            clock.advance(3_000_000)  # the observers' work, inside the publish
+
+    with RunSession(
+        out_dir=tmp_path,
+        run_id="own",
+        clock=clock,
+        autoload=False,
+        plugins=[("slow", Slow())],
+        background_writer=False,
+    ) as run:
+        run.bus.iteration_started(0)
+        clock.advance(10_000_000)
+        run.bus.samples(iteration=0, phase="x", lengths=[1])
+        clock.advance(10_000_000)
+    over = [s for s in _spans(tmp_path / "own") if s["name"] == "twinkle.observe"]
+    events = {s["attrs"]["event"] for s in over}
+    assert {"run_started", "iteration_started", "samples"} <= events
+    samples = [s for s in over if s["attrs"]["event"] == "samples"]
+    assert [(s["end_ns"] - s["start_ns"]) for s in samples] == [3_000_000]
+    assert run.summary is not None
+    assert run.summary["seconds"]["overhead_seconds"] == 0.003
