@@ -7,10 +7,11 @@
   times come from the ``progress`` callback (time between successive iterations; the
   first iterations, warm-up, are dropped). The overhead is the ratio of the pooled
   medians minus one; the note gives the spread of the per-pair ratios. The observers
-  also account for their own time (``twinkle.observe`` spans, summary
-  ``seconds.overhead``): that figure, as a share of the run's wall seconds, is the
-  noise-free view of the same cost (it leaves out span recording and event building on
-  the caller and the writer threads' CPU, which the A/B includes).
+  also account for their own time (``twinkle.observe`` spans: every publish, event
+  building included; summary ``seconds.overhead_seconds``): that figure, as a share of
+  the run's active wall seconds (set-up before the first phase span left out), is the
+  noise-free view of the same cost (it leaves out span recording on the caller and the
+  writer threads' CPU, which the A/B includes).
 * ``demo.scaling``: the per-iteration observer cost on the caller thread (publish +
   dispatch: the iteration boundary flushing every worker's recorder, the samples, steps,
   scalars, the workers' memory readings through ``bus.memory`` and a snapshot) of a
@@ -172,8 +173,10 @@ def _demo_rows(smoke: bool, tmp: str) -> tuple[list[Row], float]:
             medians[observers] = median(per_iteration)
             runs[observers].append(medians[observers])
             seconds = summary.get("seconds", {}) if observers else {}
-            if seconds.get("wall"):
-                self_shares.append(seconds.get("overhead", 0.0) / seconds["wall"])
+            if seconds.get("active_wall_seconds"):
+                self_shares.append(
+                    seconds.get("overhead_seconds", 0.0) / seconds["active_wall_seconds"]
+                )
         pair_ratios.append(medians[True] / medians[False])
     # Adjacent runs share the machine's state of the moment: the ratio within each pair
     # cancels slow drifts of the load; the median over the pairs drops the spikes.
@@ -222,7 +225,7 @@ def _demo_rows(smoke: bool, tmp: str) -> tuple[list[Row], float]:
         *_thread_rows(threads),
         Row(
             "demo",
-            "observers' own time / wall (summary seconds.overhead)",
+            "observers' own time / active wall (summary seconds.overhead_seconds)",
             share * 100,
             "%",
             target=f"<= {OVERHEAD_TARGET:.0%} of iteration",
