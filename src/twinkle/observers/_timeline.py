@@ -99,6 +99,21 @@ class WindowTiming:
         )
 
 
+def _logical_ns(
+    by_phase_thread: dict[str, dict[int, list[Interval]]],
+    over_by_thread: dict[int, list[Interval]],
+) -> dict[str, int]:
+    """Per phase: the union over threads of its spans less the overhead on that thread
+    (an observer running on another thread did not stall the phase)."""
+    logical: dict[str, int] = {}
+    for phase, threads in by_phase_thread.items():
+        kept: list[Interval] = []
+        for tid, ivs in threads.items():
+            kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
+        logical[phase] = union_ns(kept)
+    return logical
+
+
 def measure_window(
     lo: int,
     hi: int,
@@ -124,12 +139,7 @@ def measure_window(
             by_phase[phase].append((s, e))
             by_phase_thread[phase].setdefault(tid, []).append((s, e))
     merged = {p: merge(ivs) for p, ivs in by_phase.items()}
-    logical = {}
-    for phase, threads in by_phase_thread.items():
-        kept: list[Interval] = []
-        for tid, ivs in threads.items():
-            kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
-        logical[phase] = union_ns(kept)
+    logical = _logical_ns(by_phase_thread, over_by_thread)
     return WindowTiming(
         wall_ns=hi - lo,
         overhead_ns=union_ns(over),
@@ -195,12 +205,7 @@ class IterationData:
                 by_phase_thread[phase].setdefault(tid, []).append((start, end))
                 sums[phase] += end - start
                 counts[phase] += 1
-        logical: dict[str, int] = {}
-        for phase, threads in by_phase_thread.items():
-            kept: list[Interval] = []
-            for tid, ivs in threads.items():
-                kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
-            logical[phase] = union_ns(kept)
+        logical = _logical_ns(by_phase_thread, over_by_thread)
         return AttributedTiming(
             phase_sum_ns=sums,
             phase_union_ns={p: union_ns(iv) for p, iv in by_phase.items()},
