@@ -39,7 +39,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import OVERHEAD_SPAN, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._intervals import Interval, clip, intersect, merge, subtract, union_ns
+from twinkle.observers._intervals import Interval, intersect, merge, subtract, union_ns
 from twinkle.perf import ClockAnchor
 
 __all__ = [
@@ -122,7 +122,6 @@ def measure_window(
     config: ObserverConfig,
 ) -> WindowTiming:
     """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it."""
-    over = clip(((s, e) for s, e, _ in overhead), lo, hi)
     over_by_thread: dict[int, list[Interval]] = {}
     for s, e, tid in overhead:
         if e > lo and s < hi:
@@ -142,7 +141,7 @@ def measure_window(
     logical = _logical_ns(by_phase_thread, over_by_thread)
     return WindowTiming(
         wall_ns=hi - lo,
-        overhead_ns=union_ns(over),
+        overhead_ns=union_ns(iv for ivs in over_by_thread.values() for iv in ivs),
         busy_ns=union_ns(iv for ivs in merged.values() for iv in ivs),
         span_ns=span_ns,
         phase_ns={p: sum(e - s for s, e in ivs) for p, ivs in merged.items()},
@@ -315,9 +314,8 @@ class Timeline:
         self.finalised: set[int] = set()
         self.run: RunTiming | None = None
         self._totals = WindowTiming.empty(self.config)
-        self._setup = WindowTiming.empty(self.config)
+        self._setup = self._before_work = WindowTiming.empty(self.config)
         self._first_work_ns: int | None = None
-        self._active_wall_ns = self._active_overhead_ns = 0
         self.late_spans = self.late_ns = 0
         self.late_samples = 0
         #: spans and their summed seconds by where they were attributed
@@ -325,7 +323,6 @@ class Timeline:
             k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
         }
         self.unstarted: dict[int, IterationData] = {}
-        self.setup_spans: list[tuple[int, int]] = []
         self.step = 0
         self.optimizer_steps = 0
 
@@ -379,8 +376,6 @@ class Timeline:
         start = end if self.horizon is None else self.horizon
         teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
         self._totals = self._totals + teardown
-        self._active_wall_ns += teardown.wall_ns
-        self._active_overhead_ns += teardown.overhead_ns
         self.pieces, self.overhead = [], []
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
@@ -391,8 +386,8 @@ class Timeline:
             total=self._totals,
             setup=self._setup,
             teardown=teardown,
-            active_wall_ns=self._active_wall_ns,
-            active_overhead_ns=self._active_overhead_ns,
+            active_wall_ns=self._totals.wall_ns - self._before_work.wall_ns,
+            active_overhead_ns=self._totals.overhead_ns - self._before_work.overhead_ns,
             late_spans=self.late_spans,
             late_ns=self.late_ns,
         )
@@ -519,13 +514,11 @@ class Timeline:
         self.horizon = end
         if window.iteration is None:
             self._setup = timing
+            # Set-up before the first phase span is not the run's active time.
             first = end if self._first_work_ns is None else min(self._first_work_ns, end)
-            active = measure_window(first, end, self.pieces, self.overhead, self.config)
-            self._active_wall_ns += active.wall_ns
-            self._active_overhead_ns += active.overhead_ns
-        else:
-            self._active_wall_ns += timing.wall_ns
-            self._active_overhead_ns += timing.overhead_ns
+            self._before_work = measure_window(
+                start, first, self.pieces, self.overhead, self.config
+            )
         self.pieces = [p for p in self.pieces if p[2] > end]
         out: list[Finished] = []
         if window.iteration is not None:
@@ -550,19 +543,10 @@ class Timeline:
     def accounting(self) -> dict[str, Any]:
         """Where every span went, for the summary (after the run finished)."""
         where = {k: {"spans": n, "seconds": ns / 1e9} for k, (n, ns) in self.where.items()}
-        run = self.run
-        late = (
-            {"spans": 0, "seconds": 0.0}
-            if run is None
-            else {
-                "spans": run.late_spans,
-                "seconds": run.late_ns / 1e9,
-            }
-        )
-        in_windows = 0.0 if run is None else run.total.span_ns / 1e9
+        late = {"spans": self.late_spans, "seconds": self.late_ns / 1e9}
         return {
             "attributed": where,
-            "window": {"in_windows_seconds": in_windows, "late": late},
+            "window": {"in_windows_seconds": self._totals.span_ns / 1e9, "late": late},
             "total": sum(n for n, _ in self.where.values()),
             "total_seconds": sum(ns for _, ns in self.where.values()) / 1e9,
         }
