@@ -64,23 +64,24 @@ def attributed_values(t: AttributedTiming) -> dict[str, int | float]:
     return values
 
 
+def _edge_values(t: WindowTiming, name: str) -> dict[str, int | float]:
+    """The set-up or tear-down window's wall, overhead, busy and idle seconds."""
+    return {
+        f"{name}_wall_seconds": t.wall_ns / _NS,
+        f"{name}_overhead_seconds": t.overhead_ns / _NS,
+        f"{name}_busy_seconds": t.busy_ns / _NS,
+        f"{name}_idle_seconds": t.idle_ns / _NS,
+    }
+
+
 def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[str, int | float]:
     """Flat values of the run-level record (scope ``run``)."""
-    short = ("wall", "overhead", "busy", "idle")
     values: dict[str, int | float] = {
         **window_values(run.total, ""),
         "active_wall_seconds": run.active_wall_ns / _NS,
         "active_logical_seconds": (run.active_wall_ns - run.active_overhead_ns) / _NS,
-        **{
-            f"setup_{k}": v
-            for k, v in window_values(run.setup, "").items()
-            if k.removesuffix("_seconds") in short
-        },
-        **{
-            f"teardown_{k}": v
-            for k, v in window_values(run.teardown, "").items()
-            if k.removesuffix("_seconds") in short
-        },
+        **_edge_values(run.setup, "setup"),
+        **_edge_values(run.teardown, "teardown"),
         "late_spans": run.late_spans,
         "late_seconds": run.late_ns / _NS,
         "iterations": iterations,
