@@ -26,7 +26,7 @@ from twinkle.events import (
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
 from twinkle.metric.reporting import MetricRecord, RunTotals, make_record
-from twinkle.observers._timeline import Finished, TimelineObserver
+from twinkle.observers._timeline import Finished, RunTiming, TimelineObserver
 
 __all__ = ["ThroughputObserver"]
 
@@ -43,6 +43,9 @@ class ThroughputObserver(TimelineObserver):
         self.iterations = 0
         self.totals = RunTotals()
         self.last_step = 0
+        #: the run's windows, computed once at the finish (records and summary share them)
+        self.run_window: dict[str, int | float] = {}
+        self.phase_windows: dict[str, dict[str, int | float]] = {}
 
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
@@ -88,10 +91,12 @@ class ThroughputObserver(TimelineObserver):
             "wall_ns": event.wall_ns,
             "monotonic_ns": event.monotonic_ns,
         }
-        for phase, values in self.phase_windows().items():
+        self.phase_windows = self._phase_windows(run)
+        self.run_window = self._run_window(run)
+        for phase, values in self.phase_windows.items():
             records.append(make_record(kind=phase, scope="window", values=values, **common))
         run_values: dict[str, int | float] = {
-            **self.run_window(),
+            **self.run_window,
             "iterations": self.iterations,
             "optimizer_updates": tl.optimizer_steps,
         }
@@ -105,11 +110,8 @@ class ThroughputObserver(TimelineObserver):
         metric.accumulate(lengths=(), seconds=seconds_ns / _NS, devices=devices)
         return metric
 
-    def phase_windows(self) -> dict[str, dict[str, int | float]]:
+    def _phase_windows(self, run: RunTiming) -> dict[str, dict[str, int | float]]:
         """Per phase: every sample of its tag over its run-level logical seconds."""
-        run = self.timeline.run
-        if run is None:
-            return {}
         return {
             phase: self._window_metric(
                 spec.samples, run.total.phase_logical_ns[phase], spec.devices
@@ -117,12 +119,10 @@ class ThroughputObserver(TimelineObserver):
             for phase, spec in self.timeline.config.throughput.items()
         }
 
-    def run_window(self) -> dict[str, int | float]:
+    def _run_window(self, run: RunTiming) -> dict[str, int | float]:
         """Every effective token over the run's active logical seconds (no window
         configured: no tokens, the seconds alone)."""
-        run, config = self.timeline.run, self.timeline.config
-        if run is None:
-            return {}
+        config = self.timeline.config
         active_ns = run.active_wall_ns - run.active_overhead_ns
         if config.window is None:
             metric = ThroughputMetric()
@@ -167,8 +167,8 @@ class ThroughputObserver(TimelineObserver):
     @hookimpl
     def twinkle_summary(self, event: RunFinished) -> dict[str, Any]:
         return {
-            "window": self.run_window(),
-            "phase_windows": self.phase_windows(),
+            "window": self.run_window,
+            "phase_windows": self.phase_windows,
             "counts": self.totals.calibrate(event.terminal_totals),
             "late_samples": self.timeline.late_samples,
         }
