@@ -187,6 +187,14 @@ class MemoryMetrics:
     attrs: dict[str, str | None]
 
 
+def _in_unit(total: int, count: int, size: int) -> int | float:
+    """``total / (count * size)``: whole bytes stay integers (a mean rounded half up);
+    other units as one exact int division, so correctly rounded."""
+    if size == 1:
+        return (2 * total + count) // (2 * count)
+    return total / (count * size)
+
+
 def memory_report(
     readings: Sequence[MemoryReading],
     *,
@@ -201,18 +209,10 @@ def memory_report(
     for name, r in _reduce_readings(readings, fields, "memory_metrics").items():
         base = name.removesuffix("_bytes")
         empty = r.count == 0
-        if size == 1:  # bytes stay integers (the mean rounded half up to a whole byte)
-            values[f"{base}_{tag}_max"] = math.nan if r.max is None else r.max
-            values[f"{base}_{tag}_min"] = math.nan if r.min is None else r.min
-            mean = math.nan if empty else (2 * r.sum + r.count) // (2 * r.count)
-            values[f"{base}_{tag}_mean"] = mean
-            values[f"{base}_{tag}_sum"] = math.nan if empty else r.sum
-        else:
-            values[f"{base}_{tag}_max"] = math.nan if r.max is None else r.max / size
-            values[f"{base}_{tag}_min"] = math.nan if r.min is None else r.min / size
-            # sum / (count * size) as one exact int division: correctly rounded.
-            values[f"{base}_{tag}_mean"] = math.nan if empty else r.sum / (r.count * size)
-            values[f"{base}_{tag}_sum"] = math.nan if empty else r.sum / size
+        values[f"{base}_{tag}_max"] = math.nan if r.max is None else _in_unit(r.max, 1, size)
+        values[f"{base}_{tag}_min"] = math.nan if r.min is None else _in_unit(r.min, 1, size)
+        values[f"{base}_{tag}_mean"] = math.nan if empty else _in_unit(r.sum, r.count, size)
+        values[f"{base}_{tag}_sum"] = math.nan if empty else _in_unit(r.sum, 1, size)
         values[f"{base}_workers"] = r.count
         attrs[f"{base}_argmax_worker"] = r.argmax_worker
     return MemoryMetrics(values=values, attrs=attrs)
