@@ -25,6 +25,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric.reporting import Backend, JsonlBackend, JsonlWriter, WebUIFlatBackend
+from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor
 
 __all__ = [
@@ -62,12 +63,13 @@ class WebUISink:
     def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
         if context.out_dir is None:
             return None
-        total = context.config.get("total_steps", 0)
-        lag = context.config.get("finalise_lag", 1)
+        config = ObserverConfig.parse(context.config)
         # An iteration's timing and throughput come lag + 1 boundaries after it began.
         return [
             WebUIFlatBackend(
-                context.out_dir / WEBUI_FILE, total_steps=int(total or 0), hold=int(lag) + 2
+                context.out_dir / WEBUI_FILE,
+                total_steps=config.total_steps,
+                hold=config.finalise_lag + 2,
             )
         ]
 
