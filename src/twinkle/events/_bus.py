@@ -161,17 +161,18 @@ class EventBus:
         """Publish spans recorded elsewhere (another process) with that process's anchor."""
         if spans:
             with self.own_work(SpanBatch.TYPE):
-                mono, wall = self._times()
-                batch = _json_safe_spans(tuple(spans), source)
-                self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
+                self._send_spans(source, anchor, spans)
 
     def _publish_spans(self, source: str, recorder: TimeRecorder) -> int:
         spans = recorder.drain()
         if spans:
-            mono, wall = self._times()
-            batch = _json_safe_spans(tuple(spans), source)
-            self._send(SpanBatch(self.run_id, mono, wall, source, recorder.anchor, batch))
+            self._send_spans(source, recorder.anchor, spans)
         return len(spans)
+
+    def _send_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
+        mono, wall = self._times()
+        batch = _json_safe_spans(tuple(spans), source)
+        self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
 
     # -- builders for each event ------------------------------------------------------
 
