@@ -34,19 +34,27 @@ def _over(start_ms: int, end_ms: int, tid: int) -> Span:
     return _s("twinkle.observe", start_ms, end_ms, tid, event="x")
 
 
-def scripted_run(out_dir: Path) -> RunSession:
-    """Publish the scripted events; every time is given, nothing is measured."""
+def manual_session(
+    out_dir: Path, run_id: str, config: dict[str, Any]
+) -> tuple[RunSession, ManualClock]:
+    """A started run on a manual clock (wall time = 2023-11-14 + the clock), records
+    written in the caller's thread, no third-party plugins."""
     clock = ManualClock(0)
     run = RunSession(
         out_dir=out_dir,
-        run_id="scripted",
-        config=CONFIG,
+        run_id=run_id,
+        config=config,
         clock=clock,
         wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
         autoload=False,
         background_writer=False,
     )
-    run.start()
+    return run.start(), clock
+
+
+def scripted_run(out_dir: Path) -> RunSession:
+    """Publish the scripted events; every time is given, nothing is measured."""
+    run, clock = manual_session(out_dir, "scripted", CONFIG)
     bus = run.bus
     anchor = bus.anchor
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 import pytest
+from test_scripted_run import manual_session  # the same manual-clock session
 
 from twinkle.observers._intervals import union_ns
-from twinkle.perf import ManualClock, Span
+from twinkle.perf import Span
 from twinkle.perf.stats import MemoryReading
 from twinkle.replay import replay
 from twinkle.session import RunSession
@@ -65,17 +66,7 @@ FINISH_MS = 260
 
 
 def _run(out_dir: Path) -> RunSession:
-    clock = ManualClock(0)
-    run = RunSession(
-        out_dir=out_dir,
-        run_id="timeline",
-        config=CONFIG,
-        clock=clock,
-        wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
-        autoload=False,
-        background_writer=False,
-    )
-    run.start()
+    run, clock = manual_session(out_dir, "timeline", CONFIG)
     bus = run.bus
     samples = {0: [10, 20], 1: [5, 5, 5], 2: [7]}
     reading = MemoryReading("w0", None, 1, "h", "cpu", 1000, 2001, None, None, None, None)
