@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._harness import Row
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     JsonlBackend,
     MetricRecord,
     MetricsReporter,

@@ -46,7 +46,7 @@ def test_layers_are_kept(tree: Path) -> None:
     [
         ("perf/clock.py", "twinkle.metric"),
         ("perf/timer.py", "twinkle.events"),
-        ("metric/throughput.py", "twinkle.metric.reporting"),
+        ("metric/throughput.py", "twinkle.reporting"),
         ("events/_types.py", "twinkle.plugins"),
     ],
 )

@@ -12,7 +12,7 @@ Observers are deterministic functions of the events they receive: they read no c
 environment or device. Replaying a run's ``events.jsonl`` through the same observers
 reproduces every record they produced.
 
-Event hooks may return a list of :class:`~twinkle.metric.reporting.MetricRecord`
+Event hooks may return a list of :class:`~twinkle.reporting.MetricRecord`
 (``seq`` is assigned by the run's reporter) or ``None``.
 """
 
@@ -39,7 +39,7 @@ from twinkle.events import (
     SpanBatch,
     WeightsPublished,
 )
-from twinkle.metric.reporting import Backend, MetricRecord
+from twinkle.reporting import Backend, MetricRecord
 
 __all__ = ["OVERHEAD_SPAN", "PROJECT_NAME", "RunContext", "hookimpl", "hookspec"]
 
@@ -79,7 +79,7 @@ def twinkle_configure(context: RunContext) -> None:
 def twinkle_make_backends(context: RunContext) -> Sequence[Backend] | None:
     """Once per run, after :func:`twinkle_configure`: record backends this plugin provides.
 
-    The run's single :class:`~twinkle.metric.reporting.MetricsReporter` fans every record
+    The run's single :class:`~twinkle.reporting.MetricsReporter` fans every record
     out to all backends returned here (it assigns ``seq`` and isolates failing backends).
 
     :param context: as for :func:`twinkle_configure`.

@@ -35,7 +35,7 @@ from twinkle.events import (
     WeightsPublished,
 )
 from twinkle.hookspecs import OVERHEAD_SPAN
-from twinkle.metric.reporting import MetricRecord
+from twinkle.reporting import MetricRecord
 
 __all__ = [
     "DISABLE_AUTOLOAD_ENV",

@@ -24,7 +24,7 @@ from twinkle.errors import (
 )
 from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
-from twinkle.metric.reporting import read_jsonl
+from twinkle.reporting import read_jsonl
 from twinkle.plugins import make_plugin_manager
 from twinkle.session import (
     SUMMARY_FILE,

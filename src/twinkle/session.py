@@ -32,7 +32,7 @@ import pluggy
 from twinkle.errors import ConfigError, InvalidArgumentError, TwinkleError, WriteError
 from twinkle.events import EventBus, RunFinished
 from twinkle.hookspecs import RunContext
-from twinkle.metric.reporting import Backend, MetricsReporter
+from twinkle.reporting import Backend, MetricsReporter
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import Clock, TimeRecorder, bind_process_recorder
 from twinkle.perf.stats import memory_stats

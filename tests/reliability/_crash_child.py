@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twinkle.metric.reporting import JsonlBackend, JsonlWriter, MetricsReporter, make_record
+from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter, make_record
 from twinkle.session import RunSession
 
 RUN = "crash"

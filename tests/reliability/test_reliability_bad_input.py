@@ -40,7 +40,7 @@ from twinkle.events import EventBus, event_from_dict
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
 from twinkle.metric.memory import convert_bytes
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
     MetricsReporter,

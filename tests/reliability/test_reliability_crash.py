@@ -27,7 +27,7 @@ import pytest
 from _scripted import scripted_run
 
 from twinkle.errors import ReplayError
-from twinkle.metric.reporting import JsonlBackend, JsonlWriter, MetricsReporter
+from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter
 from twinkle.replay import replay
 
 CHILD = Path(__file__).with_name("_crash_child.py")
@@ -302,7 +302,7 @@ def test_torn_line_in_the_middle_of_a_log_is_an_error_naming_it(tmp_path: Path) 
 BOUND_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
-    import twinkle.metric.reporting.jsonl as jsonl
+    import twinkle.reporting.jsonl as jsonl
     from twinkle.session import RunSession
 
     real_write = jsonl._os_write

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-import twinkle.metric.reporting.jsonl as jsonl_mod
+import twinkle.reporting.jsonl as jsonl_mod
 from twinkle.errors import WriteError
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
     MetricRecord,

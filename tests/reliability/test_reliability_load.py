@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-import twinkle.metric.reporting.jsonl as jsonl_mod
-from twinkle.metric.reporting import JsonlBackend, JsonlWriter, MetricsReporter, make_record
+import twinkle.reporting.jsonl as jsonl_mod
+from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter, make_record
 
 RUN = "load"
 
@@ -123,7 +123,7 @@ def test_soak_threads_through_one_reporter(
 APPENDER = textwrap.dedent(
     """
     import random, sys
-    from twinkle.metric.reporting import (
+    from twinkle.reporting import (
         JsonlBackend, JsonlWriter, MetricsReporter, make_record)
 
     path, proc, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import twinkle.metric.reporting.jsonl as jsonl_mod
+import twinkle.reporting.jsonl as jsonl_mod
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -25,7 +25,7 @@ from twinkle.events import (
     SamplesObserved,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.reporting import MetricRecord, make_record
 from twinkle.perf import ManualClock
 from twinkle.replay import replay
 from twinkle.session import RunSession

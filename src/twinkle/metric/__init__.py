@@ -5,7 +5,7 @@
 * :class:`LengthHistogram` — bounded, deterministic, mergeable length distribution.
 * :func:`memory_metrics` and friends — cross-worker memory reduction in binary units.
 
-Persistence lives in :mod:`twinkle.metric.reporting`, which is not imported here.
+Persistence lives in :mod:`twinkle.reporting`, which is not imported here.
 """
 
 from __future__ import annotations

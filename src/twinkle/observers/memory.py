@@ -14,7 +14,7 @@ from typing import Any
 from twinkle.events import MemoryReadings, OptimizerStep, RunStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import MEMORY_FIELDS, memory_report
-from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.reporting import MetricRecord, make_record
 from twinkle.perf.stats import MemoryReading
 
 __all__ = ["MemoryObserver"]

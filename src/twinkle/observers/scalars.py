@@ -11,7 +11,7 @@ from typing import Any
 
 from twinkle.events import OptimizerStep, RunStarted, ScalarsObserved
 from twinkle.hookspecs import hookimpl
-from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["ScalarsObserver"]
 

@@ -1,7 +1,7 @@
 """Built-in sinks: the raw records, the WebUI flat file, the event log and the trace.
 
 Sinks write what the run produced; they compute nothing. Every JSONL file goes through
-the one :class:`~twinkle.metric.reporting.JsonlWriter`.
+the one :class:`~twinkle.reporting.JsonlWriter`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from twinkle.events import (
     event_to_dict,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.metric.reporting import Backend, JsonlBackend, JsonlWriter, WebUIFlatBackend
+from twinkle.reporting import Backend, JsonlBackend, JsonlWriter, WebUIFlatBackend
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor
 

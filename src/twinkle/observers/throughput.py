@@ -25,7 +25,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
-from twinkle.metric.reporting import MetricRecord, RunTotals, make_record
+from twinkle.reporting import MetricRecord, RunTotals, make_record
 from twinkle.observers._timeline import Finished, RunTiming, TimelineObserver
 
 __all__ = ["ThroughputObserver"]

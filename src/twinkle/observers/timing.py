@@ -16,7 +16,7 @@ from typing import Any
 
 from twinkle.events import IterationStarted, RunFinished
 from twinkle.hookspecs import hookimpl
-from twinkle.metric.reporting import MetricRecord, make_record
+from twinkle.reporting import MetricRecord, make_record
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._timeline import (
     AttributedTiming,

@@ -12,13 +12,13 @@ This layer reads no clock: wall and monotonic times come in the records.
 
 from __future__ import annotations
 
-from twinkle.metric.reporting.jsonl import (
+from twinkle.reporting.jsonl import (
     JsonlReader,
     JsonlWriter,
     TornLineRecovery,
     read_jsonl,
 )
-from twinkle.metric.reporting.record import (
+from twinkle.reporting.record import (
     SCOPES,
     UNASSIGNED_SEQ,
     MetricRecord,
@@ -26,14 +26,14 @@ from twinkle.metric.reporting.record import (
     record_from_dict,
     record_to_dict,
 )
-from twinkle.metric.reporting.reporter import (
+from twinkle.reporting.reporter import (
     Backend,
     JsonlBackend,
     MetricsReporter,
     ReporterStats,
 )
-from twinkle.metric.reporting.totals import RunTotals
-from twinkle.metric.reporting.webui import WebUIFlatBackend
+from twinkle.reporting.totals import RunTotals
+from twinkle.reporting.webui import WebUIFlatBackend
 
 __all__ = [
     "SCOPES",

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
-from twinkle.metric.reporting import JsonlWriter, TornLineRecovery, read_jsonl
-from twinkle.metric.reporting import jsonl as jsonl_mod
+from twinkle.reporting import JsonlWriter, TornLineRecovery, read_jsonl
+from twinkle.reporting import jsonl as jsonl_mod
 
 
 def _reject_constant(name: str) -> Any:

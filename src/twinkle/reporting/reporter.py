@@ -28,8 +28,8 @@ from types import TracebackType
 from typing import Literal, Protocol, runtime_checkable
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
-from twinkle.metric.reporting.jsonl import JsonlWriter, StrPath, TornLineRecovery
-from twinkle.metric.reporting.record import (
+from twinkle.reporting.jsonl import JsonlWriter, StrPath, TornLineRecovery
+from twinkle.reporting.record import (
     MetricRecord,
     _check_run_id,
     _json_fields,

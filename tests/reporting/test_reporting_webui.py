@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     JsonlBackend,
     MetricRecord,
     MetricsReporter,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     JsonlBackend,
     MetricRecord,
     MetricsReporter,
@@ -304,7 +304,7 @@ def test_torn_last_line_after_crash_is_recovered_and_seq_continues(tmp_path, cap
 def test_unclosed_background_reporter_is_flushed_at_interpreter_exit(tmp_path):
     path = tmp_path / "raw.jsonl"
     script = f"""
-from twinkle.metric.reporting import JsonlBackend, MetricsReporter, make_record
+from twinkle.reporting import JsonlBackend, MetricsReporter, make_record
 rep = MetricsReporter([JsonlBackend({str(path)!r})], run_id="exit-run", background=True)
 for i in range(2000):
     rep.report(make_record(kind="k", scope="run", run_id="exit-run", step=i, iteration=i,

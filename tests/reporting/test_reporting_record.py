@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinkle.errors import InvalidArgumentError, RecordError
-from twinkle.metric.reporting import (
+from twinkle.reporting import (
     SCOPES,
     UNASSIGNED_SEQ,
     JsonlBackend,

@@ -5,7 +5,7 @@ Design points, each one tested:
 * One ``os.write`` per batch on an ``O_APPEND`` descriptor, no user-space buffer: what
   :meth:`JsonlWriter.write` returned from is in the OS, whole lines only, in call order.
 * Strict JSON through orjson (no ``NaN``/``Infinity`` tokens: orjson writes them as
-  ``null``; :class:`~twinkle.metric.reporting.MetricRecord` names such values).
+  ``null``; :class:`~twinkle.reporting.MetricRecord` names such values).
 * Append mode keeps what an earlier process wrote. A torn last line left by a crash
   is moved to a sidecar (``<name>.torn``, one JSON line per recovery) and the file is
   truncated back to its last complete line; :attr:`JsonlWriter.recovery` says so.

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.reporting import RunTotals
+from twinkle.reporting import RunTotals
 
 
 def test_add_accumulates_ints_exactly_and_floats_as_floats():
