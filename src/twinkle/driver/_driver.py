@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from twinkle.driver._publish import PublishFailure, PublishTarget, adapt_publisher
 from twinkle.driver._state import (
     CloseReport,
-    ProducerState,
+    ProducerTally,
     Publication,
     check_int,
     check_timeout,
@@ -121,7 +121,7 @@ class StreamingDriver(Generic[T]):
         self._cond = threading.Condition(threading.Lock())
         self._stop = threading.Event()
         self._buffer: deque[Item[T]] = deque()
-        self._states = {name: ProducerState(name) for name in self._produce}
+        self._states = {name: ProducerTally(name) for name in self._produce}
         self._threads: dict[str, threading.Thread] = {}
         self._publication: Publication | None = None
         self._next_iteration = 0
@@ -446,7 +446,7 @@ class StreamingDriver(Generic[T]):
 
     # -- producer threads -------------------------------------------------------------------
 
-    def _run_producer(self, st: ProducerState, produce: Callable[[int], Any]) -> None:
+    def _run_producer(self, st: ProducerTally, produce: Callable[[int], Any]) -> None:
         while not self._stop.is_set():
             with self._cond:
                 version = self._version
@@ -466,7 +466,7 @@ class StreamingDriver(Generic[T]):
             if not self._offer(st, item):
                 return
 
-    def _offer(self, st: ProducerState, item: Item[T]) -> bool:
+    def _offer(self, st: ProducerTally, item: Item[T]) -> bool:
         with self._cond:
             while True:
                 if self._stop.is_set():
@@ -494,7 +494,7 @@ class StreamingDriver(Generic[T]):
             return True
 
     @staticmethod
-    def _unblock_locked(st: ProducerState, now_ns: int) -> None:
+    def _unblock_locked(st: ProducerTally, now_ns: int) -> None:
         if st.blocked_since_ns is not None:
             st.idle_ns += now_ns - st.blocked_since_ns
             st.blocked_since_ns = None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from twinkle.errors import InvalidArgumentError
 
-__all__ = ["CloseReport", "ProducerState", "Publication", "check_int", "check_timeout"]
+__all__ = ["CloseReport", "ProducerTally", "Publication", "check_int", "check_timeout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,9 @@ class CloseReport:
         return not self.hung_producers and not self.hung_publishing
 
 
-class ProducerState:
+class ProducerTally:
+    """One producer's mutable counters and state (guarded by the driver's condition)."""
+
     __slots__ = (
         "blocked_since_ns",
         "buffered",
