@@ -17,9 +17,12 @@ import pytest
 import twinkle.events as ev
 from twinkle.driver import (
     CloseReport,
+    DriverState,
     DriverTimeoutError,
     Item,
     ProducersExhaustedError,
+    ProducerState,
+    ProducerStats,
     StreamingDriver,
 )
 from twinkle.errors import DriverError, InvalidArgumentError
@@ -249,9 +252,46 @@ def test_snapshot_is_a_plain_dict_of_counts(bus: EventBus, log: EventLog) -> Non
     assert state["failure"] is None and state["hung"] == []
     for p in state["producers"].values():
         assert p["produced"] == p["consumed"] + p["buffered"] + p["dropped"]
-        assert set(p) == {"produced", "consumed", "buffered", "dropped", "idle_seconds", "state"}
+    # the event holds plain strings, as a replay reads them back from the log
+    assert {type(p["state"]) for p in event.state["producers"].values()} == {str}
     # JSON round trip through the event codec
     assert ev.loads_event(ev.dumps_event(event)) == event
+
+
+def test_state_keys_are_the_declared_keys_in_order(bus: EventBus, log: EventLog) -> None:
+    # Order matters too: the snapshot line in events.jsonl must stay byte-identical.
+    declared = list(DriverState.__annotations__)
+    assert set(declared) == DriverState.__required_keys__
+    with StreamingDriver({"a": counter(), "b": counter()}, bus=bus, buffer_size=2) as driver:
+        driver.next_batch(1)
+        state = driver.snapshot()
+    (event,) = [e for e in log.events if isinstance(e, ev.Snapshot)]
+    for shown in (state, event.state):
+        assert list(shown) == declared
+        for p in shown["producers"].values():
+            assert list(p) == list(ProducerStats.__annotations__)
+            assert set(p) == ProducerStats.__required_keys__
+
+
+def test_producer_states_are_enum_members_with_the_documented_values(bus: EventBus) -> None:
+    documented = ["new", "producing", "blocked", "exhausted", "failed", "stopped", "hung"]
+    assert [member.value for member in ProducerState] == documented
+    finished = {s for s in ProducerState if s.finished}
+    assert finished == {
+        ProducerState.EXHAUSTED,
+        ProducerState.FAILED,
+        ProducerState.STOPPED,
+        ProducerState.HUNG,
+    }
+    driver = StreamingDriver({"p": ["x"]}, bus=bus)
+    assert driver.state()["producers"]["p"]["state"] is ProducerState.NEW
+    driver.start()
+    state = driver.wait_until(
+        lambda s: s["producers"]["p"]["state"] is ProducerState.EXHAUSTED, WAIT
+    )
+    assert isinstance(state["producers"]["p"]["state"], ProducerState)
+    driver.close()
+    assert driver.state()["producers"]["p"]["state"] is ProducerState.EXHAUSTED
 
 
 # -- staleness -----------------------------------------------------------------------------
@@ -307,7 +347,9 @@ def test_full_buffer_blocks_the_producer_and_counts_idle_time(
         return next(calls)
 
     with StreamingDriver({"p": produce}, bus=bus, buffer_size=2) as driver:
-        state = driver.wait_until(lambda s: s["producers"]["p"]["state"] == "blocked", WAIT)
+        state = driver.wait_until(
+            lambda s: s["producers"]["p"]["state"] is ProducerState.BLOCKED, WAIT
+        )
         assert (state["buffered"], state["producers"]["p"]["produced"]) == (2, 2)
         clock.advance(3 * SECOND)
         assert driver.state()["producers"]["p"]["idle_seconds"] == 3.0
@@ -315,7 +357,8 @@ def test_full_buffer_blocks_the_producer_and_counts_idle_time(
         # the held item goes in, the producer makes one more and blocks again
         state = driver.wait_until(
             lambda s: (
-                s["producers"]["p"]["produced"] == 3 and s["producers"]["p"]["state"] == "blocked"
+                s["producers"]["p"]["produced"] == 3
+                and s["producers"]["p"]["state"] is ProducerState.BLOCKED
             ),
             WAIT,
         )
@@ -364,7 +407,7 @@ def test_exhausted_iterable_producers_end_with_a_clear_error(bus: EventBus) -> N
             driver.next_batch(2)
         (last,) = driver.next_batch(1)
         assert (last.payload, last.version, last.producer) == ("c", 0, "it")
-        assert driver.state()["producers"]["it"]["state"] == "exhausted"
+        assert driver.state()["producers"]["it"]["state"] is ProducerState.EXHAUSTED
 
 
 def test_producer_with_produce_method_and_name_attribute(bus: EventBus) -> None:
@@ -421,7 +464,7 @@ def test_producer_failure_surfaces_at_the_next_call_within_a_second(
         cause = info.value.__cause__
         assert isinstance(cause, ValueError)
         assert "flaky_rollout" in {f.name for f in _frames(cause)}
-        assert driver.state()["producers"]["flaky"]["state"] == "failed"
+        assert driver.state()["producers"]["flaky"]["state"] is ProducerState.FAILED
         with pytest.raises(DriverError):
             driver.next_batch(1)
         gate.close()
@@ -521,8 +564,8 @@ def test_hung_producer_is_reported_not_waited_for(bus: EventBus) -> None:
         assert not report.clean
         state = driver.snapshot()
         assert state["hung"] == ["hangs"]
-        assert state["producers"]["hangs"]["state"] == "hung"
-        assert state["producers"]["fine"]["state"] == "stopped"
+        assert state["producers"]["hangs"]["state"] is ProducerState.HUNG
+        assert state["producers"]["fine"]["state"] is ProducerState.STOPPED
         thread = next(t for t in threading.enumerate() if t.name == "twinkle-producer-hangs")
         assert thread.daemon
     finally:

@@ -28,10 +28,14 @@ from typing import Any, Generic, TypeVar
 from twinkle.driver._publish import PublishFailure, PublishTarget, adapt_publisher
 from twinkle.driver._state import (
     CloseReport,
+    DriverState,
+    ProducerState,
+    ProducerStats,
     ProducerTally,
     Publication,
     check_int,
     check_timeout,
+    plain_state,
 )
 from twinkle.driver._types import (
     DriverTimeoutError,
@@ -50,7 +54,6 @@ __all__ = ["CloseReport", "StreamingDriver"]
 _log = logging.getLogger("twinkle.driver")
 _POLL_S = 0.05
 _CLOSE_TIMEOUT_S = 5.0
-_DONE = frozenset({"exhausted", "failed", "stopped", "hung"})
 
 T = TypeVar("T")
 
@@ -152,7 +155,7 @@ class StreamingDriver(Generic[T]):
                     daemon=True,
                 )
                 self._threads[name] = thread
-                self._states[name].state = "producing"
+                self._states[name].state = ProducerState.PRODUCING
         for thread in self._threads.values():
             thread.start()
         return self
@@ -204,9 +207,9 @@ class StreamingDriver(Generic[T]):
             for name, st in self._states.items():
                 self._unblock_locked(st, now)
                 if name in hung_producers:
-                    st.state = "hung"
-                elif st.state not in ("exhausted", "failed"):
-                    st.state = "stopped"
+                    st.state = ProducerState.HUNG
+                elif st.state not in (ProducerState.EXHAUSTED, ProducerState.FAILED):
+                    st.state = ProducerState.STOPPED
             self._report = report
             self._cond.notify_all()
         if not report.clean:
@@ -288,7 +291,7 @@ class StreamingDriver(Generic[T]):
             try:
                 while len(self._buffer) < n:
                     self._check_usable_locked()
-                    if all(st.state in _DONE for st in self._states.values()):
+                    if all(st.state.finished for st in self._states.values()):
                         raise ProducersExhaustedError(
                             f"every producer is exhausted and {len(self._buffer)} item(s) "
                             f"remain, fewer than n={n}; take them with a smaller n or close()"
@@ -379,16 +382,17 @@ class StreamingDriver(Generic[T]):
         with self._cond:
             return self._version
 
-    def snapshot(self) -> dict[str, Any]:
-        """Publish a ``snapshot`` event of :meth:`state` and return the dict.
+    def snapshot(self) -> DriverState:
+        """Publish a ``snapshot`` event of :meth:`state` and return that state.
 
-        Raises a pending, not yet reported failure first; after close it still works (it
-        shows hung producers)."""
+        The event carries it as a plain dict: the same keys in the same order, producer
+        states as their string values. Raises a pending, not yet reported failure first;
+        after close it still works (it shows hung producers)."""
         with self._cond:
             if self._failure is not None and not self._failure_surfaced:
                 self._raise_failure_locked()
             state = self._state_locked()
-        self._bus.snapshot(state)
+        self._bus.snapshot(plain_state(state))
         return state
 
     # -- inspection -----------------------------------------------------------------------
@@ -405,24 +409,16 @@ class StreamingDriver(Generic[T]):
         with self._cond:
             return self._next_iteration - 1 if self._next_iteration else None
 
-    def state(self) -> dict[str, Any]:
-        """The driver's state as a plain JSON-able dict, without publishing it.
-
-        Keys: ``version``, ``iterations_started``, ``buffer_size``, ``buffered``,
-        ``high_water_mark``, ``max_staleness``, ``produced``, ``consumed``, ``dropped``
-        (totals), ``trainer_wait_seconds`` (finished waits), ``trainer_waiting``
-        (a next_batch call is waiting now), ``publishing`` (version in flight or None),
-        ``failure`` (description or None), ``hung`` (labels) and ``producers``: per
-        producer ``produced``, ``consumed``, ``buffered``, ``dropped``, ``idle_seconds``
-        (blocked on a full buffer) and ``state`` (producing, blocked, exhausted, failed,
-        stopped, hung).
-        """
+    def state(self) -> DriverState:
+        """The driver's state, without publishing it: a fresh :class:`DriverState` (its
+        declaration documents every key; per producer a :class:`ProducerStats` whose
+        ``state`` is a :class:`ProducerState`)."""
         with self._cond:
             return self._state_locked()
 
     def wait_until(
-        self, predicate: Callable[[dict[str, Any]], bool], timeout: float | None = None
-    ) -> dict[str, Any]:
+        self, predicate: Callable[[DriverState], bool], timeout: float | None = None
+    ) -> DriverState:
         """Wait until ``predicate(state())`` holds (re-checked at every change of state);
         returns that state, or raises :class:`DriverTimeoutError` after ``timeout``
         seconds (``None``: no limit). For monitors and tests; it raises no failures."""
@@ -439,7 +435,7 @@ class StreamingDriver(Generic[T]):
                     if remaining <= 0:
                         raise DriverTimeoutError(
                             f"the driver state did not satisfy the predicate within "
-                            f"{seconds}s; last state: {state!r}"
+                            f"{seconds}s; last state: {plain_state(state)!r}"
                         )
                     wait_s = min(wait_s, remaining)
                 self._cond.wait(wait_s)
@@ -454,12 +450,12 @@ class StreamingDriver(Generic[T]):
                 payload = produce(version)
             except StopIteration:
                 with self._cond:
-                    st.state = "exhausted"
+                    st.state = ProducerState.EXHAUSTED
                     self._cond.notify_all()
                 return
             except BaseException as exc:
                 with self._cond:
-                    st.state = "failed"
+                    st.state = ProducerState.FAILED
                     self._set_failure_locked(f"producer {st.name!r}", exc)
                 return
             item = Item(payload, version, st.name, self._bus.now_ns())
@@ -482,7 +478,7 @@ class StreamingDriver(Generic[T]):
                     break
                 if st.blocked_since_ns is None:
                     st.blocked_since_ns = self._bus.now_ns()
-                    st.state = "blocked"
+                    st.state = ProducerState.BLOCKED
                     self._cond.notify_all()
                 self._cond.wait(_POLL_S)
             self._unblock_locked(st, self._bus.now_ns())
@@ -498,8 +494,8 @@ class StreamingDriver(Generic[T]):
         if st.blocked_since_ns is not None:
             st.idle_ns += now_ns - st.blocked_since_ns
             st.blocked_since_ns = None
-            if st.state == "blocked":
-                st.state = "producing"
+            if st.state is ProducerState.BLOCKED:
+                st.state = ProducerState.PRODUCING
 
     # -- publication thread -------------------------------------------------------------------
 
@@ -616,11 +612,11 @@ class StreamingDriver(Generic[T]):
     # -- state ----------------------------------------------------------------------------------
 
     def _producer_states_locked(self) -> dict[str, str]:
-        return {name: st.state for name, st in self._states.items()}
+        return {name: st.state.value for name, st in self._states.items()}
 
-    def _state_locked(self) -> dict[str, Any]:
+    def _state_locked(self) -> DriverState:
         now = self._bus.now_ns()
-        producers: dict[str, dict[str, Any]] = {}
+        producers: dict[str, ProducerStats] = {}
         for name, st in self._states.items():
             idle = st.idle_ns
             if st.blocked_since_ns is not None:
@@ -635,7 +631,7 @@ class StreamingDriver(Generic[T]):
             }
         report = self._report
         hung = [] if report is None else [*report.hung_producers, *report.hung_publishing]
-        failure = None
+        failure: str | None = None
         if self._failure is not None:
             where, exc = self._failure
             failure = f"{where}: {type(exc).__qualname__}: {exc}"
