@@ -145,7 +145,7 @@ def test_malformed_events_are_rejected_naming_the_field(make, match) -> None:  #
     ("data", "match"),
     [
         ({"type": "nope"}, "unknown event type"),
-        ({"type": "iteration_started", "run_id": "r"}, "lacks field"),
+        ({"type": "iteration_started", "run_id": "r"}, r"lacks field\(s\) \['monotonic_ns'\]"),
         ([1, 2], "JSON object"),
         (
             {

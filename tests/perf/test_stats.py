@@ -298,13 +298,13 @@ def test_memory_reading_dict_keeps_raw_bytes_and_unit_named_keys() -> None:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"host_rss_bytes": 1.5}, "host_rss_bytes must be an int >= 0"),
-        ({"host_rss_bytes": None}, "host_rss_bytes must be an int >= 0"),
+        ({"host_rss_bytes": 1.5}, r"data.host_rss_bytes = 1.5: expected `int`, got `float`"),
+        ({"host_rss_bytes": None}, r"data.host_rss_bytes = None: expected `int`, got `null`"),
         ({"device_reserved_bytes": -1}, "device_reserved_bytes must be an int >= 0"),
         ({"pid": 0}, "pid must be a positive int"),
         ({"rank": -2}, "rank must be an int >= 0"),
         ({"device": ""}, "device must be a non-empty str"),
-        ({"extra": 1}, r"unknown keys \['extra'\]"),
+        ({"extra": 1}, r"data has unknown field\(s\) \['extra'\]"),
     ],
 )
 def test_memory_reading_from_dict_rejects_malformed_data(
@@ -318,7 +318,9 @@ def test_memory_reading_from_dict_rejects_malformed_data(
 def test_memory_reading_from_dict_names_missing_keys() -> None:
     data = memory_stats().to_dict()
     del data["host_peak_rss_bytes"]
-    with pytest.raises(InvalidArgumentError, match=r"missing keys \['host_peak_rss_bytes'\]"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"data lacks field\(s\) \['host_peak_rss_bytes'\]"
+    ):
         MemoryReading.from_dict(data)
 
 

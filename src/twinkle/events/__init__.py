@@ -5,7 +5,13 @@ Publishers (the driver, recorders, the caller's business code) publish through a
 """
 
 from twinkle.events._bus import OVERHEAD_SPAN, EventBus
-from twinkle.events._codec import dumps_event, event_from_dict, event_to_dict, loads_event
+from twinkle.events._codec import (
+    dumps_event,
+    event_from_dict,
+    event_to_dict,
+    loads_event,
+    validate_event,
+)
 from twinkle.events._signals import (
     SIGNALS,
     iteration_started,
@@ -33,9 +39,9 @@ from twinkle.events._types import (
     ScalarsObserved,
     Snapshot,
     SpanBatch,
+    Status,
     WeightsPublished,
 )
-from twinkle.events._validate import validate_event
 
 __all__ = [
     "OVERHEAD_SPAN",
@@ -53,6 +59,7 @@ __all__ = [
     "ScalarsObserved",
     "Snapshot",
     "SpanBatch",
+    "Status",
     "WeightsPublished",
     "dumps_event",
     "event_from_dict",

@@ -7,7 +7,6 @@ run: it is the blinker *sender* of every event it publishes, so receivers connec
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -15,11 +14,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
-import orjson
+import msgspec
 
+from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError
+from twinkle.events._codec import validate_event
 from twinkle.events._signals import signal_for
 from twinkle.events._types import (
     EngineAck,
@@ -33,9 +34,9 @@ from twinkle.events._types import (
     ScalarsObserved,
     Snapshot,
     SpanBatch,
+    Status,
     WeightsPublished,
 )
-from twinkle.events._validate import validate_event
 from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
 
@@ -47,6 +48,7 @@ __all__ = ["OVERHEAD_SPAN", "EventBus"]
 OVERHEAD_SPAN = "twinkle.observe"
 
 _log = logging.getLogger("twinkle.events")
+_E = TypeVar("_E", bound=Event)
 
 
 class EventBus:
@@ -84,9 +86,7 @@ class EventBus:
         validate: bool = True,
         overhead: TimeRecorder | None = None,
     ) -> None:
-        if not isinstance(run_id, str) or not run_id:
-            raise InvalidArgumentError(f"run_id must be a non-empty string, got {run_id!r}")
-        self.run_id = run_id
+        self.run_id = check_run_id(run_id)
         self._clock = clock
         self._wall_clock = wall_clock
         self.validate = validate
@@ -117,15 +117,17 @@ class EventBus:
         own = self._own
         return nullcontext() if own is None else own.span(OVERHEAD_SPAN, event=what)
 
-    def publish(self, event: Event) -> None:
-        """Validate ``event`` and send it on its signal, with this bus as the sender."""
+    def publish(self, event: Event) -> Event:
+        """Validate ``event`` and send it on its signal, with this bus as the sender;
+        returns what was sent (the checked copy, see :func:`validate_event`)."""
         with self.own_work(event.TYPE):
-            self._send(event)
+            return self._send(event)
 
-    def _send(self, event: Event) -> None:
+    def _send(self, event: _E) -> _E:
         if self.validate:
-            validate_event(event)
+            event = validate_event(event)
         signal_for(event).send(self, event=event)
+        return event
 
     def attach(self, recorder: TimeRecorder, *, source: str) -> None:
         """Drain ``recorder`` into span batches named ``source`` at every flush."""
@@ -180,8 +182,7 @@ class EventBus:
         """Publish :class:`RunStarted` with the caller's observer configuration."""
         with self.own_work(RunStarted.TYPE):
             mono, wall = self._times()
-            event = RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {}))
-            self._send(event)
+            event = self._send(RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {})))
         return event
 
     def iteration_started(self, iteration: int) -> IterationStarted:
@@ -192,8 +193,7 @@ class EventBus:
         with self.own_work(IterationStarted.TYPE):
             mono, wall = self._times()
             self._flush_spans()
-            event = IterationStarted(self.run_id, mono, wall, iteration)
-            self._send(event)
+            event = self._send(IterationStarted(self.run_id, mono, wall, iteration))
         return event
 
     def weights_published(
@@ -202,24 +202,24 @@ class EventBus:
         """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
         with self.own_work(WeightsPublished.TYPE):
             mono, wall = self._times()
-            event = WeightsPublished(
-                self.run_id,
-                mono,
-                wall,
-                version,
-                start_ns,
-                end_ns,
-                tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
+            event = self._send(
+                WeightsPublished(
+                    self.run_id,
+                    mono,
+                    wall,
+                    version,
+                    start_ns,
+                    end_ns,
+                    tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
+                )
             )
-            self._send(event)
         return event
 
     def snapshot(self, state: Mapping[str, Any]) -> Snapshot:
         """Publish a :class:`Snapshot` of driver state (a plain dict)."""
         with self.own_work(Snapshot.TYPE):
             mono, wall = self._times()
-            event = Snapshot(self.run_id, mono, wall, dict(state))
-            self._send(event)
+            event = self._send(Snapshot(self.run_id, mono, wall, dict(state)))
         return event
 
     def samples(
@@ -228,18 +228,16 @@ class EventBus:
         """Publish the caller's samples of ``iteration`` tagged with ``phase``."""
         with self.own_work(SamplesObserved.TYPE):
             mono, wall = self._times()
-            event = SamplesObserved(
-                self.run_id, mono, wall, iteration, phase, tuple(lengths), groups
+            event = self._send(
+                SamplesObserved(self.run_id, mono, wall, iteration, phase, tuple(lengths), groups)
             )
-            self._send(event)
         return event
 
     def optimizer_step(self, *, iteration: int, step: int, samples: int = 0) -> OptimizerStep:
         """Publish an :class:`OptimizerStep` (``step``: optimizer steps so far, 1-based)."""
         with self.own_work(OptimizerStep.TYPE):
             mono, wall = self._times()
-            event = OptimizerStep(self.run_id, mono, wall, iteration, step, samples)
-            self._send(event)
+            event = self._send(OptimizerStep(self.run_id, mono, wall, iteration, step, samples))
         return event
 
     def scalars(
@@ -248,22 +246,22 @@ class EventBus:
         """Publish the caller's named per-iteration figures (reward, loss, ...)."""
         with self.own_work(ScalarsObserved.TYPE):
             mono, wall = self._times()
-            event = ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
-            self._send(event)
+            event = self._send(
+                ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
+            )
         return event
 
     def memory(self, readings: Iterable[MemoryReading], *, iteration: int | None) -> MemoryReadings:
         """Publish raw per-worker memory readings."""
         with self.own_work(MemoryReadings.TYPE):
             mono, wall = self._times()
-            event = MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings))
-            self._send(event)
+            event = self._send(MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings)))
         return event
 
     def run_finished(
         self,
         *,
-        status: str = "ok",
+        status: Status = "ok",
         error: str | None = None,
         terminal_totals: Mapping[str, int | float] | None = None,
         records_dropped: int = 0,
@@ -274,17 +272,18 @@ class EventBus:
         with self.own_work(RunFinished.TYPE):
             mono, wall = self._times()
             self._flush_spans()
-            event = RunFinished(
-                self.run_id,
-                mono,
-                wall,
-                status,
-                error,
-                dict(terminal_totals or {}),
-                records_dropped,
-                process_wall_ns,
+            event = self._send(
+                RunFinished(
+                    self.run_id,
+                    mono,
+                    wall,
+                    status,
+                    error,
+                    dict(terminal_totals or {}),
+                    records_dropped,
+                    process_wall_ns,
+                )
             )
-            self._send(event)
         return event
 
 
@@ -299,10 +298,17 @@ def _json_safe(value: Any) -> bool:
     if kind is int:
         return value in _INT_RANGE
     try:
-        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError:
+        msgspec.to_builtins(value, enc_hook=_tolist)
+    except (TypeError, ValueError, OverflowError):
         return False
     return True
+
+
+def _tolist(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(type(value).__qualname__)
 
 
 def _json_safe_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
@@ -337,5 +343,5 @@ def _json_safe_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
         )
         if out is None:
             out = list(spans)
-        out[i] = dataclasses.replace(span, attrs=fixed)
+        out[i] = msgspec.structs.replace(span, attrs=fixed)
     return spans if out is None else tuple(out)

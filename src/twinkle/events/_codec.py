@@ -1,133 +1,148 @@
-"""JSON form of events: ``{"type": ..., <fields in declaration order>}``.
+"""Validation and the JSON form of events, both derived from the event definitions.
 
-Serialising relies on orjson's native dataclass support (nested spans, anchors and
-readings included); decoding rebuilds the exact frozen values, tuples included, so a
-round trip compares equal.
+The JSON form is ``{"type": TYPE, <fields in declaration order>}``, one strict-JSON line
+per event (NaN and infinities are written as ``null``). :func:`validate_event` checks an
+event against its type's declared field types and bounds (in C, by :mod:`msgspec`) and
+returns a checked copy: what the observers receive is exactly what a replay decodes from
+the log. Numbers from numpy or torch (anything with ``tolist()``) become plain numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, Union
 
+import msgspec
 import orjson
 
-from twinkle.errors import InvalidArgumentError, RecordError
-from twinkle.events._types import (
-    EVENT_TYPES,
-    EngineAck,
-    Event,
-    MemoryReadings,
-    RunFinished,
-    RunStarted,
-    SamplesObserved,
-    ScalarsObserved,
-    SpanBatch,
-    WeightsPublished,
-    event_field_names,
-)
-from twinkle.perf import ClockAnchor, Span
-from twinkle.perf.stats import MemoryReading
+from twinkle.checks import explain
+from twinkle.checks import run_id as check_run_id
+from twinkle.errors import RecordError
+from twinkle.events._types import EVENT_TYPES, Event
 
-__all__ = ["event_to_dict", "event_from_dict", "dumps_event", "loads_event"]
+__all__ = ["dumps_event", "event_from_dict", "event_to_dict", "loads_event", "validate_event"]
 
-_NAN = float("nan")
-_FIELDS: dict[str, tuple[str, ...]] = {t: event_field_names(c) for t, c in EVENT_TYPES.items()}
-_ALLOWED: dict[str, frozenset[str]] = {t: frozenset({"type", *f}) for t, f in _FIELDS.items()}
+_ANY_EVENT: Any = Union[tuple(EVENT_TYPES.values())]  # noqa: UP007 - a runtime union
+
+
+def _builtin(value: Any) -> Any:
+    """Numbers from numpy and torch (scalars, 0-d tensors, arrays) as plain values."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"{type(value).__qualname__} is not a JSON value")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_builtin)
+_DECODER = msgspec.json.Decoder(_ANY_EVENT)
+_JSON = "str, int, float, bool, None, lists and dicts with str keys"
+
+
+def _invalid(exc: msgspec.ValidationError, kind: object, data: Any) -> RecordError:
+    message = str(exc)
+    run_id = data.get("run_id") if isinstance(data, Mapping) else None
+    if "matching regex" in message and message.endswith(".run_id`"):
+        try:  # the regex is unreadable: say the rule in words
+            check_run_id(run_id, error=RecordError)
+        except RecordError as bad:
+            return RecordError(f"event {kind!r}: {bad}")
+    if isinstance(kind, str) and kind in EVENT_TYPES:
+        explained = explain(exc, data, kind)
+        if explained.startswith(f"{kind}."):  # it names the field: enough said
+            return RecordError(explained)
+        return RecordError(f"event {kind!r}{explained.removeprefix(kind)}")
+    if "`$.type`" in message or "missing required field `type`" in message:
+        return RecordError(
+            f"unknown event type {kind!r}; known types: {', '.join(sorted(EVENT_TYPES))}"
+        )
+    return RecordError(f"malformed event: {explain(exc, data, 'event')}")
+
+
+_E = TypeVar("_E", bound=Event)
+
+
+def validate_event(event: _E) -> _E:
+    """``event`` checked against its type: a copy of plain, validated values, or a
+    :class:`RecordError` naming the first malformed field."""
+    kind = type(event)
+    data = event_to_dict(event)
+    try:
+        checked: _E = msgspec.convert(data, kind)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc, event.TYPE, data) from None
+    return checked
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The JSON-ready dict of ``event`` (nested dataclasses are left for orjson)."""
-    out: dict[str, Any] = {"type": event.TYPE}
-    for name in _FIELDS[event.TYPE]:
-        out[name] = getattr(event, name)
-    return out
+    """The JSON-ready dict of ``event`` (nested values as plain dicts and lists)."""
+    try:
+        data: dict[str, Any] = msgspec.to_builtins(event, enc_hook=_builtin)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RecordError(
+            f"{_unjsonable(event)} is not JSON-serialisable ({exc}); values must be {_JSON}"
+        ) from None
+    return data
+
+
+def _unjsonable(event: Event) -> str:
+    """Where the first value the log cannot hold sits (``snapshot.state['obj']``)."""
+    for name in event.__struct_fields__:
+        value = getattr(event, name)
+        if _fits(value):
+            continue
+        if isinstance(value, Mapping):
+            key = next((k for k, v in value.items() if not _fits({k: v})), None)
+            return f"{event.TYPE}.{name}[{key!r}]"
+        if isinstance(value, tuple):
+            i = next((i for i, v in enumerate(value) if not _fits(v)), None)
+            return f"{event.TYPE}.{name}[{i}]"
+        return f"{event.TYPE}.{name}"
+    return f"event {event.TYPE!r}"
+
+
+def _fits(value: object) -> bool:
+    try:
+        msgspec.to_builtins(value, enc_hook=_builtin)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def dumps_event(event: Event) -> bytes:
     """One strict-JSON line (without the newline) for ``event``."""
     try:
-        return orjson.dumps(event_to_dict(event))
-    except TypeError as exc:
+        return _ENCODER.encode(event)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise RecordError(
-            f"event {event.TYPE!r} is not JSON-serialisable ({exc}); attrs, config and "
-            "state must hold only JSON values (str, int, float, bool, None, lists, dicts "
-            "with str keys)"
-        ) from exc
-
-
-def _numbers_from_json(values: Any) -> Any:
-    """JSON has no NaN or infinity: orjson writes them as ``null``. In the number-only
-    fields (scalars, terminal totals) ``null`` therefore reads back as NaN, so a replay
-    sees a non-finite value where the run did (records write both as ``null``)."""
-    if isinstance(values, dict) and None in values.values():
-        return {k: _NAN if v is None else v for k, v in values.items()}
-    return values
-
-
-def _anchor(d: Mapping[str, Any]) -> ClockAnchor:
-    return ClockAnchor(**d)
+            f"{_unjsonable(event)} is not JSON-serialisable ({exc}); values must be {_JSON}"
+        ) from None
 
 
 def event_from_dict(data: Mapping[str, Any]) -> Event:
     """Rebuild an event from its JSON dict; a clear :class:`RecordError` names what is off."""
     if not isinstance(data, Mapping):
         raise RecordError(f"an event must be a JSON object, got {type(data).__name__}")
-    kind = data.get("type")
-    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise RecordError(
-            f"unknown event type {kind!r}; known types: {', '.join(sorted(EVENT_TYPES))}"
-        )
-    names = _FIELDS[cls.TYPE]
-    missing = [n for n in names if n not in data and not _has_default(cls, n)]
-    if missing:
-        raise RecordError(f"event {kind!r} lacks field(s) {missing}; it cannot be rebuilt")
-    if not data.keys() <= _ALLOWED[cls.TYPE]:
-        unknown = sorted(str(k) for k in data if k != "type" and k not in names)
-        # Never dropped quietly: a mistyped key would otherwise leave a default in place.
-        raise RecordError(
-            f"event {kind!r} has unknown field(s) {unknown}; known fields: {list(names)}"
-        )
-    kwargs = {n: data[n] for n in names if n in data}
     try:
-        if cls is ScalarsObserved:
-            kwargs["values"] = _numbers_from_json(kwargs["values"])
-        elif cls is RunFinished and "terminal_totals" in kwargs:
-            kwargs["terminal_totals"] = _numbers_from_json(kwargs["terminal_totals"])
-        if cls is RunStarted:
-            kwargs["anchor"] = _anchor(kwargs["anchor"])
-        elif cls is SpanBatch:
-            kwargs["anchor"] = _anchor(kwargs["anchor"])
-            kwargs["spans"] = tuple(Span.from_dict(s) for s in kwargs["spans"])
-        elif cls is WeightsPublished:
-            kwargs["acks"] = tuple(EngineAck(**a) for a in kwargs["acks"])
-        elif cls is MemoryReadings:
-            kwargs["readings"] = tuple(MemoryReading.from_dict(r) for r in kwargs["readings"])
-        elif cls is SamplesObserved:
-            kwargs["lengths"] = tuple(kwargs["lengths"])
-        event = cls(**kwargs)
-    except (TypeError, KeyError, AttributeError, InvalidArgumentError) as exc:
-        raise RecordError(f"event {kind!r} has a malformed field: {exc}") from exc
-    from twinkle.events._validate import validate_event
-
-    validate_event(event)
+        event: Event = msgspec.convert(data, _ANY_EVENT)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc, data.get("type"), data) from None
     return event
 
 
 def loads_event(line: bytes | str) -> Event:
-    """Parse one JSON line into an event."""
+    """Parse one JSON line into a checked event."""
     try:
-        data = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise RecordError(f"not valid JSON: {exc}") from exc
-    return event_from_dict(data)
-
-
-def _has_default(cls: type[Event], name: str) -> bool:
-    from dataclasses import MISSING, fields
-
-    for f in fields(cls):
-        if f.name == name:
-            return f.default is not MISSING or f.default_factory is not MISSING
-    return False
+        event: Event = _DECODER.decode(line)
+    except msgspec.ValidationError as exc:
+        try:
+            data = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            raise RecordError(
+                f"an event must be a JSON object, got {type(data).__name__}"
+            ) from None
+        raise _invalid(exc, data.get("type"), data) from None
+    except msgspec.DecodeError as exc:
+        raise RecordError(f"not valid JSON: {exc}") from None
+    return event

@@ -1,4 +1,5 @@
-"""The signals: one private blinker ``Namespace``, one documented signal per event type.
+"""The signals: one private blinker ``Namespace``, one signal per event type, derived
+from the type's definition (name ``twinkle.<TYPE>``, doc: the type's docstring).
 
 The sender of every send is the :class:`~twinkle.events.EventBus` that published; the
 payload is the keyword argument ``event``. Connect to a signal directly to see every
@@ -10,9 +11,12 @@ are isolated by :mod:`twinkle.plugins` instead).
 
 from __future__ import annotations
 
+import inspect
+
 from blinker import Namespace, Signal
 
 from twinkle.events._types import (
+    EVENT_TYPES,
     Event,
     IterationStarted,
     MemoryReadings,
@@ -27,74 +31,39 @@ from twinkle.events._types import (
 )
 
 __all__ = [
-    "run_started",
-    "iteration_started",
-    "weights_published",
-    "snapshot",
-    "run_finished",
-    "spans",
-    "memory",
-    "samples",
-    "optimizer_step",
-    "scalars",
     "SIGNALS",
+    "iteration_started",
+    "memory",
+    "optimizer_step",
+    "run_finished",
+    "run_started",
+    "samples",
+    "scalars",
     "signal_for",
+    "snapshot",
+    "spans",
+    "weights_published",
 ]
 
 _ns = Namespace()
 
-run_started: Signal = _ns.signal(
-    "twinkle.run_started", doc="A run began (event: RunStarted). Published once, first."
-)
-iteration_started: Signal = _ns.signal(
-    "twinkle.iteration_started",
-    doc="The driver began an iteration (event: IterationStarted). Every span that closed "
-    "before it has already been published in a span batch.",
-)
-weights_published: Signal = _ns.signal(
-    "twinkle.weights_published",
-    doc="Every engine acknowledged loading new weights (event: WeightsPublished): the real "
-    "completion, never the send.",
-)
-snapshot: Signal = _ns.signal(
-    "twinkle.snapshot", doc="A plain dict of driver state (event: Snapshot)."
-)
-run_finished: Signal = _ns.signal(
-    "twinkle.run_finished",
-    doc="The run ended (event: RunFinished). Published once, last, after a final span flush.",
-)
-spans: Signal = _ns.signal(
-    "twinkle.spans", doc="A batch of finished spans drained from one recorder (event: SpanBatch)."
-)
-memory: Signal = _ns.signal(
-    "twinkle.memory", doc="Raw per-worker memory readings (event: MemoryReadings)."
-)
-samples: Signal = _ns.signal(
-    "twinkle.samples",
-    doc="The caller's samples with per-sample token lengths, tagged with a phase "
-    "(event: SamplesObserved).",
-)
-optimizer_step: Signal = _ns.signal(
-    "twinkle.optimizer_step", doc="The trainer took an optimizer step (event: OptimizerStep)."
-)
-
-scalars: Signal = _ns.signal(
-    "twinkle.scalars",
-    doc="The caller's named per-iteration figures, e.g. reward and loss (event: ScalarsObserved).",
-)
-
 SIGNALS: dict[type[Event], Signal] = {
-    RunStarted: run_started,
-    IterationStarted: iteration_started,
-    WeightsPublished: weights_published,
-    Snapshot: snapshot,
-    RunFinished: run_finished,
-    SpanBatch: spans,
-    MemoryReadings: memory,
-    SamplesObserved: samples,
-    OptimizerStep: optimizer_step,
-    ScalarsObserved: scalars,
+    cls: _ns.signal(f"twinkle.{cls.TYPE}", doc=f"{inspect.getdoc(cls)}\n\n(event: {cls.__name__})")
+    for cls in EVENT_TYPES.values()
 }
+"""The signal of each event type."""
+
+# The signals by name, for ``twinkle.events.samples.connect(...)``.
+run_started = SIGNALS[RunStarted]
+iteration_started = SIGNALS[IterationStarted]
+weights_published = SIGNALS[WeightsPublished]
+snapshot = SIGNALS[Snapshot]
+run_finished = SIGNALS[RunFinished]
+spans = SIGNALS[SpanBatch]
+memory = SIGNALS[MemoryReadings]
+samples = SIGNALS[SamplesObserved]
+optimizer_step = SIGNALS[OptimizerStep]
+scalars = SIGNALS[ScalarsObserved]
 
 
 def signal_for(event: Event) -> Signal:

@@ -3,197 +3,229 @@
 Every observation travels as one of these values. They carry all the times an observer
 needs (monotonic ns of the publishing process, wall ns where a human time is wanted), so
 observers never read a clock themselves and replaying the log reproduces every record.
+
+**Each event type is defined once, here**: a frozen :mod:`msgspec` struct whose tag is
+its ``TYPE``. Everything else derives from that definition — its signal and its hook
+(``twinkle.<TYPE>``, ``twinkle_<TYPE>``), its validation (the field types and their
+bounds, checked in C), and its JSON form (``{"type": TYPE, <fields in order>}``). Why
+msgspec rather than dataclasses with orjson: docs/architecture.md, "Event values".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+import math
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
+import msgspec
+
+from twinkle.checks import INT64_MAX, Count, Int64, NonEmpty, SafeName, Tokens
+from twinkle.errors import RecordError
 from twinkle.perf import ClockAnchor, Span
 from twinkle.perf.stats import MemoryReading
 
 __all__ = [
-    "Event",
-    "RunStarted",
-    "IterationStarted",
-    "EngineAck",
-    "WeightsPublished",
-    "Snapshot",
-    "RunFinished",
-    "SpanBatch",
-    "MemoryReadings",
-    "SamplesObserved",
-    "OptimizerStep",
-    "ScalarsObserved",
     "EVENT_TYPES",
+    "EngineAck",
+    "Event",
+    "IterationStarted",
+    "MemoryReadings",
+    "OptimizerStep",
+    "RunFinished",
+    "RunStarted",
+    "SamplesObserved",
+    "ScalarsObserved",
+    "Snapshot",
+    "SpanBatch",
+    "Status",
+    "WeightsPublished",
 ]
 
+# A number-only mapping. JSON has no NaN or infinity (they are written as ``null``), so
+# the decoder accepts ``null`` and the event turns it back into NaN (_nan_for_null): a
+# replay sees a non-finite value where the run did. Type checkers see the numbers only.
+if TYPE_CHECKING:
+    Numbers = dict[str, int | float]
+else:
+    Numbers = dict[str, Int64 | float | None]
 
-@dataclass(frozen=True, slots=True)
-class Event:
+#: How a run ended.
+Status = Literal["ok", "error"]
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
     """Base of every event: the run it belongs to and when it was published.
 
     ``monotonic_ns`` is the publishing process's monotonic clock (the bus clock);
     ``wall_ns`` is unix-epoch nanoseconds read at the same moment.
     """
 
+    #: the event's name: its JSON tag, and the suffix of its signal and hook names
     TYPE: ClassVar[str] = "event"
 
-    run_id: str
-    monotonic_ns: int
-    wall_ns: int
+    run_id: SafeName
+    monotonic_ns: Int64
+    wall_ns: Count
 
 
-@dataclass(frozen=True, slots=True)
-class RunStarted(Event):
+_E = TypeVar("_E", bound=type[Event])
+_TYPES: list[type[Event]] = []
+
+
+def _event(cls: _E) -> _E:
+    """Register an event type (its tag becomes ``TYPE``)."""
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str):  # pragma: no cover - a definition error
+        raise TypeError(f"event {cls.__name__} needs a tag")
+    cls.TYPE = tag
+    _TYPES.append(cls)
+    return cls
+
+
+def _ints(*values: object) -> bool:
+    """Exact ints (a check that runs on unvalidated values compares only those)."""
+    return all(type(v) is int for v in values)
+
+
+def _nan_for_null(event: Event, name: str, values: object) -> None:
+    if type(values) is dict and None in values.values():
+        fixed = {k: math.nan if v is None else v for k, v in values.items()}
+        msgspec.structs.force_setattr(event, name, fixed)
+
+
+@_event
+class RunStarted(Event, tag="run_started", frozen=True):
     """A run began. ``config`` is the caller's observer configuration (business
     definitions: phases, which samples count, device denominators) as plain JSON data, so
-    that a replay rebuilds identical observers. ``anchor`` aligns this process's clock."""
-
-    TYPE: ClassVar[str] = "run_started"
+    that a replay rebuilds identical observers. ``anchor`` aligns this process's clock.
+    Published once, first."""
 
     anchor: ClockAnchor
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class IterationStarted(Event):
-    """Iteration ``iteration`` (0-based) began; published by the driver."""
+@_event
+class IterationStarted(Event, tag="iteration_started", frozen=True):
+    """Iteration ``iteration`` (0-based) began; published by the driver. Every span that
+    closed before it has already been published in a span batch."""
 
-    TYPE: ClassVar[str] = "iteration_started"
-
-    iteration: int
+    iteration: Count
 
 
-@dataclass(frozen=True, slots=True)
-class EngineAck:
+class EngineAck(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One engine confirmed it loaded weight ``version`` at ``acked_ns`` (bus clock)."""
 
-    engine: str
-    acked_ns: int
+    engine: NonEmpty
+    acked_ns: Int64
 
 
-@dataclass(frozen=True, slots=True)
-class WeightsPublished(Event):
+@_event
+class WeightsPublished(Event, tag="weights_published", frozen=True):
     """Every engine has loaded weight ``version``: the real completion, not the send.
 
     ``start_ns`` is when publishing began, ``end_ns`` when the last acknowledgement
     arrived; ``acks`` holds one entry per engine."""
 
-    TYPE: ClassVar[str] = "weights_published"
-
-    version: int
-    start_ns: int
-    end_ns: int
+    version: Count
+    start_ns: Int64
+    end_ns: Int64
     acks: tuple[EngineAck, ...]
 
+    def __post_init__(self) -> None:
+        if _ints(self.start_ns, self.end_ns) and self.end_ns < self.start_ns:
+            raise RecordError(
+                f"weights_published.end_ns ({self.end_ns}) is before start_ns "
+                f"({self.start_ns}); pass the time the last engine acknowledged"
+            )
 
-@dataclass(frozen=True, slots=True)
-class Snapshot(Event):
+
+@_event
+class Snapshot(Event, tag="snapshot", frozen=True):
     """A plain ``dict`` of driver state (counts, version, queue high-water mark...)."""
-
-    TYPE: ClassVar[str] = "snapshot"
 
     state: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RunFinished(Event):
+@_event
+class RunFinished(Event, tag="run_finished", frozen=True):
     """The run ended. ``status`` is ``"ok"`` or ``"error"`` (``error`` names it).
 
     ``terminal_totals`` are the producers' own end-of-run counts that calibrate the
     summary; ``records_dropped`` counts records the writers could not keep (0 unless a
-    bounded queue was configured to drop)."""
+    bounded queue was configured to drop). Published once, last, after a final span
+    flush."""
 
-    TYPE: ClassVar[str] = "run_finished"
-
-    status: str = "ok"
+    status: Status = "ok"
     error: str | None = None
-    terminal_totals: dict[str, int | float] = field(default_factory=dict)
-    records_dropped: int = 0
-    process_wall_ns: int | None = None
+    terminal_totals: Numbers = {}
+    records_dropped: Count = 0
+    process_wall_ns: Count | None = None
+
+    def __post_init__(self) -> None:
+        _nan_for_null(self, "terminal_totals", self.terminal_totals)
 
 
-@dataclass(frozen=True, slots=True)
-class SpanBatch(Event):
+@_event
+class SpanBatch(Event, tag="spans", frozen=True):
     """Spans drained from one :class:`~twinkle.perf.TimeRecorder`.
 
     ``source`` names the recorder; ``anchor`` is its process's clock anchor so spans of
     other processes can be placed on this run's timeline."""
 
-    TYPE: ClassVar[str] = "spans"
-
-    source: str
+    source: NonEmpty
     anchor: ClockAnchor
     spans: tuple[Span, ...]
 
+    def __post_init__(self) -> None:
+        for i, s in enumerate(self.spans):
+            if type(s) is Span and _ints(s.start_ns, s.end_ns) and s.end_ns < s.start_ns:
+                raise RecordError(
+                    f"spans.spans[{i}] ({s.name!r}) ends before it starts "
+                    f"({s.end_ns} < {s.start_ns})"
+                )
 
-@dataclass(frozen=True, slots=True)
-class MemoryReadings(Event):
+
+@_event
+class MemoryReadings(Event, tag="memory", frozen=True):
     """Raw per-worker memory readings taken during ``iteration`` (None: outside any)."""
 
-    TYPE: ClassVar[str] = "memory"
-
-    iteration: int | None
+    iteration: Count | None
     readings: tuple[MemoryReading, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SamplesObserved(Event):
+@_event
+class SamplesObserved(Event, tag="samples", frozen=True):
     """The caller's business observation: samples of ``iteration`` with their token
     lengths (caller-defined: e.g. prompt + response tokens), tagged with a phase name.
 
     ``groups`` counts the generation groups these samples form (0 when not grouped)."""
 
-    TYPE: ClassVar[str] = "samples"
-
-    iteration: int
-    phase: str
-    lengths: tuple[int, ...]
-    groups: int = 0
+    iteration: Count
+    phase: NonEmpty
+    lengths: tuple[Tokens, ...]
+    groups: Count = 0
 
 
-@dataclass(frozen=True, slots=True)
-class OptimizerStep(Event):
+@_event
+class OptimizerStep(Event, tag="optimizer_step", frozen=True):
     """The trainer took optimizer step ``step`` (1-based count so far) in ``iteration``."""
 
-    TYPE: ClassVar[str] = "optimizer_step"
-
-    iteration: int
-    step: int
-    samples: int = 0
+    iteration: Count
+    step: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]  # steps so far, 1-based
+    samples: Count = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ScalarsObserved(Event):
+@_event
+class ScalarsObserved(Event, tag="scalars", frozen=True):
     """The caller's named per-iteration figures (e.g. ``name="grpo"``, values reward_mean,
     loss, kl): numbers only, keys carry their units or are unitless."""
 
-    TYPE: ClassVar[str] = "scalars"
+    iteration: Count
+    name: NonEmpty
+    values: Numbers
 
-    iteration: int
-    name: str
-    values: dict[str, int | float]
-
-
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.TYPE: cls
-    for cls in (
-        RunStarted,
-        IterationStarted,
-        WeightsPublished,
-        Snapshot,
-        RunFinished,
-        SpanBatch,
-        MemoryReadings,
-        SamplesObserved,
-        OptimizerStep,
-        ScalarsObserved,
-    )
-}
+    def __post_init__(self) -> None:
+        _nan_for_null(self, "values", self.values)
 
 
-def event_field_names(cls: type[Event]) -> tuple[str, ...]:
-    """Field names of an event class in declaration order (the JSON key order)."""
-    return tuple(f.name for f in fields(cls))
+EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in _TYPES}
+"""Every event type by its ``TYPE``, in definition order."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, cast
 
+import msgspec
+
+from twinkle.checks import Count, Int64, NonEmpty, convert_checked
 from twinkle.errors import InvalidArgumentError
 
 Barrier = Callable[[], object]
@@ -56,23 +58,19 @@ def check_sync(sync: object) -> Barrier | None:
     return cast("Barrier | None", sync)
 
 
-def _check_int(data: Mapping[str, Any], key: str) -> int:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"data[{key!r}] must be an int, got {value!r}")
-    return value
+class Span(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One finished span, as returned by :meth:`TimeRecorder.drain`.
 
+    A frozen :mod:`msgspec` struct: building one costs a tenth of a dataclass, and the
+    field types (with their bounds) are what a span in the event log is checked against.
+    """
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One finished span, as returned by :meth:`TimeRecorder.drain`."""
-
-    name: str
-    start_ns: int  # reading of the recorder's monotonic clock
-    end_ns: int
-    thread_id: int  # threading.get_ident() of the thread that closed it
-    pid: int
-    attrs: Mapping[str, Any]  # the caller's JSON-able attributes (may be empty)
+    name: NonEmpty
+    start_ns: Int64  # reading of the recorder's monotonic clock
+    end_ns: Int64
+    thread_id: Count  # threading.get_ident() of the thread that closed it
+    pid: Count
+    attrs: dict[str, Any]  # the caller's JSON-able attributes (may be empty)
     error: str | None  # qualified exception type name if it ended by exception
 
     @property
@@ -82,39 +80,12 @@ class Span:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain fields for serialisation (``attrs`` copied into a plain dict)."""
-        return {
-            "name": self.name,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "thread_id": self.thread_id,
-            "pid": self.pid,
-            "attrs": dict(self.attrs),
-            "error": self.error,
-        }
+        return {**msgspec.structs.asdict(self), "attrs": dict(self.attrs)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Span:
         """Rebuild a span written by :meth:`to_dict`; every field is checked."""
-        keys = ("name", "start_ns", "end_ns", "thread_id", "pid", "attrs", "error")
-        if not isinstance(data, Mapping) or set(data) != set(keys):
-            raise InvalidArgumentError(
-                f"data must be a mapping with exactly the keys {list(keys)}, got {data!r}; "
-                "pass the output of Span.to_dict()"
-            )
-        attrs, error = data["attrs"], data["error"]
-        if not isinstance(attrs, Mapping):
-            raise InvalidArgumentError(f"data['attrs'] must be a mapping, got {attrs!r}")
-        if error is not None and not isinstance(error, str):
-            raise InvalidArgumentError(f"data['error'] must be a str or None, got {error!r}")
-        return cls(
-            name=check_name(data["name"], "data['name']"),
-            start_ns=_check_int(data, "start_ns"),
-            end_ns=_check_int(data, "end_ns"),
-            thread_id=_check_int(data, "thread_id"),
-            pid=_check_int(data, "pid"),
-            attrs=dict(attrs),
-            error=error,
-        )
+        return convert_checked(data, cls)
 
 
 class SpanContext:

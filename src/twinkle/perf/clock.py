@@ -12,9 +12,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final, final
 
+import msgspec
+
+from twinkle.checks import Count, Int64, convert_checked
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["Clock", "ClockAnchor", "ManualClock", "default_clock"]
@@ -87,8 +89,7 @@ class ManualClock:
         return f"ManualClock({self._now_ns!r})"
 
 
-@dataclass(frozen=True, slots=True)
-class ClockAnchor:
+class ClockAnchor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One process's pair of clock readings, taken back to back.
 
     Monotonic clocks have an arbitrary origin per machine; the anchor lets spans from
@@ -96,9 +97,9 @@ class ClockAnchor:
     (:meth:`to_wall_ns`).
     """
 
-    monotonic_ns: int
-    wall_ns: int  # unix epoch ns, read right after monotonic_ns
-    pid: int
+    monotonic_ns: Int64
+    wall_ns: Count  # unix epoch ns, read right after monotonic_ns
+    pid: Count
     hostname: str
 
     @classmethod
@@ -139,24 +140,9 @@ class ClockAnchor:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields."""
-        return {
-            "monotonic_ns": self.monotonic_ns,
-            "wall_ns": self.wall_ns,
-            "pid": self.pid,
-            "hostname": self.hostname,
-        }
+        return msgspec.structs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClockAnchor:
-        """Rebuild an anchor written by :meth:`to_dict`."""
-        expected = ("monotonic_ns", "wall_ns", "pid", "hostname")
-        if not isinstance(data, Mapping) or set(data) != set(expected):
-            raise InvalidArgumentError(
-                f"data must be a mapping with exactly the keys {list(expected)}, got {data!r}; "
-                "pass the output of ClockAnchor.to_dict()"
-            )
-        for key in expected[:3]:
-            _require_int(data[key], f"data[{key!r}]", "integers only")
-        if not isinstance(data["hostname"], str):
-            raise InvalidArgumentError(f"data['hostname'] must be a str, got {data['hostname']!r}")
-        return cls(**{key: data[key] for key in expected})
+        """Rebuild an anchor written by :meth:`to_dict`; every field is checked."""
+        return convert_checked(data, cls)

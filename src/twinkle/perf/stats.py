@@ -19,10 +19,13 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import msgspec
+
+from twinkle.checks import INT64_MAX, convert_checked
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["MemoryReading", "memory_stats"]
@@ -41,11 +44,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryReading:
+class MemoryReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One worker's memory at one moment, raw integer bytes.
 
-    Device fields are ``None`` on a host-only worker (``device == "cpu"``).
+    Device fields are ``None`` on a host-only worker (``device == "cpu"``). Built
+    directly, every field is checked (a reading comes from a caller); the same bounds
+    are what a reading in the event log is checked against.
     """
 
     worker_id: str  # caller-chosen identity, default f"{hostname}:{pid}"
@@ -73,7 +77,7 @@ class MemoryReading:
             value = getattr(self, name)
             if value is None and name in _DEVICE_FIELDS:
                 continue
-            if not _is_int(value) or value < 0:
+            if not _is_int(value) or not 0 <= value <= INT64_MAX:
                 raise InvalidArgumentError(
                     f"{name} must be an int >= 0 (bytes){' or None' * (name in _DEVICE_FIELDS)}"
                     f", got {value!r}; readings are raw integer bytes, never converted"
@@ -81,24 +85,12 @@ class MemoryReading:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (JSON-able)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return msgspec.structs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryReading:
         """Rebuild a reading written by :meth:`to_dict`; every field is checked."""
-        if not isinstance(data, Mapping):
-            raise InvalidArgumentError(
-                f"data must be a mapping, got {data!r}; pass MemoryReading.to_dict() output"
-            )
-        expected = [f.name for f in fields(cls)]
-        missing = [key for key in expected if key not in data]
-        unknown = sorted(str(key) for key in data if key not in expected)
-        if missing or unknown:
-            raise InvalidArgumentError(
-                f"data does not describe a MemoryReading: missing keys {missing}, unknown "
-                f"keys {unknown}; pass the output of MemoryReading.to_dict()"
-            )
-        return cls(**{key: data[key] for key in expected})
+        return convert_checked(data, cls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,155 @@
+"""The checks every layer shares: names that become paths, and the value types of the
+event log (one definition each, so the bus never accepts what a replay refuses).
+
+The ``Annotated`` types carry their constraints as :class:`msgspec.Meta`: events and the
+perf values declare their fields with them, and :mod:`msgspec` checks them in C when an
+event is validated or decoded. :func:`safe_name` is the Python-side check of the same
+rule as :data:`SafeName` for arguments (run ids, output names).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from twinkle.errors import InvalidArgumentError
+
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_TOKENS",
+    "NAME_RULE",
+    "Count",
+    "Int64",
+    "NonEmpty",
+    "SafeName",
+    "Tokens",
+    "convert_checked",
+    "run_id",
+    "explain",
+    "safe_name",
+]
+
+_T = TypeVar("_T")
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+#: Largest token count of one sample (what a float sum keeps exactly).
+MAX_TOKENS: Final = 2**53 - 1
+
+#: A safe single path component: run ids and output names become directory and file
+#: names, so no separators, no ``..`` and no leading dot.
+NAME_RULE: Final = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z"
+_NAME = re.compile(NAME_RULE)
+
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer JSON readers everywhere keep exactly (a clock reading, a shift)."""
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+"""A non-negative 64-bit integer (a count, an index, bytes, a pid)."""
+Tokens = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
+"""One sample's token count."""
+NonEmpty = Annotated[str, Meta(min_length=1)]
+"""A non-empty string (a span, phase or engine name)."""
+SafeName = Annotated[str, Meta(pattern=NAME_RULE)]
+"""A run id: see :data:`NAME_RULE`."""
+
+
+def safe_name(
+    value: object, what: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
+) -> str:
+    """``value`` if it is a safe single path component (:data:`NAME_RULE`), else a clear
+    ``error`` naming ``what``."""
+    if not isinstance(value, str) or _NAME.match(value) is None:
+        raise error(
+            f"{what} {value!r:.200} is not a safe name: use 1-128 characters of letters, "
+            "digits, '.', '_' and '-', starting with a letter or digit, without '..' or "
+            "path separators (e.g. 'grpo-2026-05-01_1200')"
+        )
+    return value
+
+
+def run_id(value: object, *, error: type[InvalidArgumentError] = InvalidArgumentError) -> str:
+    """``value`` if it is a valid run id (the rule of :data:`SafeName`)."""
+    return safe_name(value, "run_id", error=error)
+
+
+_AT = re.compile(r"^(?P<expected>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_FIELD = re.compile(r"object (?P<how>missing required|contains unknown) field `(?P<name>[^`]*)`$")
+_STEP = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
+
+
+def explain(exc: msgspec.ValidationError, data: object, root: str) -> str:
+    """msgspec's complaint as ``root.path = value: expected ...``: the culprit's place,
+    its value (looked up in ``data``, the plain values that were checked) and what was
+    expected of it. In a ``[...]`` step (a dict's values) the culprit is the first value
+    that is not a number: the only dicts whose values twinkle types are number maps."""
+    match = _AT.match(str(exc))
+    expected = str(exc) if match is None else match["expected"]
+    path = "" if match is None or match["path"] is None else match["path"]
+    place, found = root, True
+    value: Any = data
+    for attr, index in _STEP.findall(path):
+        if attr:
+            place += f".{attr}"
+            found = found and isinstance(value, Mapping) and attr in value
+            value = value[attr] if found else None
+        elif index == "...":
+            bad = None
+            if found and isinstance(value, Mapping):
+                bad = next((k for k, v in value.items() if not _is_number(v)), None)
+            found = bad is not None
+            place += "[...]" if bad is None else f"[{bad!r}]"
+            value = value[bad] if found else None
+        else:
+            place += f"[{index}]"
+            k = int(index)
+            found = found and isinstance(value, list | tuple) and k < len(value)
+            value = value[k] if found else None
+    if not expected.startswith(f"{root}."):
+        expected = expected[:1].lower() + expected[1:]
+    for bound, name in _BOUNDS:
+        expected = expected.replace(bound, name)
+    if expected.startswith(f"{root}."):  # a check of the type's own, already placed
+        return expected
+    field = _FIELD.match(expected)
+    if field is not None:
+        what = "lacks field(s)" if field["how"] == "missing required" else "has unknown field(s)"
+        return f"{place} {what} [{field['name']!r}]"
+    if not path:
+        return f"{place}: {expected}"
+    shown = f" = {value!r:.100}" if found else ""
+    return f"{place}{shown}: {expected}"
+
+
+_BOUNDS = (
+    (str(INT64_MAX), "2**63 - 1"),
+    (str(INT64_MIN), "-2**63"),
+    (str(MAX_TOKENS), "2**53 - 1"),
+)
+
+
+def _is_number(value: object) -> bool:
+    kind = type(value)
+    return kind is float or value is None or (kind is int and INT64_MIN <= value <= INT64_MAX)  # type: ignore[operator]
+
+
+def convert_checked(
+    data: Mapping[str, Any] | Any,
+    cls: type[_T],
+    *,
+    what: str = "data",
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+) -> _T:
+    """``data`` (plain JSON-like values) as a checked ``cls``; a clear ``error`` naming
+    the first field that is off and what was expected of it."""
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as exc:
+        raise error(
+            f"{what} is not a valid {cls.__name__}: {explain(exc, data, what)}; pass the output "
+            f"of {cls.__name__}.to_dict()"
+        ) from None
