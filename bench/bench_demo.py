@@ -45,7 +45,7 @@ import psutil
 from bench._harness import Row, median
 from bench._workload import CONFIG, SPAN_NAMES, publish_iteration
 from twinkle.perf import TimeRecorder, memory_stats
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 OVERHEAD_TARGET = 0.01  # of the iteration time
 WARMUP = 2  # iterations dropped from each demo run

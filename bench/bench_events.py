@@ -1,23 +1,26 @@
-"""Events: what a publish costs with the built-in observers, and how fast a log replays.
+"""Events: what a publish costs the caller, how fast a log replays, what a run keeps.
 
-* ``events.publish``: ns per event of the per-iteration mix in ``bench._workload`` (the
-  boundary, samples, optimizer steps, scalars, memory, snapshot), published on the bus
-  of a started ``RunSession`` with every built-in observer (timing, throughput, memory,
-  scalars and the four sinks; files in a temp dir). This is the caller-thread cost:
-  the event is built, stamped, validated, sent on its blinker signal and dispatched to
-  every observer in isolation; the records it produces are stamped and queued for the
-  writer thread, the event log is batched for its own thread. Compared, in turns, with
-  a bare blinker ``send`` of a pre-built event to one no-op receiver (the least a
-  signal-based bus can cost), and with the same session with no observers (the bus and
-  dispatcher alone).
-* ``events.replay``: events/s of :func:`twinkle.replay.replay` re-running the built-in
+* ``events.publish``: CPU ns on the publishing thread (``time.thread_time_ns``) per event
+  of the per-iteration mix in ``bench._workload`` (the boundary, samples, optimizer
+  steps, scalars, memory, snapshot), published on the bus of a started ``RunSession``
+  with every built-in observer (timeline, timing, throughput, memory, scalars and the
+  four sinks; files in a temp dir). The event is built, stamped, validated, sent on its
+  blinker signal and dispatched to every observer in isolation; the records it produces
+  are stamped and handed to the writer thread, the event log is batched for the same
+  kind of writer. Compared, in turns, with a bare blinker ``send`` of a pre-built event
+  to one no-op receiver (the least a signal-based bus can cost), and with the same
+  session with no observers (the bus and dispatcher alone).
+* ``events.replay``: events/s of :func:`twinkle.run.replay` re-running the built-in
   observers over a recorded ``events.jsonl`` (records, flat file, summary and trace
-  rewritten), against merely reading and decoding the same log
-  (:func:`twinkle.replay.iter_events`).
+  rewritten), against the floor of merely splitting the file into lines and
+  ``orjson.loads``-ing each.
+* ``events.memory``: RSS growth of a run with every built-in observer and no files
+  over 10**6 events (after a warm-up): what the run keeps per iteration.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import tempfile
 import time
@@ -25,14 +28,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
+import psutil
 from blinker import Signal
 
 from bench._harness import Row, interleaved_with_cleanup
 from bench._workload import CONFIG, EVENTS_PER_ITERATION, SPAN_NAMES, publish_iteration
 from twinkle.events import SIGNALS
 from twinkle.perf import memory_stats
-from twinkle.replay import iter_events, replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, iter_events, replay
+
+PUBLISH_TARGET = 10.0  # x a bare blinker send, caller-thread CPU
+BARE_TARGET = 3.0  # bus + dispatcher, no observers
+REPLAY_TARGET = 50_000  # events/s
+REPLAY_FLOOR_TARGET = 6.0  # x the orjson.loads floor
+MEMORY_TARGET = 1 << 20  # bytes of RSS growth over 10**6 events
 
 
 def _nothing() -> None:
@@ -117,35 +127,46 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
             "bare_session": (_publish_loop(bare), bare.recorder.drain),
             "blinker": (_blinker_loop(_sample_events()), _nothing),
         }
-        ns = interleaved_with_cleanup(subjects, n=5 if smoke else 150, repeats=2 if smoke else 7)
+        ns = interleaved_with_cleanup(
+            subjects,
+            n=5 if smoke else 150,
+            repeats=2 if smoke else 9,
+            clock=time.thread_time_ns,
+        )
     finally:
         observed.finish()
         bare.finish()
     per_event = {k: v / EVENTS_PER_ITERATION for k, v in ns.items()}
     blinker = per_event["blinker"]
+    observed_ratio = per_event["observed"] / blinker
+    bare_ratio = per_event["bare_session"] / blinker
     return [
         Row(
             "events.publish",
-            "publish to the built-in observers (8-event iteration mix)",
+            "publish to every built-in observer (8-event iteration mix), caller CPU",
             per_event["observed"] / 1_000,
             "us/event",
-            per_event["observed"] / blinker,
+            observed_ratio,
             "blinker send, 1 no-op receiver",
+            target=f"<= {PUBLISH_TARGET:g}x",
+            met=observed_ratio <= PUBLISH_TARGET,
             note=f"{ns['observed'] / 1_000:,.0f} us per iteration; incl. the per-iteration "
             "records (timing, throughput, memory, scalars) computed at the boundary",
         ),
         Row(
             "events.publish",
-            "publish, RunSession without observers (bus + dispatcher)",
+            "publish, RunSession without observers (bus + dispatcher), caller CPU",
             per_event["bare_session"] / 1_000,
             "us/event",
-            per_event["bare_session"] / blinker,
+            bare_ratio,
             "blinker send, 1 no-op receiver",
-            note="build + stamp + validate + send + overhead span",
+            target=f"<= {BARE_TARGET:g}x",
+            met=bare_ratio <= BARE_TARGET,
+            note="build + stamp + validate + send + overhead span + lifecycle check",
         ),
         Row(
             "events.publish",
-            "peer: blinker Signal.send, 1 no-op receiver",
+            "peer: blinker Signal.send, 1 no-op receiver, caller CPU",
             blinker / 1_000,
             "us/event",
             1.0,
@@ -153,42 +174,93 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
     ]
 
 
+def _orjson_floor(log: Path) -> int:
+    with log.open("rb") as fh:
+        return sum(1 for line in fh if orjson.loads(line) is not None)
+
+
 def _replay_rows(smoke: bool, tmp: str) -> list[Row]:
     log = _record_log(tmp, iterations=20 if smoke else 400, spans=20)
     repeats = 1 if smoke else 3
-    best_replay = best_read = float("inf")
+    best_replay = best_floor = best_read = float("inf")
     events = 0
     for k in range(repeats):
         t0 = time.perf_counter_ns()
-        events = sum(1 for _ in iter_events(log))
+        events = _orjson_floor(log)
+        best_floor = min(best_floor, time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        read = sum(1 for _ in iter_events(log))
         best_read = min(best_read, time.perf_counter_ns() - t0)
         target = Path(tmp, f"replay-{k}")
         t0 = time.perf_counter_ns()
         result = replay(log, target, autoload=False)
         best_replay = min(best_replay, time.perf_counter_ns() - t0)
-        if result.events != events:
+        if result.events != events or read != events:
             raise RuntimeError(f"replay saw {result.events} events, the log holds {events}")
     replay_rate = events / (best_replay / 1e9)
+    floor_rate = events / (best_floor / 1e9)
     read_rate = events / (best_read / 1e9)
+    floor_ratio = floor_rate / replay_rate
     return [
         Row(
             "events.replay",
             f"replay(events.jsonl) through the built-in observers ({events:,} events)",
             replay_rate,
             "events/s",
-            replay_rate / read_rate,
-            "read + decode only",
+            floor_ratio,
+            "orjson.loads of each line (time ratio)",
+            target=f">= {REPLAY_TARGET:,} events/s, <= {REPLAY_FLOOR_TARGET:g}x floor",
+            met=replay_rate >= REPLAY_TARGET and floor_ratio <= REPLAY_FLOOR_TARGET,
             note="rewrites records, flat file, summary and trace; 20 spans per iteration",
         ),
         Row(
             "events.replay",
-            "ref: iter_events(events.jsonl), read + decode only",
+            "ref: iter_events(events.jsonl), read + decode + validate",
             read_rate,
+            "events/s",
+            floor_rate / read_rate,
+            "orjson.loads of each line (time ratio)",
+        ),
+        Row(
+            "events.replay",
+            "floor: orjson.loads of each line",
+            floor_rate,
             "events/s",
         ),
     ]
 
 
+def _rss() -> int:
+    gc.collect()
+    return int(psutil.Process().memory_info().rss)
+
+
+def _memory_rows(smoke: bool) -> list[Row]:
+    iterations = 1_000 if smoke else 1_000_000 // EVENTS_PER_ITERATION
+    session = RunSession(out_dir=None, config=CONFIG, autoload=False)
+    session.start()
+    try:
+        loop = _publish_loop(session)
+        loop(2_000 if not smoke else 100)  # warm-up: allocator pools, caches, first records
+        before = _rss()
+        loop(iterations)
+        grown = _rss() - before
+    finally:
+        session.finish()
+    events = iterations * EVENTS_PER_ITERATION
+    return [
+        Row(
+            "events.memory",
+            f"RSS growth over {events:,} events, every built-in observer, no files",
+            grown / 2**10,
+            "KiB",
+            target=f"<= {MEMORY_TARGET >> 20} MiB",
+            met=None if smoke else grown <= MEMORY_TARGET,
+            note=f"{grown / iterations:.2f} B per iteration (after a warm-up)",
+        )
+    ]
+
+
 def run(smoke: bool) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="twinkle-bench-events-") as tmp:
-        return _publish_rows(smoke, tmp) + _replay_rows(smoke, tmp)
+        return _publish_rows(smoke, tmp) + _replay_rows(smoke, tmp) + _memory_rows(smoke)

@@ -9,8 +9,7 @@ import pytest
 
 from twinkle.cli import main
 from twinkle.errors import ReplayError
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
 CONFIG = {
     "phases": {"rollout": ["generate", "reward"], "train": ["train.*"]},

@@ -13,7 +13,7 @@ from twinkle import perf
 from twinkle.errors import InvalidArgumentError
 from twinkle.hookspecs import hookimpl
 from twinkle.perf import ManualClock
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 
 def _spans(run_dir: Path) -> list[dict[str, object]]:

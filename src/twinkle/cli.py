@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from twinkle.replay import replay
+    from twinkle.run import replay
 
     result = replay(
         args.events,
@@ -83,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "replay":
             return _replay(args)
         if getattr(args, "run_id", None) is not None:
-            from twinkle.session import check_name
+            from twinkle.checks import safe_name
 
-            check_name(args.run_id, "--run-id")  # before anything heavy starts
+            safe_name(args.run_id, "--run-id")  # before anything heavy starts
         from twinkle.demo.cli import run_demo_command
 
         return run_demo_command(args)

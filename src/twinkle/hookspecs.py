@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, final
 
 import pluggy
 
+from twinkle.errors import PluginError
 from twinkle.events import (
     OVERHEAD_SPAN,
     Event,
@@ -41,7 +42,15 @@ from twinkle.events import (
 )
 from twinkle.reporting import Backend, MetricRecord
 
-__all__ = ["OVERHEAD_SPAN", "PROJECT_NAME", "RunContext", "hookimpl", "hookspec"]
+__all__ = [
+    "OVERHEAD_SPAN",
+    "PROJECT_NAME",
+    "RunContext",
+    "Stash",
+    "StashKey",
+    "hookimpl",
+    "hookspec",
+]
 
 PROJECT_NAME = "twinkle"
 
@@ -51,6 +60,52 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 Records = Sequence[MetricRecord] | None
 
 
+_T = TypeVar("_T")
+
+
+@final
+class StashKey(Generic[_T]):
+    """A typed key of a :class:`Stash`: made once, by the observer that owns the value."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StashKey({self.name!r})"
+
+
+@final
+class Stash:
+    """Per-run state that observers share (e.g. the run's timeline), owned by the run:
+    it lives and dies with the run's :class:`RunContext`, never in module globals.
+    (The idea of pytest's ``Stash``; pytest's own is internal to pytest.)"""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[StashKey[Any], object] = {}
+
+    def __setitem__(self, key: StashKey[_T], value: _T) -> None:
+        if key in self._values:
+            raise PluginError(f"{key!r} is already set for this run; one owner per key")
+        self._values[key] = value
+
+    def __getitem__(self, key: StashKey[_T]) -> _T:
+        try:
+            return cast(_T, self._values[key])
+        except KeyError:
+            raise KeyError(key) from None
+
+    def get(self, key: StashKey[_T]) -> _T | None:
+        """The value of ``key``, or None when no observer set it."""
+        return cast("_T | None", self._values.get(key))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+
 @dataclass(frozen=True, slots=True)
 class RunContext:
     """What an observer may know about the run's frame (never a clock).
@@ -58,13 +113,14 @@ class RunContext:
     ``out_dir`` is the run directory (``runs/<run_id>/``) where sinks write, or ``None``
     when nothing is to be written; ``config`` is the caller's observer configuration
     (the same dict :class:`~twinkle.events.RunStarted` will carry); ``replay`` is true
-    when events come from a log.
+    when events come from a log; ``stash`` holds what observers share for this run.
     """
 
     run_id: str
     out_dir: Path | None
     config: Mapping[str, Any] = field(default_factory=dict)
     replay: bool = False
+    stash: Stash = field(default_factory=Stash, compare=False, repr=False)
 
 
 @hookspec

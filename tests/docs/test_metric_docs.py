@@ -12,7 +12,7 @@ import pytest
 
 from twinkle.perf import ManualClock
 from twinkle.perf.stats import MemoryReading
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observers"))

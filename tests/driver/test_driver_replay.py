@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 
 from twinkle.driver import StreamingDriver
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.*"]},

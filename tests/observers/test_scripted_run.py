@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from twinkle.perf import ManualClock, Span
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 MS = 1_000_000
 A, B = 1, 2  # thread ids: trainer thread A, rollout thread B

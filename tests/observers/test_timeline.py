@@ -19,8 +19,7 @@ from test_scripted_run import manual_session  # the same manual-clock session
 from twinkle.observers._intervals import union_ns
 from twinkle.perf import Span
 from twinkle.perf.stats import MemoryReading
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
 MS = 1_000_000
 A, B, C = 1, 2, 3  # trainer, engine 1, engine 2

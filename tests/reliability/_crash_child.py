@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter, make_record
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 RUN = "crash"
 PAD = "x" * 120

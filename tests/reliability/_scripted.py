@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from twinkle.perf import ManualClock
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.*"]},

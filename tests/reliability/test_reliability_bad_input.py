@@ -40,6 +40,8 @@ from twinkle.events import EventBus, event_from_dict
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import ThroughputMetric
 from twinkle.metric.memory import convert_bytes
+from twinkle.perf import Span, TimeRecorder
+from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
@@ -48,10 +50,7 @@ from twinkle.reporting import (
     read_jsonl,
     record_from_dict,
 )
-from twinkle.perf import Span, TimeRecorder
-from twinkle.plugins import make_plugin_manager
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
 FUZZ_EXAMPLES = (SOAK if soak_enabled() else DEFAULT).fuzz_examples
 
@@ -97,55 +96,55 @@ API_CASES = [
         "iteration<0",
         lambda _: bus().iteration_started(-1),
         RecordError,
-        r"iteration_started\.iteration must be >= 0, got -1",
+        r"^iteration_started\.iteration = -1: expected `int` >= 0$",
     ),
     Case(
         "iteration str",
         lambda _: bus().iteration_started("3"),
         RecordError,
-        r"iteration_started\.iteration must be an int, got '3'",
+        r"iteration_started\.iteration = '3': expected `int`, got `str`",
     ),
     Case(
         "length<0",
         lambda _: bus().samples(iteration=0, phase="p", lengths=[3, -1]),
         RecordError,
-        r"samples\.lengths\[1\] .*got -1",
+        r"samples\.lengths\[1\] = -1: expected `int` >= 0",
     ),
     Case(
         "length bool",
         lambda _: bus().samples(iteration=0, phase="p", lengths=[True]),
         RecordError,
-        r"samples\.lengths\[0\] .*got True",
+        r"samples\.lengths\[0\] = True: expected `int`, got `bool`",
     ),
     Case(
         "length huge",
         lambda _: bus().samples(iteration=0, phase="p", lengths=[2**53]),
         RecordError,
-        r"samples\.lengths\[0\] .*2\*\*53",
+        r"samples\.lengths\[0\] = 9007199254740992: expected `int` <= 2\*\*53 - 1",
     ),
     Case(
         "phase empty",
         lambda _: bus().samples(iteration=0, phase="", lengths=[1]),
         RecordError,
-        r"samples\.phase must be a non-empty string",
+        r"samples\.phase = '': expected `str` of length >= 1",
     ),
     Case(
         "step 0",
         lambda _: bus().optimizer_step(iteration=0, step=0),
         RecordError,
-        r"optimizer_step\.step must be >= 1, got 0",
+        r"optimizer_step\.step = 0: expected `int` >= 1",
     ),
     Case(
         "scalar str",
         lambda _: bus().scalars(iteration=0, name="g", values={"loss": "hi"}),
         RecordError,
-        r"scalars\.values\['loss'\] must map a str to a number, got 'hi'",
+        r"scalars\.values\['loss'\] = 'hi': expected `int \| float \| null`, got `str`",
     ),
     Case(
         "scalar 2**70",
         lambda _: bus().scalars(iteration=0, name="g", values={"n": 2**70}),
         RecordError,
-        r"scalars\.values\['n'\] must be at most",
+        r"scalars\.values\['n'\] = 1180591620717411303424: expected `int` <= 2\*\*63 - 1",
     ),
     Case(
         "weights backwards",
@@ -169,13 +168,13 @@ API_CASES = [
         "memory not a reading",
         lambda _: bus().memory([{"rss": 1}], iteration=0),
         RecordError,
-        r"memory\.readings\[0\] must be a MemoryReading",
+        r"memory\.readings\[0\] has unknown field\(s\) \['rss'\]",
     ),
     Case(
         "status",
         lambda _: bus().run_finished(status="meh"),
         RecordError,
-        r"run_finished\.status must be 'ok' or 'error', got 'meh'",
+        r"run_finished\.status = 'meh': invalid enum value 'meh'",
     ),
     Case(
         "terminal total str",
@@ -187,7 +186,7 @@ API_CASES = [
         "span dict",
         lambda _: bus().publish_spans("w", TimeRecorder().anchor, [a_span()]),
         RecordError,
-        r"spans\.spans\[0\] must be a Span",
+        r"spans\.spans\[0\] lacks field\(s\) \['error'\]",
     ),
     Case(
         "span backwards",
@@ -207,7 +206,7 @@ API_CASES = [
         "bus run_id",
         lambda _: EventBus(""),
         InvalidArgumentError,
-        r"run_id must be a non-empty string, got ''",
+        r"run_id '' is not a safe name",
     ),
     # records
     Case("kind empty", lambda _: record(kind=""), RecordError, r"kind must be .*got ''"),
@@ -455,28 +454,36 @@ LOG_CASES: list[tuple[str, Edit, str]] = [
     (
         "iteration str",
         set_field("iteration_started", "iteration", "1"),
-        r":{line}: iteration_started\.iteration must be an int, got '1'",
+        r":{line}: iteration_started\.iteration = '1': expected `int`, got `str`",
     ),
     ("negative length", set_field("samples", "lengths", [-4]), r":{line}: samples\.lengths\[0\]"),
     ("float length", set_field("samples", "lengths", [4.5]), r":{line}: samples\.lengths\[0\]"),
     (
         "other run",
         set_field("optimizer_step", "run_id", "other"),
-        r":{line} belongs to run 'other'",
+        r":{line}: event 'optimizer_step' belongs to run 'other', not 'valid'",
     ),
-    ("second run_started", _second_run_started, r":4 starts a second run"),
-    ("second run_finished", _second_run_finished, r":{line} finishes the run a second time"),
+    (
+        "second run_started",
+        _second_run_started,
+        r":4: event run_started starts run 'valid' a second time",
+    ),
+    (
+        "second run_finished",
+        _second_run_finished,
+        r":{line}: event run_finished finishes run 'valid' a second time",
+    ),
     ("no run_started", _drop_run_started, r"must start with a run_started event, got 'spans'"),
     (
         "run_id traversal",
         set_field("run_started", "run_id", "../evil"),
-        r"run_started event: run_id '\.\./evil' is not a safe name",
+        r":1: event 'run_started': run_id '\.\./evil' is not a safe name",
     ),
     ("span backwards", _span_backwards, r":{line}: spans\.spans\[0\] .* ends before it starts"),
     (
         "span pid str",
         lambda ls: ls[first(ls, "spans")]["spans"][0].update(pid="7"),
-        r":{line}: event 'spans' has a malformed field: data\['pid'\] must be an int",
+        r":{line}: spans\.spans\[0\]\.pid = '7': expected `int`, got `str`",
     ),
     (
         "config unusable",
@@ -486,32 +493,32 @@ LOG_CASES: list[tuple[str, Edit, str]] = [
     (
         "config not a dict",
         set_field("run_started", "config", 5),
-        r":1: run_started\.config must be a dict",
+        r":1: run_started\.config = 5: expected `object`, got `int`",
     ),
     (
         "reading rss str",
         lambda ls: ls[first(ls, "memory")]["readings"][0].update(host_rss_bytes="1G"),
-        r":{line}: event 'memory' has a malformed field: host_rss_bytes must be an int",
+        r":{line}: memory\.readings\[0\]\.host_rss_bytes = '1G': expected `int`, got `str`",
     ),
     (
         "ack time str",
         lambda ls: ls[first(ls, "weights_published")]["acks"][0].update(acked_ns="x"),
-        r":{line}: weights_published\.acks\[0\]\.acked_ns must be an int",
+        r":{line}: weights_published\.acks\[0\]\.acked_ns = 'x': expected `int`, got `str`",
     ),
     (
         "totals not a dict",
         set_field("run_finished", "terminal_totals", 3),
-        r":{line}: run_finished\.terminal_totals must be a dict, got 3",
+        r":{line}: run_finished\.terminal_totals = 3: expected `object`, got `int`",
     ),
     (
         "wall time str",
         set_field("run_finished", "process_wall_ns", "soon"),
-        r":{line}: run_finished\.process_wall_ns must be an int, got 'soon'",
+        r":{line}: run_finished\.process_wall_ns = 'soon': expected `int \| null`, got `str`",
     ),
     (
         "error not str",
         set_field("run_finished", "error", 5),
-        r":{line}: run_finished\.error must be a string or None",
+        r":{line}: run_finished\.error = 5: expected `str \| null`, got `int`",
     ),
 ]
 

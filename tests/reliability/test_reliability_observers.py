@@ -25,10 +25,9 @@ from twinkle.events import (
     SamplesObserved,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, make_record
 from twinkle.perf import ManualClock
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.reporting import MetricRecord, make_record
+from twinkle.run import RunSession, replay
 
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.*"]},
@@ -316,7 +315,7 @@ def test_failure_while_finishing_does_not_hide_the_callers_exception(
 UNFINISHED = textwrap.dedent(
     """
     import sys
-    from twinkle.session import RunSession
+    from twinkle.run import RunSession
 
     run = RunSession(out_dir=sys.argv[1], run_id="unfinished", autoload=False).start()
     run.bus.iteration_started(0)

@@ -21,10 +21,19 @@ from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.hookspecs import hookimpl
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV, make_plugin_manager
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
-BUILTINS = {"events", "memory", "metrics_raw", "scalars", "throughput", "timing", "trace", "webui"}
+BUILTINS = {
+    "events",
+    "memory",
+    "metrics_raw",
+    "scalars",
+    "throughput",
+    "timeline",
+    "timing",
+    "trace",
+    "webui",
+}
 OUTPUTS = {"events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json"}
 
 
@@ -285,9 +294,9 @@ def test_library_modules_read_no_environment_at_import(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import os
-        import twinkle.plugins as plugins
-        os.environ[plugins.DISABLE_AUTOLOAD_ENV] = "1"
-        print(plugins._autoload_disabled_by_env())
+        from twinkle.plugins import DISABLE_AUTOLOAD_ENV, _manager
+        os.environ[DISABLE_AUTOLOAD_ENV] = "1"
+        print(_manager._autoload_disabled_by_env())
         """
     )
     proc = subprocess.run(

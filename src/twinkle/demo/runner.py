@@ -32,7 +32,7 @@ from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import StreamingDriver
-from twinkle.session import RunSession
+from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
 

@@ -1,6 +1,7 @@
 """Built-in observers, registered through the ``twinkle.observers`` entry-point group
-like any third-party plugin: timing, throughput, memory, and the sinks (raw records,
-WebUI flat file, event log, trace)."""
+like any third-party plugin: the run's timeline (which timing and throughput read),
+timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file, event
+log, trace)."""
 
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers.memory import MemoryObserver
@@ -16,11 +17,13 @@ from twinkle.observers.sinks import (
     WebUISink,
 )
 from twinkle.observers.throughput import ThroughputObserver
+from twinkle.observers.timeline import TIMELINE, Timeline, TimelineObserver
 from twinkle.observers.timing import TimingObserver
 
 __all__ = [
     "EVENTS_FILE",
     "RAW_FILE",
+    "TIMELINE",
     "TRACE_FILE",
     "WEBUI_FILE",
     "EventLogSink",
@@ -29,6 +32,8 @@ __all__ = [
     "RawRecordsSink",
     "ScalarsObserver",
     "ThroughputObserver",
+    "Timeline",
+    "TimelineObserver",
     "TimingObserver",
     "TraceSink",
     "WebUISink",

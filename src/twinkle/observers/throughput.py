@@ -23,21 +23,22 @@ from twinkle.events import (
     RunStarted,
     SamplesObserved,
 )
-from twinkle.hookspecs import hookimpl
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import ThroughputMetric
+from twinkle.observers.timeline import Finished, RunTiming, Timeline, timeline_for
 from twinkle.reporting import MetricRecord, RunTotals, make_record
-from twinkle.observers._timeline import Finished, RunTiming, TimelineObserver
 
 __all__ = ["ThroughputObserver"]
 
 _NS = 1e9
 
 
-class ThroughputObserver(TimelineObserver):
+class ThroughputObserver:
     """One ThroughputMetric per phase per iteration, and windows over the run."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.timeline = Timeline()
+        self.run_id = ""
         #: every sample of each tag the run saw (lengths only; seconds come at the end)
         self.tag_lengths: dict[str, ThroughputMetric] = {}
         self.iterations = 0
@@ -48,8 +49,12 @@ class ThroughputObserver(TimelineObserver):
         self.phase_windows: dict[str, dict[str, int | float]] = {}
 
     @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.timeline = timeline_for(context, "throughput")
+
+    @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
-        super().twinkle_run_started(event)
+        self.run_id = event.run_id
         config = self.timeline.config
         tags = {spec.samples for spec in config.throughput.values()}
         if config.window is not None:
@@ -58,7 +63,6 @@ class ThroughputObserver(TimelineObserver):
 
     @hookimpl
     def twinkle_samples(self, event: SamplesObserved) -> None:
-        super().twinkle_samples(event)
         self.totals.add(f"samples_{event.phase}", len(event.lengths))
         self.totals.add(f"tokens_{event.phase}", sum(event.lengths))
         if event.groups:
@@ -69,18 +73,16 @@ class ThroughputObserver(TimelineObserver):
 
     @hookimpl
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        super().twinkle_optimizer_step(event)
         self.totals.add("optimizer_updates", 1)
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
-        return self._emit(self.timeline.iteration_started(event), event.monotonic_ns)
+        return self._emit(self.timeline.finished, event.monotonic_ns)
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
         tl = self.timeline
-        records = self._emit(tl.run_finished(event), event.monotonic_ns)
-        tl.release()
+        records = self._emit(tl.finished, event.monotonic_ns)
         run = tl.run
         if run is None:
             return records

@@ -14,17 +14,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from twinkle.events import IterationStarted, RunFinished
-from twinkle.hookspecs import hookimpl
-from twinkle.reporting import MetricRecord, make_record
+from twinkle.events import IterationStarted, RunFinished, RunStarted
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._timeline import (
+from twinkle.observers.timeline import (
     AttributedTiming,
     Finished,
     RunTiming,
-    TimelineObserver,
+    Timeline,
     WindowTiming,
+    timeline_for,
 )
+from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["TimingObserver", "attributed_values", "run_values", "window_values"]
 
@@ -97,24 +98,32 @@ def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[
     return values
 
 
-class TimingObserver(TimelineObserver):
+class TimingObserver:
     """Time accounting per iteration and for the run; a deterministic function of the
-    events."""
+    events (read from the run's timeline)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.timeline = Timeline()
+        self.run_id = ""
         self.iterations = 0
         self.run_seconds: dict[str, int | float] = {}
 
     @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.timeline = timeline_for(context, "timing")
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
+
+    @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
-        return self._emit(self.timeline.iteration_started(event), event.monotonic_ns)
+        return self._emit(self.timeline.finished, event.monotonic_ns)
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
         tl = self.timeline
-        records = self._emit(tl.run_finished(event), event.monotonic_ns)
-        tl.release()
+        records = self._emit(tl.finished, event.monotonic_ns)
         if tl.run is None:
             return records
         self.run_seconds = run_values(tl.run, tl.config, self.iterations)

@@ -25,10 +25,10 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
+from twinkle.errors import PluginError
 from twinkle.events import (
     IterationStarted,
     OptimizerStep,
@@ -37,7 +37,7 @@ from twinkle.events import (
     SamplesObserved,
     SpanBatch,
 )
-from twinkle.hookspecs import OVERHEAD_SPAN, hookimpl
+from twinkle.hookspecs import OVERHEAD_SPAN, RunContext, StashKey, hookimpl
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._intervals import Interval, intersect, merge, subtract, union_ns
 from twinkle.perf import ClockAnchor
@@ -47,8 +47,10 @@ __all__ = [
     "Finished",
     "IterationData",
     "RunTiming",
+    "TIMELINE",
     "Timeline",
     "TimelineObserver",
+    "timeline_for",
     "WindowTiming",
 ]
 
@@ -243,15 +245,6 @@ class RunTiming:
     late_ns: int
 
 
-_T = TypeVar("_T")
-
-# Timelines of runs in progress, by the identity of their RunStarted event: observers
-# that need the iteration accounting (timing, throughput) share one per run instead of
-# each placing every span again. A Timeline is a pure function of the events and takes
-# each event once (by identity), so sharing changes no figure.
-_RUNS: dict[int, tuple[RunStarted, Timeline]] = {}
-
-
 @dataclass(slots=True)
 class _Window:
     """A window not yet finalised: its iteration (None: set-up) and bounds."""
@@ -265,41 +258,11 @@ class _Window:
 class Timeline:
     """Places events on the run's timeline and hands out iterations when finalised.
 
-    Every event method may be called several times with the same event object (one call
-    per observer sharing the timeline): only the first call acts, later ones return the
-    same result.
+    One per run, fed once per event by :class:`TimelineObserver`; the observers that
+    read it (timing, throughput) find it in the run's stash (:data:`TIMELINE`).
     """
 
-    _last_event: object
-    _last_result: Any
-
-    @classmethod
-    def for_run(cls, event: RunStarted) -> Timeline:
-        """The shared timeline of the run ``event`` starts (made on first request)."""
-        entry = _RUNS.get(id(event))
-        if entry is None or entry[0] is not event:
-            timeline = cls()
-            timeline.run_started(event)
-            entry = _RUNS[id(event)] = (event, timeline)
-        return entry[1]
-
-    def release(self) -> None:
-        """Forget this timeline in the registry of runs in progress (idempotent)."""
-        for key, (_, timeline) in list(_RUNS.items()):
-            if timeline is self:
-                del _RUNS[key]
-
-    def _once(self, event: object, compute: Callable[[], _T]) -> _T:
-        if event is self._last_event:
-            return cast(_T, self._last_result)
-        result = compute()
-        self._last_event = event
-        self._last_result = result
-        return result
-
     def __init__(self) -> None:
-        self._last_event = None
-        self._last_result = None
         self.config = ObserverConfig.parse({})
         self.anchor: ClockAnchor | None = None
         #: windows not yet finalised, oldest first (the newest is open)
@@ -311,7 +274,11 @@ class Timeline:
         self.overhead: list[tuple[int, int, int]] = []
         self.open: dict[int, IterationData] = {}  # started, not finalised
         self.future: dict[int, IterationData] = {}  # observed, not (yet) started
-        self.finalised: set[int] = set()
+        #: the newest finalised iteration: one at or below it that is not open is late
+        #: (a high-water mark, not a set: memory stays O(1) per iteration)
+        self.finalised_upto: int | None = None
+        #: the iterations the last boundary (or the finish) finalised
+        self.finished: list[Finished] = []
         self.run: RunTiming | None = None
         self._totals = WindowTiming.empty(self.config)
         self._setup = self._before_work = WindowTiming.empty(self.config)
@@ -335,10 +302,8 @@ class Timeline:
         self.windows.append(_Window(None, event.monotonic_ns))
 
     def iteration_started(self, event: IterationStarted) -> list[Finished]:
-        """Open ``event.iteration``; returns the iterations this boundary finalises."""
-        return self._once(event, lambda: self._iteration_started(event))
-
-    def _iteration_started(self, event: IterationStarted) -> list[Finished]:
+        """Open ``event.iteration``; returns (and keeps in :attr:`finished`) the
+        iterations this boundary finalises."""
         self._close_window(event.monotonic_ns, event.wall_ns)
         self.boundaries += 1
         data = self.future.pop(event.iteration, None) or IterationData(event.iteration)
@@ -348,13 +313,12 @@ class Timeline:
         done: list[Finished] = []
         while len(self.windows) > 1 and self.boundaries - self.windows[0].closed_at >= lag:
             done.extend(self._finalise(self.windows.popleft()))
+        self.finished = done
         return done
 
     def run_finished(self, event: RunFinished) -> list[Finished]:
-        """Every iteration still open, finalised at the run's end, and the run figures."""
-        return self._once(event, lambda: self._run_finished(event))
-
-    def _run_finished(self, event: RunFinished) -> list[Finished]:
+        """Every iteration still open, finalised at the run's end (also kept in
+        :attr:`finished`), and the run figures (:attr:`run`)."""
         end = event.monotonic_ns
         last = self.windows[-1] if self.windows else None
         if last is not None and last.iteration is not None:
@@ -391,12 +355,10 @@ class Timeline:
             late_spans=self.late_spans,
             late_ns=self.late_ns,
         )
+        self.finished = done
         return done
 
     def spans(self, event: SpanBatch) -> None:
-        self._once(event, lambda: self._spans(event))
-
-    def _spans(self, event: SpanBatch) -> None:
         shift = event.anchor.shift_onto(self.anchor)
         phase_of = self.config.phase_of
         for span in event.spans:
@@ -443,9 +405,6 @@ class Timeline:
         entry[1] += duration_ns
 
     def samples(self, event: SamplesObserved) -> None:
-        self._once(event, lambda: self._samples(event))
-
-    def _samples(self, event: SamplesObserved) -> None:
         data = self._for_iteration(event.iteration)
         if data is None:
             self.late_samples += len(event.lengths)
@@ -454,9 +413,6 @@ class Timeline:
         data.groups[event.phase] = data.groups.get(event.phase, 0) + event.groups
 
     def optimizer_step(self, event: OptimizerStep) -> None:
-        self._once(event, lambda: self._optimizer_step(event))
-
-    def _optimizer_step(self, event: OptimizerStep) -> None:
         self.optimizer_steps += 1
         self.step = max(self.step, event.step)
         data = self._for_iteration(event.iteration)
@@ -471,7 +427,7 @@ class Timeline:
         data = self.open.get(iteration)
         if data is not None:
             return data
-        if iteration in self.finalised:
+        if self.finalised_upto is not None and iteration <= self.finalised_upto:
             return None
         data = self.future.get(iteration)
         if data is None:
@@ -523,7 +479,8 @@ class Timeline:
         out: list[Finished] = []
         if window.iteration is not None:
             data = self.open.pop(window.iteration)
-            self.finalised.add(window.iteration)
+            upto = self.finalised_upto
+            self.finalised_upto = window.iteration if upto is None else max(upto, window.iteration)
             for span in data.spans:
                 self._place("iterations", span[2] - span[1])
             out.append(Finished(data, data.attributed(self.config, self.overhead), timing))
@@ -552,31 +509,55 @@ class Timeline:
         }
 
 
-class TimelineObserver:
-    """Base of the observers that read the iteration accounting (timing, throughput):
-    it joins the run's shared :class:`Timeline` and feeds it spans, samples and steps.
+TIMELINE: StashKey[Timeline] = StashKey("twinkle.timeline")
+"""The run's timeline in :attr:`RunContext.stash`, set by :class:`TimelineObserver`."""
 
-    A subclass that overrides one of these hooks decorates it with ``@hookimpl`` again
-    and calls ``super()``.
-    """
+
+def timeline_for(context: RunContext, observer: str) -> Timeline:
+    """The run's timeline, for ``observer``; a clear error when nothing feeds one."""
+    timeline = context.stash.get(TIMELINE)
+    if timeline is None:
+        raise PluginError(
+            f"observer {observer!r} reads the run's timeline, but the built-in 'timeline' "
+            "observer is not registered (blocked?): unblock 'timeline' or block "
+            f"{observer!r} too"
+        )
+    return timeline
+
+
+class TimelineObserver:
+    """The built-in ``timeline`` observer: owns the run's :class:`Timeline`, puts it in
+    the run's stash and feeds it every event it needs, before any other observer
+    (``tryfirst``), so the observers reading it see each event already placed."""
 
     def __init__(self) -> None:
         self.timeline = Timeline()
-        self.run_id = ""
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.timeline = Timeline()
+        context.stash[TIMELINE] = self.timeline
+
+    @hookimpl(tryfirst=True)
     def twinkle_run_started(self, event: RunStarted) -> None:
-        self.run_id = event.run_id
-        self.timeline = Timeline.for_run(event)
+        self.timeline.run_started(event)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def twinkle_spans(self, event: SpanBatch) -> None:
         self.timeline.spans(event)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def twinkle_samples(self, event: SamplesObserved) -> None:
         self.timeline.samples(event)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
         self.timeline.optimizer_step(event)
+
+    @hookimpl(tryfirst=True)
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        self.timeline.iteration_started(event)
+
+    @hookimpl(tryfirst=True)
+    def twinkle_run_finished(self, event: RunFinished) -> None:
+        self.timeline.run_finished(event)

@@ -1,4 +1,5 @@
-"""``RunSession``: one observed run — bus, recorder, observers, reporter and outputs.
+"""``RunSession``: one observed live run — bus, recorders, and the :class:`Run` that
+holds its observers and outputs.
 
 The session is the caller's handle::
 
@@ -9,16 +10,14 @@ The session is the caller's handle::
 
 It writes ``runs/<run_id>/`` (SPEC §8): ``events.jsonl``, ``metrics_raw.jsonl``,
 ``metrics.jsonl``, ``summary.json`` and ``trace.json`` — through the observers, so that
-:func:`twinkle.replay.replay` reproduces the records and the summary from the log.
+:func:`twinkle.run.replay` reproduces the records and the summary from the log.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
-import re
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -26,99 +25,28 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import orjson
 import pluggy
 
-from twinkle.errors import ConfigError, InvalidArgumentError, TwinkleError, WriteError
-from twinkle.events import EventBus, RunFinished
+from twinkle.checks import run_id as check_run_id
+from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.events import EventBus, Status
 from twinkle.hookspecs import RunContext
-from twinkle.reporting import Backend, MetricsReporter
-from twinkle.observers._config import ObserverConfig
 from twinkle.perf import Clock, TimeRecorder, bind_process_recorder
 from twinkle.perf.stats import memory_stats
-from twinkle.plugins import Dispatcher, make_plugin_manager, merge_summary
+from twinkle.plugins import Dispatcher, make_plugin_manager
+from twinkle.reporting import MetricsReporter
+from twinkle.run._run import Run, RunState
 
-__all__ = [
-    "SUMMARY_FILE",
-    "RunSession",
-    "check_config",
-    "check_name",
-    "new_run_id",
-    "write_summary",
-]
+__all__ = ["RunSession", "new_run_id"]
 
-SUMMARY_FILE = "summary.json"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 OVERHEAD_SOURCE = "twinkle.observers"
 log = logging.getLogger("twinkle.session")
-
-
-def check_name(value: object, what: str) -> str:
-    """``value`` if it is a safe single path component, else a clear error.
-
-    Run ids and output names become directory and file names: path separators, ``..``
-    and leading dots would write outside the run directory.
-    """
-    if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
-        raise InvalidArgumentError(
-            f"{what} {value!r} is not a safe name: use 1-128 characters of letters, digits, "
-            "'.', '_' and '-', starting with a letter or digit, without '..' or path "
-            "separators"
-        )
-    return value
 
 
 def new_run_id(wall_ns: int) -> str:
     """A fresh run id: UTC time of the start plus the process id and a random suffix."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(wall_ns / 1e9))
     return f"{stamp}-{os.getpid()}-{os.urandom(2).hex()}"
-
-
-def write_summary(
-    path: Path | None,
-    event: RunFinished,
-    dispatcher: Dispatcher,
-) -> dict[str, Any]:
-    """Build ``summary.json`` from the observers' parts and write it (when ``path``)."""
-    parts = dispatcher.call_named("twinkle_summary", event=event)
-    summary: dict[str, Any] = {
-        "run_id": event.run_id,
-        "status": event.status,
-        "error": event.error,
-        "records_dropped": event.records_dropped,
-        "process_wall_seconds": (
-            None if event.process_wall_ns is None else event.process_wall_ns / 1e9
-        ),
-        **merge_summary([(name, part) for name, part in parts if isinstance(part, dict)]),
-    }
-    summary["observer_failures"] = dict(sorted(dispatcher.failures.items()))
-    if path is not None:
-        data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-        _write_atomically(path, data + b"\n")
-    return summary
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all (a crash never leaves half a summary); mode
-    0644 less the umask, like every file twinkle creates."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise WriteError(
-            exc.errno,
-            f"cannot write {str(path)!r}: {exc.strerror or exc}; free disk space "
-            "or fix permissions (the summary can be rebuilt: twinkle replay events.jsonl)",
-        ) from exc
 
 
 class RunSession:
@@ -129,8 +57,8 @@ class RunSession:
     :param config: the observers' business definitions (see
         :class:`twinkle.observers.ObserverConfig`); plain JSON data.
     :param clock: the run's monotonic ns clock; ``wall_clock``: unix ns.
-    :param plugin_manager: a ready manager; else one is built from ``autoload``,
-        ``builtins``, ``blocked`` and ``plugins`` (see :func:`make_plugin_manager`).
+    :param plugin_manager: a manager from :func:`~twinkle.plugins.make_plugin_manager`;
+        else one is built from ``autoload``, ``builtins``, ``blocked`` and ``plugins``.
     :param background_writer: write records on a background thread.
     """
 
@@ -149,7 +77,7 @@ class RunSession:
         plugins: Iterable[tuple[str, object]] = (),
         background_writer: bool = True,
     ) -> None:
-        self.run_id = check_name(new_run_id(wall_clock()) if run_id is None else run_id, "run_id")
+        self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
         if config is not None and not isinstance(config, Mapping):
             raise InvalidArgumentError(
                 f"config must be a mapping of the observers' definitions, got {config!r:.200}"
@@ -164,38 +92,48 @@ class RunSession:
         )
         self._unbind: Callable[[], None] | None = None
         self._wall_clock = wall_clock
-        self.pm = plugin_manager or make_plugin_manager(
+        pm = plugin_manager or make_plugin_manager(
             autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
         )
-        self._background = background_writer
-        check_config(self.config, self.pm)
         self.context = RunContext(self.run_id, self.out_dir, self.config, replay=False)
-        self.reporter: MetricsReporter | None = None
-        self.dispatcher: Dispatcher | None = None
+        self.run = Run(pm, self.context, background=background_writer)
         self.summary: dict[str, Any] | None = None
         self._atexit: Callable[[], None] | None = None
-        self._state = "new"
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        """The run's plugin manager (its plugin set is fixed while the run runs)."""
+        return self.run.pm
+
+    @property
+    def state(self) -> RunState:
+        return self.run.state
+
+    @property
+    def reporter(self) -> MetricsReporter | None:
+        """The run's reporter while it runs."""
+        return self.run.reporter
+
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The run's dispatcher while it runs."""
+        return self.run.dispatcher
 
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> RunSession:
         """Configure the observers, open the outputs and publish ``run_started``."""
-        if self._state != "new":
+        if self.run.state is not RunState.NEW:
             raise TwinkleError(f"run {self.run_id!r} was already started")
-        self._state = "running"
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        self.reporter, self.dispatcher = open_observers(
-            self.pm, self.context, background=self._background
-        )
+        self.run.start()
         try:
             self.bus.attach(self.recorder, source="main")
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
-            self.dispatcher.connect(self.bus)
+            self.run.connect(self.bus)
             self.bus.run_started(self.config)
         except BaseException:
-            self._state = "failed"
-            close_observers(self.reporter, self.dispatcher, self.context)
+            self.run.state = RunState.FAILED
+            self.run.close()
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
@@ -207,14 +145,16 @@ class RunSession:
     def finish(
         self,
         *,
-        status: str = "ok",
+        status: Status = "ok",
         error: str | None = None,
         terminal_totals: Mapping[str, int | float] | None = None,
     ) -> dict[str, Any]:
         """Publish ``run_finished``, write ``summary.json`` and close every output."""
-        if self._state != "running" or self.reporter is None or self.dispatcher is None:
-            raise TwinkleError(f"run {self.run_id!r} is not running (state: {self._state})")
-        self._state = "finished"
+        reporter = self.run.reporter
+        if self.run.state is not RunState.RUNNING or reporter is None:
+            raise TwinkleError(
+                f"run {self.run_id!r} is not running (state: {self.run.state.value})"
+            )
         if self._unbind is not None:
             self._unbind()
             self._unbind = None
@@ -222,17 +162,18 @@ class RunSession:
             atexit.unregister(self._atexit)
             self._atexit = None
         try:
-            event = self.bus.run_finished(
+            self.bus.run_finished(
                 status=status,
                 error=error,
                 terminal_totals=terminal_totals,
-                records_dropped=self.reporter.stats.dropped,
+                records_dropped=reporter.stats.dropped,
                 process_wall_ns=self._process_wall_ns(),
             )
-            path = None if self.out_dir is None else self.out_dir / SUMMARY_FILE
-            self.summary = write_summary(path, event, self.dispatcher)
-        finally:
-            close_observers(self.reporter, self.dispatcher, self.context)
+        except BaseException:
+            self.run.close()
+            self.run.state = RunState.FAILED
+            raise
+        self.summary = self.run.finish()
         return self.summary
 
     def _process_wall_ns(self) -> int | None:
@@ -245,7 +186,7 @@ class RunSession:
         return max(0, self._wall_clock() - created_ns)
 
     def __enter__(self) -> RunSession:
-        return self.start() if self._state == "new" else self
+        return self.start() if self.run.state is RunState.NEW else self
 
     def __exit__(
         self,
@@ -253,7 +194,7 @@ class RunSession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state != "running":
+        if self.run.state is not RunState.RUNNING:
             return
         if exc is None:
             self.finish()
@@ -276,20 +217,8 @@ class RunSession:
     @property
     def failures(self) -> dict[str, int]:
         """Observer failures so far, per plugin name."""
-        return {} if self.dispatcher is None else dict(self.dispatcher.failures)
-
-
-def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> None:
-    """Refuse, before anything starts, a configuration the built-in observers cannot use
-    (:class:`~twinkle.errors.ConfigError` naming the key) or the log cannot hold."""
-    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
-        ObserverConfig.parse(config)
-    try:
-        orjson.dumps(config, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError as exc:
-        raise ConfigError(
-            f"config must hold only JSON values (it travels in events.jsonl): {exc}"
-        ) from None
+        calls = self.run.calls
+        return {} if calls is None else dict(calls.failures)
 
 
 def _finish_at_exit(session: RunSession) -> Callable[[], None]:
@@ -297,7 +226,7 @@ def _finish_at_exit(session: RunSession) -> Callable[[], None]:
 
     def finish() -> None:
         run = ref()
-        if run is None or run._state != "running":
+        if run is None or run.state is not RunState.RUNNING:
             return
         try:
             run.finish(status="error", error="the process exited without finishing the run")
@@ -306,29 +235,3 @@ def _finish_at_exit(session: RunSession) -> Callable[[], None]:
 
     atexit.register(finish)
     return finish
-
-
-def open_observers(
-    pm: pluggy.PluginManager,
-    context: RunContext,
-    *,
-    background: bool,
-) -> tuple[MetricsReporter, Dispatcher]:
-    """Configure the plugins of ``pm`` for ``context``: the reporter and the dispatcher."""
-    dispatcher = Dispatcher(pm)
-    dispatcher.call("twinkle_configure", context=context)
-    backends: list[Backend] = []
-    for result in dispatcher.call("twinkle_make_backends", context=context):
-        backends.extend(result)
-    reporter = MetricsReporter(backends, run_id=context.run_id, background=background)
-    dispatcher.report = reporter.report
-    return reporter, dispatcher
-
-
-def close_observers(reporter: MetricsReporter, dispatcher: Dispatcher, context: RunContext) -> None:
-    """Flush and close the reporter, then let every plugin close its files."""
-    try:
-        reporter.close()
-    finally:
-        dispatcher.call("twinkle_unconfigure", context=context)
-        dispatcher.disconnect()

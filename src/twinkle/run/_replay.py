@@ -15,6 +15,7 @@ from typing import Any
 
 import pluggy
 
+from twinkle.checks import run_id as check_run_id
 from twinkle.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -24,16 +25,9 @@ from twinkle.errors import (
 )
 from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
-from twinkle.reporting import read_jsonl
 from twinkle.plugins import make_plugin_manager
-from twinkle.session import (
-    SUMMARY_FILE,
-    check_config,
-    check_name,
-    close_observers,
-    open_observers,
-    write_summary,
-)
+from twinkle.reporting import read_jsonl
+from twinkle.run._run import Run
 
 __all__ = ["ReplayResult", "iter_events", "replay"]
 
@@ -154,57 +148,45 @@ def replay(
             f"{'nothing' if first is None else first.TYPE!r}{torn}"
         )
     try:
-        check_name(first.run_id, "run_id")
+        check_run_id(first.run_id)
     except InvalidArgumentError as exc:
         raise ReplayError(f"the log's run_started event: {exc}") from exc
     pm = plugin_manager or make_plugin_manager(
         autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
     )
+    context = RunContext(first.run_id, target, dict(first.config), replay=True)
     try:
-        check_config(first.config, pm)
+        run = Run(pm, context, background=False)
     except ConfigError as exc:
         raise ReplayError(f"the log's run_started event: {exc}") from exc
-    if target is not None:
-        target.mkdir(parents=True, exist_ok=True, mode=0o755)
-    context = RunContext(first.run_id, target, dict(first.config), replay=True)
-    reporter, dispatcher = open_observers(pm, context, background=False)
+    run.start()
     count = 0
     last: Event = first
-    finished: RunFinished | None = None
     try:
         for event in _chain(first, iterator):
-            where = f"event {count + 1}" if log is None else f"{log.path}:{log.lineno}"
-            if count and isinstance(event, RunStarted):
-                raise ReplayError(
-                    f"{where} starts a second run ({event.run_id!r}); replay one run's log "
-                    "at a time"
-                )
-            if event.run_id != first.run_id:
-                raise ReplayError(f"{where} belongs to run {event.run_id!r}, not {first.run_id!r}")
-            if finished is not None and isinstance(event, RunFinished):
-                raise ReplayError(f"{where} finishes the run a second time")
-            # Events after run_finished (published by an observer while the run finished)
-            # reached the live observers before the summary: replay them too.
-            dispatcher.submit(event)
+            try:
+                run.submit(event)
+            except RecordError as exc:
+                where = f"event {count + 1}" if log is None else f"{log.path}:{log.lineno}"
+                raise ReplayError(f"{where}: {exc}") from exc
             count += 1
             last = event
-            if isinstance(event, RunFinished):
-                finished = event
-        if finished is None:
+        if run.finished is None:
             error = "event log ends without run_finished (the run did not finish)"
             if log is not None and log.torn_line is not None:
                 error += (
                     f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
                     "by a crash in the middle of a write) was passed over"
                 )
-            finished = RunFinished(
-                last.run_id, last.monotonic_ns, last.wall_ns, status="error", error=error
+            run.submit(
+                RunFinished(
+                    last.run_id, last.monotonic_ns, last.wall_ns, status="error", error=error
+                )
             )
-            dispatcher.submit(finished)
-        path = None if target is None else target / SUMMARY_FILE
-        summary = write_summary(path, finished, dispatcher)
-    finally:
-        close_observers(reporter, dispatcher, context)
+    except BaseException:
+        run.close()
+        raise
+    summary = run.finish()
     if log is None or log.torn_line is None:
         return ReplayResult(target, count, summary)
     return ReplayResult(target, count, summary, log.torn_line, log.torn_bytes)

@@ -1,0 +1,36 @@
+"""The observer runtime: the plugin manager (:func:`make_plugin_manager`) and the calls
+of its hooks (:class:`HookCalls`, :class:`Dispatcher`). The contract itself is
+:mod:`twinkle.hookspecs`.
+"""
+
+from twinkle.plugins._dispatch import (
+    HOOK_FOR_EVENT,
+    REPORTER_FAILURES,
+    Dispatcher,
+    HookCalls,
+    hook_name,
+    merge_summary,
+)
+from twinkle.plugins._manager import (
+    BUILTIN_DISTRIBUTION,
+    DISABLE_AUTOLOAD_ENV,
+    ENTRY_POINT_GROUP,
+    Monitor,
+    ObserverManager,
+    make_plugin_manager,
+)
+
+__all__ = [
+    "BUILTIN_DISTRIBUTION",
+    "DISABLE_AUTOLOAD_ENV",
+    "ENTRY_POINT_GROUP",
+    "HOOK_FOR_EVENT",
+    "REPORTER_FAILURES",
+    "Dispatcher",
+    "HookCalls",
+    "Monitor",
+    "ObserverManager",
+    "hook_name",
+    "make_plugin_manager",
+    "merge_summary",
+]

@@ -1,0 +1,208 @@
+"""Calling the observers: every hook implementation in isolation, events in order.
+
+:class:`HookCalls` plans each hook's implementations once, from a manager whose plugin
+set is fixed for the run (:class:`~twinkle.plugins.ObserverManager`), so it is complete
+when built. :class:`Dispatcher` bridges a bus's signals to the event hooks and hands the
+observers' records to the run's reporter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pluggy
+
+from twinkle.errors import WriteError
+from twinkle.events import EVENT_TYPES, Event
+from twinkle.plugins._manager import ObserverManager
+from twinkle.reporting import MetricRecord
+
+__all__ = [
+    "HOOK_FOR_EVENT",
+    "REPORTER_FAILURES",
+    "Dispatcher",
+    "HookCalls",
+    "hook_name",
+    "merge_summary",
+]
+
+log = logging.getLogger("twinkle.plugins")
+
+#: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
+#: records the run's reporter could not write at once (a disk fault; they are kept)
+REPORTER_FAILURES = "twinkle.reporter"
+
+
+def hook_name(event_type: type[Event]) -> str:
+    """The hook an event type is delivered to: ``twinkle_<TYPE>``."""
+    return f"twinkle_{event_type.TYPE}"
+
+
+HOOK_FOR_EVENT: dict[type[Event], str] = {cls: hook_name(cls) for cls in EVENT_TYPES.values()}
+"""The hook of every event type (derived from the type: :func:`hook_name`)."""
+
+# (plugin name, function, argument names) of one hook implementation
+_Impl = tuple[str, Callable[..., Any], tuple[str, ...]]
+
+
+class HookCalls:
+    """Calls hooks on every observer of ``pm``, each in isolation.
+
+    The implementations of every hook are looked up once, here, in pluggy's call order
+    (last registered first, ``tryfirst``/``trylast`` respected): ``pm`` must keep its
+    plugin set while this object is used (an :class:`ObserverManager` in use by a run
+    refuses changes). A raising observer is logged with its name, counted in
+    :attr:`failures` and skipped; every other observer still runs. Hook-call monitors
+    of ``pm`` see each hook call (its implementations, its arguments, and a
+    :class:`pluggy.Result` of the list of results).
+    """
+
+    __slots__ = ("_plans", "_pm", "failures")
+
+    def __init__(self, pm: ObserverManager) -> None:
+        self._pm = pm
+        self._plans: dict[str, list[_Impl]] = {
+            name: [
+                (impl.plugin_name, impl.function, tuple(impl.argnames))
+                for impl in reversed(caller.get_hookimpls())
+            ]
+            for name, caller in vars(pm.hook).items()
+            if isinstance(caller, pluggy.HookCaller)
+        }
+        #: failures per plugin name (logged as they happen)
+        self.failures: Counter[str] = Counter()
+
+    def call(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` on every observer; the non-None results."""
+        return [result for _, result in self._calls(hook, kwargs)]
+
+    def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Like :meth:`call`, with each result paired with its plugin's name."""
+        return list(self._calls(hook, kwargs))
+
+    def implementers(self, hook: str) -> list[str]:
+        """The plugins implementing ``hook``, in call order."""
+        return [name for name, _, _ in self._plans.get(hook, ())]
+
+    def count(self, name: str, message: str, *args: object) -> None:
+        """Count a failure of ``name``; log the 1st, 2nd, 4th, 8th... (a lasting fault
+        does not flood the log)."""
+        self.failures[name] += 1
+        n = self.failures[name]
+        if n & (n - 1) == 0:
+            log.error(f"observer %r {message} (failure %d)", name, *args, n)
+
+    def _calls(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        if self._pm.monitored:
+            yield from self._monitored(hook, kwargs)
+        else:
+            yield from self._plain(hook, kwargs)
+
+    def _plain(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        for name, function, argnames in self._plans.get(hook, ()):
+            try:
+                result = function(*[kwargs[a] for a in argnames])
+            except Exception:
+                self.failures[name] += 1
+                log.exception("observer %r failed in %s; skipped", name, hook)
+                continue
+            if result is not None:
+                yield name, result
+
+    def _monitored(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        monitors = self._pm.monitors
+        impls = list(reversed(getattr(self._pm.hook, hook).get_hookimpls()))
+        for before, _after in monitors:
+            before(hook, impls, kwargs)
+        results = list(self._plain(hook, kwargs))
+        outcome: pluggy.Result[list[Any]] = pluggy.Result([r for _, r in results], None)
+        for _before, after in reversed(monitors):
+            after(outcome, hook, impls, kwargs)
+        yield from results
+
+
+class Dispatcher:
+    """Delivers every event submitted to its hook on every observer, one at a time.
+
+    Events published concurrently from several threads, or from inside a hook, are queued
+    and dispatched in order by whichever thread is already dispatching, so observers never
+    run concurrently and never re-enter. A hook must therefore not *wait* for another
+    thread that publishes: that thread waits for this dispatch to finish.
+
+    ``report`` stamps the records the observers return (the run's reporter) before they
+    go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
+    records, and a record the reporter refuses, count as that observer's failures; a
+    disk fault the reporter reports (``WriteError``: the record is kept) counts under
+    :data:`REPORTER_FAILURES` and never stops the run.
+    """
+
+    __slots__ = ("_hooks", "_lock", "_owner", "_pending", "calls", "events", "report")
+
+    def __init__(self, calls: HookCalls, report: Callable[[MetricRecord], MetricRecord]) -> None:
+        self.calls = calls
+        self.report = report
+        #: events dispatched so far
+        self.events = 0
+        self._hooks = {cls: hook_name(cls) for cls in EVENT_TYPES.values()}
+        self._pending: deque[Event] = deque()
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def submit(self, event: Event) -> None:
+        """Queue ``event`` and dispatch everything queued, in order.
+
+        From inside a hook (re-entrant publish) the event is only queued: the outer
+        dispatch picks it up after the current event. Another thread waits for the
+        dispatching thread, then dispatches whatever is still queued.
+        """
+        self._pending.append(event)
+        if self._owner == threading.get_ident():
+            return
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                while self._pending:
+                    self._dispatch(self._pending.popleft())
+            finally:
+                self._owner = None
+
+    def _dispatch(self, event: Event) -> None:
+        self.events += 1
+        calls = self.calls
+        for name, result in calls.call_named(self._hooks[type(event)], event=event):
+            try:
+                records = list(result)
+            except TypeError:
+                calls.count(name, "returned %r, not a list of records", result)
+                continue
+            for record in records:
+                stamped = self._stamp(name, record)
+                if stamped is not None:
+                    calls.call("twinkle_record", record=stamped)
+        calls.call("twinkle_event", event=event)
+
+    def _stamp(self, plugin: str, record: Any) -> MetricRecord | None:
+        """The reporter's stamped record, or None when the observer's record is refused."""
+        try:
+            return self.report(record)
+        except WriteError as exc:
+            # A disk fault: the record was accepted and is kept in memory (the reporter
+            # writes it once the fault is gone). Counted, never fatal to the run.
+            self.calls.count(REPORTER_FAILURES, "cannot write records: %s", exc)
+            return exc.record if isinstance(exc.record, MetricRecord) else None
+        except Exception as exc:  # the observer's record is bad (other run, not a record)
+            self.calls.count(plugin, "returned a record the reporter refused: %s", exc)
+            return None
+
+
+def merge_summary(parts: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Merge observers' summary parts; a key already taken is kept as ``plugin.key``."""
+    merged: dict[str, Any] = {}
+    for plugin, part in parts:
+        for key, value in part.items():
+            merged[f"{plugin}.{key}" if key in merged else key] = value
+    return merged

@@ -1,0 +1,202 @@
+"""The observers' plugin manager: built by :func:`make_plugin_manager`, frozen while a
+run uses it.
+
+Built-in observers are registered through the same entry-point group as third-party ones
+(``twinkle.observers``). Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import pluggy
+
+from twinkle import hookspecs
+from twinkle.errors import PluginError
+
+__all__ = [
+    "BUILTIN_DISTRIBUTION",
+    "DISABLE_AUTOLOAD_ENV",
+    "ENTRY_POINT_GROUP",
+    "Monitor",
+    "ObserverManager",
+    "make_plugin_manager",
+]
+
+ENTRY_POINT_GROUP = "twinkle.observers"
+DISABLE_AUTOLOAD_ENV = "TWINKLE_DISABLE_PLUGIN_AUTOLOAD"
+BUILTIN_DISTRIBUTION = "twinkle"
+
+#: ``(before, after)`` as :meth:`pluggy.PluginManager.add_hookcall_monitoring` takes them
+Monitor = tuple[Callable[..., object], Callable[..., object]]
+
+
+class ObserverManager(pluggy.PluginManager):
+    """A pluggy manager for twinkle's observers that knows when a run uses it.
+
+    Twinkle's dispatcher calls every observer in isolation (one raising observer never
+    stops the others), so it plans each hook's implementations once, when the run
+    starts. While a run uses the manager its plugin set is therefore fixed: registering
+    or unregistering raises :class:`~twinkle.errors.PluginError` saying so (never a
+    silent no-op). Hook-call monitoring (:meth:`add_hookcall_monitoring`, and
+    :meth:`enable_tracing`, which uses it) sees the dispatcher's calls as well as direct
+    ``pm.hook`` calls.
+    """
+
+    def __init__(self, project_name: str = hookspecs.PROJECT_NAME) -> None:
+        super().__init__(project_name)
+        #: the run using this manager (None: free)
+        self.in_use_by: str | None = None
+        self._monitors: list[Monitor] = []
+        #: whether any hook-call monitor is installed (read on every dispatch)
+        self.monitored = False
+
+    @property
+    def monitors(self) -> tuple[Monitor, ...]:
+        """The hook-call monitors, oldest first."""
+        return tuple(self._monitors)
+
+    def acquire(self, run_id: str) -> None:
+        """Fix the plugin set for run ``run_id`` (one run at a time)."""
+        if self.in_use_by is not None:
+            raise PluginError(
+                f"this plugin manager is in use by run {self.in_use_by!r}; observers keep "
+                "per-run state, so give each run its own manager (make_plugin_manager())"
+            )
+        self.in_use_by = run_id
+
+    def release(self) -> None:
+        """The run is over: plugins may be registered again."""
+        self.in_use_by = None
+
+    def _check_free(self, doing: str, name: object) -> None:
+        if self.in_use_by is not None:
+            raise PluginError(
+                f"cannot {doing} plugin {name!r}: run {self.in_use_by!r} is running and its "
+                "observers are fixed when it starts; register plugins before start() (or "
+                "pass plugins=[(name, plugin)] to the run)"
+            )
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` (refused while a run uses the manager, and for wrappers)."""
+        self._check_free("register", name or type(plugin).__name__)
+        registered = super().register(plugin, name)
+        for caller in self.get_hookcallers(plugin) or ():
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                    super().unregister(plugin)
+                    raise PluginError(
+                        f"plugin {name or impl.plugin_name!r} declares {caller.name} as a "
+                        "wrapper; twinkle calls every observer in isolation, so wrappers are "
+                        "not supported: drop wrapper=True/hookwrapper=True"
+                    )
+        return registered
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        self._check_free("unregister", name or type(plugin).__name__)
+        return super().unregister(plugin, name)
+
+    def add_hookcall_monitoring(
+        self, before: Callable[..., object], after: Callable[..., object]
+    ) -> Callable[[], None]:
+        undo_direct = super().add_hookcall_monitoring(before, after)  # type: ignore[arg-type]
+        monitor = (before, after)
+        self._monitors.append(monitor)
+        self.monitored = True
+
+        def undo() -> None:
+            undo_direct()
+            if monitor in self._monitors:
+                self._monitors.remove(monitor)
+            self.monitored = bool(self._monitors)
+
+        return undo
+
+
+def _autoload_disabled_by_env() -> bool:
+    value = os.environ.get(DISABLE_AUTOLOAD_ENV, "")
+    return value.strip().lower() not in ("", "0", "false", "no")
+
+
+def _is_builtin(ep: EntryPoint) -> bool:
+    dist = getattr(ep, "dist", None)
+    return dist is not None and dist.name == BUILTIN_DISTRIBUTION
+
+
+def _instantiate(ep: EntryPoint) -> object:
+    try:
+        target = ep.load()
+    except Exception as exc:
+        raise PluginError(
+            f"observer plugin {ep.name!r} ({ep.value}) failed to import: {exc!r}; fix or "
+            f"uninstall it, or block it with blocked=[{ep.name!r}] / "
+            f"{DISABLE_AUTOLOAD_ENV}=1"
+        ) from exc
+    # Observers are stateful per run: a class (or factory) gives a fresh instance each time.
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "__path__")):
+        try:
+            return target()
+        except Exception as exc:
+            raise PluginError(
+                f"observer plugin {ep.name!r} ({ep.value}) could not be constructed: {exc!r}"
+            ) from exc
+    return target
+
+
+def make_plugin_manager(
+    *,
+    autoload: bool | None = None,
+    builtins: bool = True,
+    blocked: Iterable[str] = (),
+    plugins: Iterable[tuple[str, object]] = (),
+) -> ObserverManager:
+    """Build a plugin manager with the observers of group ``twinkle.observers``.
+
+    :param autoload: load third-party entry points; ``None`` means yes unless the
+        environment variable ``TWINKLE_DISABLE_PLUGIN_AUTOLOAD`` is set (read now, not at
+        import). Built-in observers are loaded either way unless ``builtins`` is false.
+    :param builtins: load twinkle's own observers (timing, memory, throughput, sinks).
+    :param blocked: plugin (entry point) names never to register.
+    :param plugins: extra ``(name, plugin)`` pairs to register directly.
+    """
+    pm = ObserverManager()
+    pm.add_hookspecs(hookspecs)
+    for name in blocked:
+        pm.set_blocked(name)
+    if autoload is None:
+        autoload = not _autoload_disabled_by_env()
+    found_builtin = False
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        builtin = _is_builtin(ep)
+        found_builtin |= builtin
+        if (builtin and not builtins) or (not builtin and not autoload):
+            continue
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+            continue
+        _register(pm, _instantiate(ep), ep.name)
+    if builtins and not found_builtin:
+        raise PluginError(
+            "twinkle's built-in observers were not found in entry-point group "
+            f"{ENTRY_POINT_GROUP!r}: twinkle is not installed as a distribution; install it "
+            "(pip install -e .) rather than putting src/ on sys.path"
+        )
+    for name, plugin in plugins:
+        if not pm.is_blocked(name):
+            _register(pm, plugin, name)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {exc.plugin!r} implements an unknown hook: {exc}") from exc
+    return pm
+
+
+def _register(pm: ObserverManager, plugin: object, name: str) -> None:
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {name!r} does not fit the hook contract: {exc}") from exc
+    except ValueError as exc:
+        raise PluginError(f"plugin {name!r} cannot be registered: {exc}") from exc

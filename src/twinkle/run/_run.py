@@ -1,0 +1,247 @@
+"""``Run``: the observer runtime of one run, shared by a live session and a replay.
+
+A run owns its plugin manager (fixed for the run), the hook calls and the dispatcher
+(complete when built), the reporter, the observers' shared state (the run's timeline,
+in :attr:`RunContext.stash`) and the outputs (``runs/<run_id>/``, the summary last).
+:class:`~twinkle.run.RunSession` feeds it a live bus; :func:`~twinkle.run.replay` feeds
+it a log. The lifecycle of the events is checked here, once, for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, final
+
+import orjson
+import pluggy
+
+from twinkle.errors import ConfigError, PluginError, RecordError, TwinkleError, WriteError
+from twinkle.events import SIGNALS, Event, EventBus, RunFinished, RunStarted
+from twinkle.hookspecs import RunContext
+from twinkle.observers import ObserverConfig
+from twinkle.plugins import Dispatcher, HookCalls, ObserverManager, merge_summary
+from twinkle.reporting import Backend, MetricsReporter
+
+__all__ = ["SUMMARY_FILE", "Run", "RunState", "check_config"]
+
+SUMMARY_FILE = "summary.json"
+
+
+class RunState(enum.Enum):
+    """Where a run is: NEW → RUNNING → FINISHED, or FAILED when starting failed."""
+
+    NEW = "new"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> None:
+    """Refuse, before anything starts, a configuration the built-in observers cannot use
+    (:class:`~twinkle.errors.ConfigError` naming the key) or the log cannot hold."""
+    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
+        ObserverConfig.parse(config)
+    try:
+        orjson.dumps(config, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        raise ConfigError(
+            f"config must hold only JSON values (it travels in events.jsonl): {exc}"
+        ) from None
+
+
+@final
+class Run:
+    """One run's observers and outputs. :meth:`start`, :meth:`submit` events (or
+    :meth:`connect` a bus), then :meth:`finish` with the ``run_finished`` event.
+
+    :param pm: a manager from :func:`~twinkle.plugins.make_plugin_manager`; its plugin
+        set is fixed from :meth:`start` until the run is closed.
+    :param context: the run's id, output directory (``None``: no files), configuration
+        and whether the events come from a log.
+    :param background: write records on a background thread.
+    """
+
+    __slots__ = (
+        "_background",
+        "_closed",
+        "_receivers",
+        "calls",
+        "context",
+        "dispatcher",
+        "finished",
+        "pm",
+        "reporter",
+        "started",
+        "state",
+    )
+
+    def __init__(self, pm: pluggy.PluginManager, context: RunContext, *, background: bool) -> None:
+        if not isinstance(pm, ObserverManager):
+            raise PluginError(
+                f"plugin_manager must come from twinkle.plugins.make_plugin_manager(), got "
+                f"{type(pm).__qualname__}: twinkle's manager keeps the observers fixed while "
+                "a run uses them; pass plugins=[(name, plugin)] to add your own"
+            )
+        check_config(context.config, pm)
+        self.pm = pm
+        self.context = context
+        self._background = background
+        self.state = RunState.NEW
+        self.calls: HookCalls | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.reporter: MetricsReporter | None = None
+        self.started = False
+        self.finished: RunFinished | None = None
+        self._receivers: list[EventBus] = []
+        self._closed = False
+
+    @property
+    def run_id(self) -> str:
+        return self.context.run_id
+
+    def start(self) -> None:
+        """Fix the plugin set, configure the observers, open the reporter's backends."""
+        if self.state is not RunState.NEW:
+            raise TwinkleError(f"run {self.run_id!r} was already started ({self.state.value})")
+        self.pm.acquire(self.run_id)
+        self.state = RunState.RUNNING
+        try:
+            if self.context.out_dir is not None:
+                self.context.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self.calls = calls = HookCalls(self.pm)
+            calls.call("twinkle_configure", context=self.context)
+            backends: list[Backend] = []
+            for result in calls.call("twinkle_make_backends", context=self.context):
+                backends.extend(result)
+            self.reporter = MetricsReporter(
+                backends, run_id=self.run_id, background=self._background
+            )
+            self.dispatcher = Dispatcher(calls, self.reporter.report)
+        except BaseException:
+            self.state = RunState.FAILED
+            self.close()
+            raise
+
+    def connect(self, bus: EventBus) -> None:
+        """Receive every event ``bus`` publishes."""
+        if self.dispatcher is None:
+            raise TwinkleError(f"run {self.run_id!r} is not started")
+        for signal in SIGNALS.values():
+            signal.connect(self._receive, sender=bus, weak=False)
+        self._receivers.append(bus)
+
+    def _receive(self, sender: object, *, event: Event) -> None:
+        self.submit(event)
+
+    def submit(self, event: Event) -> None:
+        """Dispatch ``event`` to the observers, after checking it fits the run: its
+        ``run_id``, ``run_started`` once and first, ``run_finished`` once (events after
+        it — published by an observer while the run finished — still go out)."""
+        dispatcher = self.dispatcher
+        if dispatcher is None or self.state is not RunState.RUNNING:
+            raise TwinkleError(f"run {self.run_id!r} is not running ({self.state.value})")
+        if event.run_id != self.context.run_id:
+            raise RecordError(
+                f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
+            )
+        if not self.started:
+            if not isinstance(event, RunStarted):
+                raise RecordError(
+                    f"the first event of run {self.run_id!r} must be run_started, got "
+                    f"{event.TYPE!r}"
+                )
+            self.started = True
+        elif isinstance(event, RunStarted):
+            raise RecordError(
+                f"event run_started starts run {event.run_id!r} a second time; replay one "
+                "run's log at a time"
+            )
+        elif isinstance(event, RunFinished) and self.finished is not None:
+            raise RecordError(f"event run_finished finishes run {self.run_id!r} a second time")
+        if isinstance(event, RunFinished):
+            self.finished = event
+        dispatcher.submit(event)
+
+    def finish(self) -> dict[str, Any]:
+        """Write ``summary.json`` (after ``run_finished`` was submitted) and close."""
+        try:
+            if self.finished is None or self.calls is None:
+                raise TwinkleError(f"run {self.run_id!r} has not seen run_finished")
+            out = self.context.out_dir
+            summary = write_summary(
+                None if out is None else out / SUMMARY_FILE, self.finished, self.calls
+            )
+            self.state = RunState.FINISHED
+        finally:
+            self.close()
+        return summary
+
+    def close(self) -> None:
+        """Flush and close the reporter, let every plugin close its files, free the
+        plugin manager; a run still running is FAILED (it never finished). Idempotent;
+        raises the reporter's error after closing everything."""
+        if self.state is RunState.RUNNING:
+            self.state = RunState.FAILED
+        for bus in self._receivers:
+            for signal in SIGNALS.values():
+                signal.disconnect(self._receive, sender=bus)
+        self._receivers.clear()
+        calls = self.calls
+        if calls is None or self._closed:
+            return  # never started, or closed already
+        self._closed = True
+        try:
+            if self.reporter is not None:
+                self.reporter.close()
+        finally:
+            try:
+                calls.call("twinkle_unconfigure", context=self.context)
+            finally:
+                self.pm.release()
+
+
+def write_summary(path: Path | None, event: RunFinished, calls: HookCalls) -> dict[str, Any]:
+    """Build ``summary.json`` from the observers' parts and write it (when ``path``)."""
+    parts = calls.call_named("twinkle_summary", event=event)
+    summary: dict[str, Any] = {
+        "run_id": event.run_id,
+        "status": event.status,
+        "error": event.error,
+        "records_dropped": event.records_dropped,
+        "process_wall_seconds": (
+            None if event.process_wall_ns is None else event.process_wall_ns / 1e9
+        ),
+        **merge_summary([(name, part) for name, part in parts if isinstance(part, dict)]),
+    }
+    summary["observer_failures"] = dict(sorted(calls.failures.items()))
+    if path is not None:
+        data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        _write_atomically(path, data + b"\n")
+    return summary
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a crash never leaves half a summary); mode
+    0644 less the umask, like every file twinkle creates."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise WriteError(
+            exc.errno,
+            f"cannot write {str(path)!r}: {exc.strerror or exc}; free disk space "
+            "or fix permissions (the summary can be rebuilt: twinkle replay events.jsonl)",
+        ) from exc

@@ -1,0 +1,142 @@
+"""EventLogSink: boundaries never wait for the writer below the bound on batches in flight;
+the writer is the reporter's BatchWriter; a replay writes inline."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+import twinkle.reporting.jsonl as jsonl_mod
+from twinkle.events import IterationStarted
+from twinkle.hookspecs import RunContext
+from twinkle.observers import EventLogSink
+from twinkle.reporting import BatchWriter, WriterState
+
+RUN = "log"
+
+
+def started(i: int) -> IterationStarted:
+    return IterationStarted(run_id=RUN, monotonic_ns=1_000 + i, wall_ns=2_000 + i, iteration=i)
+
+
+def iterations(path: Path) -> list[int]:
+    return [orjson.loads(line)["iteration"] for line in path.read_bytes().splitlines()]
+
+
+def _runs_batch_writer(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code is BatchWriter._run.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class StuckDisk:
+    """An ``_os_write`` that holds every write until ``gate`` opens."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self._real = jsonl_mod._os_write
+
+    def __call__(self, fd: int, data: bytes) -> int:
+        self.entered.set()
+        assert self.gate.wait(10)
+        return self._real(fd, data)
+
+
+def test_boundaries_never_wait_for_the_writer_until_the_bound_of_batches_in_flight(
+    tmp_path, monkeypatch, caplog
+):
+    disk = StuckDisk()
+    monkeypatch.setattr(jsonl_mod, "_os_write", disk)
+    caplog.set_level(logging.WARNING, logger="twinkle.reporting")
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
+    bound = EventLogSink.MAX_BATCHES_IN_FLIGHT
+    try:
+        for i in range(bound):
+            sink.twinkle_event(started(i))  # a boundary: one batch handed over each
+        assert disk.entered.wait(5)  # the writer is stuck in its first write
+        stats = sink.stats
+        assert stats is not None
+        assert (stats.in_flight, stats.waits) == (bound, 0)  # no boundary waited
+
+        done = threading.Event()
+
+        def one_more() -> None:
+            sink.twinkle_event(started(bound))
+            done.set()
+
+        t = threading.Thread(target=one_more)
+        t.start()
+        assert not done.wait(0.3)  # this hand-over found the bound: it waits, counted
+        assert sink.stats is not None and sink.stats.waits == 1
+        disk.gate.set()
+        assert done.wait(5)
+        t.join()
+    finally:
+        disk.gate.set()
+        sink.twinkle_unconfigure()
+    assert iterations(tmp_path / "events.jsonl") == list(range(bound + 1))
+    assert any("the caller waits for the writer" in r.getMessage() for r in caplog.records)
+
+
+def test_the_event_log_writes_through_the_reporters_writer_class(tmp_path):
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
+    try:
+        sink.twinkle_event(started(0))
+        (thread,) = [t for t in threading.enumerate() if t.name == "twinkle-eventlog"]
+        assert _runs_batch_writer(thread)
+    finally:
+        sink.twinkle_unconfigure()
+    assert not any(t.name == "twinkle-eventlog" for t in threading.enumerate())
+    assert iterations(tmp_path / "events.jsonl") == [0]
+
+
+def test_a_replay_writes_each_batch_inline_before_the_event_returns(tmp_path):
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
+    try:
+        assert not any(t.name == "twinkle-eventlog" for t in threading.enumerate())
+        for i in range(3):
+            sink.twinkle_event(started(i))
+            assert iterations(tmp_path / "events.jsonl") == list(range(i + 1))
+    finally:
+        sink.twinkle_unconfigure()
+    assert sink.stats is None  # closed
+
+
+def test_a_write_error_surfaces_at_the_next_hand_over_and_the_events_are_kept(
+    tmp_path, monkeypatch
+):
+    real = jsonl_mod._os_write
+    full = threading.Event()
+    full.set()
+
+    def disk(fd: int, data: bytes) -> int:
+        if full.is_set():
+            raise OSError(28, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(jsonl_mod, "_os_write", disk)
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
+    sink.twinkle_event(started(0))
+    stats = sink.stats
+    while stats is not None and stats.delivered < 1:
+        stats = sink.stats
+    full.clear()
+    with pytest.raises(OSError, match="No space left"):
+        sink.twinkle_event(started(1))  # handed over first, then the earlier error
+    stats = sink.stats
+    assert stats is not None and stats.state is WriterState.OPEN
+    sink.twinkle_unconfigure()
+    assert iterations(tmp_path / "events.jsonl") == [0, 1]  # the kept lines went out first
