@@ -1,7 +1,8 @@
-"""LengthHistogram: exact small lengths, bounded log buckets above, nearest-rank quantiles."""
+"""LengthHistogram: exact counts per distinct length, exact nearest-rank quantiles."""
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from fractions import Fraction
@@ -13,9 +14,13 @@ from hypothesis import strategies as st
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.metric import LengthHistogram
-from twinkle.metric.histogram import _bucket, _bucket_bounds
 
 MAX = LengthHistogram.MAX_LENGTH
+
+# Lengths of every size, with enough repeats for ties and walks between distinct lengths.
+length_st = st.one_of(st.integers(0, 40), st.integers(0, 5000), st.integers(0, MAX))
+lengths_st = st.lists(length_st, max_size=40)
+q_st = st.one_of(st.sampled_from([0.0, 0.5, 0.95, 1.0]), st.floats(0, 1))
 
 
 def hist(lengths) -> LengthHistogram:
@@ -24,50 +29,68 @@ def hist(lengths) -> LengthHistogram:
     return h
 
 
-def nearest_rank(values: list[int], q: float) -> int:
+def nearest_rank(values: list[int], q: float) -> float:
     """The textbook definition on the sorted samples (q taken as its exact rational value)."""
-    return sorted(values)[max(1, math.ceil(Fraction(q) * len(values))) - 1]
+    if not values:
+        return math.nan
+    return float(sorted(values)[max(1, math.ceil(Fraction(q) * len(values))) - 1])
 
 
-def test_relative_error_bound_is_within_half_a_percent():
-    assert LengthHistogram.RELATIVE_ERROR <= 0.005
-
-
-@given(st.integers(0, MAX))
-def test_every_length_falls_in_a_bucket_that_contains_it(v):
-    low, high = _bucket_bounds(_bucket(v))
-    assert hist([v, v]).state()["buckets"] == [[low, 2]]
-    assert low <= v <= high
-    if v < LengthHistogram.EXACT_BELOW:
-        assert low == high == v
-    else:
-        assert (high - low) / 2 <= LengthHistogram.RELATIVE_ERROR * low
-
-
-def test_buckets_are_contiguous_and_ordered_across_octave_edges():
-    for e in range(12, 53):
-        for v in (2**e - 1, 2**e, 2**e + 1):
-            assert _bucket_bounds(_bucket(v))[0] <= v
-        assert _bucket(2**e) == _bucket(2**e - 1) + 1
-        assert _bucket_bounds(_bucket(2**e))[0] == 2**e
-    assert _bucket(MAX) == LengthHistogram.MAX_BUCKETS - 1
+def same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 @settings(max_examples=300, deadline=None)
+@given(values=st.lists(length_st, min_size=1, max_size=60), q=q_st)
+def test_quantile_is_the_exact_nearest_rank_sample(values, q):
+    assert hist(values).quantile(q) == nearest_rank(values, q)
+
+
+@settings(max_examples=200, deadline=None)
 @given(
-    values=st.lists(
-        st.one_of(st.integers(0, 5000), st.integers(0, 2**40), st.integers(0, MAX)),
-        min_size=1,
-        max_size=60,
-    ),
-    q=st.floats(0, 1),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), lengths_st),
+            st.tuples(st.just("quantile"), st.lists(q_st, min_size=1, max_size=3)),
+            st.tuples(st.just("merge"), lengths_st),
+        ),
+        max_size=25,
+    )
 )
-def test_quantile_is_within_stated_error_of_exact_nearest_rank(values, q):
-    exact = nearest_rank(values, q)
-    got = hist(values).quantile(q)
-    assert abs(got - exact) <= LengthHistogram.RELATIVE_ERROR * exact
-    if exact < LengthHistogram.EXACT_BELOW:
-        assert got == exact
+def test_quantiles_stay_exact_between_adds_merges_and_queries(ops):
+    # Queries leave cursors behind that later adds and merges must keep exact.
+    h, seen = LengthHistogram(), []
+    for op, arg in ops:
+        if op == "add":
+            h.add(arg)
+            seen += arg
+        elif op == "merge":
+            h.merge(hist(arg))
+            seen += arg
+        else:
+            for q in arg:
+                assert same(h.quantile(q), nearest_rank(seen, q)), (q, seen)
+        assert (h.count, h.total, h.min, h.max) == (
+            len(seen),
+            sum(seen),
+            min(seen, default=None),
+            max(seen, default=None),
+        )
+        assert h.distinct_count == len(set(seen))
+
+
+def test_quantile_follows_a_distribution_that_drifts_far_between_queries():
+    # Long walks up and down (past the cursor's short walk) and many distinct q.
+    rng = random.Random(7)
+    h, seen = LengthHistogram(), []
+    qs = [0.5, 0.95, 0.1, 0.25, 0.75, 0.9, 0.99, 0.01, 0.333, 0.666]
+    for step in range(120):
+        centre = 10 + 400 * (step % 40 < 20) + 4 * step
+        batch = [max(0, int(rng.gauss(centre, 30))) for _ in range(rng.randrange(0, 80))]
+        h.add(batch)
+        seen += batch
+        for q in qs[: 2 + step % len(qs)]:
+            assert same(h.quantile(q), nearest_rank(seen, q)), (step, q)
 
 
 def test_small_lengths_have_exact_nearest_rank_percentiles():
@@ -79,16 +102,26 @@ def test_small_lengths_have_exact_nearest_rank_percentiles():
     assert h.quantile(1.0) == 100.0
 
 
-def test_extreme_quantiles_are_the_observed_min_and_max():
-    h = hist([5000, 123_457, 99_999_999])
-    assert h.quantile(0) == 5000.0
-    assert h.quantile(1) == 99_999_999.0
+def test_large_lengths_are_exact_too():
+    # Version 1 reported bucket midpoints above 4096 tokens; now every length is exact.
+    h = hist([5000, 123_457, 99_999_999, 2**52 + 1, MAX])
+    assert [h.quantile(q) for q in (0, 0.1, 0.3, 0.5, 0.7, 0.9, 1)] == [
+        5000.0,
+        5000.0,
+        123_457.0,
+        99_999_999.0,
+        float(2**52 + 1),
+        float(MAX),
+        float(MAX),
+    ]
+    # 0.2 is a little above 1/5, so its rank is ceil(5 * 0.2000000000000000111) = 2.
+    assert h.quantile(0.2) == 123_457.0
 
 
 def test_empty_histogram_quantile_is_nan():
     h = LengthHistogram()
     assert math.isnan(h.quantile(0.5))
-    assert (h.count, h.total, h.min, h.max) == (0, 0, None, None)
+    assert (h.count, h.total, h.min, h.max, h.distinct_count) == (0, 0, None, None, 0)
 
 
 def test_totals_are_exact():
@@ -96,36 +129,41 @@ def test_totals_are_exact():
     assert (h.count, h.total, h.min, h.max) == (3, 2**40 + 10, 3, 2**40)
 
 
-def test_bucket_count_is_bounded_however_many_samples():
+def test_memory_grows_with_distinct_lengths_not_with_samples():
     h = LengthHistogram()
     rng = random.Random(0)
-    for _ in range(200):
-        h.add([rng.randrange(MAX + 1) >> rng.randrange(53) for _ in range(500)])
-    h.add(list(range(LengthHistogram.EXACT_BELOW)))
-    h.add([2**e + k * 2 ** (e - 7) for e in range(12, 53) for k in range(128)])
-    assert h.bucket_count == LengthHistogram.MAX_BUCKETS
-    h.add([rng.randrange(MAX + 1) for _ in range(100_000)])
-    assert h.bucket_count == LengthHistogram.MAX_BUCKETS
-    assert h.count == 200 * 500 + LengthHistogram.EXACT_BELOW + 41 * 128 + 100_000
+    for _ in range(300):
+        h.add([rng.randrange(1000) for _ in range(500)])
+        h.quantile(0.5)
+    assert h.count == 150_000
+    assert h.distinct_count == len(h._counts) == 1000
+    # The sorted lengths: the main list and the few not merged into it yet.
+    assert len(h._keys) <= 1000 and len(h._fresh) <= 64 + 8 * math.isqrt(1000)
+    assert len(h._cursors) == 1
+
+
+def test_cursors_are_bounded_however_many_quantiles_are_asked():
+    h = hist(list(range(1000)))
+    for i in range(1, 1000):
+        assert h.quantile(i / 1000) == nearest_rank(list(range(1000)), i / 1000)
+    assert len(h._cursors) <= 8
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    first=st.lists(st.integers(0, 2**30), max_size=30),
-    second=st.lists(st.integers(0, 2**30), max_size=30),
-)
+@given(first=lengths_st, second=lengths_st)
 def test_merge_equals_one_histogram_fed_both(first, second):
     merged, other = hist(first), hist(second)
     merged.merge(other)
     both = hist(first + second)
     assert merged == both
+    assert merged.state() == both.state()
     assert other == hist(second)
     for q in (0, 0.5, 0.95, 1):
-        assert merged.quantile(q) == both.quantile(q) or math.isnan(both.quantile(q))
+        assert same(merged.quantile(q), both.quantile(q))
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.lists(st.integers(0, 2**30), max_size=40), seed=st.integers(0, 2**32))
+@given(values=lengths_st, seed=st.integers(0, 2**32))
 def test_order_of_samples_does_not_matter(values, seed):
     shuffled = list(values)
     random.Random(seed).shuffle(shuffled)
@@ -133,20 +171,47 @@ def test_order_of_samples_does_not_matter(values, seed):
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.lists(st.integers(0, MAX), max_size=40))
+@given(values=lengths_st)
 def test_state_round_trips_through_strict_json(values):
     h = hist(values)
     restored = LengthHistogram.from_state(orjson.loads(orjson.dumps(h.state())))
     assert restored == h
-    assert restored.quantile(0.5) == h.quantile(0.5) or not values
+    assert restored.state() == h.state()
+    for q in (0, 0.5, 0.95, 1):
+        assert same(restored.quantile(q), h.quantile(q))
+
+
+def test_state_lists_exact_counts_in_ascending_order():
+    assert hist([7, 3, 7, 2**40]).state() == {
+        "version": 2,
+        "total": 2**40 + 17,
+        "min": 3,
+        "max": 2**40,
+        "counts": [[3, 1], [7, 2], [2**40, 1]],
+    }
 
 
 def test_reset_forgets_everything():
     h = hist([1, 5000, 2**40])
+    h.quantile(0.5)
     h.reset()
     assert h == LengthHistogram()
     h.add([7])
     assert h.quantile(0.5) == 7.0
+
+
+class Tokens(enum.IntEnum):
+    SHORT = 4
+    LONG = 6000
+
+
+def test_integral_lengths_are_stored_as_plain_ints():
+    h = hist([Tokens.SHORT, Tokens.LONG, 4])
+    h.add((Tokens.SHORT,))
+    h.add(range(3, 5))
+    assert h.state()["counts"] == [[3, 1], [4, 4], [6000, 1]]
+    assert all(type(k) is int for k in h._counts)
+    assert type(h.min) is int and type(h.max) is int
 
 
 @pytest.mark.parametrize("q", [-0.1, 1.5, math.nan, "0.5", None, True])
@@ -155,13 +220,69 @@ def test_quantile_rejects_q_outside_unit_interval(q):
         hist([1, 2]).quantile(q)
 
 
-@pytest.mark.parametrize("lengths", [[1, -1], [1.5], [False], "12", [MAX + 1]])
-def test_add_rejects_bad_lengths_and_keeps_state(lengths):
-    h = hist([4, 5])
+class Unhashable(int):
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Sneaky:
+    """Sums like a length (``4 + Sneaky() == 9``) but is no int and cannot be hashed."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __radd__(self, other: int) -> int:
+        return other + 5
+
+
+def test_a_counting_pass_that_fails_half_way_is_undone():
+    # The fast pass counts 4 and 5, then fails on the unhashable int subclass; the slow
+    # path then accepts it (it is an Integral length) as a plain int.
+    h = hist([4])
+    h.quantile(0.5)
+    h.add([4, 5, Unhashable(6), 7])
+    assert h == hist([4, 4, 5, 6, 7])
+    assert h.quantile(0.5) == 5.0
+
+
+BAD_LENGTHS = [
+    [1, -1],
+    [1.5],
+    [4, 2.0],  # 2.0 == 2 would hide behind a held 2
+    [False],
+    [True],
+    [1, True],  # True == 1 hides behind the 1 counted just before it
+    [5, True],  # ... and behind a 1 held already
+    [0, False],
+    "12",
+    [MAX + 1],
+    [4, 2**70],
+    [4, None],
+    [4, "5"],
+    [4, 5, Sneaky()],
+    (4, 5, -(2**80)),
+]
+
+
+@pytest.mark.parametrize("held", [[4, 5], [0, 1, 2, 4, 5]])
+@pytest.mark.parametrize("lengths", BAD_LENGTHS)
+def test_add_rejects_bad_lengths_and_keeps_state(held, lengths):
+    h = hist(held)
+    h.quantile(0.5)
     before = h.state()
-    with pytest.raises(InvalidArgumentError, match="lengths"):
+    with pytest.raises(InvalidArgumentError, match=r"lengths(\[\d+\])? must be") as info:
         h.add(lengths)
+    assert "got" in str(info.value)
     assert h.state() == before
+    assert list(h._counts) == sorted(h._counts)  # the undo left no trace, not even order
+    h.add([2, 4])
+    assert h == hist([*held, 2, 4])
+    assert h.quantile(0.5) == nearest_rank([*held, 2, 4], 0.5)
+
+
+def test_error_names_the_first_bad_length():
+    with pytest.raises(InvalidArgumentError, match=r"lengths\[2\] must be an int token count"):
+        hist([1]).add([3, 4, True, 5.0])
+    with pytest.raises(InvalidArgumentError, match=r"lengths\[1\] must be a token count in"):
+        hist([1]).add([3, -4, 2**60])
 
 
 def test_merge_rejects_other_types():
@@ -172,15 +293,18 @@ def test_merge_rejects_other_types():
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda s: s.update(version=99),
-        lambda s: s.update(exact_below=1024),
-        lambda s: s.update(buckets="1,2"),
-        lambda s: s["buckets"].append([4097, 1]),  # not a bucket's lowest length
-        lambda s: s["buckets"].append([3, 1]),  # bucket listed twice
-        lambda s: s["buckets"].append([9, 0]),  # empty bucket
+        lambda s: s.update(version=1),
+        lambda s: s.update(version=True),
+        lambda s: s.update(counts="1,2"),
+        lambda s: s["counts"].append([3, 1]),  # length listed twice
+        lambda s: s["counts"].append([9, 0]),  # empty count
+        lambda s: s["counts"].append([MAX + 1, 1]),
+        lambda s: s["counts"].append([9.0, 1]),
+        lambda s: s["counts"].append([9, True]),
         lambda s: s.update(total=1),
         lambda s: s.update(min=100),
         lambda s: s.update(max=None),
+        lambda s: s.update(max=float(2**33)),
     ],
 )
 def test_from_state_rejects_malformed_state(mutate):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric import THROUGHPUT_KEYS, LengthHistogram, Metric, ThroughputMetric
+from twinkle.metric import THROUGHPUT_KEYS, Metric, ThroughputMetric
 
 Call = tuple[list[int], float, int | float]
 
@@ -52,6 +52,53 @@ def exact_ratio(numerator: Fraction, denominator: Fraction) -> float:
         return float(numerator / denominator)
     except OverflowError:
         return math.inf
+
+
+def reference(calls: list[Call]) -> dict[str, int | float]:
+    """calculate() computed the plain way: a sorted list and exact fractions."""
+    samples = sorted(x for lengths, _, _ in calls for x in lengths)
+    n, tokens = len(samples), sum(samples)
+    seconds = sum((Fraction(s) for _, s, _ in calls), Fraction(0))
+    device_seconds = sum((Fraction(s) * Fraction(d) for _, s, d in calls), Fraction(0))
+
+    def rank(q: float) -> float:
+        return float(samples[max(1, math.ceil(Fraction(q) * n)) - 1]) if n else math.nan
+
+    return {
+        "samples": n,
+        "tokens": tokens,
+        "seconds": float(seconds),
+        "device_seconds": float(device_seconds),
+        "tokens_per_s": exact_ratio(Fraction(tokens), seconds),
+        "tokens_per_s_per_device": exact_ratio(Fraction(tokens), device_seconds),
+        "length_mean": exact_ratio(Fraction(tokens), Fraction(n)),
+        "length_min": float(samples[0]) if n else math.nan,
+        "length_max": float(samples[-1]) if n else math.nan,
+        "length_p50": rank(0.5),
+        "length_p95": rank(0.95),
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.lists(
+                st.one_of(st.integers(0, 64), st.integers(0, 2**20), st.integers(0, 2**53 - 1)),
+                max_size=40,
+            ),
+            seconds_st,
+            devices_st,
+        ),
+        max_size=15,
+    )
+)
+def test_every_output_equals_the_plain_reference_after_every_step(calls):
+    # calculate() after each accumulate, as a training loop does: exact every time.
+    metric = ThroughputMetric()
+    for i, (lengths, seconds, devices) in enumerate(calls):
+        metric.accumulate(lengths=lengths, seconds=seconds, devices=devices)
+        assert bits(metric.calculate()) == bits(reference(calls[: i + 1]))
 
 
 def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates():
@@ -122,6 +169,25 @@ def test_percentiles_are_nearest_rank():
     assert (out["length_min"], out["length_max"], out["length_mean"]) == (1.0, 100.0, 50.5)
 
 
+def test_percentiles_of_long_samples_are_exact():
+    # Above 4096 tokens version 1 reported a bucket midpoint; now the sample itself.
+    lengths = [4097, 5000, 5001, 12_345, 32_767, 32_768, 100_003, 2**40 + 1]
+    out = fed([(lengths, 1.0, 1)]).calculate()
+    assert (out["length_p50"], out["length_p95"]) == (12_345.0, float(2**40 + 1))
+
+
+def test_lengths_only_calls_then_a_seconds_only_call_give_the_window():
+    # The throughput observer's pattern: lengths as they come (0 s on 1 device), merged
+    # at the end into a metric given the window's seconds and devices.
+    tag = ThroughputMetric()
+    for lengths in ([100, 200], [300], []):
+        tag.accumulate(lengths=lengths, seconds=0.0, devices=1)
+    window = ThroughputMetric()
+    window.merge(tag)
+    window.accumulate(lengths=(), seconds=2.0, devices=8)
+    assert bits(window.calculate()) == bits(fed([([100, 200, 300], 2.0, 8)]).calculate())
+
+
 def test_calculate_does_not_reset():
     metric = fed([([1, 2, 3], 0.25, 2)])
     assert bits(metric.calculate()) == bits(metric.calculate())
@@ -133,6 +199,12 @@ def test_reset_forgets_everything():
     metric.reset()
     assert metric == ThroughputMetric()
     assert bits(metric.calculate()) == bits(ThroughputMetric().calculate())
+
+
+def test_seconds_and_devices_of_any_real_type_count_as_their_float():
+    assert fed([([1], 2, Fraction(5, 2))]) == fed([([1], 2.0, 2.5)])
+    # An int device count beyond 2**53 is taken as its float, like every other real.
+    assert fed([([1], 0.5, 2**60 + 1)]) == fed([([1], 0.5, float(2**60 + 1))])
 
 
 def test_lengths_accept_any_int_sequence():
@@ -271,9 +343,12 @@ def test_merge_rejects_other_types():
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda s: s.update(version=2),
+        lambda s: s.update(version=1),
+        lambda s: s.update(version=3),
         lambda s: s.update(seconds="-1/2"),
         lambda s: s.update(seconds="1/3"),
+        lambda s: s.update(seconds=f"1/{2**1075}"),
+        lambda s: s.update(device_seconds=f"1/{2**2149}"),
         lambda s: s.update(seconds=0.5),
         lambda s: s.update(device_seconds="abc"),
         lambda s: s.update(lengths=None),
@@ -290,37 +365,49 @@ def test_from_state_rejects_malformed_state(mutate):
 def footprint(metric: ThroughputMetric) -> int:
     """Bytes held by the metric's state (the containers and every number in them)."""
     h = metric._lengths
-    parts = [metric._seconds, metric._device_seconds, h._count, h._total, h._min, h._max]
-    size = sum(sys.getsizeof(p) for p in parts)
-    for container in (h._counts, h._blocks):
-        size += sys.getsizeof(container)
-        size += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in container.items())
-    return size + sys.getsizeof(h._block_keys) + sum(map(sys.getsizeof, h._block_keys))
+    numbers = [metric._sec_num, metric._sec_exp, metric._dev_num, metric._dev_exp]
+    numbers += [h._count, h._total, h._min, h._max]
+    size = sum(sys.getsizeof(x) for x in numbers)
+    size += sys.getsizeof(h._counts) + sum(
+        sys.getsizeof(k) + sys.getsizeof(v) for k, v in h._counts.items()
+    )
+    size += sys.getsizeof(h._keys) + sum(map(sys.getsizeof, h._keys))
+    size += sys.getsizeof(h._cursors) + sum(
+        sys.getsizeof(q) + sys.getsizeof(c) + sum(map(sys.getsizeof, c))
+        for q, c in h._cursors.items()
+    )
+    return size
 
 
 def test_memory_does_not_grow_over_100k_accumulate_calls():
+    # Per distinct length one count: after every distinct length of the run has been
+    # seen, 99k more calls (with a calculate() each 100) add nothing but a few digits.
     pattern = [[(i * 7919) % 9000, (i * 104729) % (1 << 30)] for i in range(1000)]
     metric = ThroughputMetric()
-    for lengths in pattern:  # every distinct bucket of the run is created here
+    for lengths in pattern:  # every distinct length of the run is seen here
         metric.accumulate(lengths=lengths, seconds=0.001, devices=8)
     metric.calculate()
     after_1k = footprint(metric)
     for step in range(89_000):
         metric.accumulate(lengths=pattern[step % 1000], seconds=0.001, devices=8)
+        if step % 100 == 0:
+            metric.calculate()
     # The last 10k calls under tracemalloc: nothing outside the state grows either.
     tracemalloc.start()
     try:
-        # The per-block index is rebuilt (bounded) on calculate(): build it once inside
-        # the traced window so the comparison sees growth, not the first rebuild.
         metric.calculate()
         before, _ = tracemalloc.get_traced_memory()
         for step in range(10_000):
             metric.accumulate(lengths=pattern[step % 1000], seconds=0.001, devices=8)
+            if step % 100 == 0:
+                metric.calculate()
         metric.calculate()
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert metric.calculate()["samples"] == 200_000
-    assert metric._lengths.bucket_count <= LengthHistogram.MAX_BUCKETS
-    assert footprint(metric) - after_1k < 1024  # counts and exact sums gain a few digits
+    distinct = len({x for lengths in pattern for x in lengths})
+    assert metric._lengths.distinct_count == distinct
+    # The counts grew from 1-2 to 200-400 per length: ints of the same size, mostly.
+    assert footprint(metric) - after_1k < 64 * 1024
     assert after - before < 16 * 1024

@@ -1,22 +1,28 @@
-"""A bounded, deterministic, mergeable distribution of sample lengths (token counts).
+"""An exact, deterministic, mergeable distribution of sample lengths (token counts).
 
-Buckets are integer-only, so the same lengths give the same buckets on every machine:
-
-* a length below ``EXACT_BELOW`` (2**12) has its own bucket (exact counts);
-* a length ``v >= 2**12`` with ``e = v.bit_length() - 1`` falls into one of 128 equal
-  buckets of width ``2**(e - 7)`` that split the octave ``[2**e, 2**(e + 1))``. The
-  bucket is represented by its midpoint, which is within ``(width - 1) / 2`` of any
-  length in it; since ``v >= 2**e = 128 * width`` the relative error is below
-  ``2**-8`` (0.39 %, inside the promised 0.5 %).
-
-Lengths are capped at ``MAX_LENGTH`` (2**53 - 1, exact as a float), so a histogram never
-holds more than ``MAX_BUCKETS`` (9344) buckets however many samples it has seen.
+The histogram keeps one exact count per *distinct* length, so every statistic it gives
+is exact, for every length in ``[0, MAX_LENGTH]`` (``2**53 - 1``, exact as a float).
+Memory is one dictionary entry (and one sorted-key slot) per distinct length, whatever
+the number of samples: it grows with the number of different lengths seen, never with
+how often they are seen. For token counts that is at most the longest sequence + 1.
 
 Quantiles use the nearest-rank definition: ``quantile(q)`` of ``n`` samples is the
 ``max(1, ceil(q * n))``-th smallest sample (``q`` taken as the exact value of the float),
-so ``quantile(0)`` is the minimum and ``quantile(1)`` the maximum (both exact). Otherwise,
-above ``EXACT_BELOW``, the bucket midpoint stands for that sample, clamped to the observed
-``[min, max]``.
+so ``quantile(0)`` is the minimum and ``quantile(1)`` the maximum.
+
+Why it is cheap. A step of 64 lengths is counted by one C-level pass
+(``collections._count_elements``) and summed by another; validation costs nothing
+extra on the common path: ``sum`` of anything but ints is not an exact ``int``, and
+every out-of-range or non-``int`` value, being equal to no valid length already held,
+shows up as a *new* key, and only new keys are checked. ``bool`` hides behind the keys
+``0``/``1`` (``True == 1``), so a batch that touches them has its types checked. Any
+doubt undoes the pass and takes the slow path, which checks every length and names the
+first bad one. Quantiles keep a cursor per ``q`` (a length and how many samples lie
+below it): each add moves it by the batch's samples below it (one sort of the batch,
+only once quantiles have been asked for), and a query walks a few distinct lengths
+from there instead of the whole distribution. The sorted distinct lengths it walks
+are a main list plus a short side list of new ones, merged when the side list grows
+past ``O(sqrt)`` of the main one, so a new length costs no linear re-sort.
 """
 
 from __future__ import annotations
@@ -25,24 +31,22 @@ import math
 import numbers
 import operator
 import reprlib
-from bisect import bisect_left
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from itertools import accumulate, repeat
+from bisect import bisect_left, insort
+from collections import _count_elements  # type: ignore[attr-defined]  # C helper of Counter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate, islice
 from typing import Any, Final, TypeGuard, final
 
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["LengthHistogram"]
 
-_EXACT_BITS: Final = 12
-_SUB_BITS: Final = 7  # 2**7 = 128 buckets per octave above the exact range
-_EXACT_BELOW: Final = 1 << _EXACT_BITS
 _MAX_LENGTH: Final = (1 << 53) - 1
-# Buckets are grouped in blocks of 64 consecutive indices; keeping per-block totals lets
-# quantile() walk a few hundred blocks and then one block instead of every bucket.
-_BLOCK_BITS: Final = 6
-_STATE_VERSION: Final = 1
+_STATE_VERSION: Final = 2  # 1 held approximate buckets above 4096 tokens
+# A query walks at most this many distinct lengths from its cursor before it re-derives
+# the rank from the cumulative counts (C speed, linear in the distinct lengths).
+_CURSOR_WALK: Final = 32
+_MAX_CURSORS: Final = 8  # quantiles tracked at once (ThroughputMetric asks for two)
 
 
 def _short_repr(value: object) -> str:
@@ -53,29 +57,12 @@ def _short_repr(value: object) -> str:
     return r.repr(value)
 
 
-def _bucket(v: int) -> int:
-    """Dense bucket index of a validated length."""
-    if v < _EXACT_BELOW:
-        return v
-    e = v.bit_length() - 1
-    return (v >> (e - _SUB_BITS)) + ((e - _EXACT_BITS) << _SUB_BITS) + _EXACT_BELOW - 128
+def _validate_lengths(lengths: object, *, where: str) -> list[int]:
+    """Check every length: a sequence of int token counts in ``[0, MAX_LENGTH]``.
 
-
-def _bucket_bounds(index: int) -> tuple[int, int]:
-    """``(lowest, highest)`` length that falls into bucket ``index``."""
-    if index < _EXACT_BELOW:
-        return index, index
-    j = index - _EXACT_BELOW
-    shift = _EXACT_BITS + (j >> _SUB_BITS) - _SUB_BITS
-    low = ((1 << _SUB_BITS) + (j & ((1 << _SUB_BITS) - 1))) << shift
-    return low, low + (1 << shift) - 1
-
-
-def _validate_lengths(lengths: object, *, where: str) -> Sequence[int]:
-    """Check that ``lengths`` is a sequence of int token counts in ``[0, MAX_LENGTH]``.
-
-    Returns the lengths as plain ints (the argument itself when it already holds only
-    ``int``). ``where`` prefixes the error message (e.g. ``"ThroughputMetric.accumulate"``).
+    The slow path (the fast one is :meth:`LengthHistogram._add`). Returns the lengths
+    as a list of plain ints; ``where`` prefixes the error message (e.g.
+    ``"ThroughputMetric.accumulate"``), which names the first bad length.
     """
     if not isinstance(lengths, Sequence) or isinstance(lengths, str | bytes | bytearray):
         raise InvalidArgumentError(
@@ -83,31 +70,26 @@ def _validate_lengths(lengths: object, *, where: str) -> Sequence[int]:
             f"{_short_repr(lengths)}; pass a list such as [128, 512] "
             f"(convert a tensor or array with .tolist())"
         )
-    values: Sequence[int]
-    if set(map(type, lengths)) <= {int}:
-        values = lengths
-    else:
-        converted: list[int] = []
-        for i, x in enumerate(lengths):
-            if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-                raise InvalidArgumentError(
-                    f"{where}: lengths[{i}] must be an int token count, got {x!r} "
-                    f"({type(x).__name__}); pass whole numbers of tokens such as 128"
-                )
-            converted.append(operator.index(x))
-        values = converted
-    if values:
-        low, high = min(values), max(values)
-        if low < 0 or high > _MAX_LENGTH:
-            i, x = next((i, x) for i, x in enumerate(values) if not 0 <= x <= _MAX_LENGTH)
+    values: list[int] = []
+    for i, x in enumerate(lengths):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise InvalidArgumentError(
+                f"{where}: lengths[{i}] must be an int token count, got {x!r} "
+                f"({type(x).__name__}); pass whole numbers of tokens such as 128"
+            )
+        v = operator.index(x)
+        if not 0 <= v <= _MAX_LENGTH:
             raise InvalidArgumentError(
                 f"{where}: lengths[{i}] must be a token count in [0, 2**53 - 1], got {x!r}; "
                 f"pass the number of tokens of each sample"
             )
+        values.append(v)
     return values
 
 
 def _check_quantile(q: object) -> tuple[int, int]:
+    if type(q) is float and 0.0 <= q <= 1.0:
+        return _exact_fraction(q)
     x = math.nan
     if not isinstance(q, bool) and isinstance(q, numbers.Real):
         try:
@@ -119,40 +101,74 @@ def _check_quantile(q: object) -> tuple[int, int]:
             f"LengthHistogram.quantile: q must be a number in [0, 1], got {q!r}; "
             f"pass e.g. 0.5 for the median or 0.95 for the 95th percentile"
         )
-    return x.as_integer_ratio()
+    return _exact_fraction(x)
+
+
+def _exact_fraction(x: float) -> tuple[int, int]:
+    """``(n, k)`` with ``x == n / 2**k`` exactly (a float's denominator is a power of 2)."""
+    n, d = x.as_integer_ratio()
+    return n, d.bit_length() - 1
+
+
+def _uncount(counts: dict[Any, int], values: Iterable[object], grown: int) -> None:
+    """Undo ``_count_elements(counts, values)``, which added ``grown`` new keys.
+
+    When the counting pass raised (an element's ``__hash__``/``__eq__``), the elements
+    before it were counted: replaying stops at the same element.
+    """
+    for x in values:
+        try:
+            counts[x] -= 1
+        except Exception:  # the element the counting pass stopped at
+            break
+    for key in list(islice(reversed(counts), grown)):
+        del counts[key]
+
+
+def _all_lengths(
+    values: Sequence[int], new: list[int], small: tuple[int, int] | None, counts: dict[int, int]
+) -> bool:
+    """Whether ``values``, just counted into ``counts``, were all lengths.
+
+    (Typed as what they should be; this is where that is checked.) Their ``sum`` was an
+    exact int, so none is a float, ``Fraction``, ``Decimal``, complex or numpy scalar
+    (each would have made it one of those), nor ``None`` or a string (``sum`` raises).
+    An int out of range equals no length held, nor does any other non-int (short of a
+    type written to pass for an int: equal, same hash, summing to an int), so each is
+    one of the ``new`` keys; an int subclass equal to a held length is that length. A
+    ``bool`` alone can hide behind a held 0 or 1: ``small`` is their counts before,
+    ``None`` when neither was held.
+    """
+    if new and not (set(map(type, new)) <= {int} and min(new) >= 0 and max(new) <= _MAX_LENGTH):
+        return False
+    touched_small = (new and min(new) <= 1) or (
+        small is not None and small != (counts.get(0, 0), counts.get(1, 0))
+    )
+    return not touched_small or bool not in set(map(type, values))
 
 
 @final
 class LengthHistogram:
-    """Counts, total, min, max and a bucketed distribution of integer lengths.
+    """Count, total, min, max and the exact distribution of integer lengths.
 
-    Memory is bounded by ``MAX_BUCKETS`` regardless of how many lengths are added;
-    the result depends only on the multiset of lengths added (not on their order or
-    on how they were split across ``add``/``merge`` calls).
+    Memory is one entry per distinct length (:attr:`distinct_count`), independent of
+    the number of lengths added; the result depends only on the multiset of lengths
+    added (not on their order or on how they were split across ``add``/``merge`` calls).
     """
 
-    EXACT_BELOW: Final = _EXACT_BELOW
     MAX_LENGTH: Final = _MAX_LENGTH
-    MAX_BUCKETS: Final = _EXACT_BELOW + ((53 - _EXACT_BITS) << _SUB_BITS)
-    RELATIVE_ERROR: Final = 2.0 ** -(_SUB_BITS + 1)
 
-    __slots__ = (
-        "_block_keys",
-        "_blocks",
-        "_count",
-        "_counts",
-        "_max",
-        "_min",
-        "_quantile_cache",
-        "_total",
-    )
+    __slots__ = ("_count", "_counts", "_cursors", "_fresh", "_keys", "_max", "_min", "_total")
 
     def __init__(self) -> None:
-        self._counts: Counter[int] = Counter()
-        self._blocks: Counter[int] = Counter()
-        self._block_keys: list[int] = []  # sorted keys of _blocks, refreshed on demand
-        # The last quantiles computed, valid until the next add/merge/reset.
-        self._quantile_cache: tuple[tuple[tuple[int, int], ...], list[float]] | None = None
+        self._counts: dict[int, int] = {}  # length -> how many samples had it
+        # Sorted distinct lengths, brought up to date by queries. Keys are only ever
+        # appended to _counts, so the ones missing here are its last ones; _fresh holds
+        # them sorted, for a query that walks before they are merged in.
+        self._keys: list[int] = []
+        self._fresh: list[int] = []
+        # q (as numerator, exponent) -> [a length held, samples strictly below it].
+        self._cursors: dict[tuple[int, int], list[int]] = {}
         self._count = 0
         self._total = 0
         # Meaningful only while _count > 0 (the properties say None otherwise).
@@ -180,79 +196,156 @@ class LengthHistogram:
         return self._max if self._count else None
 
     @property
-    def bucket_count(self) -> int:
-        """Number of non-empty buckets held (never more than ``MAX_BUCKETS``)."""
+    def distinct_count(self) -> int:
+        """Number of distinct lengths held (one count each): what memory grows with."""
         return len(self._counts)
 
     def add(self, lengths: Sequence[int]) -> None:
         """Add a sequence of int lengths in ``[0, MAX_LENGTH]`` (validated first)."""
-        self._add_valid(_validate_lengths(lengths, where="LengthHistogram.add"))
+        self._add(lengths, "LengthHistogram.add")
 
-    def _add_valid(self, values: Sequence[int]) -> None:
-        # Callers have run _validate_lengths(); nothing below can fail half-way.
-        if not values:
-            return
-        low, high = min(values), max(values)
-        if high < _EXACT_BELOW:
-            indices: Sequence[int] = values
-        else:
-            # _bucket() inlined (runs for every sample above the exact range), with
-            # s = e - 7: (v >> s) + ((e - 12) << 7) + 4096 - 128.
-            indices = [
-                v if v < _EXACT_BELOW else (v >> (s := v.bit_length() - 8)) + ((s - 5) << 7) + 3968
-                for v in values
-            ]
-        self._counts.update(indices)
-        self._blocks.update(map(operator.rshift, indices, repeat(_BLOCK_BITS)))
-        self._quantile_cache = None
-        if self._count == 0:
-            self._min, self._max = low, high
-        else:
-            self._min, self._max = min(self._min, low), max(self._max, high)
+    def _add(self, lengths: Sequence[int], where: str) -> None:
+        """Validate and count ``lengths`` (each once); a rejected call changes nothing."""
+        counts = self._counts
+        if type(lengths) is list or type(lengths) is tuple:
+            try:
+                total = sum(lengths)
+            except Exception:  # not numbers: the slow path names the culprit
+                total = None
+            if type(total) is int:
+                before = len(counts)
+                small = (counts.get(0, 0), counts.get(1, 0)) if 0 in counts or 1 in counts else None
+                try:
+                    _count_elements(counts, lengths)
+                except Exception:  # an exotic element's __hash__/__eq__
+                    _uncount(counts, lengths, len(counts) - before)
+                else:
+                    grown = len(counts) - before
+                    new = list(islice(reversed(counts), grown)) if grown else []
+                    # The common step: every length equals a valid one held, and no
+                    # bool can hide behind a held 0 or 1.
+                    if (not grown and small is None) or _all_lengths(lengths, new, small, counts):
+                        self._commit(lengths, total, new)
+                        return
+                    _uncount(counts, lengths, grown)
+        values = _validate_lengths(lengths, where=where)
+        before = len(counts)
+        _count_elements(counts, values)
+        grown = len(counts) - before
+        self._commit(values, sum(values), list(islice(reversed(counts), grown)) if grown else [])
+
+    def _commit(self, values: Sequence[int], total: int, new: list[int]) -> None:
+        """Finish an add of validated ``values``, counted already; ``new``: keys it added."""
+        if new:
+            low, high = min(new), max(new)  # an existing key cannot be a new extreme
+            if self._count == 0:
+                self._min, self._max = low, high
+            else:
+                self._min, self._max = min(self._min, low), max(self._max, high)
+        if self._cursors and values:
+            self._move_cursors(values)
         self._count += len(values)
-        self._total += sum(values)
+        self._total += total
+
+    def _move_cursors(self, values: Sequence[int]) -> None:
+        """Count ``values`` into the samples below each cursor (one sort of the batch)."""
+        ordered = sorted(values)
+        for cursor in self._cursors.values():
+            cursor[1] += bisect_left(ordered, cursor[0])
 
     def quantile(self, q: float) -> float:
-        """Nearest-rank ``q``-quantile (``0 <= q <= 1``); ``nan`` when empty.
-
-        Exact below ``EXACT_BELOW``; above it within ``RELATIVE_ERROR`` of the exact
-        nearest-rank sample.
-        """
+        """Nearest-rank ``q``-quantile (``0 <= q <= 1``), exact; ``nan`` when empty."""
         return self._quantiles((_check_quantile(q),))[0]
 
     def _quantiles(self, qs: Sequence[tuple[int, int]]) -> list[float]:
-        """Quantiles at exact rationals ``numerator / denominator`` (validated), one pass."""
+        """Quantiles at ``numerator / 2**exponent`` pairs (validated), in order."""
         n = self._count
         if n == 0:
             return [math.nan] * len(qs)
-        qs = tuple(qs)
-        cached = self._quantile_cache
-        if cached is not None and cached[0] == qs:
-            return list(cached[1])
-        keys = self._block_keys
-        if len(keys) != len(self._blocks):
-            # Blocks are only ever added (reset clears both), so equal sizes mean equal keys.
-            keys = self._block_keys = sorted(self._blocks)
-        cumulative: list[int] = []
         out: list[float] = []
-        for numerator, denominator in qs:
-            rank = max(1, -((-numerator * n) // denominator))  # ceil(q * n), exactly
-            if rank in (1, n):
-                out.append(float(self._min if rank == 1 else self._max))
-                continue
-            if not cumulative:
-                cumulative = list(accumulate(map(self._blocks.__getitem__, keys)))
-            position = bisect_left(cumulative, rank)
-            seen = cumulative[position - 1] if position else 0
-            start = keys[position] << _BLOCK_BITS
-            for index in range(start, start + (1 << _BLOCK_BITS)):
-                seen += self._counts.get(index, 0)
-                if seen >= rank:
-                    break
-            low, high = _bucket_bounds(index)
-            out.append(float(min(max((low + high) / 2, self._min), self._max)))
-        self._quantile_cache = (qs, list(out))
+        for q in qs:
+            rank = -((-q[0] * n) >> q[1])  # ceil(q * n), exactly
+            if rank <= 1:
+                out.append(float(self._min))
+            elif rank >= n:
+                out.append(float(self._max))
+            else:
+                out.append(float(self._at_rank(q, rank)))
         return out
+
+    def _at_rank(self, q: tuple[int, int], rank: int) -> int:
+        """The ``rank``-th smallest length (1-based), from ``q``'s cursor."""
+        counts = self._counts
+        cursor = self._cursors.get(q)
+        if cursor is not None:
+            key, below = cursor
+            at = counts[key]
+            if below < rank <= below + at:
+                return key
+            if rank > below + at:  # walk up
+                below += at
+                for length in self._neighbours(key, up=True):
+                    at = counts[length]
+                    if rank <= below + at:
+                        cursor[0], cursor[1] = length, below
+                        return length
+                    below += at
+            else:  # walk down
+                for length in self._neighbours(key, up=False):
+                    below -= counts[length]
+                    if below < rank:
+                        cursor[0], cursor[1] = length, below
+                        return length
+        elif len(self._cursors) >= _MAX_CURSORS:
+            self._cursors.clear()
+        keys = self._sorted_keys()
+        cumulative = list(accumulate(map(counts.__getitem__, keys)))
+        i = bisect_left(cumulative, rank)
+        key = keys[i]
+        self._cursors[q] = [key, cumulative[i - 1] if i else 0]
+        return key
+
+    def _neighbours(self, key: int, *, up: bool) -> list[int]:
+        """The ``_CURSOR_WALK`` held lengths nearest ``key`` above (ascending) or below
+        (descending) it: the nearest of each sorted list, merged."""
+        keys, fresh = self._keys, self._fresh_keys()
+        w = _CURSOR_WALK
+        if up:
+            i, j = bisect_left(keys, key + 1), bisect_left(fresh, key + 1)
+            return sorted(keys[i : i + w] + fresh[j : j + w])[:w]
+        i, j = bisect_left(keys, key), bisect_left(fresh, key)
+        return sorted(keys[max(i - w, 0) : i] + fresh[max(j - w, 0) : j], reverse=True)[:w]
+
+    def _fresh_keys(self) -> list[int]:
+        """The held lengths missing from ``_keys``, sorted.
+
+        They are the last ones inserted into ``_counts`` (keys are only appended), and
+        the newest of them the ones missing from ``_fresh`` too: a few are inserted one
+        by one (a short move each), more with a sort of the side list. Merged into
+        ``_keys`` once there are more than ``64 + 8 * sqrt(len(_keys))``: a merge is
+        linear in the distinct lengths, so this bounds it to ``O(sqrt)`` per new length.
+        """
+        keys, fresh = self._keys, self._fresh
+        missing = len(self._counts) - len(keys)
+        if missing > 64 + 8 * math.isqrt(len(keys)):
+            self._sorted_keys()
+        elif missing - len(fresh) > 16:
+            fresh += islice(reversed(self._counts), missing - len(fresh))
+            fresh.sort()
+        elif missing != len(fresh):
+            for length in islice(reversed(self._counts), missing - len(fresh)):
+                insort(fresh, length)
+        return self._fresh
+
+    def _sorted_keys(self) -> list[int]:
+        """Every held length, sorted: ``_keys`` with the fresh ones merged in."""
+        keys = self._keys
+        missing = len(self._counts) - len(keys)
+        if missing:
+            keys += islice(reversed(self._counts), missing)
+            keys.sort()  # a long sorted run and a short tail: a linear merge
+            self._fresh = []
+        return keys
 
     def merge(self, other: LengthHistogram) -> None:
         """Add every length ``other`` holds to this histogram (``other`` is unchanged)."""
@@ -263,9 +356,10 @@ class LengthHistogram:
             )
         if other._count == 0:
             return
-        self._counts.update(other._counts)
-        self._blocks.update(other._blocks)
-        self._quantile_cache = None
+        counts = self._counts
+        for length, count in other._counts.items():
+            counts[length] = counts.get(length, 0) + count
+        self._cursors.clear()  # ranks moved by other's samples; the next query re-derives
         if self._count == 0:
             self._min, self._max = other._min, other._max
         else:
@@ -276,9 +370,9 @@ class LengthHistogram:
     def reset(self) -> None:
         """Forget every length."""
         self._counts.clear()
-        self._blocks.clear()
-        self._block_keys = []
-        self._quantile_cache = None
+        self._keys.clear()
+        self._fresh = []
+        self._cursors.clear()
         self._count = 0
         self._total = 0
         self._min = 0
@@ -287,17 +381,15 @@ class LengthHistogram:
     def state(self) -> dict[str, Any]:
         """Plain JSON-able partial state; ``from_state(h.state())`` equals ``h``.
 
-        ``buckets`` lists ``[lowest length of the bucket, count]`` pairs in ascending
-        order, so equal histograms have equal states.
+        ``counts`` lists ``[length, count]`` pairs in ascending order of length, so
+        equal histograms have equal states.
         """
         return {
             "version": _STATE_VERSION,
-            "exact_below": _EXACT_BELOW,
-            "buckets_per_octave": 1 << _SUB_BITS,
             "total": self._total,
             "min": self.min,
             "max": self.max,
-            "buckets": [[_bucket_bounds(i)[0], c] for i, c in sorted(self._counts.items())],
+            "counts": [[length, self._counts[length]] for length in sorted(self._counts)],
         }
 
     @classmethod
@@ -309,44 +401,38 @@ class LengthHistogram:
                 f"{where}: state must be a mapping from LengthHistogram.state(), got "
                 f"{_short_repr(state)}"
             )
-        expected = {
-            "version": _STATE_VERSION,
-            "exact_below": _EXACT_BELOW,
-            "buckets_per_octave": 1 << _SUB_BITS,
-        }
-        for key, want in expected.items():
-            if state.get(key) != want or isinstance(state.get(key), bool):
-                raise InvalidArgumentError(
-                    f"{where}: state[{key!r}] must be {want!r}, got {state.get(key)!r}; "
-                    f"pass a state written by this version of LengthHistogram.state()"
-                )
-        buckets = state.get("buckets")
-        if not isinstance(buckets, Sequence) or isinstance(buckets, str | bytes):
+        version = state.get("version")
+        if type(version) is not int or version != _STATE_VERSION:
             raise InvalidArgumentError(
-                f"{where}: state['buckets'] must be a list of [length, count] pairs, got "
-                f"{_short_repr(buckets)}"
+                f"{where}: state['version'] must be {_STATE_VERSION}, got {version!r}; "
+                f"pass a state written by this version of LengthHistogram.state() "
+                f"(version 1 held approximate buckets and cannot be made exact)"
+            )
+        pairs = state.get("counts")
+        if not isinstance(pairs, Sequence) or isinstance(pairs, str | bytes):
+            raise InvalidArgumentError(
+                f"{where}: state['counts'] must be a list of [length, count] pairs, got "
+                f"{_short_repr(pairs)}"
             )
         hist = cls()
-        for pos, pair in enumerate(buckets):
-            low: object = None
+        counts = hist._counts
+        for pos, pair in enumerate(pairs):
+            length: object = None
             count: object = None
             if isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2:
-                low, count = pair
+                length, count = pair
             if not (
-                _is_int(low)
+                _is_int(length)
                 and _is_int(count)
-                and 0 <= low <= _MAX_LENGTH
+                and 0 <= length <= _MAX_LENGTH
                 and count > 0
-                and _bucket_bounds(_bucket(low))[0] == low
-                and _bucket(low) not in hist._counts
+                and length not in counts
             ):
                 raise InvalidArgumentError(
-                    f"{where}: state['buckets'][{pos}] must be a [bucket lowest length, "
-                    f"count > 0] pair of ints (each bucket once), got {pair!r}"
+                    f"{where}: state['counts'][{pos}] must be a [length in [0, 2**53 - 1], "
+                    f"count > 0] pair of ints (each length once), got {pair!r}"
                 )
-            index = _bucket(low)
-            hist._counts[index] = count
-            hist._blocks[index >> _BLOCK_BITS] += count
+            counts[length] = count
             hist._count += count
         total, low, high = state.get("total"), state.get("min"), state.get("max")
         if hist._count == 0:
@@ -360,13 +446,13 @@ class LengthHistogram:
             _is_int(total)
             and _is_int(low)
             and _is_int(high)
-            and hist._count * low <= total <= hist._count * high
-            and _bucket(low) == min(hist._counts)
-            and _bucket(high) == max(hist._counts)
+            and total == sum(length * count for length, count in counts.items())
+            and low == min(counts)
+            and high == max(counts)
         ):
             raise InvalidArgumentError(
                 f"{where}: state total/min/max ({total!r}, {low!r}, {high!r}) do not fit "
-                f"its buckets; pass a state written by LengthHistogram.state()"
+                f"its counts; pass a state written by LengthHistogram.state()"
             )
         hist._total, hist._min, hist._max = total, low, high
         return hist
@@ -374,14 +460,18 @@ class LengthHistogram:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LengthHistogram):
             return NotImplemented
-        return self.state() == other.state()
+        return (self._count, self._total, self._counts) == (
+            other._count,
+            other._total,
+            other._counts,
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
     def __repr__(self) -> str:
         return (
             f"LengthHistogram(count={self._count}, total={self._total}, min={self.min}, "
-            f"max={self.max}, buckets={len(self._counts)})"
+            f"max={self.max}, distinct={len(self._counts)})"
         )
 
 

@@ -5,17 +5,19 @@ seconds they took (a phase duration it measured), and the physical device budget
 that phase (``devices``). The metric only keeps totals; it never averages per-step
 rates, reads no clock and waits for nothing.
 
-Exact, order-free sums. Every finite double is an integer multiple of ``2**-1074``, and
-the product of two doubles an integer multiple of ``2**-2148``. The metric therefore
-keeps ``Σseconds`` and ``Σ(seconds * devices)`` as exact Python integers in those units,
-and every output float is the correctly rounded value of an exact rational (CPython's
-``int / int`` rounds correctly). So the figures depend only on the multiset of
-accumulated observations: any split of the same calls into ``accumulate``/``merge``
-calls, in any order, on any machine, gives bit-identical ``calculate()`` output — which
-the event-log replay relies on to reproduce records byte for byte. A float running sum
-would instead drift by an ulp with the order of additions, and integer nanoseconds would
-round away what the caller passed. The integers stay small (about 1100 and 2200 bits),
-so memory stays O(1) in the number of calls.
+Exact, order-free sums. Every finite double is ``n / 2**k`` for integers ``n`` and
+``0 <= k <= 1074``, and the product of two doubles ``n / 2**k`` with ``k <= 2148``. The
+metric keeps ``Σseconds`` and ``Σ(seconds * devices)`` exactly as such a pair (``k`` the
+largest seen so far, so ``n`` stays a small integer), and every output float is the
+correctly rounded value of an exact rational (CPython's ``int / int`` rounds correctly).
+So the figures depend only on the multiset of accumulated observations: any split of
+the same calls into ``accumulate``/``merge`` calls, in any order, on any machine, gives
+bit-identical ``calculate()`` output — which the event-log replay relies on to reproduce
+records byte for byte. A float running sum would instead drift by an ulp with the order
+of additions, and integer nanoseconds would round away what the caller passed. Memory
+stays O(1) in the number of calls for the sums (their integers gain a bit each time the
+total doubles) and O(distinct lengths) for the length distribution
+(:class:`~twinkle.metric.LengthHistogram`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fractions import Fraction
 from typing import Any, Final, final
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.histogram import LengthHistogram, _short_repr, _validate_lengths
+from twinkle.metric.histogram import LengthHistogram, _exact_fraction, _short_repr
 
 __all__ = ["THROUGHPUT_KEYS", "ThroughputMetric"]
 
@@ -46,17 +48,21 @@ THROUGHPUT_KEYS: Final[tuple[str, ...]] = (
 )
 """Keys of :meth:`ThroughputMetric.calculate`, in order (``samples``/``tokens`` are int)."""
 
-_SECONDS_SHIFT: Final = 1074  # Σseconds is kept in units of 2**-1074 s
-_DEVICE_SECONDS_SHIFT: Final = 2 * 1074  # Σ(seconds * devices) in units of 2**-2148
-_STATE_VERSION: Final = 1
-_P50: Final = (0.5).as_integer_ratio()  # as LengthHistogram.quantile(0.5) takes it
-_P95: Final = (0.95).as_integer_ratio()
+_SECONDS_MAX_EXP: Final = 1074  # a sum of doubles is n / 2**k with k <= 1074
+_DEVICE_SECONDS_MAX_EXP: Final = 2 * 1074  # a sum of products of two: k <= 2148
+_STATE_VERSION: Final = 2  # 1 held LengthHistogram version 1 (approximate buckets)
+_EXACT_INT_DEVICES: Final = 1 << 53  # a larger int device count is rounded as a float
+_INF: Final = math.inf
+# Nearest-rank p50 and p95 at the exact values of the floats 0.5 and 0.95, as
+# LengthHistogram.quantile(0.5) and quantile(0.95) take them.
+_QUANTILES: Final = (_exact_fraction(0.5), _exact_fraction(0.95))
 
 
-def _dyadic(x: float) -> tuple[int, int]:
-    """``(n, k)`` with ``x == n / 2**k`` exactly."""
-    n, d = x.as_integer_ratio()
-    return n, d.bit_length() - 1
+def _dyadic_add(num: int, exp: int, n: int, k: int) -> tuple[int, int]:
+    """``num / 2**exp + n / 2**k`` as ``(numerator, max(exp, k))``, exactly."""
+    if k > exp:
+        return (num << (k - exp)) + n, k
+    return num + (n << (exp - k)), exp
 
 
 def _ratio(numerator: int, denominator: int) -> float:
@@ -85,11 +91,11 @@ def _check_real(name: str, value: object, *, positive: bool, fix: str) -> float:
     return x
 
 
-def _dyadic_to_str(num: int, shift: int) -> str:
-    return str(Fraction(num, 1 << shift))
+def _dyadic_to_str(num: int, exp: int) -> str:
+    return str(Fraction(num, 1 << exp))  # reduced: equal sums give equal strings
 
 
-def _dyadic_from_state(state: Mapping[str, Any], key: str, shift: int) -> int:
+def _dyadic_from_state(state: Mapping[str, Any], key: str, max_exp: int) -> tuple[int, int]:
     text = state.get(key)
     value: Fraction | None = None
     if isinstance(text, str):
@@ -98,13 +104,13 @@ def _dyadic_from_state(state: Mapping[str, Any], key: str, shift: int) -> int:
         except (ValueError, ZeroDivisionError):
             value = None
     d = 0 if value is None else value.denominator
-    if value is None or value < 0 or d & (d - 1) or d.bit_length() - 1 > shift:
+    if value is None or value < 0 or d & (d - 1) or d.bit_length() - 1 > max_exp:
         raise InvalidArgumentError(
             f"ThroughputMetric.from_state: state[{key!r}] must be an exact non-negative "
             f"'numerator/denominator' string with a power-of-two denominator, got {text!r}; "
             f"pass a state written by ThroughputMetric.state()"
         )
-    return value.numerator << (shift - (d.bit_length() - 1))
+    return value.numerator, d.bit_length() - 1
 
 
 @final
@@ -119,18 +125,22 @@ class ThroughputMetric:
       ``tokens_per_s_per_device = tokens / device_seconds``.
     * ``length_mean = tokens / samples``, ``length_min``, ``length_max``, and the
       nearest-rank ``length_p50``/``length_p95`` (see :class:`LengthHistogram`; exact
-      below 4096 tokens, within 0.39 % above).
+      for every length).
 
     Every key is always present. Undefined figures (a rate over zero seconds, a length
     statistic of no samples) are ``float("nan")``.
     """
 
-    __slots__ = ("_device_seconds", "_lengths", "_seconds")
+    __slots__ = ("_dev_exp", "_dev_num", "_lengths", "_sec_exp", "_sec_num")
 
     def __init__(self) -> None:
         self._lengths = LengthHistogram()
-        self._seconds = 0  # exact Σseconds in units of 2**-1074 s
-        self._device_seconds = 0  # exact Σ(seconds * devices) in units of 2**-2148 s
+        # Σseconds == _sec_num / 2**_sec_exp and Σ(seconds * devices) ==
+        # _dev_num / 2**_dev_exp, exactly; each exponent is the largest added so far.
+        self._sec_num = 0
+        self._sec_exp = 0
+        self._dev_num = 0
+        self._dev_exp = 0
 
     def accumulate(self, *, lengths: Sequence[int], seconds: float, devices: int | float) -> None:
         """Add one batch: its samples' token ``lengths``, the ``seconds`` it took, on ``devices``.
@@ -141,43 +151,51 @@ class ThroughputMetric:
         phase, finite and ``> 0`` (may be fractional). All three are validated before
         anything changes, so a rejected call leaves the metric as it was.
         """
-        values = _validate_lengths(lengths, where="ThroughputMetric.accumulate")
-        s = _check_real(
-            "seconds",
-            seconds,
-            positive=False,
-            fix="pass the phase duration in seconds, e.g. duration_ns / 1e9",
-        )
-        d = _check_real(
-            "devices",
-            devices,
-            positive=True,
-            fix="pass the number of devices (e.g. GPUs) the phase ran on, such as 8",
-        )
-        s_num, s_exp = _dyadic(s)
-        d_num, d_exp = _dyadic(d)
-        self._lengths._add_valid(values)
-        self._seconds += s_num << (_SECONDS_SHIFT - s_exp)
-        self._device_seconds += (s_num * d_num) << (_DEVICE_SECONDS_SHIFT - s_exp - d_exp)
+        # Fast paths for the plain float / int the callers pass; anything else (and
+        # every bad value) goes through _check_real, which names the argument.
+        if not (type(seconds) is float and 0.0 <= seconds < _INF):
+            seconds = _check_real(
+                "seconds",
+                seconds,
+                positive=False,
+                fix="pass the phase duration in seconds, e.g. duration_ns / 1e9",
+            )
+        if type(devices) is int and 0 < devices <= _EXACT_INT_DEVICES:
+            d_num, d_exp = devices, 0
+        else:
+            if not (type(devices) is float and 0.0 < devices < _INF):
+                devices = _check_real(
+                    "devices",
+                    devices,
+                    positive=True,
+                    fix="pass the number of devices (e.g. GPUs) the phase ran on, such as 8",
+                )
+            d_num, d_exp = _exact_fraction(devices)
+        self._lengths._add(lengths, "ThroughputMetric.accumulate")  # validates, then adds
+        if seconds:  # 0.0 (the observers' lengths-only calls) adds nothing
+            s_num, s_exp = _exact_fraction(seconds)
+            self._sec_num, self._sec_exp = _dyadic_add(self._sec_num, self._sec_exp, s_num, s_exp)
+            self._dev_num, self._dev_exp = _dyadic_add(
+                self._dev_num, self._dev_exp, s_num * d_num, s_exp + d_exp
+            )
 
     def calculate(self) -> dict[str, int | float]:
         """Figures of the window (keys :data:`THROUGHPUT_KEYS`); never resets."""
         h = self._lengths
-        tokens = h.total
-        empty = h.count == 0
-        p50, p95 = h._quantiles((_P50, _P95))
+        samples, tokens = h._count, h._total
+        p50, p95 = h._quantiles(_QUANTILES)
+        sec_num, sec_exp = self._sec_num, self._sec_exp
+        dev_num, dev_exp = self._dev_num, self._dev_exp
         return {
-            "samples": h.count,
+            "samples": samples,
             "tokens": tokens,
-            "seconds": _ratio(self._seconds, 1 << _SECONDS_SHIFT),
-            "device_seconds": _ratio(self._device_seconds, 1 << _DEVICE_SECONDS_SHIFT),
-            "tokens_per_s": _ratio(tokens << _SECONDS_SHIFT, self._seconds),
-            "tokens_per_s_per_device": _ratio(
-                tokens << _DEVICE_SECONDS_SHIFT, self._device_seconds
-            ),
-            "length_mean": _ratio(tokens, h.count),
-            "length_min": math.nan if empty else float(h._min),
-            "length_max": math.nan if empty else float(h._max),
+            "seconds": _ratio(sec_num, 1 << sec_exp),
+            "device_seconds": _ratio(dev_num, 1 << dev_exp),
+            "tokens_per_s": _ratio(tokens << sec_exp, sec_num),
+            "tokens_per_s_per_device": _ratio(tokens << dev_exp, dev_num),
+            "length_mean": _ratio(tokens, samples),
+            "length_min": float(h._min) if samples else math.nan,
+            "length_max": float(h._max) if samples else math.nan,
             "length_p50": p50,
             "length_p95": p95,
         }
@@ -185,8 +203,7 @@ class ThroughputMetric:
     def reset(self) -> None:
         """Forget every accumulated observation."""
         self._lengths.reset()
-        self._seconds = 0
-        self._device_seconds = 0
+        self._sec_num = self._sec_exp = self._dev_num = self._dev_exp = 0
 
     def merge(self, other: ThroughputMetric) -> None:
         """Add ``other``'s totals to this metric (``other`` is unchanged).
@@ -200,20 +217,24 @@ class ThroughputMetric:
                 f"ThroughputMetric.from_state(state)"
             )
         self._lengths.merge(other._lengths)
-        self._seconds += other._seconds
-        self._device_seconds += other._device_seconds
+        self._sec_num, self._sec_exp = _dyadic_add(
+            self._sec_num, self._sec_exp, other._sec_num, other._sec_exp
+        )
+        self._dev_num, self._dev_exp = _dyadic_add(
+            self._dev_num, self._dev_exp, other._dev_num, other._dev_exp
+        )
 
     def state(self) -> dict[str, Any]:
         """Plain JSON-able partial totals (exact), for :meth:`from_state` and merging.
 
-        ``seconds`` and ``device_seconds`` are exact rationals written as
+        ``seconds`` and ``device_seconds`` are exact rationals written as reduced
         ``"numerator/denominator"`` strings (JSON numbers would round them);
         ``lengths`` is :meth:`LengthHistogram.state`.
         """
         return {
             "version": _STATE_VERSION,
-            "seconds": _dyadic_to_str(self._seconds, _SECONDS_SHIFT),
-            "device_seconds": _dyadic_to_str(self._device_seconds, _DEVICE_SECONDS_SHIFT),
+            "seconds": _dyadic_to_str(self._sec_num, self._sec_exp),
+            "device_seconds": _dyadic_to_str(self._dev_num, self._dev_exp),
             "lengths": self._lengths.state(),
         }
 
@@ -230,8 +251,10 @@ class ThroughputMetric:
                 f"{_STATE_VERSION}, got {_short_repr(state)}; pass ThroughputMetric.state()"
             )
         metric = cls()
-        metric._seconds = _dyadic_from_state(state, "seconds", _SECONDS_SHIFT)
-        metric._device_seconds = _dyadic_from_state(state, "device_seconds", _DEVICE_SECONDS_SHIFT)
+        metric._sec_num, metric._sec_exp = _dyadic_from_state(state, "seconds", _SECONDS_MAX_EXP)
+        metric._dev_num, metric._dev_exp = _dyadic_from_state(
+            state, "device_seconds", _DEVICE_SECONDS_MAX_EXP
+        )
         lengths = state.get("lengths")
         if not isinstance(lengths, Mapping):
             raise InvalidArgumentError(
@@ -251,5 +274,5 @@ class ThroughputMetric:
     def __repr__(self) -> str:
         return (
             f"ThroughputMetric(samples={self._lengths.count}, tokens={self._lengths.total}, "
-            f"seconds={_ratio(self._seconds, 1 << _SECONDS_SHIFT)!r})"
+            f"seconds={_ratio(self._sec_num, 1 << self._sec_exp)!r})"
         )
