@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -213,7 +214,7 @@ def test_bad_arguments_are_rejected_by_name(call, argument):
 
 def test_a_reading_with_a_non_int_byte_count_is_rejected():
     bad = reading("w0")
-    object.__setattr__(bad, "host_rss_bytes", 1.5)  # e.g. a reading that bypassed validation
+    msgspec.structs.force_setattr(bad, "host_rss_bytes", 1.5)  # a reading that bypassed checks
     with pytest.raises(InvalidArgumentError, match=r"readings\[1\]\.host_rss_bytes"):
         reduce_readings([reading("ok"), bad])
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pluggy
 
-from twinkle.errors import WriteError
+from twinkle.errors import TwinkleError, WriteError
 from twinkle.events import EVENT_TYPES, Event
 from twinkle.plugins._manager import ObserverManager
 from twinkle.reporting import MetricRecord
@@ -44,6 +44,11 @@ def hook_name(event_type: type[Event]) -> str:
 
 HOOK_FOR_EVENT: dict[type[Event], str] = {cls: hook_name(cls) for cls in EVENT_TYPES.values()}
 """The hook of every event type (derived from the type: :func:`hook_name`)."""
+
+
+class _Never(Exception):
+    """Raised by nothing: the default of the failures a hook call lets through."""
+
 
 # (plugin name, function, argument names) of one hook implementation
 _Impl = tuple[str, Callable[..., Any], tuple[str, ...]]
@@ -80,6 +85,13 @@ class HookCalls:
         """Call ``hook`` on every observer; the non-None results."""
         return [result for _, result in self._calls(hook, kwargs)]
 
+    def configure(self, context: object) -> None:
+        """Call ``twinkle_configure``: like :meth:`call`, except that an observer raising
+        :class:`~twinkle.errors.TwinkleError` (it cannot run as configured: a missing
+        dependency, a bad setting) fails the run's start with that error."""
+        for _ in self._calls("twinkle_configure", {"context": context}, TwinkleError):
+            pass
+
     def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Like :meth:`call`, with each result paired with its plugin's name."""
         return list(self._calls(hook, kwargs))
@@ -96,16 +108,22 @@ class HookCalls:
         if n & (n - 1) == 0:
             log.error(f"observer %r {message} (failure %d)", name, *args, n)
 
-    def _calls(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    def _calls(
+        self, hook: str, kwargs: dict[str, Any], fatal: type[Exception] = _Never
+    ) -> Iterator[tuple[str, Any]]:
         if self._pm.monitored:
-            yield from self._monitored(hook, kwargs)
+            yield from self._monitored(hook, kwargs, fatal)
         else:
-            yield from self._plain(hook, kwargs)
+            yield from self._plain(hook, kwargs, fatal)
 
-    def _plain(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    def _plain(
+        self, hook: str, kwargs: dict[str, Any], fatal: type[Exception]
+    ) -> Iterator[tuple[str, Any]]:
         for name, function, argnames in self._plans.get(hook, ()):
             try:
                 result = function(*[kwargs[a] for a in argnames])
+            except fatal:
+                raise
             except Exception:
                 self.failures[name] += 1
                 log.exception("observer %r failed in %s; skipped", name, hook)
@@ -113,12 +131,14 @@ class HookCalls:
             if result is not None:
                 yield name, result
 
-    def _monitored(self, hook: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    def _monitored(
+        self, hook: str, kwargs: dict[str, Any], fatal: type[Exception]
+    ) -> Iterator[tuple[str, Any]]:
         monitors = self._pm.monitors
         impls = list(reversed(getattr(self._pm.hook, hook).get_hookimpls()))
         for before, _after in monitors:
             before(hook, impls, kwargs)
-        results = list(self._plain(hook, kwargs))
+        results = list(self._plain(hook, kwargs, fatal))
         outcome: pluggy.Result[list[Any]] = pluggy.Result([r for _, r in results], None)
         for _before, after in reversed(monitors):
             after(outcome, hook, impls, kwargs)

@@ -113,7 +113,7 @@ class Run:
             if self.context.out_dir is not None:
                 self.context.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             self.calls = calls = HookCalls(self.pm)
-            calls.call("twinkle_configure", context=self.context)
+            calls.configure(self.context)
             backends: list[Backend] = []
             for result in calls.call("twinkle_make_backends", context=self.context):
                 backends.extend(result)
@@ -186,10 +186,12 @@ class Run:
         raises the reporter's error after closing everything."""
         if self.state is RunState.RUNNING:
             self.state = RunState.FAILED
-        for bus in self._receivers:
+        if self._receivers:
+            # From every sender: blinker keeps a receiver disconnected from one sender
+            # only in its registry (and with it this run, its observers and timeline).
             for signal in SIGNALS.values():
-                signal.disconnect(self._receive, sender=bus)
-        self._receivers.clear()
+                signal.disconnect(self._receive)
+            self._receivers.clear()
         calls = self.calls
         if calls is None or self._closed:
             return  # never started, or closed already

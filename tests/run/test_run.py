@@ -1,0 +1,123 @@
+"""The per-run object: it owns the observers' state, fixes the plugin set while it runs,
+checks the events' lifecycle, and lets pluggy's monitoring see every hook call."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+
+from twinkle.errors import PluginError, RecordError
+from twinkle.events import IterationStarted, RunStarted
+from twinkle.hookspecs import hookimpl
+from twinkle.observers import TIMELINE
+from twinkle.plugins import ObserverManager, make_plugin_manager
+from twinkle.run import Run, RunSession, RunState
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.types: list[str] = []
+
+    @hookimpl
+    def twinkle_event(self, event: Any) -> None:
+        self.types.append(event.TYPE)
+
+
+def _run(**kwargs: Any) -> RunSession:
+    return RunSession(out_dir=None, autoload=False, **kwargs)
+
+
+def test_a_run_keeps_no_state_behind_whatever_is_blocked() -> None:
+    refs = []
+    for blocked in ([], ["timing"], ["throughput"], ["timing", "throughput"]):
+        run = _run(blocked=blocked)
+        with run:
+            run.bus.iteration_started(0)
+            timeline = run.context.stash[TIMELINE]
+            refs.append(weakref.ref(timeline))
+        del run, timeline
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4
+
+
+def test_registering_while_a_run_runs_is_an_error_that_says_so() -> None:
+    run = _run()
+    with run:
+        with pytest.raises(
+            PluginError, match=r"cannot register plugin 'late'.*fixed when it starts"
+        ):
+            run.pm.register(Collector(), name="late")
+        with pytest.raises(PluginError, match="cannot unregister"):
+            run.pm.unregister(name="timing")
+    late = Collector()
+    run.pm.register(late, name="late")  # free again once the run is over
+    assert run.pm.has_plugin("late")
+
+
+def test_a_manager_serves_one_run_at_a_time() -> None:
+    pm = make_plugin_manager(autoload=False)
+    first = RunSession(out_dir=None, run_id="a", plugin_manager=pm)
+    second = RunSession(out_dir=None, run_id="b", plugin_manager=pm)
+    with first, pytest.raises(PluginError, match="in use by run 'a'"):
+        second.start()
+
+
+def test_a_plain_pluggy_manager_is_refused_with_the_fix() -> None:
+    with pytest.raises(PluginError, match=r"must come from twinkle\.plugins\.make_plugin_manager"):
+        RunSession(out_dir=None, plugin_manager=pluggy.PluginManager("twinkle"))
+
+
+def test_pluggy_monitoring_sees_the_dispatchers_calls() -> None:
+    pm = make_plugin_manager(autoload=False, plugins=[("collector", Collector())])
+    seen: list[tuple[str, list[str]]] = []
+    results: list[object] = []
+
+    def before(hook: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+        seen.append((hook, [i.plugin_name for i in impls]))
+
+    def after(outcome: pluggy.Result[Any], hook: str, impls: Any, kwargs: Any) -> None:
+        results.append(outcome.get_result())
+
+    undo = pm.add_hookcall_monitoring(before, after)
+    with RunSession(out_dir=None, plugin_manager=pm) as run:
+        run.bus.iteration_started(0)
+    hooks = [h for h, _ in seen]
+    assert "twinkle_configure" in hooks
+    assert "twinkle_iteration_started" in hooks
+    assert any(h == "twinkle_event" and "collector" in names for h, names in seen)
+    assert len(results) == len(seen)
+    undo()
+    assert not pm.monitored
+
+
+def test_timing_without_the_timeline_is_refused_at_start() -> None:
+    run = _run(blocked=["timeline"])
+    with pytest.raises(PluginError, match="unblock 'timeline'"):
+        run.start()
+    assert run.state is RunState.FAILED
+
+
+def test_the_run_refuses_events_that_break_its_lifecycle(tmp_path: Path) -> None:
+    with _run(run_id="life") as session:
+        run: Run = session.run
+        with pytest.raises(RecordError, match="belongs to run 'other', not 'life'"):
+            run.submit(IterationStarted("other", 1, 2, 0))
+        with pytest.raises(RecordError, match="starts run 'life' a second time"):
+            run.submit(RunStarted("life", 1, 2, session.bus.anchor))
+    assert session.run.state is RunState.FINISHED
+    with pytest.raises(Exception, match="not running"):
+        session.run.submit(IterationStarted("life", 1, 2, 0))
+
+
+def test_states_are_an_enum() -> None:
+    run = _run()
+    assert run.state is RunState.NEW
+    with run:
+        assert run.state is RunState.RUNNING
+    assert run.state is RunState.FINISHED
+    assert isinstance(run.pm, ObserverManager)
