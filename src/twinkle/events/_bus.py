@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ import msgspec
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError
 from twinkle.events._codec import validate_event
-from twinkle.events._signals import signal_for
+from twinkle.events._signals import SIGNALS
 from twinkle.events._types import (
     EngineAck,
     Event,
@@ -52,7 +52,8 @@ _E = TypeVar("_E", bound=Event)
 
 
 class EventBus:
-    """Publishes the events of one run.
+    """Publishes the events of one run: each event goes to the run bound to the bus
+    (:meth:`bind`), then to the receivers of its signal.
 
     ``clock`` is the run's monotonic ns clock (inject a manual clock in tests);
     ``wall_clock`` gives unix-epoch ns. Recorders attached with :meth:`attach` are drained
@@ -67,6 +68,7 @@ class EventBus:
     """
 
     __slots__ = (
+        "_bound",
         "_clock",
         "_lock",
         "_own",
@@ -92,6 +94,7 @@ class EventBus:
         self.validate = validate
         self._recorders: list[tuple[str, TimeRecorder]] = []
         self._own = overhead
+        self._bound: Callable[[Event], object] | None = None
         self._lock = threading.Lock()
         mono = clock()
         self.anchor = ClockAnchor(
@@ -123,10 +126,26 @@ class EventBus:
         with self.own_work(event.TYPE):
             return self._send(event)
 
+    def bind(self, receiver: Callable[[Event], object] | None) -> None:
+        """Deliver every event to ``receiver`` first (the run that owns this bus), before
+        the signal's receivers; ``None`` unbinds. One receiver per bus."""
+        if receiver is not None and self._bound is not None:
+            raise InvalidArgumentError(
+                f"the bus of run {self.run_id!r} already delivers to a run; one run per bus"
+            )
+        self._bound = receiver
+
     def _send(self, event: _E) -> _E:
         if self.validate:
             event = validate_event(event)
-        signal_for(event).send(self, event=event)
+        bound = self._bound
+        if bound is not None:
+            bound(event)
+        signal = SIGNALS[type(event)]
+        # blinker's send costs as much as the rest of a publish: skip it when nobody
+        # listens directly (its receivers map is empty).
+        if signal.receivers:
+            signal.send(self, event=event)
         return event
 
     def attach(self, recorder: TimeRecorder, *, source: str) -> None:

@@ -34,6 +34,8 @@ def _builtin(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_builtin)
+_to_builtins = msgspec.to_builtins
+_convert = msgspec.convert
 _DECODER = msgspec.json.Decoder(_ANY_EVENT)
 _JSON = "str, int, float, bool, None, lists and dicts with str keys"
 
@@ -64,12 +66,14 @@ _E = TypeVar("_E", bound=Event)
 def validate_event(event: _E) -> _E:
     """``event`` checked against its type: a copy of plain, validated values, or a
     :class:`RecordError` naming the first malformed field."""
-    kind = type(event)
-    data = event_to_dict(event)
     try:
-        checked: _E = msgspec.convert(data, kind)
+        data = _to_builtins(event, enc_hook=_builtin)
+        checked: _E = _convert(data, type(event))
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
+    except (TypeError, ValueError, OverflowError):
+        event_to_dict(event)  # names the value the log cannot hold
+        raise
     return checked
 
 
@@ -122,10 +126,17 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
     """Rebuild an event from its JSON dict; a clear :class:`RecordError` names what is off."""
     if not isinstance(data, Mapping):
         raise RecordError(f"an event must be a JSON object, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RecordError(
+            f"unknown event type {kind!r}; known types: {', '.join(sorted(EVENT_TYPES))}"
+        )
     try:
-        event: Event = msgspec.convert(data, _ANY_EVENT)
+        # The concrete type, not the union of all: msgspec converts 10x faster.
+        event: Event = _convert(data, cls)
     except msgspec.ValidationError as exc:
-        raise _invalid(exc, data.get("type"), data) from None
+        raise _invalid(exc, kind, data) from None
     return event
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pluggy
@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("twinkle.plugins")
+_get_ident = threading.get_ident
 
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
 #: records the run's reporter could not write at once (a disk fault; they are kept)
@@ -85,16 +86,24 @@ class HookCalls:
         """Call ``hook`` on every observer; the non-None results."""
         return [result for _, result in self._calls(hook, kwargs)]
 
+    @property
+    def monitored(self) -> bool:
+        """Whether hook-call monitors are installed (they see every hook call)."""
+        return self._pm.monitored
+
+    def plan(self, hook: str) -> list[_Impl]:
+        """The implementations of ``hook``, in call order (empty: nobody implements it)."""
+        return self._plans.get(hook, [])
+
     def configure(self, context: object) -> None:
         """Call ``twinkle_configure``: like :meth:`call`, except that an observer raising
         :class:`~twinkle.errors.TwinkleError` (it cannot run as configured: a missing
         dependency, a bad setting) fails the run's start with that error."""
-        for _ in self._calls("twinkle_configure", {"context": context}, TwinkleError):
-            pass
+        self._calls("twinkle_configure", {"context": context}, TwinkleError)
 
     def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Like :meth:`call`, with each result paired with its plugin's name."""
-        return list(self._calls(hook, kwargs))
+        return self._calls(hook, kwargs)
 
     def implementers(self, hook: str) -> list[str]:
         """The plugins implementing ``hook``, in call order."""
@@ -110,16 +119,17 @@ class HookCalls:
 
     def _calls(
         self, hook: str, kwargs: dict[str, Any], fatal: type[Exception] = _Never
-    ) -> Iterator[tuple[str, Any]]:
+    ) -> list[tuple[str, Any]]:
         if self._pm.monitored:
-            yield from self._monitored(hook, kwargs, fatal)
-        else:
-            yield from self._plain(hook, kwargs, fatal)
+            return self._monitored(hook, kwargs, fatal)
+        plan = self._plans.get(hook)
+        return self._plain(hook, plan, kwargs, fatal) if plan else []
 
     def _plain(
-        self, hook: str, kwargs: dict[str, Any], fatal: type[Exception]
-    ) -> Iterator[tuple[str, Any]]:
-        for name, function, argnames in self._plans.get(hook, ()):
+        self, hook: str, plan: list[_Impl], kwargs: dict[str, Any], fatal: type[Exception]
+    ) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for name, function, argnames in plan:
             try:
                 result = function(*[kwargs[a] for a in argnames])
             except fatal:
@@ -129,20 +139,21 @@ class HookCalls:
                 log.exception("observer %r failed in %s; skipped", name, hook)
                 continue
             if result is not None:
-                yield name, result
+                out.append((name, result))
+        return out
 
     def _monitored(
         self, hook: str, kwargs: dict[str, Any], fatal: type[Exception]
-    ) -> Iterator[tuple[str, Any]]:
+    ) -> list[tuple[str, Any]]:
         monitors = self._pm.monitors
         impls = list(reversed(getattr(self._pm.hook, hook).get_hookimpls()))
         for before, _after in monitors:
             before(hook, impls, kwargs)
-        results = list(self._plain(hook, kwargs, fatal))
+        results = self._plain(hook, self._plans.get(hook, []), kwargs, fatal)
         outcome: pluggy.Result[list[Any]] = pluggy.Result([r for _, r in results], None)
         for _before, after in reversed(monitors):
             after(outcome, hook, impls, kwargs)
-        yield from results
+        return results
 
 
 class Dispatcher:
@@ -160,14 +171,29 @@ class Dispatcher:
     :data:`REPORTER_FAILURES` and never stops the run.
     """
 
-    __slots__ = ("_hooks", "_lock", "_owner", "_pending", "calls", "events", "report")
+    __slots__ = (
+        "_event_hook",
+        "_hooks",
+        "_lock",
+        "_owner",
+        "_pending",
+        "calls",
+        "events",
+        "report",
+    )
 
     def __init__(self, calls: HookCalls, report: Callable[[MetricRecord], MetricRecord]) -> None:
         self.calls = calls
         self.report = report
         #: events dispatched so far
         self.events = 0
-        self._hooks = {cls: hook_name(cls) for cls in EVENT_TYPES.values()}
+        # Per event type, its hook's name if any observer implements it (else None), and
+        # whether any observer implements twinkle_event: nobody's hooks are not called.
+        self._hooks = {
+            cls: hook_name(cls) if calls.plan(hook_name(cls)) else None
+            for cls in EVENT_TYPES.values()
+        }
+        self._event_hook = bool(calls.plan("twinkle_event"))
         self._pending: deque[Event] = deque()
         self._lock = threading.Lock()
         self._owner: int | None = None
@@ -179,31 +205,38 @@ class Dispatcher:
         dispatch picks it up after the current event. Another thread waits for the
         dispatching thread, then dispatches whatever is still queued.
         """
-        self._pending.append(event)
-        if self._owner == threading.get_ident():
+        pending = self._pending
+        pending.append(event)
+        me = _get_ident()
+        if self._owner == me:
             return
         with self._lock:
-            self._owner = threading.get_ident()
+            self._owner = me
             try:
-                while self._pending:
-                    self._dispatch(self._pending.popleft())
+                while pending:
+                    self._dispatch(pending.popleft())
             finally:
                 self._owner = None
 
     def _dispatch(self, event: Event) -> None:
         self.events += 1
         calls = self.calls
-        for name, result in calls.call_named(self._hooks[type(event)], event=event):
-            try:
-                records = list(result)
-            except TypeError:
-                calls.count(name, "returned %r, not a list of records", result)
-                continue
-            for record in records:
-                stamped = self._stamp(name, record)
-                if stamped is not None:
-                    calls.call("twinkle_record", record=stamped)
-        calls.call("twinkle_event", event=event)
+        monitored = calls.monitored
+        hook = self._hooks[type(event)]
+        if hook is not None or monitored:
+            hook = hook or hook_name(type(event))
+            for name, result in calls.call_named(hook, event=event):
+                try:
+                    records = list(result)
+                except TypeError:
+                    calls.count(name, "returned %r, not a list of records", result)
+                    continue
+                for record in records:
+                    stamped = self._stamp(name, record)
+                    if stamped is not None:
+                        calls.call("twinkle_record", record=stamped)
+        if self._event_hook or monitored:
+            calls.call("twinkle_event", event=event)
 
     def _stamp(self, plugin: str, record: Any) -> MetricRecord | None:
         """The reporter's stamped record, or None when the observer's record is refused."""

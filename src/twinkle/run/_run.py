@@ -14,13 +14,13 @@ import enum
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, final
+from typing import Any, cast, final
 
 import orjson
 import pluggy
 
 from twinkle.errors import ConfigError, PluginError, RecordError, TwinkleError, WriteError
-from twinkle.events import SIGNALS, Event, EventBus, RunFinished, RunStarted
+from twinkle.events import Event, EventBus, RunFinished, RunStarted
 from twinkle.hookspecs import RunContext
 from twinkle.observers import ObserverConfig
 from twinkle.plugins import Dispatcher, HookCalls, ObserverManager, merge_summary
@@ -127,15 +127,12 @@ class Run:
             raise
 
     def connect(self, bus: EventBus) -> None:
-        """Receive every event ``bus`` publishes."""
+        """Receive every event ``bus`` publishes (the bus calls :meth:`submit` directly,
+        before its signal's receivers)."""
         if self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not started")
-        for signal in SIGNALS.values():
-            signal.connect(self._receive, sender=bus, weak=False)
+        bus.bind(self.submit)
         self._receivers.append(bus)
-
-    def _receive(self, sender: object, *, event: Event) -> None:
-        self.submit(event)
 
     def submit(self, event: Event) -> None:
         """Dispatch ``event`` to the observers, after checking it fits the run: its
@@ -148,22 +145,23 @@ class Run:
             raise RecordError(
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
+        kind = type(event)
         if not self.started:
-            if not isinstance(event, RunStarted):
+            if kind is not RunStarted:
                 raise RecordError(
                     f"the first event of run {self.run_id!r} must be run_started, got "
                     f"{event.TYPE!r}"
                 )
             self.started = True
-        elif isinstance(event, RunStarted):
+        elif kind is RunStarted:
             raise RecordError(
                 f"event run_started starts run {event.run_id!r} a second time; replay one "
                 "run's log at a time"
             )
-        elif isinstance(event, RunFinished) and self.finished is not None:
-            raise RecordError(f"event run_finished finishes run {self.run_id!r} a second time")
-        if isinstance(event, RunFinished):
-            self.finished = event
+        elif kind is RunFinished:
+            if self.finished is not None:
+                raise RecordError(f"event run_finished finishes run {self.run_id!r} a second time")
+            self.finished = cast(RunFinished, event)
         dispatcher.submit(event)
 
     def finish(self) -> dict[str, Any]:
@@ -186,12 +184,9 @@ class Run:
         raises the reporter's error after closing everything."""
         if self.state is RunState.RUNNING:
             self.state = RunState.FAILED
-        if self._receivers:
-            # From every sender: blinker keeps a receiver disconnected from one sender
-            # only in its registry (and with it this run, its observers and timeline).
-            for signal in SIGNALS.values():
-                signal.disconnect(self._receive)
-            self._receivers.clear()
+        for bus in self._receivers:
+            bus.bind(None)
+        self._receivers.clear()
         calls = self.calls
         if calls is None or self._closed:
             return  # never started, or closed already
