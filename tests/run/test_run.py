@@ -121,3 +121,27 @@ def test_states_are_an_enum() -> None:
         assert run.state is RunState.RUNNING
     assert run.state is RunState.FINISHED
     assert isinstance(run.pm, ObserverManager)
+
+
+def test_a_bus_delivers_to_one_run_and_still_to_its_signals() -> None:
+    from twinkle.errors import InvalidArgumentError
+    from twinkle.events import iteration_started
+    from twinkle.hookspecs import RunContext
+
+    seen: list[int] = []
+
+    def receiver(sender: object, *, event: IterationStarted) -> None:
+        seen.append(event.iteration)
+
+    with _run(run_id="one") as session:
+        other = Run(make_plugin_manager(autoload=False), RunContext("one", None), background=False)
+        other.start()
+        with pytest.raises(InvalidArgumentError, match="one run per bus"):
+            other.connect(session.bus)
+        other.close()
+        iteration_started.connect(receiver, sender=session.bus)
+        try:
+            session.bus.iteration_started(0)
+        finally:
+            iteration_started.disconnect(receiver)
+    assert seen == [0]
