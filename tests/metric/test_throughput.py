@@ -101,6 +101,38 @@ def test_every_output_equals_the_plain_reference_after_every_step(calls):
         assert bits(metric.calculate()) == bits(reference(calls[: i + 1]))
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.one_of(
+        st.lists(st.integers(0, 3), max_size=20),
+        st.lists(
+            st.one_of(st.integers(0, 64), st.integers(0, 2**20), st.integers(0, 2**53 - 1)),
+            max_size=40,
+        ),
+    ),
+    seconds=seconds_st,
+    devices=devices_st,
+    as_tuple=st.booleans(),
+)
+def test_a_batch_calculated_at_once_equals_a_metric_fed_that_batch(
+    lengths, seconds, devices, as_tuple
+):
+    given_lengths = tuple(lengths) if as_tuple else lengths
+    once = ThroughputMetric.calculate_batch(lengths=given_lengths, seconds=seconds, devices=devices)
+    assert bits(once) == bits(fed([(lengths, seconds, devices)]).calculate())
+    assert tuple(once) == THROUGHPUT_KEYS
+    assert given_lengths == (tuple(lengths) if as_tuple else lengths)  # not sorted in place
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[], [0], [1, 0, 1], [7], range(3, 9), (5, 2, 2**53 - 1), [5, 3, 1]],
+)
+def test_a_batch_of_any_int_sequence_equals_a_metric_fed_it(lengths):
+    once = ThroughputMetric.calculate_batch(lengths=lengths, seconds=0.5, devices=2.5)
+    assert bits(once) == bits(fed([(list(lengths), 0.5, 2.5)]).calculate())
+
+
 def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates():
     metric = ThroughputMetric()
     metric.accumulate(lengths=[40, 60], seconds=1.0, devices=2)  # 100 tok/s
@@ -333,6 +365,20 @@ def test_bad_input_is_rejected_by_name_and_leaves_state_unchanged(argument, valu
         metric.accumulate(**{**GOOD, argument: value})
     assert "got" in str(info.value)
     assert metric.state() == before
+
+
+@pytest.mark.parametrize(("argument", "value"), BAD_INPUTS)
+def test_a_batch_with_bad_input_is_rejected_by_name(argument, value):
+    with pytest.raises(InvalidArgumentError, match=argument) as info:
+        ThroughputMetric.calculate_batch(**{**GOOD, argument: value})
+    assert str(info.value).startswith("ThroughputMetric.calculate_batch: ")
+    assert "got" in str(info.value)
+
+
+@pytest.mark.parametrize("lengths", [[True, 5], [5, False], [0, 1, True], [2, 3.0], [Fraction(3)]])
+def test_a_batch_refuses_bools_and_non_int_lengths_next_to_valid_ones(lengths):
+    with pytest.raises(InvalidArgumentError, match=r"lengths\[\d\] must be an int"):
+        ThroughputMetric.calculate_batch(lengths=lengths, seconds=1.0, devices=1)
 
 
 def test_merge_rejects_other_types():

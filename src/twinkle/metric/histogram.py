@@ -87,6 +87,47 @@ def _validate_lengths(lengths: object, *, where: str) -> list[int]:
     return values
 
 
+def _sorted_lengths(lengths: Sequence[int], where: str) -> tuple[list[int], int]:
+    """``lengths`` checked as :meth:`LengthHistogram.add` checks them, sorted, and their sum.
+
+    The one-shot counterpart of a histogram, for one batch's statistics (a sort of a few
+    hundred ints costs less than counting them into a histogram). The common path checks
+    the bounds on the sorted ends; a list or tuple whose ``sum`` is an exact ``int``
+    holds no float, ``Fraction``, ``Decimal`` or numpy scalar (``sum`` would be one of
+    those), and a ``bool`` sorts with 0 and 1, so only a batch reaching down there has its
+    types checked. Anything else takes the slow path, which names the first bad length.
+    """
+    if type(lengths) is list or type(lengths) is tuple:
+        try:
+            total = sum(lengths)
+            ordered = sorted(lengths)
+        except Exception:  # not numbers, or not comparable: the slow path names the culprit
+            pass
+        else:
+            if type(total) is int and (
+                not ordered
+                or (
+                    ordered[-1] <= _MAX_LENGTH
+                    and (ordered[0] > 1 or (ordered[0] >= 0 and not _has_bool(ordered)))
+                )
+            ):
+                return ordered, total
+    values = _validate_lengths(lengths, where=where)
+    values.sort()
+    return values, sum(values)
+
+
+def _has_bool(values: Sequence[int]) -> bool:
+    return bool in set(map(type, values))
+
+
+def _nearest_rank(q: tuple[int, int], n: int) -> int:
+    """The 1-based rank of the nearest-rank quantile ``q`` (numerator, exponent: the exact
+    value of the float) of ``n >= 1`` samples: ``max(1, ceil(q * n))``, at most ``n``."""
+    rank = -((-q[0] * n) >> q[1])  # ceil(q * n), exactly
+    return 1 if rank < 1 else min(rank, n)
+
+
 def _check_quantile(q: object) -> tuple[int, int]:
     if type(q) is float and 0.0 <= q <= 1.0:
         return _exact_fraction(q)
@@ -264,10 +305,10 @@ class LengthHistogram:
             return [math.nan] * len(qs)
         out: list[float] = []
         for q in qs:
-            rank = -((-q[0] * n) >> q[1])  # ceil(q * n), exactly
-            if rank <= 1:
+            rank = _nearest_rank(q, n)
+            if rank == 1:
                 out.append(float(self._min))
-            elif rank >= n:
+            elif rank == n:
                 out.append(float(self._max))
             else:
                 out.append(float(self._at_rank(q, rank)))
