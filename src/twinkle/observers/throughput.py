@@ -34,7 +34,7 @@ _NS = 1e9
 
 
 class ThroughputObserver:
-    """One ThroughputMetric per phase per iteration, and windows over the run."""
+    """Per iteration the figures of each phase's batch; windows over the run."""
 
     def __init__(self) -> None:
         self.timeline = Timeline()
@@ -42,7 +42,10 @@ class ThroughputObserver:
         #: every sample of each tag the run saw (lengths only; seconds come at the end)
         self.tag_lengths: dict[str, ThroughputMetric] = {}
         self.iterations = 0
-        self.totals = RunTotals()
+        #: per tag [samples, tokens, groups]: the summary's counts are built from them
+        #: (plain ints, no lock: observers never run concurrently)
+        self.counts: dict[str, list[int]] = {}
+        self.optimizer_updates = 0
         self.last_step = 0
         #: the run's windows, computed once at the finish (records and summary share them)
         self.run_window: dict[str, int | float] = {}
@@ -63,17 +66,20 @@ class ThroughputObserver:
 
     @hookimpl
     def twinkle_samples(self, event: SamplesObserved) -> None:
-        self.totals.add(f"samples_{event.phase}", len(event.lengths))
-        self.totals.add(f"tokens_{event.phase}", sum(event.lengths))
-        if event.groups:
-            self.totals.add(f"groups_{event.phase}", event.groups)
+        lengths = event.lengths
+        counts = self.counts.get(event.phase)
+        if counts is None:
+            counts = self.counts[event.phase] = [0, 0, 0]
+        counts[0] += len(lengths)
+        counts[1] += sum(lengths)
+        counts[2] += event.groups
         metric = self.tag_lengths.get(event.phase)
         if metric is not None:
-            metric.accumulate(lengths=event.lengths, seconds=0.0, devices=1)
+            metric.accumulate(lengths=lengths, seconds=0.0, devices=1)
 
     @hookimpl
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.totals.add("optimizer_updates", 1)
+        self.optimizer_updates += 1
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
@@ -136,6 +142,8 @@ class ThroughputObserver:
 
     def _emit(self, finished: list[Finished], monotonic_ns: int) -> list[MetricRecord]:
         config = self.timeline.config
+        window = config.window
+        batch = ThroughputMetric.calculate_batch
         records: list[MetricRecord] = []
         for done in finished:
             data = done.data
@@ -149,28 +157,43 @@ class ThroughputObserver:
                 "wall_ns": data.wall_ns,
                 "monotonic_ns": monotonic_ns,
             }
+            samples = data.samples
+            attributed = done.attributed.phase_logical_ns
             for phase, spec in config.throughput.items():
-                metric = ThroughputMetric()
-                lengths = data.samples.get(spec.samples, [])
-                seconds = done.attributed.phase_logical_ns[phase] / _NS
-                if lengths or seconds:
-                    metric.accumulate(lengths=lengths, seconds=seconds, devices=spec.devices)
-                values = {**metric.calculate(), "groups": data.groups.get(spec.samples, 0)}
+                values = batch(
+                    lengths=samples.get(spec.samples, ()),
+                    seconds=attributed[phase] / _NS,
+                    devices=spec.devices,
+                )
+                values["groups"] = data.groups.get(spec.samples, 0)
                 records.append(make_record(kind=phase, values=values, **common))
-            if config.window is not None:
-                lengths = data.samples.get(config.window.samples, [])
+            if window is not None:
                 seconds = done.window.logical_ns / _NS
-                metric = ThroughputMetric()
-                metric.accumulate(lengths=lengths, seconds=seconds, devices=config.window.devices)
-                values = {**metric.calculate(), "window_logical_seconds": seconds}
+                values = batch(
+                    lengths=samples.get(window.samples, ()), seconds=seconds, devices=window.devices
+                )
+                values["window_logical_seconds"] = seconds
                 records.append(make_record(kind="iteration", values=values, **common))
         return records
+
+    def _counts(self) -> RunTotals:
+        """The run's counters (``samples_<tag>``, ``tokens_<tag>``, ``groups_<tag>`` once
+        a tag had groups, ``optimizer_updates`` once a step came)."""
+        totals = RunTotals()
+        for tag, (samples, tokens, groups) in self.counts.items():
+            totals.add(f"samples_{tag}", samples)
+            totals.add(f"tokens_{tag}", tokens)
+            if groups:  # counts are >= 0: a tag that had groups
+                totals.add(f"groups_{tag}", groups)
+        if self.optimizer_updates:
+            totals.add("optimizer_updates", self.optimizer_updates)
+        return totals
 
     @hookimpl
     def twinkle_summary(self, event: RunFinished) -> dict[str, Any]:
         return {
             "window": self.run_window,
             "phase_windows": self.phase_windows,
-            "counts": self.totals.calibrate(event.terminal_totals),
+            "counts": self._counts().calibrate(event.terminal_totals),
             "late_samples": self.timeline.late_samples,
         }
