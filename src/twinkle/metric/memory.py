@@ -135,15 +135,26 @@ def reduce_readings(
 
     All readings and values are validated before anything is computed.
     """
-    return _reduce_readings(readings, fields, "reduce_readings")
+    out: dict[str, Reduction] = {}
+    for name, (values, workers) in _columns(readings, fields, "reduce_readings").items():
+        if not values:
+            out[name] = Reduction(None, None, math.nan, 0, 0, None)
+            continue
+        top, low, total, argmax = _reduce(values, workers)
+        out[name] = Reduction(top, low, total / len(values), total, len(values), argmax)
+    return out
 
 
-def _reduce_readings(readings: object, fields: object, where: str) -> dict[str, Reduction]:
+def _columns(
+    readings: object, fields: object, where: str
+) -> dict[str, tuple[list[int], list[str]]]:
+    """Per field (validated), the values of the readings that report it and their workers."""
     checked = _check_readings(readings, where)
-    names = _check_fields(fields, where)
-    columns: dict[str, list[tuple[int, str]]] = {name: [] for name in names}
+    names = MEMORY_FIELDS if fields is MEMORY_FIELDS else _check_fields(fields, where)
+    columns: dict[str, tuple[list[int], list[str]]] = {name: ([], []) for name in names}
     for i, reading in enumerate(checked):
-        for name in names:
+        worker = reading.worker_id
+        for name, (values, workers) in columns.items():
             value = getattr(reading, name)
             if value is None:
                 continue
@@ -152,24 +163,15 @@ def _reduce_readings(readings: object, fields: object, where: str) -> dict[str, 
                     f"{where}: readings[{i}].{name} must be an int >= 0 or None, got "
                     f"{value!r}; readings carry raw byte counts from memory_stats()"
                 )
-            columns[name].append((value, reading.worker_id))
-    return {name: _reduce(column) for name, column in columns.items()}
+            values.append(value)
+            workers.append(worker)
+    return columns
 
 
-def _reduce(column: list[tuple[int, str]]) -> Reduction:
-    if not column:
-        return Reduction(max=None, min=None, mean=math.nan, sum=0, count=0, argmax_worker=None)
-    values = [value for value, _ in column]
+def _reduce(values: list[int], workers: list[str]) -> tuple[int, int, int, str]:
+    """Max, min, sum of a non-empty column, and the worker of its first max."""
     top = max(values)
-    total = sum(values)
-    return Reduction(
-        max=top,
-        min=min(values),
-        mean=total / len(values),
-        sum=total,
-        count=len(values),
-        argmax_worker=column[values.index(top)][1],
-    )
+    return top, min(values), sum(values), workers[values.index(top)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,29 @@ def _in_unit(total: int, count: int, size: int) -> int | float:
     return total / (count * size)
 
 
+def _report_keys(tag: str) -> dict[str, tuple[str, str, str, str, str, str]]:
+    """Per field: its max, min, mean, sum and workers keys in unit ``tag``, and its
+    argmax attribute."""
+    keys = {}
+    for name in MEMORY_FIELDS:
+        base = name.removesuffix("_bytes")
+        keys[name] = (
+            f"{base}_{tag}_max",
+            f"{base}_{tag}_min",
+            f"{base}_{tag}_mean",
+            f"{base}_{tag}_sum",
+            f"{base}_workers",
+            f"{base}_argmax_worker",
+        )
+    return keys
+
+
+# The key names, spelled once per unit rather than at every report.
+_REPORT_KEYS: Final[Mapping[str, dict[str, tuple[str, str, str, str, str, str]]]] = (
+    MappingProxyType({unit: _report_keys(tag) for unit, tag in _UNIT_KEY.items()})
+)
+
+
 def memory_report(
     readings: Sequence[MemoryReading],
     *,
@@ -203,18 +228,22 @@ def memory_report(
 ) -> MemoryMetrics:
     """Reduce ``readings`` and convert to ``unit``: see :class:`MemoryMetrics`."""
     size = _check_unit(unit, "memory_metrics")
-    tag = _UNIT_KEY[unit]
+    keys = _REPORT_KEYS[unit]
     values: dict[str, int | float] = {}
     attrs: dict[str, str | None] = {}
-    for name, r in _reduce_readings(readings, fields, "memory_metrics").items():
-        base = name.removesuffix("_bytes")
-        empty = r.count == 0
-        values[f"{base}_{tag}_max"] = math.nan if r.max is None else _in_unit(r.max, 1, size)
-        values[f"{base}_{tag}_min"] = math.nan if r.min is None else _in_unit(r.min, 1, size)
-        values[f"{base}_{tag}_mean"] = math.nan if empty else _in_unit(r.sum, r.count, size)
-        values[f"{base}_{tag}_sum"] = math.nan if empty else _in_unit(r.sum, 1, size)
-        values[f"{base}_workers"] = r.count
-        attrs[f"{base}_argmax_worker"] = r.argmax_worker
+    for name, (column, workers) in _columns(readings, fields, "memory_metrics").items():
+        k_max, k_min, k_mean, k_sum, k_workers, k_argmax = keys[name]
+        count = len(column)
+        if count:
+            top, low, total, attrs[k_argmax] = _reduce(column, workers)
+            values[k_max] = _in_unit(top, 1, size)
+            values[k_min] = _in_unit(low, 1, size)
+            values[k_mean] = _in_unit(total, count, size)
+            values[k_sum] = _in_unit(total, 1, size)
+        else:
+            values[k_max] = values[k_min] = values[k_mean] = values[k_sum] = math.nan
+            attrs[k_argmax] = None
+        values[k_workers] = count
     return MemoryMetrics(values=values, attrs=attrs)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 from twinkle.events import MemoryReadings, OptimizerStep, RunStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.metric import MEMORY_FIELDS, memory_report
-from twinkle.reporting import MetricRecord, make_record
 from twinkle.perf.stats import MemoryReading
+from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["MemoryObserver"]
 
@@ -44,14 +44,18 @@ class MemoryObserver:
             return []
         if event.iteration is not None:
             self.iteration = event.iteration
+        peaks = self.peaks
         latest: dict[str, MemoryReading] = {}
         for reading in event.readings:
-            latest[reading.worker_id] = reading
-            self.readings += 1
+            worker = reading.worker_id
+            latest[worker] = reading
             for name in MEMORY_FIELDS:
                 value = getattr(reading, name)
-                if value is not None and (name not in self.peaks or value > self.peaks[name][0]):
-                    self.peaks[name] = (value, reading.worker_id)
+                if value is not None:
+                    peak = peaks.get(name)
+                    if peak is None or value > peak[0]:
+                        peaks[name] = (value, worker)
+        self.readings += len(event.readings)
         report = memory_report(list(latest.values()), unit="B")
         return [
             make_record(
