@@ -12,6 +12,7 @@ and the set-up and tear-down windows; it is the sum of every window's figures.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from twinkle.events import IterationStarted, RunFinished, RunStarted
@@ -27,41 +28,100 @@ from twinkle.observers.timeline import (
 )
 from twinkle.reporting import MetricRecord, make_record
 
-__all__ = ["TimingObserver", "attributed_values", "run_values", "window_values"]
+__all__ = [
+    "AttributedKeys",
+    "TimingObserver",
+    "WindowKeys",
+    "attributed_keys",
+    "attributed_values",
+    "run_values",
+    "window_values",
+]
 
 _NS = 1e9
 
 
-def window_values(t: WindowTiming, prefix: str) -> dict[str, int | float]:
-    """Flat values (seconds) of one stretch of the timeline, keys ``<prefix><name>``."""
+@dataclass(frozen=True, slots=True)
+class WindowKeys:
+    """The value keys of a stretch of the timeline, ``<prefix><name>``, spelled once per
+    run (in the config's order of phases and pairs, as :func:`measure_window` fills them)."""
+
+    #: wall, overhead, logical, busy, idle and span seconds
+    totals: tuple[str, str, str, str, str, str]
+    #: (phase, its seconds key, its logical seconds key)
+    phases: tuple[tuple[str, str, str], ...]
+    #: ((p, q), its overlap key)
+    pairs: tuple[tuple[tuple[str, str], str], ...]
+
+    @classmethod
+    def of(cls, config: ObserverConfig, prefix: str) -> WindowKeys:
+        return cls(
+            (
+                f"{prefix}wall_seconds",
+                f"{prefix}overhead_seconds",
+                f"{prefix}logical_seconds",
+                f"{prefix}busy_seconds",
+                f"{prefix}idle_seconds",
+                f"{prefix}span_seconds",
+            ),
+            tuple(
+                (p, f"{prefix}{p}_seconds", f"{prefix}{p}_logical_seconds") for p in config.phases
+            ),
+            tuple(((p, q), f"{prefix}overlap_{p}_{q}_seconds") for p, q in config.pairs),
+        )
+
+
+#: per phase: (phase, its sum, union, logical seconds and spans keys)
+AttributedKeys = tuple[tuple[str, str, str, str, str], ...]
+
+
+def attributed_keys(config: ObserverConfig) -> AttributedKeys:
+    """The ``attributed_<phase>_*`` keys of every phase, in config order."""
+    return tuple(
+        (
+            p,
+            f"attributed_{p}_sum_seconds",
+            f"attributed_{p}_seconds",
+            f"attributed_{p}_logical_seconds",
+            f"attributed_{p}_spans",
+        )
+        for p in config.phases
+    )
+
+
+def window_values(t: WindowTiming, keys: WindowKeys) -> dict[str, int | float]:
+    """Flat values (seconds) of one stretch of the timeline."""
+    wall, overhead, logical, busy, idle, span = keys.totals
     values: dict[str, int | float] = {
-        f"{prefix}wall_seconds": t.wall_ns / _NS,
-        f"{prefix}overhead_seconds": t.overhead_ns / _NS,
-        f"{prefix}logical_seconds": t.logical_ns / _NS,
-        f"{prefix}busy_seconds": t.busy_ns / _NS,
-        f"{prefix}idle_seconds": t.idle_ns / _NS,
-        f"{prefix}span_seconds": t.span_ns / _NS,
+        wall: t.wall_ns / _NS,
+        overhead: t.overhead_ns / _NS,
+        logical: t.logical_ns / _NS,
+        busy: t.busy_ns / _NS,
+        idle: t.idle_ns / _NS,
+        span: t.span_ns / _NS,
     }
-    for phase, ns in t.phase_ns.items():
-        values[f"{prefix}{phase}_seconds"] = ns / _NS
-        values[f"{prefix}{phase}_logical_seconds"] = t.phase_logical_ns[phase] / _NS
-    for (p, q), ns in t.overlap_ns.items():
-        values[f"{prefix}overlap_{p}_{q}_seconds"] = ns / _NS
+    phase_ns, logical_ns = t.phase_ns, t.phase_logical_ns
+    for phase, seconds_key, logical_key in keys.phases:
+        values[seconds_key] = phase_ns[phase] / _NS
+        values[logical_key] = logical_ns[phase] / _NS
+    overlap_ns = t.overlap_ns
+    for pair, key in keys.pairs:
+        values[key] = overlap_ns[pair] / _NS
     return values
 
 
-def attributed_values(t: AttributedTiming) -> dict[str, int | float]:
+def attributed_values(t: AttributedTiming, keys: AttributedKeys) -> dict[str, int | float]:
     """Flat values of one iteration's attributed view (keys ``attributed_*``)."""
     values: dict[str, int | float] = {
         "attributed_spans": t.spans,
         "attributed_span_errors": t.errors,
         "attributed_span_seconds": t.span_ns / _NS,
     }
-    for phase in t.phase_sum_ns:
-        values[f"attributed_{phase}_sum_seconds"] = t.phase_sum_ns[phase] / _NS
-        values[f"attributed_{phase}_seconds"] = t.phase_union_ns[phase] / _NS
-        values[f"attributed_{phase}_logical_seconds"] = t.phase_logical_ns[phase] / _NS
-        values[f"attributed_{phase}_spans"] = t.phase_spans[phase]
+    for phase, sum_key, union_key, logical_key, spans_key in keys:
+        values[sum_key] = t.phase_sum_ns[phase] / _NS
+        values[union_key] = t.phase_union_ns[phase] / _NS
+        values[logical_key] = t.phase_logical_ns[phase] / _NS
+        values[spans_key] = t.phase_spans[phase]
     return values
 
 
@@ -78,7 +138,7 @@ def _edge_values(t: WindowTiming, name: str) -> dict[str, int | float]:
 def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[str, int | float]:
     """Flat values of the run-level record (scope ``run``)."""
     values: dict[str, int | float] = {
-        **window_values(run.total, ""),
+        **window_values(run.total, WindowKeys.of(config, "")),
         "active_wall_seconds": run.active_wall_ns / _NS,
         "active_logical_seconds": (run.active_wall_ns - run.active_overhead_ns) / _NS,
         **_edge_values(run.setup, "setup"),
@@ -107,6 +167,9 @@ class TimingObserver:
         self.run_id = ""
         self.iterations = 0
         self.run_seconds: dict[str, int | float] = {}
+        # The per-iteration record's keys, spelled once the config is known.
+        self.window_keys = WindowKeys.of(self.timeline.config, "window_")
+        self.attributed_keys: AttributedKeys = ()
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -115,6 +178,9 @@ class TimingObserver:
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         self.run_id = event.run_id
+        config = self.timeline.config
+        self.window_keys = WindowKeys.of(config, "window_")
+        self.attributed_keys = attributed_keys(config)
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
@@ -145,7 +211,8 @@ class TimingObserver:
         records = []
         for done in finished:
             self.iterations += 1
-            values = {**window_values(done.window, "window_"), **attributed_values(done.attributed)}
+            values = window_values(done.window, self.window_keys)
+            values.update(attributed_values(done.attributed, self.attributed_keys))
             records.append(
                 make_record(
                     kind="timing",
