@@ -122,8 +122,15 @@ class ObserverConfig:
     #: (generation phase, training phase) of a streaming run, or None
     streaming: tuple[str, str] | None = None
     finalise_lag: int = 1
+    #: every pair of phases, in config order (the pairwise overlaps reported)
+    pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
     _phase_cache: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        names = list(self.phases)
+        pairs = tuple((p, q) for i, p in enumerate(names) for q in names[i + 1 :])
+        object.__setattr__(self, "pairs", pairs)  # derived once (the instance is frozen)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
@@ -174,12 +181,6 @@ class ObserverConfig:
                 f"records wait for late spans), got {lag!r}"
             )
         return cls(phases, throughput, window, total_steps, _streaming(raw, phases), lag)
-
-    @property
-    def pairs(self) -> list[tuple[str, str]]:
-        """Every pair of phases, in config order (the pairwise overlaps reported)."""
-        names = list(self.phases)
-        return [(p, q) for i, p in enumerate(names) for q in names[i + 1 :]]
 
     def phase_of(self, span_name: str) -> str | None:
         """The first configured phase (in config order) whose patterns match."""

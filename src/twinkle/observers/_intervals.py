@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["Interval", "clip", "intersect", "merge", "subtract", "union_ns"]
+__all__ = ["Interval", "clip", "intersect", "length", "merge", "subtract", "union_ns"]
 
 Interval = tuple[int, int]
 
@@ -17,20 +17,31 @@ Interval = tuple[int, int]
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
     """The union as sorted, disjoint intervals (touching ones joined, empty ones dropped)."""
     out: list[Interval] = []
+    lo = hi = 0
     for start, end in sorted(intervals):
         if end <= start:
             continue
-        if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1] = (out[-1][0], end)
+        if not out:
+            lo, hi = start, end
+            out.append((lo, hi))
+        elif start <= hi:
+            if end > hi:
+                hi = end
+                out[-1] = (lo, hi)
         else:
-            out.append((start, end))
+            lo, hi = start, end
+            out.append((lo, hi))
     return out
+
+
+def length(merged: Iterable[Interval]) -> int:
+    """Total length of disjoint intervals (a merged list, see :func:`merge`)."""
+    return sum([end - start for start, end in merged])
 
 
 def union_ns(intervals: Iterable[Interval]) -> int:
     """Length of the union (overlaps counted once)."""
-    return sum(end - start for start, end in merge(intervals))
+    return length(merge(intervals))
 
 
 def clip(intervals: Iterable[Interval], lo: int, hi: int) -> list[Interval]:
@@ -54,21 +65,21 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
-def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
-    """The parts of ``union(a)`` outside ``union(b)``, merged."""
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """``a`` less ``b``, of two merged lists (see :func:`merge`), merged."""
     out: list[Interval] = []
-    holes = merge(b)
     j = 0
-    for start, end in merge(a):
+    n = len(b)
+    for start, end in a:
         cur = start
-        while j < len(holes) and holes[j][1] <= cur:
+        while j < n and b[j][1] <= cur:
             j += 1
         k = j
-        while k < len(holes) and holes[k][0] < end:
-            hs, he = holes[k]
+        while k < n and b[k][0] < end:
+            hs, he = b[k]
             if hs > cur:
                 out.append((cur, hs))
-            cur = max(cur, he)
+            cur = he  # > cur: the skip above, and disjoint holes
             if cur >= end:
                 break
             k += 1

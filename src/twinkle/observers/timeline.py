@@ -39,7 +39,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import OVERHEAD_SPAN, RunContext, StashKey, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._intervals import Interval, intersect, merge, subtract, union_ns
+from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
 from twinkle.perf import ClockAnchor
 
 __all__ = [
@@ -101,19 +101,43 @@ class WindowTiming:
         )
 
 
-def _logical_ns(
-    by_phase_thread: dict[str, dict[int, list[Interval]]],
-    over_by_thread: dict[int, list[Interval]],
-) -> dict[str, int]:
-    """Per phase: the union over threads of its spans less the overhead on that thread
-    (an observer running on another thread did not stall the phase)."""
-    logical: dict[str, int] = {}
-    for phase, threads in by_phase_thread.items():
-        kept: list[Interval] = []
-        for tid, ivs in threads.items():
-            kept.extend(subtract(ivs, over_by_thread.get(tid, [])))
-        logical[phase] = union_ns(kept)
-    return logical
+def _by_thread(overhead: list[tuple[int, int, int]], lo: int, hi: int) -> dict[int, list[Interval]]:
+    """The overhead in ``[lo, hi)`` per thread, clipped and merged."""
+    by_thread: dict[int, list[Interval]] = {}
+    for s, e, tid in overhead:
+        if e > lo and s < hi:
+            iv = (s if s > lo else lo, e if e < hi else hi)
+            ivs = by_thread.get(tid)
+            if ivs is None:
+                by_thread[tid] = [iv]
+            else:
+                ivs.append(iv)
+    return {tid: merge(ivs) for tid, ivs in by_thread.items()}
+
+
+def _union_and_logical(
+    threads: dict[int, list[Interval]], holes: dict[int, list[Interval]]
+) -> tuple[list[Interval], int]:
+    """A phase's spans (per thread): their union, merged, and its logical time: the union
+    over threads of each thread's spans less the overhead on that thread (an observer
+    running on another thread did not stall the phase)."""
+    if len(threads) == 1:  # the common case: the union is the thread's own
+        [(tid, ivs)] = threads.items()
+        union = merge(ivs)
+        hole = holes.get(tid)
+        return union, length(subtract(union, hole) if hole else union)
+    kept: list[Interval] = []
+    for tid, ivs in threads.items():
+        hole = holes.get(tid)
+        kept.extend(subtract(merge(ivs), hole) if hole else ivs)
+    return merge(iv for ivs in threads.values() for iv in ivs), union_ns(kept)
+
+
+def _union_of(lists: dict[Any, list[Interval]]) -> int:
+    """Length of the union of merged lists (one list: its own length)."""
+    if len(lists) == 1:
+        return length(next(iter(lists.values())))
+    return union_ns(iv for ivs in lists.values() for iv in ivs)
 
 
 def measure_window(
@@ -124,32 +148,41 @@ def measure_window(
     config: ObserverConfig,
 ) -> WindowTiming:
     """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it."""
-    over_by_thread: dict[int, list[Interval]] = {}
-    for s, e, tid in overhead:
-        if e > lo and s < hi:
-            over_by_thread.setdefault(tid, []).append((max(s, lo), min(e, hi)))
-    by_phase: dict[str, list[Interval]] = {p: [] for p in config.phases}
-    by_phase_thread: dict[str, dict[int, list[Interval]]] = {p: {} for p in config.phases}
+    holes = _by_thread(overhead, lo, hi)
+    # phase -> thread -> its spans clipped to the window (phases without spans absent)
+    by_phase: dict[str, dict[int, list[Interval]]] = {}
     span_ns = 0
     for phase, start, end, tid in spans:
         if end <= lo or start >= hi:
             continue
-        s, e = max(start, lo), min(end, hi)
+        s = start if start > lo else lo
+        e = end if end < hi else hi
         span_ns += e - s
         if phase is not None:
-            by_phase[phase].append((s, e))
-            by_phase_thread[phase].setdefault(tid, []).append((s, e))
-    merged = {p: merge(ivs) for p, ivs in by_phase.items()}
-    logical = _logical_ns(by_phase_thread, over_by_thread)
+            threads = by_phase.get(phase)
+            if threads is None:
+                by_phase[phase] = {tid: [(s, e)]}
+            elif tid in threads:
+                threads[tid].append((s, e))
+            else:
+                threads[tid] = [(s, e)]
+    phase_ns = dict.fromkeys(config.phases, 0)
+    logical = dict(phase_ns)
+    merged: dict[str, list[Interval]] = {}
+    for phase, threads in by_phase.items():
+        merged[phase], logical[phase] = _union_and_logical(threads, holes)
+        phase_ns[phase] = length(merged[phase])
+    empty: list[Interval] = []
     return WindowTiming(
         wall_ns=hi - lo,
-        overhead_ns=union_ns(iv for ivs in over_by_thread.values() for iv in ivs),
-        busy_ns=union_ns(iv for ivs in merged.values() for iv in ivs),
+        overhead_ns=_union_of(holes),
+        busy_ns=_union_of(merged),
         span_ns=span_ns,
-        phase_ns={p: sum(e - s for s, e in ivs) for p, ivs in merged.items()},
+        phase_ns=phase_ns,
         phase_logical_ns=logical,
         overlap_ns={
-            (p, q): sum(e - s for s, e in intersect(merged[p], merged[q])) for p, q in config.pairs
+            (p, q): length(intersect(merged.get(p, empty), merged.get(q, empty)))
+            for p, q in config.pairs
         },
     )
 
@@ -190,26 +223,37 @@ class IterationData:
     ) -> AttributedTiming:
         """The attributed view; ``overhead`` holds (start_ns, end_ns, thread_id) of
         twinkle's own work (only the threads a phase's spans ran on are deducted)."""
-        over_by_thread: dict[int, list[Interval]] = {}
-        for s, e, tid in overhead:
-            over_by_thread.setdefault(tid, []).append((s, e))
-        by_phase: dict[str, list[Interval]] = {p: [] for p in config.phases}
-        by_phase_thread: dict[str, dict[int, list[Interval]]] = {p: {} for p in config.phases}
+        # phase -> thread -> its spans (phases without spans absent)
+        by_phase: dict[str, dict[int, list[Interval]]] = {}
         sums = dict.fromkeys(config.phases, 0)
-        counts = dict.fromkeys(config.phases, 0)
+        counts = dict(sums)
         errors = span_ns = 0
         for phase, start, end, error, tid, _ in self.spans:
-            errors += error is not None
+            if error is not None:
+                errors += 1
             span_ns += end - start
             if phase is not None:
-                by_phase[phase].append((start, end))
-                by_phase_thread[phase].setdefault(tid, []).append((start, end))
+                threads = by_phase.get(phase)
+                if threads is None:
+                    by_phase[phase] = {tid: [(start, end)]}
+                elif tid in threads:
+                    threads[tid].append((start, end))
+                else:
+                    threads[tid] = [(start, end)]
                 sums[phase] += end - start
                 counts[phase] += 1
-        logical = _logical_ns(by_phase_thread, over_by_thread)
+        unions = dict.fromkeys(config.phases, 0)
+        logical = dict(unions)
+        if by_phase:
+            ivs = [iv for threads in by_phase.values() for tivs in threads.values() for iv in tivs]
+            # Only the overhead within the phases' spans can be deducted from them.
+            holes = _by_thread(overhead, min(ivs)[0], max(e for _, e in ivs))
+            for phase, threads in by_phase.items():
+                union, logical[phase] = _union_and_logical(threads, holes)
+                unions[phase] = length(union)
         return AttributedTiming(
             phase_sum_ns=sums,
-            phase_union_ns={p: union_ns(iv) for p, iv in by_phase.items()},
+            phase_union_ns=unions,
             phase_logical_ns=logical,
             phase_spans=counts,
             spans=len(self.spans),
