@@ -67,13 +67,13 @@ def validate_event(event: _E) -> _E:
     """``event`` checked against its type: a copy of plain, validated values, or a
     :class:`RecordError` naming the first malformed field."""
     try:
-        data = _to_builtins(event, enc_hook=_builtin)
+        data = _to_builtins(event)
+    except TypeError:  # numbers from numpy or torch; or a value the log cannot hold
+        data = event_to_dict(event)  # (without the hook when none is needed: 0.3 µs less)
+    try:
         checked: _E = _convert(data, type(event))
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
-    except (TypeError, ValueError, OverflowError):
-        event_to_dict(event)  # names the value the log cannot hold
-        raise
     return checked
 
 
