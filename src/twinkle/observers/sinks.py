@@ -252,35 +252,47 @@ class TraceSink:
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
-        shift = event.anchor.shift_onto(self._origin)
+        fh = self._fh
+        if fh is None:
+            return
+        origin = self._origin.monotonic_ns if self._origin is not None else 0
+        offset = event.anchor.shift_onto(self._origin) - origin  # onto the run, from its start
+        source = event.source
+        named = self._named
+        lines: list[bytes] = []
         for span in event.spans:
-            key = (span.pid, span.thread_id)
-            if key not in self._named:
-                self._named.add(key)
-                self._write(
+            pid, tid = span.pid, span.thread_id
+            if (pid, tid) not in named:
+                named.add((pid, tid))
+                lines.append(
+                    orjson.dumps(
+                        {
+                            "name": "thread_name",
+                            "ph": "M",
+                            "pid": pid,
+                            "tid": tid,
+                            "args": {"name": f"{source}:{tid}"},
+                        }
+                    )
+                )
+            args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
+            lines.append(
+                orjson.dumps(
                     {
-                        "name": "thread_name",
-                        "ph": "M",
-                        "pid": span.pid,
-                        "tid": span.thread_id,
-                        "args": {"name": f"{event.source}:{span.thread_id}"},
+                        "name": span.name,
+                        "cat": source,
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": (span.start_ns + offset) / 1000.0,
+                        "dur": (span.end_ns - span.start_ns) / 1000.0,
+                        "args": args,
                     }
                 )
-            args: dict[str, Any] = dict(span.attrs)
-            if span.error is not None:
-                args["error"] = span.error
-            self._write(
-                {
-                    "name": span.name,
-                    "cat": event.source,
-                    "ph": "X",
-                    "pid": span.pid,
-                    "tid": span.thread_id,
-                    "ts": self._us(span.start_ns + shift),
-                    "dur": (span.end_ns - span.start_ns) / 1000.0,
-                    "args": args,
-                }
             )
+        if lines:
+            lines.append(b"")  # every line ends with ",\n"
+            fh.write(b",\n".join(lines))  # one write per batch
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> None:
