@@ -10,6 +10,7 @@ import math
 import pickle
 import tempfile
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -19,13 +20,13 @@ from hypothesis import strategies as st
 from twinkle.errors import InvalidArgumentError, RecordError
 from twinkle.reporting import (
     SCOPES,
-    UNASSIGNED_SEQ,
     JsonlBackend,
     JsonlWriter,
     MetricRecord,
     make_record,
     record_from_dict,
     record_to_dict,
+    with_seq,
 )
 
 
@@ -62,7 +63,7 @@ def test_make_record_keeps_fields_and_leaves_seq_unassigned():
         1_700_000_000_000_000_000,
         123_456,
     )
-    assert r.seq == UNASSIGNED_SEQ == -1
+    assert r.seq is None
     assert dict(r.values) == {"tokens": 100, "tokens_per_s": 12.5}
     assert dict(r.attrs) == {"phase": "train"}
 
@@ -119,7 +120,8 @@ def test_nonfinite_attr_contradicting_values_is_rejected():
         ({"iteration": True}, r"iteration must be an int >= 0, got True"),
         ({"wall_ns": -5}, r"wall_ns must be an int >= 0, got -5"),
         ({"monotonic_ns": None}, r"monotonic_ns must be an int >= 0, got None"),
-        ({"seq": -2}, r"seq must be an int >= -1, got -2"),
+        ({"seq": -1}, r"seq must be None \(not stamped yet.*\) or an int >= 0, got -1"),
+        ({"seq": 1.0}, r"seq must be None .* or an int >= 0, got 1.0"),
         ({"attrs": {"x": float("nan")}}, r"attrs\['x'\] = nan is not finite"),
         ({"attrs": {"x": {1: "a"}}}, r"attrs\['x'\] key 1 is a int"),
         ({"attrs": {"when": object()}}, r"attrs\['when'\] = <object.*is not a JSON value"),
@@ -289,3 +291,100 @@ def test_jsonl_round_trip_loses_nothing(
     assert parsed == record_to_dict(record)
     assert record_from_dict(parsed) == record
     assert parsed["attrs"].get("nonfinite", []) == nonfinite
+
+
+# -- the fast path for plain dicts decides exactly as the entry-by-entry path ------------------
+
+
+def _both_ways(values: Any, attrs: Any) -> tuple[Any, Any]:
+    """(record or error text) built from plain dicts and from read-only mappings: a
+    ``MappingProxyType`` is not a ``dict``, so it always takes the entry-by-entry path."""
+    out = []
+    for v, a in ((values, attrs), (MappingProxyType(values), MappingProxyType(attrs))):
+        try:
+            r = rec(values=v, attrs=a)
+            out.append((dict(r.values), dict(r.attrs), [type(x) for x in r.values.values()]))
+        except RecordError as exc:
+            out.append(str(exc))
+    return out[0], out[1]
+
+
+_any_value = st.one_of(
+    st.integers(min_value=-(2**65), max_value=2**65),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([True, False, None, "1.0", 2**63, 2**64 - 1, 2**64, -(2**63) - 1]),
+)
+_any_key = st.one_of(_key, st.sampled_from(["", "\udcff", "ü", 1]))
+_any_attr = st.one_of(
+    _json_scalar,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["\ud800", "ü", 2**64, -(2**64), [1, 2], {"a": 1}]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.dictionaries(_any_key, _any_value, max_size=8),
+    attrs=st.dictionaries(_any_key, _any_attr, max_size=4),
+)
+def test_plain_dicts_and_other_mappings_give_the_same_record_or_error(values, attrs):
+    fast, reference = _both_ways(values, attrs)
+    assert fast == reference
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"first": float("nan"), "b": 1.0},  # NaN first
+        {"a": 1, "b": float("inf"), "c": -math.inf},
+        {"big": 2**64 - 1, "neg": -(2**63)},  # the int limits, both legal
+        {"just_over": 2**64},
+        {"just_under": -(2**63) - 1},
+        {"huge": 10**400},
+        {"bytes": 1e20, "ns": 1.7e18, "n": 3},  # legal, large
+        {},
+    ],
+)
+def test_edge_values_take_either_path_to_the_same_result(values):
+    fast, reference = _both_ways(values, {"phase": "train"})
+    assert fast == reference
+
+
+def test_a_str_subclass_key_is_refused_as_on_the_reference_path():
+    class Key(str):
+        pass
+
+    with pytest.raises(RecordError, match=r"values key 'loss' is a .*Key; keys must be str"):
+        rec(values={Key("loss"): 1.0})
+
+
+def test_a_record_from_the_fast_path_is_read_only_and_owns_its_copy():
+    values = {"a": 1.0, "b": float("nan")}
+    attrs: dict[str, Any] = {"phase": "train"}
+    r = rec(values=values, attrs=attrs)
+    values["a"] = 2.0
+    attrs["phase"] = "other"
+    assert r.values == {"a": 1.0, "b": None} and r.attrs == {"phase": "train", "nonfinite": ("b",)}
+    with pytest.raises(TypeError, match="read-only"):
+        r.values["a"] = 3.0  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        r.attrs["phase"] = "x"  # type: ignore[index]
+
+
+def test_with_seq_stamps_a_copy_and_checks_only_the_seq():
+    r = rec()
+    stamped = with_seq(r, 7)
+    assert (r.seq, stamped.seq) == (None, 7)
+    assert stamped == dataclasses.replace(r, seq=7)
+    assert stamped.values is r.values  # shared: both are read-only
+    for bad in (-1, None, 1.0, True):
+        with pytest.raises(RecordError, match=r"seq must be an int >= 0 to stamp a record"):
+            with_seq(r, bad)  # type: ignore[arg-type]
+
+
+def test_jsonl_backend_refuses_an_unstamped_record(tmp_path):
+    backend = JsonlBackend(tmp_path / "r.jsonl")
+    with pytest.raises(RecordError, match=r"has no seq; report it through MetricsReporter"):
+        backend.write([rec()])
+    backend.close()
+    assert (tmp_path / "r.jsonl").read_bytes() == b""

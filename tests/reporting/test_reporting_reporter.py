@@ -107,7 +107,7 @@ def test_report_stamps_increasing_seq_and_returns_the_stamped_record(tmp_path, b
         original = rec(0)
         stamped = [reporter.report(original) for _ in range(3)]
         assert [r.seq for r in stamped] == [0, 1, 2]
-        assert original.seq == -1
+        assert original.seq is None
         assert stamped[1] == dataclasses.replace(original, seq=1)
         assert reporter.next_seq == 3
     assert seqs(path) == [0, 1, 2]

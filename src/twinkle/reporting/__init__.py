@@ -1,6 +1,7 @@
 """Persistence: metric records, the JSONL writer, backends and the reporter.
 
-* :class:`MetricRecord` / :func:`make_record`: validated, frozen, strict-JSON records.
+* :class:`MetricRecord` / :func:`make_record`: validated, frozen, strict-JSON records;
+  :func:`with_seq` stamps one.
 * :class:`JsonlWriter`: the one writer of every JSONL file (records, events, WebUI flat):
   append mode, torn-last-line repair, write errors that keep the unwritten lines.
 * :class:`JsonlBackend`, :class:`WebUIFlatBackend`: the two built-in backends.
@@ -19,12 +20,14 @@ from twinkle.reporting.jsonl import (
     read_jsonl,
 )
 from twinkle.reporting.record import (
+    NONFINITE_ATTR,
     SCOPES,
-    UNASSIGNED_SEQ,
     MetricRecord,
     make_record,
+    record_fields,
     record_from_dict,
     record_to_dict,
+    with_seq,
 )
 from twinkle.reporting.reporter import (
     Backend,
@@ -36,8 +39,8 @@ from twinkle.reporting.totals import RunTotals
 from twinkle.reporting.webui import WebUIFlatBackend
 
 __all__ = [
+    "NONFINITE_ATTR",
     "SCOPES",
-    "UNASSIGNED_SEQ",
     "Backend",
     "JsonlBackend",
     "JsonlReader",
@@ -50,6 +53,8 @@ __all__ = [
     "WebUIFlatBackend",
     "make_record",
     "read_jsonl",
+    "record_fields",
     "record_from_dict",
     "record_to_dict",
+    "with_seq",
 ]

@@ -11,10 +11,18 @@ that exists is a record that serialises to strict JSON and reads back equal:
 * ``attrs`` holds JSON values (None, bool, int, finite float, str, lists, str-keyed
   mappings). It is deep-copied into read-only containers (mappings become read-only
   dicts, lists become tuples), so a record cannot change after it was reported.
+* ``seq`` is ``None`` until :class:`~twinkle.reporting.MetricsReporter` stamps it
+  (:func:`with_seq`); a stamped record, and so every line of a file, has an int ``seq``.
+
+Building a record is on the training thread's path, so the common case (a plain
+``dict`` of ``float``/``int`` values under ASCII ``str`` keys, flat scalar attrs) is
+checked with a few C-level passes over the values; anything else takes the entry-by-entry
+path, which is the reference: it normalises numeric subtypes and raises the errors.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -25,25 +33,29 @@ from typing import Any, NoReturn
 from twinkle.errors import InvalidArgumentError, RecordError
 
 __all__ = [
+    "NONFINITE_ATTR",
     "SCOPES",
-    "UNASSIGNED_SEQ",
     "MetricRecord",
+    "check_run_id",
     "make_record",
+    "record_fields",
     "record_from_dict",
     "record_to_dict",
+    "with_seq",
 ]
 
 SCOPES: tuple[str, ...] = ("iteration", "window", "run")
 """The scopes a record may have: one iteration, a window of iterations, the whole run."""
 
-UNASSIGNED_SEQ = -1
-"""``seq`` of a record the reporter has not stamped yet."""
-
 NONFINITE_ATTR = "nonfinite"
+"""The ``attrs`` key naming the ``values`` keys whose number was not finite (now None)."""
 
 # JSON integers that orjson (and most readers) accept: signed 64-bit up to unsigned max.
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
+# hypot(values) at most this: every value is finite and an int among them fits int64
+# (with room for the rounding of a large int to float).
+_PLAIN_NORM = float(2**62)
 _MAX_DEPTH = 64
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,199}")
 _KIND_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -59,6 +71,10 @@ _FIELDS = (
     "values",
     "attrs",
 )
+_NUMBER_TYPES = frozenset((int, float))
+_STR_TYPES = frozenset((str,))
+_isfinite = math.isfinite
+_hypot = math.hypot
 
 
 class _FrozenDict(dict[str, Any]):
@@ -90,12 +106,31 @@ class _FrozenDict(dict[str, Any]):
 
 
 _EMPTY = _FrozenDict()
+# Fills a _FrozenDict while it is being built (nothing else holds it yet).
+_fill_item = dict.__setitem__
 
 
-def _check_run_id(run_id: object, *, error: type[InvalidArgumentError] = RecordError) -> str:
+# -- scalar fields ---------------------------------------------------------------------
+
+
+# Pure predicates on str, memoised: a run reports the same few kinds and one run id
+# thousands of times, and a cache hit costs less than the regex.
+@functools.lru_cache(maxsize=256)
+def _is_kind(kind: str) -> bool:
+    return _KIND_RE.fullmatch(kind) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _is_run_id(run_id: str) -> bool:
+    return ".." not in run_id and _RUN_ID_RE.fullmatch(run_id) is not None
+
+
+# TODO(checks): use twinkle.checks' run-id check once it lands (one rule for every layer).
+def check_run_id(run_id: object, *, error: type[InvalidArgumentError] = RecordError) -> str:
+    """``run_id`` if it is usable as a directory name, else ``error`` saying why."""
     if not isinstance(run_id, str) or not run_id:
         raise error(f"run_id must be a non-empty str, got {run_id!r}")
-    if ".." in run_id or _RUN_ID_RE.fullmatch(run_id) is None:
+    if not _is_run_id(str.__str__(run_id)):
         raise error(
             f"run_id {run_id!r} is not usable as a directory name: use 1-200 characters "
             "from A-Z a-z 0-9 . _ - + = @, starting with a letter or digit, "
@@ -104,15 +139,39 @@ def _check_run_id(run_id: object, *, error: type[InvalidArgumentError] = RecordE
     return run_id
 
 
-def _check_nonneg_int(name: str, value: object, *, minimum: int = 0) -> int:
+def _check_kind(kind: object) -> str:
+    if type(kind) is str and _is_kind(kind):
+        return kind
+    raise RecordError(
+        f"kind must be a non-empty str of A-Z a-z 0-9 _ . - (no '/', it prefixes "
+        f"flat metric keys), got {kind!r}; e.g. 'train' or 'rollout'"
+    )
+
+
+def _check_nonneg_int(name: str, value: object) -> int:
     if type(value) is not int and not (
         isinstance(value, numbers.Integral) and not isinstance(value, bool)
     ):
-        raise RecordError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise RecordError(f"{name} must be an int >= 0, got {value!r}")
     ivalue = int(value)
-    if ivalue < minimum or ivalue > _INT_MAX:
-        raise RecordError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if ivalue < 0 or ivalue > _INT_MAX:
+        raise RecordError(f"{name} must be an int >= 0, got {value!r}")
     return ivalue
+
+
+def _check_seq(seq: object) -> int | None:
+    if seq is None:
+        return None
+    try:
+        return _check_nonneg_int("seq", seq)
+    except RecordError:
+        raise RecordError(
+            f"seq must be None (not stamped yet; the reporter stamps it) or an int >= 0, "
+            f"got {seq!r}"
+        ) from None
+
+
+# -- values and attrs: the reference path ------------------------------------------------
 
 
 def _number(key: str, value: object) -> int | float:
@@ -218,7 +277,8 @@ def _freeze_json(value: object, parent: str, key: object = None, depth: int = 0)
     )
 
 
-def _normalise(values: object, attrs: object) -> tuple[_FrozenDict, _FrozenDict]:
+def _checked(values: object, attrs: object) -> tuple[_FrozenDict, _FrozenDict]:
+    """``values`` and ``attrs`` checked entry by entry (the reference; raises the errors)."""
     if type(values) is not dict and not isinstance(values, Mapping):
         raise RecordError(
             f"values must be a mapping of str to number, got {type(values).__qualname__}"
@@ -268,11 +328,93 @@ def _normalise(values: object, attrs: object) -> tuple[_FrozenDict, _FrozenDict]
             f"leave attrs[{NONFINITE_ATTR!r}] out, the record fills it in"
         )
     frozen_attrs = _freeze_json({k: v for k, v in attrs.items() if k != NONFINITE_ATTR}, "attrs")
-    if nonfinite:
-        merged = dict(frozen_attrs)
-        merged[NONFINITE_ATTR] = tuple(sorted(nonfinite))
-        frozen_attrs = _FrozenDict(merged)
-    return _FrozenDict(out), frozen_attrs
+    return _FrozenDict(out), _with_nonfinite(frozen_attrs, nonfinite)
+
+
+def _with_nonfinite(attrs: _FrozenDict, nonfinite: list[str]) -> _FrozenDict:
+    if not nonfinite:
+        return attrs
+    merged = _FrozenDict(attrs)
+    _fill_item(merged, NONFINITE_ATTR, tuple(sorted(nonfinite)))
+    return merged
+
+
+# -- values and attrs: the common case in a few C-level passes ------------------------------
+
+
+def _plain_attrs(attrs: dict[str, Any]) -> _FrozenDict | None:
+    """A frozen copy of flat attrs (scalars only, ASCII keys and text), or None to take
+    the reference path (nested values, other text, large ints, the ``nonfinite`` key).
+    One loop: attrs are a few entries, where a loop beats several C-level passes."""
+    if NONFINITE_ATTR in attrs:
+        return None
+    for key, value in attrs.items():
+        if type(key) is not str or not key or not key.isascii():
+            return None
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return None
+        elif kind is float:
+            if not _isfinite(value):
+                return None
+        elif kind is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return None
+        elif value is not None and kind is not bool:
+            return None
+    return _FrozenDict(attrs)
+
+
+def _plain_nonfinite(out: _FrozenDict) -> list[str] | None:
+    """Set the non-finite values of ``out`` (plain numbers) to None and return their keys;
+    None when that is not the whole story (a large value the reference path checks)."""
+    try:
+        nonfinite = [k for k, v in out.items() if not _isfinite(v)]
+        if not nonfinite:
+            return None
+        for key in nonfinite:
+            _fill_item(out, key, 0.0)
+        norm = _hypot(*out.values())
+    except OverflowError:  # an int too large for a float
+        return None
+    for key in nonfinite:
+        _fill_item(out, key, None)
+    return nonfinite if norm <= _PLAIN_NORM else None
+
+
+def _normalise(values: object, attrs: object) -> tuple[_FrozenDict, _FrozenDict]:
+    """Frozen ``values`` (non-finite ones None) and ``attrs`` (naming them).
+
+    The common case (a plain ``dict`` of ``float``/``int`` under ASCII ``str`` keys, flat
+    scalar attrs) is decided by a few C-level passes; anything else, or any doubt, goes to
+    :func:`_checked`, the reference, which normalises numeric subtypes and raises.
+    """
+    if type(values) is dict and (attrs is None or type(attrs) is dict):
+        out = _FrozenDict(values)
+        numbers_ = out.values()
+        if (
+            _NUMBER_TYPES.issuperset(map(type, numbers_))
+            and _STR_TYPES.issuperset(map(type, out))
+            and "".join(out).isascii()
+            and "" not in out
+        ):
+            frozen_attrs = _plain_attrs(attrs) if attrs else _EMPTY
+            if frozen_attrs is not None:
+                try:
+                    # One C call proves every value finite and every int within int64
+                    # (a NaN makes it NaN, which compares False).
+                    if _hypot(*numbers_) <= _PLAIN_NORM:
+                        return out, frozen_attrs
+                except OverflowError:  # an int too large for a float
+                    pass
+                nonfinite = _plain_nonfinite(out)
+                if nonfinite is not None:
+                    return out, _with_nonfinite(frozen_attrs, nonfinite)
+    return _checked(values, attrs)
+
+
+# -- the record ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,13 +423,13 @@ class MetricRecord:
 
     Construction validates and normalises every field (see the module docstring);
     invalid input raises :class:`~twinkle.errors.RecordError` naming the field or key.
-    ``seq`` is ``UNASSIGNED_SEQ`` (-1) until :class:`MetricsReporter` stamps it.
+    ``seq`` is None until :class:`MetricsReporter` stamps it.
     """
 
     kind: str  # "train", "rollout", "run", ...
     scope: str  # "iteration" | "window" | "run"
     run_id: str
-    seq: int  # strictly increasing per run; assigned by the reporter
+    seq: int | None  # strictly increasing per run; stamped by the reporter
     step: int  # optimizer steps so far
     iteration: int
     wall_ns: int  # unix ns, from the caller (reporting reads no clock)
@@ -296,22 +438,90 @@ class MetricRecord:
     attrs: Mapping[str, Any]
 
     def __post_init__(self) -> None:
-        kind = self.kind
-        if not isinstance(kind, str) or _KIND_RE.fullmatch(kind) is None:
-            raise RecordError(
-                f"kind must be a non-empty str of A-Z a-z 0-9 _ . - (no '/', it prefixes "
-                f"flat metric keys), got {kind!r}; e.g. 'train' or 'rollout'"
-            )
-        if self.scope not in SCOPES:
-            raise RecordError(f"scope must be one of {SCOPES!r}, got {self.scope!r}")
-        _check_run_id(self.run_id)
-        set_ = object.__setattr__
-        set_(self, "seq", _check_nonneg_int("seq", self.seq, minimum=UNASSIGNED_SEQ))
-        for name in ("step", "iteration", "wall_ns", "monotonic_ns"):
-            set_(self, name, _check_nonneg_int(name, getattr(self, name)))
-        values, attrs = _normalise(self.values, self.attrs)
-        set_(self, "values", values)
-        set_(self, "attrs", attrs)
+        _fill(
+            self,
+            self.kind,
+            self.scope,
+            self.run_id,
+            self.seq,
+            self.step,
+            self.iteration,
+            self.wall_ns,
+            self.monotonic_ns,
+            self.values,
+            self.attrs,
+        )
+
+
+_new = object.__new__
+(
+    _set_kind,
+    _set_scope,
+    _set_run_id,
+    _set_seq,
+    _set_step,
+    _set_iteration,
+    _set_wall_ns,
+    _set_monotonic_ns,
+    _set_values,
+    _set_attrs,
+) = (MetricRecord.__dict__[name].__set__ for name in _FIELDS)
+
+
+# Positional on purpose: it runs for every record built, and a call by keyword costs more.
+def _fill(  # noqa: PLR0917
+    record: MetricRecord,
+    kind: object,
+    scope: object,
+    run_id: object,
+    seq: object,
+    step: object,
+    iteration: object,
+    wall_ns: object,
+    monotonic_ns: object,
+    values: object,
+    attrs: object,
+) -> None:
+    """Validate every field and set the normalised values on ``record``: the one check of
+    a record, run by the constructor and by :func:`make_record`. The slots are set through
+    their member descriptors (the frozen ``__setattr__`` is bypassed)."""
+    _set_kind(record, _check_kind(kind))
+    if scope not in SCOPES:
+        raise RecordError(f"scope must be one of {SCOPES!r}, got {scope!r}")
+    _set_scope(record, scope)
+    _set_run_id(
+        record,
+        run_id if type(run_id) is str and _is_run_id(run_id) else check_run_id(run_id),
+    )
+    _set_seq(
+        record,
+        seq if seq is None or (type(seq) is int and 0 <= seq <= _INT_MAX) else _check_seq(seq),
+    )
+    _set_step(
+        record,
+        step if type(step) is int and 0 <= step <= _INT_MAX else _check_nonneg_int("step", step),
+    )
+    _set_iteration(
+        record,
+        iteration
+        if type(iteration) is int and 0 <= iteration <= _INT_MAX
+        else _check_nonneg_int("iteration", iteration),
+    )
+    _set_wall_ns(
+        record,
+        wall_ns
+        if type(wall_ns) is int and 0 <= wall_ns <= _INT_MAX
+        else _check_nonneg_int("wall_ns", wall_ns),
+    )
+    _set_monotonic_ns(
+        record,
+        monotonic_ns
+        if type(monotonic_ns) is int and 0 <= monotonic_ns <= _INT_MAX
+        else _check_nonneg_int("monotonic_ns", monotonic_ns),
+    )
+    frozen_values, frozen_attrs = _normalise(values, attrs)
+    _set_values(record, frozen_values)
+    _set_attrs(record, frozen_attrs)
 
 
 def make_record(
@@ -325,7 +535,7 @@ def make_record(
     monotonic_ns: int,
     values: Mapping[str, int | float | None],
     attrs: Mapping[str, Any] | None = None,
-    seq: int = UNASSIGNED_SEQ,
+    seq: int | None = None,
 ) -> MetricRecord:
     """Build a validated :class:`MetricRecord` (keyword-only; ``seq`` left to the reporter).
 
@@ -333,18 +543,31 @@ def make_record(
     ``attrs["nonfinite"]``. Raises :class:`~twinkle.errors.RecordError` naming the bad
     field or key and how to fix it.
     """
-    return MetricRecord(
-        kind=kind,
-        scope=scope,
-        run_id=run_id,
-        seq=seq,
-        step=step,
-        iteration=iteration,
-        wall_ns=wall_ns,
-        monotonic_ns=monotonic_ns,
-        values=values,
-        attrs=attrs if attrs is not None else _EMPTY,
-    )
+    record = _new(MetricRecord)
+    _fill(record, kind, scope, run_id, seq, step, iteration, wall_ns, monotonic_ns, values, attrs)
+    return record
+
+
+def with_seq(record: MetricRecord, seq: int) -> MetricRecord:
+    """A copy of ``record`` stamped with ``seq`` (an int >= 0).
+
+    Only ``seq`` is checked: the rest of the record was checked when it was built, so the
+    copy shares its read-only ``values`` and ``attrs``.
+    """
+    if type(seq) is not int or not 0 <= seq <= _INT_MAX:
+        raise RecordError(f"seq must be an int >= 0 to stamp a record, got {seq!r}")
+    new = _new(MetricRecord)
+    _set_kind(new, record.kind)
+    _set_scope(new, record.scope)
+    _set_run_id(new, record.run_id)
+    _set_seq(new, seq)
+    _set_step(new, record.step)
+    _set_iteration(new, record.iteration)
+    _set_wall_ns(new, record.wall_ns)
+    _set_monotonic_ns(new, record.monotonic_ns)
+    _set_values(new, record.values)
+    _set_attrs(new, record.attrs)
+    return new
 
 
 def _thaw(value: Any) -> Any:
@@ -371,6 +594,23 @@ def record_to_dict(record: MetricRecord) -> dict[str, Any]:
     }
 
 
+def record_fields(record: MetricRecord) -> dict[str, Any]:
+    """The record's fields in order, its read-only containers shared, not copied: what a
+    serialiser writes (orjson writes them as JSON objects and arrays). Do not mutate."""
+    return {
+        "kind": record.kind,
+        "scope": record.scope,
+        "run_id": record.run_id,
+        "seq": record.seq,
+        "step": record.step,
+        "iteration": record.iteration,
+        "wall_ns": record.wall_ns,
+        "monotonic_ns": record.monotonic_ns,
+        "values": record.values,
+        "attrs": record.attrs,
+    }
+
+
 def record_from_dict(data: Mapping[str, Any]) -> MetricRecord:
     """Rebuild a record from :func:`record_to_dict` output or one parsed JSONL line.
 
@@ -388,54 +628,3 @@ def record_from_dict(data: Mapping[str, Any]) -> MetricRecord:
             f"record dict has unknown keys {unknown!r}; a MetricRecord has exactly {_FIELDS!r}"
         )
     return MetricRecord(**{f: data[f] for f in _FIELDS})
-
-
-def _json_fields(r: MetricRecord) -> dict[str, Any]:
-    """The record as a dict for orjson (read-only containers kept; hot path)."""
-    return {
-        "kind": r.kind,
-        "scope": r.scope,
-        "run_id": r.run_id,
-        "seq": r.seq,
-        "step": r.step,
-        "iteration": r.iteration,
-        "wall_ns": r.wall_ns,
-        "monotonic_ns": r.monotonic_ns,
-        "values": r.values,
-        "attrs": r.attrs,
-    }
-
-
-def _with_seq(record: MetricRecord, seq: int) -> MetricRecord:
-    """A copy of a validated record with ``seq`` set, without re-validating (hot path).
-
-    Sets the slots through their member descriptors: the frozen ``__setattr__`` is
-    bypassed and ``__post_init__`` (validation) is not re-run for a record that passed.
-    """
-    new = _new(MetricRecord)
-    _set_kind(new, record.kind)
-    _set_scope(new, record.scope)
-    _set_run_id(new, record.run_id)
-    _set_seq(new, seq)
-    _set_step(new, record.step)
-    _set_iteration(new, record.iteration)
-    _set_wall_ns(new, record.wall_ns)
-    _set_monotonic_ns(new, record.monotonic_ns)
-    _set_values(new, record.values)
-    _set_attrs(new, record.attrs)
-    return new
-
-
-_new = object.__new__
-(
-    _set_kind,
-    _set_scope,
-    _set_run_id,
-    _set_seq,
-    _set_step,
-    _set_iteration,
-    _set_wall_ns,
-    _set_monotonic_ns,
-    _set_values,
-    _set_attrs,
-) = (MetricRecord.__dict__[name].__set__ for name in _FIELDS)

@@ -31,9 +31,9 @@ from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, Wri
 from twinkle.reporting.jsonl import JsonlWriter, StrPath, TornLineRecovery
 from twinkle.reporting.record import (
     MetricRecord,
-    _check_run_id,
-    _json_fields,
-    _with_seq,
+    check_run_id,
+    record_fields,
+    with_seq,
 )
 
 __all__ = ["Backend", "JsonlBackend", "JsonlFileBackend", "MetricsReporter", "ReporterStats"]
@@ -109,8 +109,15 @@ class JsonlBackend(JsonlFileBackend):
     """Writes each record as one JSON line (``metrics_raw.jsonl``) via :class:`JsonlWriter`."""
 
     def write(self, records: Sequence[MetricRecord]) -> None:
+        for record in records:
+            if record.seq is None:
+                raise RecordError(
+                    f"record {record.kind!r} of iteration {record.iteration} has no seq; "
+                    f"report it through MetricsReporter (which stamps it) or give it one "
+                    f"(with_seq); nothing of this batch was written to {self.path!r}"
+                )
         # A plain dict per record serialises faster than orjson's slotted-dataclass path.
-        self._writer.write(map(_json_fields, records))
+        self._writer.write(map(record_fields, records))
 
     def last_seq(self, run_id: str) -> int | None:
         """``seq`` of the last record of ``run_id`` in the file, or None."""
@@ -167,7 +174,8 @@ class MetricsReporter:
         queue_size: int = 65536,
         on_full: Literal["block", "drop"] = "block",
     ) -> None:
-        self.run_id = _check_run_id(run_id, error=InvalidArgumentError)
+        # TODO(checks): the run-id check moves to twinkle.checks.
+        self.run_id = check_run_id(run_id, error=InvalidArgumentError)
         if not isinstance(backends, Sequence) or isinstance(backends, str | bytes):
             raise InvalidArgumentError(
                 f"backends must be a sequence of backends, got {backends!r}; "
@@ -285,10 +293,10 @@ class MetricsReporter:
                             seq,
                             self._dropped,
                         )
-                    return _with_seq(record, seq)
+                    return with_seq(record, seq)
                 seq = self._next_seq
                 self._next_seq = seq + 1
-                stamped = _with_seq(record, seq)
+                stamped = with_seq(record, seq)
                 self._queue.append(stamped)
                 self._enqueued += 1
                 # Waking the writer per record makes it fight the caller for the GIL at
@@ -300,7 +308,7 @@ class MetricsReporter:
             else:
                 seq = self._next_seq
                 self._next_seq = seq + 1
-                stamped = _with_seq(record, seq)
+                stamped = with_seq(record, seq)
                 with self._io_lock:
                     self._deliver((stamped,))
                 self._enqueued += 1
