@@ -360,6 +360,7 @@ def test_block_mode_waits_for_room_and_drops_nothing():
     reporter.close()
     assert [r.seq for r in gated.records] == [0, 1, 2, 3]
     assert reporter.stats.dropped == 0
+    assert reporter.stats.waits == 1  # the one report() that found the queue full
 
 
 def test_flush_waits_until_everything_reported_is_written(tmp_path):

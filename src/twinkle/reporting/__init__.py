@@ -1,11 +1,18 @@
-"""Persistence: metric records, the JSONL writer, backends and the reporter.
+"""Persistence: metric records, the JSONL writer, the background writer, backends and
+the reporter.
 
 * :class:`MetricRecord` / :func:`make_record`: validated, frozen, strict-JSON records;
   :func:`with_seq` stamps one.
 * :class:`JsonlWriter`: the one writer of every JSONL file (records, events, WebUI flat):
   append mode, torn-last-line repair, write errors that keep the unwritten lines.
-* :class:`JsonlBackend`, :class:`WebUIFlatBackend`: the two built-in backends.
-* :class:`MetricsReporter`: assigns ``seq``, fans out to backends, optional writer thread.
+* :class:`BatchWriter`: the one background writer (records and the event log): a bounded
+  number of items in flight, batching, one error rule, one state machine
+  (:class:`WriterState`); inline when asked.
+* :class:`JsonlBackend`, :class:`WebUIFlatBackend`: the two built-in backends, on
+  :class:`JsonlFileBackend`; :class:`BackendFanout` calls every backend of a run and
+  counts the failures of each.
+* :class:`MetricsReporter`: stamps ``seq`` and hands records through a
+  :class:`BatchWriter` to a :class:`BackendFanout`.
 * :class:`RunTotals`: per-batch totals calibrated against terminal totals.
 
 This layer reads no clock: wall and monotonic times come in the records.
@@ -13,6 +20,8 @@ This layer reads no clock: wall and monotonic times come in the records.
 
 from __future__ import annotations
 
+from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, SeqSource
+from twinkle.reporting.fanout import BackendFanout
 from twinkle.reporting.jsonl import (
     JsonlReader,
     JsonlWriter,
@@ -29,28 +38,30 @@ from twinkle.reporting.record import (
     record_to_dict,
     with_seq,
 )
-from twinkle.reporting.reporter import (
-    Backend,
-    JsonlBackend,
-    MetricsReporter,
-    ReporterStats,
-)
+from twinkle.reporting.reporter import MetricsReporter, ReporterStats
 from twinkle.reporting.totals import RunTotals
 from twinkle.reporting.webui import WebUIFlatBackend
+from twinkle.reporting.writer import BatchWriter, WriterState, WriterStats
 
 __all__ = [
     "NONFINITE_ATTR",
     "SCOPES",
     "Backend",
+    "BackendFanout",
+    "BatchWriter",
     "JsonlBackend",
+    "JsonlFileBackend",
     "JsonlReader",
     "JsonlWriter",
     "MetricRecord",
     "MetricsReporter",
     "ReporterStats",
     "RunTotals",
+    "SeqSource",
     "TornLineRecovery",
     "WebUIFlatBackend",
+    "WriterState",
+    "WriterStats",
     "make_record",
     "read_jsonl",
     "record_fields",

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.reporting.backends import JsonlFileBackend
 from twinkle.reporting.jsonl import StrPath
 from twinkle.reporting.record import MetricRecord
-from twinkle.reporting.reporter import JsonlFileBackend
 
 __all__ = ["WebUIFlatBackend"]
 
