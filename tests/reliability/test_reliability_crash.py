@@ -27,6 +27,7 @@ import pytest
 from _scripted import scripted_run
 
 from twinkle.errors import ReplayError
+from twinkle.observers import EventLogSink
 from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter
 from twinkle.replay import replay
 
@@ -323,11 +324,13 @@ BOUND_SCRIPT = textwrap.dedent(
 )
 
 
-def test_killed_run_loses_at_most_the_events_since_the_previous_iteration(tmp_path: Path) -> None:
-    """EventLogSink hands batches to a writer thread, but at each iteration boundary it
-    waits for the batches before: with a disk 100x slower than the loop, a SIGKILL in
-    iteration K still finds every event up to the start of iteration K-1 on disk."""
-    kill_at = 12
+def test_killed_run_loses_at_most_the_batches_in_flight(tmp_path: Path) -> None:
+    """EventLogSink hands a batch to its writer thread at each iteration boundary and never
+    waits for it there; only a hand-over that finds MAX_BATCHES_IN_FLIGHT batches unwritten
+    waits. With a disk 100x slower than the loop, a SIGKILL in iteration K still finds every
+    event up to the start of iteration K - MAX_BATCHES_IN_FLIGHT on disk."""
+    in_flight = EventLogSink.MAX_BATCHES_IN_FLIGHT
+    kill_at = in_flight + 6
     proc = subprocess.run(
         [sys.executable, "-c", BOUND_SCRIPT, str(tmp_path), str(kill_at)],
         timeout=120,
@@ -338,8 +341,11 @@ def test_killed_run_loses_at_most_the_events_since_the_previous_iteration(tmp_pa
         orjson.loads(line)
         for line in (tmp_path / "bound" / "events.jsonl").read_bytes().splitlines()
     ]
+    # The batch handed over at boundary i holds iteration i-1's snapshots and
+    # iteration_started(i); the last MAX_BATCHES_IN_FLIGHT of them may be unwritten.
     started = [o["iteration"] for o in objs if o["type"] == "iteration_started"]
-    assert started[:kill_at] == list(range(kill_at))[: len(started)]
-    assert len(started) >= kill_at - 1, f"lost iterations: only {started} on disk"
+    assert started == list(range(len(started)))  # whole batches, in order
+    assert len(started) >= kill_at + 1 - in_flight, f"lost iterations: only {started} on disk"
     snaps = [(o["state"]["iteration"], o["state"]["k"]) for o in objs if o["type"] == "snapshot"]
-    assert snaps[: 5 * (kill_at - 2)] == [(i, k) for i in range(kill_at - 2) for k in range(5)]
+    kept = kill_at - in_flight
+    assert snaps[: 5 * kept] == [(i, k) for i in range(kept) for k in range(5)]

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,20 @@ def test_device_that_fills_up_then_frees_space_loses_nothing(
 # -- a whole run under a disk fault ----------------------------------------------------------
 
 
+def _let_the_event_log_meet_the_fault(run: RunSession) -> None:
+    """The publisher never waits for the event-log writer thread, which writes when it
+    gets to it: wait (in real time, bounded) until it tried to write every batch handed
+    over, so that the fault is met before it passes. Its error is raised at the next
+    hand-over, the boundary after."""
+    sink = run.pm.get_plugin("events")
+    stats = sink.stats
+    deadline = time.monotonic() + 30
+    while stats.delivered < stats.accepted and time.monotonic() < deadline:
+        time.sleep(0.001)
+        stats = sink.stats
+    assert stats.delivered == stats.accepted, stats
+
+
 def faulty_run(
     out: Path, faults: Faults, *, heal_at: int | None, background: bool = True
 ) -> RunSession:
@@ -249,6 +264,8 @@ def faulty_run(
             if i == 2:
                 faults.on = True  # the disk fills up during iteration 2
             if i == heal_at:
+                if background:
+                    _let_the_event_log_meet_the_fault(run)
                 faults.on = False
             run.bus.iteration_started(i)  # never raises into the training loop
             with run.recorder.span("train.step", iteration=i):

@@ -6,14 +6,12 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from twinkle.errors import RecordError, WriteError
+from twinkle.errors import RecordError, ReporterError, WriteError
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -24,9 +22,16 @@ from twinkle.events import (
     event_to_dict,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import Backend, JsonlBackend, JsonlWriter, WebUIFlatBackend
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor
+from twinkle.reporting import (
+    Backend,
+    BatchWriter,
+    JsonlBackend,
+    JsonlWriter,
+    WebUIFlatBackend,
+    WriterStats,
+)
 
 __all__ = [
     "EVENTS_FILE",
@@ -78,100 +83,81 @@ class EventLogSink:
     """The run's full event stream in ``events.jsonl``: the log everything replays from.
 
     The file is opened in append mode (a resumed run keeps its earlier events; a torn
-    last line is recovered). Events are batched and handed to one writer thread at every
-    iteration boundary (and every 256 events), so the publishing thread never waits on
-    the disk for the current batch. At a boundary it waits for the batches handed over
-    before (the writer had a whole iteration for them), so the writer is never more than
-    one batch behind there: a process killed outright (SIGKILL, OOM killer) loses at most
-    the events published since the previous iteration boundary; an exception loses none
-    (:meth:`RunSession.finish` flushes).
+    last line is recovered). Events are batched and handed to the run's event-log
+    :class:`~twinkle.reporting.BatchWriter` at every iteration boundary (and every
+    ``BATCH_EVENTS`` events); its thread writes them, so the publishing thread never
+    waits on the disk, at a boundary or elsewhere. At most ``MAX_BATCHES_IN_FLIGHT``
+    batches are handed over and not yet written; only a hand-over that finds that many
+    waits (for the oldest to be written), and each such wait is counted
+    (``stats.waits``) and logged. So a process killed outright (SIGKILL, OOM killer)
+    loses at most the events published since the last hand-over plus the (at most
+    ``MAX_BATCHES_IN_FLIGHT``) batches handed over before it and not yet written (in
+    practice the writer keeps up and only the current iteration's events are at risk);
+    an exception loses none
+    (:meth:`RunSession.finish` flushes). A replay writes inline.
 
     A write error (disk full) surfaces at the next hand-over or at close; the events it
     concerns stay in the writer's memory and go out first with the next batch (see
     :class:`JsonlWriter`), so a passing fault loses nothing.
     """
 
-    _BATCH = 256
-    _MAX_IN_FLIGHT = 64  # batches queued for the writer before the publisher waits
+    BATCH_EVENTS = 256
+    MAX_BATCHES_IN_FLIGHT = 16
 
     def __init__(self) -> None:
         self.writer: JsonlWriter | None = None
         self._pending: list[dict[str, Any]] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._in_flight: deque[Future[int]] = deque()
+        self._batches: BatchWriter[list[dict[str, Any]]] | None = None
         #: events that could not be serialised at all (logged; 0 for validated events)
         self.unwritable = 0
+
+    @property
+    def stats(self) -> WriterStats | None:
+        """The event-log writer's counters (batches), None when no log is written."""
+        return None if self._batches is None else self._batches.stats
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
         if context.out_dir is not None:
-            self.writer = JsonlWriter(context.out_dir / EVENTS_FILE, append=True)
-            # Replays write inline: nothing to overlap, and byte order stays obvious.
-            if not context.replay:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="twinkle-eventlog")
+            writer = JsonlWriter(context.out_dir / EVENTS_FILE, append=True)
+            self.writer = writer
+            self._batches = BatchWriter(
+                lambda batches: self._write(writer, batches),
+                name=f"event log {str(writer.path)!r}",
+                thread_name="eventlog",
+                # Replays write inline: nothing to overlap, and byte order stays obvious.
+                background=not context.replay,
+                capacity=self.MAX_BATCHES_IN_FLIGHT,
+            )
 
     @hookimpl
     def twinkle_event(self, event: Event) -> None:
-        if self.writer is None:
+        if self._batches is None:
             return
         self._pending.append(event_to_dict(event))
-        if isinstance(event, IterationStarted | RunFinished):
-            self.flush(boundary=True)
-        elif len(self._pending) >= self._BATCH:
+        if isinstance(event, IterationStarted | RunFinished) or (
+            len(self._pending) >= self.BATCH_EVENTS
+        ):
             self.flush()
 
-    def flush(self, *, boundary: bool = False) -> None:
-        """Hand the pending events to the writer; raises an earlier write's error (after
-        handing over, so the pending events are never lost to it).
-
-        ``boundary=True`` also waits for every batch handed over before this one.
-        """
-        writer = self.writer
-        if writer is None:
+    def flush(self) -> None:
+        """Hand the pending events to the writer (never waiting for it to write them,
+        unless ``MAX_BATCHES_IN_FLIGHT`` batches are in flight); raises an earlier
+        write's error (after handing over, so the pending events are never lost to it)."""
+        if self._batches is None or not self._pending:
             return
-        if self._pending:
-            batch, self._pending = self._pending, []
-            if self._pool is None:
-                self._write(writer, batch)
-                return
-            try:
-                self._in_flight.append(self._pool.submit(self._write, writer, batch))
-            except RuntimeError:
-                # The interpreter is exiting (a run finished at exit): the pool takes no
-                # more work, so write here, after the batches already handed over.
-                try:
-                    self._wait_all()
-                finally:
-                    self._write(writer, batch)  # an earlier batch's error never drops it
-                return
-        keep = 1 if boundary else self._MAX_IN_FLIGHT
-        error: BaseException | None = None
-        while self._in_flight and (self._in_flight[0].done() or len(self._in_flight) > keep):
-            try:
-                self._in_flight.popleft().result()
-            except Exception as exc:  # later batches still get written
-                error = error or exc
-        if error is not None:
-            raise error
+        batch, self._pending = self._pending, []
+        self._batches.put(batch)
 
-    def _wait_all(self) -> None:
-        error: BaseException | None = None
-        while self._in_flight:
-            try:
-                self._in_flight.popleft().result()
-            except Exception as exc:
-                error = error or exc
-        if error is not None:
-            raise error
-
-    def _write(self, writer: JsonlWriter, batch: list[dict[str, Any]]) -> int:
+    def _write(self, writer: JsonlWriter, batches: list[list[dict[str, Any]]]) -> int:
+        events = batches[0] if len(batches) == 1 else [e for b in batches for e in b]
         try:
-            return writer.write(batch)
+            return writer.write(events)
         except RecordError:
             pass  # one event of the batch is not JSON: write every other one
         written = 0
         bad: list[str] = []
-        for obj in batch:
+        for obj in events:
             try:
                 written += writer.write([obj])
             except RecordError as exc:
@@ -184,22 +170,28 @@ class EventLogSink:
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
-        if self.writer is None:
+        if self.writer is None or self._batches is None:
             return
+        batches, self._batches = self._batches, None
         error: BaseException | None = None
         try:
             try:
-                self.flush()
+                if self._pending:
+                    batch, self._pending = self._pending, []
+                    batches.put(batch)
             except Exception as exc:
                 error = exc
             try:
-                self._wait_all()
+                batches.close()  # writes what is in flight
             except Exception as exc:
                 error = error or exc
+            lost = batches.stats.lost
+            if lost and error is None:
+                error = ReporterError(
+                    f"{lost} batch(es) of events never reached {str(self.writer.path)!r}: "
+                    f"the event-log writer stopped ({batches.failure})"
+                )
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
             writer, self.writer = self.writer, None
             writer.close()  # raises if lines stay unwritten (a fault that did not pass)
         # A write error whose lines went out later (close succeeded) lost nothing.
