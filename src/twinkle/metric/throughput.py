@@ -65,7 +65,9 @@ _EXACT_INT_DEVICES: Final = 1 << 53  # a larger int device count is rounded as a
 _INF: Final = math.inf
 # Nearest-rank p50 and p95 at the exact values of the floats 0.5 and 0.95, as
 # LengthHistogram.quantile(0.5) and quantile(0.95) take them.
-_QUANTILES: Final = (_exact_fraction(0.5), _exact_fraction(0.95))
+_P50: Final = _exact_fraction(0.5)
+_P95: Final = _exact_fraction(0.95)
+_QUANTILES: Final = (_P50, _P95)
 
 
 def _dyadic_add(num: int, exp: int, n: int, k: int) -> tuple[int, int]:
@@ -262,7 +264,8 @@ class ThroughputMetric:
         n = len(ordered)
         if not n:
             return _figures(0, 0, 0, 0, math.nan, math.nan, s_num, s_exp, d_num, d_exp)
-        p50, p95 = (float(ordered[_nearest_rank(q, n) - 1]) for q in _QUANTILES)
+        p50 = float(ordered[_nearest_rank(_P50, n) - 1])
+        p95 = float(ordered[_nearest_rank(_P95, n) - 1])
         return _figures(n, tokens, ordered[0], ordered[-1], p50, p95, s_num, s_exp, d_num, d_exp)
 
     def reset(self) -> None:
