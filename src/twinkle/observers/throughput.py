@@ -18,7 +18,6 @@ from typing import Any
 
 from twinkle.events import (
     IterationStarted,
-    OptimizerStep,
     RunFinished,
     RunStarted,
     SamplesObserved,
@@ -45,7 +44,6 @@ class ThroughputObserver:
         #: per tag [samples, tokens, groups]: the summary's counts are built from them
         #: (plain ints, no lock: observers never run concurrently)
         self.counts: dict[str, list[int]] = {}
-        self.optimizer_updates = 0
         self.last_step = 0
         #: the run's windows, computed once at the finish (records and summary share them)
         self.run_window: dict[str, int | float] = {}
@@ -76,10 +74,6 @@ class ThroughputObserver:
         metric = self.tag_lengths.get(event.phase)
         if metric is not None:
             metric.accumulate(lengths=lengths, seconds=0.0, devices=1)
-
-    @hookimpl
-    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.optimizer_updates += 1
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
@@ -185,8 +179,8 @@ class ThroughputObserver:
             totals.add(f"tokens_{tag}", tokens)
             if groups:  # counts are >= 0: a tag that had groups
                 totals.add(f"groups_{tag}", groups)
-        if self.optimizer_updates:
-            totals.add("optimizer_updates", self.optimizer_updates)
+        if self.timeline.optimizer_steps:  # the timeline counts every step event
+            totals.add("optimizer_updates", self.timeline.optimizer_steps)
         return totals
 
     @hookimpl
