@@ -205,13 +205,26 @@ class TraceSink:
     Times are microseconds since the run started, on the run's timeline (spans of other
     processes moved through their clock anchors). Iteration starts and weight publishes
     are instant events.
+
+    The hooks only hand their (immutable) events to a
+    :class:`~twinkle.reporting.BatchWriter`, whose thread formats and writes them in
+    order, so the publishing thread neither formats a span nor waits on the disk; at most
+    ``MAX_EVENTS_IN_FLIGHT`` events wait for it (a hand-over beyond that waits, counted in
+    its stats). A replay writes inline. A write error is raised by the next hand-over (the
+    observer's failure, logged and counted) or at close.
     """
+
+    MAX_EVENTS_IN_FLIGHT = 256
+    #: events queued before the writer thread wakes (else every ``interval_s``): waking
+    #: it per event would make it fight the publisher for the GIL at every boundary
+    WAKE_AT = 32
 
     def __init__(self) -> None:
         self.path: Path | None = None
         self._fh: Any = None
         self._origin: ClockAnchor | None = None
         self._named: set[tuple[int, int]] = set()
+        self._batches: BatchWriter[Event] | None = None
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -221,37 +234,120 @@ class TraceSink:
             self._fh = self.path.open("wb", buffering=1 << 20)
             # JSON array form: Perfetto and chrome://tracing accept it.
             self._fh.write(b"[\n")
+            self._batches = BatchWriter(
+                self._write_events,
+                name=f"trace {str(self.path)!r}",
+                thread_name="trace",
+                background=not context.replay,
+                capacity=self.MAX_EVENTS_IN_FLIGHT,
+                wake_at=self.WAKE_AT,
+            )
 
-    def _write(self, obj: dict[str, Any]) -> None:
-        if self._fh is not None:
-            self._fh.write(orjson.dumps(obj) + b",\n")
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_spans(self, event: SpanBatch) -> None:
+        if self._batches is not None and event.spans:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        batches, self._batches = self._batches, None
+        try:
+            if batches is not None:
+                batches.close()  # writes what is in flight; raises a held write error
+        finally:
+            if self._fh is not None:
+                self._fh.write(b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n')
+                self._fh.close()
+                self._fh = None
+
+    # -- the writer's side -----------------------------------------------------------------
+
+    def _write_events(self, events: list[Event]) -> None:
+        lines: list[bytes] = []
+        failed: list[str] = []
+        for event in events:
+            try:
+                self._event_lines(event, lines)
+            except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
+                failed.append(f"{event.TYPE!r}: {exc}")
+        if lines and self._fh is not None:
+            lines.append(b"")  # every line ends with ",\n"
+            self._fh.write(b",\n".join(lines))  # one write per batch
+        if failed:
+            raise RecordError(
+                f"{len(failed)} event(s) could not be written to the trace "
+                f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
+            )
+
+    def _event_lines(self, event: Event, lines: list[bytes]) -> None:
+        """Append ``event``'s trace lines to ``lines``."""
+        if isinstance(event, SpanBatch):
+            self._span_lines(event, lines)
+        elif isinstance(event, IterationStarted):
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": f"iteration {event.iteration}",
+                        "ph": "i",
+                        "s": "g",
+                        "pid": self._origin.pid if self._origin else 0,
+                        "tid": 0,
+                        "ts": self._us(event.monotonic_ns),
+                    }
+                )
+            )
+        elif isinstance(event, WeightsPublished):
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": f"weights v{event.version}",
+                        "ph": "X",
+                        "cat": "weights",
+                        "pid": self._origin.pid if self._origin else 0,
+                        "tid": 0,
+                        "ts": self._us(event.start_ns),
+                        "dur": (event.end_ns - event.start_ns) / 1000.0,
+                        "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
+                    }
+                )
+            )
+        elif isinstance(event, RunStarted):
+            self._origin = event.anchor
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": "process_name",
+                        "ph": "M",
+                        "pid": event.anchor.pid,
+                        "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
+                    }
+                )
+            )
 
     def _us(self, ns: int) -> float:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
         return (ns - origin) / 1000.0
 
-    @hookimpl
-    def twinkle_run_started(self, event: RunStarted) -> None:
-        self._origin = event.anchor
-        self._write(
-            {
-                "name": "process_name",
-                "ph": "M",
-                "pid": event.anchor.pid,
-                "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
-            }
-        )
-
-    @hookimpl
-    def twinkle_spans(self, event: SpanBatch) -> None:
-        fh = self._fh
-        if fh is None:
-            return
+    def _span_lines(self, event: SpanBatch, lines: list[bytes]) -> None:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
         offset = event.anchor.shift_onto(self._origin) - origin  # onto the run, from its start
         source = event.source
         named = self._named
-        lines: list[bytes] = []
         for span in event.spans:
             pid, tid = span.pid, span.thread_id
             if (pid, tid) not in named:
@@ -282,41 +378,3 @@ class TraceSink:
                     }
                 )
             )
-        if lines:
-            lines.append(b"")  # every line ends with ",\n"
-            fh.write(b",\n".join(lines))  # one write per batch
-
-    @hookimpl
-    def twinkle_iteration_started(self, event: IterationStarted) -> None:
-        self._write(
-            {
-                "name": f"iteration {event.iteration}",
-                "ph": "i",
-                "s": "g",
-                "pid": self._origin.pid if self._origin else 0,
-                "tid": 0,
-                "ts": self._us(event.monotonic_ns),
-            }
-        )
-
-    @hookimpl
-    def twinkle_weights_published(self, event: WeightsPublished) -> None:
-        self._write(
-            {
-                "name": f"weights v{event.version}",
-                "ph": "X",
-                "cat": "weights",
-                "pid": self._origin.pid if self._origin else 0,
-                "tid": 0,
-                "ts": self._us(event.start_ns),
-                "dur": (event.end_ns - event.start_ns) / 1000.0,
-                "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
-            }
-        )
-
-    @hookimpl
-    def twinkle_unconfigure(self) -> None:
-        if self._fh is not None:
-            self._fh.write(b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n')
-            self._fh.close()
-            self._fh = None
