@@ -29,7 +29,7 @@ from _scripted import scripted_run
 from twinkle.errors import ReplayError
 from twinkle.observers import EventLogSink
 from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter
-from twinkle.replay import replay
+from twinkle.run import replay
 
 CHILD = Path(__file__).with_name("_crash_child.py")
 RUN = "crash"
@@ -304,7 +304,7 @@ BOUND_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
     import twinkle.reporting.jsonl as jsonl
-    from twinkle.session import RunSession
+    from twinkle.run import RunSession
 
     real_write = jsonl._os_write
 

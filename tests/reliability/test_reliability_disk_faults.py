@@ -22,6 +22,8 @@ import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
 from twinkle.errors import WriteError
+from twinkle.perf import ManualClock
+from twinkle.plugins import REPORTER_FAILURES
 from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
@@ -29,10 +31,7 @@ from twinkle.reporting import (
     MetricsReporter,
     make_record,
 )
-from twinkle.perf import ManualClock
-from twinkle.plugins import REPORTER_FAILURES
-from twinkle.replay import replay
-from twinkle.session import RunSession
+from twinkle.run import RunSession, replay
 
 RUN = "faulty"
 
@@ -288,7 +287,7 @@ def test_run_survives_a_passing_disk_fault_and_its_files_are_complete(
         assert summary["observer_failures"][REPORTER_FAILURES] > 0
     # Nothing lost and nothing doubled: the log replays to the very same records.
     again = replay(tmp_path / "live" / "disk" / "events.jsonl", tmp_path / "again", autoload=False)
-    assert again.events == run.dispatcher.events_dispatched  # type: ignore[union-attr]
+    assert again.events == run.dispatcher.events  # type: ignore[union-attr]
     for name in ("metrics_raw.jsonl", "metrics.jsonl"):
         live = (tmp_path / "live" / "disk" / name).read_bytes()
         assert live == (tmp_path / "again" / name).read_bytes(), name
