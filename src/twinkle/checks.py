@@ -31,6 +31,7 @@ __all__ = [
     "convert_checked",
     "run_id",
     "explain",
+    "is_safe_name",
     "safe_name",
 ]
 
@@ -56,6 +57,11 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 """A non-empty string (a span, phase or engine name)."""
 SafeName = Annotated[str, Meta(pattern=NAME_RULE)]
 """A run id: see :data:`NAME_RULE`."""
+
+
+def is_safe_name(value: str) -> bool:
+    """Whether the str ``value`` follows :data:`NAME_RULE` (no error built)."""
+    return _NAME.match(value) is not None
 
 
 def safe_name(

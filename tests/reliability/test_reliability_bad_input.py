@@ -224,7 +224,7 @@ API_CASES = [
         "record run_id",
         lambda _: record(run_id="../up"),
         RecordError,
-        r"run_id '\.\./up' is not usable as a directory name",
+        r"run_id '\.\./up' is not a safe name",
     ),
     Case(
         "record dict",

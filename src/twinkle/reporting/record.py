@@ -30,13 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from twinkle.errors import InvalidArgumentError, RecordError
+from twinkle.checks import is_safe_name
+from twinkle.checks import run_id as check_run_id
+from twinkle.errors import RecordError
 
 __all__ = [
     "NONFINITE_ATTR",
     "SCOPES",
     "MetricRecord",
-    "check_run_id",
     "make_record",
     "record_fields",
     "record_from_dict",
@@ -57,7 +58,6 @@ _INT_MAX = 2**64 - 1
 # (with room for the rounding of a large int to float).
 _PLAIN_NORM = float(2**62)
 _MAX_DEPTH = 64
-_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,199}")
 _KIND_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _FIELDS = (
     "kind",
@@ -120,23 +120,7 @@ def _is_kind(kind: str) -> bool:
     return _KIND_RE.fullmatch(kind) is not None
 
 
-@functools.lru_cache(maxsize=256)
-def _is_run_id(run_id: str) -> bool:
-    return ".." not in run_id and _RUN_ID_RE.fullmatch(run_id) is not None
-
-
-# TODO(checks): use twinkle.checks' run-id check once it lands (one rule for every layer).
-def check_run_id(run_id: object, *, error: type[InvalidArgumentError] = RecordError) -> str:
-    """``run_id`` if it is usable as a directory name, else ``error`` saying why."""
-    if not isinstance(run_id, str) or not run_id:
-        raise error(f"run_id must be a non-empty str, got {run_id!r}")
-    if not _is_run_id(str.__str__(run_id)):
-        raise error(
-            f"run_id {run_id!r} is not usable as a directory name: use 1-200 characters "
-            "from A-Z a-z 0-9 . _ - + = @, starting with a letter or digit, "
-            "without '/', '\\' or '..' (e.g. 'grpo-2024-05-01_1200')"
-        )
-    return run_id
+_is_run_id = functools.lru_cache(maxsize=256)(is_safe_name)
 
 
 def _check_kind(kind: object) -> str:
@@ -491,7 +475,9 @@ def _fill(  # noqa: PLR0917
     _set_scope(record, scope)
     _set_run_id(
         record,
-        run_id if type(run_id) is str and _is_run_id(run_id) else check_run_id(run_id),
+        run_id
+        if type(run_id) is str and _is_run_id(run_id)
+        else check_run_id(run_id, error=RecordError),
     )
     _set_seq(
         record,

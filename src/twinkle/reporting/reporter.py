@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
 
+from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, RecordError, WriteError
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.fanout import BackendFanout
 from twinkle.reporting.jsonl import TornLineRecovery
-from twinkle.reporting.record import MetricRecord, check_run_id, with_seq
+from twinkle.reporting.record import MetricRecord, with_seq
 from twinkle.reporting.writer import BatchWriter, WriterState
 
 __all__ = ["MetricsReporter", "ReporterStats"]
@@ -87,7 +88,6 @@ class MetricsReporter:
         queue_size: int = 65536,
         on_full: Literal["block", "drop"] = "block",
     ) -> None:
-        # TODO(checks): the run-id check moves to twinkle.checks.
         self.run_id = check_run_id(run_id, error=InvalidArgumentError)
         self._fanout = BackendFanout(backends, run_id=self.run_id)
         if start_seq is not None and (type(start_seq) is not int or start_seq < 0):
