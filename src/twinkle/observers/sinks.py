@@ -19,7 +19,7 @@ from twinkle.events import (
     RunStarted,
     SpanBatch,
     WeightsPublished,
-    event_to_dict,
+    dumps_event,
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
@@ -106,8 +106,8 @@ class EventLogSink:
 
     def __init__(self) -> None:
         self.writer: JsonlWriter | None = None
-        self._pending: list[dict[str, Any]] = []
-        self._batches: BatchWriter[list[dict[str, Any]]] | None = None
+        self._pending: list[Event] = []
+        self._batches: BatchWriter[list[Event]] | None = None
         #: events that could not be serialised at all (logged; 0 for validated events)
         self.unwritable = 0
 
@@ -134,7 +134,8 @@ class EventLogSink:
     def twinkle_event(self, event: Event) -> None:
         if self._batches is None:
             return
-        self._pending.append(event_to_dict(event))
+        # Events are frozen values: the writer thread encodes them, not the publisher.
+        self._pending.append(event)
         if isinstance(event, IterationStarted | RunFinished) or (
             len(self._pending) >= self.BATCH_EVENTS
         ):
@@ -149,24 +150,24 @@ class EventLogSink:
         batch, self._pending = self._pending, []
         self._batches.put(batch)
 
-    def _write(self, writer: JsonlWriter, batches: list[list[dict[str, Any]]]) -> int:
+    def _write(self, writer: JsonlWriter, batches: list[list[Event]]) -> int:
         events = batches[0] if len(batches) == 1 else [e for b in batches for e in b]
-        try:
-            return writer.write(events)
-        except RecordError:
-            pass  # one event of the batch is not JSON: write every other one
-        written = 0
+        lines: list[bytes] = []
         bad: list[str] = []
-        for obj in events:
+        for event in events:
             try:
-                written += writer.write([obj])
-            except RecordError as exc:
+                lines.append(dumps_event(event) + b"\n")
+            except RecordError as exc:  # never for a validated event; logged, counted
                 self.unwritable += 1
-                bad.append(f"{obj.get('type')!r}: {exc}")
-        raise RecordError(
-            f"{len(bad)} event(s) could not be written to {str(writer.path)!r} and are "
-            f"missing from the log ({'; '.join(bad)[:500]}); the other {written} were written"
-        )
+                bad.append(f"{event.TYPE!r}: {exc}")
+        written = writer.write_bytes_lines(lines) if lines else 0
+        if bad:
+            raise RecordError(
+                f"{len(bad)} event(s) could not be written to {str(writer.path)!r} and are "
+                f"missing from the log ({'; '.join(bad)[:500]}); the other {written} were "
+                "written"
+            )
+        return written
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
