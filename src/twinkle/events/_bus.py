@@ -16,11 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
-import msgspec
-
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError
-from twinkle.events._codec import validate_event
+from twinkle.events._codec import loggable_spans, validate_event
 from twinkle.events._signals import SIGNALS
 from twinkle.events._types import (
     EngineAck,
@@ -37,7 +35,7 @@ from twinkle.events._types import (
     Status,
     WeightsPublished,
 )
-from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
+from twinkle.perf import Clock, ClockAnchor, TimeRecorder
 from twinkle.perf.stats import MemoryReading
 
 __all__ = ["OVERHEAD_SPAN", "EventBus"]
@@ -192,7 +190,7 @@ class EventBus:
 
     def _send_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
         mono, wall = self._times()
-        batch = _json_safe_spans(tuple(spans), source)
+        batch = loggable_spans(tuple(spans), source)
         self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
 
     # -- builders for each event ------------------------------------------------------
@@ -304,63 +302,3 @@ class EventBus:
                 )
             )
         return event
-
-
-_JSON_SCALARS = frozenset({str, float, bool, type(None)})
-_INT_RANGE = range(-(2**63), 2**64)
-
-
-def _json_safe(value: Any) -> bool:
-    kind = type(value)
-    if kind in _JSON_SCALARS:
-        return True
-    if kind is int:
-        return value in _INT_RANGE
-    try:
-        msgspec.to_builtins(value, enc_hook=_tolist)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def _tolist(value: Any) -> Any:
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    raise TypeError(type(value).__qualname__)
-
-
-def _json_safe_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
-    """Spans whose attrs the log can hold: a value that is not JSON (an object, a set, an
-    int beyond 64 bits) is replaced by its ``repr`` and logged, so the span and the rest
-    of its batch still reach the observers and the log (the span was already drained:
-    refusing it would lose it). Observers and a replay see the same replaced value."""
-    out: list[Any] | None = None
-    scalars, int_range = _JSON_SCALARS, _INT_RANGE
-    for i, span in enumerate(spans):
-        if type(span) is not Span:
-            continue  # validation names it
-        attrs = span.attrs
-        if not attrs:
-            continue
-        for v in attrs.values():
-            kind = type(v)
-            if not (kind in scalars or (kind is int and v in int_range)):
-                break
-        else:
-            continue  # the common case: str, float, bool, None and 64-bit ints
-        bad = [k for k, v in attrs.items() if not isinstance(k, str) or not _json_safe(v)]
-        if not bad:
-            continue
-        fixed = {str(k): (f"{v!r:.200}" if k in bad else v) for k, v in attrs.items()}
-        _log.warning(
-            "span %r (source %r) has attribute(s) %s that are not JSON; written as their "
-            "repr: pass str, int, float, bool, None, lists or dicts",
-            span.name,
-            source,
-            sorted(str(k) for k in bad),
-        )
-        if out is None:
-            out = list(spans)
-        out[i] = msgspec.structs.replace(span, attrs=fixed)
-    return spans if out is None else tuple(out)

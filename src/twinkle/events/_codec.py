@@ -9,18 +9,29 @@ the log. Numbers from numpy or torch (anything with ``tolist()``) become plain n
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, TypeVar, Union
 
 import msgspec
 import orjson
 
-from twinkle.checks import explain
+from twinkle.checks import INT64_MAX, INT64_MIN, explain
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import RecordError
 from twinkle.events._types import EVENT_TYPES, Event
+from twinkle.perf import Span
 
-__all__ = ["dumps_event", "event_from_dict", "event_to_dict", "loads_event", "validate_event"]
+__all__ = [
+    "dumps_event",
+    "event_from_dict",
+    "event_to_dict",
+    "loads_event",
+    "loggable_spans",
+    "validate_event",
+]
+
+_log = logging.getLogger("twinkle.events")
 
 _ANY_EVENT: Any = Union[tuple(EVENT_TYPES.values())]  # noqa: UP007 - a runtime union
 
@@ -157,3 +168,47 @@ def loads_event(line: bytes | str) -> Event:
     except msgspec.DecodeError as exc:
         raise RecordError(f"not valid JSON: {exc}") from None
     return event
+
+
+_JSON_SCALARS = frozenset({str, float, bool, type(None)})
+_INT64 = range(INT64_MIN, INT64_MAX + 1)
+
+
+def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
+    """Spans whose attrs the log can hold: a value that is not JSON (an object, a set, an
+    int beyond 64 bits) is replaced by its ``repr`` and logged, so the span and the rest
+    of its batch still reach the observers and the log (the span was already drained:
+    refusing it would lose it). Observers and a replay see the same replaced value."""
+    out: list[Any] | None = None
+    scalars, int64 = _JSON_SCALARS, _INT64
+    for i, span in enumerate(spans):
+        if type(span) is not Span:
+            continue  # validation names it
+        attrs = span.attrs
+        if not attrs:
+            continue
+        for v in attrs.values():
+            kind = type(v)
+            if not (kind in scalars or (kind is int and v in int64)):
+                break
+        else:
+            continue  # the common case: str, float, bool, None and 64-bit ints
+        bad = [
+            k
+            for k, v in attrs.items()
+            if not isinstance(k, str) or (type(v) is int and v not in int64) or not _fits(v)
+        ]
+        if not bad:
+            continue
+        fixed = {str(k): (f"{v!r:.200}" if k in bad else v) for k, v in attrs.items()}
+        _log.warning(
+            "span %r (source %r) has attribute(s) %s that are not JSON; written as their "
+            "repr: pass str, int, float, bool, None, lists or dicts",
+            span.name,
+            source,
+            sorted(str(k) for k in bad),
+        )
+        if out is None:
+            out = list(spans)
+        out[i] = msgspec.structs.replace(span, attrs=fixed)
+    return spans if out is None else tuple(out)
