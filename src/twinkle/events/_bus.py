@@ -7,7 +7,6 @@ run: it is the blinker *sender* of every event it publishes, so receivers connec
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -45,7 +44,6 @@ __all__ = ["OVERHEAD_SPAN", "EventBus"]
 #: observer deducts their union from the logical seconds, once.
 OVERHEAD_SPAN = "twinkle.observe"
 
-_log = logging.getLogger("twinkle.events")
 _E = TypeVar("_E", bound=Event)
 
 
