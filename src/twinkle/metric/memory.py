@@ -170,6 +170,8 @@ def _columns(
 
 def _reduce(values: list[int], workers: list[str]) -> tuple[int, int, int, str]:
     """Max, min, sum of a non-empty column, and the worker of its first max."""
+    if len(values) == 1:  # one worker: nothing to reduce
+        return values[0], values[0], values[0], workers[0]
     top = max(values)
     return top, min(values), sum(values), workers[values.index(top)]
 
