@@ -1,7 +1,7 @@
 """Built-in observers, registered through the ``twinkle.observers`` entry-point group
-like any third-party plugin: the run's timeline (which timing and throughput read),
-timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file, event
-log, trace)."""
+like any third-party plugin: the run's timeline (which the observers computing records
+read), timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file,
+event log, trace)."""
 
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers.memory import MemoryObserver

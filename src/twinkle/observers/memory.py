@@ -4,16 +4,18 @@ Each :class:`~twinkle.events.MemoryReadings` event gives one ``memory`` record (
 ``iteration``): for every field, max/min/mean/sum over the workers' latest readings in
 bytes, how many workers reported it, and (in ``attrs``) which worker holds the max.
 The summary keeps the run's highest reading of every field and its worker. Peaks are
-the allocator's lifetime peaks as read; nothing here resets them.
+the allocator's lifetime peaks as read; nothing here resets them. A record's step is
+the optimizer steps seen so far, as the run's timeline counts them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from twinkle.events import MemoryReadings, OptimizerStep, RunStarted
-from twinkle.hookspecs import hookimpl
+from twinkle.events import MemoryReadings, RunStarted
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import MEMORY_FIELDS, memory_report
+from twinkle.observers.timeline import Timeline, timeline_for
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord, make_record
 
@@ -25,18 +27,19 @@ class MemoryObserver:
 
     def __init__(self) -> None:
         self.run_id = ""
-        self.step = 0
+        #: the run's timeline: its step (optimizer steps so far) is each record's step
+        self.timeline = Timeline()
         self.iteration = 0
         self.peaks: dict[str, tuple[int, str]] = {}
         self.readings = 0
 
     @hookimpl
-    def twinkle_run_started(self, event: RunStarted) -> None:
-        self.run_id = event.run_id
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.timeline = timeline_for(context, "memory")
 
     @hookimpl
-    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.step = max(self.step, event.step)
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
 
     @hookimpl
     def twinkle_memory(self, event: MemoryReadings) -> list[MetricRecord]:
@@ -62,7 +65,7 @@ class MemoryObserver:
                 kind="memory",
                 scope="iteration",
                 run_id=self.run_id,
-                step=self.step,
+                step=self.timeline.step,
                 iteration=self.iteration,
                 wall_ns=event.wall_ns,
                 monotonic_ns=event.monotonic_ns,

@@ -3,14 +3,16 @@
 Each :class:`~twinkle.events.ScalarsObserved` event becomes one record (``kind`` = the
 event's name, scope ``iteration``); the summary keeps, per name and key, the first and
 last value and the iterations they came from (e.g. the reward at the start and the end).
+A record's step is the optimizer steps seen so far, as the run's timeline counts them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from twinkle.events import OptimizerStep, RunStarted, ScalarsObserved
-from twinkle.hookspecs import hookimpl
+from twinkle.events import RunStarted, ScalarsObserved
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers.timeline import Timeline, timeline_for
 from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["ScalarsObserver"]
@@ -21,17 +23,18 @@ class ScalarsObserver:
 
     def __init__(self) -> None:
         self.run_id = ""
-        self.step = 0
+        #: the run's timeline: its step (optimizer steps so far) is each record's step
+        self.timeline = Timeline()
         self.first: dict[str, dict[str, tuple[int, int | float]]] = {}
         self.last: dict[str, dict[str, tuple[int, int | float]]] = {}
 
     @hookimpl
-    def twinkle_run_started(self, event: RunStarted) -> None:
-        self.run_id = event.run_id
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.timeline = timeline_for(context, "scalars")
 
     @hookimpl
-    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
-        self.step = max(self.step, event.step)
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        self.run_id = event.run_id
 
     @hookimpl
     def twinkle_scalars(self, event: ScalarsObserved) -> list[MetricRecord]:
@@ -45,7 +48,7 @@ class ScalarsObserver:
                 kind=event.name,
                 scope="iteration",
                 run_id=self.run_id,
-                step=self.step,
+                step=self.timeline.step,
                 iteration=event.iteration,
                 wall_ns=event.wall_ns,
                 monotonic_ns=event.monotonic_ns,

@@ -305,7 +305,7 @@ class Timeline:
     """Places events on the run's timeline and hands out iterations when finalised.
 
     One per run, fed once per event by :class:`TimelineObserver`; the observers that
-    read it (timing, throughput) find it in the run's stash (:data:`TIMELINE`).
+    read it (timing, throughput, memory, scalars) find it in the run's stash (:data:`TIMELINE`).
     """
 
     def __init__(self) -> None:
