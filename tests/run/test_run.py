@@ -15,6 +15,7 @@ from twinkle.errors import PluginError, RecordError
 from twinkle.events import IterationStarted, RunStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers import TIMELINE
+from twinkle.perf.stats import MemoryReading
 from twinkle.plugins import ObserverManager, make_plugin_manager
 from twinkle.run import Run, RunSession, RunState
 
@@ -145,3 +146,84 @@ def test_a_bus_delivers_to_one_run_and_still_to_its_signals() -> None:
         finally:
             iteration_started.disconnect(receiver)
     assert seen == [0]
+
+
+class Echo:
+    """Publishes from inside a hook (re-entrant) and fails now and then."""
+
+    def __init__(self) -> None:
+        self.bus: Any = None
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        if self.bus is not None:
+            self.bus.scalars(iteration=event.iteration, name="echo", values={"i": event.iteration})
+        if event.iteration == 2:
+            raise RuntimeError("echo fails at 2")
+
+
+READING = MemoryReading("w0", 0, 7, "h", "cpu", 100, 200, None, None, None, None)
+
+
+def _scripted(tmp: Path, *, background_dispatch: bool, echo: bool = False) -> dict[str, bytes]:
+    from twinkle.perf import ManualClock
+
+    clock = ManualClock(1_000)
+    echoes = Echo()
+    config = {
+        "phases": {"gen": ["generate"], "train": ["train"]},
+        "throughput": {"gen": {"samples": "gen", "devices": 2}},
+        "window": {"samples": "gen", "devices": 2},
+    }
+    run = RunSession(
+        out_dir=tmp,
+        run_id="same",
+        config=config,
+        clock=clock,
+        wall_clock=clock,
+        autoload=False,
+        plugins=[("echo", echoes)],
+        background_dispatch=background_dispatch,
+    )
+    with run:
+        echoes.bus = run.bus if echo else None
+        for it in range(6):
+            run.bus.iteration_started(it)
+            with run.recorder.span("generate", iteration=it):
+                clock.advance(700)
+            with run.recorder.span("train", iteration=it):
+                clock.advance(300)
+            run.bus.samples(iteration=it, phase="gen", lengths=[10 + it, 20, 30])
+            run.bus.optimizer_step(iteration=it, step=it + 1)
+            run.bus.memory([READING], iteration=it)
+    names = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json")
+    out = {name: (tmp / "same" / name).read_bytes() for name in names}
+    assert run.summary is not None and run.summary["observer_failures"] == {"echo": 1}
+    return out
+
+
+def test_background_dispatch_writes_what_inline_dispatch_writes(tmp_path: Path) -> None:
+    import orjson
+
+    inline = _scripted(tmp_path / "inline", background_dispatch=False)
+    background = _scripted(tmp_path / "background", background_dispatch=True)
+    for name in ("metrics_raw.jsonl", "metrics.jsonl", "events.jsonl"):
+        assert background[name] == inline[name], name
+    # The summary differs only in what the process itself measured.
+    a, b = orjson.loads(inline["summary.json"]), orjson.loads(background["summary.json"])
+    a.pop("process_wall_seconds"), b.pop("process_wall_seconds")
+    assert a == b
+
+
+def test_a_hook_publishing_on_the_dispatch_thread_is_queued_behind_its_event(
+    tmp_path: Path,
+) -> None:
+    import orjson
+
+    lines = _scripted(tmp_path, background_dispatch=True, echo=True)["events.jsonl"]
+    types = [(e["type"], e.get("iteration")) for e in map(orjson.loads, lines.splitlines())]
+    for it in range(6):
+        # dispatched (and logged) right after the event whose hook published it
+        at = types.index(("iteration_started", it))
+        assert types[at + 1] == ("scalars", it)
+    assert sum(t == "scalars" for t, _ in types) == 6

@@ -19,7 +19,7 @@ import pluggy
 from twinkle.errors import TwinkleError, WriteError
 from twinkle.events import EVENT_TYPES, Event
 from twinkle.plugins._manager import ObserverManager
-from twinkle.reporting import MetricRecord
+from twinkle.reporting import BatchWriter, MetricRecord
 
 __all__ = [
     "HOOK_FOR_EVENT",
@@ -164,6 +164,15 @@ class Dispatcher:
     run concurrently and never re-enter. A hook must therefore not *wait* for another
     thread that publishes: that thread waits for this dispatch to finish.
 
+    ``background=True`` moves the observers off the publishing threads: :meth:`submit`
+    hands the event to one dispatch thread (the run's
+    :class:`~twinkle.reporting.BatchWriter`, at most ``capacity`` events in flight; a
+    publisher finding it full waits, counted) that calls the hooks in submit order.
+    Events are frozen values, so nothing the publisher holds changes under it; records
+    and outputs are the same as inline (a replay always dispatches inline). A hook that
+    publishes is queued behind the current event either way. :meth:`flush` waits until
+    every event submitted so far was dispatched.
+
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
     records, and a record the reporter refuses, count as that observer's failures; a
@@ -177,12 +186,20 @@ class Dispatcher:
         "_lock",
         "_owner",
         "_pending",
+        "_thread",
         "calls",
         "events",
         "report",
     )
 
-    def __init__(self, calls: HookCalls, report: Callable[[MetricRecord], MetricRecord]) -> None:
+    def __init__(
+        self,
+        calls: HookCalls,
+        report: Callable[[MetricRecord], MetricRecord],
+        *,
+        background: bool = False,
+        capacity: int = 4096,
+    ) -> None:
         self.calls = calls
         self.report = report
         #: events dispatched so far
@@ -197,14 +214,40 @@ class Dispatcher:
         self._pending: deque[Event] = deque()
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._thread: BatchWriter[Event] | None = None
+        if background:
+            self._thread = BatchWriter(
+                self._dispatch_batch,
+                name="observer dispatch",
+                thread_name="dispatch",
+                background=True,
+                capacity=capacity,
+                wake_at=min(256, capacity),
+                interval_s=0.05,
+            )
+
+    @property
+    def background(self) -> bool:
+        """Whether the observers run on the dispatch thread."""
+        return self._thread is not None
+
+    @property
+    def waits(self) -> int:
+        """Submits that waited for room on a full dispatch thread (0 inline)."""
+        return 0 if self._thread is None else self._thread.stats.waits
 
     def submit(self, event: Event) -> None:
         """Queue ``event`` and dispatch everything queued, in order.
 
         From inside a hook (re-entrant publish) the event is only queued: the outer
-        dispatch picks it up after the current event. Another thread waits for the
-        dispatching thread, then dispatches whatever is still queued.
+        dispatch picks it up after the current event. Inline, another thread waits for
+        the dispatching thread, then dispatches whatever is still queued; in the
+        background, the dispatch thread takes it.
         """
+        thread = self._thread
+        if thread is not None and self._owner != _get_ident():
+            thread.put(event)
+            return
         pending = self._pending
         pending.append(event)
         me = _get_ident()
@@ -217,6 +260,25 @@ class Dispatcher:
                     self._dispatch(pending.popleft())
             finally:
                 self._owner = None
+
+    def _dispatch_batch(self, events: list[Event]) -> None:
+        """The dispatch thread's work: each event, then what its hooks published."""
+        self._owner = _get_ident()
+        pending = self._pending
+        for event in events:
+            pending.append(event)
+            while pending:
+                self._dispatch(pending.popleft())
+
+    def flush(self) -> None:
+        """Wait until every event submitted so far was dispatched (a no-op inline)."""
+        if self._thread is not None:
+            self._thread.flush()
+
+    def close(self) -> None:
+        """Dispatch what is queued and stop the dispatch thread (idempotent)."""
+        if self._thread is not None:
+            self._thread.close()
 
     def _dispatch(self, event: Event) -> None:
         self.events += 1

@@ -63,10 +63,13 @@ class Run:
     :param context: the run's id, output directory (``None``: no files), configuration
         and whether the events come from a log.
     :param background: write records on a background thread.
+    :param background_dispatch: run the observers on one dispatch thread instead of the
+        publishing threads (:class:`~twinkle.plugins.Dispatcher`).
     """
 
     __slots__ = (
         "_background",
+        "_background_dispatch",
         "_closed",
         "_receivers",
         "calls",
@@ -79,7 +82,14 @@ class Run:
         "state",
     )
 
-    def __init__(self, pm: pluggy.PluginManager, context: RunContext, *, background: bool) -> None:
+    def __init__(
+        self,
+        pm: pluggy.PluginManager,
+        context: RunContext,
+        *,
+        background: bool,
+        background_dispatch: bool = False,
+    ) -> None:
         if not isinstance(pm, ObserverManager):
             raise PluginError(
                 f"plugin_manager must come from twinkle.plugins.make_plugin_manager(), got "
@@ -90,6 +100,7 @@ class Run:
         self.pm = pm
         self.context = context
         self._background = background
+        self._background_dispatch = background_dispatch
         self.state = RunState.NEW
         self.calls: HookCalls | None = None
         self.dispatcher: Dispatcher | None = None
@@ -120,7 +131,9 @@ class Run:
             self.reporter = MetricsReporter(
                 backends, run_id=self.run_id, background=self._background
             )
-            self.dispatcher = Dispatcher(calls, self.reporter.report)
+            self.dispatcher = Dispatcher(
+                calls, self.reporter.report, background=self._background_dispatch
+            )
         except BaseException:
             self.state = RunState.FAILED
             self.close()
@@ -169,6 +182,8 @@ class Run:
         try:
             if self.finished is None or self.calls is None:
                 raise TwinkleError(f"run {self.run_id!r} has not seen run_finished")
+            if self.dispatcher is not None:
+                self.dispatcher.flush()  # every observer has seen run_finished
             out = self.context.out_dir
             summary = write_summary(
                 None if out is None else out / SUMMARY_FILE, self.finished, self.calls
@@ -192,8 +207,12 @@ class Run:
             return  # never started, or closed already
         self._closed = True
         try:
-            if self.reporter is not None:
-                self.reporter.close()
+            try:
+                if self.dispatcher is not None:
+                    self.dispatcher.close()  # the observers see every event submitted
+            finally:
+                if self.reporter is not None:
+                    self.reporter.close()
         finally:
             try:
                 calls.call("twinkle_unconfigure", context=self.context)

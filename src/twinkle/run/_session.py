@@ -60,6 +60,9 @@ class RunSession:
     :param plugin_manager: a manager from :func:`~twinkle.plugins.make_plugin_manager`;
         else one is built from ``autoload``, ``builtins``, ``blocked`` and ``plugins``.
     :param background_writer: write records on a background thread.
+    :param background_dispatch: run the observers on one dispatch thread, off the
+        publishing threads (records and files are the same; see
+        :class:`~twinkle.plugins.Dispatcher`).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class RunSession:
         blocked: Iterable[str] = (),
         plugins: Iterable[tuple[str, object]] = (),
         background_writer: bool = True,
+        background_dispatch: bool = False,
     ) -> None:
         self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
         if config is not None and not isinstance(config, Mapping):
@@ -96,7 +100,12 @@ class RunSession:
             autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
         )
         self.context = RunContext(self.run_id, self.out_dir, self.config, replay=False)
-        self.run = Run(pm, self.context, background=background_writer)
+        self.run = Run(
+            pm,
+            self.context,
+            background=background_writer,
+            background_dispatch=background_dispatch,
+        )
         self.summary: dict[str, Any] | None = None
         self._atexit: Callable[[], None] | None = None
 
