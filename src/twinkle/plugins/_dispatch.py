@@ -171,7 +171,10 @@ class Dispatcher:
     Events are frozen values, so nothing the publisher holds changes under it; records
     and outputs are the same as inline (a replay always dispatches inline). A hook that
     publishes is queued behind the current event either way. :meth:`flush` waits until
-    every event submitted so far was dispatched.
+    every event submitted so far was dispatched. The price: a process killed outright
+    also loses the events still queued for the dispatch thread (they have not reached
+    the event log), and the observers' own time is no longer timed as overhead on the
+    publishing threads (the timeline deducts only those threads' time).
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
