@@ -227,3 +227,14 @@ def test_a_hook_publishing_on_the_dispatch_thread_is_queued_behind_its_event(
         at = types.index(("iteration_started", it))
         assert types[at + 1] == ("scalars", it)
     assert sum(t == "scalars" for t, _ in types) == 6
+
+
+def test_a_start_that_fails_early_frees_the_manager(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    pm = make_plugin_manager(autoload=False)
+    run = RunSession(out_dir=tmp_path / "file", run_id="r", plugin_manager=pm)
+    with pytest.raises(OSError):
+        run.start()  # the run directory cannot be made under a file
+    assert run.state is RunState.FAILED and pm.in_use_by is None
+    with RunSession(out_dir=None, run_id="r2", plugin_manager=pm):
+        pass  # the manager serves the next run

@@ -202,10 +202,10 @@ class Run:
         for bus in self._receivers:
             bus.bind(None)
         self._receivers.clear()
-        calls = self.calls
-        if calls is None or self._closed:
-            return  # never started, or closed already
+        if self._closed or self.state is RunState.NEW:
+            return  # closed already, or never started
         self._closed = True
+        calls = self.calls
         try:
             try:
                 if self.dispatcher is not None:
@@ -215,9 +215,10 @@ class Run:
                     self.reporter.close()
         finally:
             try:
-                calls.call("twinkle_unconfigure", context=self.context)
+                if calls is not None:
+                    calls.call("twinkle_unconfigure", context=self.context)
             finally:
-                self.pm.release()
+                self.pm.release()  # also when the start failed before configuring
 
 
 def write_summary(path: Path | None, event: RunFinished, calls: HookCalls) -> dict[str, Any]:
