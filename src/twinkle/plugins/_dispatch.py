@@ -2,8 +2,8 @@
 
 :class:`HookCalls` plans each hook's implementations once, from a manager whose plugin
 set is fixed for the run (:class:`~twinkle.plugins.ObserverManager`), so it is complete
-when built. :class:`Dispatcher` bridges a bus's signals to the event hooks and hands the
-observers' records to the run's reporter.
+when built. :class:`Dispatcher` delivers the events a run submits to their hooks, inline
+or on one dispatch thread, and hands the observers' records to the run's reporter.
 """
 
 from __future__ import annotations
