@@ -97,23 +97,23 @@ class BackendFanout:
     def flush(self) -> None:
         """Flush every backend; clears :attr:`fault` once no backend keeps lines back."""
         with self._lock:
-            for i, backend in enumerate(self.backends):
-                try:
-                    backend.flush()
-                except Exception as exc:
-                    self._failed(i, "flush", 0, exc)
+            self._flush_each()
             if self.fault is not None and not self.unwritten():
                 self.fault = None
+
+    def _flush_each(self) -> None:
+        """Flush every backend, counting the ones that raise (lock held)."""
+        for i, backend in enumerate(self.backends):
+            try:
+                backend.flush()
+            except Exception as exc:
+                self._failed(i, "flush", 0, exc)
 
     def close(self) -> list[str]:
         """Flush and close every backend; what was lost, one line per backend."""
         lost: list[str] = []
         with self._lock:
-            for i, backend in enumerate(self.backends):
-                try:
-                    backend.flush()
-                except Exception as exc:
-                    self._failed(i, "flush", 0, exc)
+            self._flush_each()
             for i, backend in enumerate(self.backends):
                 unwritten = _unwritten(backend)
                 try:

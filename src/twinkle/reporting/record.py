@@ -566,18 +566,7 @@ def _thaw(value: Any) -> Any:
 
 def record_to_dict(record: MetricRecord) -> dict[str, Any]:
     """The record as plain JSON types (fresh ``dict``/``list`` objects), in field order."""
-    return {
-        "kind": record.kind,
-        "scope": record.scope,
-        "run_id": record.run_id,
-        "seq": record.seq,
-        "step": record.step,
-        "iteration": record.iteration,
-        "wall_ns": record.wall_ns,
-        "monotonic_ns": record.monotonic_ns,
-        "values": dict(record.values),
-        "attrs": _thaw(record.attrs),
-    }
+    return {**record_fields(record), "values": dict(record.values), "attrs": _thaw(record.attrs)}
 
 
 def record_fields(record: MetricRecord) -> dict[str, Any]:
