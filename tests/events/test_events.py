@@ -246,3 +246,15 @@ def test_bus_rejects_bad_arguments() -> None:
         bus.attach(TimeRecorder(), source="main")
     with pytest.raises(RecordError, match="lengths"):
         bus.samples(iteration=0, phase="p", lengths=[-1])
+
+
+def test_free_form_json_is_checked_as_the_log_reads_it_back() -> None:
+    """config and state reach the observers as a replay reads them from the log."""
+    bus = EventBus("r")
+    seen = bus.snapshot({"x": math.inf, "nested": [math.nan, 1]})
+    assert seen.state == {"x": None, "nested": [None, 1]}
+    assert loads_event(dumps_event(seen)) == seen
+    with pytest.raises(RecordError, match=r"snapshot\.state\['n'\] cannot be read back"):
+        bus.snapshot({"ok": 1, "n": 2**70})
+    with pytest.raises(RecordError, match=r"snapshot\.state\['d'\] cannot be read back"):
+        bus.snapshot({"d": {1: 2}})

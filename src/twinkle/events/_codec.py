@@ -44,6 +44,17 @@ def _builtin(value: Any) -> Any:
     raise TypeError(f"{type(value).__qualname__} is not a JSON value")
 
 
+def _free_fields(cls: type[Event]) -> tuple[str, ...]:
+    """The fields of ``cls`` typed ``dict[str, Any]`` (config, state): free-form JSON."""
+    return tuple(
+        f.name
+        for f in msgspec.inspect.type_info(cls).fields
+        if isinstance(f.type, msgspec.inspect.DictType)
+        and isinstance(f.type.value_type, msgspec.inspect.AnyType)
+    )
+
+
+_FREE_FIELDS = {cls: _free_fields(cls) for cls in EVENT_TYPES.values()}
 _ENCODER = msgspec.json.Encoder(enc_hook=_builtin)
 _to_builtins = msgspec.to_builtins
 _convert = msgspec.convert
@@ -81,11 +92,39 @@ def validate_event(event: _E) -> _E:
         data = _to_builtins(event)
     except TypeError:  # numbers from numpy or torch; or a value the log cannot hold
         data = event_to_dict(event)  # (without the hook when none is needed: 0.3 µs less)
+    kind = type(event)
+    for name in _FREE_FIELDS[kind]:
+        # What a replay reads back, exactly: NaN and infinities become None; an int
+        # beyond 64 bits or a non-str key is refused (orjson, the log's reader, would
+        # read a float or fail where the run saw an int).
+        data[name] = _as_read_back(event.TYPE, name, data.get(name))
     try:
-        checked: _E = _convert(data, type(event))
+        checked: _E = _convert(data, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
     return checked
+
+
+def _as_read_back(kind: str, name: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value  # the type check names it
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except TypeError as exc:
+        key = next((k for k, v in value.items() if not _reads_back({k: v})), None)
+        where = f"{kind}.{name}" if key is None else f"{kind}.{name}[{key!r}]"
+        raise RecordError(
+            f"{where} cannot be read back from the log as it is ({exc}): use str keys and "
+            "ints within 64 bits (or pass the number as a float or a str)"
+        ) from None
+
+
+def _reads_back(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
