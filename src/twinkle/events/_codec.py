@@ -46,9 +46,12 @@ def _builtin(value: Any) -> Any:
 
 def _free_fields(cls: type[Event]) -> tuple[str, ...]:
     """The fields of ``cls`` typed ``dict[str, Any]`` (config, state): free-form JSON."""
+    info = msgspec.inspect.type_info(cls)
+    if not isinstance(info, msgspec.inspect.StructType):  # pragma: no cover - a definition error
+        raise TypeError(f"event {cls.__name__} is not a struct")
     return tuple(
         f.name
-        for f in msgspec.inspect.type_info(cls).fields
+        for f in info.fields
         if isinstance(f.type, msgspec.inspect.DictType)
         and isinstance(f.type.value_type, msgspec.inspect.AnyType)
     )
