@@ -10,6 +10,7 @@ rule as :data:`SafeName` for arguments (run ids, output names).
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, TypeVar
 
@@ -33,6 +34,7 @@ __all__ = [
     "explain",
     "is_safe_name",
     "safe_name",
+    "short_repr",
 ]
 
 _T = TypeVar("_T")
@@ -57,6 +59,14 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 """A non-empty string (a span, phase or engine name)."""
 SafeName = Annotated[str, Meta(pattern=NAME_RULE)]
 """A run id: see :data:`NAME_RULE`."""
+
+
+def short_repr(value: object) -> str:
+    """``repr`` shortened for error messages (long sequences, big objects)."""
+    r = reprlib.Repr()
+    r.maxlist = r.maxtuple = 8
+    r.maxstring = r.maxother = 60
+    return r.repr(value)
 
 
 def is_safe_name(value: str) -> bool:

@@ -258,3 +258,30 @@ def test_free_form_json_is_checked_as_the_log_reads_it_back() -> None:
         bus.snapshot({"ok": 1, "n": 2**70})
     with pytest.raises(RecordError, match=r"snapshot\.state\['d'\] cannot be read back"):
         bus.snapshot({"d": {1: 2}})
+
+
+def test_span_attrs_reach_the_observers_as_the_log_reads_them_back() -> None:
+    bus = EventBus("r")
+    attrs = {"nested": {"k": [1, math.nan]}, "inf": math.inf, "big": [2**70], "key": {1: 2}}
+    spans = (Span("x", 1, 2, 3, 4, attrs, None),)
+    seen: list[SpanBatch] = []
+
+    def keep(sender: object, *, event: SpanBatch) -> None:
+        seen.append(event)
+
+    from twinkle.events import spans as spans_signal
+
+    spans_signal.connect(keep, sender=bus)
+    try:
+        bus.publish_spans("w", ANCHOR, spans)
+    finally:
+        spans_signal.disconnect(keep)
+    got = seen[0].spans[0].attrs
+    assert got["nested"] == {"k": [1, None]} and got["inf"] is None
+    assert got["big"] == "[1180591620717411303424]" and got["key"] == "{1: 2}"
+    assert loads_event(dumps_event(seen[0])) == seen[0]
+
+
+def test_nonfinite_scalars_are_nan_live_as_in_a_replay() -> None:
+    ev = EventBus("r").scalars(iteration=0, name="g", values={"a": -math.inf, "b": 1.0})
+    assert math.isnan(ev.values["a"]) and ev.values["b"] == 1.0

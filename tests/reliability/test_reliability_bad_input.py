@@ -333,7 +333,7 @@ API_CASES = [
             out_dir=tmp, run_id="c", config={"window": {"samples": "s", "devices": 0}}
         ),
         ConfigError,
-        r"config\.window\.devices must be a positive number",
+        r"config\.window\.devices must be a positive, finite number",
     ),
     Case(
         "config object",
@@ -488,7 +488,7 @@ LOG_CASES: list[tuple[str, Edit, str]] = [
     (
         "config unusable",
         lambda ls: ls[0]["config"].update(window={"samples": "x", "devices": -1}),
-        r"run_started event: config\.window\.devices must be a positive number",
+        r"run_started event: config\.window\.devices must be a positive, finite number",
     ),
     (
         "config not a dict",

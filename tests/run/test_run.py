@@ -238,3 +238,46 @@ def test_a_start_that_fails_early_frees_the_manager(tmp_path: Path) -> None:
     assert run.state is RunState.FAILED and pm.in_use_by is None
     with RunSession(out_dir=None, run_id="r2", plugin_manager=pm):
         pass  # the manager serves the next run
+
+
+def test_a_bad_terminal_total_can_be_fixed_and_the_run_finished_after(tmp_path: Path) -> None:
+    run = RunSession(out_dir=tmp_path, run_id="tt", autoload=False)
+    run.start()
+    with pytest.raises(RecordError, match=r"terminal_totals"):
+        run.finish(terminal_totals={"samples": "12"})  # type: ignore[dict-item]
+    with pytest.raises(RecordError, match=r"terminal_totals\['samples'\] = inf"):
+        run.finish(terminal_totals={"samples": float("inf")})
+    assert run.state is RunState.RUNNING
+    summary = run.finish(terminal_totals={"samples": 12})
+    assert summary["status"] == "ok" and (tmp_path / "tt" / "summary.json").is_file()
+
+
+def test_a_sink_failing_to_close_is_in_the_summary(tmp_path: Path) -> None:
+    import orjson
+
+    class Leaky:
+        @hookimpl
+        def twinkle_unconfigure(self) -> None:
+            raise OSError("cannot close my file")
+
+    with RunSession(out_dir=tmp_path, run_id="leak", autoload=False, plugins=[("leaky", Leaky())]):
+        pass
+    summary = orjson.loads((tmp_path / "leak" / "summary.json").read_bytes())
+    assert summary["observer_failures"] == {"leaky": 1}
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({1: 2}, "str keys"),
+        ({"window": {"samples": "s", "devices": float("inf")}}, "finite"),
+        ({"window": {"samples": "s", "devices": float("nan")}}, "got None"),
+    ],
+)
+def test_a_config_the_log_cannot_carry_as_it_is_is_refused_up_front(
+    config: dict[Any, Any], match: str
+) -> None:
+    from twinkle.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        RunSession(out_dir=None, config=config)

@@ -10,6 +10,7 @@ from twinkle.events._codec import (
     event_from_dict,
     event_to_dict,
     loads_event,
+    read_back,
     validate_event,
 )
 from twinkle.events._signals import (
@@ -66,6 +67,7 @@ __all__ = [
     "event_to_dict",
     "iteration_started",
     "loads_event",
+    "read_back",
     "memory",
     "optimizer_step",
     "run_finished",

@@ -10,6 +10,7 @@ the log. Numbers from numpy or torch (anything with ``tolist()``) become plain n
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar, Union
 
@@ -28,6 +29,7 @@ __all__ = [
     "event_to_dict",
     "loads_event",
     "loggable_spans",
+    "read_back",
     "validate_event",
 ]
 
@@ -108,11 +110,18 @@ def validate_event(event: _E) -> _E:
     return checked
 
 
+def read_back(value: Any) -> Any:
+    """``value`` as the event log's reader (orjson) reads it back: NaN and infinities as
+    None, tuples as lists. Raises ``TypeError`` for what it cannot read back as it was
+    (an int beyond 64 bits becomes a float, a non-str key is refused)."""
+    return orjson.loads(orjson.dumps(value))
+
+
 def _as_read_back(kind: str, name: str, value: Any) -> Any:
     if not isinstance(value, dict):
         return value  # the type check names it
     try:
-        return orjson.loads(orjson.dumps(value))
+        return read_back(value)
     except TypeError as exc:
         key = next((k for k, v in value.items() if not _reads_back({k: v})), None)
         where = f"{kind}.{name}" if key is None else f"{kind}.{name}[{key!r}]"
@@ -124,7 +133,7 @@ def _as_read_back(kind: str, name: str, value: Any) -> Any:
 
 def _reads_back(value: object) -> bool:
     try:
-        orjson.dumps(value)
+        read_back(value)
     except TypeError:
         return False
     return True
@@ -212,44 +221,52 @@ def loads_event(line: bytes | str) -> Event:
     return event
 
 
-_JSON_SCALARS = frozenset({str, float, bool, type(None)})
+_PLAIN = frozenset({str, bool, type(None)})
 _INT64 = range(INT64_MIN, INT64_MAX + 1)
 
 
+def _plain(value: object) -> bool:
+    """A value the log reads back unchanged without a round trip (the common case)."""
+    kind = type(value)
+    return (
+        kind in _PLAIN
+        or (kind is int and value in _INT64)
+        or (kind is float and math.isfinite(value))  # type: ignore[arg-type]
+    )
+
+
 def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
-    """Spans whose attrs the log can hold: a value that is not JSON (an object, a set, an
-    int beyond 64 bits) is replaced by its ``repr`` and logged, so the span and the rest
-    of its batch still reach the observers and the log (the span was already drained:
-    refusing it would lose it). Observers and a replay see the same replaced value."""
+    """Spans whose attrs are what the log reads back (:func:`read_back`): observers and
+    a replay see the same values. A value the log cannot hold as it is (an object, a set,
+    an int beyond 64 bits, a non-str key) is replaced by its ``repr`` and logged, so the
+    span and the rest of its batch still reach the observers and the log (the span was
+    already drained: refusing it would lose it)."""
     out: list[Any] | None = None
-    scalars, int64 = _JSON_SCALARS, _INT64
     for i, span in enumerate(spans):
         if type(span) is not Span:
             continue  # validation names it
         attrs = span.attrs
-        if not attrs:
-            continue
-        for v in attrs.values():
-            kind = type(v)
-            if not (kind in scalars or (kind is int and v in int64)):
-                break
-        else:
-            continue  # the common case: str, float, bool, None and 64-bit ints
-        bad = [
-            k
-            for k, v in attrs.items()
-            if not isinstance(k, str) or (type(v) is int and v not in int64) or not _fits(v)
-        ]
-        if not bad:
-            continue
-        fixed = {str(k): (f"{v!r:.200}" if k in bad else v) for k, v in attrs.items()}
-        _log.warning(
-            "span %r (source %r) has attribute(s) %s that are not JSON; written as their "
-            "repr: pass str, int, float, bool, None, lists or dicts",
-            span.name,
-            source,
-            sorted(str(k) for k in bad),
-        )
+        if not attrs or all(_plain(v) for v in attrs.values()):
+            continue  # the common case: flat str, bool, None, 64-bit ints, finite floats
+        fixed: dict[str, Any] = {}
+        bad: list[str] = []
+        for k, v in attrs.items():
+            try:
+                fixed[str(k)] = read_back(v) if isinstance(k, str) else f"{v!r:.200}"
+            except (TypeError, ValueError):
+                fixed[str(k)] = f"{v!r:.200}"
+                bad.append(str(k))
+            else:
+                if not isinstance(k, str):
+                    bad.append(str(k))
+        if bad:
+            _log.warning(
+                "span %r (source %r) has attribute(s) %s that are not JSON; written as "
+                "their repr: pass str, int, float, bool, None, lists or dicts",
+                span.name,
+                source,
+                sorted(bad),
+            )
         if out is None:
             out = list(spans)
         out[i] = msgspec.structs.replace(span, attrs=fixed)

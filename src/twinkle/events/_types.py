@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 # A number-only mapping. JSON has no NaN or infinity (they are written as ``null``), so
-# the decoder accepts ``null`` and the event turns it back into NaN (_nan_for_null): a
-# replay sees a non-finite value where the run did. Type checkers see the numbers only.
+# the decoder accepts ``null``, and every non-finite value becomes NaN, live and in a
+# replay alike (_nonfinite_as_nan). Type checkers see the numbers only.
 if TYPE_CHECKING:
     Numbers = dict[str, int | float]
 else:
@@ -81,9 +81,16 @@ def _event(cls: _E) -> _E:
     return cls
 
 
-def _nan_for_null(event: Event, name: str, values: object) -> None:
-    if type(values) is dict and None in values.values():
-        fixed = {k: math.nan if v is None else v for k, v in values.items()}
+def _nonfinite_as_nan(event: Event, name: str, values: object) -> None:
+    """Every non-finite number of a number map as NaN (JSON ``null`` included), so the
+    observers of a live run see what a replay of its log sees."""
+    if type(values) is not dict:
+        return  # the type check names it
+    if any(v is None or (type(v) is float and not math.isfinite(v)) for v in values.values()):
+        fixed = {
+            k: math.nan if v is None or (type(v) is float and not math.isfinite(v)) else v
+            for k, v in values.items()
+        }
         msgspec.structs.force_setattr(event, name, fixed)
 
 
@@ -156,7 +163,15 @@ class RunFinished(Event, tag="run_finished", frozen=True):
     process_wall_ns: Count | None = None
 
     def __post_init__(self) -> None:
-        _nan_for_null(self, "terminal_totals", self.terminal_totals)
+        totals = self.terminal_totals
+        if type(totals) is dict:
+            for key, value in totals.items():
+                if value is None or (type(value) is float and not math.isfinite(value)):
+                    raise RecordError(
+                        f"run_finished.terminal_totals[{key!r}] = {value!r}: terminal totals "
+                        "are the producers' finite end-of-run counts; leave out one you do "
+                        "not know"
+                    )
 
 
 @_event
@@ -223,7 +238,7 @@ class ScalarsObserved(Event, tag="scalars", frozen=True):
     values: Numbers
 
     def __post_init__(self) -> None:
-        _nan_for_null(self, "values", self.values)
+        _nonfinite_as_nan(self, "values", self.values)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in _TYPES}

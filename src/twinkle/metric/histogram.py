@@ -30,13 +30,13 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import reprlib
 from bisect import bisect_left, insort
 from collections import _count_elements  # type: ignore[attr-defined]  # C helper of Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, islice
 from typing import Any, Final, TypeGuard, final
 
+from twinkle.checks import short_repr
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["LengthHistogram"]
@@ -49,14 +49,6 @@ _CURSOR_WALK: Final = 32
 _MAX_CURSORS: Final = 8  # quantiles tracked at once (ThroughputMetric asks for two)
 
 
-def _short_repr(value: object) -> str:
-    """``repr`` shortened for error messages (long sequences, big objects)."""
-    r = reprlib.Repr()
-    r.maxlist = r.maxtuple = 8
-    r.maxstring = r.maxother = 60
-    return r.repr(value)
-
-
 def _validate_lengths(lengths: object, *, where: str) -> list[int]:
     """Check every length: a sequence of int token counts in ``[0, MAX_LENGTH]``.
 
@@ -67,7 +59,7 @@ def _validate_lengths(lengths: object, *, where: str) -> list[int]:
     if not isinstance(lengths, Sequence) or isinstance(lengths, str | bytes | bytearray):
         raise InvalidArgumentError(
             f"{where}: lengths must be a sequence of int token counts, got "
-            f"{_short_repr(lengths)}; pass a list such as [128, 512] "
+            f"{short_repr(lengths)}; pass a list such as [128, 512] "
             f"(convert a tensor or array with .tolist())"
         )
     values: list[int] = []
@@ -87,7 +79,7 @@ def _validate_lengths(lengths: object, *, where: str) -> list[int]:
     return values
 
 
-def _sorted_lengths(lengths: Sequence[int], where: str) -> tuple[list[int], int]:
+def sorted_lengths(lengths: Sequence[int], where: str) -> tuple[list[int], int]:
     """``lengths`` checked as :meth:`LengthHistogram.add` checks them, sorted, and their sum.
 
     The one-shot counterpart of a histogram, for one batch's statistics (a sort of a few
@@ -121,7 +113,7 @@ def _has_bool(values: Sequence[int]) -> bool:
     return bool in set(map(type, values))
 
 
-def _nearest_rank(q: tuple[int, int], n: int) -> int:
+def nearest_rank(q: tuple[int, int], n: int) -> int:
     """The 1-based rank of the nearest-rank quantile ``q`` (numerator, exponent: the exact
     value of the float) of ``n >= 1`` samples: ``max(1, ceil(q * n))``, at most ``n``."""
     rank = -((-q[0] * n) >> q[1])  # ceil(q * n), exactly
@@ -130,7 +122,7 @@ def _nearest_rank(q: tuple[int, int], n: int) -> int:
 
 def _check_quantile(q: object) -> tuple[int, int]:
     if type(q) is float and 0.0 <= q <= 1.0:
-        return _exact_fraction(q)
+        return exact_fraction(q)
     x = math.nan
     if not isinstance(q, bool) and isinstance(q, numbers.Real):
         try:
@@ -142,10 +134,10 @@ def _check_quantile(q: object) -> tuple[int, int]:
             f"LengthHistogram.quantile: q must be a number in [0, 1], got {q!r}; "
             f"pass e.g. 0.5 for the median or 0.95 for the 95th percentile"
         )
-    return _exact_fraction(x)
+    return exact_fraction(x)
 
 
-def _exact_fraction(x: float) -> tuple[int, int]:
+def exact_fraction(x: float) -> tuple[int, int]:
     """``(n, k)`` with ``x == n / 2**k`` exactly (a float's denominator is a power of 2)."""
     n, d = x.as_integer_ratio()
     return n, d.bit_length() - 1
@@ -305,7 +297,7 @@ class LengthHistogram:
             return [math.nan] * len(qs)
         out: list[float] = []
         for q in qs:
-            rank = _nearest_rank(q, n)
+            rank = nearest_rank(q, n)
             if rank == 1:
                 out.append(float(self._min))
             elif rank == n:
@@ -393,7 +385,7 @@ class LengthHistogram:
         if not isinstance(other, LengthHistogram):
             raise InvalidArgumentError(
                 f"LengthHistogram.merge: other must be a LengthHistogram, got "
-                f"{_short_repr(other)}; rebuild it with LengthHistogram.from_state(...)"
+                f"{short_repr(other)}; rebuild it with LengthHistogram.from_state(...)"
             )
         if other._count == 0:
             return
@@ -440,7 +432,7 @@ class LengthHistogram:
         if not isinstance(state, Mapping):
             raise InvalidArgumentError(
                 f"{where}: state must be a mapping from LengthHistogram.state(), got "
-                f"{_short_repr(state)}"
+                f"{short_repr(state)}"
             )
         version = state.get("version")
         if type(version) is not int or version != _STATE_VERSION:
@@ -453,7 +445,7 @@ class LengthHistogram:
         if not isinstance(pairs, Sequence) or isinstance(pairs, str | bytes):
             raise InvalidArgumentError(
                 f"{where}: state['counts'] must be a list of [length, count] pairs, got "
-                f"{_short_repr(pairs)}"
+                f"{short_repr(pairs)}"
             )
         hist = cls()
         counts = hist._counts

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
+from twinkle.checks import short_repr
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.histogram import _short_repr
 from twinkle.perf.dist import all_gather_json
 from twinkle.perf.stats import MemoryReading
 
@@ -99,7 +99,7 @@ def _check_readings(readings: object, where: str) -> Sequence[MemoryReading]:
     if not isinstance(readings, Sequence) or isinstance(readings, str | bytes):
         raise InvalidArgumentError(
             f"{where}: readings must be a sequence of MemoryReading, got "
-            f"{_short_repr(readings)}; pass e.g. gather_readings(memory_stats())"
+            f"{short_repr(readings)}; pass e.g. gather_readings(memory_stats())"
         )
     if not readings:
         raise InvalidArgumentError(
@@ -110,7 +110,7 @@ def _check_readings(readings: object, where: str) -> Sequence[MemoryReading]:
         if not isinstance(reading, MemoryReading):
             raise InvalidArgumentError(
                 f"{where}: readings[{i}] must be a twinkle.perf.stats.MemoryReading, got "
-                f"{_short_repr(reading)}; build readings with memory_stats()"
+                f"{short_repr(reading)}; build readings with memory_stats()"
             )
     return readings
 
@@ -278,7 +278,7 @@ def gather_readings(reading: MemoryReading, *, group: Any = None) -> list[Memory
     if not isinstance(reading, MemoryReading):
         raise InvalidArgumentError(
             f"gather_readings: reading must be a twinkle.perf.stats.MemoryReading, got "
-            f"{_short_repr(reading)}; pass memory_stats()"
+            f"{short_repr(reading)}; pass memory_stats()"
         )
     # An initialised process group means torch.distributed is already imported: never
     # import torch here just to find out there is none.

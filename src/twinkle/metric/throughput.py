@@ -32,13 +32,13 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Final, final
 
+from twinkle.checks import short_repr
 from twinkle.errors import InvalidArgumentError
 from twinkle.metric.histogram import (
     LengthHistogram,
-    _exact_fraction,
-    _nearest_rank,
-    _short_repr,
-    _sorted_lengths,
+    exact_fraction,
+    nearest_rank,
+    sorted_lengths,
 )
 
 __all__ = ["THROUGHPUT_KEYS", "ThroughputMetric"]
@@ -65,8 +65,8 @@ _EXACT_INT_DEVICES: Final = 1 << 53  # a larger int device count is rounded as a
 _INF: Final = math.inf
 # Nearest-rank p50 and p95 at the exact values of the floats 0.5 and 0.95, as
 # LengthHistogram.quantile(0.5) and quantile(0.95) take them.
-_P50: Final = _exact_fraction(0.5)
-_P95: Final = _exact_fraction(0.95)
+_P50: Final = exact_fraction(0.5)
+_P95: Final = exact_fraction(0.95)
 _QUANTILES: Final = (_P50, _P95)
 
 
@@ -127,8 +127,8 @@ def _exact_times(seconds: float, devices: int | float, where: str) -> tuple[int,
                 fix="pass the number of devices (e.g. GPUs) the phase ran on, such as 8",
                 where=where,
             )
-        p_num, p_exp = _exact_fraction(devices)
-    s_num, s_exp = _exact_fraction(seconds)
+        p_num, p_exp = exact_fraction(devices)
+    s_num, s_exp = exact_fraction(seconds)
     return s_num, s_exp, s_num * p_num, s_exp + p_exp
 
 
@@ -260,12 +260,12 @@ class ThroughputMetric:
         """
         where = "ThroughputMetric.calculate_batch"
         s_num, s_exp, d_num, d_exp = _exact_times(seconds, devices, where)
-        ordered, tokens = _sorted_lengths(lengths, where)
+        ordered, tokens = sorted_lengths(lengths, where)
         n = len(ordered)
         if not n:
             return _figures(0, 0, 0, 0, math.nan, math.nan, s_num, s_exp, d_num, d_exp)
-        p50 = float(ordered[_nearest_rank(_P50, n) - 1])
-        p95 = float(ordered[_nearest_rank(_P95, n) - 1])
+        p50 = float(ordered[nearest_rank(_P50, n) - 1])
+        p95 = float(ordered[nearest_rank(_P95, n) - 1])
         return _figures(n, tokens, ordered[0], ordered[-1], p50, p95, s_num, s_exp, d_num, d_exp)
 
     def reset(self) -> None:
@@ -281,7 +281,7 @@ class ThroughputMetric:
         if not isinstance(other, ThroughputMetric):
             raise InvalidArgumentError(
                 f"ThroughputMetric.merge: other must be a ThroughputMetric, got "
-                f"{_short_repr(other)}; rebuild a worker's partial with "
+                f"{short_repr(other)}; rebuild a worker's partial with "
                 f"ThroughputMetric.from_state(state)"
             )
         self._lengths.merge(other._lengths)
@@ -316,7 +316,7 @@ class ThroughputMetric:
         ):
             raise InvalidArgumentError(
                 f"ThroughputMetric.from_state: state must be a mapping with version "
-                f"{_STATE_VERSION}, got {_short_repr(state)}; pass ThroughputMetric.state()"
+                f"{_STATE_VERSION}, got {short_repr(state)}; pass ThroughputMetric.state()"
             )
         metric = cls()
         metric._sec_num, metric._sec_exp = _dyadic_from_state(state, "seconds", _SECONDS_MAX_EXP)
@@ -327,7 +327,7 @@ class ThroughputMetric:
         if not isinstance(lengths, Mapping):
             raise InvalidArgumentError(
                 f"ThroughputMetric.from_state: state['lengths'] must be a "
-                f"LengthHistogram.state() mapping, got {_short_repr(lengths)}"
+                f"LengthHistogram.state() mapping, got {short_repr(lengths)}"
             )
         metric._lengths = LengthHistogram.from_state(lengths)
         return metric

@@ -28,6 +28,7 @@ that a replay rebuilds identical observers. Its shape::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,9 +79,9 @@ class PhaseThroughput:
 
 
 def _devices(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise ConfigError(
-            f"{where}.devices must be a positive number of physical devices, got {value!r}"
+            f"{where}.devices must be a positive, finite number of physical devices, got {value!r}"
         )
     return float(value)
 
@@ -136,6 +137,9 @@ class ObserverConfig:
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
         """Validate ``raw`` (``RunStarted.config``); :class:`ConfigError` names the key."""
         known = {"phases", "throughput", "window", "total_steps", "streaming", "finalise_lag"}
+        bad = [k for k in raw if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"observer config keys must be str, got {bad[0]!r}")
         unknown = sorted(k for k in raw if k not in known and not k.startswith("x_"))
         if unknown:
             raise ConfigError(

@@ -136,7 +136,9 @@ class HookCalls:
                 raise
             except Exception:
                 self.failures[name] += 1
-                log.exception("observer %r failed in %s; skipped", name, hook)
+                n = self.failures[name]
+                if n & (n - 1) == 0:  # the 1st, 2nd, 4th...: a lasting fault never floods
+                    log.exception("observer %r failed in %s; skipped (failure %d)", name, hook, n)
                 continue
             if result is not None:
                 out.append((name, result))

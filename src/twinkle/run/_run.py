@@ -10,6 +10,7 @@ it a log. The lifecycle of the events is checked here, once, for both.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import os
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ import orjson
 import pluggy
 
 from twinkle.errors import ConfigError, PluginError, RecordError, TwinkleError, WriteError
-from twinkle.events import Event, EventBus, RunFinished, RunStarted
+from twinkle.events import Event, EventBus, RunFinished, RunStarted, read_back
 from twinkle.hookspecs import RunContext
 from twinkle.observers import ObserverConfig
 from twinkle.plugins import Dispatcher, HookCalls, ObserverManager, merge_summary
@@ -32,7 +33,8 @@ SUMMARY_FILE = "summary.json"
 
 
 class RunState(enum.Enum):
-    """Where a run is: NEW → RUNNING → FINISHED, or FAILED when starting failed."""
+    """Where a run is: NEW → RUNNING → FINISHED; FAILED when starting failed or the run
+    was closed without finishing."""
 
     NEW = "new"
     RUNNING = "running"
@@ -40,17 +42,21 @@ class RunState(enum.Enum):
     FAILED = "failed"
 
 
-def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> None:
-    """Refuse, before anything starts, a configuration the built-in observers cannot use
-    (:class:`~twinkle.errors.ConfigError` naming the key) or the log cannot hold."""
-    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
-        ObserverConfig.parse(config)
+def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[str, Any]:
+    """The configuration as the event log will carry it (``read_back``: NaN and
+    infinities as None), after refusing, before anything starts, one the log cannot hold
+    or the built-in observers cannot use (:class:`~twinkle.errors.ConfigError` naming
+    the key): what the live run's observers parse is what a replay parses."""
     try:
-        orjson.dumps(config, option=orjson.OPT_SERIALIZE_NUMPY)
+        logged = read_back(dict(config))
     except TypeError as exc:
         raise ConfigError(
-            f"config must hold only JSON values (it travels in events.jsonl): {exc}"
+            f"config must hold only JSON values with str keys and ints within 64 bits (it "
+            f"travels in events.jsonl): {exc}"
         ) from None
+    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
+        ObserverConfig.parse(logged)
+    return cast("dict[str, Any]", logged)
 
 
 @final
@@ -96,9 +102,10 @@ class Run:
                 f"{type(pm).__qualname__}: twinkle's manager keeps the observers fixed while "
                 "a run uses them; pass plugins=[(name, plugin)] to add your own"
             )
-        check_config(context.config, pm)
+        logged = check_config(context.config, pm)
         self.pm = pm
-        self.context = context
+        # Every observer configures from the config as the log carries it.
+        self.context = dataclasses.replace(context, config=logged)
         self._background = background
         self._background_dispatch = background_dispatch
         self.state = RunState.NEW
@@ -178,19 +185,28 @@ class Run:
         dispatcher.submit(event)
 
     def finish(self) -> dict[str, Any]:
-        """Write ``summary.json`` (after ``run_finished`` was submitted) and close."""
+        """Close the run (after ``run_finished`` was submitted), then write
+        ``summary.json``: the observers' parts are taken while they still run, the
+        failures once every output is closed (a sink failing to close its file is in the
+        summary); the summary is written even when closing raised, then that error is."""
         try:
             if self.finished is None or self.calls is None:
                 raise TwinkleError(f"run {self.run_id!r} has not seen run_finished")
             if self.dispatcher is not None:
                 self.dispatcher.flush()  # every observer has seen run_finished
-            out = self.context.out_dir
-            summary = write_summary(
-                None if out is None else out / SUMMARY_FILE, self.finished, self.calls
-            )
+            summary = build_summary(self.finished, self.calls)
             self.state = RunState.FINISHED
-        finally:
+        except BaseException:
             self.close()
+            raise
+        calls = self.calls
+        try:
+            self.close()
+        finally:
+            summary["observer_failures"] = dict(sorted(calls.failures.items()))
+            out = self.context.out_dir
+            if out is not None:
+                write_summary(out / SUMMARY_FILE, summary)
         return summary
 
     def close(self) -> None:
@@ -221,8 +237,8 @@ class Run:
                 self.pm.release()  # also when the start failed before configuring
 
 
-def write_summary(path: Path | None, event: RunFinished, calls: HookCalls) -> dict[str, Any]:
-    """Build ``summary.json`` from the observers' parts and write it (when ``path``)."""
+def build_summary(event: RunFinished, calls: HookCalls) -> dict[str, Any]:
+    """``summary.json``'s content: the run's frame and the observers' parts."""
     parts = calls.call_named("twinkle_summary", event=event)
     summary: dict[str, Any] = {
         "run_id": event.run_id,
@@ -235,10 +251,13 @@ def write_summary(path: Path | None, event: RunFinished, calls: HookCalls) -> di
         **merge_summary([(name, part) for name, part in parts if isinstance(part, dict)]),
     }
     summary["observer_failures"] = dict(sorted(calls.failures.items()))
-    if path is not None:
-        data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-        _write_atomically(path, data + b"\n")
     return summary
+
+
+def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
+    """Write ``summary.json`` (sorted keys, indented), whole or not at all."""
+    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    _write_atomically(path, data + b"\n")
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

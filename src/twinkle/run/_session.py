@@ -29,7 +29,7 @@ import pluggy
 
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, TwinkleError
-from twinkle.events import EventBus, Status
+from twinkle.events import EventBus, RunFinished, Status, validate_event
 from twinkle.hookspecs import RunContext
 from twinkle.perf import Clock, TimeRecorder, bind_process_recorder
 from twinkle.perf.stats import memory_stats
@@ -141,8 +141,7 @@ class RunSession:
             self.run.connect(self.bus)
             self.bus.run_started(self.config)
         except BaseException:
-            self.run.state = RunState.FAILED
-            self.run.close()
+            self.run.close()  # FAILED: it never finished
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
@@ -164,6 +163,9 @@ class RunSession:
             raise TwinkleError(
                 f"run {self.run_id!r} is not running (state: {self.run.state.value})"
             )
+        # The caller's part checked before anything changes: a bad total is an error the
+        # caller can fix and finish again after, never a lost run.
+        validate_event(RunFinished(self.run_id, 0, 0, status, error, dict(terminal_totals or {})))
         if self._unbind is not None:
             self._unbind()
             self._unbind = None
@@ -179,8 +181,7 @@ class RunSession:
                 process_wall_ns=self._process_wall_ns(),
             )
         except BaseException:
-            self.run.close()
-            self.run.state = RunState.FAILED
+            self.run.close()  # FAILED: it never finished
             raise
         self.summary = self.run.finish()
         return self.summary
