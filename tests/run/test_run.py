@@ -281,3 +281,13 @@ def test_a_config_the_log_cannot_carry_as_it_is_is_refused_up_front(
 
     with pytest.raises(ConfigError, match=match):
         RunSession(out_dir=None, config=config)
+
+
+def test_an_event_published_after_the_run_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    with _run(run_id="late") as session:
+        pass
+    with caplog.at_level("WARNING", logger="twinkle.events"):
+        session.bus.iteration_started(9)
+        session.bus.iteration_started(10)
+    said = [r for r in caplog.records if "reaches no observer" in r.getMessage()]
+    assert len(said) == 1 and "'late' is over" in said[0].getMessage()

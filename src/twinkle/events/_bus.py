@@ -7,6 +7,7 @@ run: it is the blinker *sender* of every event it publishes, so receivers connec
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -45,6 +46,7 @@ __all__ = ["OVERHEAD_SPAN", "EventBus"]
 OVERHEAD_SPAN = "twinkle.observe"
 
 _E = TypeVar("_E", bound=Event)
+_log = logging.getLogger("twinkle.events")
 
 
 class EventBus:
@@ -69,6 +71,7 @@ class EventBus:
         "_lock",
         "_own",
         "_recorders",
+        "_unbound",
         "_wall_clock",
         "anchor",
         "run_id",
@@ -91,6 +94,7 @@ class EventBus:
         self._recorders: list[tuple[str, TimeRecorder]] = []
         self._own = overhead
         self._bound: Callable[[Event], object] | None = None
+        self._unbound = False
         self._lock = threading.Lock()
         mono = clock()
         self.anchor = ClockAnchor(
@@ -124,12 +128,17 @@ class EventBus:
 
     def bind(self, receiver: Callable[[Event], object] | None) -> None:
         """Deliver every event to ``receiver`` first (the run that owns this bus), before
-        the signal's receivers; ``None`` unbinds. One receiver per bus."""
-        if receiver is not None and self._bound is not None:
-            raise InvalidArgumentError(
-                f"the bus of run {self.run_id!r} already delivers to a run; one run per bus"
-            )
-        self._bound = receiver
+        the signal's receivers; ``None`` unbinds (the run is over: an event published
+        after that reaches no observer, and the first one says so in the log). One
+        receiver per bus."""
+        with self._lock:
+            if receiver is not None and self._bound is not None:
+                raise InvalidArgumentError(
+                    f"the bus of run {self.run_id!r} already delivers to a run; one run per bus"
+                )
+            if receiver is None and self._bound is not None:
+                self._unbound = True
+            self._bound = receiver
 
     def _send(self, event: _E) -> _E:
         if self.validate:
@@ -137,6 +146,14 @@ class EventBus:
         bound = self._bound
         if bound is not None:
             bound(event)
+        elif self._unbound:
+            self._unbound = False  # said once
+            _log.warning(
+                "run %r is over: its bus published %s after the run finished; that event "
+                "(and any later one) reaches no observer and is not in the log",
+                self.run_id,
+                event.TYPE,
+            )
         signal = SIGNALS[type(event)]
         # blinker's send costs as much as the rest of a publish: skip it when nobody
         # listens directly (its receivers map is empty).

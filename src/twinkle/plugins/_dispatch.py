@@ -176,7 +176,10 @@ class Dispatcher:
     every event submitted so far was dispatched. The price: a process killed outright
     also loses the events still queued for the dispatch thread (they have not reached
     the event log), and the observers' own time is no longer timed as overhead on the
-    publishing threads (the timeline deducts only those threads' time).
+    publishing threads (the timeline deducts only those threads' time). An observer
+    raising a ``BaseException`` that is not an ``Exception`` (``SystemExit`` from a hook)
+    stops the dispatch thread: later events are counted lost and finishing raises
+    :class:`~twinkle.errors.ReporterError` saying so (inline it reaches the publisher).
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
