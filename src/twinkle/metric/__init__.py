@@ -2,7 +2,7 @@
 
 * :class:`Metric` — the ``accumulate`` / ``calculate`` / ``reset`` protocol.
 * :class:`ThroughputMetric` — window tokens/s and tokens/s/device as ratios of totals.
-* :class:`LengthHistogram` — bounded, deterministic, mergeable length distribution.
+* :class:`LengthHistogram` — exact, deterministic, mergeable length distribution.
 * :func:`memory_metrics` and friends — cross-worker memory reduction in binary units.
 
 Persistence lives in :mod:`twinkle.reporting`, which is not imported here.
