@@ -125,9 +125,14 @@ class RunContext:
 
 @hookspec
 def twinkle_configure(context: RunContext) -> None:
-    """Once per run, after every plugin is registered and before the first event.
+    """Once per run, after every plugin is registered (the set is fixed from now until
+    the run closes) and before the first event. Raising a
+    :class:`~twinkle.errors.TwinkleError` here (the observer cannot run as configured)
+    fails the run's start with that error; any other exception is logged and counted.
 
-    :param context: the run's id, output directory and whether this is a replay.
+    :param context: the run's id, output directory, configuration (as the event log
+        carries it), whether this is a replay, and the run's stash (state observers
+        share for this run, e.g. the timeline).
     """
 
 
