@@ -65,6 +65,7 @@ _to_builtins = msgspec.to_builtins
 _convert = msgspec.convert
 _DECODER = msgspec.json.Decoder(_ANY_EVENT)
 _JSON = "str, int, float, bool, None, lists and dicts with str keys"
+_UNKNOWN = "unknown event type {kind!r}; known types: " + ", ".join(sorted(EVENT_TYPES))
 
 
 def _invalid(exc: msgspec.ValidationError, kind: object, data: Any) -> RecordError:
@@ -81,9 +82,7 @@ def _invalid(exc: msgspec.ValidationError, kind: object, data: Any) -> RecordErr
             return RecordError(explained)
         return RecordError(f"event {kind!r}{explained.removeprefix(kind)}")
     if "`$.type`" in message or "missing required field `type`" in message:
-        return RecordError(
-            f"unknown event type {kind!r}; known types: {', '.join(sorted(EVENT_TYPES))}"
-        )
+        return RecordError(_UNKNOWN.format(kind=kind))
     return RecordError(f"malformed event: {explain(exc, data, 'event')}")
 
 
@@ -144,10 +143,14 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     try:
         data: dict[str, Any] = msgspec.to_builtins(event, enc_hook=_builtin)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise RecordError(
-            f"{_unjsonable(event)} is not JSON-serialisable ({exc}); values must be {_JSON}"
-        ) from None
+        raise _not_json(event, exc) from None
     return data
+
+
+def _not_json(event: Event, exc: Exception) -> RecordError:
+    return RecordError(
+        f"{_unjsonable(event)} is not JSON-serialisable ({exc}); values must be {_JSON}"
+    )
 
 
 def _unjsonable(event: Event) -> str:
@@ -179,9 +182,7 @@ def dumps_event(event: Event) -> bytes:
     try:
         return _ENCODER.encode(event)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise RecordError(
-            f"{_unjsonable(event)} is not JSON-serialisable ({exc}); values must be {_JSON}"
-        ) from None
+        raise _not_json(event, exc) from None
 
 
 def event_from_dict(data: Mapping[str, Any]) -> Event:
@@ -191,9 +192,7 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
     kind = data.get("type")
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise RecordError(
-            f"unknown event type {kind!r}; known types: {', '.join(sorted(EVENT_TYPES))}"
-        )
+        raise RecordError(_UNKNOWN.format(kind=kind))
     try:
         # The concrete type, not the union of all: msgspec converts 10x faster.
         event: Event = _convert(data, cls)

@@ -109,13 +109,13 @@ class HookCalls:
         """The plugins implementing ``hook``, in call order."""
         return [name for name, _, _ in self._plans.get(hook, ())]
 
-    def count(self, name: str, message: str, *args: object) -> None:
+    def count(self, name: str, message: str, *args: object, exc_info: bool = False) -> None:
         """Count a failure of ``name``; log the 1st, 2nd, 4th, 8th... (a lasting fault
-        does not flood the log)."""
+        does not flood the log), with the traceback being handled when ``exc_info``."""
         self.failures[name] += 1
         n = self.failures[name]
         if n & (n - 1) == 0:
-            log.error(f"observer %r {message} (failure %d)", name, *args, n)
+            log.error(f"observer %r {message} (failure %d)", name, *args, n, exc_info=exc_info)
 
     def _calls(
         self, hook: str, kwargs: dict[str, Any], fatal: type[Exception] = _Never
@@ -135,10 +135,7 @@ class HookCalls:
             except fatal:
                 raise
             except Exception:
-                self.failures[name] += 1
-                n = self.failures[name]
-                if n & (n - 1) == 0:  # the 1st, 2nd, 4th...: a lasting fault never floods
-                    log.exception("observer %r failed in %s; skipped (failure %d)", name, hook, n)
+                self.count(name, "failed in %s; skipped", hook, exc_info=True)
                 continue
             if result is not None:
                 out.append((name, result))
