@@ -114,6 +114,11 @@ class RunContext:
     when nothing is to be written; ``config`` is the caller's observer configuration
     (the same dict :class:`~twinkle.events.RunStarted` will carry); ``replay`` is true
     when events come from a log; ``stash`` holds what observers share for this run.
+
+    ``resumed_events`` is the number of events a resumed live run (a second session on
+    the same run directory: a restarted job) found in its ``events.jsonl``: the
+    observers see those events again first, so that every output covers every segment,
+    and the event log must not write them a second time. 0 otherwise (and in a replay).
     """
 
     run_id: str
@@ -121,6 +126,7 @@ class RunContext:
     config: Mapping[str, Any] = field(default_factory=dict)
     replay: bool = False
     stash: Stash = field(default_factory=Stash, compare=False, repr=False)
+    resumed_events: int = 0
 
 
 @hookspec
