@@ -23,9 +23,11 @@ from twinkle.events import (
     OptimizerStep,
     RunFinished,
     SamplesObserved,
+    WeightsPublished,
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
+from twinkle.plugins import Dispatcher, HookCalls, make_plugin_manager
 from twinkle.reporting import MetricRecord, make_record
 from twinkle.run import RunSession, replay
 
@@ -271,6 +273,220 @@ def test_observer_returning_garbage_is_counted_and_skipped(tmp_path: Path) -> No
         drive(run, clock)
     assert summary_of(run)["observer_failures"] == {"garbage": 4 * ITERATIONS}
     same_records_as_replay_without(run, tmp_path)
+
+
+class EndsTheProcess:
+    """Raises ``exc`` (``SystemExit`` or ``KeyboardInterrupt``) at every weights publish."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        self.exc = exc
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        raise self.exc(f"observer gives up at version {event.version}")
+
+
+class SeesWeights:
+    """Keeps every weight version and every event type it is given."""
+
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+        self.types: list[str] = []
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        self.versions.append(event.version)
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        self.types.append(event.TYPE)
+
+
+WEIGHT_VERSIONS = 5
+
+
+def publish_weights_and_steps(run: RunSession) -> None:
+    for v in range(WEIGHT_VERSIONS):
+        run.bus.weights_published(v, start_ns=10 * v, end_ns=10 * v + 5, acks=[("e0", 10 * v + 5)])
+        run.bus.optimizer_step(iteration=0, step=v + 1, samples=1)
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize(
+    ("background", "publisher"),
+    [(True, "main"), (False, "thread"), (True, "thread")],
+    ids=["dispatch-thread", "publisher-thread", "both"],
+)
+def test_observer_raising_systemexit_or_ctrl_c_off_the_main_thread_is_counted_and_skipped(
+    tmp_path: Path, exc: type[BaseException], background: bool, publisher: str
+) -> None:
+    sees = SeesWeights()
+    # registered last, so called first: the observer after it in the same call still runs
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc))]
+    run = RunSession(
+        out_dir=tmp_path,
+        run_id="ender",
+        autoload=False,
+        plugins=plugins,
+        background_dispatch=background,
+    )
+    escaped: list[BaseException] = []
+    with run:
+        run.bus.iteration_started(0)
+        if publisher == "main":
+            publish_weights_and_steps(run)
+        else:
+
+            def publish() -> None:
+                try:
+                    publish_weights_and_steps(run)
+                except BaseException as e:  # threading would swallow a SystemExit silently
+                    escaped.append(e)
+
+            worker = threading.Thread(target=publish)
+            worker.start()
+            worker.join()
+        run.bus.iteration_started(1)  # the run goes on after the last one
+    assert escaped == []
+    assert sees.versions == list(range(WEIGHT_VERSIONS))
+    assert sees.types.count("optimizer_step") == WEIGHT_VERSIONS
+    assert [t for t in sees.types if t != "spans"][-2:] == ["iteration_started", "run_finished"]
+    summary = summary_of(run)
+    assert summary["status"] == "ok"
+    assert summary["observer_failures"] == {"ender": WEIGHT_VERSIONS}
+    assert run.out_dir is not None
+    log = [json.loads(line) for line in (run.out_dir / "events.jsonl").read_bytes().splitlines()]
+    assert [o["version"] for o in log if o["type"] == "weights_published"] == list(
+        range(WEIGHT_VERSIONS)
+    )
+
+
+def test_observer_raising_systemexit_on_the_main_thread_does_not_end_the_process(
+    tmp_path: Path,
+) -> None:
+    sees = SeesWeights()
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(SystemExit))]
+    run = RunSession(out_dir=tmp_path, run_id="exit-main", autoload=False, plugins=plugins)
+    with run:
+        publish_weights_and_steps(run)
+    assert sees.versions == list(range(WEIGHT_VERSIONS))
+    summary = summary_of(run)
+    assert (summary["status"], summary["observer_failures"]) == ("ok", {"ender": WEIGHT_VERSIONS})
+
+
+def test_ctrl_c_inside_an_observer_on_the_main_thread_still_stops_the_caller(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sees = SeesWeights()
+    plugins: list[tuple[str, object]] = [
+        ("sees", sees),
+        ("ender", EndsTheProcess(KeyboardInterrupt)),
+    ]
+    run = RunSession(out_dir=tmp_path, run_id="ctrl-c", autoload=False, plugins=plugins)
+    with pytest.raises(KeyboardInterrupt, match="version 0"):
+        with run:
+            publish_weights_and_steps(run)
+    summary = summary_of(run)
+    assert summary["status"] == "error"
+    assert summary["error"].startswith("KeyboardInterrupt")
+    assert summary["observer_failures"] == {"ender": 1}  # counted before it went on
+    assert "observer 'ender' was interrupted in twinkle_weights_published" in caplog.text
+    assert sees.types[-1] == "run_finished"  # the run was still finished
+
+
+# -- slow observers -----------------------------------------------------------------------
+
+
+class TakesTime:
+    """Advances ``clock`` by ``ns`` in every ``twinkle_event`` call (then raises, if told)."""
+
+    def __init__(self, clock: ManualClock, ns: int, *, fail: bool = False) -> None:
+        self.clock = clock
+        self.ns = ns
+        self.fail = fail
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        self.clock.advance(self.ns)
+        if self.fail:
+            raise RuntimeError("slow, then broken")
+
+
+def hook_calls(*plugins: tuple[str, object], **options: Any) -> HookCalls:
+    return HookCalls(
+        make_plugin_manager(autoload=False, builtins=False, plugins=plugins), **options
+    )
+
+
+def an_event(i: int = 0) -> IterationStarted:
+    return IterationStarted("r", i, i, i)
+
+
+def test_observer_call_over_slow_call_s_is_counted_per_plugin_and_logged_throttled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock(0)
+    calls = hook_calls(
+        ("fast", TakesTime(clock, 900_000_000)),  # 0.9 s: under the budget
+        ("slow", TakesTime(clock, 2_500_000_000)),
+        ("at-budget", TakesTime(clock, 1_000_000_000)),  # exactly the budget is not over it
+        slow_call_s=1.0,
+        clock=clock,
+    )
+    assert calls.slow_call_s == 1.0
+    with caplog.at_level("WARNING", logger="twinkle.plugins"):
+        for i in range(5):
+            calls.call("twinkle_event", event=an_event(i))
+    # each call is timed on its own: 0.9 + 1.0 after a 2.5 s neighbour are not slow
+    assert calls.slow == {"slow": 5}
+    assert calls.failures == {}
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"observer 'slow' took 2.500 s in twinkle_event, over slow_call_s=1.0 (slow call {n})"
+        for n in (1, 2, 4)
+    ]
+
+
+def test_slow_observer_that_raises_counts_as_slow_and_as_failed() -> None:
+    clock = ManualClock(0)
+    calls = hook_calls(
+        ("after", TakesTime(clock, 0)),
+        ("broken", TakesTime(clock, 3_000_000_000, fail=True)),
+        slow_call_s=0.5,
+        clock=clock,
+    )
+    calls.call("twinkle_event", event=an_event())
+    assert (calls.slow, calls.failures) == ({"broken": 1}, {"broken": 1})
+
+
+def test_slow_call_s_none_reads_no_clock_and_counts_nothing() -> None:
+    def no_clock() -> int:
+        raise AssertionError("the clock was read with slow_call_s=None")
+
+    sleeper = TakesTime(ManualClock(0), 10**12)
+    calls = hook_calls(("sleeper", sleeper), slow_call_s=None, clock=no_clock)
+    calls.call("twinkle_event", event=an_event())
+    assert (calls.slow, calls.failures) == ({}, {})
+
+
+def test_slow_observer_on_the_dispatch_thread_is_measured_with_the_real_clock(
+    tmp_path: Path,
+) -> None:
+    class Sleeps:
+        @hookimpl
+        def twinkle_iteration_started(self, event: IterationStarted) -> None:
+            time.sleep(0.03)
+
+    calls = hook_calls(("sleeps", Sleeps()), slow_call_s=0.01)
+    assert HookCalls(make_plugin_manager(autoload=False, builtins=False)).slow_call_s == 1.0
+    dispatcher = Dispatcher(calls, lambda record: record, background=True)
+    try:
+        for i in range(3):
+            dispatcher.submit(an_event(i))
+        dispatcher.flush()
+    finally:
+        dispatcher.close()
+    assert calls.slow == {"sleeps": 3}
 
 
 # -- callers that fail --------------------------------------------------------------------

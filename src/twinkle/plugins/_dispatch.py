@@ -9,20 +9,23 @@ or on one dispatch thread, and hands the observers' records to the run's reporte
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import pluggy
 
-from twinkle.errors import TwinkleError, WriteError
+from twinkle.errors import InvalidArgumentError, TwinkleError, WriteError
 from twinkle.events import EVENT_TYPES, Event
 from twinkle.plugins._manager import ObserverManager
 from twinkle.reporting import BatchWriter, MetricRecord
 
 __all__ = [
     "HOOK_FOR_EVENT",
+    "DEFAULT_SLOW_CALL_S",
     "REPORTER_FAILURES",
     "Dispatcher",
     "HookCalls",
@@ -32,6 +35,9 @@ __all__ = [
 
 log = logging.getLogger("twinkle.plugins")
 _get_ident = threading.get_ident
+
+#: default of ``HookCalls(slow_call_s=...)``: an observer call taking longer is slow
+DEFAULT_SLOW_CALL_S: Final = 1.0
 
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
 #: records the run's reporter could not write at once (a disk fault; they are kept)
@@ -61,15 +67,50 @@ class HookCalls:
     The implementations of every hook are looked up once, here, in pluggy's call order
     (last registered first, ``tryfirst``/``trylast`` respected): ``pm`` must keep its
     plugin set while this object is used (an :class:`ObserverManager` in use by a run
-    refuses changes). A raising observer is logged with its name, counted in
-    :attr:`failures` and skipped; every other observer still runs. Hook-call monitors
-    of ``pm`` see each hook call (its implementations, its arguments, and a
-    :class:`pluggy.Result` of the list of results).
+    refuses changes). Hook-call monitors of ``pm`` see each hook call (its
+    implementations, its arguments, and a :class:`pluggy.Result` of the list of results).
+
+    Failure policy: an observer raising is logged with its name, counted in
+    :attr:`failures` and skipped; every other observer still runs. That includes the
+    ``BaseException`` s that are not errors: ``SystemExit`` (an observer must not end
+    the process, nor the dispatch thread) and ``KeyboardInterrupt`` on any thread but
+    the main one. A ``KeyboardInterrupt`` on the main thread is counted, then re-raised:
+    it is the user's Ctrl-C, which Python delivers to the main thread whatever it is
+    running, often an observer. (A signal handler of the caller that raises
+    ``SystemExit`` while an observer runs is isolated like the observer's own.)
+
+    Slow observers: each observer call is timed with ``clock`` (integer ns); one taking
+    longer than ``slow_call_s`` seconds (default :data:`DEFAULT_SLOW_CALL_S`) is counted
+    in :attr:`slow` and logged with the hook and its duration (the 1st, 2nd, 4th...
+    time per observer). It is not interrupted: a hook runs to its end. ``None`` turns
+    the timing off. The cost is one clock read per observer call (the end of one call
+    is the start of the next), none with ``None``.
     """
 
-    __slots__ = ("_plans", "_pm", "failures")
+    __slots__ = ("_clock", "_plans", "_pm", "_slow_ns", "failures", "slow", "slow_call_s")
 
-    def __init__(self, pm: ObserverManager) -> None:
+    def __init__(
+        self,
+        pm: ObserverManager,
+        *,
+        slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        if slow_call_s is not None and (
+            isinstance(slow_call_s, bool)
+            or not isinstance(slow_call_s, int | float)
+            or not math.isfinite(slow_call_s)
+            or slow_call_s < 0
+        ):
+            raise InvalidArgumentError(
+                f"slow_call_s={slow_call_s!r} must be a finite number of seconds >= 0 (the "
+                "time an observer call may take before it is counted slow), or None to not "
+                "time observer calls"
+            )
+        if not callable(clock):
+            raise InvalidArgumentError(
+                f"clock={clock!r} must be a callable returning integer nanoseconds"
+            )
         self._pm = pm
         self._plans: dict[str, list[_Impl]] = {
             name: [
@@ -79,8 +120,13 @@ class HookCalls:
             for name, caller in vars(pm.hook).items()
             if isinstance(caller, pluggy.HookCaller)
         }
+        self.slow_call_s = slow_call_s
+        self._slow_ns = None if slow_call_s is None else round(slow_call_s * 1e9)
+        self._clock = clock
         #: failures per plugin name (logged as they happen)
         self.failures: Counter[str] = Counter()
+        #: observer calls over ``slow_call_s`` per plugin name (logged as they happen)
+        self.slow: Counter[str] = Counter()
 
     def call(self, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on every observer; the non-None results."""
@@ -125,21 +171,70 @@ class HookCalls:
         plan = self._plans.get(hook)
         return self._plain(hook, plan, kwargs, fatal) if plan else []
 
+    def count_slow(self, name: str, hook: str, duration_ns: int) -> None:
+        """Count a call of ``name`` over the budget; logged like :meth:`count`."""
+        self.slow[name] += 1
+        n = self.slow[name]
+        if n & (n - 1) == 0:
+            log.warning(
+                "observer %r took %.3f s in %s, over slow_call_s=%s (slow call %d)",
+                name,
+                duration_ns / 1e9,
+                hook,
+                self.slow_call_s,
+                n,
+            )
+
     def _plain(
         self, hook: str, plan: list[_Impl], kwargs: dict[str, Any], fatal: type[Exception]
     ) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
+        budget = self._slow_ns
+        if budget is None:
+            for name, function, argnames in plan:
+                try:
+                    result = function(*[kwargs[a] for a in argnames])
+                except fatal:
+                    raise
+                except BaseException as exc:
+                    self._failed(name, hook, exc)
+                    continue
+                if result is not None:
+                    out.append((name, result))
+            return out
+        clock = self._clock
+        # One clock read per call: the end of one observer's call starts the next one's
+        # (what lies between is this loop's own sub-microsecond work).
+        start = clock()
         for name, function, argnames in plan:
             try:
                 result = function(*[kwargs[a] for a in argnames])
             except fatal:
                 raise
-            except Exception:
-                self.count(name, "failed in %s; skipped", hook, exc_info=True)
+            except BaseException as exc:
+                took = clock() - start
+                if took > budget:
+                    self.count_slow(name, hook, took)
+                self._failed(name, hook, exc)
+                start = clock()  # the logging is nobody's call
                 continue
+            end = clock()
+            if end - start > budget:
+                self.count_slow(name, hook, end - start)
+                end = clock()
+            start = end
             if result is not None:
                 out.append((name, result))
         return out
+
+    def _failed(self, name: str, hook: str, exc: BaseException) -> None:
+        """Count an observer's exception; re-raise the main thread's KeyboardInterrupt."""
+        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is (
+            threading.main_thread()
+        ):
+            self.count(name, "was interrupted in %s (KeyboardInterrupt); re-raised", hook)
+            raise exc
+        self.count(name, "failed in %s; skipped", hook, exc_info=True)
 
     def _monitored(
         self, hook: str, kwargs: dict[str, Any], fatal: type[Exception]
@@ -174,9 +269,9 @@ class Dispatcher:
     also loses the events still queued for the dispatch thread (they have not reached
     the event log), and the observers' own time is no longer timed as overhead on the
     publishing threads (the timeline deducts only those threads' time). An observer
-    raising a ``BaseException`` that is not an ``Exception`` (``SystemExit`` from a hook)
-    stops the dispatch thread: later events are counted lost and finishing raises
-    :class:`~twinkle.errors.ReporterError` saying so (inline it reaches the publisher).
+    raising ``SystemExit`` or ``KeyboardInterrupt`` there is counted and skipped like
+    any failure (:class:`HookCalls`), so the dispatch thread goes on; only a
+    ``KeyboardInterrupt`` on the main thread (inline dispatch) reaches the publisher.
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
@@ -295,8 +390,8 @@ class Dispatcher:
             for name, result in calls.call_named(hook, event=event):
                 try:
                     records = list(result)
-                except TypeError:
-                    calls.count(name, "returned %r, not a list of records", result)
+                except Exception as exc:  # not iterable, or an iterator that raised
+                    calls.count(name, "returned %r, not a list of records (%s)", result, exc)
                     continue
                 for record in records:
                     stamped = self._stamp(name, record)
