@@ -7,8 +7,10 @@ engine start-ups under one global lock hides the race at the price of N-fold sta
 
 Here only the *choice* of ports is serialised, by a short file lock around a JSON
 registry of claims (port, owner pid, owner process start time). A port is handed out
-only if no live claim names it and a bind test on the wildcard address succeeds. The
-bound socket is kept open and can be handed over to the engine (inherited fd) so the
+only if no live claim names it and bind tests on the wildcard addresses succeed: the
+IPv4 one (``0.0.0.0``) and, where the host has IPv6, the IPv6 one (``[::]``, IPv6 only),
+so a port held on an IPv6 address alone (``[::1]``, a v6-only ``[::]``) is not handed
+out either. The bound socket is kept open and can be handed over to the engine (inherited fd) so the
 port is never free in between; an engine that insists on binding a number itself gets
 the number, and the registry keeps other twinkle starts away from it until released.
 
@@ -25,6 +27,7 @@ with a port reserved by number (not with a handed-over socket, which stays bound
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -58,7 +61,12 @@ _REGISTRY_VERSION: Final = 1
 # psutil derives a start time from the boot time, which a wall-clock step can move;
 # a pid reused within this window of the original's start is not a realistic case.
 _START_TIME_TOLERANCE_S: Final = 1.0
-_WILDCARD: Final = "0.0.0.0"  # a port free on the wildcard is free on every address
+# A port free on a family's wildcard is free on every address of that family.
+_V4_WILDCARD: Final = "0.0.0.0"
+_V6_WILDCARD: Final = "::"
+# What binding an IPv6 socket fails with on a host without IPv6 (the kernel lacks it or
+# it is disabled): the family is absent, not the port taken.
+_NO_IPV6: Final = frozenset({errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EADDRNOTAVAIL})
 
 
 class PortReservationError(TwinkleError, OSError):
@@ -208,7 +216,7 @@ class PortRegistry:
     never an engine start-up.
     """
 
-    __slots__ = ("_lock", "_random", "path", "port_range")
+    __slots__ = ("_ipv6", "_lock", "_random", "path", "port_range")
 
     def __init__(
         self,
@@ -227,6 +235,7 @@ class PortRegistry:
         self.path: Path = self._lock.path.with_name(f"{name}.json")
         self.port_range = (low, high)
         self._random = random.Random(os.urandom(16))
+        self._ipv6: bool | None = None  # whether the host has IPv6; found at first use
 
     def reserve(
         self,
@@ -239,7 +248,8 @@ class PortRegistry:
         """Reserve ``count`` ports nobody on this host uses or has reserved.
 
         ``host`` is the address the kept sockets are bound to (the address the engine
-        will serve on); the bind test also checks the wildcard address. ``contiguous``
+        will serve on; an IPv6 one such as ``"::1"`` gets IPv6 sockets); the bind tests
+        also check the wildcard addresses of both families. ``contiguous``
         asks for ``count`` consecutive ports (for engines that scan upward from a base
         port, e.g. vLLM's ``VLLM_PORT``).
         """
@@ -316,6 +326,8 @@ class PortRegistry:
     def _choose(
         self, count: int, taken: set[int], host: str, contiguous: bool
     ) -> list[tuple[int, socket.socket]]:
+        if self._ipv6 is None:
+            self._ipv6 = _has_ipv6()
         low, high = self.port_range
         size = high - low + 1
         # A random starting point spreads concurrent reservers over the range.
@@ -370,12 +382,22 @@ class PortRegistry:
         return None
 
     def _try_bind(self, host: str, port: int) -> socket.socket | None:
+        """A socket bound to ``(host, port)`` if no address of either family holds
+        ``port``; else None."""
+        ipv6_host = ":" in host
         try:
-            if host not in (_WILDCARD, ""):
-                # Free on the wildcard means no address holds it; then bind the real one.
+            # Free on the wildcards means no address holds it; then bind the real one.
+            # (A family's probe is the real bind itself when host is its wildcard.)
+            if host not in (_V4_WILDCARD, ""):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                    probe.bind((_WILDCARD, port))
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    probe.bind((_V4_WILDCARD, port))
+            if self._ipv6 and host != _V6_WILDCARD:
+                with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+                    # v6 only: IPv4 has its probe above, and what this one tests must
+                    # not depend on the host's default (net.ipv6.bindv6only).
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    probe.bind((_V6_WILDCARD, port))
+            sock = socket.socket(socket.AF_INET6 if ipv6_host else socket.AF_INET)
         except OSError:
             return None
         try:
@@ -408,6 +430,22 @@ class PortRegistry:
 
     def __repr__(self) -> str:
         return f"PortRegistry({str(self.path)!r}, port_range={self.port_range})"
+
+
+def _has_ipv6() -> bool:
+    """Whether this host can bind IPv6 sockets (Python built with it, kernel has it)."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((_V6_WILDCARD, 0))
+    except OSError as exc:
+        if exc.errno in _NO_IPV6:
+            _log.info("this host has no IPv6 (%s): ports are probed on IPv4 only", exc)
+            return False
+        raise
+    return True
 
 
 def _close_all(socks: Iterable[socket.socket]) -> None:
