@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,8 +21,11 @@ from twinkle.engines import (
     PortRegistry,
     StartContext,
     SubprocessEngine,
+    launch_subprocess,
+    wait_for_line,
 )
 from twinkle.engines._ping import ping, ping_engine_factory
+from twinkle.engines.pool import DEFAULT_SHUTDOWN_TIMEOUT_S, EngineShutdownTimeout
 from twinkle.errors import EngineStartError, InvalidArgumentError
 from twinkle.perf import TimeRecorder
 
@@ -311,3 +316,116 @@ def test_a_failed_subprocess_start_leaves_nothing_running() -> None:
     _assert_gone(started)
     assert _live_children() - before == set()
     assert _own_claims(registry) == []
+
+
+# -- bounded shutdown ---------------------------------------------------------------------
+
+
+class HangingEngine(FakeEngine):
+    """Its shutdown blocks until ``released`` (or ``kill()``, if it has one, releases it)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.released = threading.Event()
+
+    def shutdown(self) -> None:
+        self.released.wait(60)
+        self.running = False
+
+
+class KillableHangingEngine(HangingEngine):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.killed = 0
+
+    def kill(self) -> None:
+        self.killed += 1
+        self.released.set()
+
+
+@pytest.mark.parametrize("max_concurrency", [None, 1])
+def test_close_gives_up_on_a_hanging_shutdown_and_still_closes_the_others(
+    max_concurrency: int | None,
+) -> None:
+    shut: list[str] = []
+    hung = HangingEngine("hung")
+    pool: EnginePool[FakeEngine] = EnginePool(
+        recorder=TimeRecorder(), shutdown_timeout_s=0.2, max_concurrency=max_concurrency
+    )
+    assert pool.shutdown_timeout_s == 0.2
+    pool.start({"hung": lambda c: hung, "a": lambda c: FakeEngine("a", shut)})
+    pool.start({"b": lambda c: FakeEngine("b", shut)})
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(
+            EngineShutdownTimeout, match=r"'hung'.*shutdown_timeout_s=0\.2 s"
+        ) as info:
+            pool.close()
+        assert time.monotonic() - t0 < 3  # one 0.2 s timeout (no kill to wait for), not 60 s
+        assert "has no kill()" in str(info.value)
+        assert isinstance(info.value, TimeoutError)
+        assert "while shutting down engine 'hung'" in info.value.__notes__
+        assert sorted(shut) == ["a", "b"]
+        assert hung.running
+    finally:
+        hung.released.set()  # let its shutdown thread end
+
+
+def test_close_kills_an_engine_whose_shutdown_hangs() -> None:
+    hung = KillableHangingEngine("hung")
+    pool: EnginePool[FakeEngine] = EnginePool(recorder=TimeRecorder(), shutdown_timeout_s=0.2)
+    pool.start({"hung": lambda c: hung})
+    with pytest.raises(EngineShutdownTimeout, match=r"'hung'.*killed it"):
+        pool.close()
+    assert hung.killed == 1
+    assert not hung.running  # its shutdown returned once killed
+
+
+def test_shutdown_within_the_timeout_is_not_killed() -> None:
+    slowish = KillableHangingEngine("slowish")
+    threading.Timer(0.1, slowish.released.set).start()
+    with EnginePool(recorder=TimeRecorder(), shutdown_timeout_s=5) as pool:
+        pool.start({"slowish": lambda c: slowish})
+    assert slowish.killed == 0 and not slowish.running
+
+
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(600)"
+)
+
+
+def test_close_sigkills_a_subprocess_engine_that_ignores_sigterm(tmp_path: Path) -> None:
+    registry = PortRegistry(tmp_path, port_range=(15000, 19999))
+
+    def stubborn(ctx: StartContext) -> SubprocessEngine:
+        return launch_subprocess(
+            ctx,
+            [sys.executable, "-c", IGNORES_SIGTERM],
+            ready=wait_for_line("ready"),
+            capture_stdout=True,
+            reservation=registry.reserve(label=ctx.name),
+            stop_timeout_s=60,  # its own SIGTERM-to-SIGKILL wait: far beyond the pool's
+        )
+
+    shut: list[str] = []
+    pool: EnginePool[FakeEngine | SubprocessEngine] = EnginePool(
+        recorder=TimeRecorder(), shutdown_timeout_s=0.5, start_timeout_s=30
+    )
+    engines = pool.start({"stubborn": stubborn, "other": lambda c: FakeEngine("other", shut)})
+    engine = engines["stubborn"]
+    assert isinstance(engine, SubprocessEngine)
+    t0 = time.monotonic()
+    with pytest.raises(EngineShutdownTimeout, match=r"'stubborn'.*SIGKILL") as info:
+        pool.close()
+    assert time.monotonic() - t0 < 10, info.value
+    assert engine.process.returncode == -signal.SIGKILL
+    _assert_gone([engine])
+    assert registry.claims() == []
+    assert shut == ["other"]
+
+
+def test_shutdown_timeout_s_defaults_to_30_s_and_none_means_no_limit() -> None:
+    # the refusals of bad values: tests/reliability/test_reliability_bad_input_engines.py
+    assert EnginePool().shutdown_timeout_s == DEFAULT_SHUTDOWN_TIMEOUT_S == 30.0
+    assert EnginePool(shutdown_timeout_s=None).shutdown_timeout_s is None

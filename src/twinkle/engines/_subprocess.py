@@ -29,6 +29,7 @@ ReadyCheck = Callable[["SubprocessEngine", float], bool]
 """``check(engine, timeout_s)``: wait up to ``timeout_s`` for readiness; True once ready."""
 
 _POLL_S: Final = 0.05
+_KILL_REAP_S: Final = 1.0  # SIGKILL takes effect at once; a child in D state is left
 _STDERR_TAIL_BYTES: Final = 4000
 
 
@@ -107,6 +108,19 @@ class SubprocessEngine:
         finally:
             if self.reservation is not None:
                 self.reservation.release()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now and release the ports.
+
+        For when :meth:`shutdown` hangs (the pool calls it after ``shutdown_timeout_s``);
+        safe while :meth:`shutdown` runs on another thread, which then returns promptly.
+        Waits up to a second for the child to be reaped.
+        """
+        _signal_group(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=_KILL_REAP_S)
+        if self.reservation is not None:
+            self.reservation.release()
 
     def _failure(self, what: str) -> EngineStartError:
         rc = self.process.poll()

@@ -9,26 +9,35 @@ Failure policy: if one engine fails (raises or exceeds ``start_timeout_s``), the
 cancels the rest (:attr:`StartContext.cancelled`), waits for the starts in flight,
 shuts every started engine down (unless ``keep_started_on_failure``) and raises
 :class:`~twinkle.errors.EngineStartError` naming the engine, the cause chained.
+
+Shutdown is bounded: each engine's ``shutdown()`` gets ``shutdown_timeout_s`` (default
+:data:`DEFAULT_SHUTDOWN_TIMEOUT_S`); one still running then is given up on: the pool
+calls the engine's ``kill()`` if it has one (a :class:`~twinkle.engines.SubprocessEngine`
+sends SIGKILL to its process group), goes on with the others and finally raises
+:class:`EngineShutdownTimeout` naming it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Generic, NoReturn, Protocol, TypeVar, final, runtime_checkable
+from typing import Final, Generic, NoReturn, Protocol, TypeVar, final, runtime_checkable
 
-from twinkle.errors import EngineStartError, InvalidArgumentError
+from twinkle.errors import EngineStartError, InvalidArgumentError, TwinkleError
 from twinkle.perf import TimeRecorder, current_recorder
 
 __all__ = [
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "Engine",
     "EngineFactory",
     "EnginePool",
+    "EngineShutdownTimeout",
     "EngineStartCancelled",
     "EngineStartTimeout",
     "StartContext",
@@ -36,10 +45,23 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+#: default ``EnginePool(shutdown_timeout_s=...)``: above a SubprocessEngine's own
+#: SIGTERM-to-SIGKILL wait (``stop_timeout_s``, 10 s), so that escalation comes first
+DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
+# How long the pool waits for an engine's kill() (and for its shutdown to return after
+# it) once it gave up on the shutdown: SIGKILL takes effect at once, a hung kill() is
+# abandoned too.
+_KILL_WAIT_S: Final = 5.0
+
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the pool needs of an engine handle: a name and a way to stop it."""
+    """What the pool needs of an engine handle: a name and a way to stop it.
+
+    An engine may also have ``kill()``: stop at once, whatever it costs (SIGKILL), from
+    any thread, while ``shutdown()`` may still be running. The pool calls it only when
+    ``shutdown()`` overran ``shutdown_timeout_s``.
+    """
 
     @property
     def name(self) -> str: ...
@@ -53,6 +75,10 @@ E = TypeVar("E", bound=Engine)
 
 class EngineStartTimeout(EngineStartError, TimeoutError):
     """An engine did not start within ``start_timeout_s``."""
+
+
+class EngineShutdownTimeout(TwinkleError, TimeoutError):
+    """An engine's shutdown did not return within ``shutdown_timeout_s`` (names it)."""
 
 
 class EngineStartCancelled(EngineStartError):
@@ -112,6 +138,11 @@ class EnginePool(Generic[E]):
     (``None``: all at once). ``start_timeout_s`` bounds each engine's start, counted
     from the call of its factory. ``close_wait_s`` bounds how long :meth:`close` waits for
     timed-out factories to return (their engines are shut down when they do).
+    ``shutdown_timeout_s`` (``None``: no limit) bounds each engine's ``shutdown()``, counted
+    from its call; after it the engine is killed (see :class:`Engine`) and reported by
+    :class:`EngineShutdownTimeout`. Shutdowns run ``max_concurrency`` at a time, so
+    :meth:`close` returns within about ``ceil(engines / max_concurrency) *
+    (shutdown_timeout_s + 5 s)`` plus ``close_wait_s``.
     """
 
     __slots__ = (
@@ -123,6 +154,7 @@ class EnginePool(Generic[E]):
         "close_wait_s",
         "keep_started_on_failure",
         "max_concurrency",
+        "shutdown_timeout_s",
         "start_timeout_s",
     )
 
@@ -134,24 +166,27 @@ class EnginePool(Generic[E]):
         start_timeout_s: float | None = None,
         keep_started_on_failure: bool = False,
         close_wait_s: float = 10.0,
+        shutdown_timeout_s: float | None = DEFAULT_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         if max_concurrency is not None and (
-            not isinstance(max_concurrency, int) or max_concurrency < 1
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
         ):
             raise InvalidArgumentError(
                 f"max_concurrency={max_concurrency!r} must be an int >= 1, or None for no limit"
             )
-        if start_timeout_s is not None and not start_timeout_s > 0:
-            raise InvalidArgumentError(
-                f"start_timeout_s={start_timeout_s!r} must be > 0 seconds, or None for no limit"
-            )
-        if not close_wait_s >= 0:
-            raise InvalidArgumentError(f"close_wait_s={close_wait_s!r} must be >= 0 seconds")
+        _check_seconds("start_timeout_s", start_timeout_s, "> 0 seconds, or None for no limit")
+        _check_seconds("close_wait_s", close_wait_s, ">= 0 seconds", zero=True, none=False)
+        _check_seconds(
+            "shutdown_timeout_s", shutdown_timeout_s, "> 0 seconds, or None for no limit"
+        )
         self._recorder = recorder
         self.max_concurrency = max_concurrency
         self.start_timeout_s = start_timeout_s
         self.keep_started_on_failure = keep_started_on_failure
         self.close_wait_s = close_wait_s
+        self.shutdown_timeout_s = shutdown_timeout_s
         self._cond = threading.Condition()
         self._engines: dict[str, E] = {}
         self._lagging: list[threading.Thread] = []  # workers of timed-out starts
@@ -200,7 +235,8 @@ class EnginePool(Generic[E]):
                 self._lagging.extend(st.thread for st in starts if st.thread is not None)
                 self._cond.release()
                 try:
-                    self._shutdown_many(_started(starts), recorder)
+                    for exc in self._shutdown_many(_started(starts), recorder):
+                        _log.error("shutting down after an interrupted start: %s", exc)
                 finally:
                     self._cond.acquire()
                 raise
@@ -348,9 +384,9 @@ class EnginePool(Generic[E]):
     def close(self) -> None:
         """Shut every engine down (concurrently), then wait for timed-out starts.
 
-        Each engine is shut down even if another's shutdown raises; the first such
-        exception is re-raised afterwards (with a note naming the engine), the others
-        are logged. Idempotent.
+        Each engine is shut down even if another's shutdown raises or hangs; the first
+        such exception (a hang: :class:`EngineShutdownTimeout`) is re-raised afterwards
+        (with a note naming the engine), the others are logged. Idempotent.
         """
         recorder = self._recorder if self._recorder is not None else current_recorder()
         with self._cond:
@@ -383,22 +419,79 @@ class EnginePool(Generic[E]):
         def stop(name: str, engine: E) -> None:
             try:
                 self._shutdown_one(name, engine, recorder, raise_errors=True)
-            except Exception as exc:
+            except BaseException as exc:  # on its own thread: nothing may end it unseen
                 exc.add_note(f"while shutting down engine {name!r}")
                 with lock:
                     errors.append(exc)
 
+        # Daemon: a shutdown that never returns must not keep the interpreter alive.
         threads = [
-            threading.Thread(target=stop, args=item, name=f"twinkle-engine-stop-{item[0]}")
+            threading.Thread(
+                target=stop, args=item, name=f"twinkle-engine-stop-{item[0]}", daemon=True
+            )
             for item in items
         ]
         limit = self.max_concurrency or len(threads) or 1
+        timeout = self.shutdown_timeout_s
         for i in range(0, len(threads), limit):
             batch = threads[i : i + limit]
             for t in batch:
                 t.start()
+            deadline = None if timeout is None else time.monotonic() + timeout
             for t in batch:
-                t.join()
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            hung = [(items[i + k], t) for k, t in enumerate(batch) if t.is_alive()]
+            errors.extend(self._give_up(hung))
+        return errors
+
+    def _give_up(
+        self, hung: list[tuple[tuple[str, E], threading.Thread]]
+    ) -> list[EngineShutdownTimeout]:
+        """Kill the engines whose shutdown overran (all at once); what became of each."""
+        kills: list[tuple[threading.Thread, list[BaseException]] | None] = []
+        for (name, engine), _ in hung:
+            kill = getattr(engine, "kill", None)
+            if not callable(kill):
+                kills.append(None)
+                continue
+            failed: list[BaseException] = []
+            killer = threading.Thread(
+                target=_call_into,
+                args=(kill, failed),
+                name=f"twinkle-engine-kill-{name}",
+                daemon=True,
+            )
+            killer.start()
+            kills.append((killer, failed))
+        deadline = time.monotonic() + _KILL_WAIT_S
+        for killing, ((_, _), stopping) in zip(kills, hung, strict=True):
+            if killing is not None:
+                killing[0].join(max(0.0, deadline - time.monotonic()))
+                stopping.join(max(0.0, deadline - time.monotonic()))  # it may return now
+        errors: list[EngineShutdownTimeout] = []
+        for killing, ((name, _), _) in zip(kills, hung, strict=True):
+            if killing is None:
+                fate = (
+                    "it has no kill(), so it may still be running: stop it by hand, and "
+                    "give it a kill() (or a shorter shutdown) for next time"
+                )
+            elif killing[0].is_alive():
+                fate = f"its kill() did not return within {_KILL_WAIT_S} s either"
+            elif killing[1]:
+                exc = killing[1][0]
+                fate = f"its kill() failed too: {type(exc).__qualname__}: {exc}"
+            else:
+                fate = "killed it (kill(); a subprocess engine: SIGKILL to its process group)"
+            what = (
+                f"engine {name!r} did not shut down within shutdown_timeout_s="
+                f"{self.shutdown_timeout_s} s"
+            )
+            err = EngineShutdownTimeout(
+                f"{what}; {fate}. Raise shutdown_timeout_s if its shutdown is just slow, or "
+                "look at the engine's log for what it waits on."
+            )
+            err.add_note(f"while shutting down engine {name!r}")
+            errors.append(err)
         return errors
 
     @staticmethod
@@ -427,8 +520,31 @@ class EnginePool(Generic[E]):
     def __repr__(self) -> str:
         return (
             f"EnginePool(engines={list(self.engines)}, max_concurrency={self.max_concurrency}, "
-            f"start_timeout_s={self.start_timeout_s})"
+            f"start_timeout_s={self.start_timeout_s}, "
+            f"shutdown_timeout_s={self.shutdown_timeout_s})"
         )
+
+
+def _call_into(function: Callable[[], object], failed: list[BaseException]) -> None:
+    try:
+        function()
+    except BaseException as exc:  # on its own thread: reported by the caller
+        failed.append(exc)
+
+
+def _check_seconds(
+    name: str, value: float | None, want: str, *, zero: bool = False, none: bool = True
+) -> None:
+    if value is None and none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        raise InvalidArgumentError(f"{name}={value!r} must be a finite number {want}")
 
 
 def _started(starts: list[_Start[E]]) -> list[tuple[str, E]]:
