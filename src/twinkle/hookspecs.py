@@ -33,6 +33,7 @@ from twinkle.events import (
     MemoryReadings,
     OptimizerStep,
     RunFinished,
+    RunResumed,
     RunStarted,
     SamplesObserved,
     ScalarsObserved,
@@ -159,6 +160,18 @@ def twinkle_run_started(event: RunStarted) -> Records:
 
     :param event: run id, start times, the run process's clock anchor and the caller's
         observer configuration (``event.config``: phases, sample tags, denominators).
+    """
+
+
+@hookspec
+def twinkle_run_resumed(event: RunResumed) -> Records:
+    """The run goes on in a new process (a restarted job): a new segment begins, after
+    the ``run_finished`` that ended the previous one. The observers keep what they
+    accumulated (the run's figures cover every segment) and take the events that
+    follow as more of the same run; the time between the segments is in no window.
+
+    :param event: the segment number (1 for the first resume), its start times and the
+        new process's clock anchor (its clock continues the run's timeline).
     """
 
 

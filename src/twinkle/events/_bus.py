@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 from twinkle.checks import run_id as check_run_id
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, RecordError, TwinkleError
 from twinkle.events._codec import loggable_spans, validate_event
 from twinkle.events._signals import SIGNALS
 from twinkle.events._types import (
@@ -27,6 +27,7 @@ from twinkle.events._types import (
     MemoryReadings,
     OptimizerStep,
     RunFinished,
+    RunResumed,
     RunStarted,
     SamplesObserved,
     ScalarsObserved,
@@ -35,7 +36,7 @@ from twinkle.events._types import (
     Status,
     WeightsPublished,
 )
-from twinkle.perf import Clock, ClockAnchor, TimeRecorder
+from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
 
 __all__ = ["OVERHEAD_SPAN", "EventBus"]
@@ -71,6 +72,7 @@ class EventBus:
         "_lock",
         "_own",
         "_recorders",
+        "_refusal",
         "_unbound",
         "_wall_clock",
         "anchor",
@@ -95,6 +97,7 @@ class EventBus:
         self._own = overhead
         self._bound: Callable[[Event], object] | None = None
         self._unbound = False
+        self._refusal: str | None = None
         self._lock = threading.Lock()
         mono = clock()
         self.anchor = ClockAnchor(
@@ -140,12 +143,27 @@ class EventBus:
                 self._unbound = True
             self._bound = receiver
 
+    def refuse(self, reason: str | None) -> None:
+        """While no run is bound, refuse every publish with a
+        :class:`~twinkle.errors.TwinkleError` saying ``reason`` (a session's bus before
+        its start and after its finish); ``None`` lifts the refusal."""
+        self._refusal = reason
+
+    def forget_in_child(self, reason: str) -> None:
+        """In a forked child (from an ``os.register_at_fork`` hook): drop the parent's
+        run and refuse every publish with ``reason``. Takes no lock (another parent
+        thread may have held it at the fork)."""
+        self._bound = None
+        self._refusal = reason
+
     def _send(self, event: _E) -> _E:
         if self.validate:
             event = validate_event(event)
         bound = self._bound
         if bound is not None:
             bound(event)
+        elif self._refusal is not None:
+            raise TwinkleError(f"cannot publish {event.TYPE}: {self._refusal}")
         elif self._unbound:
             self._unbound = False  # said once
             _log.warning(
@@ -177,35 +195,64 @@ class EventBus:
         with self._lock:
             found = [(s, r) for s, r in self._recorders if s == source]
             self._recorders = [(s, r) for s, r in self._recorders if s != source]
+        backwards: list[str] = []
         with self.own_work(SpanBatch.TYPE):
             for s, r in found:
-                self._publish_spans(s, r)
+                self._publish_spans(s, r, backwards)
+        _raise_backwards(backwards)
 
     def flush_spans(self) -> int:
-        """Publish every finished span of the attached recorders; returns how many."""
-        with self.own_work(SpanBatch.TYPE):
-            return self._flush_spans()
+        """Publish every finished span of the attached recorders; returns how many.
 
-    def _flush_spans(self) -> int:
+        A span that ends before it starts (its clock went backwards) is left out and the
+        flush raises :class:`~twinkle.errors.RecordError` naming it, after every other
+        span went out."""
+        with self.own_work(SpanBatch.TYPE):
+            backwards: list[str] = []
+            count = self._flush_spans(backwards)
+        _raise_backwards(backwards)
+        return count
+
+    def _flush_spans(self, backwards: list[str]) -> int:
         with self._lock:
             recorders = list(self._recorders)
-        return sum(self._publish_spans(s, r) for s, r in recorders)
+        return sum(self._publish_spans(s, r, backwards) for s, r in recorders)
 
     def publish_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
-        """Publish spans recorded elsewhere (another process) with that process's anchor."""
+        """Publish spans recorded elsewhere (another process) with that process's anchor
+        (a span that ends before it starts is refused as for :meth:`flush_spans`)."""
+        if isinstance(spans, str | bytes) or not isinstance(spans, Iterable):
+            raise InvalidArgumentError(
+                f"spans must be a sequence of twinkle.perf.Span, got {spans!r:.100}"
+            )
+        backwards: list[str] = []
         if spans:
             with self.own_work(SpanBatch.TYPE):
-                self._send_spans(source, anchor, spans)
+                self._send_spans(source, anchor, spans, backwards)
+        _raise_backwards(backwards)
 
-    def _publish_spans(self, source: str, recorder: TimeRecorder) -> int:
+    def _publish_spans(self, source: str, recorder: TimeRecorder, backwards: list[str]) -> int:
         spans = recorder.drain()
         if spans:
-            self._send_spans(source, recorder.anchor, spans)
+            self._send_spans(source, recorder.anchor, spans, backwards)
         return len(spans)
 
-    def _send_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
+    def _send_spans(
+        self, source: str, anchor: ClockAnchor, spans: Sequence[Any], backwards: list[str]
+    ) -> None:
         mono, wall = self._times()
         batch = loggable_spans(tuple(spans), source)
+        bad = [s for s in batch if type(s) is Span and s.end_ns < s.start_ns]
+        if bad:
+            # Drained already: the good spans go out, the bad ones are named.
+            backwards.extend(
+                f"{s.name!r} (source {source!r}: {s.start_ns} -> {s.end_ns})" for s in bad[:5]
+            )
+            if len(bad) > 5:
+                backwards.append(f"and {len(bad) - 5} more")
+            batch = tuple(s for s in batch if not (type(s) is Span and s.end_ns < s.start_ns))
+            if not batch:
+                return
         self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
 
     # -- builders for each event ------------------------------------------------------
@@ -217,6 +264,19 @@ class EventBus:
             event = self._send(RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {})))
         return event
 
+    def run_resumed(self, segment: int, config: Mapping[str, Any] | None = None) -> RunResumed:
+        """Publish :class:`RunResumed`: this process continues the run as ``segment``
+        (its anchor is read now: the clock continues the run's timeline)."""
+        with self.own_work(RunResumed.TYPE):
+            self.anchor = ClockAnchor.read(
+                self._clock, self._wall_clock, hostname=self.anchor.hostname
+            )
+            mono, wall = self._times()
+            event = self._send(
+                RunResumed(self.run_id, mono, wall, self.anchor, segment, dict(config or {}))
+            )
+        return event
+
     def iteration_started(self, iteration: int) -> IterationStarted:
         """Publish :class:`IterationStarted` after flushing every recorder.
 
@@ -224,14 +284,17 @@ class EventBus:
         and dispatching belongs to the new iteration and arrives before its end."""
         with self.own_work(IterationStarted.TYPE):
             mono, wall = self._times()
-            self._flush_spans()
+            backwards: list[str] = []
+            self._flush_spans(backwards)
             event = self._send(IterationStarted(self.run_id, mono, wall, iteration))
+        _raise_backwards(backwards)
         return event
 
     def weights_published(
         self, version: int, *, start_ns: int, end_ns: int, acks: Iterable[tuple[str, int]]
     ) -> WeightsPublished:
         """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
+        acks = _items(WeightsPublished, "acks", acks, "(engine, acked_ns) pairs")
         with self.own_work(WeightsPublished.TYPE):
             mono, wall = self._times()
             event = self._send(
@@ -251,7 +314,9 @@ class EventBus:
         """Publish a :class:`Snapshot` of driver state (a plain dict)."""
         with self.own_work(Snapshot.TYPE):
             mono, wall = self._times()
-            event = self._send(Snapshot(self.run_id, mono, wall, dict(state)))
+            event = self._send(
+                Snapshot(self.run_id, mono, wall, _mapping(Snapshot, "state", state))
+            )
         return event
 
     def samples(
@@ -261,7 +326,15 @@ class EventBus:
         with self.own_work(SamplesObserved.TYPE):
             mono, wall = self._times()
             event = self._send(
-                SamplesObserved(self.run_id, mono, wall, iteration, phase, tuple(lengths), groups)
+                SamplesObserved(
+                    self.run_id,
+                    mono,
+                    wall,
+                    iteration,
+                    phase,
+                    _items(SamplesObserved, "lengths", lengths, "token lengths (ints)"),
+                    groups,
+                )
             )
         return event
 
@@ -279,7 +352,14 @@ class EventBus:
         with self.own_work(ScalarsObserved.TYPE):
             mono, wall = self._times()
             event = self._send(
-                ScalarsObserved(self.run_id, mono, wall, iteration, name, dict(values))
+                ScalarsObserved(
+                    self.run_id,
+                    mono,
+                    wall,
+                    iteration,
+                    name,
+                    _mapping(ScalarsObserved, "values", values),
+                )
             )
         return event
 
@@ -287,7 +367,15 @@ class EventBus:
         """Publish raw per-worker memory readings."""
         with self.own_work(MemoryReadings.TYPE):
             mono, wall = self._times()
-            event = self._send(MemoryReadings(self.run_id, mono, wall, iteration, tuple(readings)))
+            event = self._send(
+                MemoryReadings(
+                    self.run_id,
+                    mono,
+                    wall,
+                    iteration,
+                    _items(MemoryReadings, "readings", readings, "MemoryReading values"),
+                )
+            )
         return event
 
     def run_finished(
@@ -303,7 +391,8 @@ class EventBus:
         read before the flush, as for :meth:`iteration_started`)."""
         with self.own_work(RunFinished.TYPE):
             mono, wall = self._times()
-            self._flush_spans()
+            backwards: list[str] = []
+            self._flush_spans(backwards)
             event = self._send(
                 RunFinished(
                     self.run_id,
@@ -316,4 +405,31 @@ class EventBus:
                     process_wall_ns,
                 )
             )
+        _raise_backwards(backwards)
         return event
+
+
+def _items(kind: type[Event], name: str, value: Any, what: str) -> tuple[Any, ...]:
+    """``value`` as a tuple, or a clear error for what is not a collection of items."""
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise RecordError(f"{kind.TYPE}.{name} must be an iterable of {what}, got {value!r:.100}")
+    return tuple(value)
+
+
+def _mapping(kind: type[Event], name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise RecordError(
+            f"{kind.TYPE}.{name} must be a mapping of str keys to values, got {value!r:.100}"
+        )
+    return dict(value)
+
+
+def _raise_backwards(backwards: list[str]) -> None:
+    if backwards:
+        raise RecordError(
+            f"span(s) ending before they start were left out: {', '.join(backwards)}; the "
+            "clock went backwards — a run's clock must be monotonic (time.perf_counter_ns, "
+            "or a ManualClock that only advances); every other span was published"
+        )

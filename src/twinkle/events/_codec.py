@@ -5,6 +5,9 @@ per event (NaN and infinities are written as ``null``). :func:`validate_event` c
 event against its type's declared field types and bounds (in C, by :mod:`msgspec`) and
 returns a checked copy: what the observers receive is exactly what a replay decodes from
 the log. Numbers from numpy or torch (anything with ``tolist()``) become plain numbers.
+Both the checked copy and a decoded event hold their free-form values (``config``,
+``state``, number maps, span ``attrs``) read-only (:func:`~twinkle.events.freeze`): an
+observer cannot change what the others, the log or the caller see.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import orjson
 from twinkle.checks import INT64_MAX, INT64_MIN, explain
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import RecordError
-from twinkle.events._types import EVENT_TYPES, Event
+from twinkle.events._frozen import EMPTY, freeze
+from twinkle.events._types import EVENT_TYPES, Event, SpanBatch
 from twinkle.perf import Span
 
 __all__ = [
@@ -59,7 +63,30 @@ def _free_fields(cls: type[Event]) -> tuple[str, ...]:
     )
 
 
+def _dict_fields(cls: type[Event]) -> tuple[str, ...]:
+    """The fields of ``cls`` that hold a dict (free-form JSON or a number map)."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(f.name for f in info.fields if isinstance(f.type, msgspec.inspect.DictType))
+
+
 _FREE_FIELDS = {cls: _free_fields(cls) for cls in EVENT_TYPES.values()}
+_DICT_FIELDS = {cls: _dict_fields(cls) for cls in EVENT_TYPES.values()}
+_setattr = msgspec.structs.force_setattr
+
+
+def _frozen(event: _E) -> _E:
+    """``event`` (a fresh copy: checked or decoded) with its dicts made read-only."""
+    kind = type(event)
+    for name in _DICT_FIELDS[kind]:
+        _setattr(event, name, freeze(getattr(event, name)))
+    if kind is SpanBatch:
+        for span in event.spans:  # type: ignore[attr-defined]
+            attrs = span.attrs
+            _setattr(span, "attrs", freeze(attrs) if attrs else EMPTY)
+    return event
+
+
 _ENCODER = msgspec.json.Encoder(enc_hook=_builtin)
 _to_builtins = msgspec.to_builtins
 _convert = msgspec.convert
@@ -106,7 +133,7 @@ def validate_event(event: _E) -> _E:
         checked: _E = _convert(data, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
-    return checked
+    return _frozen(checked)
 
 
 def read_back(value: Any) -> Any:
@@ -198,7 +225,7 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         event: Event = _convert(data, cls)
     except msgspec.ValidationError as exc:
         raise _invalid(exc, kind, data) from None
-    return event
+    return _frozen(event)
 
 
 def loads_event(line: bytes | str) -> Event:
@@ -217,7 +244,7 @@ def loads_event(line: bytes | str) -> Event:
         raise _invalid(exc, data.get("type"), data) from None
     except msgspec.DecodeError as exc:
         raise RecordError(f"not valid JSON: {exc}") from None
-    return event
+    return _frozen(event)
 
 
 _PLAIN = frozenset({str, bool, type(None)})

@@ -22,6 +22,7 @@ from twinkle.events._types import (
     MemoryReadings,
     OptimizerStep,
     RunFinished,
+    RunResumed,
     RunStarted,
     SamplesObserved,
     ScalarsObserved,
@@ -36,6 +37,7 @@ __all__ = [
     "memory",
     "optimizer_step",
     "run_finished",
+    "run_resumed",
     "run_started",
     "samples",
     "scalars",
@@ -55,6 +57,7 @@ SIGNALS: dict[type[Event], Signal] = {
 
 # The signals by name, for ``twinkle.events.samples.connect(...)``.
 run_started = SIGNALS[RunStarted]
+run_resumed = SIGNALS[RunResumed]
 iteration_started = SIGNALS[IterationStarted]
 weights_published = SIGNALS[WeightsPublished]
 snapshot = SIGNALS[Snapshot]

@@ -106,6 +106,20 @@ class RunStarted(Event, tag="run_started", frozen=True):
 
 
 @_event
+class RunResumed(Event, tag="run_resumed", frozen=True):
+    """The run goes on in a new process (a restarted job resuming its run directory):
+    segment ``segment`` (1 for the first resume) begins. It follows the ``run_finished``
+    that ended the previous segment (written by the resuming process when the previous
+    one stopped without finishing). ``config`` is the configuration the new process
+    passed: it must equal the run's. ``anchor`` aligns the new process's clock, which
+    continues the run's timeline (its readings come after every earlier event's)."""
+
+    anchor: ClockAnchor
+    segment: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+    config: dict[str, Any] = {}
+
+
+@_event
 class IterationStarted(Event, tag="iteration_started", frozen=True):
     """Iteration ``iteration`` (0-based) began; published by the driver. Every span that
     closed before it has already been published in a span batch."""
