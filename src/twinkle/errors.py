@@ -20,6 +20,7 @@ __all__ = [
     "DriverError",
     "EngineStartError",
     "LockTimeoutError",
+    "RunDirInUseError",
 ]
 
 
@@ -71,3 +72,7 @@ class EngineStartError(TwinkleError):
 
 class LockTimeoutError(TwinkleError, TimeoutError):
     """A file lock could not be acquired in time (names the lock file and the holder)."""
+
+
+class RunDirInUseError(TwinkleError):
+    """A run directory is written by another live process (names its pid and host)."""

@@ -13,11 +13,14 @@ thread, host, since when) so that a timeout can say which process to look at.
 from __future__ import annotations
 
 import enum
+import errno
+import fcntl
 import os
 import socket
 import stat
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,9 +30,15 @@ import filelock
 import orjson
 import psutil
 
-from twinkle.errors import ConfigError, InvalidArgumentError, LockTimeoutError
+from twinkle.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    LockTimeoutError,
+    ReporterError,
+    RunDirInUseError,
+)
 
-__all__ = ["FileLock", "LockHolder", "runtime_dir"]
+__all__ = ["RUN_LOCK_FILE", "FileLock", "LockHolder", "RunDirLock", "runtime_dir"]
 
 _RUNTIME_SUBDIR: Final = "twinkle"
 _DIR_MODE: Final = 0o700
@@ -258,3 +267,121 @@ def _check_timeout(timeout_s: float | None) -> None:
         raise InvalidArgumentError(
             f"timeout_s={timeout_s!r} must be a number of seconds >= 0, or None to wait forever"
         )
+
+
+RUN_LOCK_FILE: Final = ".twinkle.lock"
+"""The lock file of a run directory (its content names the live writer)."""
+
+
+@final
+class RunDirLock:
+    """One live writer per run directory: an exclusive ``flock`` on
+    ``<run dir>/.twinkle.lock``, held from a run's start to its close.
+
+    The lock file holds the owner's pid, host and start time (JSON), so a refusal says
+    who writes the directory. The kernel drops the lock when its owner dies, however it
+    dies (SIGKILL, OOM): a dead owner's lock is reclaimed by the next process, which
+    overwrites the stale content. The file itself is never removed (removing a lock
+    file others may hold open races). A forked child closes its copy of the descriptor
+    without unlocking (the lock stays its parent's). Hand-written on ``fcntl.flock``
+    rather than :mod:`filelock`: the lock must be held for a whole run on a descriptor
+    this class owns, carry its holder inside the file, and survive a fork in the parent
+    only — none of which ``filelock`` offers.
+    """
+
+    __slots__ = ("__weakref__", "_fd", "path")
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / RUN_LOCK_FILE
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, run_id: str) -> None:
+        """Take the directory, or raise :class:`~twinkle.errors.RunDirInUseError` naming
+        the live process that has it (never waits)."""
+        if self._fd is not None:
+            raise RunDirInUseError(f"{str(self.path.parent)!r} is already held by this run")
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise ReporterError(
+                f"cannot open the run directory's lock {str(self.path)!r}: "
+                f"{exc.strerror or exc}; the run directory must be a writable directory "
+                "(a symlink in its place is refused)"
+            ) from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirInUseError(
+                    f"run directory {str(self.path.parent)!r} is in use by {_read_holder(fd)}: one "
+                    "live process writes a run at a time; wait for it to finish, stop it, "
+                    "or choose another run id"
+                ) from None
+            except OSError as exc:  # a file system without flock: no guard, as before
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+            owner = {
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "run_id": run_id,
+                "since_unix_ns": time.time_ns(),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, orjson.dumps(owner) + b"\n", 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        if not _fork_hook:
+            _fork_hook.append(True)
+            os.register_at_fork(after_in_child=_run_locks_after_fork_in_child)
+        _held_run_locks.add(self)
+
+    def release(self) -> None:
+        """Give the directory up (idempotent)."""
+        fd, self._fd = self._fd, None
+        _held_run_locks.discard(self)
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # no stale holder for the next reader
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+    def _forget_in_child(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # never LOCK_UN: that would free the parent's lock
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        data = orjson.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        data = {}
+    if not isinstance(data, dict) or "pid" not in data:
+        return "another process (it has not recorded its pid yet)"
+    pid = data.get("pid")
+    alive = isinstance(pid, int) and psutil.pid_exists(pid)
+    since = data.get("since_unix_ns")
+    held = f", for {max(0, time.time_ns() - since) / 1e9:.0f} s" if isinstance(since, int) else ""
+    return (
+        f"pid {pid} on {data.get('hostname', '?')} (run {data.get('run_id', '?')!r}"
+        f"{held}{'' if alive else '; that pid is not running here: another host?'})"
+    )
+
+
+_held_run_locks: weakref.WeakSet[RunDirLock] = weakref.WeakSet()
+_fork_hook: list[bool] = []  # installed with the first lock taken, never at import
+
+
+def _run_locks_after_fork_in_child() -> None:
+    for lock in list(_held_run_locks):
+        lock._forget_in_child()
