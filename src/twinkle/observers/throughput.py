@@ -190,4 +190,25 @@ class ThroughputObserver:
             "phase_windows": self.phase_windows,
             "counts": self._counts().calibrate(event.terminal_totals),
             "late_samples": self.timeline.late_samples,
+            "missing_sample_tags": self._missing_tags(),
+        }
+
+    def _missing_tags(self) -> dict[str, str]:
+        """Each sample tag the configuration counts that no samples event carried (its
+        throughput is 0 for want of samples: a misspelt tag, or samples never published),
+        with what counts it."""
+        config = self.timeline.config
+        users: dict[str, list[str]] = {}
+        for phase, spec in config.throughput.items():
+            users.setdefault(spec.samples, []).append(f"throughput.{phase}")
+        if config.window is not None:
+            users.setdefault(config.window.samples, []).append("window")
+        return {
+            tag: (
+                f"counted by {', '.join(where)} but no samples event had phase={tag!r}; "
+                f"publish bus.samples(phase={tag!r}, ...) or fix the tag (seen: "
+                f"{sorted(self.counts) or 'none'})"
+            )
+            for tag, where in sorted(users.items())
+            if tag not in self.counts
         }

@@ -35,6 +35,7 @@ from twinkle.events import (
     IterationStarted,
     OptimizerStep,
     RunFinished,
+    RunResumed,
     RunStarted,
     SamplesObserved,
     SpanBatch,
@@ -329,6 +330,8 @@ class Timeline:
         self._totals = WindowTiming.empty(self.config)
         self._setup = self._before_work = WindowTiming.empty(self.config)
         self._first_work_ns: int | None = None
+        self._setup_open = False  # a set-up window (of the run or a resumed segment) is
+        self._tail_ns: int | None = None  # the end of the last segment's tear-down
         self.late_spans = self.late_ns = 0
         self.late_samples = 0
         #: spans and their summed seconds by where they were attributed
@@ -344,8 +347,28 @@ class Timeline:
     def run_started(self, event: RunStarted) -> None:
         self.config = ObserverConfig.parse(event.config)
         self.anchor = event.anchor
-        self._totals = self._setup = WindowTiming.empty(self.config)
+        self._totals = self._setup = self._before_work = WindowTiming.empty(self.config)
+        self._setup_open = True
         self.windows.append(_Window(None, event.monotonic_ns))
+
+    def run_resumed(self, event: RunResumed) -> None:
+        """A new segment begins (after the previous one's :meth:`run_finished`): the run's
+        figures go on accumulating; a set-up window opens at the resume, and the time
+        between the previous segment's tear-down and the resume is in no window."""
+        self.run = None
+        self.finished = []
+        if self._tail_ns is not None:
+            self.horizon = (
+                self._tail_ns if self.horizon is None else max(self.horizon, self._tail_ns)
+            )
+        self._first_work_ns = None
+        self._setup_open = True
+        # What arrived after the previous segment finished belongs to no window of this
+        # one (the segment's set-up would otherwise reach back over the gap).
+        start = event.monotonic_ns
+        self.pieces = [p for p in self.pieces if p[1] >= start]
+        self.overhead = [iv for iv in self.overhead if iv[0] >= start]
+        self.windows.append(_Window(None, start))
 
     def iteration_started(self, event: IterationStarted) -> list[Finished]:
         """Open ``event.iteration``; returns (and keeps in :attr:`finished`) the
@@ -383,6 +406,7 @@ class Timeline:
         while self.windows:
             done.extend(self._finalise(self.windows.popleft()))
         tail = max([end, *(e for _, _, e, _ in self.pieces)])
+        self._tail_ns = tail
         start = end if self.horizon is None else self.horizon
         teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
         self._totals = self._totals + teardown
@@ -422,7 +446,7 @@ class Timeline:
             if horizon is None or end > horizon:
                 clipped = start if horizon is None else max(start, horizon)
                 self.pieces.append((phase, clipped, end, span.thread_id))
-            if phase is not None and horizon is None:  # the set-up window is still open
+            if phase is not None and self._setup_open:
                 first = self._first_work_ns
                 self._first_work_ns = start if first is None else min(first, start)
             self._attribute(span.attrs.get("iteration"), phase, start, end, span)
@@ -516,10 +540,11 @@ class Timeline:
         self._totals = self._totals + timing
         self.horizon = end
         if window.iteration is None:
-            self._setup = timing
+            self._setup = self._setup + timing  # every segment's set-up
+            self._setup_open = False
             # Set-up before the first phase span is not the run's active time.
             first = end if self._first_work_ns is None else min(self._first_work_ns, end)
-            self._before_work = measure_window(
+            self._before_work = self._before_work + measure_window(
                 start, first, self.pieces, self.overhead, self.config
             )
         self.pieces = [p for p in self.pieces if p[2] > end]
@@ -589,6 +614,10 @@ class TimelineObserver:
     @hookimpl(tryfirst=True)
     def twinkle_run_started(self, event: RunStarted) -> None:
         self.timeline.run_started(event)
+
+    @hookimpl(tryfirst=True)
+    def twinkle_run_resumed(self, event: RunResumed) -> None:
+        self.timeline.run_resumed(event)
 
     @hookimpl(tryfirst=True)
     def twinkle_spans(self, event: SpanBatch) -> None:

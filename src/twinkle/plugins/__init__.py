@@ -4,6 +4,7 @@ of its hooks (:class:`HookCalls`, :class:`Dispatcher`). The contract itself is
 """
 
 from twinkle.plugins._dispatch import (
+    DEFAULT_SLOW_CALL_S,
     HOOK_FOR_EVENT,
     REPORTER_FAILURES,
     Dispatcher,
@@ -22,6 +23,7 @@ from twinkle.plugins._manager import (
 
 __all__ = [
     "BUILTIN_DISTRIBUTION",
+    "DEFAULT_SLOW_CALL_S",
     "DISABLE_AUTOLOAD_ENV",
     "ENTRY_POINT_GROUP",
     "HOOK_FOR_EVENT",

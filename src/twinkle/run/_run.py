@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import enum
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast, final
@@ -21,15 +22,45 @@ import orjson
 import pluggy
 
 from twinkle.errors import ConfigError, PluginError, RecordError, TwinkleError, WriteError
-from twinkle.events import Event, EventBus, RunFinished, RunStarted, read_back
+from twinkle.events import (
+    Event,
+    EventBus,
+    IterationStarted,
+    OptimizerStep,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    freeze,
+    read_back,
+)
 from twinkle.hookspecs import RunContext
 from twinkle.observers import ObserverConfig
-from twinkle.plugins import Dispatcher, HookCalls, ObserverManager, merge_summary
+from twinkle.plugins import (
+    DEFAULT_SLOW_CALL_S,
+    Dispatcher,
+    HookCalls,
+    ObserverManager,
+    merge_summary,
+)
 from twinkle.reporting import Backend, MetricsReporter
 
-__all__ = ["SUMMARY_FILE", "Run", "RunState", "check_config"]
+__all__ = ["BASE_SUMMARY_KEYS", "SUMMARY_FILE", "Run", "RunState", "check_config"]
 
 SUMMARY_FILE = "summary.json"
+
+BASE_SUMMARY_KEYS = frozenset(
+    {
+        "run_id",
+        "status",
+        "error",
+        "records_dropped",
+        "process_wall_seconds",
+        "segments",
+        "observer_failures",
+        "observer_slow_calls",
+    }
+)
+"""The run's own keys of ``summary.json``: no observer's part may set them."""
 
 
 class RunState(enum.Enum):
@@ -77,13 +108,16 @@ class Run:
         "_background",
         "_background_dispatch",
         "_closed",
+        "_order",
         "_receivers",
+        "_slow_call_s",
         "calls",
         "context",
         "dispatcher",
         "finished",
         "pm",
         "reporter",
+        "segments",
         "started",
         "state",
     )
@@ -95,6 +129,7 @@ class Run:
         *,
         background: bool,
         background_dispatch: bool = False,
+        slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
     ) -> None:
         if not isinstance(pm, ObserverManager):
             raise PluginError(
@@ -104,16 +139,20 @@ class Run:
             )
         logged = check_config(context.config, pm)
         self.pm = pm
-        # Every observer configures from the config as the log carries it.
-        self.context = dataclasses.replace(context, config=logged)
+        # Every observer configures from the config as the log carries it, read-only.
+        self.context = dataclasses.replace(context, config=freeze(logged))
         self._background = background
         self._background_dispatch = background_dispatch
+        self._slow_call_s = slow_call_s
         self.state = RunState.NEW
         self.calls: HookCalls | None = None
         self.dispatcher: Dispatcher | None = None
         self.reporter: MetricsReporter | None = None
         self.started = False
         self.finished: RunFinished | None = None
+        #: each segment's start (run_started, then every run_resumed) and its finish
+        self.segments: list[tuple[RunStarted | RunResumed, RunFinished | None]] = []
+        self._order = _Order()
         self._receivers: list[EventBus] = []
         self._closed = False
 
@@ -130,7 +169,7 @@ class Run:
         try:
             if self.context.out_dir is not None:
                 self.context.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            self.calls = calls = HookCalls(self.pm)
+            self.calls = calls = HookCalls(self.pm, slow_call_s=self._slow_call_s)
             calls.configure(self.context)
             backends: list[Backend] = []
             for result in calls.call("twinkle_make_backends", context=self.context):
@@ -156,16 +195,31 @@ class Run:
 
     def submit(self, event: Event) -> None:
         """Dispatch ``event`` to the observers, after checking it fits the run: its
-        ``run_id``, ``run_started`` once and first, ``run_finished`` once (events after
-        it — published by an observer while the run finished — still go out)."""
+        ``run_id``; ``run_started`` once and first; ``run_finished`` once per segment
+        (events after it — published by an observer while the run finished — still go
+        out), then only ``run_resumed`` begins a new segment; iterations and optimizer
+        steps only go forward; boundaries never go back in time. A misfit raises
+        :class:`~twinkle.errors.RecordError` and reaches no observer."""
         dispatcher = self.dispatcher
         if dispatcher is None or self.state is not RunState.RUNNING:
-            raise TwinkleError(f"run {self.run_id!r} is not running ({self.state.value})")
+            raise TwinkleError(
+                f"run {self.run_id!r} is not running ({self.state.value}): publish between "
+                "its start() and its finish()"
+            )
         if event.run_id != self.context.run_id:
             raise RecordError(
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
         kind = type(event)
+        if kind in _ORDERED or not self.started:
+            with self._order.lock:
+                self._check_order(event)
+        dispatcher.submit(event)
+
+    def _check_order(self, event: Event) -> None:
+        """The lifecycle and order checks of the events that carry them (lock held)."""
+        kind = type(event)
+        order = self._order
         if not self.started:
             if kind is not RunStarted:
                 raise RecordError(
@@ -173,28 +227,75 @@ class Run:
                     f"{event.TYPE!r}"
                 )
             self.started = True
-        elif kind is RunStarted:
+            order.boundary(event, "run_started")
+            self.segments.append((cast(RunStarted, event), None))
+            return
+        if kind is RunStarted:
             raise RecordError(
-                f"event run_started starts run {event.run_id!r} a second time; replay one "
-                "run's log at a time"
+                f"event run_started starts run {event.run_id!r} a second time; a restarted "
+                "run continues with run_resumed (a RunSession on the same run directory "
+                "does that), and a replay takes one run's log at a time"
             )
-        elif kind is RunFinished:
+        if kind is RunResumed:
+            resumed = cast(RunResumed, event)
+            if self.finished is None:
+                raise RecordError(
+                    f"event run_resumed (segment {resumed.segment}) comes before segment "
+                    f"{len(self.segments) - 1} of run {self.run_id!r} finished: a segment "
+                    "ends with run_finished first"
+                )
+            if resumed.segment != len(self.segments):
+                raise RecordError(
+                    f"event run_resumed says segment {resumed.segment}, but run "
+                    f"{self.run_id!r} has had {len(self.segments)} segment(s): the next is "
+                    f"{len(self.segments)}"
+                )
+            if read_back(dict(resumed.config)) != dict(self.context.config):
+                raise RecordError(
+                    f"event run_resumed (segment {resumed.segment}) carries a configuration "
+                    f"other than run {self.run_id!r}'s: a resumed run keeps its "
+                    "configuration; pass the same config, or choose a new run id"
+                )
+            order.boundary(event, "run_resumed")
+            self.finished = None
+            self.segments.append((resumed, None))
+            return
+        if self.finished is not None and kind is not RunFinished:
+            if kind is IterationStarted or kind is OptimizerStep:
+                raise RecordError(
+                    f"event {event.TYPE!r} comes after run {self.run_id!r} finished "
+                    f"(segment {len(self.segments) - 1}); publish before finish()"
+                )
+            return
+        if kind is RunFinished:
             if self.finished is not None:
-                raise RecordError(f"event run_finished finishes run {self.run_id!r} a second time")
-            self.finished = cast(RunFinished, event)
-        dispatcher.submit(event)
+                raise RecordError(
+                    f"event run_finished finishes segment {len(self.segments) - 1} of run "
+                    f"{self.run_id!r} a second time"
+                )
+            order.boundary(event, "run_finished")
+            finished = cast(RunFinished, event)
+            self.finished = finished
+            self.segments[-1] = (self.segments[-1][0], finished)
+        elif kind is IterationStarted:
+            order.iteration(cast(IterationStarted, event), self.run_id)
+        elif kind is OptimizerStep:
+            order.step(cast(OptimizerStep, event), self.run_id)
 
     def finish(self) -> dict[str, Any]:
         """Close the run (after ``run_finished`` was submitted), then write
         ``summary.json``: the observers' parts are taken while they still run, the
         failures once every output is closed (a sink failing to close its file is in the
-        summary); the summary is written even when closing raised, then that error is."""
+        summary). The summary is written last, once every output is closed and synced
+        (so it never vouches for records that are not on disk), and durably (synced,
+        then renamed into place); when closing raised, it is still written, with status
+        ``error`` naming what failed, then that error is raised."""
         try:
             if self.finished is None or self.calls is None:
                 raise TwinkleError(f"run {self.run_id!r} has not seen run_finished")
             if self.dispatcher is not None:
                 self.dispatcher.flush()  # every observer has seen run_finished
-            summary = build_summary(self.finished, self.calls)
+            summary = build_summary(self.finished, self.calls, self.segments)
             self.state = RunState.FINISHED
         except BaseException:
             self.close()
@@ -202,8 +303,15 @@ class Run:
         calls = self.calls
         try:
             self.close()
+        except BaseException as exc:
+            # Records or the log may not be durable: the summary must not say "ok".
+            summary["status"] = "error"
+            closing = f"closing the run's outputs failed: {type(exc).__name__}: {exc}"
+            summary["error"] = closing if not summary["error"] else f"{summary['error']}; {closing}"
+            raise
         finally:
             summary["observer_failures"] = dict(sorted(calls.failures.items()))
+            summary["observer_slow_calls"] = dict(sorted(calls.slow.items()))
             out = self.context.out_dir
             if out is not None:
                 write_summary(out / SUMMARY_FILE, summary)
@@ -237,21 +345,98 @@ class Run:
                 self.pm.release()  # also when the start failed before configuring
 
 
-def build_summary(event: RunFinished, calls: HookCalls) -> dict[str, Any]:
-    """``summary.json``'s content: the run's frame and the observers' parts."""
-    parts = calls.call_named("twinkle_summary", event=event)
-    summary: dict[str, Any] = {
-        "run_id": event.run_id,
-        "status": event.status,
-        "error": event.error,
-        "records_dropped": event.records_dropped,
-        "process_wall_seconds": (
+_ORDERED = frozenset({RunStarted, RunResumed, RunFinished, IterationStarted, OptimizerStep})
+
+
+class _Order:
+    """The order the events of a run must keep: iterations and optimizer steps only go
+    forward (across segments too), and no boundary comes before the previous one."""
+
+    __slots__ = ("last_boundary", "last_iteration", "last_step", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last_boundary: tuple[str, int] | None = None
+        self.last_iteration: int | None = None
+        self.last_step = 0
+
+    def boundary(self, event: Event, what: str) -> None:
+        last = self.last_boundary
+        if last is not None and event.monotonic_ns < last[1]:
+            raise RecordError(
+                f"event {what} at monotonic {event.monotonic_ns} ns comes before the "
+                f"previous boundary ({last[0]} at {last[1]} ns): the run's clock went "
+                "backwards; it must be monotonic (time.perf_counter_ns, or a ManualClock "
+                "that only advances)"
+            )
+        self.last_boundary = (what, event.monotonic_ns)
+
+    def iteration(self, event: IterationStarted, run_id: str) -> None:
+        last = self.last_iteration
+        if last is not None and event.iteration <= last:
+            again = "repeats" if event.iteration == last else "goes backwards from"
+            raise RecordError(
+                f"iteration_started {event.iteration} {again} iteration {last} of run "
+                f"{run_id!r}: iterations only go forward (a resumed run continues after "
+                f"its last iteration: start at {last + 1})"
+            )
+        self.boundary(event, f"iteration_started {event.iteration}")
+        self.last_iteration = event.iteration
+
+    def step(self, event: OptimizerStep, run_id: str) -> None:
+        if event.step <= self.last_step:
+            again = "repeats" if event.step == self.last_step else "goes backwards from"
+            raise RecordError(
+                f"optimizer_step step={event.step} {again} step {self.last_step} of run "
+                f"{run_id!r}: step counts the optimizer steps so far (1-based) and only "
+                f"grows: the next is {self.last_step + 1}"
+            )
+        self.last_step = event.step
+
+
+def build_summary(
+    event: RunFinished,
+    calls: HookCalls,
+    segments: list[tuple[RunStarted | RunResumed, RunFinished | None]] | None = None,
+) -> dict[str, Any]:
+    """``summary.json``'s content: the run's frame (its :data:`BASE_SUMMARY_KEYS`, which
+    no observer can set: a part naming one is refused and counted as that observer's
+    failure) and the observers' parts."""
+    parts: list[tuple[str, dict[str, Any]]] = []
+    for name, part in calls.call_named("twinkle_summary", event=event):
+        if not isinstance(part, dict):
+            continue
+        taken = sorted(BASE_SUMMARY_KEYS.intersection(part))
+        if taken:
+            calls.count(name, "set the run's own summary key(s) %s, which were ignored", taken)
+        parts.append((name, {k: v for k, v in part.items() if k not in BASE_SUMMARY_KEYS}))
+    summary: dict[str, Any] = merge_summary(parts)
+    summary.update(
+        run_id=event.run_id,
+        status=event.status,
+        error=event.error,
+        records_dropped=event.records_dropped,
+        process_wall_seconds=(
             None if event.process_wall_ns is None else event.process_wall_ns / 1e9
         ),
-        **merge_summary([(name, part) for name, part in parts if isinstance(part, dict)]),
-    }
-    summary["observer_failures"] = dict(sorted(calls.failures.items()))
+        segments=[_segment(start, end) for start, end in segments or ()],
+        observer_failures=dict(sorted(calls.failures.items())),
+        observer_slow_calls=dict(sorted(calls.slow.items())),
+    )
     return summary
+
+
+def _segment(start: RunStarted | RunResumed, end: RunFinished | None) -> dict[str, Any]:
+    """One segment of the run (a process's stretch of it) for the summary."""
+    return {
+        "segment": start.segment if isinstance(start, RunResumed) else 0,
+        "pid": start.anchor.pid,
+        "hostname": start.anchor.hostname,
+        "started_unix_s": start.wall_ns / 1e9,
+        "finished_unix_s": None if end is None else end.wall_ns / 1e9,
+        "status": None if end is None else end.status,
+        "error": None if end is None else end.error,
+    }
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
@@ -260,19 +445,36 @@ def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
     _write_atomically(path, data + b"\n")
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the file system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write ``path`` whole or not at all (a crash never leaves half a summary); mode
     0644 less the umask, like every file twinkle creates."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(tmp, flags, 0o644)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            os.fsync(fd)  # on disk before the rename makes it the summary
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
