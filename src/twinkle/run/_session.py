@@ -11,36 +11,96 @@ The session is the caller's handle::
 It writes ``runs/<run_id>/`` (SPEC §8): ``events.jsonl``, ``metrics_raw.jsonl``,
 ``metrics.jsonl``, ``summary.json`` and ``trace.json`` — through the observers, so that
 :func:`twinkle.run.replay` reproduces the records and the summary from the log.
+
+One live process writes a run directory at a time (:class:`~twinkle.locks.RunDirLock`).
+A session on a directory that already holds a run's log — a restarted job, same run id
+— *resumes* it: the earlier segments' events are fed to the observers again (so every
+output covers the whole run), a segment that stopped without finishing is closed with
+an error status, and ``run_resumed`` begins the new segment, on a clock that continues
+the run's timeline (see :attr:`RunSession.resumed`).
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import orjson
 import pluggy
 
 from twinkle.checks import run_id as check_run_id
-from twinkle.errors import InvalidArgumentError, TwinkleError
-from twinkle.events import EventBus, RunFinished, Status, validate_event
+from twinkle.errors import ConfigError, InvalidArgumentError, ReporterError, TwinkleError
+from twinkle.events import (
+    EventBus,
+    IterationStarted,
+    OptimizerStep,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    SpanBatch,
+    Status,
+    validate_event,
+)
 from twinkle.hookspecs import RunContext
-from twinkle.perf import Clock, TimeRecorder, bind_process_recorder
+from twinkle.locks import RunDirLock
+from twinkle.observers.sinks import EVENTS_FILE
+from twinkle.perf import Clock, ClockAnchor, TimeRecorder, bind_process_recorder
 from twinkle.perf.stats import memory_stats
-from twinkle.plugins import Dispatcher, make_plugin_manager
+from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, make_plugin_manager
 from twinkle.reporting import MetricsReporter
-from twinkle.run._run import Run, RunState
+from twinkle.run._replay import iter_events
+from twinkle.run._run import Run, RunState, check_config
 
-__all__ = ["RunSession", "new_run_id"]
+__all__ = ["Resumed", "RunSession", "new_run_id"]
 
 OVERHEAD_SOURCE = "twinkle.observers"
 log = logging.getLogger("twinkle.session")
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """What a resuming session found in its run directory's log.
+
+    ``segment`` is the segment this session writes (1 for the first resume);
+    ``events`` the events already logged; ``last_iteration`` and ``optimizer_steps``
+    where the earlier segments stopped — a restarted trainer continues from
+    :attr:`next_iteration` and step ``optimizer_steps + 1`` (iterations and steps only
+    go forward); ``previous_status`` is the previous segment's status, None when it
+    stopped without finishing (it is then closed with an ``error`` status).
+    """
+
+    segment: int
+    events: int
+    last_iteration: int | None
+    optimizer_steps: int
+    previous_status: Status | None
+
+    @property
+    def next_iteration(self) -> int:
+        return 0 if self.last_iteration is None else self.last_iteration + 1
+
+
+@dataclass(slots=True)
+class _Scan:
+    """The first pass over an existing log (before anything is opened or written)."""
+
+    started: RunStarted
+    events: int = 0
+    segments: int = 1
+    finished: RunFinished | None = None
+    last_ns: int = 0
+    last_wall_ns: int = 0
+    last_iteration: int | None = None
+    optimizer_steps: int = 0
 
 
 def new_run_id(wall_ns: int) -> str:
@@ -63,6 +123,12 @@ class RunSession:
     :param background_dispatch: run the observers on one dispatch thread, off the
         publishing threads (records and files are the same; see
         :class:`~twinkle.plugins.Dispatcher`).
+    :param slow_call_s: an observer call taking longer is logged and counted
+        (``observer_slow_calls`` in the summary); None: calls are not timed.
+
+    A session publishes only between :meth:`start` and :meth:`finish` (else
+    :class:`~twinkle.errors.TwinkleError`), in the process that started it: a forked
+    child's copy refuses to publish or finish (the run stays its parent's).
     """
 
     def __init__(
@@ -80,7 +146,19 @@ class RunSession:
         plugins: Iterable[tuple[str, object]] = (),
         background_writer: bool = True,
         background_dispatch: bool = False,
+        slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
     ) -> None:
+        if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+            raise InvalidArgumentError(
+                f"out_dir must be a directory path (str or os.PathLike) or None (no files), "
+                f"got {out_dir!r:.100}"
+            )
+        for name, fn in (("clock", clock), ("wall_clock", wall_clock)):
+            if not callable(fn):
+                raise InvalidArgumentError(
+                    f"{name} must be a zero-argument callable returning int nanoseconds, "
+                    f"got {fn!r:.100}"
+                )
         self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
         if config is not None and not isinstance(config, Mapping):
             raise InvalidArgumentError(
@@ -88,12 +166,27 @@ class RunSession:
             )
         self.config: dict[str, Any] = dict(config or {})
         self.out_dir = None if out_dir is None else Path(out_dir) / self.run_id
+        self._dir_lock = None if self.out_dir is None else RunDirLock(self.out_dir)
+        #: set by start() when the run directory held a log: what it found there
+        self.resumed: Resumed | None = None
+        # A log already here is a run to resume: this session's clock continues its
+        # timeline (decided now, as the recorders read the clock from the start).
+        self._shift: list[int] | None = None
+        origin = self._logged_origin()
+        if origin is not None:
+            clock, self._shift = _continuing(clock, wall_clock, origin)
+        self._clock = clock
         self.recorder = TimeRecorder(clock=clock, wall_clock=wall_clock)
         # twinkle's own time on the caller's threads: every publish, timed by the bus
         self._overhead = TimeRecorder(clock=clock, wall_clock=wall_clock)
         self.bus = EventBus(
             self.run_id, clock=clock, wall_clock=wall_clock, overhead=self._overhead
         )
+        self.bus.refuse(
+            f"run {self.run_id!r} is not started: call start() (or enter `with "
+            "RunSession(...)`) before publishing"
+        )
+        self._pid = os.getpid()
         self._unbind: Callable[[], None] | None = None
         self._wall_clock = wall_clock
         pm = plugin_manager or make_plugin_manager(
@@ -105,6 +198,7 @@ class RunSession:
             self.context,
             background=background_writer,
             background_dispatch=background_dispatch,
+            slow_call_s=slow_call_s,
         )
         self.summary: dict[str, Any] | None = None
         self._atexit: Callable[[], None] | None = None
@@ -131,24 +225,197 @@ class RunSession:
     # -- lifecycle --------------------------------------------------------------------
 
     def start(self) -> RunSession:
-        """Configure the observers, open the outputs and publish ``run_started``."""
+        """Take the run directory, configure the observers, open the outputs and publish
+        ``run_started`` — or, when the directory holds the run's log, resume it (see the
+        module docstring and :attr:`resumed`)."""
         if self.run.state is not RunState.NEW:
             raise TwinkleError(f"run {self.run_id!r} was already started")
-        self.run.start()
+        self._own_process("start")
+        scan = self._take_directory()
         try:
+            if scan is not None:
+                self._check_resumable(scan)
+                self.run.context = dataclasses.replace(self.run.context, resumed_events=scan.events)
+                self.context = self.run.context
+            self.run.start()
             self.bus.attach(self.recorder, source="main")
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
             self.run.connect(self.bus)
-            self.bus.run_started(self.config)
+            if scan is None:
+                self.bus.run_started(self.config)
+            else:
+                self._resume(scan)
         except BaseException:
-            self.run.close()  # FAILED: it never finished
+            try:
+                self.run.close()  # FAILED: it never finished
+            finally:
+                self._release_directory()
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
         # A caller that neither exits a ``with`` block nor calls finish() (an uncaught
         # exception outside one, sys.exit) still gets its summary, marked as an error.
         self._atexit = _finish_at_exit(self)
+        _track(self)
         return self
+
+    # -- the run directory and resuming -------------------------------------------------
+
+    def _logged_origin(self) -> ClockAnchor | None:
+        """The anchor of the run this directory's log holds (None: no log, or one that
+        does not start with this run's run_started — start() says what is wrong)."""
+        if self.out_dir is None:
+            return None
+        try:
+            with (self.out_dir / EVENTS_FILE).open("rb") as f:
+                first = f.readline(1 << 20)
+        except OSError:
+            return None
+        try:
+            data = orjson.loads(first)
+            anchor = data["anchor"] if data.get("type") == "run_started" else None
+            return ClockAnchor(**anchor) if isinstance(anchor, dict) else None
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+            return None
+
+    def _take_directory(self) -> _Scan | None:
+        """Create and lock the run directory; scan the log it holds (None: none)."""
+        out, lock = self.out_dir, self._dir_lock
+        if out is None or lock is None:
+            return None
+        try:
+            out.mkdir(parents=True, exist_ok=True, mode=0o755)
+        except OSError as exc:
+            raise ReporterError(
+                f"cannot create the run directory {str(out)!r}: {exc.strerror or exc}; "
+                "out_dir must be a writable directory (not a file, not read-only)"
+            ) from exc
+        if out.is_symlink() or not out.is_dir():
+            raise ReporterError(
+                f"run directory {str(out)!r} is a symlink or not a directory: twinkle "
+                "follows no link in a run directory; remove it or choose another run id"
+            )
+        lock.acquire(self.run_id)
+        try:
+            log = out / EVENTS_FILE
+            if log.is_symlink() or not log.exists() or log.stat().st_size == 0:
+                return None  # (a symlink is refused by the event log's writer)
+            return self._scan(log)
+        except BaseException:
+            lock.release()
+            raise
+
+    def _scan(self, log: Path) -> _Scan | None:
+        """Check the log through a run without observers (the lifecycle and order checks
+        the resumed run will apply, so feeding it again cannot fail half-way)."""
+        checker = Run(
+            make_plugin_manager(autoload=False, builtins=False),
+            RunContext(self.run_id, None, {}, replay=True),
+            background=False,
+        )
+        scan: _Scan | None = None
+        checker.start()
+        try:
+            for event in iter_events(log):
+                if scan is None:
+                    if not isinstance(event, RunStarted) or event.run_id != self.run_id:
+                        raise ConfigError(
+                            f"{str(log)!r} is not the log of run {self.run_id!r} (its first "
+                            f"event is {event.TYPE!r} of run {event.run_id!r}): move it "
+                            "away or choose another run id"
+                        )
+                    scan = _Scan(event)
+                    checker.context = dataclasses.replace(checker.context, config=event.config)
+                checker.submit(event)
+                _note(scan, event)
+        except TwinkleError as exc:
+            raise ConfigError(
+                f"cannot resume run {self.run_id!r} from {str(log)!r}: {exc}"
+            ) from exc
+        finally:
+            checker.close()
+        return scan
+
+    def _check_resumable(self, scan: _Scan) -> None:
+        if self._shift is None:
+            raise TwinkleError(
+                f"run directory {str(self.out_dir)!r} got an event log after this session "
+                "was made; make the session again to resume it"
+            )
+        logged = check_config(self.config, self.run.pm)
+        if logged != dict(scan.started.config):
+            keys = sorted(set(logged) ^ set(scan.started.config)) or sorted(
+                k for k in logged if logged[k] != scan.started.config.get(k)
+            )
+            raise ConfigError(
+                f"run {self.run_id!r} was started with another configuration (differs at "
+                f"{keys[:5]}); a resumed run keeps its configuration: pass the one it was "
+                "started with, or choose a new run id"
+            )
+        behind = scan.last_ns - self._clock() + 1
+        if behind > 0:  # the wall clock went back between the segments
+            self._shift[0] += behind
+
+    def _resume(self, scan: _Scan) -> None:
+        """Feed the logged events to the observers again, close a segment that stopped
+        without finishing, then begin the new segment."""
+        out = self.out_dir
+        assert out is not None
+        count = 0
+        for event in iter_events(out / EVENTS_FILE):
+            if count == scan.events:
+                break  # only what the scan checked
+            self.run.submit(event)
+            count += 1
+        if count != scan.events:
+            raise TwinkleError(
+                f"{str(out / EVENTS_FILE)!r} changed while run {self.run_id!r} was resuming"
+            )
+        segment = scan.segments
+        if scan.finished is None:
+            self.run.submit(
+                RunFinished(
+                    self.run_id,
+                    scan.last_ns,
+                    scan.last_wall_ns,
+                    status="error",
+                    error=(
+                        f"segment {segment - 1} stopped without finishing (its process "
+                        "died or was killed); found when the run resumed"
+                    ),
+                )
+            )
+        self.resumed = Resumed(
+            segment=segment,
+            events=scan.events,
+            last_iteration=scan.last_iteration,
+            optimizer_steps=scan.optimizer_steps,
+            previous_status=None if scan.finished is None else scan.finished.status,
+        )
+        self.bus.run_resumed(segment, self.config)
+
+    def _release_directory(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+
+    def _own_process(self, doing: str) -> None:
+        if os.getpid() != self._pid:
+            raise TwinkleError(
+                f"cannot {doing} run {self.run_id!r} in process {os.getpid()}: it belongs to "
+                f"process {self._pid} (this is a forked child); start a RunSession of "
+                "its own in the child"
+            )
+
+    def _forget_in_child(self) -> None:
+        """After a fork, in the child: this copy never publishes to, finishes or writes
+        the parent's run (the parent owns its files, threads and lock)."""
+        self.bus.forget_in_child(
+            f"run {self.run_id!r} belongs to process {self._pid}; this forked child "
+            "cannot publish to it: start a RunSession of its own in the child"
+        )
+        if self._atexit is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
 
     def finish(
         self,
@@ -158,6 +425,7 @@ class RunSession:
         terminal_totals: Mapping[str, int | float] | None = None,
     ) -> dict[str, Any]:
         """Publish ``run_finished``, write ``summary.json`` and close every output."""
+        self._own_process("finish")
         reporter = self.run.reporter
         if self.run.state is not RunState.RUNNING or reporter is None:
             raise TwinkleError(
@@ -172,18 +440,25 @@ class RunSession:
         if self._atexit is not None:
             atexit.unregister(self._atexit)
             self._atexit = None
+        _live_sessions.discard(self)
         try:
-            self.bus.run_finished(
-                status=status,
-                error=error,
-                terminal_totals=terminal_totals,
-                records_dropped=reporter.stats.dropped,
-                process_wall_ns=self._process_wall_ns(),
+            try:
+                self.bus.run_finished(
+                    status=status,
+                    error=error,
+                    terminal_totals=terminal_totals,
+                    records_dropped=reporter.stats.dropped,
+                    process_wall_ns=self._process_wall_ns(),
+                )
+            except BaseException:
+                self.run.close()  # FAILED: it never finished
+                raise
+            self.summary = self.run.finish()
+        finally:
+            self.bus.refuse(
+                f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
             )
-        except BaseException:
-            self.run.close()  # FAILED: it never finished
-            raise
-        self.summary = self.run.finish()
+            self._release_directory()
         return self.summary
 
     def _process_wall_ns(self) -> int | None:
@@ -206,6 +481,8 @@ class RunSession:
     ) -> None:
         if self.run.state is not RunState.RUNNING:
             return
+        if os.getpid() != self._pid:
+            return  # a forked child leaving the block: the run is its parent's
         if exc is None:
             self.finish()
             return
@@ -231,12 +508,62 @@ class RunSession:
         return {} if calls is None else dict(calls.failures)
 
 
+def _note(scan: _Scan, event: Any) -> None:
+    """Fold one checked event of an existing log into its scan."""
+    scan.events += 1
+    kind = type(event)
+    end = event.monotonic_ns
+    if kind is SpanBatch:
+        shift = event.anchor.shift_onto(scan.started.anchor)
+        end = max([end, *(s.end_ns + shift for s in event.spans)])
+    if end >= scan.last_ns:
+        scan.last_ns, scan.last_wall_ns = end, event.wall_ns
+    if kind is IterationStarted:
+        scan.last_iteration = event.iteration
+    elif kind is OptimizerStep:
+        scan.optimizer_steps = event.step
+    elif kind is RunFinished:
+        scan.finished = event
+    elif kind is RunResumed:
+        scan.finished = None
+        scan.segments += 1
+
+
+def _continuing(clock: Clock, wall_clock: Clock, origin: ClockAnchor) -> tuple[Clock, list[int]]:
+    """``clock`` moved onto the timeline ``origin`` anchors (through the wall clock), and
+    the shift it adds (a one-item list: start() pushes it on when the wall clock went
+    back since the log's last event)."""
+    shift = [origin.monotonic_ns + (wall_clock() - origin.wall_ns) - clock()]
+
+    def continuing() -> int:
+        return clock() + shift[0]
+
+    return continuing, shift
+
+
+_live_sessions: weakref.WeakSet[RunSession] = weakref.WeakSet()
+_fork_hook: list[bool] = []  # installed with the first session started, never at import
+
+
+def _track(session: RunSession) -> None:
+    if not _fork_hook:
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_sessions_after_fork_in_child)
+    _live_sessions.add(session)
+
+
+def _sessions_after_fork_in_child() -> None:
+    for session in list(_live_sessions):
+        session._forget_in_child()
+    _live_sessions.clear()
+
+
 def _finish_at_exit(session: RunSession) -> Callable[[], None]:
     ref = weakref.ref(session)
 
     def finish() -> None:
         run = ref()
-        if run is None or run.state is not RunState.RUNNING:
+        if run is None or run.state is not RunState.RUNNING or os.getpid() != run._pid:
             return
         try:
             run.finish(status="error", error="the process exited without finishing the run")

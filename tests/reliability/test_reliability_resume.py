@@ -1,0 +1,206 @@
+"""Resume: a second session on a run directory that holds the run's log — what a
+restarted job does — appends a segment that replay understands, and every output
+covers every segment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from _scripted import CONFIG
+
+from twinkle.errors import ConfigError, RecordError
+from twinkle.perf import ManualClock
+from twinkle.run import RunSession, replay
+
+WALL0 = 1_700_000_000_000_000_000
+DERIVED = ("metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
+
+
+def segment(out: Path, *, iterations: int, wall_offset_ns: int, fail: bool = False) -> RunSession:
+    """One process's stretch of run ``r``: a fresh clock (a new process), continuing
+    where the directory's log says the run stopped."""
+    clock = ManualClock(10**9)
+    session = RunSession(
+        out_dir=out,
+        run_id="r",
+        config=CONFIG,
+        autoload=False,
+        clock=clock,
+        wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
+        background_writer=False,
+    )
+    with session as run:
+        first = 0 if run.resumed is None else run.resumed.next_iteration
+        steps = 0 if run.resumed is None else run.resumed.optimizer_steps
+        for i in range(first, first + iterations):
+            run.bus.iteration_started(i)
+            with run.recorder.span("generate", iteration=i):
+                clock.advance(1_000_000)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[3 + i, 4], groups=1)
+            with run.recorder.span("train.fwd"):
+                clock.advance(2_000_000)
+            run.bus.samples(iteration=i, phase="train", lengths=[3 + i, 4])
+            steps += 1
+            run.bus.optimizer_step(iteration=i, step=steps, samples=2)
+            run.bus.scalars(iteration=i, name="grpo", values={"loss": 0.5 / (i + 1)})
+            clock.advance(1_000)
+        if fail:
+            raise RuntimeError("the trainer broke")
+    return session
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def assert_replay_identical(run_dir: Path, tmp_path: Path) -> dict[str, object]:
+    out = tmp_path / "replayed"
+    result = replay(run_dir / "events.jsonl", out)
+    for name in (*DERIVED, "events.jsonl"):
+        assert (out / name).read_bytes() == (run_dir / name).read_bytes(), name
+    return result.summary
+
+
+def test_a_restarted_run_appends_a_segment_every_output_covers(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=2, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    one = orjson.loads((run_dir / "summary.json").read_bytes())
+    # The restart comes an hour later, in a new process with its own clock.
+    second = segment(tmp_path, iterations=3, wall_offset_ns=3600 * 10**9)
+    assert second.resumed is not None
+    assert (second.resumed.segment, second.resumed.last_iteration) == (1, 1)
+    assert second.resumed.previous_status == "ok"
+
+    events = lines(run_dir / "events.jsonl")
+    kinds = [e["type"] for e in events]
+    assert kinds.count("run_started") == 1 and kinds.count("run_resumed") == 1
+    assert kinds.count("run_finished") == 2
+    assert kinds.index("run_resumed") == kinds.index("run_finished") + 1
+    assert [e["seq"] for e in events] == list(range(len(events)))  # seq continues
+
+    records = lines(run_dir / "metrics_raw.jsonl")
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    timing = [r for r in records if r["kind"] == "timing" and r["scope"] == "iteration"]
+    assert [r["iteration"] for r in timing] == [0, 1, 2, 3, 4]
+    webui = lines(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in webui] == [0, 1, 2, 3, 4]  # no step repeated
+    assert len({r["step"] for r in webui}) == len(webui)
+
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["status"] == "ok"
+    assert [s["segment"] for s in summary["segments"]] == [0, 1]
+    assert summary["iterations"] == 5 and summary["counts"]["samples_rollout"] == 10
+    # The hour between the segments is in no window: the run's wall is its segments'.
+    seconds = summary["seconds"]
+    assert seconds["wall_seconds"] == pytest.approx(
+        one["seconds"]["wall_seconds"] * 5 / 2, rel=0.01
+    )
+    assert seconds["wall_seconds"] < 1.0
+    trace = orjson.loads((run_dir / "trace.json").read_bytes())
+    spans = [e for e in trace if e.get("ph") == "X" and e.get("cat") == "main"]
+    assert len(spans) == 10 and max(e["ts"] for e in spans) > 3600 * 1e6  # both segments
+    assert assert_replay_identical(run_dir, tmp_path) == summary
+
+
+def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
+    """The first process is killed outright (SIGKILL) mid-run; the restart closes its
+    segment with an error status and continues after its last iteration."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from twinkle.run import RunSession
+        with RunSession(out_dir={str(tmp_path)!r}, run_id="r", autoload=False) as run:
+            for i in range(1000):
+                run.bus.iteration_started(i)
+                with run.recorder.span("generate", iteration=i):
+                    time.sleep(0.001)
+                run.bus.samples(iteration=i, phase="rollout", lengths=[5])
+                if i == 3:
+                    print("ready", flush=True)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    run_dir = tmp_path / "r"
+    assert not (run_dir / "summary.json").exists()
+    # The dead process's lock is reclaimed; the run resumes after its last iteration.
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
+        assert run.resumed is not None and run.resumed.previous_status is None
+        start = run.resumed.next_iteration
+        assert start >= 4
+        run.bus.iteration_started(start)
+        run.bus.samples(iteration=start, phase="rollout", lengths=[5])
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    first, second = summary["segments"]
+    assert first["status"] == "error" and "stopped without finishing" in first["error"]
+    assert first["pid"] == child.pid and second["pid"] == os.getpid()
+    assert summary["status"] == "ok"
+    assert summary["counts"]["samples_rollout"] == start + 1
+    assert assert_replay_identical(run_dir, tmp_path) == summary
+
+
+def test_a_failed_segment_keeps_its_status_in_the_summary(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        segment(tmp_path, iterations=1, wall_offset_ns=0, fail=True)
+    segment(tmp_path, iterations=1, wall_offset_ns=10**9)
+    summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    assert [s["status"] for s in summary["segments"]] == ["error", "ok"]
+    assert "the trainer broke" in summary["segments"][0]["error"]
+
+
+def test_resuming_with_another_configuration_is_refused_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    segment(tmp_path, iterations=2, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    other = {**CONFIG, "total_steps": 9}
+    session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False)
+    with pytest.raises(ConfigError, match=r"another configuration.*total_steps"):
+        session.start()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    segment(tmp_path, iterations=1, wall_offset_ns=10**9)  # the lock was given back
+
+
+def test_a_resumed_run_that_repeats_an_iteration_is_refused(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=2, wall_offset_ns=0)
+    with (
+        RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False) as run,
+        pytest.raises(RecordError, match=r"iteration_started 0 goes backwards.*start at 2"),
+    ):
+        run.bus.iteration_started(0)
+
+
+def test_a_log_of_another_run_is_not_resumed(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=1, wall_offset_ns=0)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "events.jsonl").write_bytes((tmp_path / "r" / "events.jsonl").read_bytes())
+    with pytest.raises(ConfigError, match=r"not the log of run 's'.*run 'r'"):
+        RunSession(out_dir=tmp_path, run_id="s", autoload=False).start()
+
+
+def test_replay_refuses_a_second_run_started(tmp_path: Path) -> None:
+    """Two logs concatenated are not a resumed run: the second run_started is named."""
+    segment(tmp_path, iterations=1, wall_offset_ns=0)
+    log = (tmp_path / "r" / "events.jsonl").read_bytes()
+    events = [orjson.loads(line) for line in log.splitlines()]
+    for e in events:
+        e.pop("seq", None)
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events * 2))
+    with pytest.raises(Exception, match=r"run_started starts run 'r' a second time"):
+        replay(doubled, tmp_path / "out")
