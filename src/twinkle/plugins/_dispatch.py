@@ -24,8 +24,8 @@ from twinkle.plugins._manager import ObserverManager
 from twinkle.reporting import BatchWriter, MetricRecord
 
 __all__ = [
-    "HOOK_FOR_EVENT",
     "DEFAULT_SLOW_CALL_S",
+    "HOOK_FOR_EVENT",
     "REPORTER_FAILURES",
     "Dispatcher",
     "HookCalls",
@@ -71,10 +71,10 @@ class HookCalls:
     implementations, its arguments, and a :class:`pluggy.Result` of the list of results).
 
     Failure policy: an observer raising is logged with its name, counted in
-    :attr:`failures` and skipped; every other observer still runs. That includes the
-    ``BaseException`` s that are not errors: ``SystemExit`` (an observer must not end
-    the process, nor the dispatch thread) and ``KeyboardInterrupt`` on any thread but
-    the main one. A ``KeyboardInterrupt`` on the main thread is counted, then re-raised:
+    :attr:`failures` and skipped; every other observer still runs. That holds for any
+    ``BaseException``, ``SystemExit`` included (an observer must not end the process,
+    nor the dispatch thread), and for ``KeyboardInterrupt`` on any thread but the main
+    one. A ``KeyboardInterrupt`` on the main thread is counted, then re-raised:
     it is the user's Ctrl-C, which Python delivers to the main thread whatever it is
     running, often an observer. (A signal handler of the caller that raises
     ``SystemExit`` while an observer runs is isolated like the observer's own.)
