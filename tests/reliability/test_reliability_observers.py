@@ -23,6 +23,7 @@ from twinkle.events import (
     OptimizerStep,
     RunFinished,
     SamplesObserved,
+    ScalarsObserved,
     WeightsPublished,
 )
 from twinkle.hookspecs import RunContext, hookimpl
@@ -216,30 +217,47 @@ def test_observer_publishing_from_its_hooks_is_dispatched_in_order_and_logged(
         assert (run.out_dir / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
 
 
+class Echo:
+    """Answers every scalars event of a publisher thread with one of its own."""
+
+    def __init__(self) -> None:
+        self.run: RunSession | None = None
+
+    @hookimpl
+    def twinkle_scalars(self, event: ScalarsObserved) -> None:
+        assert self.run is not None
+        if event.name != "echo":
+            self.run.bus.scalars(iteration=0, name="echo", values={"k": event.values["k"]})
+
+
 def test_publishers_on_many_threads_and_a_republishing_observer_lose_no_event(
     tmp_path: Path,
 ) -> None:
-    rep = Republisher()
-    run, _ = session(tmp_path, "threads", [("rep", rep)])
-    rep.run = run
-    per_thread = 200
+    # Scalars, not optimizer steps: steps only go forward, so threads cannot share them.
+    echo = Echo()
+    run, _ = session(tmp_path, "threads", [("echo", echo)])
+    echo.run = run
+    per_thread, threads = 200, 4
     with run:
         run.bus.iteration_started(0)
 
         def publish(t: int) -> None:
             for k in range(per_thread):
-                run.bus.optimizer_step(iteration=0, step=t * per_thread + k + 1, samples=1)
+                run.bus.scalars(iteration=0, name=f"thread{t}", values={"k": k})
 
-        workers = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+        workers = [threading.Thread(target=publish, args=(t,)) for t in range(threads)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
     assert run.out_dir is not None
     log = [json.loads(line) for line in (run.out_dir / "events.jsonl").read_bytes().splitlines()]
-    steps = sorted(o["step"] for o in log if o["type"] == "optimizer_step")
-    assert steps == list(range(1, 4 * per_thread + 1))
-    assert sum(o["type"] == "scalars" for o in log) == 4 * per_thread
+    scalars = [o for o in log if o["type"] == "scalars"]
+    for t in range(threads):  # every event, each thread's in its order
+        mine = [o["values"]["k"] for o in scalars if o["name"] == f"thread{t}"]
+        assert mine == list(range(per_thread))
+    echoed = sorted(o["values"]["k"] for o in scalars if o["name"] == "echo")
+    assert echoed == sorted(list(range(per_thread)) * threads)
     assert summary_of(run)["observer_failures"] == {}
 
 
