@@ -379,36 +379,26 @@ def test_observer_raising_systemexit_or_ctrl_c_off_the_main_thread_is_counted_an
     )
 
 
-def test_observer_raising_systemexit_on_the_main_thread_does_not_end_the_process(
-    tmp_path: Path,
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_caller(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, exc: type[BaseException]
 ) -> None:
+    """Signal handlers run on the main thread in whatever frame it is in — often an
+    observer's: the user's Ctrl-C, or a SIGTERM handler calling sys.exit() (a preempted
+    job), must stop the caller, not be swallowed as an observer failure."""
     sees = SeesWeights()
-    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(SystemExit))]
-    run = RunSession(out_dir=tmp_path, run_id="exit-main", autoload=False, plugins=plugins)
-    with run:
-        publish_weights_and_steps(run)
-    assert sees.versions == list(range(WEIGHT_VERSIONS))
-    summary = summary_of(run)
-    assert (summary["status"], summary["observer_failures"]) == ("ok", {"ender": WEIGHT_VERSIONS})
-
-
-def test_ctrl_c_inside_an_observer_on_the_main_thread_still_stops_the_caller(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    sees = SeesWeights()
-    plugins: list[tuple[str, object]] = [
-        ("sees", sees),
-        ("ender", EndsTheProcess(KeyboardInterrupt)),
-    ]
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc))]
     run = RunSession(out_dir=tmp_path, run_id="ctrl-c", autoload=False, plugins=plugins)
-    with pytest.raises(KeyboardInterrupt, match="version 0"):
+    with pytest.raises(exc, match="version 0"):
         with run:
             publish_weights_and_steps(run)
     summary = summary_of(run)
     assert summary["status"] == "error"
-    assert summary["error"].startswith("KeyboardInterrupt")
+    assert summary["error"].startswith(exc.__name__)
     assert summary["observer_failures"] == {"ender": 1}  # counted before it went on
-    assert "observer 'ender' was interrupted in twinkle_weights_published" in caplog.text
+    assert f"observer 'ender' was interrupted in twinkle_weights_published ({exc.__name__})" in (
+        caplog.text
+    )
     assert sees.types[-1] == "run_finished"  # the run was still finished
 
 
@@ -579,3 +569,33 @@ def test_run_never_finished_by_its_caller_is_closed_at_exit_as_an_error(
     assert "exited without finishing" in summary["error"]
     log = (tmp_path / "unfinished" / "events.jsonl").read_bytes().splitlines()
     assert json.loads(log[-1])["type"] == "run_finished"
+
+
+class Sleepy:
+    """Sleeps in every samples hook: a slow observer on the real clock."""
+
+    @hookimpl
+    def twinkle_samples(self, event: Any) -> None:
+        time.sleep(0.02)
+
+
+def test_slow_calls_are_in_the_summary_and_its_replay_says_the_same(tmp_path: Path) -> None:
+    run = RunSession(
+        out_dir=tmp_path,
+        run_id="slow",
+        autoload=False,
+        plugins=[("sleepy", Sleepy())],
+        slow_call_s=0.005,
+    )
+    with run:
+        for i in range(3):
+            run.bus.iteration_started(i)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[4])
+    summary = summary_of(run)
+    assert summary["observer_slow_calls"] == {"sleepy": 3}
+    again = replay(
+        tmp_path / "slow" / "events.jsonl", tmp_path / "re", plugins=[("sleepy", Sleepy())]
+    )
+    assert again.summary["observer_slow_calls"] == {"sleepy": 3}  # the live run's count
+    live = (tmp_path / "slow" / "summary.json").read_bytes()
+    assert (tmp_path / "re" / "summary.json").read_bytes() == live

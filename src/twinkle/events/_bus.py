@@ -386,6 +386,7 @@ class EventBus:
         terminal_totals: Mapping[str, int | float] | None = None,
         records_dropped: int = 0,
         process_wall_ns: int | None = None,
+        observer_slow_calls: Mapping[str, int] | None = None,
     ) -> RunFinished:
         """Publish :class:`RunFinished` after flushing every recorder (the end time is
         read before the flush, as for :meth:`iteration_started`)."""
@@ -403,6 +404,7 @@ class EventBus:
                     dict(terminal_totals or {}),
                     records_dropped,
                     process_wall_ns,
+                    dict(observer_slow_calls or {}),
                 )
             )
         _raise_backwards(backwards)

@@ -167,14 +167,17 @@ class RunFinished(Event, tag="run_finished", frozen=True):
 
     ``terminal_totals`` are the producers' own end-of-run counts that calibrate the
     summary; ``records_dropped`` counts records the writers could not keep (0 unless a
-    bounded queue was configured to drop). Published once, last, after a final span
-    flush."""
+    bounded queue was configured to drop); ``observer_slow_calls`` the observer calls
+    over the run's budget so far, per observer (facts of the live run, carried here so
+    that a replay's summary says the same). Published once per segment, last, after a
+    final span flush."""
 
     status: Status = "ok"
     error: str | None = None
     terminal_totals: Numbers = {}
     records_dropped: Count = 0
     process_wall_ns: Count | None = None
+    observer_slow_calls: dict[str, Count] = {}
 
     def __post_init__(self) -> None:
         totals = self.terminal_totals

@@ -72,12 +72,12 @@ class HookCalls:
 
     Failure policy: an observer raising is logged with its name, counted in
     :attr:`failures` and skipped; every other observer still runs. That holds for any
-    ``BaseException``, ``SystemExit`` included (an observer must not end the process,
-    nor the dispatch thread), and for ``KeyboardInterrupt`` on any thread but the main
-    one. A ``KeyboardInterrupt`` on the main thread is counted, then re-raised:
-    it is the user's Ctrl-C, which Python delivers to the main thread whatever it is
-    running, often an observer. (A signal handler of the caller that raises
-    ``SystemExit`` while an observer runs is isolated like the observer's own.)
+    ``BaseException`` on any thread but the main one — ``SystemExit`` and
+    ``KeyboardInterrupt`` included: an observer must not end the dispatch thread nor a
+    publisher's. On the main thread ``KeyboardInterrupt`` and ``SystemExit`` are counted,
+    then re-raised: Python runs signal handlers (the user's Ctrl-C, a SIGTERM handler
+    calling ``sys.exit``) on the main thread, in whatever frame it is running — often an
+    observer — and swallowing them would keep a preempted job training.
 
     Slow observers: each observer call is timed with ``clock`` (integer ns); one taking
     longer than ``slow_call_s`` seconds (default :data:`DEFAULT_SLOW_CALL_S`) is counted
@@ -228,11 +228,13 @@ class HookCalls:
         return out
 
     def _failed(self, name: str, hook: str, exc: BaseException) -> None:
-        """Count an observer's exception; re-raise the main thread's KeyboardInterrupt."""
-        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is (
+        """Count an observer's exception; re-raise the main thread's KeyboardInterrupt
+        and SystemExit (a signal handler's, most likely)."""
+        if isinstance(exc, KeyboardInterrupt | SystemExit) and threading.current_thread() is (
             threading.main_thread()
         ):
-            self.count(name, "was interrupted in %s (KeyboardInterrupt); re-raised", hook)
+            kind = type(exc).__name__
+            self.count(name, "was interrupted in %s (%s); re-raised", hook, kind)
             raise exc
         self.count(name, "failed in %s; skipped", hook, exc_info=True)
 
@@ -270,8 +272,8 @@ class Dispatcher:
     the event log), and the observers' own time is no longer timed as overhead on the
     publishing threads (the timeline deducts only those threads' time). An observer
     raising ``SystemExit`` or ``KeyboardInterrupt`` there is counted and skipped like
-    any failure (:class:`HookCalls`), so the dispatch thread goes on; only a
-    ``KeyboardInterrupt`` on the main thread (inline dispatch) reaches the publisher.
+    any failure (:class:`HookCalls`), so the dispatch thread goes on; only on the main
+    thread (inline dispatch) do they reach the publisher.
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of

@@ -449,6 +449,7 @@ class RunSession:
                     terminal_totals=terminal_totals,
                     records_dropped=reporter.stats.dropped,
                     process_wall_ns=self._process_wall_ns(),
+                    observer_slow_calls=self.run.calls.slow if self.run.calls else None,
                 )
             except BaseException:
                 self.run.close()  # FAILED: it never finished
