@@ -13,9 +13,11 @@ from twinkle.engines._subprocess import (
     wait_for_line,
 )
 from twinkle.engines.pool import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
     Engine,
     EngineFactory,
     EnginePool,
+    EngineShutdownTimeout,
     EngineStartCancelled,
     EngineStartTimeout,
     StartContext,
@@ -37,9 +39,11 @@ from twinkle.engines.vllm import (
 
 __all__ = [
     "DEFAULT_PORT_RANGE",
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "Engine",
     "EngineFactory",
     "EnginePool",
+    "EngineShutdownTimeout",
     "EngineStartCancelled",
     "EngineStartTimeout",
     "PortClaim",

@@ -168,6 +168,11 @@ class VllmEngine:
         """Stop the server and its workers, then release the ports."""
         self._process.shutdown()
 
+    def kill(self) -> None:
+        """Kill the server's process group at once (``EnginePool.close`` calls it for a
+        shutdown that outlasts its timeout), then release the ports."""
+        self._process.kill()
+
     def __repr__(self) -> str:
         return f"VllmEngine({self.name!r}, pid={self.pid}, base_url={self.base_url!r})"
 
