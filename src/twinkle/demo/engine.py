@@ -57,10 +57,23 @@ class RolloutBatch:
 
 
 class TorchEngine:
-    """A rollout worker with its own model copy; thread-safe generate/load_weights."""
+    """A rollout worker with its own model copy; thread-safe generate/load_weights.
 
-    def __init__(self, name: str, index: int, config: DemoConfig, recorder: TimeRecorder) -> None:
+    ``first_iteration``: the run's first iteration in this process (a resumed run
+    continues after its last one), whose weights are version ``first_iteration``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        config: DemoConfig,
+        recorder: TimeRecorder,
+        *,
+        first_iteration: int = 0,
+    ) -> None:
         self.name = name
+        self.first_iteration = first_iteration
         self.index = index
         self.config = config
         self.recorder = recorder
@@ -69,17 +82,18 @@ class TorchEngine:
         self.model.requires_grad_(False)
         self.model.eval()
         self.version = -1  # nothing loaded yet
-        self.generated_through = -1  # last iteration whose rollouts are done
+        self.generated_through = first_iteration - 1  # last iteration whose rollouts are done
         self._cond = threading.Condition()
         self._closed = False
 
     def _required_version(self, iteration: int) -> int:
-        return max(0, iteration - self.config.lag)
+        return max(self.first_iteration, iteration - self.config.lag)
 
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> str:
         """Copy ``state`` into this engine's model once no pending rollout needs the old
         weights; returns the engine's name as the acknowledgement."""
-        last_needing_older = version - 1 + self.config.lag if version > 0 else -1
+        first = self.first_iteration
+        last_needing_older = version - 1 + self.config.lag if version > first else first - 1
         with self._cond:
             while self.generated_through < last_needing_older and not self._closed:
                 self._cond.wait(0.05)

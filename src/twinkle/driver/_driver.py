@@ -79,6 +79,8 @@ class StreamingDriver(Generic[T]):
     :param max_staleness: the most weight versions an item may lag the current version
         and still be consumed; staler items are dropped and counted per producer.
     :param initial_version: the weight version producers start with.
+    :param first_iteration: the number of the first iteration it begins (a resumed run
+        continues after its last one: ``RunSession.resumed.next_iteration``).
     :param auto_iterations: when true (default) every :meth:`next_batch` call begins the
         next iteration (0, 1, 2, ...) and publishes ``iteration_started`` *before* it
         waits, so waiting for rollouts is part of the iteration. Set it false to begin
@@ -106,6 +108,7 @@ class StreamingDriver(Generic[T]):
         max_staleness: int = 1,
         initial_version: int = 0,
         auto_iterations: bool = True,
+        first_iteration: int = 0,
     ) -> None:
         if not isinstance(bus, EventBus):
             raise InvalidArgumentError(
@@ -127,7 +130,8 @@ class StreamingDriver(Generic[T]):
         self._states = {name: ProducerTally(name) for name in self._produce}
         self._threads: dict[str, threading.Thread] = {}
         self._publication: Publication | None = None
-        self._next_iteration = 0
+        self._first_iteration = check_int("first_iteration", first_iteration, 0)
+        self._next_iteration = self._first_iteration
         self._high_water = 0
         self._wait_ns = 0
         self._trainer_waiting = False
@@ -407,7 +411,8 @@ class StreamingDriver(Generic[T]):
     def iteration(self) -> int | None:
         """The number of the last iteration begun (``None`` before the first)."""
         with self._cond:
-            return self._next_iteration - 1 if self._next_iteration else None
+            started = self._next_iteration > self._first_iteration
+            return self._next_iteration - 1 if started else None
 
     def state(self) -> DriverState:
         """The driver's state, without publishing it: a fresh :class:`DriverState` (its
@@ -637,7 +642,7 @@ class StreamingDriver(Generic[T]):
             failure = f"{where}: {type(exc).__qualname__}: {exc}"
         return {
             "version": self._version,
-            "iterations_started": self._next_iteration,
+            "iterations_started": self._next_iteration - self._first_iteration,
             "buffer_size": self._buffer_size,
             "buffered": len(self._buffer),
             "high_water_mark": self._high_water,
