@@ -18,6 +18,7 @@ from twinkle.plugins._manager import (
     ENTRY_POINT_GROUP,
     Monitor,
     ObserverManager,
+    check_blocked,
     make_plugin_manager,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "HookCalls",
     "Monitor",
     "ObserverManager",
+    "check_blocked",
     "hook_name",
     "make_plugin_manager",
     "merge_summary",

@@ -8,14 +8,14 @@ Built-in observers are registered through the same entry-point group as third-pa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import pluggy
 
 from twinkle import hookspecs
-from twinkle.errors import PluginError
+from twinkle.errors import InvalidArgumentError, PluginError
 
 __all__ = [
     "BUILTIN_DISTRIBUTION",
@@ -23,6 +23,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Monitor",
     "ObserverManager",
+    "check_blocked",
     "make_plugin_manager",
 ]
 
@@ -126,24 +127,103 @@ def _is_builtin(ep: EntryPoint) -> bool:
     return dist is not None and dist.name == BUILTIN_DISTRIBUTION
 
 
+def _origin(ep: EntryPoint) -> str:
+    """``'name' (distribution 'dist 1.0', module:attr)`` for messages."""
+    dist = getattr(ep, "dist", None)
+    where = "" if dist is None else f"distribution '{dist.name} {dist.version}', "
+    return f"{ep.name!r} ({where}{ep.value})"
+
+
+def _failed(ep: EntryPoint, doing: str, exc: BaseException) -> PluginError:
+    if isinstance(exc, SystemExit):
+        why = f"called sys.exit({exc.code!r})"
+    else:
+        why = f"raised {type(exc).__qualname__}: {exc}"
+    return PluginError(
+        f"observer plugin {_origin(ep)} {why} while {doing}; fix or uninstall it, or block "
+        f"it: --block {ep.name} (blocked=[{ep.name!r}]) or {DISABLE_AUTOLOAD_ENV}=1"
+    )
+
+
 def _instantiate(ep: EntryPoint) -> object:
+    # A plugin's import runs foreign code: sys.exit() there must not end the caller's
+    # process (or the twinkle command) without saying which plugin did it.
     try:
         target = ep.load()
-    except Exception as exc:
-        raise PluginError(
-            f"observer plugin {ep.name!r} ({ep.value}) failed to import: {exc!r}; fix or "
-            f"uninstall it, or block it with blocked=[{ep.name!r}] / "
-            f"{DISABLE_AUTOLOAD_ENV}=1"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise _failed(ep, "being imported", exc) from exc
     # Observers are stateful per run: a class (or factory) gives a fresh instance each time.
     if isinstance(target, type) or (callable(target) and not hasattr(target, "__path__")):
         try:
             return target()
-        except Exception as exc:
-            raise PluginError(
-                f"observer plugin {ep.name!r} ({ep.value}) could not be constructed: {exc!r}"
-            ) from exc
+        except (Exception, SystemExit) as exc:
+            raise _failed(ep, "being constructed", exc) from exc
     return target
+
+
+def _check_names(blocked: object, plugins: object) -> tuple[list[str], list[tuple[str, object]]]:
+    """``blocked`` and ``plugins`` as lists, or the mistake named with its fix."""
+    if isinstance(blocked, str | bytes) or not isinstance(blocked, Iterable):
+        raise InvalidArgumentError(
+            f"blocked must be an iterable of plugin names, got {blocked!r}: pass "
+            f"blocked=[{blocked!r}]"
+            if isinstance(blocked, str)
+            else f"blocked must be an iterable of plugin names, got {blocked!r}"
+        )
+    names = list(blocked)
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(
+                f"blocked must hold plugin names (str), got {name!r} in {names!r}"
+            )
+    if isinstance(plugins, str | bytes | Mapping) or not isinstance(plugins, Iterable):
+        raise InvalidArgumentError(
+            f"plugins must be an iterable of (name, plugin) pairs, got {plugins!r:.200}: pass "
+            "plugins=[('my_observer', MyObserver())]"
+        )
+    pairs: list[tuple[str, object]] = []
+    for i, pair in enumerate(plugins):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise InvalidArgumentError(
+                f"plugins[{i}] = {pair!r:.200} is not a (name, plugin) pair: pass "
+                "plugins=[('my_observer', MyObserver())]"
+            )
+        pairs.append((pair[0], pair[1]))
+    return names, pairs
+
+
+def _check_known(blocked: list[str], known: set[str]) -> None:
+    unknown = [name for name in blocked if name not in known]
+    if unknown:
+        raise InvalidArgumentError(
+            f"blocked (--block) names no plugin: {', '.join(map(repr, unknown))}; check the "
+            f"spelling: the known plugins are {', '.join(map(repr, sorted(known)))}"
+        )
+
+
+def check_blocked(blocked: Iterable[str], plugins: Iterable[tuple[str, object]] = ()) -> None:
+    """Refuse, as :func:`make_plugin_manager` would, a ``blocked`` that is not a list of
+    names or names no plugin of the entry-point group (nor of ``plugins``), without
+    importing any plugin: a command checks its ``--block`` options before it starts."""
+    names, pairs = _check_names(blocked, plugins)
+    eps = entry_points(group=ENTRY_POINT_GROUP)
+    _check_known(names, {ep.name for ep in eps} | {name for name, _ in pairs})
+
+
+def _check_shadowing(eps: list[EntryPoint]) -> None:
+    """No third-party entry point may take a built-in observer's name, or another
+    distribution's: which one would run would depend on the order of discovery."""
+    owner: dict[str, EntryPoint] = {}
+    for ep in sorted(eps, key=lambda e: not _is_builtin(e)):  # built-ins claim first
+        first = owner.setdefault(ep.name, ep)
+        if first is ep:
+            continue
+        kind = "twinkle's built-in observer" if _is_builtin(first) else "observer plugin"
+        raise PluginError(
+            f"observer plugin {_origin(ep)} has the name of {kind} {_origin(first)} in "
+            f"entry-point group {ENTRY_POINT_GROUP!r}; plugin names must be unique: rename "
+            f"the entry point, uninstall one of them, or block the name (--block {ep.name})"
+        )
 
 
 def make_plugin_manager(
@@ -159,17 +239,29 @@ def make_plugin_manager(
         environment variable ``TWINKLE_DISABLE_PLUGIN_AUTOLOAD`` is set (read now, not at
         import). Built-in observers are loaded either way unless ``builtins`` is false.
     :param builtins: load twinkle's own observers (timing, memory, throughput, sinks).
-    :param blocked: plugin (entry point) names never to register.
+    :param blocked: plugin (entry point) names never to register; each must name an
+        entry point of the group or one of ``plugins`` (a typo is an
+        :class:`~twinkle.errors.InvalidArgumentError` listing the known names).
     :param plugins: extra ``(name, plugin)`` pairs to register directly.
+
+    A third-party entry point with a built-in observer's name (or another distribution's)
+    is a :class:`~twinkle.errors.PluginError` naming both, unless the name is blocked; so
+    is a plugin that raises or calls ``sys.exit`` while it is imported or constructed
+    (named by its entry point and distribution).
     """
+    names, pairs = _check_names(blocked, plugins)
+    eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    _check_known(names, {ep.name for ep in eps} | {name for name, _ in pairs})
     pm = ObserverManager()
     pm.add_hookspecs(hookspecs)
-    for name in blocked:
+    for name in names:
         pm.set_blocked(name)
     if autoload is None:
         autoload = not _autoload_disabled_by_env()
+    if autoload:
+        _check_shadowing([ep for ep in eps if not pm.is_blocked(ep.name)])
     found_builtin = False
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in eps:
         builtin = _is_builtin(ep)
         found_builtin |= builtin
         if (builtin and not builtins) or (not builtin and not autoload):
@@ -183,7 +275,7 @@ def make_plugin_manager(
             f"{ENTRY_POINT_GROUP!r}: twinkle is not installed as a distribution; install it "
             "(pip install -e .) rather than putting src/ on sys.path"
         )
-    for name, plugin in plugins:
+    for name, plugin in pairs:
         if not pm.is_blocked(name):
             _register(pm, plugin, name)
     try:
