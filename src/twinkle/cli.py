@@ -1,7 +1,7 @@
 """The ``twinkle`` command.
 
-``twinkle replay EVENTS_JSONL --out DIR``  recompute a run's records from its event log
-``twinkle demo [options]``                 the tiny GRPO run, fully observed
+``twinkle replay LOG --out DIR [--force]``  recompute a run's records from its event log
+``twinkle demo [options]``                  the tiny GRPO run, fully observed
 """
 
 from __future__ import annotations
@@ -39,8 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
-    rp.add_argument("events", metavar="EVENTS_JSONL", help="the run's events.jsonl")
-    rp.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    rp.add_argument(
+        "events", metavar="EVENTS_JSONL", help="the run's events.jsonl, or its run directory"
+    )
+    rp.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output directory: new or empty (see --force); written only when the replay succeeds",
+    )
+    rp.add_argument(
+        "--force",
+        action="store_true",
+        help="replay into a non-empty --out: its files of the replay's names are replaced, "
+        "others are kept",
+    )
     _add_plugin_options(rp)
 
     from twinkle.demo.cli import add_demo_arguments
@@ -59,6 +72,7 @@ def _replay(args: argparse.Namespace) -> int:
         args.out,
         autoload=False if args.no_autoload else None,
         blocked=args.block,
+        force=args.force,
     )
     summary = result.summary
     print(
@@ -69,7 +83,7 @@ def _replay(args: argparse.Namespace) -> int:
     if result.torn_line is not None:
         print(
             f"twinkle: warning: passed over the torn last line {result.torn_line} of "
-            f"{args.events} ({result.torn_bytes} byte(s): the run was killed while writing it)",
+            f"{result.log} ({result.torn_bytes} byte(s): the run was killed while writing it)",
             file=sys.stderr,
         )
     return 0

@@ -3,15 +3,27 @@
 The observers are deterministic functions of the events, so replaying a log with the
 same plugins reproduces ``metrics_raw.jsonl``, ``metrics.jsonl`` and ``summary.json``
 byte for byte. Nothing new is timed during a replay.
+
+A replay writes into a fresh hidden sibling of its output directory and moves the files
+into place only when it succeeded: a failed or interrupted replay leaves nothing behind,
+and what an output directory held before is replaced only with ``force=True``.
+
+The event log's lines carry ``seq`` (0, 1, 2, ... per file); a line whose ``seq`` is not
+its place in the file (a duplicated, reordered or missing line) is refused, naming it,
+rather than replayed into wrong figures. A log of an older twinkle, without ``seq``,
+replays as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pluggy
 
@@ -22,9 +34,11 @@ from twinkle.errors import (
     RecordError,
     ReplayError,
     ReporterError,
+    WriteError,
 )
 from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
+from twinkle.observers import EVENTS_FILE
 from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import read_jsonl
 from twinkle.run._run import Run
@@ -38,7 +52,7 @@ class ReplayResult:
 
     ``torn_line`` is the line number of a torn last line that was passed over (what a
     crash in the middle of a write leaves), ``torn_bytes`` its length; None and 0 when
-    the log ended cleanly.
+    the log ended cleanly. ``log`` is the log file replayed (None for event values).
     """
 
     out_dir: Path | None
@@ -46,14 +60,31 @@ class ReplayResult:
     summary: dict[str, Any]
     torn_line: int | None = None
     torn_bytes: int = 0
+    log: Path | None = None
+
+
+#: The key of an event-log line that numbers it within its file (not an event field).
+SEQ_KEY: Final = "seq"
+
+
+_NOTHING: Final = object()
 
 
 class _EventLog(Iterator[Event]):
-    """The events of one log file; notes a torn last line instead of failing on it."""
+    """The events of one log file; notes a torn last line instead of failing on it, and
+    checks each line's ``seq`` against its place in the file: as it reads the line, or,
+    with ``defer_seq``, when :meth:`check_seq` is called (a replay calls it once the
+    run accepted the event, so that what is wrong with an event itself, a second
+    ``run_started`` say, is said first)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, defer_seq: bool = False) -> None:
         self.path = path
         self._reader = read_jsonl(path, allow_torn_tail=True)
+        self._defer_seq = defer_seq
+        self._seq: object = _NOTHING  # the seq of the line read last, until checked
+        self._seq_line = 0
+        self._count = 0  # events checked so far: the next line's seq
+        self._numbered_at: int | None = None  # line number of the first line with a seq
 
     @property
     def torn_line(self) -> int | None:
@@ -78,25 +109,168 @@ class _EventLog(Iterator[Event]):
             # A bad line before the end is corruption, not a crash: never skipped.
             lineno, why = self._reader.error or (self._reader.lineno, str(exc))
             raise ReplayError(
-                f"{self.path}:{lineno}: {why}; a bad line before the end of the log is "
+                f"{self.path}:{lineno}: {why}; a bad line (other than a torn last line) is "
                 "corruption, never skipped: fix or remove that line and replay again"
             ) from exc
         except ReporterError as exc:
             raise ReplayError(f"cannot read the event log: {exc}") from exc
+        except MemoryError:
+            # A reader that bounds its lines never gets here; this one ran out reading.
+            raise ReplayError(
+                f"{self.path}:{self._reader.lineno + 1}: the line after line "
+                f"{self._reader.lineno} is too long to read into memory: it is not a line "
+                "twinkle wrote; restore the original log"
+            ) from None
+        self._seq, self._seq_line = data.pop(SEQ_KEY, None), self._reader.lineno
+        if not self._defer_seq:
+            self.check_seq()
         try:
             return event_from_dict(data)
         except RecordError as exc:
             raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}") from exc
 
+    def check_seq(self) -> None:
+        """Check the ``seq`` of the line read last (once): it must be the line's 0-based
+        place among the file's events, and every line after the first that has one must
+        have one (an older twinkle wrote none)."""
+        seq, lineno, expected = self._seq, self._seq_line, self._count
+        if seq is _NOTHING:
+            return
+        self._seq = _NOTHING
+        self._count += 1
+        if seq is None:
+            if self._numbered_at is not None:
+                raise ReplayError(
+                    f"{self.path}:{lineno}: the line has no {SEQ_KEY!r} although the lines "
+                    f"from line {self._numbered_at} on have one: it was put in from another "
+                    "log; restore the original file"
+                )
+            return
+        if self._numbered_at is None:
+            self._numbered_at = lineno
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ReplayError(
+                f"{self.path}:{lineno}: {SEQ_KEY} = {seq!r}: expected the line's 0-based "
+                "number, an int; restore the original file"
+            )
+        if seq == expected:
+            return
+        if seq > expected:
+            why = f"seq {expected}..{seq - 1} are missing before it (lines lost or moved)"
+        elif seq == expected - 1 and self._numbered_at < lineno:
+            why = "it repeats the line before it (a duplicated line)"
+        else:
+            why = f"seq {seq} belongs to an earlier line (a duplicated or reordered line)"
+        raise ReplayError(
+            f"{self.path}:{lineno}: {SEQ_KEY} {seq} where {expected} was due: {why}; a "
+            "log with duplicated, reordered or missing lines would give wrong figures: "
+            "restore the original file"
+        )
+
+
+def _log_path(events: str | os.PathLike[str]) -> Path:
+    """The log file of ``events``: the path itself, or ``events.jsonl`` in a run directory."""
+    path = Path(events)
+    if path.is_dir():
+        log = path / EVENTS_FILE
+        if not log.is_file():
+            raise ReplayError(
+                f"run directory {str(path)!r} holds no {EVENTS_FILE}: give a run's "
+                f"directory (runs/<run_id>) or its {EVENTS_FILE}"
+            )
+        return log
+    if not path.is_file():
+        raise ReplayError(f"event log {str(path)!r} does not exist or is not a file")
+    return path
+
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
-    """The events of a log, in order; a malformed line raises :class:`ReplayError`
-    naming the file and line number. A torn last line (no newline, not a JSON object:
-    a crash stopped its write) is passed over and logged; see :func:`replay`."""
-    p = Path(path)
-    if not p.is_file():
-        raise ReplayError(f"event log {str(p)!r} does not exist or is not a file")
-    return _EventLog(p)
+    """The events of a log (a path to ``events.jsonl`` or its run directory), in order; a
+    malformed line, or one whose ``seq`` is not its place in the file, raises
+    :class:`ReplayError` naming the file and line number. A torn last line (no newline,
+    not a JSON object: a crash stopped its write) is passed over and logged; see
+    :func:`replay`."""
+    return _EventLog(_log_path(path))
+
+
+class _Staging:
+    """Where a replay writes: a new hidden directory beside ``target``, moved into place
+    by :meth:`commit`, removed with whatever directories it had to create by
+    :meth:`discard`. ``target`` is checked first: not a file, empty unless ``force``."""
+
+    def __init__(self, target: Path, *, force: bool) -> None:
+        if target.exists() and not target.is_dir():
+            raise ReplayError(f"replay output {str(target)!r} exists and is not a directory")
+        if target.is_dir() and not force:
+            entries = sorted(p.name for p in target.iterdir())
+            if entries:
+                shown = ", ".join(repr(e) for e in entries[:5])
+                more = f" and {len(entries) - 5} more" if len(entries) > 5 else ""
+                raise ReplayError(
+                    f"replay output {str(target)!r} is not empty (it holds {shown}{more}): "
+                    "choose a new or empty directory, or pass --force (force=True) to "
+                    "replace its files of the replay's names"
+                )
+        self.target = target
+        self._created: list[Path] = []  # ancestors this replay made, outermost first
+        missing = [a for a in reversed(target.absolute().parents) if not a.exists()]
+        try:
+            for ancestor in missing:
+                ancestor.mkdir(mode=0o755)
+                self._created.append(ancestor)
+            self.dir = self._make_dir(target)
+        except OSError as exc:
+            self._remove_created()
+            raise ReplayError(
+                f"replay output {str(target)!r}: cannot create "
+                f"{str(exc.filename or target)!r} ({exc.strerror or exc}): choose a "
+                "writable --out directory"
+            ) from None
+
+    @staticmethod
+    def _make_dir(target: Path) -> Path:
+        for _ in range(100):
+            candidate = target.with_name(f".{target.name}.replay-{os.urandom(4).hex()}")
+            try:
+                candidate.mkdir(mode=0o755)  # less the umask, like every run directory
+            except FileExistsError:
+                continue
+            return candidate
+        raise FileExistsError(errno.EEXIST, "no free temporary name", str(target))
+
+    def commit(self) -> None:
+        """Move the replay's files into ``target`` (replacing those of the same names)."""
+        try:
+            try:
+                os.rename(self.dir, self.target)  # a new target: all at once
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                    raise
+            for entry in sorted(self.dir.iterdir()):
+                dest = self.target / entry.name
+                if dest.is_dir() and not dest.is_symlink() and entry.is_dir():
+                    shutil.rmtree(dest)
+                os.replace(entry, dest)
+            self.dir.rmdir()
+        except OSError as exc:
+            raise WriteError(
+                exc.errno,
+                f"replay output {str(self.target)!r}: cannot move the replayed files there "
+                f"from {str(self.dir)!r} ({exc.strerror or exc}); they are left in the "
+                "latter: fix the permissions and move them, or replay again",
+            ) from exc
+
+    def discard(self) -> None:
+        """Remove everything this replay created (never what ``target`` held before)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        for ancestor in reversed(self._created):
+            with contextlib.suppress(OSError):
+                ancestor.rmdir()  # only while empty: never what someone put there since
+        self._created.clear()
 
 
 def replay(
@@ -108,37 +282,39 @@ def replay(
     builtins: bool = True,
     blocked: Iterable[str] = (),
     plugins: Iterable[tuple[str, object]] = (),
+    force: bool = False,
 ) -> ReplayResult:
-    """Replay ``events`` (a log path or event values) into ``out_dir``.
+    """Replay ``events`` (a log path, its run directory, or event values) into ``out_dir``.
 
     The outputs land directly in ``out_dir`` (not in a ``<run_id>`` subfolder); it must
-    not be the directory the log lives in. The log must start with ``run_started``; a
-    log that ends without ``run_finished`` (a crashed run) is closed with an ``error``
-    status at its last event's time. A torn last line (a crash in the middle of its
-    write) is passed over, logged and reported (:attr:`ReplayResult.torn_line`, and in
-    the summary's ``error``); a malformed line anywhere else raises
-    :class:`ReplayError` naming it.
+    not be the directory the log lives in, and must be new or empty unless ``force`` (then
+    its files of the names the replay writes are replaced, others kept). They are written
+    into a hidden sibling directory first and moved into ``out_dir`` only once the replay
+    succeeded: on any error (or Ctrl-C) nothing is left behind. The log must start with
+    ``run_started``; a log that ends without ``run_finished`` (a crashed run) is closed
+    with an ``error`` status at its last event's time. A torn last line (a crash in the
+    middle of its write) is passed over, logged and reported
+    (:attr:`ReplayResult.torn_line`, and in the summary's ``error``); a malformed line
+    anywhere else, or one whose ``seq`` is out of place, raises :class:`ReplayError`
+    naming it.
     """
+    if not isinstance(force, bool):
+        raise InvalidArgumentError(f"replay: force must be True or False, got {force!r}")
     source_dir: Path | None = None
     log: _EventLog | None = None
     stream: Iterable[Event]
     if isinstance(events, str | os.PathLike):
-        log_path = Path(events)
-        if not log_path.is_file():
-            raise ReplayError(f"event log {str(log_path)!r} does not exist or is not a file")
+        log_path = _log_path(events)
         source_dir = log_path.resolve().parent
-        stream = log = _EventLog(log_path)
+        stream = log = _EventLog(log_path, defer_seq=True)
     else:
         stream = events
     target = None if out_dir is None else Path(out_dir)
-    if target is not None:
-        if source_dir is not None and target.resolve() == source_dir:
-            raise ReplayError(
-                f"replay output {str(target)!r} is the log's own directory; its files would "
-                "be appended to: choose another --out directory"
-            )
-        if target.exists() and not target.is_dir():
-            raise ReplayError(f"replay output {str(target)!r} exists and is not a directory")
+    if target is not None and source_dir is not None and target.resolve() == source_dir:
+        raise ReplayError(
+            f"replay output {str(target)!r} is the log's own directory; its files would "
+            "be appended to: choose another --out directory"
+        )
     iterator = iter(stream)
     first = next(iterator, None)
     if not isinstance(first, RunStarted):
@@ -151,10 +327,36 @@ def replay(
         check_run_id(first.run_id)
     except InvalidArgumentError as exc:
         raise ReplayError(f"the log's run_started event: {exc}") from exc
+    if log is not None:
+        log.check_seq()
     pm = plugin_manager or make_plugin_manager(
         autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
     )
-    context = RunContext(first.run_id, target, dict(first.config), replay=True)
+    staging = None if target is None else _Staging(target, force=force)
+    try:
+        count, summary = _feed(pm, first, iterator, log, staging)
+    except BaseException:
+        if staging is not None:
+            staging.discard()
+        raise
+    if staging is not None:
+        staging.commit()
+    log_file = None if log is None else log.path
+    if log is None or log.torn_line is None:
+        return ReplayResult(target, count, summary, log=log_file)
+    return ReplayResult(target, count, summary, log.torn_line, log.torn_bytes, log_file)
+
+
+def _feed(
+    pm: pluggy.PluginManager,
+    first: RunStarted,
+    iterator: Iterator[Event],
+    log: _EventLog | None,
+    staging: _Staging | None,
+) -> tuple[int, dict[str, Any]]:
+    """Run the observers over the events; returns how many and the summary."""
+    out = None if staging is None else staging.dir
+    context = RunContext(first.run_id, out, dict(first.config), replay=True)
     try:
         run = Run(pm, context, background=False)
     except ConfigError as exc:
@@ -169,6 +371,8 @@ def replay(
             except RecordError as exc:
                 where = f"event {count + 1}" if log is None else f"{log.path}:{log.lineno}"
                 raise ReplayError(f"{where}: {exc}") from exc
+            if log is not None:
+                log.check_seq()
             count += 1
             last = event
         if run.finished is None:
@@ -186,10 +390,7 @@ def replay(
     except BaseException:
         run.close()
         raise
-    summary = run.finish()
-    if log is None or log.torn_line is None:
-        return ReplayResult(target, count, summary)
-    return ReplayResult(target, count, summary, log.torn_line, log.torn_bytes)
+    return count, run.finish()
 
 
 def _chain(first: Event, rest: Iterator[Event]) -> Iterator[Event]:
