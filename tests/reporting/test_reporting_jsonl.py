@@ -1,4 +1,5 @@
-"""JsonlWriter / read_jsonl: append, torn-line repair, write errors, backwards scan."""
+"""JsonlWriter / read_jsonl: append, torn-line repair, write errors, backwards scan, the
+line limit, co-appenders, symlinks; ReplacingFile."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
 from twinkle.reporting import JsonlWriter, TornLineRecovery, read_jsonl
 from twinkle.reporting import jsonl as jsonl_mod
+from twinkle.reporting.jsonl import ReplacingFile
 
 
 def _reject_constant(name: str) -> Any:
@@ -221,10 +223,10 @@ def test_sidecar_accumulates_recoveries(tmp_path):
 
 
 def test_huge_unterminated_last_line_is_refused_not_moved(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "_MAX_TORN_BYTES", 1000)
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1000)
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"a":1}\n' + b"x" * 5000)
-    with pytest.raises(ReporterError, match=r"longer than 1000 bytes.*append=False"):
+    with pytest.raises(ReporterError, match=r"longer than MAX_LINE_BYTES=1000 bytes.*append=False"):
         JsonlWriter(path)
     assert path.stat().st_size == 8 + 5000
 
@@ -385,3 +387,128 @@ def test_read_jsonl_bad_arguments(tmp_path):
         read_jsonl(tmp_path / "x", on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ReporterError, match=r"cannot read .*missing.jsonl"):
         list(read_jsonl(tmp_path / "missing.jsonl"))
+
+
+# -- co-appenders, the line limit, whole files -------------------------------------------
+
+
+def test_a_line_left_half_written_is_written_again_whole_after_another_writers_lines(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "m.jsonl"
+    real_write = os.write
+    calls = {"n": 0}
+
+    def flaky_write(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[:7]))  # half of the first line
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    a = JsonlWriter(path)
+    with JsonlWriter(path) as b:
+        monkeypatch.setattr(jsonl_mod, "_os_write", flaky_write)
+        with pytest.raises(WriteError):
+            a.write([{"w": "a", "p": "abcdef"}])
+        b.write([{"w": "b"}])  # ends a's half line with a newline (recorded) first
+        assert b.fragments == 1
+    a.flush()  # the file no longer ends with a's half line: the line goes out whole
+    a.close()
+    reader = read_jsonl(path)
+    assert list(reader) == [{"w": "b"}, {"w": "a", "p": "abcdef"}]
+    assert reader.fragment_lines == [1]
+    assert path.read_bytes().startswith(b'{"w":"a\n{"w":"b"}\n')
+
+
+def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 100)
+    path = tmp_path / "m.jsonl"
+    with JsonlWriter(path) as w:
+        assert w.max_line_bytes == 100
+        w.write([{"pad": "x" * 89}])  # 100 bytes with its newline: the longest allowed
+        with pytest.raises(RecordError, match=r"line 2 .* 101 bytes, longer than MAX_LINE"):
+            w.write([{"a": 1}, {"b": 2}, {"pad": "x" * 90}])
+        with pytest.raises(RecordError, match=r"line 0 .* 101 bytes"):
+            w.write_bytes_lines([b'{"pad":"' + b"x" * 90 + b'"}\n'])
+    assert lines_of(path) == [{"pad": "x" * 89}]
+
+
+def test_read_jsonl_skips_a_line_over_the_limit_reading_it_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1000)
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b"x" * 5_000_000 + b'\n{"a": 2}\n')
+    reader = read_jsonl(path, on_error="skip")
+    assert list(reader) == [{"a": 1}, {"a": 2}]
+    assert reader.skipped_lines == [2]
+    with pytest.raises(RecordError, match=r"m\.jsonl:2: line longer than MAX_LINE_BYTES=1000"):
+        list(read_jsonl(path, allow_torn_tail=True))
+
+
+def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 100_000)
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"seq": 1}\n{"pad": "' + b"z" * 300_000 + b'"}\n{"x": 1}\n')
+    with JsonlWriter(path) as w:
+        assert w.last_object() == {"x": 1}
+        assert w.last_object(lambda o: "seq" in o) == {"seq": 1}  # not the 300 KB line
+
+
+def test_a_long_torn_tail_goes_to_the_sidecar_in_parts_that_fit_a_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl_mod, "_SIDECAR_PART_BYTES", 1000)
+    path = tmp_path / "m.jsonl"
+    tail = b'{"pad": "' + b"q" * 3500
+    path.write_bytes(b'{"a": 1}\n' + tail)
+    with JsonlWriter(path) as w:
+        assert w.recovery is not None and w.recovery.torn_bytes == len(tail)
+    side = lines_of(Path(str(path) + ".torn"))
+    assert [(e["part"], e["parts"]) for e in side] == [(k, 4) for k in range(4)]
+    assert b"".join(base64.b64decode(e["base64"]) for e in side) == tail
+    assert [e["part_offset"] for e in side] == [9 + 1000 * k for k in range(4)]
+    assert lines_of(path) == [{"a": 1}]
+
+
+def test_a_planted_symlink_is_refused_naming_it_and_never_written_through(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"keep\n")
+    link = tmp_path / "m.jsonl"
+    link.symlink_to(target)
+    for append in (True, False):
+        with pytest.raises(ReporterError, match=r"m\.jsonl'.*symbolic link.*remove the link"):
+            JsonlWriter(link, append=append)
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ReporterError, match=r"dangling\.jsonl'.*symbolic link"):
+        JsonlWriter(tmp_path / "dangling.jsonl")
+    assert target.read_bytes() == b"keep\n" and not (tmp_path / "nowhere").exists()
+
+
+def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_path):
+    path = tmp_path / "sub" / "whole.json"
+    out = ReplacingFile(path)
+    out.write(b"[1,")
+    assert not path.exists()
+    out.write(b"2]\n")
+    out.commit()
+    assert path.read_bytes() == b"[1,2]\n" and out.closed
+    again = ReplacingFile(path)
+    again.write(b"half")
+    again.discard()
+    assert path.read_bytes() == b"[1,2]\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["whole.json"]
+    (tmp_path / "link.json").symlink_to(path)
+    with pytest.raises(ReporterError, match=r"link\.json'.*symbolic link"):
+        ReplacingFile(tmp_path / "link.json")
+
+
+def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(tmp_path):
+    path = tmp_path / "taken"
+    path.mkdir()  # a rename onto a directory fails
+    (path / "inside").write_bytes(b"x")
+    out = ReplacingFile(path)
+    out.write(b"data")
+    with pytest.raises(WriteError, match=r"cannot write .*taken'.*previous file .* is kept"):
+        out.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

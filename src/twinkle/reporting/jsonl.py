@@ -6,45 +6,84 @@ Design points, each one tested:
   :meth:`JsonlWriter.write` returned from is in the OS, whole lines only, in call order.
 * Strict JSON through orjson (no ``NaN``/``Infinity`` tokens: orjson writes them as
   ``null``; :class:`~twinkle.reporting.MetricRecord` names such values).
+* **One line limit**, :data:`MAX_LINE_BYTES` (64 MiB, the newline included), shared by
+  the writer (a longer line is refused: :class:`~twinkle.errors.RecordError`, nothing of
+  the batch written), the torn-tail repair and the reader (a longer line is not a line
+  twinkle wrote: a ``RecordError`` naming ``file:line``; lines are read bounded, so a
+  huge line never costs more memory than the limit).
 * Append mode keeps what an earlier process wrote. A torn last line left by a crash
   is moved to a sidecar (``<name>.torn``, one JSON line per recovery) and the file is
   truncated back to its last complete line; :attr:`JsonlWriter.recovery` says so.
-* Several processes may append to one file: each writer holds a shared ``flock`` on it
-  while open, and the torn-line repair runs only under an exclusive one, so it never
-  mistakes another live writer's line in progress for a torn one (a writer that finds
-  the file shared leaves its tail alone: a live writer owns it).
+* **Several processes may append to one file.** Each open writer holds a shared lock
+  (an open-file-description ``fcntl`` lock, a read lock on one byte far past the end),
+  and the torn-line repair on open runs only when no other writer holds it, so a live
+  writer's line in progress is never taken for a torn one. Each batch is written under
+  an exclusive lock (a write lock on the next byte) that every writer honours: under it
+  the writer checks that the file ends at a line end (one ``fstat``; one ``pread`` of
+  the last byte only when another writer wrote since). If it does not — a co-appender
+  was killed in the middle of its write — the writer records the fragment in the
+  sidecar (``"kind": "fragment"``, its offset, length and sha256; the bytes stay in
+  the file) and ends it with a newline before its own lines, so its lines never fuse
+  onto the fragment. The reader recognises exactly those bytes (offset and digest) and
+  passes over them (:attr:`JsonlReader.fragment_lines`); any other bad line is still an
+  error.
 * A failed write raises :class:`~twinkle.errors.WriteError`; the lines not yet written
   stay in memory and go out first on the next ``write``/``flush``, so a partly written
-  line is completed, never duplicated.
+  line is completed, never duplicated (or, if another writer wrote after it, written
+  again whole after a newline: its first part is then a recorded fragment).
+* No symbolic link is followed: every file is opened with ``O_NOFOLLOW`` (a planted
+  symlink is a :class:`~twinkle.errors.ReporterError` naming it).
+* Durable at close: :meth:`JsonlWriter.close` fsyncs a regular file, and the directory
+  once when the writer created the file, so whatever is written after a close (the
+  run's ``summary.json``) never survives a power cut that the lines it sums up do not.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno as _errno
 import fcntl
+import hashlib
 import logging
 import os
 import stat
+import struct
+import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import orjson
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
 
-__all__ = ["JsonlReader", "JsonlWriter", "TornLineRecovery", "read_jsonl"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "JsonlReader",
+    "JsonlWriter",
+    "ReplacingFile",
+    "TornLineRecovery",
+    "read_jsonl",
+    "sidecar_path",
+]
 
 logger = logging.getLogger("twinkle.reporting")
 
+#: The longest line of any JSONL file twinkle writes, its newline included. The writer
+#: refuses a longer line, the torn-tail repair and the reader take one for a file twinkle
+#: did not write. (Tests may lower it: every user reads it when it runs.)
+MAX_LINE_BYTES = 64 << 20
+
 _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 _CHUNK_BYTES = 1 << 16
-# A "last line" longer than this is not a torn record: refuse rather than move it.
-_MAX_TORN_BYTES = 64 << 20
+# A torn tail is moved to the sidecar in parts of at most this many bytes, so that each
+# sidecar line (base64 and a text preview) stays far below MAX_LINE_BYTES.
+_SIDECAR_PART_BYTES = 8 << 20
+_PREVIEW_CHARS = 1000
 _FILE_MODE = 0o644
 _DIR_MODE = 0o755
 
@@ -52,6 +91,10 @@ _DIR_MODE = 0o755
 _os_write = os.write
 
 StrPath = str | os.PathLike[str]
+
+
+def _max_line() -> int:
+    return MAX_LINE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +108,20 @@ class TornLineRecovery:
     reason: str
 
 
+def sidecar_path(path: Path) -> Path:
+    """The sidecar of a JSONL file: ``<name>.torn``."""
+    return path.with_name(path.name + ".torn")
+
+
 def _reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
     why = exc.strerror or type(exc).__name__
-    if isinstance(exc, IsADirectoryError):
+    if exc.errno == _errno.ELOOP:
+        why = "it is a symbolic link"
+        fix = (
+            "twinkle never writes through a symlink (it could point anywhere outside the "
+            "run directory): remove the link, or pass the real file's path"
+        )
+    elif isinstance(exc, IsADirectoryError):
         fix = "pass a file path inside it, e.g. <dir>/metrics_raw.jsonl"
     elif isinstance(exc, PermissionError):
         fix = "fix the permissions or choose a writable directory"
@@ -78,47 +132,46 @@ def _reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
     return ReporterError(f"cannot {doing} {str(path)!r}: {why}; {fix}")
 
 
-def _open_fd(path: Path, append: bool) -> tuple[int, bool]:
-    """Open ``path`` for appending (creating parents); returns (fd, readable)."""
-    if path.is_dir():
-        raise ReporterError(
-            f"JSONL path {str(path)!r} is a directory; pass a file path inside it, "
-            "e.g. <dir>/metrics_raw.jsonl"
-        )
-    parent = path.parent
-    if not parent.is_dir():
-        try:
-            parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _reporter_error(parent, exc, "create the directory") from exc
-    flags = os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    if not append:
-        flags |= os.O_TRUNC
-    try:
-        return os.open(path, flags | os.O_RDWR, _FILE_MODE), True
-    except PermissionError:
-        pass  # a write-only file: still usable, without recovery and last_object
-    except OSError as exc:
-        raise _reporter_error(path, exc, "open") from exc
-    try:
-        return os.open(path, flags | os.O_WRONLY, _FILE_MODE), False
-    except OSError as exc:
-        raise _reporter_error(path, exc, "open") from exc
+# -- locks -------------------------------------------------------------------------------
+
+# Two one-byte ranges far past any real end of file. An open writer holds a read lock on
+# _LIVE_AT (an opener that cannot take it exclusively is not alone); a writer holds a
+# write lock on _WRITE_AT around each write (its check of the file's end and its write
+# are one step for every writer). Linux has open-file-description locks: they belong to
+# the descriptor (two writers in one process exclude each other too, and closing another
+# descriptor of the file drops nothing). Elsewhere classic POSIX locks: per process.
+_LIVE_AT = 1 << 62
+_WRITE_AT = _LIVE_AT + 1
+_OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
 
 
-def _lock(fd: int, how: int) -> bool:
-    """``flock(fd, how)``; False only when another holder makes it busy (``LOCK_NB``).
+def _range_lock(fd: int, kind: int, at: int, *, wait: bool) -> bool:
+    """Lock (``F_RDLCK``/``F_WRLCK``) or unlock (``F_UNLCK``) byte ``at`` of ``fd``.
 
-    Where the file system has no ``flock`` the answer is True: one writer per file is
-    then assumed, as before locks were taken.
+    False only when another holder makes it busy (``wait=False``). Where the descriptor
+    or the file system has no such locks the answer is True: one writer per file is then
+    assumed, as before locks were taken.
     """
-    try:
-        fcntl.flock(fd, how)
-    except OSError as exc:
-        if exc.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
-            return False
-        logger.debug("flock(%d) unsupported here (%s): no cross-process guard", fd, exc)
-    return True
+    while True:
+        try:
+            if _OFD:
+                # struct flock: l_type, l_whence, l_start, l_len, l_pid (0: OFD locks)
+                arg = struct.pack("hhqqi4x", kind, os.SEEK_SET, at, 1, 0)
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
+            else:  # pragma: no cover - not Linux
+                how = {fcntl.F_RDLCK: fcntl.LOCK_SH, fcntl.F_WRLCK: fcntl.LOCK_EX}
+                cmd = how.get(kind, fcntl.LOCK_UN) | (0 if wait else fcntl.LOCK_NB)
+                fcntl.lockf(fd, cmd, 1, at)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if not wait and exc.errno in (_errno.EAGAIN, _errno.EACCES):
+                return False
+            logger.debug("lock of fd %d unsupported here (%s): no cross-process guard", fd, exc)
+        return True
+
+
+# -- JSON checks ---------------------------------------------------------------------------
 
 
 def _is_json_object(line: bytes) -> bool:
@@ -136,29 +189,141 @@ def _is_json(line: bytes) -> bool:
     return True
 
 
+def _parse_object(line: bytes) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _too_long(path: Path, i: int, size: int) -> RecordError:
+    return RecordError(
+        f"line {i} of the batch for {str(path)!r} is {size} bytes, longer than "
+        f"MAX_LINE_BYTES={_max_line()} (the longest line a twinkle JSONL file holds); "
+        "split the object into several lines; nothing of this batch was written"
+    )
+
+
+def _refuse_non_iterable(path: Path, objs: object, method: str, items: str) -> None:
+    """``write(dict)`` would write the dict's keys, ``write("x")`` its characters: refuse
+    a single value where an iterable of values, one per line, is due."""
+    if isinstance(objs, Mapping | str | bytes | bytearray | memoryview):
+        raise InvalidArgumentError(
+            f"{method}() takes an iterable of {items}, one per line, got a single "
+            f"{type(objs).__name__} {objs!r:.80} for {str(path)!r}; wrap it in a list: "
+            f"{method}([value])"
+        )
+
+
+# -- opening ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Opened:
+    fd: int
+    readable: bool
+    dir_fd: int  # the parent directory, kept to fsync it when the file was created; -1
+
+
+def _open_fd(path: Path, append: bool) -> _Opened:
+    """Open ``path`` for appending (creating parents), never through a symlink."""
+    parent = path.parent
+    if not parent.is_dir():
+        try:
+            parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _reporter_error(parent, exc, "create the directory") from exc
+    try:
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _reporter_error(parent, exc, "open the directory") from exc
+    try:
+        fd, readable, created = _open_in(dir_fd, path, append)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    if not created:
+        os.close(dir_fd)
+        dir_fd = -1
+    return _Opened(fd, readable, dir_fd)
+
+
+def _open_once(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
+    """(fd, created): create ``name`` exclusively, else open the existing file."""
+    for _ in range(8):  # it may vanish between the two opens: try again
+        try:
+            return os.open(name, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE, dir_fd=dir_fd), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(name, flags, dir_fd=dir_fd), False
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(_errno.ENOENT, "the file keeps vanishing while it is opened")
+
+
+def _open_in(dir_fd: int, path: Path, append: bool) -> tuple[int, bool, bool]:
+    """(fd, readable, created) of ``path.name`` in the directory ``dir_fd``."""
+    flags = os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    if not append:
+        flags |= os.O_TRUNC
+    try:
+        try:
+            fd, created = _open_once(dir_fd, path.name, flags | os.O_RDWR)
+            return fd, True, created
+        except PermissionError:
+            # A write-only file: still usable, without recovery and last_object.
+            fd, created = _open_once(dir_fd, path.name, flags | os.O_WRONLY)
+            return fd, False, created
+    except IsADirectoryError:
+        raise ReporterError(
+            f"JSONL path {str(path)!r} is a directory; pass a file path inside it, "
+            "e.g. <dir>/metrics_raw.jsonl"
+        ) from None
+    except OSError as exc:
+        raise _reporter_error(path, exc, "open") from exc
+
+
+# -- the writer ------------------------------------------------------------------------------
+
+
 class JsonlWriter:
     """Appends JSON lines to one file; thread-safe; the one JSONL writer of twinkle.
 
     ``append=True`` (the default) keeps existing lines and repairs a torn last line
     (see :attr:`recovery`); ``append=False`` truncates. Missing parent directories are
     created (mode 0755); new files get mode 0644 (both less the umask). ``fsync=True``
-    syncs after every write. A path that is a directory, under a file, or not writable
-    raises :class:`~twinkle.errors.ReporterError` naming it.
+    syncs after every write; every regular file is synced at :meth:`close` either way
+    (and its directory, once, when this writer created the file). A path that is a
+    directory, a symlink, under a file, or not writable raises
+    :class:`~twinkle.errors.ReporterError` naming it.
 
     Several writers (threads or processes) may append to one file: each batch is one
-    ``O_APPEND`` write of whole lines. A writer holds a shared ``flock`` while open; the
-    torn-line repair on open runs only when no other writer holds the file.
+    ``O_APPEND`` write of whole lines, under an exclusive lock every writer honours,
+    after a check that the file ends at a line end (see the module docstring: a killed
+    co-appender's unfinished line is recorded and ended, never fused onto). A writer
+    holds a shared lock while open; the torn-line repair on open runs only when no other
+    writer holds the file. (A write-only file cannot be read back: such a writer repairs
+    nothing, is not seen by openers and begins its batches with a newline whenever
+    another writer wrote since its last write — a blank line at worst.)
     """
 
     __slots__ = (
         "_backlog",
         "_backlog_lines",
         "_closed",
+        "_dir_fd",
+        "_done",
+        "_end",
         "_fd",
         "_fsync",
         "_lock",
         "_readable",
         "_regular",
+        "fragments",
         "lines_written",
         "path",
         "recovery",
@@ -172,27 +337,35 @@ class JsonlWriter:
         self.path = Path(path)
         self._fsync = bool(fsync)
         self._lock = threading.Lock()
-        self._backlog = b""
+        self._backlog = b""  # unwritten bytes, from the start of a line
         self._backlog_lines = 0
+        self._done = 0  # bytes of the backlog's first line already in the file
+        self._end = -1  # the file's size right after this writer's last write (-1: unknown)
         self._closed = True
+        self._regular = False
         self.lines_written = 0  # lines this writer put into the file (this process)
-        self._fd, self._readable = _open_fd(self.path, append)
-        self._closed = False
-        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        #: unfinished lines of co-appenders (killed mid-write) this writer ended with a
+        #: newline before its own, each recorded in the sidecar
+        self.fragments = 0
         self.recovery: TornLineRecovery | None = None  # what open found and repaired
-        if not self._regular:
-            return
+        opened = _open_fd(self.path, append)
+        self._fd, self._readable, self._dir_fd = opened.fd, opened.readable, opened.dir_fd
+        self._closed = False
         try:
-            # Exclusive: no other writer is open, so a partial last line is torn (its
-            # writer died) and may be repaired. Busy: another live writer may be in the
-            # middle of a line; leave the tail to it. Then hold a shared lock while open.
-            alone = _lock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if append and self._readable and alone:
-                self.recovery = self._recover()
-            _lock(self._fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(self._fd)
-            self._closed = True
+            self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+            if self._regular and self._readable:
+                # Exclusive: no other writer is open, so a partial last line is torn (its
+                # writer died) and may be repaired. Busy: another live writer may be in
+                # the middle of a line; leave the tail to it. Then hold the shared lock
+                # while open (waiting for an opener that is repairing).
+                alone = _range_lock(self._fd, fcntl.F_WRLCK, _LIVE_AT, wait=False)
+                if append and alone:
+                    self.recovery = self._recover()
+                _range_lock(self._fd, fcntl.F_RDLCK, _LIVE_AT, wait=True)
+        except BaseException as exc:
+            self._release()
+            if isinstance(exc, OSError) and not isinstance(exc, ReporterError):
+                raise _reporter_error(self.path, exc, "open") from exc
             raise
 
     # -- writing -----------------------------------------------------------------
@@ -201,10 +374,13 @@ class JsonlWriter:
         """Serialise each object (dict, dataclass, ...) as one line; returns the count.
 
         The batch is all or nothing at serialisation: an object orjson cannot write
-        (non-str key, unsupported type) raises :class:`~twinkle.errors.RecordError`
-        and nothing of the batch is written. An OS error raises
+        (non-str key, unsupported type) or a line longer than :data:`MAX_LINE_BYTES`
+        raises :class:`~twinkle.errors.RecordError` and nothing of the batch is written.
+        A single dict, str or bytes (not an iterable of objects) raises
+        :class:`~twinkle.errors.InvalidArgumentError`. An OS error raises
         :class:`~twinkle.errors.WriteError`; the batch stays in memory.
         """
+        _refuse_non_iterable(self.path, objs, "write", "objects")
         dumps = orjson.dumps
         option = _DUMPS_OPTION
         # Appending each line to one buffer frees it at once: retaining thousands of
@@ -221,18 +397,31 @@ class JsonlWriter:
                 f"JSON ({exc}): {obj!r:.200}; use str keys and JSON types; nothing of this "
                 "batch was written"
             ) from exc
+        if len(buf) > _max_line():  # only then can one of its lines be too long
+            self._check_line_lengths(buf)
         return self._write_data(buf, buf.count(10))
 
     def write_bytes_lines(self, lines: Sequence[bytes]) -> int:
-        """Write pre-serialised lines, each one JSON value ending in exactly one ``\\n``."""
+        """Write pre-serialised lines, each one JSON value ending in exactly one ``\\n``
+        and at most :data:`MAX_LINE_BYTES` long (else nothing of the batch is written)."""
+        _refuse_non_iterable(self.path, lines, "write_bytes_lines", "bytes lines")
+        limit = _max_line()
         for i, line in enumerate(lines):
-            if not line.endswith(b"\n") or b"\n" in line[:-1]:
+            if not isinstance(line, bytes) or not line.endswith(b"\n") or b"\n" in line[:-1]:
                 raise RecordError(
                     f"lines[{i}] of the batch for {str(self.path)!r} must be one JSON value "
                     f"ending in a single b'\\n', got {line[:80]!r}; serialise with "
                     "orjson.OPT_APPEND_NEWLINE"
                 )
+            if len(line) > limit:
+                raise _too_long(self.path, i, len(line))
         return self._write_data(b"".join(lines), len(lines))
+
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest line this writer writes (and any twinkle reader reads), its newline
+        included: :data:`MAX_LINE_BYTES`."""
+        return _max_line()
 
     def flush(self) -> None:
         """Write what an earlier failure kept in memory (and fsync if asked).
@@ -249,16 +438,16 @@ class JsonlWriter:
                 self._sync()
 
     def close(self) -> None:
-        """Flush and close. Idempotent. If lines are still unwritten, they are lost:
-        :class:`~twinkle.errors.WriteError` says how many."""
+        """Write what is kept, fsync (a regular file, and its directory once when this
+        writer created it) and close. Idempotent. If lines are still unwritten, they are
+        lost: :class:`~twinkle.errors.WriteError` says how many."""
         with self._lock:
             if self._closed:
                 return
             try:
                 if self._backlog:
                     self._drain(b"", 0)
-                elif self._fsync:
-                    self._sync()
+                self._sync()
             except WriteError as exc:
                 lost = self._backlog_lines
                 raise WriteError(
@@ -266,10 +455,9 @@ class JsonlWriter:
                     f"closing {str(self.path)!r} lost {lost} unwritten line(s): {exc.strerror}",
                 ) from exc
             finally:
-                self._closed = True
                 self._backlog = b""
                 self._backlog_lines = 0
-                os.close(self._fd)
+                self._release()
 
     @property
     def closed(self) -> bool:
@@ -295,6 +483,25 @@ class JsonlWriter:
         state = "closed" if self._closed else "open"
         return f"JsonlWriter({str(self.path)!r}, {state}, unwritten={self._backlog_lines})"
 
+    def _release(self) -> None:
+        """Close the descriptors (the locks go with them)."""
+        self._closed = True
+        os.close(self._fd)
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+    def _check_line_lengths(self, buf: bytearray) -> None:
+        limit = _max_line()
+        start = 0
+        i = 0
+        while start < len(buf):
+            end = buf.find(b"\n", start) + 1
+            if end - start > limit:
+                raise _too_long(self.path, i, end - start)
+            start = end
+            i += 1
+
     def _write_data(self, data: bytes | bytearray, lines: int) -> int:
         with self._lock:
             if self._closed:
@@ -309,39 +516,160 @@ class JsonlWriter:
         if self._backlog:
             data = self._backlog + data
             lines += self._backlog_lines
-        total = len(data)
-        if total == 0:
+        if not data:
             return
+        if not self._regular:  # a device or a pipe: no locks, no end to check
+            self._write_out(data, lines, self._done, b"", -1)
+            return
+        fd = self._fd
+        _range_lock(fd, fcntl.F_WRLCK, _WRITE_AT, wait=True)
+        try:
+            done = self._done
+            prefix = b""
+            try:
+                size = os.fstat(fd).st_size
+                if size != self._end:
+                    # Another writer wrote (or cut the file) since this one's last write:
+                    # a line this one left half written is no longer the end, so it is
+                    # written again whole; and the file may end in a co-appender's
+                    # unfinished line, which must not have this writer's lines fused on.
+                    done = 0
+                    prefix = self._guard(size)
+            except OSError as exc:
+                self._keep(data, lines, self._done)
+                raise self._write_error(exc) from exc
+            self._write_out(data, lines, done, prefix, size)
+        finally:
+            _range_lock(fd, fcntl.F_UNLCK, _WRITE_AT, wait=True)
+
+    def _write_out(
+        self, data: bytes | bytearray, lines: int, done: int, prefix: bytes, size: int
+    ) -> None:
+        """Write ``prefix`` and ``data[done:]`` (``size``: the file's size, -1 unknown)."""
+        payload: bytes | bytearray | memoryview = memoryview(data)[done:] if done else data
+        if prefix:
+            payload = prefix + bytes(payload)
+        total = len(payload)
         written = 0
         try:
-            written = _os_write(self._fd, data)
+            written = _os_write(self._fd, payload)
             while written < total:
-                n = _os_write(self._fd, memoryview(data)[written:])
+                n = _os_write(self._fd, memoryview(payload)[written:])
                 if n <= 0:
                     raise OSError(_errno.EIO, "write() wrote nothing")
                 written += n
         except OSError as exc:
-            rest = bytes(data[written:])
-            self._backlog = rest
-            self._backlog_lines = rest.count(b"\n")
-            self.lines_written += lines - self._backlog_lines
-            raise WriteError(
-                exc.errno,
-                f"cannot write to {str(self.path)!r}: {exc.strerror or exc}; "
-                f"{self._backlog_lines} line(s) are kept in memory and written by the next "
-                "write() or flush(): free disk space or fix permissions",
-            ) from exc
+            # The file ends with this writer's bytes only if the guard's newline went out.
+            self._end = size + written if size >= 0 and written >= len(prefix) else -1
+            self._keep(data, lines, done + max(0, written - len(prefix)))
+            raise self._write_error(exc) from exc
+        self._end = size + total if size >= 0 else -1
         self._backlog = b""
         self._backlog_lines = 0
+        self._done = 0
         self.lines_written += lines
         if self._fsync:
             self._sync()
+
+    def _keep(self, data: bytes | bytearray, lines: int, done: int) -> None:
+        """Keep what of ``data`` is not in the file after its first ``done`` bytes: from
+        the start of the first line not fully written (how much of it is noted)."""
+        start = data.rfind(b"\n", 0, done) + 1
+        rest = bytes(data[start:])
+        self._backlog = rest
+        self._done = done - start
+        self._backlog_lines = rest.count(b"\n")
+        self.lines_written += lines - self._backlog_lines
+
+    def _write_error(self, exc: OSError) -> WriteError:
+        return WriteError(
+            exc.errno,
+            f"cannot write to {str(self.path)!r}: {exc.strerror or exc}; "
+            f"{self._backlog_lines} line(s) are kept in memory and written by the next "
+            "write() or flush(): free disk space or fix permissions",
+        )
+
+    def _guard(self, size: int) -> bytes:
+        """``b"\\n"`` when the file (``size`` bytes) does not end at a line end: a
+        co-appender was killed in the middle of its write. Its unfinished line is
+        recorded in the sidecar first (write lock held)."""
+        if size == 0:
+            return b""
+        if not self._readable:
+            return b"\n"  # cannot look: at worst a blank line, which readers ignore
+        if self._pread(1, size - 1) == b"\n":
+            return b""
+        self._record_fragment(size)
+        return b"\n"
+
+    def _record_fragment(self, end: int) -> None:
+        path = str(self.path)
+        start = self._line_start(end)
+        if start is None:
+            logger.error(
+                "%s: ends in more than %d bytes without a newline (not a line twinkle "
+                "wrote); ended it with a newline before writing, not recorded",
+                path,
+                _max_line(),
+            )
+            return
+        fragment = self._pread(end - start, start)
+        if _is_json_object(fragment):
+            # A complete record whose newline its writer never wrote: ending it keeps it.
+            logger.warning(
+                "%s: another writer's last record (offset %d) lacked its newline; ended it",
+                path,
+                start,
+            )
+            return
+        self.fragments += 1
+        sidecar = sidecar_path(self.path)
+        entry = {
+            "kind": "fragment",
+            "path": path,
+            "offset": start,
+            "torn_bytes": len(fragment),
+            "reason": (
+                "another writer stopped in the middle of this line (killed while writing "
+                "it); the bytes stay in the file as a line of their own, which readers "
+                "pass over"
+            ),
+            "sha256": hashlib.sha256(fragment).hexdigest(),
+            "text": fragment[: _PREVIEW_CHARS * 4].decode("utf-8", "replace")[:_PREVIEW_CHARS],
+        }
+        try:
+            with JsonlWriter(sidecar, fsync=True) as side:
+                side.write([entry])
+        except (ReporterError, OSError) as exc:
+            logger.error(
+                "%s: cannot record another writer's unfinished line (offset %d, %d "
+                "byte(s)) in %s: %s; it is ended with a newline, but readers will take it "
+                "for corruption (read with on_error='skip')",
+                path,
+                start,
+                len(fragment),
+                sidecar,
+                exc,
+            )
+            return
+        logger.warning(
+            "%s: another writer was killed in the middle of a line (offset %d, %d "
+            "byte(s)); recorded it in %s and ended it with a newline",
+            path,
+            start,
+            len(fragment),
+            sidecar,
+        )
 
     def _sync(self) -> None:
         if not self._regular:
             return
         try:
             os.fsync(self._fd)
+            if self._dir_fd >= 0:  # this writer created the file: its directory entry too
+                os.fsync(self._dir_fd)
+                os.close(self._dir_fd)
+                self._dir_fd = -1
         except OSError as exc:
             raise WriteError(
                 exc.errno, f"fsync of {str(self.path)!r} failed: {exc.strerror or exc}"
@@ -360,24 +688,20 @@ class JsonlWriter:
             offset += len(chunk)
         return b"".join(chunks)
 
-    def _line_start(self, end: int) -> int:
-        """Offset just after the last ``\\n`` before ``end`` (0 if none)."""
+    def _line_start(self, end: int) -> int | None:
+        """Offset just after the last ``\\n`` before ``end`` (0 if none); None when the
+        line would be longer than :data:`MAX_LINE_BYTES`."""
+        limit = _max_line()
         pos = end
         start = 0
-        while pos > 0 and end - pos <= _MAX_TORN_BYTES:
+        while pos > 0 and end - pos <= limit:
             lo = max(0, pos - _CHUNK_BYTES)
             idx = self._pread(pos - lo, lo).rfind(b"\n")
             if idx >= 0:
                 start = lo + idx + 1
                 break
             pos = lo
-        if end - start > _MAX_TORN_BYTES:
-            raise ReporterError(
-                f"the last line of {str(self.path)!r} is longer than "
-                f"{_MAX_TORN_BYTES} bytes: this is not a JSONL file twinkle wrote; "
-                "move it away or open it with append=False"
-            )
-        return start
+        return None if end - start > limit else start
 
     def _recover(self) -> TornLineRecovery | None:
         size = os.fstat(self._fd).st_size
@@ -386,36 +710,54 @@ class JsonlWriter:
         path = str(self.path)
         if self._pread(1, size - 1) != b"\n":
             start = self._line_start(size)
-            tail = self._pread(size - start, start)
+            reason = "last line has no trailing newline (write interrupted)"
+        else:
+            start = self._line_start(size - 1)
+            reason = "last line is not valid JSON"
+        if start is None:
+            raise ReporterError(
+                f"the last line of {path!r} is longer than MAX_LINE_BYTES={_max_line()} "
+                "bytes: this is not a JSONL file twinkle wrote; move it away or open it "
+                "with append=False"
+            )
+        tail = self._pread(size - start, start)
+        if not tail.endswith(b"\n"):
             if _is_json_object(tail):
-                # A complete record that only lacks its newline: keep it, end the line.
+                # A complete record that only lacks its newline: keep it, end the line
+                # (this writer takes the file's end as its own: no guard before it).
+                self._end = size
                 self._drain(b"\n", 0)
                 recovery = TornLineRecovery(
                     path, size, 0, None, "complete last record lacked its newline; added it"
                 )
                 logger.warning("%s: %s", path, recovery.reason)
                 return recovery
-            reason = "last line has no trailing newline (write interrupted)"
-        else:
-            start = self._line_start(size - 1)
-            tail = self._pread(size - start, start)
-            if not tail.strip() or _is_json(tail):
-                return None
-            reason = "last line is not valid JSON"
-        sidecar = self.path.with_name(self.path.name + ".torn")
-        entry = {
-            "path": path,
-            "offset": start,
-            "torn_bytes": len(tail),
-            "reason": reason,
-            "text": tail.decode("utf-8", "replace"),
-            "base64": base64.b64encode(tail).decode("ascii"),
-        }
+        elif not tail.strip() or _is_json(tail):
+            return None
+        sidecar = sidecar_path(self.path)
         # Sidecar first, durably; only then cut the file. A crash in between leaves the
-        # torn bytes in both places, never in neither.
+        # torn bytes in both places, never in neither. A long tail goes in several parts,
+        # each line well within the line limit.
+        parts = max(1, -(-len(tail) // _SIDECAR_PART_BYTES))
+        entries = []
+        for k in range(parts):
+            piece = tail[k * _SIDECAR_PART_BYTES : (k + 1) * _SIDECAR_PART_BYTES]
+            entry: dict[str, Any] = {
+                "kind": "torn_tail",
+                "path": path,
+                "offset": start,
+                "torn_bytes": len(tail),
+                "reason": reason,
+                "text": piece[: _PREVIEW_CHARS * 4].decode("utf-8", "replace")[:_PREVIEW_CHARS],
+                "base64": base64.b64encode(piece).decode("ascii"),
+            }
+            if parts > 1:
+                entry.update(part=k, parts=parts, part_offset=start + k * _SIDECAR_PART_BYTES)
+            entries.append(entry)
         try:
             with JsonlWriter(sidecar, fsync=True) as side:
-                side.write([entry])
+                for entry in entries:  # one line per write: each line is bounded
+                    side.write([entry])
         except (ReporterError, OSError) as exc:
             raise ReporterError(
                 f"{path!r} ends with a torn line ({reason}) that cannot be moved to "
@@ -423,6 +765,7 @@ class JsonlWriter:
             ) from exc
         os.ftruncate(self._fd, start)
         os.fsync(self._fd)
+        self._end = start  # the file ends at a line end now
         recovery = TornLineRecovery(path, start, len(tail), str(sidecar), reason)
         logger.warning(
             "%s: %s; moved %d byte(s) from offset %d to %s",
@@ -440,8 +783,9 @@ class JsonlWriter:
         """The last JSON object line (satisfying ``predicate``), scanning backwards.
 
         Reads the file in 64 KiB chunks from its end, so finding a recent record is
-        cheap however long the file is. Lines that are not JSON objects are skipped.
-        Returns None for an empty file, a non-regular file (a device) or no match.
+        cheap however long the file is. Lines that are not JSON objects, or longer than
+        :data:`MAX_LINE_BYTES`, are skipped. Returns None for an empty file, a
+        non-regular file (a device) or no match.
         """
         with self._lock:
             if self._closed:
@@ -449,33 +793,177 @@ class JsonlWriter:
             if not (self._regular and self._readable):
                 return None
             pos = os.fstat(self._fd).st_size
-        carry = b""
+        limit = _max_line()
+        # The pieces of the line being read backwards, last first (joined once, when its
+        # start is found: a long line costs no quadratic copying); dropped past the limit.
+        parts: list[bytes] = []
+        held = 0
+        overlong = False
+
+        def match(line: bytes) -> dict[str, Any] | None:
+            obj = _parse_object(line)
+            return obj if obj is not None and (predicate is None or predicate(obj)) else None
+
         while pos > 0:
             lo = max(0, pos - _CHUNK_BYTES)
-            buf = self._pread(pos - lo, lo) + carry
+            chunk = self._pread(pos - lo, lo)
             pos = lo
-            lines = buf.split(b"\n")
-            # The first piece may continue in the previous chunk (unless at offset 0).
-            carry = lines.pop(0) if pos > 0 else b""
+            idx = chunk.rfind(b"\n")
+            if idx < 0:
+                if not overlong:
+                    parts.append(chunk)
+                    held += len(chunk)
+                    if held > limit:
+                        parts, held, overlong = [], 0, True
+                continue
+            if not overlong:
+                found = match(chunk[idx + 1 :] + b"".join(reversed(parts)))
+                if found is not None:
+                    return found
+            parts, held, overlong = [], 0, False
+            lines = chunk[:idx].split(b"\n")
+            head = lines.pop(0)  # continues in the chunk before (unless at offset 0)
             for line in reversed(lines):
-                obj = self._parse_object(line)
-                if obj is not None and (predicate is None or predicate(obj)):
-                    return obj
-        if carry:
-            obj = self._parse_object(carry)
-            if obj is not None and (predicate is None or predicate(obj)):
-                return obj
-        return None
+                found = match(line)
+                if found is not None:
+                    return found
+            if pos > 0:
+                parts, held = [head], len(head)
+            else:
+                return match(head)
+        return None if overlong or not parts else match(b"".join(reversed(parts)))
 
-    @staticmethod
-    def _parse_object(line: bytes) -> dict[str, Any] | None:
-        if not line.strip():
-            return None
+
+# -- whole files ----------------------------------------------------------------------------
+
+
+class ReplacingFile:
+    """A file written whole or not at all (``trace.json``): the bytes go to a new
+    temporary file in the same directory (``.<name>.<pid>.<random>.tmp``, created with
+    ``O_EXCL | O_NOFOLLOW``), which :meth:`commit` fsyncs and renames over ``path`` (then
+    fsyncs the directory). A reader never sees a half-written file, and a crash, or
+    :meth:`discard`, leaves the previous file (or none) as it was.
+
+    ``path`` itself must not be a symlink (:class:`~twinkle.errors.ReporterError` naming
+    it). Opening it creates missing parent directories (mode 0755); the file gets mode
+    0644 less the umask. Not thread-safe: one writer at a time.
+    """
+
+    __slots__ = ("_file", "path", "tmp")
+
+    def __init__(self, path: StrPath, *, buffering: int = 1 << 20) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
+        self.path = Path(path)
+        if self.path.is_symlink():
+            raise _reporter_error(self.path, OSError(_errno.ELOOP, "symlink"), "write")
+        parent = self.path.parent
         try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return None
-        return obj if isinstance(obj, dict) else None
+            parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _reporter_error(parent, exc, "create the directory") from exc
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            self.tmp = parent / f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            try:
+                fd = os.open(self.tmp, flags, _FILE_MODE)
+                break
+            except FileExistsError:
+                continue  # a name taken (by a planted file too): draw another
+            except OSError as exc:
+                raise _reporter_error(self.path, exc, "create a temporary file beside") from exc
+        self._file: IO[bytes] | None = os.fdopen(fd, "wb", buffering=buffering)
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (buffered). Raises ``OSError`` as the file does."""
+        if self._file is None:
+            raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
+        self._file.write(data)
+
+    def commit(self) -> None:
+        """Flush, fsync, rename over ``path``, fsync the directory. On failure the
+        temporary file is removed, the previous ``path`` is kept and
+        :class:`~twinkle.errors.WriteError` says so."""
+        f, self._file = self._file, None
+        if f is None:
+            return
+        try:
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+            # rename() replaces a link planted meanwhile; it never writes through one.
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self._unlink()
+            raise WriteError(
+                exc.errno,
+                f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous "
+                "file (if any) is kept: free disk space or fix permissions",
+            ) from exc
+        _sync_dir(self.path.parent)
+
+    def discard(self) -> None:
+        """Drop what was written: ``path`` stays as it was. Idempotent."""
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(OSError):  # the bytes are being thrown away
+                f.close()
+            self._unlink()
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def __repr__(self) -> str:
+        return f"ReplacingFile({str(self.path)!r}, {'closed' if self.closed else 'open'})"
+
+
+def _sync_dir(directory: Path) -> None:
+    """fsync a directory (its entries: a file created or renamed in it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        logger.debug("cannot open %s to fsync it: %s", directory, exc)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise WriteError(
+            exc.errno, f"fsync of the directory {str(directory)!r} failed: {exc.strerror}"
+        ) from exc
+    finally:
+        os.close(fd)
+
+
+# -- the reader ------------------------------------------------------------------------------
+
+
+def _recorded_fragments(path: Path) -> dict[int, tuple[int, str]]:
+    """offset -> (length, sha256) of the unfinished lines the sidecar of ``path`` records
+    (the ones writers ended with a newline after a co-appender died in the middle)."""
+    side = sidecar_path(path)
+    found: dict[int, tuple[int, str]] = {}
+    if not side.is_file():
+        return found
+    try:
+        for entry in JsonlReader(side, "skip", fragments=False):
+            offset, size, digest = entry.get("offset"), entry.get("torn_bytes"), entry.get("sha256")
+            if (
+                entry.get("kind") == "fragment"
+                and type(offset) is int
+                and type(size) is int
+                and isinstance(digest, str)
+            ):
+                found[offset] = (size, digest)
+    except ReporterError as exc:  # an unreadable sidecar recognises nothing
+        logger.warning("%s: cannot read the sidecar %s: %s", path, side, exc)
+    return found
 
 
 class JsonlReader(Iterator[dict[str, Any]]):
@@ -485,10 +973,17 @@ class JsonlReader(Iterator[dict[str, Any]]):
     holds their 1-based line numbers. Blank lines are ignored and not counted.
     ``lineno`` is the line number of the object returned last. ``torn_line`` and
     ``torn_bytes`` describe a torn last line passed over (``allow_torn_tail=True``).
+    ``fragment_lines`` lists the lines passed over as a killed co-appender's unfinished
+    line, recorded in the sidecar (``fragment_bytes``: their total length).
     """
 
     def __init__(
-        self, path: Path, on_error: Literal["raise", "skip"], allow_torn_tail: bool = False
+        self,
+        path: Path,
+        on_error: Literal["raise", "skip"],
+        allow_torn_tail: bool = False,
+        *,
+        fragments: bool = True,
     ) -> None:
         self.path = path
         self.on_error = on_error
@@ -498,7 +993,10 @@ class JsonlReader(Iterator[dict[str, Any]]):
         self.lineno = 0
         self.torn_line: int | None = None
         self.torn_bytes = 0
+        self.fragment_lines: list[int] = []
+        self.fragment_bytes = 0
         self.error: tuple[int, str] | None = None  # (line, why) of the line that raised
+        self._fragments: dict[int, tuple[int, str]] | None = None if fragments else {}
         self._it = self._lines()
 
     def __iter__(self) -> JsonlReader:
@@ -517,7 +1015,15 @@ class JsonlReader(Iterator[dict[str, Any]]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _bad(self, lineno: int, line: bytes, why: str) -> None:
+    def _raise(self, lineno: int, why: str) -> None:
+        self.error = (lineno, why)
+        raise RecordError(
+            f"{self.path!s}:{lineno}: {why}; fix or remove that line, or read with on_error='skip'"
+        )
+
+    def _bad(self, lineno: int, offset: int, line: bytes, why: str) -> None:
+        if self._is_fragment(lineno, offset, line):
+            return
         if self.allow_torn_tail and not line.endswith(b"\n"):
             # Only the last line can lack its newline: the write of a crashed process
             # stopped inside it. Complete JSON objects never get here.
@@ -532,13 +1038,51 @@ class JsonlReader(Iterator[dict[str, Any]]):
             )
             return
         if self.on_error == "raise":
-            self.error = (lineno, why)
-            raise RecordError(
-                f"{self.path!s}:{lineno}: {why}; fix or remove that line, or read with "
-                "on_error='skip'"
-            )
+            self._raise(lineno, why)
         self.skipped += 1
         self.skipped_lines.append(lineno)
+
+    def _is_fragment(self, lineno: int, offset: int, line: bytes) -> bool:
+        """Whether ``line`` (at ``offset``) is exactly an unfinished line the sidecar
+        records: a co-appender's, killed mid-write (read the sidecar the first time)."""
+        if self._fragments is None:
+            self._fragments = _recorded_fragments(self.path)
+        known = self._fragments.get(offset)
+        if known is None:
+            return False
+        content = line[:-1] if line.endswith(b"\n") else line
+        if known != (len(content), hashlib.sha256(content).hexdigest()):
+            return False
+        self.fragment_lines.append(lineno)
+        self.fragment_bytes += len(content)
+        logger.warning(
+            "%s:%d: passed over the unfinished line (%d byte(s)) of a writer killed while "
+            "writing it, as recorded in %s",
+            self.path,
+            lineno,
+            len(content),
+            sidecar_path(self.path),
+        )
+        return True
+
+    def _overlong(self, f: IO[bytes], lineno: int, head: bytes, limit: int) -> int:
+        """A line longer than the limit: raise, or skip it (returns the bytes read past
+        ``head``, a bounded chunk at a time)."""
+        if self.on_error == "raise":
+            self._raise(
+                lineno,
+                f"line longer than MAX_LINE_BYTES={limit} bytes, the longest line twinkle "
+                "writes (not a JSONL file twinkle wrote, or that line is corrupt)",
+            )
+        read = 0
+        while not head.endswith(b"\n"):
+            head = f.readline(_CHUNK_BYTES * 16)
+            if not head:
+                break
+            read += len(head)
+        self.skipped += 1
+        self.skipped_lines.append(lineno)
+        return read
 
     def _lines(self) -> Generator[dict[str, Any], None, None]:
         try:
@@ -546,17 +1090,28 @@ class JsonlReader(Iterator[dict[str, Any]]):
         except OSError as exc:
             raise _reporter_error(self.path, exc, "read") from exc
         loads = orjson.loads
+        limit = _max_line()
         with f:
-            for lineno, line in enumerate(f, 1):
+            readline = f.readline
+            offset = 0
+            lineno = 0
+            while line := readline(limit + 1):  # bounded: never more than the limit
+                lineno += 1
+                start = offset
+                offset += len(line)
+                if len(line) > limit:
+                    offset += self._overlong(f, lineno, line, limit)
+                    continue
                 try:
                     obj = loads(line)
                 except orjson.JSONDecodeError as exc:
-                    if not line.strip():
-                        continue
-                    self._bad(lineno, line, f"invalid JSON ({exc})")
+                    if line.strip():
+                        self._bad(lineno, start, line, f"invalid JSON ({exc})")
                     continue
                 if type(obj) is not dict:
-                    self._bad(lineno, line, f"expected a JSON object, got {type(obj).__name__}")
+                    self._bad(
+                        lineno, start, line, f"expected a JSON object, got {type(obj).__name__}"
+                    )
                     continue
                 self.lineno = lineno
                 yield obj
@@ -572,11 +1127,15 @@ def read_jsonl(
 
     A line that is not a JSON object raises :class:`~twinkle.errors.RecordError`
     naming ``file:line``; with ``on_error="skip"`` it is skipped and counted in the
-    returned reader's ``skipped``. ``allow_torn_tail=True`` passes over a last line
-    without a newline that is not a JSON object (what a crash mid-write leaves),
-    logs it and notes it in ``torn_line``/``torn_bytes``; a bad line anywhere else
-    is still an error. A missing file raises :class:`~twinkle.errors.ReporterError`
-    when iteration starts.
+    returned reader's ``skipped``. Lines are read bounded: one longer than
+    :data:`MAX_LINE_BYTES` is such an error too (never a ``MemoryError``).
+    ``allow_torn_tail=True`` passes over a last line without a newline that is not a
+    JSON object (what a crash mid-write leaves), logs it and notes it in
+    ``torn_line``/``torn_bytes``; a bad line anywhere else is still an error — except,
+    in every mode, a line the sidecar (``<name>.torn``) records as the unfinished line
+    of a co-appender killed while writing it, byte for byte (its offset, length and
+    sha256): that one is passed over, logged and listed in ``fragment_lines``. A missing
+    file raises :class:`~twinkle.errors.ReporterError` when iteration starts.
     """
     if on_error not in ("raise", "skip"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
