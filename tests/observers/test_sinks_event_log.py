@@ -1,5 +1,6 @@
 """EventLogSink: boundaries never wait for the writer below the bound on batches in flight;
-the writer is the reporter's BatchWriter; a replay writes inline."""
+the writer is the reporter's BatchWriter; a replay writes inline; every line carries its
+``seq``, consecutive in the file."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import logging
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
-from twinkle.events import IterationStarted
+from twinkle.errors import RecordError
+from twinkle.events import IterationStarted, Snapshot, dumps_event, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink
 from twinkle.reporting import BatchWriter, WriterState
@@ -140,3 +143,68 @@ def test_a_write_error_surfaces_at_the_next_hand_over_and_the_events_are_kept(
     assert stats is not None and stats.state is WriterState.OPEN
     sink.twinkle_unconfigure()
     assert iterations(tmp_path / "events.jsonl") == [0, 1]  # the kept lines went out first
+
+
+# -- seq: each line numbered in its file -------------------------------------------------
+
+
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def feed(sink: EventLogSink, start: int, n: int) -> list[IterationStarted]:
+    events = [started(i) for i in range(start, start + n)]
+    for event in events:
+        sink.twinkle_event(event)
+    return events
+
+
+def test_every_line_begins_with_its_seq_then_the_events_own_json(tmp_path):
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
+    events = feed(sink, 0, 5)
+    sink.twinkle_unconfigure()
+    raw = (tmp_path / "events.jsonl").read_bytes().splitlines()
+    for i, (line, event) in enumerate(zip(raw, events, strict=True)):
+        assert line == b'{"seq":%d,' % i + dumps_event(event)[1:]  # seq first, 0-based
+        assert event_from_dict({k: v for k, v in orjson.loads(line).items() if k != "seq"}) == (
+            event
+        )
+
+
+def test_seq_continues_after_the_last_line_of_the_file(tmp_path):
+    for start in (0, 3):
+        sink = EventLogSink()
+        sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
+        feed(sink, start, 3)
+        sink.twinkle_unconfigure()
+    assert [o["seq"] for o in lines_of(tmp_path / "events.jsonl")] == list(range(6))
+
+
+def test_a_log_of_an_older_twinkle_without_seq_is_continued_from_zero(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(dumps_event(started(i)) + b"\n" for i in range(2)))
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
+    feed(sink, 2, 2)
+    sink.twinkle_unconfigure()
+    assert [o.get("seq") for o in lines_of(path)] == [None, None, 0, 1]
+    assert [o["iteration"] for o in lines_of(path)] == [0, 1, 2, 3]
+
+
+def test_an_event_that_cannot_be_written_takes_no_seq(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1024)
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
+    feed(sink, 0, 1)
+    sink.twinkle_event(Snapshot(RUN, 1, 2, {"blob": "b" * 2000}))
+    with pytest.raises(RecordError, match=r"'snapshot' is \d+ bytes as a line.*1024"):
+        feed(sink, 1, 1)
+    feed(sink, 2, 1)
+    sink.twinkle_unconfigure()
+    assert sink.unwritable == 1
+    assert [(o["seq"], o["iteration"]) for o in lines_of(tmp_path / "events.jsonl")] == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+    ]

@@ -7,8 +7,8 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+import msgspec
 import orjson
 
 from twinkle.errors import RecordError, ReporterError, WriteError
@@ -28,13 +28,16 @@ from twinkle.reporting import (
     Backend,
     BatchWriter,
     JsonlBackend,
+    JsonlFileBackend,
     JsonlWriter,
     WebUIFlatBackend,
     WriterStats,
 )
+from twinkle.reporting.jsonl import ReplacingFile
 
 __all__ = [
     "EVENTS_FILE",
+    "SEQ_KEY",
     "EventLogSink",
     "RAW_FILE",
     "RawRecordsSink",
@@ -48,53 +51,106 @@ EVENTS_FILE = "events.jsonl"
 RAW_FILE = "metrics_raw.jsonl"
 WEBUI_FILE = "metrics.jsonl"
 TRACE_FILE = "trace.json"
+#: the first key of every event-log line: the line's 0-based number in its file
+SEQ_KEY = "seq"
 
 
-class RawRecordsSink:
-    """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``."""
+class _FileBackendSink:
+    """A sink of one record file: its backend is opened at configure, so that a file
+    that cannot be opened (a directory, a symlink, no permission) fails the run's start
+    with a :class:`~twinkle.errors.ReporterError` naming it, and handed to the run's
+    reporter (which closes it). A resumed run (``RunContext.resumed_events > 0``)
+    truncates the file: the observers see the logged events again first, so its lines
+    are written again, whole."""
+
+    def __init__(self) -> None:
+        self._backend: JsonlFileBackend | None = None
+
+    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
+        raise NotImplementedError  # pragma: no cover - each sink opens its file
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        if context.out_dir is not None:
+            self._backend = self._open(context.out_dir, context)
 
     @hookimpl
     def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
         if context.out_dir is None:
             return None
-        return [JsonlBackend(context.out_dir / RAW_FILE)]
+        if self._backend is None:
+            self._backend = self._open(context.out_dir, context)
+        return [self._backend]
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        backend, self._backend = self._backend, None
+        # The reporter closed it, unless the run failed to start before it had one.
+        if backend is not None and not backend.writer.closed:
+            backend.close()
 
 
-class WebUISink:
+class RawRecordsSink(_FileBackendSink):
+    """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``
+    (truncated when the run resumes: its records are written again)."""
+
+    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
+        return JsonlBackend(out_dir / RAW_FILE, append=context.resumed_events == 0)
+
+
+class WebUISink(_FileBackendSink):
     """One flat numeric object per iteration in ``metrics.jsonl`` (``ts``, ``step``,
-    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values)."""
+    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values); truncated when the
+    run resumes, like ``metrics_raw.jsonl``."""
 
-    @hookimpl
-    def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
-        if context.out_dir is None:
-            return None
+    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
         config = ObserverConfig.parse(context.config)
         # An iteration's timing and throughput come lag + 1 boundaries after it began.
-        return [
-            WebUIFlatBackend(
-                context.out_dir / WEBUI_FILE,
-                total_steps=config.total_steps,
-                hold=config.finalise_lag + 2,
-            )
-        ]
+        return WebUIFlatBackend(
+            out_dir / WEBUI_FILE,
+            total_steps=config.total_steps,
+            hold=config.finalise_lag + 2,
+            append=context.resumed_events == 0,
+        )
 
 
 class EventLogSink:
     """The run's full event stream in ``events.jsonl``: the log everything replays from.
 
-    The file is opened in append mode (a resumed run keeps its earlier events; a torn
-    last line is recovered). Events are batched and handed to the run's event-log
-    :class:`~twinkle.reporting.BatchWriter` at every iteration boundary (and every
-    ``BATCH_EVENTS`` events); its thread writes them, so the publishing thread never
-    waits on the disk, at a boundary or elsewhere. At most ``MAX_BATCHES_IN_FLIGHT``
-    batches are handed over and not yet written; only a hand-over that finds that many
-    waits (for the oldest to be written), and each such wait is counted
-    (``stats.waits``) and logged. So a process killed outright (SIGKILL, OOM killer)
-    loses at most the events published since the last hand-over plus the (at most
-    ``MAX_BATCHES_IN_FLIGHT``) batches handed over before it and not yet written (in
-    practice the writer keeps up and only the current iteration's events are at risk);
-    an exception loses none
-    (:meth:`RunSession.finish` flushes). A replay writes inline.
+    **Format.** One event per line, ``{"seq": N, "type": ..., <fields>}``: ``seq`` is the
+    line's 0-based number in the file, consecutive, the first key; the rest is the
+    event's JSON form (:func:`~twinkle.events.dumps_event`), so a reader drops ``seq``
+    before :func:`~twinkle.events.event_from_dict`. A file that already holds lines
+    continues after the ``seq`` of its last one. A log of an older twinkle has no
+    ``seq``: new lines continue it from ``RunContext.resumed_events`` (the events the
+    resumed run found in it: the file's count) or from 0 when nothing was resumed.
+    No line is longer than the writer's limit
+    (:data:`~twinkle.reporting.jsonl.MAX_LINE_BYTES`): a span batch that would be is
+    written as several span-batch lines (same run, source, anchor and times, its spans
+    in order, split where they fit; observers add span batches up, so a replay gives the
+    same records); any other event that large is refused with a
+    :class:`~twinkle.errors.RecordError` naming it and counted in :attr:`unwritable`.
+
+    **Resuming.** When a live run resumes (``RunContext.resumed_events > 0``) the
+    observers are fed the logged events again first: the first ``resumed_events`` events
+    this sink receives are in the log already and are not written again; the ``seq`` of
+    the file's last line must then be ``resumed_events - 1`` (else the log is not the one
+    the run resumed: :class:`~twinkle.errors.ReporterError` at configure).
+
+    **Writing.** The file is opened in append mode (a torn last line is recovered); a
+    log that cannot be opened fails the run's start with a
+    :class:`~twinkle.errors.ReporterError` naming it. Events are batched and handed to
+    the run's event-log :class:`~twinkle.reporting.BatchWriter` at every iteration
+    boundary (and every ``BATCH_EVENTS`` events); its thread numbers, encodes and writes
+    them, so the publishing thread only appends to a list and never waits on the disk,
+    at a boundary or elsewhere. At most ``MAX_BATCHES_IN_FLIGHT`` batches are handed over
+    and not yet written; only a hand-over that finds that many waits (for the oldest to
+    be written), and each such wait is counted (``stats.waits``) and logged. So a process
+    killed outright (SIGKILL, OOM killer) loses at most the events published since the
+    last hand-over plus the (at most ``MAX_BATCHES_IN_FLIGHT``) batches handed over
+    before it and not yet written (in practice the writer keeps up and only the current
+    iteration's events are at risk); an exception loses none (:meth:`RunSession.finish`
+    flushes). A replay writes inline. The file is fsynced at close, before the summary.
 
     A write error (disk full) surfaces at the next hand-over or at close; the events it
     concerns stay in the writer's memory and go out first with the next batch (see
@@ -108,7 +164,10 @@ class EventLogSink:
         self.writer: JsonlWriter | None = None
         self._pending: list[Event] = []
         self._batches: BatchWriter[list[Event]] | None = None
-        #: events that could not be serialised at all (logged; 0 for validated events)
+        self._skip = 0  # events of a resumed run still to come that the log holds already
+        self._seq = 0  # the next line's seq (the writer's side)
+        #: events that could not be written (not serialisable, or over the line limit
+        #: and not a span batch that can be split; each logged and raised)
         self.unwritable = 0
 
     @property
@@ -116,19 +175,51 @@ class EventLogSink:
         """The event-log writer's counters (batches), None when no log is written."""
         return None if self._batches is None else self._batches.stats
 
-    @hookimpl
+    # First of all the observers: a log that cannot be opened fails the start before any
+    # other output exists.
+    @hookimpl(tryfirst=True)
     def twinkle_configure(self, context: RunContext) -> None:
-        if context.out_dir is not None:
-            writer = JsonlWriter(context.out_dir / EVENTS_FILE, append=True)
-            self.writer = writer
-            self._batches = BatchWriter(
-                lambda batches: self._write(writer, batches),
-                name=f"event log {str(writer.path)!r}",
-                thread_name="eventlog",
-                # Replays write inline: nothing to overlap, and byte order stays obvious.
-                background=not context.replay,
-                capacity=self.MAX_BATCHES_IN_FLIGHT,
+        if context.out_dir is None:
+            return
+        path = context.out_dir / EVENTS_FILE
+        try:
+            writer = JsonlWriter(path, append=True)
+        except OSError as exc:  # every open failure is a ReporterError: fatal to the start
+            if isinstance(exc, ReporterError):
+                raise
+            raise ReporterError(
+                f"cannot open the event log {str(path)!r}: {exc}; the run cannot start "
+                "without it: fix the path or its permissions"
+            ) from exc
+        try:
+            self._seq = self._first_seq(writer, context.resumed_events)
+        except BaseException:
+            writer.close()
+            raise
+        self._skip = context.resumed_events
+        self.writer = writer
+        self._batches = BatchWriter(
+            lambda batches: self._write(writer, batches),
+            name=f"event log {str(writer.path)!r}",
+            thread_name="eventlog",
+            # Replays write inline: nothing to overlap, and byte order stays obvious.
+            background=not context.replay,
+            capacity=self.MAX_BATCHES_IN_FLIGHT,
+        )
+
+    @staticmethod
+    def _first_seq(writer: JsonlWriter, resumed: int) -> int:
+        last = writer.last_object()
+        seq = None if last is None else last.get(SEQ_KEY)
+        if type(seq) is not int or seq < 0:
+            return resumed  # a new file (0), or an older twinkle's log: its event count
+        if resumed and seq + 1 != resumed:
+            raise ReporterError(
+                f"{str(writer.path)!r} ends with the event of seq {seq}, but the run "
+                f"resumes after {resumed} logged event(s): the log changed since it was "
+                "read; start the run again"
             )
+        return seq + 1
 
     @hookimpl
     def twinkle_event(self, event: Event) -> None:
@@ -147,19 +238,49 @@ class EventLogSink:
         write's error (after handing over, so the pending events are never lost to it)."""
         if self._batches is None or not self._pending:
             return
+        batch = self._take_pending()
+        if batch:
+            self._batches.put(batch)
+
+    def _take_pending(self) -> list[Event]:
+        """The pending events, less those a resumed run's log holds already."""
         batch, self._pending = self._pending, []
-        self._batches.put(batch)
+        if self._skip:
+            logged = min(self._skip, len(batch))
+            self._skip -= logged
+            del batch[:logged]
+        return batch
 
     def _write(self, writer: JsonlWriter, batches: list[list[Event]]) -> int:
         events = batches[0] if len(batches) == 1 else [e for b in batches for e in b]
+        limit = writer.max_line_bytes
         lines: list[bytes] = []
         bad: list[str] = []
+        seq = self._seq
         for event in events:
             try:
-                lines.append(dumps_event(event) + b"\n")
+                body = dumps_event(event)
             except RecordError as exc:  # never for a validated event; logged, counted
                 self.unwritable += 1
                 bad.append(f"{event.TYPE!r}: {exc}")
+                continue
+            # seq spliced in as the first key: b'{"type":...' -> b'{"seq":N,"type":...'
+            line = b'{"seq":%d,%b\n' % (seq, body[1:])
+            if len(line) <= limit:
+                lines.append(line)
+                seq += 1
+                continue
+            try:
+                pieces = _split_line(event, seq, limit)
+            except RecordError as exc:
+                self.unwritable += 1
+                bad.append(str(exc))
+                continue
+            lines.extend(pieces)
+            seq += len(pieces)
+        # Numbers are taken once the lines are handed over: a write error keeps them in
+        # the writer's memory, to be written with these numbers.
+        self._seq = seq
         written = writer.write_bytes_lines(lines) if lines else 0
         if bad:
             raise RecordError(
@@ -177,8 +298,8 @@ class EventLogSink:
         error: BaseException | None = None
         try:
             try:
-                if self._pending:
-                    batch, self._pending = self._pending, []
+                batch = self._take_pending()
+                if batch:
                     batches.put(batch)
             except Exception as exc:
                 error = exc
@@ -194,10 +315,49 @@ class EventLogSink:
                 )
         finally:
             writer, self.writer = self.writer, None
-            writer.close()  # raises if lines stay unwritten (a fault that did not pass)
+            writer.close()  # fsyncs; raises if lines stay unwritten (a fault that lasted)
         # A write error whose lines went out later (close succeeded) lost nothing.
         if error is not None and not isinstance(error, WriteError):
             raise error
+
+
+def _line(event: Event, seq: int) -> bytes:
+    """``event``'s log line, ``seq`` spliced in as the first key:
+    ``b'{"type":...}'`` becomes ``b'{"seq":N,"type":...}\\n'``."""
+    return b'{"seq":%d,%b\n' % (seq, dumps_event(event)[1:])
+
+
+def _split_line(event: Event, seq: int, limit: int) -> list[bytes]:
+    """The lines of a span batch too long for one line: consecutive batches of its spans,
+    in order, each line within ``limit`` (numbered from ``seq``). Any other event, or a
+    single span too long for a line, raises :class:`~twinkle.errors.RecordError`."""
+    if not isinstance(event, SpanBatch) or not event.spans:
+        raise RecordError(
+            f"event {event.TYPE!r} is {len(dumps_event(event))} bytes as a line, more than "
+            f"the event log's line limit MAX_LINE_BYTES={limit}: it is not written; publish "
+            "smaller events (e.g. fewer readings or keys per event)"
+        )
+    replace = msgspec.structs.replace
+    # A line of k spans: the seq prefix (sized for the largest seq these lines can get),
+    # the empty batch's JSON, the spans' JSON and k - 1 commas between them.
+    empty = len(dumps_event(replace(event, spans=())))
+    base = len(b'{"seq":%d,' % (seq + len(event.spans))) + empty
+    lines: list[bytes] = []
+    start, used = 0, base
+    for i, span in enumerate(event.spans):
+        one = len(dumps_event(replace(event, spans=(span,)))) - empty  # the span's JSON
+        if base + one > limit:
+            raise RecordError(
+                f"span {i} ({span.name!r}) of a span batch from {event.source!r} alone makes "
+                f"a line longer than the event log's line limit MAX_LINE_BYTES={limit}: the "
+                "batch is not written; keep span attrs small"
+            )
+        if i > start and used + 1 + one > limit:
+            lines.append(_line(replace(event, spans=event.spans[start:i]), seq + len(lines)))
+            start, used = i, base
+        used += one if i == start else one + 1
+    lines.append(_line(replace(event, spans=event.spans[start:]), seq + len(lines)))
+    return lines
 
 
 class TraceSink:
@@ -213,6 +373,13 @@ class TraceSink:
     ``MAX_EVENTS_IN_FLIGHT`` events wait for it (a hand-over beyond that waits, counted in
     its stats). A replay writes inline. A write error is raised by the next hand-over (the
     observer's failure, logged and counted) or at close.
+
+    The trace is streamed into a temporary file beside ``trace.json``
+    (:class:`~twinkle.reporting.jsonl.ReplacingFile`), fsynced and renamed into place at
+    close: a reader never sees half a trace, and a run that crashes, or never started,
+    leaves the previous ``trace.json`` (or none) as it was. A resumed run rebuilds it
+    whole from the re-fed events. A ``trace.json`` that is a symlink is refused
+    (:class:`~twinkle.errors.ReporterError`); no link is ever written through.
     """
 
     MAX_EVENTS_IN_FLIGHT = 256
@@ -220,9 +387,13 @@ class TraceSink:
     #: it per event would make it fight the publisher for the GIL at every boundary
     WAKE_AT = 32
 
+    _HEAD = b"[\n"  # JSON array form: Perfetto and chrome://tracing accept it
+    _END = b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n'
+
     def __init__(self) -> None:
         self.path: Path | None = None
-        self._fh: Any = None
+        self._out: ReplacingFile | None = None
+        self._begun = False  # run_started arrived: there is a trace to put in place
         self._origin: ClockAnchor | None = None
         self._named: set[tuple[int, int]] = set()
         self._batches: BatchWriter[Event] | None = None
@@ -231,22 +402,26 @@ class TraceSink:
     def twinkle_configure(self, context: RunContext) -> None:
         if context.out_dir is not None:
             self.path = context.out_dir / TRACE_FILE
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            self._fh = self.path.open("wb", buffering=1 << 20)
-            # JSON array form: Perfetto and chrome://tracing accept it.
-            self._fh.write(b"[\n")
-            self._batches = BatchWriter(
-                self._write_events,
-                name=f"trace {str(self.path)!r}",
-                thread_name="trace",
-                background=not context.replay,
-                capacity=self.MAX_EVENTS_IN_FLIGHT,
-                wake_at=self.WAKE_AT,
-            )
+            self._out = ReplacingFile(self.path)
+            try:
+                self._out.write(self._HEAD)
+                self._batches = BatchWriter(
+                    self._write_events,
+                    name=f"trace {str(self.path)!r}",
+                    thread_name="trace",
+                    background=not context.replay,
+                    capacity=self.MAX_EVENTS_IN_FLIGHT,
+                    wake_at=self.WAKE_AT,
+                )
+            except BaseException:
+                self._out.discard()
+                self._out = None
+                raise
 
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         if self._batches is not None:
+            self._begun = True
             self._batches.put(event)
 
     @hookimpl
@@ -271,10 +446,20 @@ class TraceSink:
             if batches is not None:
                 batches.close()  # writes what is in flight; raises a held write error
         finally:
-            if self._fh is not None:
-                self._fh.write(b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n')
-                self._fh.close()
-                self._fh = None
+            out, self._out = self._out, None
+            if out is not None and self._begun:
+                try:
+                    out.write(self._END)
+                except OSError as exc:
+                    out.discard()
+                    raise WriteError(
+                        exc.errno,
+                        f"cannot write {str(out.path)!r}: {exc.strerror or exc}; the "
+                        "previous trace (if any) is kept",
+                    ) from exc
+                out.commit()  # fsync, then rename into place
+            elif out is not None:
+                out.discard()  # the run never started: keep what was there
 
     # -- the writer's side -----------------------------------------------------------------
 
@@ -286,9 +471,9 @@ class TraceSink:
                 self._event_lines(event, lines)
             except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
                 failed.append(f"{event.TYPE!r}: {exc}")
-        if lines and self._fh is not None:
+        if lines and self._out is not None:
             lines.append(b"")  # every line ends with ",\n"
-            self._fh.write(b",\n".join(lines))  # one write per batch
+            self._out.write(b",\n".join(lines))  # one (buffered) write per batch
         if failed:
             raise RecordError(
                 f"{len(failed)} event(s) could not be written to the trace "
