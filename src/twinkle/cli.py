@@ -2,20 +2,52 @@
 
 ``twinkle replay LOG --out DIR [--force]``  recompute a run's records from its event log
 ``twinkle demo [options]``                  the tiny GRPO run, fully observed
+
+Errors are one line on stderr, ``twinkle: error: ...``, naming the culprit and the fix:
+exit status 2 when what the command was given is wrong (an option, ``--out``, the log,
+the plugin set), 1 when the run itself failed. ``--traceback`` shows the traceback of an
+unexpected error instead.
+
+SIGINT (Ctrl-C), SIGTERM and SIGHUP finish the run as an ``error`` (its ``run_finished``,
+``summary.json`` and ``trace.json`` are written) and exit 130, 143 and 129, the shell's
+``128 + signal``; a second signal while the run finishes is ignored with a message. A
+trainer of your own gets the same with :func:`twinkle.run.finish_on_signals`::
+
+    with finish_on_signals(), RunSession(out_dir="runs", config=config) as run:
+        ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from twinkle.errors import TwinkleError
+from twinkle.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    PluginError,
+    ReplayError,
+    TwinkleError,
+)
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_RUN_FAILED", "EXIT_USAGE", "build_parser", "main"]
+
+#: exit status when the command's input is wrong: options, --out, the log, plugins
+EXIT_USAGE = 2
+#: exit status when the run itself failed
+EXIT_RUN_FAILED = 1
+#: errors that say the command was given something unusable (exit status 2)
+_USAGE_ERRORS = (InvalidArgumentError, ConfigError, ReplayError, PluginError)
 
 
-def _add_plugin_options(p: argparse.ArgumentParser) -> None:
+def _add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-autoload",
         action="store_true",
@@ -28,6 +60,11 @@ def _add_plugin_options(p: argparse.ArgumentParser) -> None:
         metavar="PLUGIN",
         help="never load the observer plugin of this name (repeatable)",
     )
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an unexpected error show its traceback, not the one-line message",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="twinkle",
         description="How fast your RL run really is: replay a run's event log, or run the demo.",
+        epilog=(
+            "Ctrl-C, SIGTERM and SIGHUP finish the run as an error (summary and trace "
+            "written) and exit 130, 143, 129. Your own trainer gets the same with "
+            "'with twinkle.run.finish_on_signals(), RunSession(...) as run:'."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -54,14 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay into a non-empty --out: its files of the replay's names are replaced, "
         "others are kept",
     )
-    _add_plugin_options(rp)
+    _add_common_options(rp)
 
     from twinkle.demo.cli import add_demo_arguments
 
     dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
     add_demo_arguments(dp)
-    _add_plugin_options(dp)
+    _add_common_options(dp)
     return parser
+
+
+def _check_plugin_options(args: argparse.Namespace) -> None:
+    from twinkle.plugins import check_blocked
+
+    check_blocked(args.block)  # a typo is said now, not after torch has loaded
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -89,23 +137,100 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from twinkle.checks import safe_name
+
+    if args.run_id is not None:
+        safe_name(args.run_id, "--run-id")  # before anything heavy starts
+    from twinkle.demo.cli import run_demo_command
+
+    return run_demo_command(args)
+
+
+def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    from twinkle.run import SignalInterrupt
+
+    if isinstance(exc, SignalInterrupt):
+        name, code = exc.signal_name, exc.exit_code
+    else:
+        name, code = "SIGINT", 128 + signal.SIGINT
+    if args.command == "replay":
+        what = f"the replay stopped; --out {args.out!r} was left as it was"
+    else:
+        from twinkle.demo.cli import demo_run_dir
+
+        run_dir = demo_run_dir(args)
+        if run_dir is None:
+            what = "the run stopped (without observers: nothing was written)"
+        elif (run_dir / "summary.json").is_file():
+            what = f"the run finished as an error; its summary and trace are in {run_dir}/"
+        else:
+            what = "stopped before the run started"
+    print(f"twinkle: interrupted by {name}: {what}", file=sys.stderr)
+    return code
+
+
+def _error(message: str, code: int) -> int:
+    print(f"twinkle: error: {message}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        _check_plugin_options(args)
+        return _replay(args) if args.command == "replay" else _demo(args)
+    except _USAGE_ERRORS as exc:
+        return _error(str(exc), EXIT_USAGE)
+    except TwinkleError as exc:
+        return _error(str(exc), EXIT_RUN_FAILED)
+    except OSError as exc:
+        if args.traceback:
+            raise
+        where = f" ({exc.filename!r})" if exc.filename else ""
+        return _error(
+            f"{exc.strerror or exc}{where}: free disk space or fix the permissions of the "
+            "files named, and run again",
+            EXIT_RUN_FAILED,
+        )
+    except Exception as exc:
+        if args.traceback:
+            raise
+        return _error(
+            f"the {args.command} failed: {type(exc).__qualname__}: {exc}; run again with "
+            "--traceback to see where (and report it if twinkle is at fault)",
+            EXIT_RUN_FAILED,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.command == "replay":
-            return _replay(args)
-        if getattr(args, "run_id", None) is not None:
-            from twinkle.checks import safe_name
+    guard: Any = contextlib.nullcontext()
+    if threading.current_thread() is threading.main_thread():
+        from twinkle.run import finish_on_signals
 
-            safe_name(args.run_id, "--run-id")  # before anything heavy starts
-        from twinkle.demo.cli import run_demo_command
+        guard = finish_on_signals()
+    with guard:
+        try:
+            return _run(args)
+        except KeyboardInterrupt as exc:
+            code = _interrupted(args, exc)
+            if argv is None:
+                _exit_now(code)
+            return code
 
-        return run_demo_command(args)
-    except TwinkleError as exc:
-        print(f"twinkle: error: {exc}", file=sys.stderr)
-        return 2
+
+def _exit_now(code: int) -> NoReturn:
+    """End the ``twinkle`` process now: the run is finished and its files are closed,
+    so skip the interpreter's teardown (torch's alone takes half a second), in which a
+    second Ctrl-C would abort the process. Only the command itself (``main()`` without
+    ``argv``) gets here, never a caller of ``main([...])``."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

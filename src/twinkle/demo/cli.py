@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["add_demo_arguments", "format_summary", "format_table", "run_demo_command"]
+from twinkle.errors import InvalidArgumentError
+
+__all__ = [
+    "add_demo_arguments",
+    "demo_run_dir",
+    "format_summary",
+    "format_table",
+    "make_out_dir",
+    "run_demo_command",
+]
+
+RAW_FILE = "metrics_raw.jsonl"
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,6 +107,10 @@ def _num(x: Any) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
 
+def _f3(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def _pct(x: Any) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -101,8 +119,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     """The run summary for humans (summary.json holds the numbers)."""
     counts = summary.get("counts", {})
 
-    def c(key: str) -> Any:
-        return counts.get(key, {}).get("final")
+    def c(key: str) -> Any:  # n/a: the observer that counts it was blocked
+        value = counts.get(key, {}).get("final")
+        return "n/a" if value is None else value
 
     window = summary.get("window", {})
     grpo = summary.get("scalars", {}).get("grpo", {}).get("reward_mean", {})
@@ -117,7 +136,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  records dropped         {summary.get('records_dropped')}",
         f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
         f"  window throughput       {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"({window.get('tokens')} tokens / {window.get('seconds', 0.0):.2f} active logical s)",
+        f"({window.get('tokens', 'n/a')} tokens / {window.get('seconds', 0.0):.2f} active "
+        "logical s)",
         f"  run wall clock          {secs.get('wall_seconds', 0.0):.2f} s: set-up "
         f"{secs.get('setup_wall_seconds', 0.0):.2f}, busy {secs.get('busy_seconds', 0.0):.2f}, "
         f"idle {secs.get('idle_seconds', 0.0):.2f}, observer overhead "
@@ -129,19 +149,73 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"training ({_pct(secs.get('generation_hidden_share'))} of generation)",
         f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
         "outside their windows)",
-        f"  reward mean             {grpo.get('first', float('nan')):.3f} (iteration "
-        f"{grpo.get('first_iteration')}) -> {grpo.get('last', float('nan')):.3f} (iteration "
-        f"{grpo.get('last_iteration')})",
+        (
+            f"  reward mean             {_f3(grpo['first'])} (iteration "
+            f"{grpo.get('first_iteration')}) -> {_f3(grpo['last'])} (iteration "
+            f"{grpo.get('last_iteration')})"
+            if "first" in grpo and "last" in grpo
+            else "  reward mean             n/a (no grpo scalars: is scalars blocked?)"
+        ),
         f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
         "(start-up included)",
     ]
     return "\n".join(lines)
 
 
+def _kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    for test, name in (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a directory"
+
+
+def make_out_dir(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """Create the output directory ``path`` (and its parents) now, before anything runs;
+    :class:`~twinkle.errors.InvalidArgumentError` naming ``option``, the path and the
+    fix when it cannot be a writable directory (a file, a device, a read-only mount)."""
+    out = Path(path)
+    fix = f"give {option} a writable directory (it is created if missing)"
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        what = "" if existing == out else f" (its ancestor {str(existing)!r} is {_kind(existing)})"
+        own = f" is {_kind(out)}" if existing == out else " cannot be a directory"
+        raise InvalidArgumentError(f"{option} {str(out)!r}{own}{what}: {fix}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"{option} {str(out)!r}: cannot create the directory ({exc.strerror or exc}): {fix}"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InvalidArgumentError(
+            f"{option} {str(out)!r}: the directory is not writable (permissions or a "
+            f"read-only mount): {fix}"
+        )
+    return out
+
+
+def demo_run_dir(args: argparse.Namespace) -> Path | None:
+    """Where the demo command writes its run (``--out``/``--run-id``), None without
+    observers; the run id is chosen here when ``--run-id`` is not given."""
+    if args.run_id is None:
+        from twinkle.run import new_run_id
+
+        args.run_id = new_run_id(time.time_ns())
+    return None if args.no_observers else Path(args.out) / args.run_id
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; prints the table and the summary."""
     from twinkle.demo.config import DemoConfig
-    from twinkle.demo.runner import run_demo
 
     cfg = DemoConfig(
         iterations=args.iterations,
@@ -154,6 +228,16 @@ def run_demo_command(args: argparse.Namespace) -> int:
         overlap=args.overlap,
         observers=not args.no_observers,
     )
+    run_dir = demo_run_dir(args)
+    if run_dir is not None:  # a bad --out is said now, not after torch has loaded
+        make_out_dir(args.out)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise InvalidArgumentError(
+                f"the run directory {str(run_dir)!r} (--out/--run-id) is {_kind(run_dir)}: "
+                "choose another --run-id or --out"
+            )
+    from twinkle.demo.runner import run_demo
+
     bar: Any = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -174,9 +258,13 @@ def run_demo_command(args: argparse.Namespace) -> int:
             autoload=False if args.no_autoload else None,
             blocked=args.block,
         )
-    finally:
+    except BaseException:
         if bar is not None:
+            bar.leave = False  # the error's one line stands alone
             bar.close()
+        raise
+    if bar is not None:
+        bar.close()
     if result.run_dir is None:
         first, last = result.iterations[0], result.iterations[-1]
         print(
@@ -185,9 +273,12 @@ def run_demo_command(args: argparse.Namespace) -> int:
             f"{last.reward_mean:.3f}"
         )
         return 0
-    raw = Path(result.run_dir) / "metrics_raw.jsonl"
-    records = [orjson.loads(line) for line in raw.read_bytes().splitlines()]
-    print(format_table(records))
+    raw = Path(result.run_dir) / RAW_FILE
+    if raw.is_file():
+        records = [orjson.loads(line) for line in raw.read_bytes().splitlines()]
+        print(format_table(records))
+    else:
+        print(f"(no per-iteration table: the run wrote no {RAW_FILE}; is metrics_raw blocked?)")
     print()
     print(format_summary(result.summary))
     print(f"  files                   {result.run_dir}/")

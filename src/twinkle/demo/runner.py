@@ -18,9 +18,11 @@ The demo is the caller, so it defines the business semantics:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,15 +84,40 @@ def _steps_per_iteration(cfg: DemoConfig) -> int:
     return -(-cfg.samples_per_iteration // per_step)
 
 
-def _producer(engine: TorchEngine, iterations: int) -> Callable[[int], RolloutBatch]:
-    """One engine's producer: its share of iteration 0, 1, 2, ... then exhausted."""
+def _producer(
+    engine: TorchEngine, iterations: int, stopping: threading.Event
+) -> Callable[[int], RolloutBatch]:
+    """One engine's producer: its share of iteration 0, 1, 2, ... then exhausted; also
+    exhausted when the run stops early (``stopping``) and closing the engine cut its
+    rollout short, which is no failure."""
     counter = iter(range(iterations))
 
     def produce(version: int) -> RolloutBatch:
         iteration = next(counter)  # StopIteration ends the producer
-        return engine.rollout(iteration)
+        try:
+            return engine.rollout(iteration)
+        except RuntimeError:
+            if stopping.is_set():
+                raise StopIteration from None
+            raise
 
     return produce
+
+
+@contextlib.contextmanager
+def _stop_engines_on_error(
+    engines: Sequence[TorchEngine], stopping: threading.Event
+) -> Iterator[None]:
+    """On an exception (Ctrl-C, a signal, a failure) close the engines *before* the driver
+    joins its producers: a producer waiting for weights that will never be published
+    would otherwise hold the driver's close for its whole timeout."""
+    try:
+        yield
+    except BaseException:
+        stopping.set()
+        for engine in engines:
+            engine.close()
+        raise
 
 
 def run_demo(
@@ -128,21 +155,25 @@ def run_demo(
         initial = trainer.state()
         for engine in engines:
             engine.load_weights(0, initial)
-        producers = {e.name: _producer(e, cfg.iterations) for e in engines}
+        stopping = threading.Event()
+        producers = {e.name: _producer(e, cfg.iterations, stopping) for e in engines}
         generated = groups = visits = 0
         try:
-            with StreamingDriver(
-                producers,
-                bus=bus,
-                publisher=engines,
-                buffer_size=2 * cfg.engines,
-                # The driver tags an item with its version when it *calls* the producer;
-                # the engine then waits for exactly the version the iteration is due
-                # (iteration - lag), so a tag can trail the real version by up to two
-                # publishes. The engine's schedule is the real bound; this is the net.
-                max_staleness=cfg.lag + 2,
-                auto_iterations=False,
-            ) as driver:
+            with (
+                StreamingDriver(
+                    producers,
+                    bus=bus,
+                    publisher=engines,
+                    buffer_size=2 * cfg.engines,
+                    # The driver tags an item with its version when it *calls* the producer;
+                    # the engine then waits for exactly the version the iteration is due
+                    # (iteration - lag), so a tag can trail the real version by up to two
+                    # publishes. The engine's schedule is the real bound; this is the net.
+                    max_staleness=cfg.lag + 2,
+                    auto_iterations=False,
+                ) as driver,
+                _stop_engines_on_error(engines, stopping),
+            ):
                 # An engine may finish its share of the next iteration before a slower
                 # engine finishes this one: stash items by iteration, take whole ones.
                 stash: dict[int, list[RolloutBatch]] = {}

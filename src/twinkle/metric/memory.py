@@ -67,12 +67,18 @@ def _check_unit(unit: object, where: str) -> int:
 
 
 def convert_bytes(value: int, unit: str) -> float:
-    """``value`` bytes in binary ``unit`` (one of :data:`BINARY_UNITS`), correctly rounded."""
+    """``value`` bytes (an int >= 0) in binary ``unit`` (one of :data:`BINARY_UNITS`),
+    correctly rounded."""
     size = _check_unit(unit, "convert_bytes")
     if type(value) is not int:
         raise InvalidArgumentError(
             f"convert_bytes: value must be an int number of bytes, got {value!r} "
             f"({type(value).__name__}); pass the raw integer byte count"
+        )
+    if value < 0:
+        raise InvalidArgumentError(
+            f"convert_bytes: value must be a byte count >= 0, got {value!r}; a negative "
+            "size is no reading: pass the raw byte count as the allocator or the OS gave it"
         )
     return value / size
 

@@ -4,6 +4,7 @@
 from twinkle.run._replay import ReplayResult, iter_events, replay
 from twinkle.run._run import SUMMARY_FILE, Run, RunState, check_config
 from twinkle.run._session import RunSession, new_run_id
+from twinkle.run._signals import SignalGuard, SignalInterrupt, finish_on_signals
 
 __all__ = [
     "SUMMARY_FILE",
@@ -11,7 +12,10 @@ __all__ = [
     "Run",
     "RunSession",
     "RunState",
+    "SignalGuard",
+    "SignalInterrupt",
     "check_config",
+    "finish_on_signals",
     "iter_events",
     "new_run_id",
     "replay",

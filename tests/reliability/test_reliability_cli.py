@@ -1,0 +1,99 @@
+"""The command line end to end: blocking any built-in observer leaves the demo's output
+readable (or is refused in one line), a run that fails to start exits 1 in one line, and
+the help says how a trainer of one's own finishes on signals."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+from _scripted import scripted_run
+
+from twinkle.cli import build_parser, main
+from twinkle.plugins import DISABLE_AUTOLOAD_ENV
+
+BUILTINS = [
+    "events",
+    "memory",
+    "metrics_raw",
+    "scalars",
+    "throughput",
+    "timeline",
+    "timing",
+    "trace",
+    "webui",
+]
+DEMO = ["demo", "--iterations", "2", "--prompts", "2", "--completions", "2"]
+DEMO += ["--micro-batch", "4", "--grad-accum", "1", "--no-progress", "--no-autoload"]
+
+
+@pytest.mark.parametrize("blocked", BUILTINS)
+def test_demo_with_any_builtin_blocked_prints_its_summary_or_one_line(
+    blocked: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main([*DEMO, "--out", str(tmp_path), "--run-id", "r", "--block", blocked])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if blocked == "timeline":  # the timing observer needs it: refused at the start
+        assert rc == 2
+        assert captured.err.startswith("twinkle: error: observer 'timing' reads the run's")
+        assert captured.err.count("\n") == 1
+        return
+    assert rc == 0, captured.err
+    assert "run r: ok" in captured.out
+    counted = "n/a" if blocked == "throughput" else "8"  # its observer counts them
+    assert f"samples generated       {counted}\n" in captured.out
+    assert "None" not in captured.out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["observer_failures"] == {}
+    if blocked == "metrics_raw":
+        assert not (tmp_path / "r" / "metrics_raw.jsonl").exists()
+        assert "(no per-iteration table: the run wrote no metrics_raw.jsonl" in captured.out
+    else:
+        assert "tok/s/dev" in captured.out
+
+
+@pytest.fixture
+def refusing_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An installed observer that refuses to run (a TwinkleError in twinkle_configure,
+    as the contract allows: it fails the run's start)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "twinkle_refuses.py").write_text(
+        "from twinkle.errors import TwinkleError\n"
+        "from twinkle.hookspecs import hookimpl\n\n"
+        "class Refuses:\n"
+        "    @hookimpl\n"
+        "    def twinkle_configure(self, context):\n"
+        "        raise TwinkleError('the licence server at 10.0.0.1 does not answer')\n"
+    )
+    info = site / "twinkle_refuses-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: twinkle-refuses\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[twinkle.observers]\nrefuses = twinkle_refuses:Refuses\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv(DISABLE_AUTOLOAD_ENV, raising=False)
+    importlib.invalidate_caches()
+    return site
+
+
+def test_a_run_that_cannot_start_exits_1_in_one_line_and_leaves_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], refusing_plugin: Path
+) -> None:
+    log = scripted_run(tmp_path / "live", run_id="refused")  # (autoload off)
+    out = tmp_path / "out"
+    assert main(["replay", str(log), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == "twinkle: error: the licence server at 10.0.0.1 does not answer\n"
+    assert not out.exists()
+    assert main(["replay", str(log), "--out", str(out), "--block", "refuses"]) == 0
+
+
+def test_help_says_how_signals_end_a_run_and_how_a_trainer_gets_the_same() -> None:
+    text = " ".join(build_parser().format_help().split())
+    assert "exit 130, 143, 129" in text
+    assert "with twinkle.run.finish_on_signals(), RunSession(...) as run:" in text
