@@ -302,11 +302,15 @@ def test_trace_json_is_replaced_whole_at_close_and_a_crash_keeps_the_previous_on
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=30)
     assert (run_dir / "trace.json").read_bytes() == done
-    # A run that never started (its start failed) leaves it alone too.
+    (left,) = [p.name for p in run_dir.iterdir() if p.name != "trace.json"]
+    assert left.startswith(f".trace.json.{child.pid}.")  # the dead writer's temporary
+    # A run that never started (its start failed) leaves it alone too; opening a trace
+    # removes what the dead writer left.
     idle = TraceSink()
     idle.twinkle_configure(RunContext(run_id="tr", out_dir=run_dir))
     idle.twinkle_unconfigure()
     assert (run_dir / "trace.json").read_bytes() == done
+    assert [p.name for p in run_dir.iterdir()] == ["trace.json"]
 
 
 def test_the_trace_is_fsynced_before_its_rename(

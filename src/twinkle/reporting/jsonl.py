@@ -44,6 +44,7 @@ import base64
 import contextlib
 import errno as _errno
 import fcntl
+import glob
 import hashlib
 import logging
 import os
@@ -171,6 +172,35 @@ def _range_lock(fd: int, kind: int, at: int, *, wait: bool) -> bool:
         return True
 
 
+if _OFD:
+    # The write lock is taken around every batch: its arguments are packed once.
+    _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _WRITE_AT, 1, 0)
+    _WRITE_UNLOCK = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, _WRITE_AT, 1, 0)
+
+
+def _write_lock(fd: int) -> bool:
+    """Take the write lock of ``fd`` (waiting for the writer holding it); False where
+    the file system has no locks."""
+    if not _OFD:  # pragma: no cover - not Linux
+        return _range_lock(fd, fcntl.F_WRLCK, _WRITE_AT, wait=True)
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _WRITE_LOCK)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            logger.debug("lock of fd %d unsupported here (%s): no cross-process guard", fd, exc)
+            return False
+        return True
+
+
+def _write_unlock(fd: int) -> None:
+    if not _OFD:  # pragma: no cover - not Linux
+        _range_lock(fd, fcntl.F_UNLCK, _WRITE_AT, wait=False)
+        return
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_UNLOCK)
+
+
 # -- JSON checks ---------------------------------------------------------------------------
 
 
@@ -207,10 +237,16 @@ def _too_long(path: Path, i: int, size: int) -> RecordError:
     )
 
 
+# A dict first: a Mapping ABC check costs a microsecond, a concrete type a tenth of one.
+_SINGLE_VALUES = (dict, str, bytes, bytearray, memoryview, Mapping)
+
+
 def _refuse_non_iterable(path: Path, objs: object, method: str, items: str) -> None:
     """``write(dict)`` would write the dict's keys, ``write("x")`` its characters: refuse
     a single value where an iterable of values, one per line, is due."""
-    if isinstance(objs, Mapping | str | bytes | bytearray | memoryview):
+    if type(objs) is list or type(objs) is tuple:  # the common case, checked cheaply
+        return
+    if isinstance(objs, _SINGLE_VALUES):
         raise InvalidArgumentError(
             f"{method}() takes an iterable of {items}, one per line, got a single "
             f"{type(objs).__name__} {objs!r:.80} for {str(path)!r}; wrap it in a list: "
@@ -522,12 +558,12 @@ class JsonlWriter:
             self._write_out(data, lines, self._done, b"", -1)
             return
         fd = self._fd
-        _range_lock(fd, fcntl.F_WRLCK, _WRITE_AT, wait=True)
+        locked = _write_lock(fd)
         try:
             done = self._done
             prefix = b""
             try:
-                size = os.fstat(fd).st_size
+                size = os.lseek(fd, 0, os.SEEK_END)  # (O_APPEND: the position is unused)
                 if size != self._end:
                     # Another writer wrote (or cut the file) since this one's last write:
                     # a line this one left half written is no longer the end, so it is
@@ -540,7 +576,8 @@ class JsonlWriter:
                 raise self._write_error(exc) from exc
             self._write_out(data, lines, done, prefix, size)
         finally:
-            _range_lock(fd, fcntl.F_UNLCK, _WRITE_AT, wait=True)
+            if locked:
+                _write_unlock(fd)
 
     def _write_out(
         self, data: bytes | bytearray, lines: int, done: int, prefix: bytes, size: int
@@ -845,8 +882,10 @@ class ReplacingFile:
     :meth:`discard`, leaves the previous file (or none) as it was.
 
     ``path`` itself must not be a symlink (:class:`~twinkle.errors.ReporterError` naming
-    it). Opening it creates missing parent directories (mode 0755); the file gets mode
-    0644 less the umask. Not thread-safe: one writer at a time.
+    it). Opening it creates missing parent directories (mode 0755) and removes the
+    temporary files of ``path`` that writers killed before their commit left (those of
+    processes no longer alive here); the file gets mode 0644 less the umask. Not
+    thread-safe: one writer at a time.
     """
 
     __slots__ = ("_file", "path", "tmp")
@@ -862,6 +901,7 @@ class ReplacingFile:
             parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise _reporter_error(parent, exc, "create the directory") from exc
+        self._remove_stale()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         while True:
             self.tmp = parent / f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -873,6 +913,16 @@ class ReplacingFile:
             except OSError as exc:
                 raise _reporter_error(self.path, exc, "create a temporary file beside") from exc
         self._file: IO[bytes] | None = os.fdopen(fd, "wb", buffering=buffering)
+
+    def _remove_stale(self) -> None:
+        prefix = f".{self.path.name}."
+        for tmp in self.path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+            pid = tmp.name[len(prefix) :].split(".", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # (unlink removes a link itself, never what it points at)
+                logger.info("removed %s, left by process %s killed before its commit", tmp, pid)
 
     def write(self, data: bytes) -> None:
         """Append ``data`` (buffered). Raises ``OSError`` as the file does."""
@@ -922,6 +972,16 @@ class ReplacingFile:
 
     def __repr__(self) -> str:
         return f"ReplacingFile({str(self.path)!r}, {'closed' if self.closed else 'open'})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
 
 
 def _sync_dir(directory: Path) -> None:
