@@ -113,3 +113,25 @@ def test_replay_of_a_log_cut_short_closes_the_run_as_error(run_dir: Path, tmp_pa
     result = replay(cut, tmp_path / "out", autoload=False)
     assert result.summary["status"] == "error"
     assert "without run_finished" in result.summary["error"]
+
+
+def test_a_live_log_numbers_its_lines_and_replay_refuses_one_line_twice(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    lines = (run_dir / "events.jsonl").read_bytes().splitlines()
+    unnumbered = [i for i, line in enumerate(lines) if not line.startswith(b'{"seq":%d,' % i)]
+    assert unnumbered == []
+    i = next(i for i, line in enumerate(lines) if b'"type":"samples"' in line)
+    twice = tmp_path / "twice" / "events.jsonl"
+    twice.parent.mkdir()
+    twice.write_bytes(b"\n".join([*lines[: i + 1], lines[i], *lines[i + 1 :]]) + b"\n")
+    with pytest.raises(ReplayError, match=rf"twice/events.jsonl:{i + 2}: seq {i} where {i + 1}"):
+        replay(twice, tmp_path / "out", autoload=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_replay_of_a_run_directory_reproduces_its_outputs(run_dir: Path, tmp_path: Path) -> None:
+    result = replay(run_dir, tmp_path / "again", autoload=False)
+    assert result.log == run_dir / "events.jsonl"
+    for name in OUTPUTS:
+        assert (tmp_path / "again" / name).read_bytes() == (run_dir / name).read_bytes(), name

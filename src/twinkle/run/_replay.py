@@ -39,6 +39,7 @@ from twinkle.errors import (
 from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EVENTS_FILE
+from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import read_jsonl
 from twinkle.run._run import Run
@@ -61,10 +62,6 @@ class ReplayResult:
     torn_line: int | None = None
     torn_bytes: int = 0
     log: Path | None = None
-
-
-#: The key of an event-log line that numbers it within its file (not an event field).
-SEQ_KEY: Final = "seq"
 
 
 _NOTHING: Final = object()
