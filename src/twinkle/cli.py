@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from twinkle.errors import (
@@ -162,12 +164,25 @@ def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
         run_dir = demo_run_dir(args)
         if run_dir is None:
             what = "the run stopped (without observers: nothing was written)"
-        elif (run_dir / "summary.json").is_file():
-            what = f"the run finished as an error; its summary and trace are in {run_dir}/"
         else:
-            what = "stopped before the run started"
+            status = _summary_status(run_dir)
+            if status is None:
+                what = "stopped before the run started"
+            elif status == "error":
+                what = f"the run finished as an error; its summary and trace are in {run_dir}/"
+            else:  # it had finished when the signal came (printing its table)
+                what = f"the run had finished ({status}); its files are in {run_dir}/"
     print(f"twinkle: interrupted by {name}: {what}", file=sys.stderr)
     return code
+
+
+def _summary_status(run_dir: Path) -> str | None:
+    """The status in the run's summary.json; None when it has none (yet)."""
+    try:
+        status = json.loads((run_dir / "summary.json").read_bytes()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None
 
 
 def _error(message: str, code: int) -> int:

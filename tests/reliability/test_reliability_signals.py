@@ -10,6 +10,7 @@ the second signal lands inside it.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -123,6 +124,34 @@ def test_demo_signalled_while_iterating_finishes_the_run_and_exits_promptly(
     ], err
     check_finished_run(tmp_path / "r", sig.name)
     assert alive(children) == []
+
+
+def test_demo_signalled_after_its_run_finished_says_the_run_had_finished(tmp_path: Path) -> None:
+    """A signal while the table is printed (stdout is a full 4 KiB pipe nobody reads
+    yet) finds the run finished ok, and says so."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    argv = [sys.executable, "-m", "twinkle.cli", "demo", "--iterations", "80"]
+    argv += ["--prompts", "2", "--completions", "2", "--micro-batch", "4", "--grad-accum", "1"]
+    argv += ["--no-progress", "--no-autoload", "--out", str(tmp_path), "--run-id", "r"]
+    proc = subprocess.Popen(argv, stdout=write_end, stderr=subprocess.PIPE, env=env())
+    os.close(write_end)
+    summary = tmp_path / "r" / "summary.json"
+    wait_for("the summary", summary.exists, proc)
+    time.sleep(0.2)  # it is blocked printing the table
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    with os.fdopen(read_end, "rb") as out:
+        printed = out.read()
+    _, err_bytes = proc.communicate(timeout=30)
+    err = err_bytes.decode()
+    assert proc.returncode == 143, err
+    assert interrupted_lines(err) == [
+        f"twinkle: interrupted by SIGTERM: the run had finished (ok); its files are in "
+        f"{tmp_path / 'r'}/"
+    ], err
+    assert "Traceback" not in err and printed.startswith(b"iter  reward")
+    assert json.loads(summary.read_text())["status"] == "ok"
 
 
 @pytest.fixture
