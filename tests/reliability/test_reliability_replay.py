@@ -199,6 +199,11 @@ def _drop(lines: list[Any]) -> int:
     return 6
 
 
+def _drop_three(lines: list[Any]) -> int:
+    del lines[5:8]
+    return 6
+
+
 def _duplicate_far(lines: list[Any]) -> int:
     lines.insert(9, lines[3])
     return 10
@@ -222,8 +227,13 @@ def _starts_at_one(lines: list[Any]) -> int:
 
 SEQ_CASES = [
     ("duplicated line", _duplicate, r"seq 3 where 4 was due: it repeats the line before it"),
-    ("reordered lines", _swap, r"seq 6 where 5 was due: seq 5\.\.5 are missing before it"),
-    ("missing line", _drop, r"seq 6 where 5 was due: seq 5\.\.5 are missing"),
+    (
+        "reordered lines",
+        _swap,
+        r"seq 6 where 5 was due: seq 5 missing before it \(lines lost or moved\)",
+    ),
+    ("missing line", _drop, r"seq 6 where 5 was due: seq 5 missing"),
+    ("missing lines", _drop_three, r"seq 8 where 5 was due: seq 5\.\.7 missing before it"),
     ("line copied from earlier", _duplicate_far, r"seq 3 where 9 was due: seq 3 belongs to"),
     (
         "a line without seq",

@@ -153,7 +153,8 @@ class _EventLog(Iterator[Event]):
         if seq == expected:
             return
         if seq > expected:
-            why = f"seq {expected}..{seq - 1} are missing before it (lines lost or moved)"
+            gap = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
+            why = f"seq {gap} missing before it (lines lost or moved)"
         elif seq == expected - 1 and self._numbered_at < lineno:
             why = "it repeats the line before it (a duplicated line)"
         else:
