@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -186,7 +187,8 @@ def _summary_status(run_dir: Path) -> str | None:
 
 
 def _error(message: str, code: int) -> int:
-    print(f"twinkle: error: {message}", file=sys.stderr)
+    one_line = re.sub(r"\s*\n\s*", " ", message.strip())  # a quoted error may hold newlines
+    print(f"twinkle: error: {one_line}", file=sys.stderr)
     return code
 
 

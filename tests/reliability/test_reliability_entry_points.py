@@ -300,3 +300,24 @@ def test_blocked_and_plugins_of_the_wrong_shape_are_refused_with_the_fix(
     with pytest.raises(InvalidArgumentError, match=match):
         replay(log, tmp_path / "out", autoload=False, **kwargs)  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_a_plugin_with_an_unknown_hook_in_one_line(
+    install: Install, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = scripted_run(tmp_path / "live", run_id="typo")
+    typo = """
+    from twinkle.hookspecs import hookimpl
+
+    class Observer:
+        @hookimpl
+        def twinkle_iteration_begun(self, event):
+            pass
+    """
+    install("typo-plugin", "typo_mod", typo, {"typo": "typo_mod:Observer"})
+    capsys.readouterr()
+    assert main(["replay", str(log), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twinkle: error: plugin ") and err.count("\n") == 1, err
+    assert "twinkle_iteration_begun" in err and "typo" in err
+    assert not (tmp_path / "out").exists()
