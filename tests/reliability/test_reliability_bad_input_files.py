@@ -13,8 +13,7 @@ from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, Twi
 from twinkle.events import IterationStarted, dumps_event
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink, TraceSink
-from twinkle.reporting import JsonlWriter, read_jsonl
-from twinkle.reporting.jsonl import MAX_LINE_BYTES, ReplacingFile
+from twinkle.reporting import MAX_LINE_BYTES, JsonlWriter, ReplacingFile, read_jsonl
 
 
 @dataclass(frozen=True)

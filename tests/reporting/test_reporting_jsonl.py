@@ -1,5 +1,5 @@
-"""JsonlWriter / read_jsonl: append, torn-line repair, write errors, backwards scan, the
-line limit, co-appenders, symlinks; ReplacingFile."""
+"""JsonlWriter: append, torn-line repair, write errors, backwards scan, the line limit,
+co-appenders, symlinks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
 from twinkle.reporting import JsonlWriter, TornLineRecovery, read_jsonl
 from twinkle.reporting import jsonl as jsonl_mod
-from twinkle.reporting.jsonl import ReplacingFile
 
 
 def _reject_constant(name: str) -> Any:
@@ -350,46 +349,7 @@ def test_last_object_finds_a_single_long_first_line(tmp_path):
         assert w.last_object() == big
 
 
-# -- read_jsonl ------------------------------------------------------------------------
-
-
-def test_read_jsonl_yields_objects_in_order_and_ignores_blank_lines(tmp_path):
-    path = tmp_path / "m.jsonl"
-    path.write_bytes(b'{"a": 1}\n\n  \n{"a": 2}')
-    reader = read_jsonl(path)
-    assert list(reader) == [{"a": 1}, {"a": 2}]
-    assert reader.skipped == 0
-
-
-def test_read_jsonl_names_file_and_line_on_error(tmp_path):
-    path = tmp_path / "m.jsonl"
-    path.write_bytes(b'{"a": 1}\n{"a": NaN}\n')
-    it = read_jsonl(path)
-    assert next(it) == {"a": 1}
-    with pytest.raises(RecordError, match=rf"{path}:2: invalid JSON"):
-        next(it)
-    path.write_bytes(b'{"a": 1}\n[1]\n')
-    with pytest.raises(RecordError, match=rf"{path}:2: expected a JSON object, got list"):
-        list(read_jsonl(path))
-
-
-def test_read_jsonl_skip_mode_counts_skipped_lines(tmp_path):
-    path = tmp_path / "m.jsonl"
-    path.write_bytes(b'{"a": 1}\ntorn{\n"str"\n{"a": 2}\n{"a": 3')
-    reader = read_jsonl(path, on_error="skip")
-    assert list(reader) == [{"a": 1}, {"a": 2}]
-    assert reader.skipped == 3
-    assert reader.skipped_lines == [2, 3, 5]
-
-
-def test_read_jsonl_bad_arguments(tmp_path):
-    with pytest.raises(InvalidArgumentError, match="on_error must be 'raise' or 'skip'"):
-        read_jsonl(tmp_path / "x", on_error="ignore")  # type: ignore[arg-type]
-    with pytest.raises(ReporterError, match=r"cannot read .*missing.jsonl"):
-        list(read_jsonl(tmp_path / "missing.jsonl"))
-
-
-# -- co-appenders, the line limit, whole files -------------------------------------------
+# -- co-appenders, the line limit, symlinks ---------------------------------------------
 
 
 def test_a_line_left_half_written_is_written_again_whole_after_another_writers_lines(
@@ -437,17 +397,6 @@ def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(
     assert lines_of(path) == [{"pad": "x" * 89}]
 
 
-def test_read_jsonl_skips_a_line_over_the_limit_reading_it_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1000)
-    path = tmp_path / "m.jsonl"
-    path.write_bytes(b'{"a": 1}\n' + b"x" * 5_000_000 + b'\n{"a": 2}\n')
-    reader = read_jsonl(path, on_error="skip")
-    assert list(reader) == [{"a": 1}, {"a": 2}]
-    assert reader.skipped_lines == [2]
-    with pytest.raises(RecordError, match=r"m\.jsonl:2: line longer than MAX_LINE_BYTES=1000"):
-        list(read_jsonl(path, allow_torn_tail=True))
-
-
 def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 100_000)
     path = tmp_path / "m.jsonl"
@@ -483,32 +432,3 @@ def test_a_planted_symlink_is_refused_naming_it_and_never_written_through(tmp_pa
     with pytest.raises(ReporterError, match=r"dangling\.jsonl'.*symbolic link"):
         JsonlWriter(tmp_path / "dangling.jsonl")
     assert target.read_bytes() == b"keep\n" and not (tmp_path / "nowhere").exists()
-
-
-def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_path):
-    path = tmp_path / "sub" / "whole.json"
-    out = ReplacingFile(path)
-    out.write(b"[1,")
-    assert not path.exists()
-    out.write(b"2]\n")
-    out.commit()
-    assert path.read_bytes() == b"[1,2]\n" and out.closed
-    again = ReplacingFile(path)
-    again.write(b"half")
-    again.discard()
-    assert path.read_bytes() == b"[1,2]\n"
-    assert sorted(p.name for p in path.parent.iterdir()) == ["whole.json"]
-    (tmp_path / "link.json").symlink_to(path)
-    with pytest.raises(ReporterError, match=r"link\.json'.*symbolic link"):
-        ReplacingFile(tmp_path / "link.json")
-
-
-def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(tmp_path):
-    path = tmp_path / "taken"
-    path.mkdir()  # a rename onto a directory fails
-    (path / "inside").write_bytes(b"x")
-    out = ReplacingFile(path)
-    out.write(b"data")
-    with pytest.raises(WriteError, match=r"cannot write .*taken'.*previous file .* is kept"):
-        out.commit()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

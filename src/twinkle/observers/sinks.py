@@ -30,10 +30,10 @@ from twinkle.reporting import (
     JsonlBackend,
     JsonlFileBackend,
     JsonlWriter,
+    ReplacingFile,
     WebUIFlatBackend,
     WriterStats,
 )
-from twinkle.reporting.jsonl import ReplacingFile
 
 __all__ = [
     "EVENTS_FILE",

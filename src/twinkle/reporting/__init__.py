@@ -4,7 +4,11 @@ the reporter.
 * :class:`MetricRecord` / :func:`make_record`: validated, frozen, strict-JSON records;
   :func:`with_seq` stamps one.
 * :class:`JsonlWriter`: the one writer of every JSONL file (records, events, WebUI flat):
-  append mode, torn-last-line repair, write errors that keep the unwritten lines.
+  append mode, torn-last-line repair, write errors that keep the unwritten lines; one
+  line limit, :data:`MAX_LINE_BYTES`; torn lines go to :func:`sidecar_path`.
+* :func:`read_jsonl` / :class:`JsonlReader`: the one reader, bounded, recognising what
+  the writer recorded in the sidecar.
+* :class:`ReplacingFile`: a file written whole or not at all (``trace.json``).
 * :class:`BatchWriter`: the one background writer (records and the event log): a bounded
   number of items in flight, batching, one error rule, one state machine
   (:class:`WriterState`); inline when asked.
@@ -22,12 +26,8 @@ from __future__ import annotations
 
 from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, SeqSource
 from twinkle.reporting.fanout import BackendFanout
-from twinkle.reporting.jsonl import (
-    JsonlReader,
-    JsonlWriter,
-    TornLineRecovery,
-    read_jsonl,
-)
+from twinkle.reporting.jsonl import MAX_LINE_BYTES, JsonlWriter, TornLineRecovery, sidecar_path
+from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
 from twinkle.reporting.record import (
     NONFINITE_ATTR,
     SCOPES,
@@ -41,9 +41,11 @@ from twinkle.reporting.record import (
 from twinkle.reporting.reporter import MetricsReporter, ReporterStats
 from twinkle.reporting.totals import RunTotals
 from twinkle.reporting.webui import WebUIFlatBackend
+from twinkle.reporting.whole_file import ReplacingFile
 from twinkle.reporting.writer import BatchWriter, WriterState, WriterStats
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "NONFINITE_ATTR",
     "SCOPES",
     "Backend",
@@ -55,6 +57,7 @@ __all__ = [
     "JsonlWriter",
     "MetricRecord",
     "MetricsReporter",
+    "ReplacingFile",
     "ReporterStats",
     "RunTotals",
     "SeqSource",
@@ -67,5 +70,6 @@ __all__ = [
     "record_fields",
     "record_from_dict",
     "record_to_dict",
+    "sidecar_path",
     "with_seq",
 ]

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from twinkle.errors import RecordError
-from twinkle.reporting.jsonl import JsonlWriter, StrPath, TornLineRecovery
+from twinkle.reporting._jsonl_files import StrPath
+from twinkle.reporting.jsonl import JsonlWriter, TornLineRecovery
 from twinkle.reporting.record import MetricRecord, record_fields
 
 __all__ = ["Backend", "JsonlBackend", "JsonlFileBackend", "SeqSource"]

@@ -10,7 +10,8 @@ Design points, each one tested:
   the writer (a longer line is refused: :class:`~twinkle.errors.RecordError`, nothing of
   the batch written), the torn-tail repair and the reader (a longer line is not a line
   twinkle wrote: a ``RecordError`` naming ``file:line``; lines are read bounded, so a
-  huge line never costs more memory than the limit).
+  huge line never costs more memory than the limit). The limit lives here alone: the
+  reader reads it from this module when a read begins.
 * Append mode keeps what an earlier process wrote. A torn last line left by a crash
   is moved to a sidecar (``<name>.torn``, one JSON line per recovery) and the file is
   truncated back to its last complete line; :attr:`JsonlWriter.recovery` says so.
@@ -25,42 +26,54 @@ Design points, each one tested:
   sidecar (``"kind": "fragment"``, its offset, length and sha256; the bytes stay in
   the file) and ends it with a newline before its own lines, so its lines never fuse
   onto the fragment. The reader recognises exactly those bytes (offset and digest) and
-  passes over them (:attr:`JsonlReader.fragment_lines`); any other bad line is still an
-  error.
+  passes over them (:attr:`~twinkle.reporting.JsonlReader.fragment_lines`); any other
+  bad line is still an error.
 * A failed write raises :class:`~twinkle.errors.WriteError`; the lines not yet written
   stay in memory and go out first on the next ``write``/``flush``, so a partly written
   line is completed, never duplicated (or, if another writer wrote after it, written
   again whole after a newline: its first part is then a recorded fragment).
-* No symbolic link is followed: every file is opened with ``O_NOFOLLOW`` (a planted
-  symlink is a :class:`~twinkle.errors.ReporterError` naming it).
+* No symbolic link is followed (the shared ``O_NOFOLLOW`` opening of
+  :mod:`twinkle.reporting._jsonl_files`).
 * Durable at close: :meth:`JsonlWriter.close` fsyncs a regular file, and the directory
   once when the writer created the file, so whatever is written after a close (the
   run's ``summary.json``) never survives a power cut that the lines it sums up do not.
+
+The reader (:class:`~twinkle.reporting.JsonlReader`, :func:`~twinkle.reporting.read_jsonl`)
+lives in :mod:`twinkle.reporting.jsonl_reader`, whole-file writing
+(:class:`~twinkle.reporting.ReplacingFile`) in :mod:`twinkle.reporting.whole_file`, the
+cross-writer locks in :mod:`twinkle.reporting._jsonl_locks`; their public names are
+importable from this module too.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno as _errno
 import fcntl
-import glob
 import hashlib
 import logging
 import os
 import stat
-import struct
-import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import Any
 
 import orjson
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
+from twinkle.reporting._jsonl_files import (
+    CHUNK_BYTES,
+    StrPath,
+    open_appending,
+    reporter_error,
+    sidecar_path,
+)
+from twinkle.reporting._jsonl_locks import LIVE_AT, range_lock, write_lock, write_unlock
+from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
+from twinkle.reporting.whole_file import ReplacingFile
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -76,22 +89,18 @@ logger = logging.getLogger("twinkle.reporting")
 
 #: The longest line of any JSONL file twinkle writes, its newline included. The writer
 #: refuses a longer line, the torn-tail repair and the reader take one for a file twinkle
-#: did not write. (Tests may lower it: every user reads it when it runs.)
+#: did not write. (Tests may lower it, here: every user, the reader too, reads it from
+#: this module when it runs.)
 MAX_LINE_BYTES = 64 << 20
 
 _DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
-_CHUNK_BYTES = 1 << 16
 # A torn tail is moved to the sidecar in parts of at most this many bytes, so that each
 # sidecar line (base64 and a text preview) stays far below MAX_LINE_BYTES.
 _SIDECAR_PART_BYTES = 8 << 20
 _PREVIEW_CHARS = 1000
-_FILE_MODE = 0o644
-_DIR_MODE = 0o755
 
 # Indirection so tests can inject OS faults (partial writes, ENOSPC) without a full disk.
 _os_write = os.write
-
-StrPath = str | os.PathLike[str]
 
 
 def _max_line() -> int:
@@ -107,98 +116,6 @@ class TornLineRecovery:
     torn_bytes: int  # bytes moved to the sidecar (0: only a missing newline was added)
     sidecar: str | None  # the sidecar file holding them, None when nothing was moved
     reason: str
-
-
-def sidecar_path(path: Path) -> Path:
-    """The sidecar of a JSONL file: ``<name>.torn``."""
-    return path.with_name(path.name + ".torn")
-
-
-def _reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
-    why = exc.strerror or type(exc).__name__
-    if exc.errno == _errno.ELOOP:
-        why = "it is a symbolic link"
-        fix = (
-            "twinkle never writes through a symlink (it could point anywhere outside the "
-            "run directory): remove the link, or pass the real file's path"
-        )
-    elif isinstance(exc, IsADirectoryError):
-        fix = "pass a file path inside it, e.g. <dir>/metrics_raw.jsonl"
-    elif isinstance(exc, PermissionError):
-        fix = "fix the permissions or choose a writable directory"
-    elif isinstance(exc, NotADirectoryError | FileExistsError):
-        fix = "a parent of the path is a file: choose another path"
-    else:
-        fix = "check the path and the file system"
-    return ReporterError(f"cannot {doing} {str(path)!r}: {why}; {fix}")
-
-
-# -- locks -------------------------------------------------------------------------------
-
-# Two one-byte ranges far past any real end of file. An open writer holds a read lock on
-# _LIVE_AT (an opener that cannot take it exclusively is not alone); a writer holds a
-# write lock on _WRITE_AT around each write (its check of the file's end and its write
-# are one step for every writer). Linux has open-file-description locks: they belong to
-# the descriptor (two writers in one process exclude each other too, and closing another
-# descriptor of the file drops nothing). Elsewhere classic POSIX locks: per process.
-_LIVE_AT = 1 << 62
-_WRITE_AT = _LIVE_AT + 1
-_OFD = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
-
-
-def _range_lock(fd: int, kind: int, at: int, *, wait: bool) -> bool:
-    """Lock (``F_RDLCK``/``F_WRLCK``) or unlock (``F_UNLCK``) byte ``at`` of ``fd``.
-
-    False only when another holder makes it busy (``wait=False``). Where the descriptor
-    or the file system has no such locks the answer is True: one writer per file is then
-    assumed, as before locks were taken.
-    """
-    while True:
-        try:
-            if _OFD:
-                # struct flock: l_type, l_whence, l_start, l_len, l_pid (0: OFD locks)
-                arg = struct.pack("hhqqi4x", kind, os.SEEK_SET, at, 1, 0)
-                fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
-            else:  # pragma: no cover - not Linux
-                how = {fcntl.F_RDLCK: fcntl.LOCK_SH, fcntl.F_WRLCK: fcntl.LOCK_EX}
-                cmd = how.get(kind, fcntl.LOCK_UN) | (0 if wait else fcntl.LOCK_NB)
-                fcntl.lockf(fd, cmd, 1, at)
-        except InterruptedError:
-            continue
-        except OSError as exc:
-            if not wait and exc.errno in (_errno.EAGAIN, _errno.EACCES):
-                return False
-            logger.debug("lock of fd %d unsupported here (%s): no cross-process guard", fd, exc)
-        return True
-
-
-if _OFD:
-    # The write lock is taken around every batch: its arguments are packed once.
-    _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _WRITE_AT, 1, 0)
-    _WRITE_UNLOCK = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, _WRITE_AT, 1, 0)
-
-
-def _write_lock(fd: int) -> bool:
-    """Take the write lock of ``fd`` (waiting for the writer holding it); False where
-    the file system has no locks."""
-    if not _OFD:  # pragma: no cover - not Linux
-        return _range_lock(fd, fcntl.F_WRLCK, _WRITE_AT, wait=True)
-    while True:
-        try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _WRITE_LOCK)
-        except InterruptedError:
-            continue
-        except OSError as exc:
-            logger.debug("lock of fd %d unsupported here (%s): no cross-process guard", fd, exc)
-            return False
-        return True
-
-
-def _write_unlock(fd: int) -> None:
-    if not _OFD:  # pragma: no cover - not Linux
-        _range_lock(fd, fcntl.F_UNLCK, _WRITE_AT, wait=False)
-        return
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_UNLOCK)
 
 
 # -- JSON checks ---------------------------------------------------------------------------
@@ -252,75 +169,6 @@ def _refuse_non_iterable(path: Path, objs: object, method: str, items: str) -> N
             f"{type(objs).__name__} {objs!r:.80} for {str(path)!r}; wrap it in a list: "
             f"{method}([value])"
         )
-
-
-# -- opening ---------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Opened:
-    fd: int
-    readable: bool
-    dir_fd: int  # the parent directory, kept to fsync it when the file was created; -1
-
-
-def _open_fd(path: Path, append: bool) -> _Opened:
-    """Open ``path`` for appending (creating parents), never through a symlink."""
-    parent = path.parent
-    if not parent.is_dir():
-        try:
-            parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _reporter_error(parent, exc, "create the directory") from exc
-    try:
-        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _reporter_error(parent, exc, "open the directory") from exc
-    try:
-        fd, readable, created = _open_in(dir_fd, path, append)
-    except BaseException:
-        os.close(dir_fd)
-        raise
-    if not created:
-        os.close(dir_fd)
-        dir_fd = -1
-    return _Opened(fd, readable, dir_fd)
-
-
-def _open_once(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
-    """(fd, created): create ``name`` exclusively, else open the existing file."""
-    for _ in range(8):  # it may vanish between the two opens: try again
-        try:
-            return os.open(name, flags | os.O_CREAT | os.O_EXCL, _FILE_MODE, dir_fd=dir_fd), True
-        except FileExistsError:
-            pass
-        try:
-            return os.open(name, flags, dir_fd=dir_fd), False
-        except FileNotFoundError:
-            continue
-    raise FileNotFoundError(_errno.ENOENT, "the file keeps vanishing while it is opened")
-
-
-def _open_in(dir_fd: int, path: Path, append: bool) -> tuple[int, bool, bool]:
-    """(fd, readable, created) of ``path.name`` in the directory ``dir_fd``."""
-    flags = os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    if not append:
-        flags |= os.O_TRUNC
-    try:
-        try:
-            fd, created = _open_once(dir_fd, path.name, flags | os.O_RDWR)
-            return fd, True, created
-        except PermissionError:
-            # A write-only file: still usable, without recovery and last_object.
-            fd, created = _open_once(dir_fd, path.name, flags | os.O_WRONLY)
-            return fd, False, created
-    except IsADirectoryError:
-        raise ReporterError(
-            f"JSONL path {str(path)!r} is a directory; pass a file path inside it, "
-            "e.g. <dir>/metrics_raw.jsonl"
-        ) from None
-    except OSError as exc:
-        raise _reporter_error(path, exc, "open") from exc
 
 
 # -- the writer ------------------------------------------------------------------------------
@@ -384,7 +232,7 @@ class JsonlWriter:
         #: newline before its own, each recorded in the sidecar
         self.fragments = 0
         self.recovery: TornLineRecovery | None = None  # what open found and repaired
-        opened = _open_fd(self.path, append)
+        opened = open_appending(self.path, append)
         self._fd, self._readable, self._dir_fd = opened.fd, opened.readable, opened.dir_fd
         self._closed = False
         try:
@@ -394,14 +242,14 @@ class JsonlWriter:
                 # writer died) and may be repaired. Busy: another live writer may be in
                 # the middle of a line; leave the tail to it. Then hold the shared lock
                 # while open (waiting for an opener that is repairing).
-                alone = _range_lock(self._fd, fcntl.F_WRLCK, _LIVE_AT, wait=False)
+                alone = range_lock(self._fd, fcntl.F_WRLCK, LIVE_AT, wait=False)
                 if append and alone:
                     self.recovery = self._recover()
-                _range_lock(self._fd, fcntl.F_RDLCK, _LIVE_AT, wait=True)
+                range_lock(self._fd, fcntl.F_RDLCK, LIVE_AT, wait=True)
         except BaseException as exc:
             self._release()
             if isinstance(exc, OSError) and not isinstance(exc, ReporterError):
-                raise _reporter_error(self.path, exc, "open") from exc
+                raise reporter_error(self.path, exc, "open") from exc
             raise
 
     # -- writing -----------------------------------------------------------------
@@ -558,7 +406,7 @@ class JsonlWriter:
             self._write_out(data, lines, self._done, b"", -1)
             return
         fd = self._fd
-        locked = _write_lock(fd)
+        locked = write_lock(fd)
         try:
             done = self._done
             prefix = b""
@@ -577,7 +425,7 @@ class JsonlWriter:
             self._write_out(data, lines, done, prefix, size)
         finally:
             if locked:
-                _write_unlock(fd)
+                write_unlock(fd)
 
     def _write_out(
         self, data: bytes | bytearray, lines: int, done: int, prefix: bytes, size: int
@@ -732,7 +580,7 @@ class JsonlWriter:
         pos = end
         start = 0
         while pos > 0 and end - pos <= limit:
-            lo = max(0, pos - _CHUNK_BYTES)
+            lo = max(0, pos - CHUNK_BYTES)
             idx = self._pread(pos - lo, lo).rfind(b"\n")
             if idx >= 0:
                 start = lo + idx + 1
@@ -842,7 +690,7 @@ class JsonlWriter:
             return obj if obj is not None and (predicate is None or predicate(obj)) else None
 
         while pos > 0:
-            lo = max(0, pos - _CHUNK_BYTES)
+            lo = max(0, pos - CHUNK_BYTES)
             chunk = self._pread(pos - lo, lo)
             pos = lo
             idx = chunk.rfind(b"\n")
@@ -869,336 +717,3 @@ class JsonlWriter:
             else:
                 return match(head)
         return None if overlong or not parts else match(b"".join(reversed(parts)))
-
-
-# -- whole files ----------------------------------------------------------------------------
-
-
-class ReplacingFile:
-    """A file written whole or not at all (``trace.json``): the bytes go to a new
-    temporary file in the same directory (``.<name>.<pid>.<random>.tmp``, created with
-    ``O_EXCL | O_NOFOLLOW``), which :meth:`commit` fsyncs and renames over ``path`` (then
-    fsyncs the directory). A reader never sees a half-written file, and a crash, or
-    :meth:`discard`, leaves the previous file (or none) as it was.
-
-    ``path`` itself must not be a symlink (:class:`~twinkle.errors.ReporterError` naming
-    it). Opening it creates missing parent directories (mode 0755) and removes the
-    temporary files of ``path`` that writers killed before their commit left (those of
-    processes no longer alive here); the file gets mode 0644 less the umask. Not
-    thread-safe: one writer at a time.
-    """
-
-    __slots__ = ("_file", "path", "tmp")
-
-    def __init__(self, path: StrPath, *, buffering: int = 1 << 20) -> None:
-        if not isinstance(path, str | os.PathLike):
-            raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
-        self.path = Path(path)
-        if self.path.is_symlink():
-            raise _reporter_error(self.path, OSError(_errno.ELOOP, "symlink"), "write")
-        parent = self.path.parent
-        try:
-            parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _reporter_error(parent, exc, "create the directory") from exc
-        self._remove_stale()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        while True:
-            self.tmp = parent / f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-            try:
-                fd = os.open(self.tmp, flags, _FILE_MODE)
-                break
-            except FileExistsError:
-                continue  # a name taken (by a planted file too): draw another
-            except OSError as exc:
-                raise _reporter_error(self.path, exc, "create a temporary file beside") from exc
-        self._file: IO[bytes] | None = os.fdopen(fd, "wb", buffering=buffering)
-
-    def _remove_stale(self) -> None:
-        prefix = f".{self.path.name}."
-        for tmp in self.path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-            pid = tmp.name[len(prefix) :].split(".", 1)[0]
-            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
-                continue
-            with contextlib.suppress(OSError):
-                tmp.unlink()  # (unlink removes a link itself, never what it points at)
-                logger.info("removed %s, left by process %s killed before its commit", tmp, pid)
-
-    def write(self, data: bytes) -> None:
-        """Append ``data`` (buffered). Raises ``OSError`` as the file does."""
-        if self._file is None:
-            raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
-        self._file.write(data)
-
-    def commit(self) -> None:
-        """Flush, fsync, rename over ``path``, fsync the directory. On failure the
-        temporary file is removed, the previous ``path`` is kept and
-        :class:`~twinkle.errors.WriteError` says so."""
-        f, self._file = self._file, None
-        if f is None:
-            return
-        try:
-            try:
-                f.flush()
-                os.fsync(f.fileno())
-            finally:
-                f.close()
-            # rename() replaces a link planted meanwhile; it never writes through one.
-            os.replace(self.tmp, self.path)
-        except OSError as exc:
-            self._unlink()
-            raise WriteError(
-                exc.errno,
-                f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous "
-                "file (if any) is kept: free disk space or fix permissions",
-            ) from exc
-        _sync_dir(self.path.parent)
-
-    def discard(self) -> None:
-        """Drop what was written: ``path`` stays as it was. Idempotent."""
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(OSError):  # the bytes are being thrown away
-                f.close()
-            self._unlink()
-
-    def _unlink(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
-
-    @property
-    def closed(self) -> bool:
-        return self._file is None
-
-    def __repr__(self) -> str:
-        return f"ReplacingFile({str(self.path)!r}, {'closed' if self.closed else 'open'})"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process: alive
-    return True
-
-
-def _sync_dir(directory: Path) -> None:
-    """fsync a directory (its entries: a file created or renamed in it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        logger.debug("cannot open %s to fsync it: %s", directory, exc)
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        raise WriteError(
-            exc.errno, f"fsync of the directory {str(directory)!r} failed: {exc.strerror}"
-        ) from exc
-    finally:
-        os.close(fd)
-
-
-# -- the reader ------------------------------------------------------------------------------
-
-
-def _recorded_fragments(path: Path) -> dict[int, tuple[int, str]]:
-    """offset -> (length, sha256) of the unfinished lines the sidecar of ``path`` records
-    (the ones writers ended with a newline after a co-appender died in the middle)."""
-    side = sidecar_path(path)
-    found: dict[int, tuple[int, str]] = {}
-    if not side.is_file():
-        return found
-    try:
-        for entry in JsonlReader(side, "skip", fragments=False):
-            offset, size, digest = entry.get("offset"), entry.get("torn_bytes"), entry.get("sha256")
-            if (
-                entry.get("kind") == "fragment"
-                and type(offset) is int
-                and type(size) is int
-                and isinstance(digest, str)
-            ):
-                found[offset] = (size, digest)
-    except ReporterError as exc:  # an unreadable sidecar recognises nothing
-        logger.warning("%s: cannot read the sidecar %s: %s", path, side, exc)
-    return found
-
-
-class JsonlReader(Iterator[dict[str, Any]]):
-    """Iterator over the JSON objects of a JSONL file (see :func:`read_jsonl`).
-
-    ``skipped`` counts the lines ``on_error="skip"`` passed over; ``skipped_lines``
-    holds their 1-based line numbers. Blank lines are ignored and not counted.
-    ``lineno`` is the line number of the object returned last. ``torn_line`` and
-    ``torn_bytes`` describe a torn last line passed over (``allow_torn_tail=True``).
-    ``fragment_lines`` lists the lines passed over as a killed co-appender's unfinished
-    line, recorded in the sidecar (``fragment_bytes``: their total length).
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        on_error: Literal["raise", "skip"],
-        allow_torn_tail: bool = False,
-        *,
-        fragments: bool = True,
-    ) -> None:
-        self.path = path
-        self.on_error = on_error
-        self.allow_torn_tail = allow_torn_tail
-        self.skipped = 0
-        self.skipped_lines: list[int] = []
-        self.lineno = 0
-        self.torn_line: int | None = None
-        self.torn_bytes = 0
-        self.fragment_lines: list[int] = []
-        self.fragment_bytes = 0
-        self.error: tuple[int, str] | None = None  # (line, why) of the line that raised
-        self._fragments: dict[int, tuple[int, str]] | None = None if fragments else {}
-        self._it = self._lines()
-
-    def __iter__(self) -> JsonlReader:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        return next(self._it)
-
-    def close(self) -> None:
-        """Close the file early (iterating to the end closes it too)."""
-        self._it.close()
-
-    def __enter__(self) -> JsonlReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _raise(self, lineno: int, why: str) -> None:
-        self.error = (lineno, why)
-        raise RecordError(
-            f"{self.path!s}:{lineno}: {why}; fix or remove that line, or read with on_error='skip'"
-        )
-
-    def _bad(self, lineno: int, offset: int, line: bytes, why: str) -> None:
-        if self._is_fragment(lineno, offset, line):
-            return
-        if self.allow_torn_tail and not line.endswith(b"\n"):
-            # Only the last line can lack its newline: the write of a crashed process
-            # stopped inside it. Complete JSON objects never get here.
-            self.torn_line = lineno
-            self.torn_bytes = len(line)
-            logger.warning(
-                "%s:%d: torn last line (%d byte(s) without a newline: %s) passed over",
-                self.path,
-                lineno,
-                len(line),
-                why,
-            )
-            return
-        if self.on_error == "raise":
-            self._raise(lineno, why)
-        self.skipped += 1
-        self.skipped_lines.append(lineno)
-
-    def _is_fragment(self, lineno: int, offset: int, line: bytes) -> bool:
-        """Whether ``line`` (at ``offset``) is exactly an unfinished line the sidecar
-        records: a co-appender's, killed mid-write (read the sidecar the first time)."""
-        if self._fragments is None:
-            self._fragments = _recorded_fragments(self.path)
-        known = self._fragments.get(offset)
-        if known is None:
-            return False
-        content = line[:-1] if line.endswith(b"\n") else line
-        if known != (len(content), hashlib.sha256(content).hexdigest()):
-            return False
-        self.fragment_lines.append(lineno)
-        self.fragment_bytes += len(content)
-        logger.warning(
-            "%s:%d: passed over the unfinished line (%d byte(s)) of a writer killed while "
-            "writing it, as recorded in %s",
-            self.path,
-            lineno,
-            len(content),
-            sidecar_path(self.path),
-        )
-        return True
-
-    def _overlong(self, f: IO[bytes], lineno: int, head: bytes, limit: int) -> int:
-        """A line longer than the limit: raise, or skip it (returns the bytes read past
-        ``head``, a bounded chunk at a time)."""
-        if self.on_error == "raise":
-            self._raise(
-                lineno,
-                f"line longer than MAX_LINE_BYTES={limit} bytes, the longest line twinkle "
-                "writes (not a JSONL file twinkle wrote, or that line is corrupt)",
-            )
-        read = 0
-        while not head.endswith(b"\n"):
-            head = f.readline(_CHUNK_BYTES * 16)
-            if not head:
-                break
-            read += len(head)
-        self.skipped += 1
-        self.skipped_lines.append(lineno)
-        return read
-
-    def _lines(self) -> Generator[dict[str, Any], None, None]:
-        try:
-            f = self.path.open("rb")
-        except OSError as exc:
-            raise _reporter_error(self.path, exc, "read") from exc
-        loads = orjson.loads
-        limit = _max_line()
-        with f:
-            readline = f.readline
-            offset = 0
-            lineno = 0
-            while line := readline(limit + 1):  # bounded: never more than the limit
-                lineno += 1
-                start = offset
-                offset += len(line)
-                if len(line) > limit:
-                    offset += self._overlong(f, lineno, line, limit)
-                    continue
-                try:
-                    obj = loads(line)
-                except orjson.JSONDecodeError as exc:
-                    if line.strip():
-                        self._bad(lineno, start, line, f"invalid JSON ({exc})")
-                    continue
-                if type(obj) is not dict:
-                    self._bad(
-                        lineno, start, line, f"expected a JSON object, got {type(obj).__name__}"
-                    )
-                    continue
-                self.lineno = lineno
-                yield obj
-
-
-def read_jsonl(
-    path: StrPath,
-    *,
-    on_error: Literal["raise", "skip"] = "raise",
-    allow_torn_tail: bool = False,
-) -> JsonlReader:
-    """Iterate the JSON objects of a JSONL file, lazily, in file order.
-
-    A line that is not a JSON object raises :class:`~twinkle.errors.RecordError`
-    naming ``file:line``; with ``on_error="skip"`` it is skipped and counted in the
-    returned reader's ``skipped``. Lines are read bounded: one longer than
-    :data:`MAX_LINE_BYTES` is such an error too (never a ``MemoryError``).
-    ``allow_torn_tail=True`` passes over a last line without a newline that is not a
-    JSON object (what a crash mid-write leaves), logs it and notes it in
-    ``torn_line``/``torn_bytes``; a bad line anywhere else is still an error — except,
-    in every mode, a line the sidecar (``<name>.torn``) records as the unfinished line
-    of a co-appender killed while writing it, byte for byte (its offset, length and
-    sha256): that one is passed over, logged and listed in ``fragment_lines``. A missing
-    file raises :class:`~twinkle.errors.ReporterError` when iteration starts.
-    """
-    if on_error not in ("raise", "skip"):
-        raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    if not isinstance(path, str | os.PathLike):
-        raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
-    return JsonlReader(Path(path), on_error, bool(allow_torn_tail))

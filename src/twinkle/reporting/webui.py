@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.reporting._jsonl_files import StrPath
 from twinkle.reporting.backends import JsonlFileBackend
-from twinkle.reporting.jsonl import StrPath
 from twinkle.reporting.record import MetricRecord
 
 __all__ = ["WebUIFlatBackend"]

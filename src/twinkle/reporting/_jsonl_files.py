@@ -1,0 +1,130 @@
+"""The low-level file pieces that the JSONL writer, the reader and
+:class:`~twinkle.reporting.ReplacingFile` share.
+
+* No symbolic link is followed: every file is opened with ``O_NOFOLLOW`` (a planted
+  symlink is a :class:`~twinkle.errors.ReporterError` naming it).
+* One sidecar per JSONL file, ``<name>.torn`` (:func:`sidecar_path`): the writer records
+  torn tails and co-appenders' unfinished lines there, the reader recognises the latter.
+* One way to say that a path cannot be opened, created or read
+  (:func:`reporter_error`): what is wrong with which path, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinkle.errors import ReporterError
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DIR_MODE",
+    "FILE_MODE",
+    "Opened",
+    "StrPath",
+    "open_appending",
+    "reporter_error",
+    "sidecar_path",
+]
+
+#: Files are read back (backwards scans, bounded line reads) this many bytes at a time.
+CHUNK_BYTES = 1 << 16
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+StrPath = str | os.PathLike[str]
+
+
+def sidecar_path(path: Path) -> Path:
+    """The sidecar of a JSONL file: ``<name>.torn``."""
+    return path.with_name(path.name + ".torn")
+
+
+def reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
+    why = exc.strerror or type(exc).__name__
+    if exc.errno == _errno.ELOOP:
+        why = "it is a symbolic link"
+        fix = (
+            "twinkle never writes through a symlink (it could point anywhere outside the "
+            "run directory): remove the link, or pass the real file's path"
+        )
+    elif isinstance(exc, IsADirectoryError):
+        fix = "pass a file path inside it, e.g. <dir>/metrics_raw.jsonl"
+    elif isinstance(exc, PermissionError):
+        fix = "fix the permissions or choose a writable directory"
+    elif isinstance(exc, NotADirectoryError | FileExistsError):
+        fix = "a parent of the path is a file: choose another path"
+    else:
+        fix = "check the path and the file system"
+    return ReporterError(f"cannot {doing} {str(path)!r}: {why}; {fix}")
+
+
+# -- opening ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Opened:
+    fd: int
+    readable: bool
+    dir_fd: int  # the parent directory, kept to fsync it when the file was created; -1
+
+
+def open_appending(path: Path, append: bool) -> Opened:
+    """Open ``path`` for appending (creating parents), never through a symlink."""
+    parent = path.parent
+    if not parent.is_dir():
+        try:
+            parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise reporter_error(parent, exc, "create the directory") from exc
+    try:
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise reporter_error(parent, exc, "open the directory") from exc
+    try:
+        fd, readable, created = _open_in(dir_fd, path, append)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    if not created:
+        os.close(dir_fd)
+        dir_fd = -1
+    return Opened(fd, readable, dir_fd)
+
+
+def _open_once(dir_fd: int, name: str, flags: int) -> tuple[int, bool]:
+    """(fd, created): create ``name`` exclusively, else open the existing file."""
+    for _ in range(8):  # it may vanish between the two opens: try again
+        try:
+            return os.open(name, flags | os.O_CREAT | os.O_EXCL, FILE_MODE, dir_fd=dir_fd), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(name, flags, dir_fd=dir_fd), False
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(_errno.ENOENT, "the file keeps vanishing while it is opened")
+
+
+def _open_in(dir_fd: int, path: Path, append: bool) -> tuple[int, bool, bool]:
+    """(fd, readable, created) of ``path.name`` in the directory ``dir_fd``."""
+    flags = os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    if not append:
+        flags |= os.O_TRUNC
+    try:
+        try:
+            fd, created = _open_once(dir_fd, path.name, flags | os.O_RDWR)
+            return fd, True, created
+        except PermissionError:
+            # A write-only file: still usable, without recovery and last_object.
+            fd, created = _open_once(dir_fd, path.name, flags | os.O_WRONLY)
+            return fd, False, created
+    except IsADirectoryError:
+        raise ReporterError(
+            f"JSONL path {str(path)!r} is a directory; pass a file path inside it, "
+            "e.g. <dir>/metrics_raw.jsonl"
+        ) from None
+    except OSError as exc:
+        raise reporter_error(path, exc, "open") from exc

@@ -1,0 +1,155 @@
+"""``ReplacingFile``: a file written whole or not at all (``trace.json``).
+
+* The bytes go to a new temporary file beside the target, created with ``O_EXCL |
+  O_NOFOLLOW``; :meth:`ReplacingFile.commit` fsyncs it, renames it over the target and
+  fsyncs the directory. A reader never sees a half-written file; a crash or
+  :meth:`ReplacingFile.discard` leaves the previous file (or none) as it was.
+* No symbolic link is followed or written through (a planted symlink is a
+  :class:`~twinkle.errors.ReporterError` naming it).
+* The temporaries that writers killed before their commit left are removed by the next
+  writer of the same file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import glob
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+from twinkle.errors import InvalidArgumentError, ReporterError, WriteError
+from twinkle.reporting._jsonl_files import DIR_MODE, FILE_MODE, StrPath, reporter_error
+
+__all__ = ["ReplacingFile"]
+
+logger = logging.getLogger("twinkle.reporting")
+
+
+class ReplacingFile:
+    """A file written whole or not at all (``trace.json``): the bytes go to a new
+    temporary file in the same directory (``.<name>.<pid>.<random>.tmp``, created with
+    ``O_EXCL | O_NOFOLLOW``), which :meth:`commit` fsyncs and renames over ``path`` (then
+    fsyncs the directory). A reader never sees a half-written file, and a crash, or
+    :meth:`discard`, leaves the previous file (or none) as it was.
+
+    ``path`` itself must not be a symlink (:class:`~twinkle.errors.ReporterError` naming
+    it). Opening it creates missing parent directories (mode 0755) and removes the
+    temporary files of ``path`` that writers killed before their commit left (those of
+    processes no longer alive here); the file gets mode 0644 less the umask. Not
+    thread-safe: one writer at a time.
+    """
+
+    __slots__ = ("_file", "path", "tmp")
+
+    def __init__(self, path: StrPath, *, buffering: int = 1 << 20) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
+        self.path = Path(path)
+        if self.path.is_symlink():
+            raise reporter_error(self.path, OSError(_errno.ELOOP, "symlink"), "write")
+        parent = self.path.parent
+        try:
+            parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise reporter_error(parent, exc, "create the directory") from exc
+        self._remove_stale()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            self.tmp = parent / f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            try:
+                fd = os.open(self.tmp, flags, FILE_MODE)
+                break
+            except FileExistsError:
+                continue  # a name taken (by a planted file too): draw another
+            except OSError as exc:
+                raise reporter_error(self.path, exc, "create a temporary file beside") from exc
+        self._file: IO[bytes] | None = os.fdopen(fd, "wb", buffering=buffering)
+
+    def _remove_stale(self) -> None:
+        prefix = f".{self.path.name}."
+        for tmp in self.path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+            pid = tmp.name[len(prefix) :].split(".", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # (unlink removes a link itself, never what it points at)
+                logger.info("removed %s, left by process %s killed before its commit", tmp, pid)
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (buffered). Raises ``OSError`` as the file does."""
+        if self._file is None:
+            raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
+        self._file.write(data)
+
+    def commit(self) -> None:
+        """Flush, fsync, rename over ``path``, fsync the directory. On failure the
+        temporary file is removed, the previous ``path`` is kept and
+        :class:`~twinkle.errors.WriteError` says so."""
+        f, self._file = self._file, None
+        if f is None:
+            return
+        try:
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+            # rename() replaces a link planted meanwhile; it never writes through one.
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self._unlink()
+            raise WriteError(
+                exc.errno,
+                f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous "
+                "file (if any) is kept: free disk space or fix permissions",
+            ) from exc
+        _sync_dir(self.path.parent)
+
+    def discard(self) -> None:
+        """Drop what was written: ``path`` stays as it was. Idempotent."""
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(OSError):  # the bytes are being thrown away
+                f.close()
+            self._unlink()
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def __repr__(self) -> str:
+        return f"ReplacingFile({str(self.path)!r}, {'closed' if self.closed else 'open'})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
+
+
+def _sync_dir(directory: Path) -> None:
+    """fsync a directory (its entries: a file created or renamed in it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        logger.debug("cannot open %s to fsync it: %s", directory, exc)
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise WriteError(
+            exc.errno, f"fsync of the directory {str(directory)!r} failed: {exc.strerror}"
+        ) from exc
+    finally:
+        os.close(fd)

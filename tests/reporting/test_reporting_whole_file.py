@@ -1,0 +1,38 @@
+"""ReplacingFile: whole or nothing at commit, discard, symlinks refused, a failed commit
+keeps the previous file."""
+
+from __future__ import annotations
+
+import pytest
+
+from twinkle.errors import ReporterError, WriteError
+from twinkle.reporting import ReplacingFile
+
+
+def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_path):
+    path = tmp_path / "sub" / "whole.json"
+    out = ReplacingFile(path)
+    out.write(b"[1,")
+    assert not path.exists()
+    out.write(b"2]\n")
+    out.commit()
+    assert path.read_bytes() == b"[1,2]\n" and out.closed
+    again = ReplacingFile(path)
+    again.write(b"half")
+    again.discard()
+    assert path.read_bytes() == b"[1,2]\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["whole.json"]
+    (tmp_path / "link.json").symlink_to(path)
+    with pytest.raises(ReporterError, match=r"link\.json'.*symbolic link"):
+        ReplacingFile(tmp_path / "link.json")
+
+
+def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(tmp_path):
+    path = tmp_path / "taken"
+    path.mkdir()  # a rename onto a directory fails
+    (path / "inside").write_bytes(b"x")
+    out = ReplacingFile(path)
+    out.write(b"data")
+    with pytest.raises(WriteError, match=r"cannot write .*taken'.*previous file .* is kept"):
+        out.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
