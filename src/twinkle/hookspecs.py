@@ -146,6 +146,8 @@ def twinkle_configure(context: RunContext) -> None:
 @hookspec
 def twinkle_make_backends(context: RunContext) -> Sequence[Backend] | None:
     """Once per run, after :func:`twinkle_configure`: record backends this plugin provides.
+    Raising a :class:`~twinkle.errors.TwinkleError` (a backend cannot be opened) fails
+    the run's start with that error; any other exception is logged and counted.
 
     The run's single :class:`~twinkle.reporting.MetricsReporter` fans every record
     out to all backends returned here (it assigns ``seq`` and isolates failing backends).

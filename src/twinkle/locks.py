@@ -281,9 +281,11 @@ class RunDirLock:
     The lock file holds the owner's pid, host and start time (JSON), so a refusal says
     who writes the directory. The kernel drops the lock when its owner dies, however it
     dies (SIGKILL, OOM): a dead owner's lock is reclaimed by the next process, which
-    overwrites the stale content. The file itself is never removed (removing a lock
-    file others may hold open races). A forked child closes its copy of the descriptor
-    without unlocking (the lock stays its parent's). Hand-written on ``fcntl.flock``
+    overwrites the stale content. An owner removes the file as it gives the directory up
+    (a run directory holds only the run's files); a process that locked the file just
+    removed checks it still is the one at the path, and tries again if not. A forked
+    child closes its copy of the descriptor without unlocking (the lock stays its
+    parent's). Hand-written on ``fcntl.flock``
     rather than :mod:`filelock`: the lock must be held for a whole run on a descriptor
     this class owns, carry its holder inside the file, and survive a fork in the parent
     only — none of which ``filelock`` offers.
@@ -304,52 +306,78 @@ class RunDirLock:
         the live process that has it (never waits)."""
         if self._fd is not None:
             raise RunDirInUseError(f"{str(self.path.parent)!r} is already held by this run")
+        for _ in range(100):
+            fd = self._open()
+            try:
+                if not self._lock(fd):
+                    continue  # the file was removed by its last owner meanwhile: again
+                owner = {
+                    "pid": os.getpid(),
+                    "hostname": socket.gethostname(),
+                    "run_id": run_id,
+                    "since_unix_ns": time.time_ns(),
+                }
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, orjson.dumps(owner) + b"\n", 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+            if not _fork_hook:
+                _fork_hook.append(True)
+                os.register_at_fork(after_in_child=_run_locks_after_fork_in_child)
+            _held_run_locks.add(self)
+            return
+        raise RunDirInUseError(  # pragma: no cover - 100 owners in a row came and went
+            f"run directory {str(self.path.parent)!r} kept changing hands; try again"
+        )
+
+    def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o644)
+            return os.open(self.path, flags, 0o644)
         except OSError as exc:
             raise ReporterError(
                 f"cannot open the run directory's lock {str(self.path)!r}: "
                 f"{exc.strerror or exc}; the run directory must be a writable directory "
                 "(a symlink in its place is refused)"
             ) from exc
+
+    def _lock(self, fd: int) -> bool:
+        """Lock ``fd``; False when its file is no longer the one at :attr:`path` (an
+        owner removes the file as it gives the directory up, so a lock taken on the old
+        file is no lock at all)."""
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunDirInUseError(
-                    f"run directory {str(self.path.parent)!r} is in use by {_read_holder(fd)}: one "
-                    "live process writes a run at a time; wait for it to finish, stop it, "
-                    "or choose another run id"
-                ) from None
-            except OSError as exc:  # a file system without flock: no guard, as before
-                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-            owner = {
-                "pid": os.getpid(),
-                "hostname": socket.gethostname(),
-                "run_id": run_id,
-                "since_unix_ns": time.time_ns(),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, orjson.dumps(owner) + b"\n", 0)
-        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUseError(
+                f"run directory {str(self.path.parent)!r} is in use by {_read_holder(fd)}: "
+                "one live process writes a run at a time; wait for it to finish, stop it, "
+                "or choose another run id"
+            ) from None
+        except OSError as exc:  # a file system without flock: no guard, as before
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            return True
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
             os.close(fd)
-            raise
-        self._fd = fd
-        if not _fork_hook:
-            _fork_hook.append(True)
-            os.register_at_fork(after_in_child=_run_locks_after_fork_in_child)
-        _held_run_locks.add(self)
+            return False
+        held = os.fstat(fd)
+        if (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev):
+            os.close(fd)
+            return False
+        return True
 
     def release(self) -> None:
-        """Give the directory up (idempotent)."""
+        """Give the directory up (idempotent); the lock file goes with it."""
         fd, self._fd = self._fd, None
         _held_run_locks.discard(self)
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)  # no stale holder for the next reader
+            self.path.unlink(missing_ok=True)  # while locked: no one holds the old file
         except OSError:
             pass
         finally:

@@ -97,7 +97,7 @@ def test_a_restarted_run_appends_a_segment_every_output_covers(tmp_path: Path) -
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["status"] == "ok"
     assert [s["segment"] for s in summary["segments"]] == [0, 1]
-    assert summary["iterations"] == 5 and summary["counts"]["samples_rollout"] == 10
+    assert summary["iterations"] == 5 and summary["counts"]["samples_rollout"]["accumulated"] == 10
     # The hour between the segments is in no window: the run's wall is its segments'.
     seconds = summary["seconds"]
     assert seconds["wall_seconds"] == pytest.approx(
@@ -107,7 +107,7 @@ def test_a_restarted_run_appends_a_segment_every_output_covers(tmp_path: Path) -
     trace = orjson.loads((run_dir / "trace.json").read_bytes())
     spans = [e for e in trace if e.get("ph") == "X" and e.get("cat") == "main"]
     assert len(spans) == 10 and max(e["ts"] for e in spans) > 3600 * 1e6  # both segments
-    assert assert_replay_identical(run_dir, tmp_path) == summary
+    assert_replay_identical(run_dir, tmp_path)  # summary.json too, byte for byte
 
 
 def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
@@ -149,8 +149,9 @@ def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: P
     assert first["status"] == "error" and "stopped without finishing" in first["error"]
     assert first["pid"] == child.pid and second["pid"] == os.getpid()
     assert summary["status"] == "ok"
-    assert summary["counts"]["samples_rollout"] == start + 1
-    assert assert_replay_identical(run_dir, tmp_path) == summary
+    logged = [e for e in lines(run_dir / "events.jsonl") if e["type"] == "samples"]
+    assert summary["counts"]["samples_rollout"]["accumulated"] == len(logged) >= start
+    assert_replay_identical(run_dir, tmp_path)  # summary.json too, byte for byte
 
 
 def test_a_failed_segment_keeps_its_status_in_the_summary(tmp_path: Path) -> None:

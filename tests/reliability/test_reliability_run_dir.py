@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from twinkle.errors import RunDirInUseError, TwinkleError
+from twinkle.errors import ReporterError, RunDirInUseError, TwinkleError
+from twinkle.hookspecs import hookimpl
 from twinkle.locks import RUN_LOCK_FILE
 from twinkle.run import RunSession
 
@@ -23,10 +24,14 @@ def holder(out: Path, run_id: str = "r") -> subprocess.Popen[str]:
     """A process that starts run ``run_id`` and keeps it open until its stdin closes."""
     script = textwrap.dedent(
         f"""
-        import sys
+        import sys, time
+        from pathlib import Path
         from twinkle.run import RunSession
         with RunSession(out_dir={str(out)!r}, run_id={run_id!r}, autoload=False) as run:
             run.bus.iteration_started(0)
+            log = Path({str(out)!r}) / {run_id!r} / "events.jsonl"
+            while log.read_bytes().count(b"\\n") < 2:  # on disk (the writer's thread)
+                time.sleep(0.01)
             print("ready", flush=True)
             sys.stdin.read()
         """
@@ -76,7 +81,7 @@ def test_a_dead_owners_lock_is_reclaimed(tmp_path: Path) -> None:
     with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
         assert orjson.loads((tmp_path / "r" / RUN_LOCK_FILE).read_bytes())["pid"] == os.getpid()
         assert run.resumed is not None and run.resumed.previous_status is None
-    assert (tmp_path / "r" / RUN_LOCK_FILE).read_bytes() == b""  # given back
+    assert not (tmp_path / "r" / RUN_LOCK_FILE).exists()  # given back, the file with it
 
 
 def test_two_demos_on_one_run_id_do_not_interleave(tmp_path: Path) -> None:
@@ -101,38 +106,86 @@ def test_two_demos_on_one_run_id_do_not_interleave(tmp_path: Path) -> None:
     assert orjson.loads((run_dir / "summary.json").read_bytes())["status"] == "ok"
 
 
-def test_a_forked_child_never_finishes_or_writes_the_parents_run(tmp_path: Path) -> None:
+FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from twinkle.errors import TwinkleError
+    from twinkle.run import RunSession
+
+    out = sys.argv[1]
     read, write = os.pipe()
-    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
-        run.bus.iteration_started(0)
+    run = RunSession(out_dir=out, run_id="r", autoload=False).start()
+    run.bus.iteration_started(0)
+    with run:
         pid = os.fork()
-        if pid == 0:  # the child: leaves the with block through sys.exit, like a worker
+        if pid == 0:  # the child: tries the parent's run, then leaves by sys.exit
             os.close(read)
-            try:
-                run.bus.iteration_started(1)
-                said = b"published"
-            except TwinkleError as exc:
-                said = str(exc).encode()
-            try:
-                run.finish()
-            except TwinkleError as exc:
-                said += b"\n" + str(exc).encode()
-            os.write(write, said)
+            said = []
+            for attempt in (lambda: run.bus.iteration_started(1), run.finish):
+                try:
+                    attempt()
+                    said.append("done")
+                except TwinkleError as exc:
+                    said.append(str(exc))
+            os.write(write, "\\n".join(said).encode())
             os.close(write)
-            sys.exit(0)  # runs __exit__ and atexit in the child: both must leave the run be
+            sys.exit(0)  # runs __exit__ and atexit in the child: both leave the run be
         os.close(write)
         deadline = time.monotonic() + 30
         while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert done[0] == pid, "the forked child hung"
-        assert os.waitstatus_to_exitcode(done[1]) == 0
-        with os.fdopen(read, "rb") as f:
-            said = f.read().decode()
-        assert "belongs to process" in said and "forked child" in said
-        assert "cannot finish run 'r'" in said
+        print("child", "hung" if done[0] != pid else os.waitstatus_to_exitcode(done[1]))
+        with os.fdopen(read) as f:
+            print(f.read())
         run.bus.iteration_started(1)  # the parent's run goes on
-    events = [orjson.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()]
+    """
+)
+
+
+def test_a_forked_child_never_finishes_or_writes_the_parents_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("child 0\n"), done.stdout  # exited, did not hang
+    publish, finish = done.stdout.splitlines()[1:3]
+    assert "run 'r' belongs to process" in publish and "forked child" in publish
+    assert "cannot finish run 'r' in process" in finish
+    log = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
+    events = [orjson.loads(x) for x in log]
     kinds = [e["type"] for e in events]
     assert kinds.count("run_finished") == 1 and kinds[-1] == "run_finished"
     assert [e["iteration"] for e in events if e["type"] == "iteration_started"] == [0, 1]
+    assert [e["seq"] for e in events] == list(range(len(events)))
     assert orjson.loads((tmp_path / "r" / "summary.json").read_bytes())["status"] == "ok"
+
+
+class BackendFails:
+    @hookimpl
+    def twinkle_make_backends(self, context: object) -> None:
+        raise ReporterError("cannot open the backend's file /nowhere/x: fix the path")
+
+
+def test_a_failed_start_leaves_no_run_directory_behind(tmp_path: Path) -> None:
+    session = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("fails", BackendFails())]
+    )
+    with pytest.raises(ReporterError, match="cannot open the backend's file"):
+        session.start()
+    assert not (tmp_path / "r").exists()  # made by the start, nothing of a run in it
+    # A directory that was there before is kept.
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RunDirInUseError):
+        with RunSession(out_dir=tmp_path, run_id="kept", autoload=False):
+            RunSession(out_dir=tmp_path, run_id="kept", autoload=False).start()
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_an_event_log_that_is_not_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "r" / "events.jsonl").mkdir(parents=True)
+    with pytest.raises(ReporterError, match=r"events\.jsonl' is not a file"):
+        RunSession(out_dir=tmp_path, run_id="r", autoload=False).start()

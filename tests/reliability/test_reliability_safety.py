@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pluggy
 import pytest
-from _scripted import scripted_run
+from _scripted import CONFIG, scripted_run
 
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
@@ -231,7 +231,10 @@ def test_files_are_0644_and_directories_0755(tmp_path: Path, umask_022: None) ->
     log = scripted_run(tmp_path / "runs" / "deep", run_id="modes")
     with log.open("ab") as f:
         f.write(b'{"type": "torn')  # a crash: the reopen below moves it to a sidecar
-    with RunSession(out_dir=tmp_path / "runs" / "deep", run_id="modes", autoload=False):
+    # A restart resumes the run (same configuration), repairing the torn tail first.
+    with RunSession(
+        out_dir=tmp_path / "runs" / "deep", run_id="modes", config=CONFIG, autoload=False
+    ):
         pass
     replay(scripted_run(tmp_path / "src", run_id="again"), tmp_path / "replayed" / "x")
     found = modes(tmp_path)

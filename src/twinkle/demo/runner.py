@@ -85,12 +85,12 @@ def _steps_per_iteration(cfg: DemoConfig) -> int:
 
 
 def _producer(
-    engine: TorchEngine, iterations: int, stopping: threading.Event
+    engine: TorchEngine, iterations: range, stopping: threading.Event
 ) -> Callable[[int], RolloutBatch]:
-    """One engine's producer: its share of iteration 0, 1, 2, ... then exhausted; also
+    """One engine's producer: its share of each of ``iterations``, then exhausted; also
     exhausted when the run stops early (``stopping``) and closing the engine cut its
     rollout short, which is no failure."""
-    counter = iter(range(iterations))
+    counter = iter(iterations)
 
     def produce(version: int) -> RolloutBatch:
         iteration = next(counter)  # StopIteration ends the producer
@@ -146,17 +146,28 @@ def run_demo(
     kept: list[tuple[Trajectory, ...]] = []
     with session as run:
         rec, bus = run.recorder, run.bus
+        # A run id whose directory holds the run already: this process is a restart and
+        # continues its numbering (the tiny model itself starts afresh: no checkpoint).
+        resumed = run.resumed
+        first = 0 if resumed is None else resumed.next_iteration
+        steps_before = 0 if resumed is None else resumed.optimizer_steps
+        iterations = range(first, first + cfg.iterations)
         trainer = GRPOTrainer(
             cfg,
             rec,
-            on_step=lambda it, step, n: bus.optimizer_step(iteration=it, step=step, samples=n),
+            on_step=lambda it, step, n: bus.optimizer_step(
+                iteration=it, step=steps_before + step, samples=n
+            ),
         )
-        engines = [TorchEngine(f"engine{i}", i, cfg, rec) for i in range(cfg.engines)]
+        engines = [
+            TorchEngine(f"engine{i}", i, cfg, rec, first_iteration=first)
+            for i in range(cfg.engines)
+        ]
         initial = trainer.state()
         for engine in engines:
-            engine.load_weights(0, initial)
+            engine.load_weights(first, initial)
         stopping = threading.Event()
-        producers = {e.name: _producer(e, cfg.iterations, stopping) for e in engines}
+        producers = {e.name: _producer(e, iterations, stopping) for e in engines}
         generated = groups = visits = 0
         try:
             with (
@@ -171,13 +182,15 @@ def run_demo(
                     # publishes. The engine's schedule is the real bound; this is the net.
                     max_staleness=cfg.lag + 2,
                     auto_iterations=False,
+                    initial_version=first,
+                    first_iteration=first,
                 ) as driver,
                 _stop_engines_on_error(engines, stopping),
             ):
                 # An engine may finish its share of the next iteration before a slower
                 # engine finishes this one: stash items by iteration, take whole ones.
                 stash: dict[int, list[RolloutBatch]] = {}
-                for it in range(cfg.iterations):
+                for it in iterations:
                     driver.begin_iteration()
                     with rec.span("wait.rollout", iteration=it):
                         while len(stash.get(it, ())) < cfg.engines:
@@ -212,7 +225,7 @@ def run_demo(
                         },
                     )
                     run.read_memory(iteration=it)
-                    if it + 1 < cfg.iterations:
+                    if it + 1 < iterations.stop:
                         # Engines load the new weights once their in-flight rollouts that
                         # still need the old ones are done; the trainer goes on meanwhile.
                         driver.publish_weights(trainer.state(), version=it + 1, wait=False)
@@ -224,8 +237,12 @@ def run_demo(
         finally:
             for engine in engines:
                 engine.close()
+        # The producers' own totals calibrate the summary; a restart knows only its
+        # own segment's, so it gives none (the summary counts every segment's events).
         summary = run.finish(
-            terminal_totals={
+            terminal_totals=None
+            if resumed is not None
+            else {
                 "samples_rollout": generated,
                 "groups_rollout": groups,
                 "samples_train": visits,

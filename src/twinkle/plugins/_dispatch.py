@@ -147,6 +147,13 @@ class HookCalls:
         dependency, a bad setting) fails the run's start with that error."""
         self._calls("twinkle_configure", {"context": context}, TwinkleError)
 
+    def make_backends(self, context: object) -> list[Any]:
+        """Call ``twinkle_make_backends``: the backends every observer provides; like
+        :meth:`configure`, a :class:`~twinkle.errors.TwinkleError` (a backend's file
+        cannot be opened) fails the run's start."""
+        calls = self._calls("twinkle_make_backends", {"context": context}, TwinkleError)
+        return [backend for _, result in calls for backend in result]
+
     def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Like :meth:`call`, with each result paired with its plugin's name."""
         return self._calls(hook, kwargs)

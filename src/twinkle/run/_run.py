@@ -171,9 +171,7 @@ class Run:
                 self.context.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             self.calls = calls = HookCalls(self.pm, slow_call_s=self._slow_call_s)
             calls.configure(self.context)
-            backends: list[Backend] = []
-            for result in calls.call("twinkle_make_backends", context=self.context):
-                backends.extend(result)
+            backends: list[Backend] = calls.make_backends(self.context)
             self.reporter = MetricsReporter(
                 backends, run_id=self.run_id, background=self._background
             )

@@ -167,6 +167,7 @@ class RunSession:
         self.config: dict[str, Any] = dict(config or {})
         self.out_dir = None if out_dir is None else Path(out_dir) / self.run_id
         self._dir_lock = None if self.out_dir is None else RunDirLock(self.out_dir)
+        self._created = False  # whether start() made the run directory
         #: set by start() when the run directory held a log: what it found there
         self.resumed: Resumed | None = None
         # A log already here is a run to resume: this session's clock continues its
@@ -250,6 +251,7 @@ class RunSession:
                 self.run.close()  # FAILED: it never finished
             finally:
                 self._release_directory()
+                self._remove_if_unused()
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
@@ -283,6 +285,7 @@ class RunSession:
         out, lock = self.out_dir, self._dir_lock
         if out is None or lock is None:
             return None
+        self._created = not os.path.lexists(out)
         try:
             out.mkdir(parents=True, exist_ok=True, mode=0o755)
         except OSError as exc:
@@ -298,9 +301,14 @@ class RunSession:
         lock.acquire(self.run_id)
         try:
             log = out / EVENTS_FILE
-            if log.is_symlink() or not log.exists() or log.stat().st_size == 0:
+            if log.is_symlink() or not log.exists():
                 return None  # (a symlink is refused by the event log's writer)
-            return self._scan(log)
+            if not log.is_file():
+                raise ReporterError(
+                    f"{str(log)!r} is not a file: the run's event log goes there; remove "
+                    "what is in its place or choose another run id"
+                )
+            return None if log.stat().st_size == 0 else self._scan(log)
         except BaseException:
             lock.release()
             raise
@@ -393,6 +401,21 @@ class RunSession:
             previous_status=None if scan.finished is None else scan.finished.status,
         )
         self.bus.run_resumed(segment, self.config)
+
+    def _remove_if_unused(self) -> None:
+        """After a failed start: remove the run directory this session created when it
+        holds nothing of a run (only the empty files the start opened)."""
+        out = self.out_dir
+        if out is None or not self._created:
+            return
+        try:
+            entries = list(out.iterdir())
+            if all(e.is_file() and not e.is_symlink() and e.stat().st_size == 0 for e in entries):
+                for entry in entries:
+                    entry.unlink()
+                out.rmdir()
+        except OSError:
+            pass  # left as it is: nothing of a run is lost either way
 
     def _release_directory(self) -> None:
         if self._dir_lock is not None:
