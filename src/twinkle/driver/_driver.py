@@ -521,8 +521,9 @@ class StreamingDriver(Generic[T]):
                 self._cond.notify_all()
             return
         if self._stop.is_set():
-            # Finished after close() gave up on it: the run may be over, publish nothing.
-            _log.warning(
+            # Finished after close() gave up on it (an interrupted run, typically): the
+            # run may be over, publish nothing; worth a note, not a warning.
+            _log.info(
                 "StreamingDriver: weights version %d finished loading after close(); "
                 "no weights_published event",
                 version,

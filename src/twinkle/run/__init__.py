@@ -3,12 +3,13 @@
 
 from twinkle.run._replay import ReplayResult, iter_events, replay
 from twinkle.run._run import SUMMARY_FILE, Run, RunState, check_config
-from twinkle.run._session import RunSession, new_run_id
+from twinkle.run._session import Resumed, RunSession, new_run_id
 from twinkle.run._signals import SignalGuard, SignalInterrupt, finish_on_signals
 
 __all__ = [
     "SUMMARY_FILE",
     "ReplayResult",
+    "Resumed",
     "Run",
     "RunSession",
     "RunState",

@@ -9,10 +9,8 @@ it a log. The lifecycle of the events is checked here, once, for both.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +19,14 @@ from typing import Any, cast, final
 import orjson
 import pluggy
 
-from twinkle.errors import ConfigError, PluginError, RecordError, TwinkleError, WriteError
+from twinkle.errors import (
+    ConfigError,
+    PluginError,
+    RecordError,
+    ReporterError,
+    TwinkleError,
+    WriteError,
+)
 from twinkle.events import (
     Event,
     EventBus,
@@ -42,7 +47,7 @@ from twinkle.plugins import (
     ObserverManager,
     merge_summary,
 )
-from twinkle.reporting import Backend, MetricsReporter
+from twinkle.reporting import Backend, MetricsReporter, ReplacingFile
 
 __all__ = ["BASE_SUMMARY_KEYS", "SUMMARY_FILE", "Run", "RunState", "check_config"]
 
@@ -438,46 +443,20 @@ def _segment(start: RunStarted | RunResumed, end: RunFinished | None) -> dict[st
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
-    """Write ``summary.json`` (sorted keys, indented), whole or not at all."""
+    """Write ``summary.json`` (sorted keys, indented), whole or not at all, durably
+    (:class:`~twinkle.reporting.ReplacingFile`: synced, then renamed into place; no
+    symlink followed)."""
     data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-    _write_atomically(path, data + b"\n")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (where the file system allows it)."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all (a crash never leaves half a summary); mode
-    0644 less the umask, like every file twinkle creates."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(tmp, flags, 0o644)
+        out = ReplacingFile(path)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)  # on disk before the rename makes it the summary
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+            out.write(data + b"\n")
+        except OSError as exc:
+            out.discard()
+            raise WriteError(exc.errno, f"cannot write {str(path)!r}: {exc}") from exc
+        out.commit()
+    except ReporterError as exc:
         raise WriteError(
-            exc.errno,
-            f"cannot write {str(path)!r}: {exc.strerror or exc}; free disk space "
-            "or fix permissions (the summary can be rebuilt: twinkle replay events.jsonl)",
+            getattr(exc, "errno", None),
+            f"{exc}; the summary can be rebuilt: twinkle replay {str(path.parent)!r}",
         ) from exc
