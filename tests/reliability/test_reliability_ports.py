@@ -41,6 +41,17 @@ needs_ipv6 = pytest.mark.skipif(
 )
 
 
+def _free(port: int) -> bool:
+    """Whether ``port`` can be bound on both loopbacks right now."""
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def _held(family: socket.AddressFamily, host: str, *, v6only: bool = True) -> socket.socket:
     """A listening socket on ``host`` and a port the kernel picked: foreign software."""
     sock = (
@@ -106,8 +117,8 @@ def test_contiguous_block_skips_a_port_held_on_ipv6_only(
         first = _held(socket.AF_INET, "127.0.0.1")
         base = first.getsockname()[1]
         first.close()
-        if base + 2 > 65535:
-            continue
+        if base + 2 > 65535 or not _free(base + 2):
+            continue  # the third port is someone else's (another test's server): again
         try:
             middle = _v6_socket(v6only=True)
             middle.bind(("::1", base + 1))
