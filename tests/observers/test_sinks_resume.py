@@ -110,6 +110,8 @@ def test_record_files_are_rebuilt_when_the_run_resumes_and_kept_otherwise(
         sink.twinkle_configure(context)
         (backend,) = sink.twinkle_make_backends(context) or []
         backend.write(records)
+        if resumed:
+            sink.twinkle_run_resumed()  # the logged events went by: the new segment begins
         backend.close()  # the reporter's part
         sink.twinkle_unconfigure()
 
@@ -140,6 +142,7 @@ def test_the_trace_is_rebuilt_whole_when_a_run_resumes(tmp_path: Path) -> None:
                 sink.twinkle_iteration_started(event)
             elif isinstance(event, SpanBatch):
                 sink.twinkle_spans(event)
+        sink.twinkle_run_finished()
         sink.twinkle_unconfigure()
         return (out_dir / "trace.json").read_bytes()
 

@@ -3,16 +3,20 @@ formats and writes them, in order, and the file is complete when the run finishe
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from twinkle.errors import WriteError
 from twinkle.events import IterationStarted, RunStarted, SpanBatch
 from twinkle.hookspecs import RunContext
 from twinkle.observers import TraceSink
 from twinkle.perf import ClockAnchor, Span
+from twinkle.reporting import ReplacingFile
 
 RUN = "trace"
 ANCHOR = ClockAnchor(monotonic_ns=1_000_000, wall_ns=5, pid=7, hostname="node0")
@@ -36,6 +40,7 @@ def _feed(sink: TraceSink, n: int) -> None:
     for i in range(n):
         sink.twinkle_spans(_batch(i, error="ValueError" if i == 1 else None))
         sink.twinkle_iteration_started(IterationStarted(RUN, 1_010_000 + 10_000 * i, 9, i))
+    sink.twinkle_run_finished()  # a trace is put in place once the run finished
 
 
 def _writer_threads() -> list[threading.Thread]:
@@ -87,3 +92,28 @@ def test_without_an_output_directory_nothing_is_started_or_written(tmp_path):
     _feed(sink, 3)
     sink.twinkle_unconfigure()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trace_whose_write_failed_is_never_put_in_place(tmp_path, monkeypatch):
+    """A disk fault in the middle of a batch leaves half of it in the file: that trace
+    is dropped at close (the previous one stays) rather than committed as bad JSON."""
+    (tmp_path / "trace.json").write_bytes(b"[]\n")
+    sink = TraceSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}, replay=True))
+    real_write = ReplacingFile.write
+    calls = []
+
+    def half_then_enospc(self, data):
+        calls.append(len(data))
+        if len(calls) == 2:  # the first batch after the head: half of it, then a fault
+            real_write(self, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, data)
+
+    monkeypatch.setattr(ReplacingFile, "write", half_then_enospc)
+    with pytest.raises(OSError):
+        _feed(sink, 3)
+    with pytest.raises(WriteError, match=r"trace\.json' was not written: a write failed"):
+        sink.twinkle_unconfigure()
+    assert (tmp_path / "trace.json").read_bytes() == b"[]\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]  # no temporary left

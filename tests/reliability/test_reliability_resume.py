@@ -11,12 +11,15 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from _scripted import CONFIG
 
 from twinkle.errors import ConfigError, RecordError
+from twinkle.events import OptimizerStep
+from twinkle.hookspecs import hookimpl
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession, replay
 
@@ -205,3 +208,85 @@ def test_replay_refuses_a_second_run_started(tmp_path: Path) -> None:
     doubled.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events * 2))
     with pytest.raises(Exception, match=r"run_started starts run 'r' a second time"):
         replay(doubled, tmp_path / "out")
+
+
+class Echo:
+    """Publishes a scalar on the run's bus at every optimizer step (an observer that
+    publishes from its hooks)."""
+
+    def __init__(self) -> None:
+        self.bus: Any = None
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        if self.bus is not None:
+            self.bus.scalars(iteration=event.iteration, name="echo", values={"step": event.step})
+
+
+def echo_segment(out: Path, iterations: int) -> RunSession:
+    echo = Echo()
+    session = RunSession(
+        out_dir=out, run_id="r", config=CONFIG, autoload=False, plugins=[("echo", echo)]
+    )
+    echo.bus = session.bus
+    with session as run:
+        first = 0 if run.resumed is None else run.resumed.next_iteration
+        steps = 0 if run.resumed is None else run.resumed.optimizer_steps
+        for i in range(first, first + iterations):
+            run.bus.iteration_started(i)
+            run.bus.optimizer_step(iteration=i, step=steps + 1)
+            steps += 1
+    return session
+
+
+def test_what_observers_publish_while_a_run_resumes_is_not_logged_twice(tmp_path: Path) -> None:
+    echo_segment(tmp_path, 2)
+    echo_segment(tmp_path, 2)
+    run_dir = tmp_path / "r"
+    events = lines(run_dir / "events.jsonl")
+    echoes = [e["values"] for e in events if e["type"] == "scalars"]
+    assert echoes == [{"step": 1}, {"step": 2}, {"step": 3}, {"step": 4}]  # once each
+    assert [e["type"] for e in events].count("run_finished") == 2
+    scalars = [r for r in lines(run_dir / "metrics_raw.jsonl") if r["kind"] == "echo"]
+    assert [r["values"]["step"] for r in scalars] == [1, 2, 3, 4]
+    assert_replay_identical(run_dir, tmp_path)
+    echo_segment(tmp_path, 1)  # and the run resumes again
+
+
+class Interrupts:
+    """Ctrl-C while the logged events are fed again (the third optimizer step)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    @hookimpl
+    def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
+        self.steps += 1
+        if self.steps == 3:
+            raise KeyboardInterrupt
+
+
+def test_a_resume_that_fails_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=4, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    session = RunSession(
+        out_dir=tmp_path,
+        run_id="r",
+        config=CONFIG,
+        autoload=False,
+        plugins=[("interrupts", Interrupts())],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        session.start()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    segment(tmp_path, iterations=1, wall_offset_ns=10**9)  # a later restart resumes it
+    assert_replay_identical(run_dir, tmp_path)
+
+
+def test_a_log_starting_with_a_blank_line_resumes(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "events.jsonl").write_bytes(b"\n")  # what a reader passes over
+    segment(tmp_path, iterations=1, wall_offset_ns=0)
+    again = segment(tmp_path, iterations=1, wall_offset_ns=10**9)
+    assert again.resumed is not None and again.resumed.last_iteration == 0

@@ -6,6 +6,8 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 
 from __future__ import annotations
 
+import glob
+import os
 from pathlib import Path
 
 import msgspec
@@ -33,6 +35,7 @@ from twinkle.reporting import (
     ReplacingFile,
     WebUIFlatBackend,
     WriterStats,
+    sync_dir,
 )
 
 __all__ = [
@@ -59,28 +62,65 @@ class _FileBackendSink:
     """A sink of one record file: its backend is opened at configure, so that a file
     that cannot be opened (a directory, a symlink, no permission) fails the run's start
     with a :class:`~twinkle.errors.ReporterError` naming it, and handed to the run's
-    reporter (which closes it). A resumed run (``RunContext.resumed_events > 0``)
-    truncates the file: the observers see the logged events again first, so its lines
-    are written again, whole."""
+    reporter (which closes it).
+
+    A resumed run (``RunContext.resumed_events > 0``) writes the file again, whole (the
+    observers see the logged events again first): into a new file beside it
+    (``.<name>.resume.<pid>.tmp``), renamed over the file when ``run_resumed`` begins
+    the new segment — so a resume that fails before it (a log it cannot read, Ctrl-C)
+    leaves the file as it was."""
+
+    FILE = ""
 
     def __init__(self) -> None:
         self._backend: JsonlFileBackend | None = None
+        self._rebuilding: tuple[Path, Path] | None = None  # (new file, the file) on resume
 
-    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
+    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         raise NotImplementedError  # pragma: no cover - each sink opens its file
+
+    def _open_for(self, context: RunContext) -> JsonlFileBackend:
+        assert context.out_dir is not None
+        path = context.out_dir / self.FILE
+        if context.resumed_events == 0:
+            return self._open(path, context)
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
+            stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
+            # the run directory: no live process is writing one)
+        new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
+        self._rebuilding = (new, path)
+        return self._open(new, context)
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
         if context.out_dir is not None:
-            self._backend = self._open(context.out_dir, context)
+            self._backend = self._open_for(context)
 
     @hookimpl
     def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
         if context.out_dir is None:
             return None
         if self._backend is None:
-            self._backend = self._open(context.out_dir, context)
+            self._backend = self._open_for(context)
         return [self._backend]
+
+    @hookimpl
+    def twinkle_run_resumed(self) -> None:
+        rebuilding, self._rebuilding = self._rebuilding, None
+        if rebuilding is None:
+            return
+        new, path = rebuilding
+        try:
+            # The records of the logged events are written or queued: the new file
+            # (its writer keeps appending to it) takes the old one's place.
+            os.replace(new, path)
+        except OSError as exc:
+            raise WriteError(
+                exc.errno,
+                f"cannot put the rebuilt {str(path)!r} in place: {exc.strerror or exc}; the "
+                f"previous file is kept and the new one is {str(new)!r}",
+            ) from exc
+        sync_dir(path.parent)
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
@@ -88,26 +128,33 @@ class _FileBackendSink:
         # The reporter closed it, unless the run failed to start before it had one.
         if backend is not None and not backend.writer.closed:
             backend.close()
+        rebuilding, self._rebuilding = self._rebuilding, None
+        if rebuilding is not None:  # the resume failed: the file stays as it was
+            rebuilding[0].unlink(missing_ok=True)
 
 
 class RawRecordsSink(_FileBackendSink):
     """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``
-    (truncated when the run resumes: its records are written again)."""
+    (rebuilt whole when the run resumes)."""
 
-    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
-        return JsonlBackend(out_dir / RAW_FILE, append=context.resumed_events == 0)
+    FILE = RAW_FILE
+
+    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
+        return JsonlBackend(path, append=context.resumed_events == 0)
 
 
 class WebUISink(_FileBackendSink):
     """One flat numeric object per iteration in ``metrics.jsonl`` (``ts``, ``step``,
-    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values); truncated when the
-    run resumes, like ``metrics_raw.jsonl``."""
+    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values); rebuilt whole when
+    the run resumes, like ``metrics_raw.jsonl``."""
 
-    def _open(self, out_dir: Path, context: RunContext) -> JsonlFileBackend:
+    FILE = WEBUI_FILE
+
+    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         config = ObserverConfig.parse(context.config)
         # An iteration's timing and throughput come lag + 1 boundaries after it began.
         return WebUIFlatBackend(
-            out_dir / WEBUI_FILE,
+            path,
             total_steps=config.total_steps,
             hold=config.finalise_lag + 2,
             append=context.resumed_events == 0,
@@ -376,9 +423,11 @@ class TraceSink:
 
     The trace is streamed into a temporary file beside ``trace.json``
     (:class:`~twinkle.reporting.jsonl.ReplacingFile`), fsynced and renamed into place at
-    close: a reader never sees half a trace, and a run that crashes, or never started,
-    leaves the previous ``trace.json`` (or none) as it was. A resumed run rebuilds it
-    whole from the re-fed events. A ``trace.json`` that is a symlink is refused
+    close, once ``run_finished`` went by and every write succeeded: a reader never sees
+    half a trace, and a run that crashes, never finished (a start or resume that
+    failed) or met a write error leaves the previous ``trace.json`` (or none) as it
+    was. A resumed run rebuilds it whole from the re-fed events. A ``trace.json`` that
+    is a symlink is refused
     (:class:`~twinkle.errors.ReporterError`); no link is ever written through.
     """
 
@@ -393,7 +442,8 @@ class TraceSink:
     def __init__(self) -> None:
         self.path: Path | None = None
         self._out: ReplacingFile | None = None
-        self._begun = False  # run_started arrived: there is a trace to put in place
+        self._finished = False  # run_finished arrived: there is a whole trace to put in place
+        self._broken: OSError | None = None  # a write failed: the file lacks lines
         self._origin: ClockAnchor | None = None
         self._named: set[tuple[int, int]] = set()
         self._batches: BatchWriter[Event] | None = None
@@ -421,8 +471,11 @@ class TraceSink:
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
         if self._batches is not None:
-            self._begun = True
             self._batches.put(event)
+
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        self._finished = True
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
@@ -447,7 +500,15 @@ class TraceSink:
                 batches.close()  # writes what is in flight; raises a held write error
         finally:
             out, self._out = self._out, None
-            if out is not None and self._begun:
+            if out is not None and self._broken is not None:
+                out.discard()
+                raise WriteError(
+                    self._broken.errno,
+                    f"{str(out.path)!r} was not written: a write failed "
+                    f"({self._broken.strerror or self._broken}) and the trace lacks lines; "
+                    "the previous trace (if any) is kept; rebuild it with twinkle replay",
+                )
+            if out is not None and self._finished:
                 try:
                     out.write(self._END)
                 except OSError as exc:
@@ -459,7 +520,7 @@ class TraceSink:
                     ) from exc
                 out.commit()  # fsync, then rename into place
             elif out is not None:
-                out.discard()  # the run never started: keep what was there
+                out.discard()  # the run never finished (its start failed): keep what was
 
     # -- the writer's side -----------------------------------------------------------------
 
@@ -471,9 +532,13 @@ class TraceSink:
                 self._event_lines(event, lines)
             except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
                 failed.append(f"{event.TYPE!r}: {exc}")
-        if lines and self._out is not None:
+        if lines and self._out is not None and self._broken is None:
             lines.append(b"")  # every line ends with ",\n"
-            self._out.write(b",\n".join(lines))  # one (buffered) write per batch
+            try:
+                self._out.write(b",\n".join(lines))  # one (buffered) write per batch
+            except OSError as exc:
+                self._broken = exc  # part of the batch may be in: never commit this file
+                raise
         if failed:
             raise RecordError(
                 f"{len(failed)} event(s) could not be written to the trace "

@@ -332,6 +332,8 @@ class Timeline:
         self._first_work_ns: int | None = None
         self._setup_open = False  # a set-up window (of the run or a resumed segment) is
         self._tail_ns: int | None = None  # the end of the last segment's tear-down
+        self._floor: int | None = None  # a resumed segment's set-up starts no earlier
+        self._teardown = WindowTiming.empty(self.config)
         self.late_spans = self.late_ns = 0
         self.late_samples = 0
         #: spans and their summed seconds by where they were attributed
@@ -348,6 +350,7 @@ class Timeline:
         self.config = ObserverConfig.parse(event.config)
         self.anchor = event.anchor
         self._totals = self._setup = self._before_work = WindowTiming.empty(self.config)
+        self._teardown = WindowTiming.empty(self.config)
         self._setup_open = True
         self.windows.append(_Window(None, event.monotonic_ns))
 
@@ -361,6 +364,7 @@ class Timeline:
             self.horizon = (
                 self._tail_ns if self.horizon is None else max(self.horizon, self._tail_ns)
             )
+        self._floor = self.horizon
         self._first_work_ns = None
         self._setup_open = True
         # What arrived after the previous segment finished belongs to no window of this
@@ -410,6 +414,7 @@ class Timeline:
         start = end if self.horizon is None else self.horizon
         teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
         self._totals = self._totals + teardown
+        self._teardown = self._teardown + teardown  # every segment's
         self.pieces, self.overhead = [], []
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
@@ -419,7 +424,7 @@ class Timeline:
         self.run = RunTiming(
             total=self._totals,
             setup=self._setup,
-            teardown=teardown,
+            teardown=self._teardown,
             active_wall_ns=self._totals.wall_ns - self._before_work.wall_ns,
             active_overhead_ns=self._totals.overhead_ns - self._before_work.overhead_ns,
             late_spans=self.late_spans,
@@ -536,6 +541,8 @@ class Timeline:
             start = min(
                 [start, *(s for _, s, _, _ in self.pieces), *(s for s, _, _ in self.overhead)]
             )
+            if self._floor is not None:  # a resumed segment's: never back into the last
+                start = max(start, self._floor)
         timing = measure_window(start, end, self.pieces, self.overhead, self.config)
         self._totals = self._totals + timing
         self.horizon = end

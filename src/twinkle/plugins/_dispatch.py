@@ -353,22 +353,35 @@ class Dispatcher:
         the dispatching thread, then dispatches whatever is still queued; in the
         background, the dispatch thread takes it.
         """
+        if self.enqueue(event):
+            self.drain()
+
+    def enqueue(self, event: Event) -> bool:
+        """The first half of :meth:`submit`: queue ``event`` (its place in the order of
+        dispatch is taken now); True when the caller must then call :meth:`drain`."""
         thread = self._thread
-        if thread is not None and self._owner != _get_ident():
-            thread.put(event)
-            return
-        pending = self._pending
-        pending.append(event)
         me = _get_ident()
-        if self._owner == me:
-            return
+        if thread is not None and self._owner != me:
+            thread.put(event)
+            return False
+        self._pending.append(event)
+        return self._owner != me
+
+    def drain(self) -> None:
+        """The second half of :meth:`submit`: dispatch everything queued, in order."""
+        pending = self._pending
         with self._lock:
-            self._owner = me
+            self._owner = _get_ident()
             try:
                 while pending:
                     self._dispatch(pending.popleft())
             finally:
                 self._owner = None
+
+    @property
+    def dispatching_here(self) -> bool:
+        """Whether the calling thread is dispatching now (an observer publishing)."""
+        return self._owner == _get_ident()
 
     def _dispatch_batch(self, events: list[Event]) -> None:
         """The dispatch thread's work: each event, then what its hooks published."""

@@ -41,7 +41,7 @@ from twinkle.reporting.record import (
 from twinkle.reporting.reporter import MetricsReporter, ReporterStats
 from twinkle.reporting.totals import RunTotals
 from twinkle.reporting.webui import WebUIFlatBackend
-from twinkle.reporting.whole_file import ReplacingFile
+from twinkle.reporting.whole_file import ReplacingFile, sync_dir
 from twinkle.reporting.writer import BatchWriter, WriterState, WriterStats
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "MetricRecord",
     "MetricsReporter",
     "ReplacingFile",
+    "sync_dir",
     "ReporterStats",
     "RunTotals",
     "SeqSource",

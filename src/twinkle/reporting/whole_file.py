@@ -23,7 +23,7 @@ from typing import IO
 from twinkle.errors import InvalidArgumentError, ReporterError, WriteError
 from twinkle.reporting._jsonl_files import DIR_MODE, FILE_MODE, StrPath, reporter_error
 
-__all__ = ["ReplacingFile"]
+__all__ = ["ReplacingFile", "sync_dir"]
 
 logger = logging.getLogger("twinkle.reporting")
 
@@ -106,7 +106,7 @@ class ReplacingFile:
                 f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous "
                 "file (if any) is kept: free disk space or fix permissions",
             ) from exc
-        _sync_dir(self.path.parent)
+        sync_dir(self.path.parent)
 
     def discard(self) -> None:
         """Drop what was written: ``path`` stays as it was. Idempotent."""
@@ -138,7 +138,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _sync_dir(directory: Path) -> None:
+def sync_dir(directory: Path) -> None:
     """fsync a directory (its entries: a file created or renamed in it)."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))

@@ -214,10 +214,21 @@ class Run:
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
         kind = type(event)
-        if kind in _ORDERED or not self.started:
+        if kind not in _ORDERED and self.started:
+            dispatcher.submit(event)
+        elif dispatcher.dispatching_here:
+            # An observer publishing from inside a dispatch: no lock (on the dispatch
+            # thread, a publisher may hold it while it waits for that very thread).
+            self._check_order(event)
+            dispatcher.submit(event)
+        else:
+            # Checked and queued in one step: the order checked is the order dispatched
+            # (and logged), whichever threads publish.
             with self._order.lock:
                 self._check_order(event)
-        dispatcher.submit(event)
+                drain = dispatcher.enqueue(event)
+            if drain:
+                dispatcher.drain()
 
     def _check_order(self, event: Event) -> None:
         """The lifecycle and order checks of the events that carry them (lock held)."""
@@ -368,8 +379,9 @@ class _Order:
             raise RecordError(
                 f"event {what} at monotonic {event.monotonic_ns} ns comes before the "
                 f"previous boundary ({last[0]} at {last[1]} ns): the run's clock went "
-                "backwards; it must be monotonic (time.perf_counter_ns, or a ManualClock "
-                "that only advances)"
+                "backwards — it must be monotonic (time.perf_counter_ns, or a ManualClock "
+                "that only advances) — or two threads published boundaries at once "
+                "(publish iterations and finish() from one thread)"
             )
         self.last_boundary = (what, event.monotonic_ns)
 

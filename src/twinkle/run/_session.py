@@ -23,6 +23,7 @@ the run's timeline (see :attr:`RunSession.resumed`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -34,7 +35,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import orjson
 import pluggy
 
 from twinkle.checks import run_id as check_run_id
@@ -241,8 +241,8 @@ class RunSession:
             self.run.start()
             self.bus.attach(self.recorder, source="main")
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
-            self.run.connect(self.bus)
             if scan is None:
+                self.run.connect(self.bus)
                 self.bus.run_started(self.config)
             else:
                 self._resume(scan)
@@ -250,8 +250,11 @@ class RunSession:
             try:
                 self.run.close()  # FAILED: it never finished
             finally:
+                unused = self._remove_if_unused()  # (while the directory is still ours)
                 self._release_directory()
-                self._remove_if_unused()
+                if unused and self.out_dir is not None:
+                    with contextlib.suppress(OSError):  # another process took it since
+                        self.out_dir.rmdir()
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
@@ -268,17 +271,16 @@ class RunSession:
         does not start with this run's run_started — start() says what is wrong)."""
         if self.out_dir is None:
             return None
-        try:
-            with (self.out_dir / EVENTS_FILE).open("rb") as f:
-                first = f.readline(1 << 20)
-        except OSError:
+        log = self.out_dir / EVENTS_FILE
+        if log.is_symlink() or not log.is_file():
             return None
+        # The first event as the scan will read it (blank lines and recorded fragments
+        # passed over), so both agree on whether there is a run to resume.
         try:
-            data = orjson.loads(first)
-            anchor = data["anchor"] if data.get("type") == "run_started" else None
-            return ClockAnchor(**anchor) if isinstance(anchor, dict) else None
-        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+            first = next(iter_events(log), None)  # (the reader closes with its iterator)
+        except TwinkleError:
             return None
+        return first.anchor if isinstance(first, RunStarted) else None
 
     def _take_directory(self) -> _Scan | None:
         """Create and lock the run directory; scan the log it holds (None: none)."""
@@ -369,16 +371,26 @@ class RunSession:
         without finishing, then begin the new segment."""
         out = self.out_dir
         assert out is not None
-        count = 0
-        for event in iter_events(out / EVENTS_FILE):
-            if count == scan.events:
-                break  # only what the scan checked
-            self.run.submit(event)
-            count += 1
+        # What observers publish while the logged events go by again is in the log
+        # already (they published it the first time): the bus drops it until the run
+        # goes on, and the event log skips exactly the events fed again.
+        self.bus.bind(_logged_already)
+        try:
+            count = 0
+            for event in iter_events(out / EVENTS_FILE):
+                if count == scan.events:
+                    break  # only what the scan checked
+                self.run.submit(event)
+                count += 1
+            if self.run.dispatcher is not None:
+                self.run.dispatcher.flush()  # (background dispatch: every one dispatched)
+        finally:
+            self.bus.bind(None)
         if count != scan.events:
             raise TwinkleError(
                 f"{str(out / EVENTS_FILE)!r} changed while run {self.run_id!r} was resuming"
             )
+        self.run.connect(self.bus)
         segment = scan.segments
         if scan.finished is None:
             self.run.submit(
@@ -402,20 +414,24 @@ class RunSession:
         )
         self.bus.run_resumed(segment, self.config)
 
-    def _remove_if_unused(self) -> None:
-        """After a failed start: remove the run directory this session created when it
-        holds nothing of a run (only the empty files the start opened)."""
-        out = self.out_dir
-        if out is None or not self._created:
-            return
+    def _remove_if_unused(self) -> bool:
+        """After a failed start, while the directory is still ours: remove the empty
+        files the start opened when that is all this session's new run directory holds;
+        True when the directory is then to be removed too (once given up)."""
+        out, lock = self.out_dir, self._dir_lock
+        if out is None or lock is None or not self._created:
+            return False
         try:
-            entries = list(out.iterdir())
-            if all(e.is_file() and not e.is_symlink() and e.stat().st_size == 0 for e in entries):
-                for entry in entries:
-                    entry.unlink()
-                out.rmdir()
+            entries = [e for e in out.iterdir() if e != lock.path]
+            if not all(
+                e.is_file() and not e.is_symlink() and not e.stat().st_size for e in entries
+            ):
+                return False
+            for entry in entries:
+                entry.unlink()
         except OSError:
-            pass  # left as it is: nothing of a run is lost either way
+            return False  # left as it is: nothing of a run is lost either way
+        return True
 
     def _release_directory(self) -> None:
         if self._dir_lock is not None:
@@ -530,6 +546,11 @@ class RunSession:
         """Observer failures so far, per plugin name."""
         calls = self.run.calls
         return {} if calls is None else dict(calls.failures)
+
+
+def _logged_already(event: Any) -> None:
+    """The bus's receiver while a resumed run's logged events go by again."""
+    log.debug("dropped %s published while resuming: the log holds it", event.TYPE)
 
 
 def _note(scan: _Scan, event: Any) -> None:
