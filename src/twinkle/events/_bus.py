@@ -413,14 +413,19 @@ class EventBus:
 
 def _items(kind: type[Event], name: str, value: Any, what: str) -> tuple[Any, ...]:
     """``value`` as a tuple, or a clear error for what is not a collection of items."""
-    if isinstance(value, tuple):
-        return value
+    kind_of = type(value)
+    if kind_of is tuple:
+        return value  # type: ignore[no-any-return]
+    if kind_of is list:
+        return tuple(value)
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise RecordError(f"{kind.TYPE}.{name} must be an iterable of {what}, got {value!r:.100}")
     return tuple(value)
 
 
 def _mapping(kind: type[Event], name: str, value: Any) -> dict[str, Any]:
+    if type(value) is dict:
+        return dict(value)
     if not isinstance(value, Mapping):
         raise RecordError(
             f"{kind.TYPE}.{name} must be a mapping of str keys to values, got {value!r:.100}"

@@ -72,12 +72,15 @@ def _dict_fields(cls: type[Event]) -> tuple[str, ...]:
 
 _FREE_FIELDS = {cls: _free_fields(cls) for cls in EVENT_TYPES.values()}
 _DICT_FIELDS = {cls: _dict_fields(cls) for cls in EVENT_TYPES.values()}
+_HOLDS_DICTS = frozenset(cls for cls, names in _DICT_FIELDS.items() if names) | {SpanBatch}
 _setattr = msgspec.structs.force_setattr
 
 
 def _frozen(event: _E) -> _E:
     """``event`` (a fresh copy: checked or decoded) with its dicts made read-only."""
     kind = type(event)
+    if kind not in _HOLDS_DICTS:
+        return event
     for name in _DICT_FIELDS[kind]:
         _setattr(event, name, freeze(getattr(event, name)))
     if kind is SpanBatch:

@@ -353,8 +353,23 @@ class Dispatcher:
         the dispatching thread, then dispatches whatever is still queued; in the
         background, the dispatch thread takes it.
         """
-        if self.enqueue(event):
-            self.drain()
+        # (enqueue() then drain(), inlined: this is every event's path)
+        thread = self._thread
+        me = _get_ident()
+        if thread is not None and self._owner != me:
+            thread.put(event)
+            return
+        pending = self._pending
+        pending.append(event)
+        if self._owner == me:
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                while pending:
+                    self._dispatch(pending.popleft())
+            finally:
+                self._owner = None
 
     def enqueue(self, event: Event) -> bool:
         """The first half of :meth:`submit`: queue ``event`` (its place in the order of
