@@ -68,6 +68,28 @@ def test_asking_for_the_adapter_without_vllm_says_how_to_install_it() -> None:
     assert "pip install 'twinkle[vllm]'" in str(info.value)
 
 
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_the_check_asks_the_engines_interpreter_not_this_one() -> None:
+    with pytest.raises(VllmNotInstalledError, match="does not find vLLM") as info:
+        vllm_engine_factory(VllmConfig(model="m", python=sys.executable))
+    assert repr(sys.executable) in str(info.value) and "make vllm-venv" in str(info.value)
+
+
+def test_an_interpreter_that_cannot_run_is_named(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(VllmNotInstalledError, match="could not be asked") as info:
+        vllm_engine_factory(VllmConfig(model="m", python=missing))
+    assert repr(missing) in str(info.value)
+
+
+def test_engines_report_no_usage_statistics_unless_asked() -> None:
+    ports = VllmPorts(api_port=20000, master_port=20001, internal_base_port=20002, internal_ports=1)
+    _, env = vllm_command(VllmConfig(model="m"), ports, base_env={})
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+    asked = VllmConfig(model="m", env={"VLLM_NO_USAGE_STATS": "0"})
+    assert vllm_command(asked, ports, base_env={})[1]["VLLM_NO_USAGE_STATS"] == "0"
+
+
 def test_each_engine_gets_its_reserved_ports_in_its_environment(tmp_path: Path) -> None:
     registry = PortRegistry(tmp_path, port_range=(15000, 19999))  # below the host-wide range
     config = VllmConfig(model="m", devices="1,3", env={"MASTER_ADDR": "10.0.0.1"})
@@ -104,7 +126,7 @@ def test_concurrent_fake_vllm_servers_start_on_distinct_reserved_ports(tmp_path:
         args=("--dtype", "float32"),
         env={"PYTHONPATH": str(fake), "EXTRA": "x"},
         internal_ports=4,
-        python=sys.executable,  # an explicit interpreter: no local vLLM check
+        python=sys.executable,  # asked with this env, it finds the fake vllm package
         log_dir=tmp_path / "logs",
     )
     registry = PortRegistry()  # host-wide, as in production: concurrent runs coordinate

