@@ -1,0 +1,133 @@
+"""A tiny Llama and its tokenizer, made in code, for real engines (vLLM) to load.
+
+Nothing comes from a model hub: the weights are a randomly initialised transformers
+``LlamaForCausalLM`` saved with ``save_pretrained`` (safetensors), the tokenizer a
+``tokenizers`` word-level vocabulary wrapped in ``PreTrainedTokenizerFast``. Its ids are
+the copy task's own (:mod:`twinkle.demo.task`: digit ``d`` is id ``d``, then BOS, SEP,
+EOS, PAD), so token ids sent to and returned by an engine mean what the trainer and the
+reward mean, with no mapping in between.
+
+transformers, tokenizers and torch are imported by the functions that use them, never
+at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from twinkle.demo.task import BOS, DIGITS, EOS, PAD, SEP, VOCAB
+from twinkle.errors import InvalidArgumentError
+
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "SEP_TOKEN",
+    "TinyLlamaSpec",
+    "token_vocab",
+    "write_tiny_llama",
+    "write_tokenizer",
+]
+
+BOS_TOKEN: Final = "<s>"
+SEP_TOKEN: Final = "<sep>"
+EOS_TOKEN: Final = "</s>"
+PAD_TOKEN: Final = "<pad>"
+# vLLM's CPU attention accepts only some head sizes (16 is refused, 64 works).
+_HEAD_DIM: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TinyLlamaSpec:
+    """The shape of the tiny Llama; the defaults load in vLLM's CPU build."""
+
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 2  # head_dim = hidden_size // heads must be 64
+    kv_heads: int = 2
+    intermediate_size: int = 256
+    max_positions: int = 256  # >= the engines' --max-model-len
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name}={getattr(self, name)!r} must be >= 1")
+        if self.hidden_size != self.heads * _HEAD_DIM:
+            raise InvalidArgumentError(
+                f"hidden_size={self.hidden_size!r} with heads={self.heads!r} gives a head "
+                f"size other than {_HEAD_DIM}, which vLLM's CPU attention refuses; use "
+                f"hidden_size={self.heads * _HEAD_DIM}"
+            )
+        if self.heads % self.kv_heads:
+            raise InvalidArgumentError(
+                f"heads={self.heads!r} is not a multiple of kv_heads={self.kv_heads!r}"
+            )
+        if self.max_positions < 8:
+            raise InvalidArgumentError(f"max_positions={self.max_positions!r} must be >= 8")
+
+
+def token_vocab() -> dict[str, int]:
+    """Token string -> id, the task's ids: ``"0".."9"``, then BOS, SEP, EOS, PAD."""
+    vocab = {str(d): d for d in range(DIGITS)}
+    vocab.update({BOS_TOKEN: BOS, SEP_TOKEN: SEP, EOS_TOKEN: EOS, PAD_TOKEN: PAD})
+    return vocab
+
+
+def write_tokenizer(directory: Path, *, max_length: int = 256) -> None:
+    """Save the task's tokenizer (``tokenizer.json`` and its config) into ``directory``.
+
+    Text splits into single digits and the four special tokens; decoding joins tokens
+    without spaces, so ``"<s>123<sep>"`` round-trips. Nothing is added to an encoded
+    text: the task's prompts carry their own BOS and SEP.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel(vocab=token_vocab(), unk_token=PAD_TOKEN))
+    core.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=PAD_TOKEN,
+        additional_special_tokens=[SEP_TOKEN],
+        model_max_length=max_length,
+    )
+    tokenizer.save_pretrained(str(directory))
+
+
+def write_tiny_llama(directory: Path, *, spec: TinyLlamaSpec | None = None, seed: int = 0) -> Path:
+    """Write a randomly initialised tiny Llama (float32 safetensors) and its tokenizer.
+
+    ``directory`` is created if needed; the same ``seed`` writes the same weights.
+    Returns ``directory``. Needs torch and transformers.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec or TinyLlamaSpec()
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=_HEAD_DIM,
+        max_position_embeddings=spec.max_positions,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,  # lm_head is its own tensor
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.float()  # type: ignore[no-untyped-call]  # whatever torch's default dtype is
+    model.save_pretrained(str(directory), safe_serialization=True)
+    write_tokenizer(directory, max_length=spec.max_positions)
+    return directory
