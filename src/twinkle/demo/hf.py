@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from twinkle.demo.task import BOS, DIGITS, EOS, PAD, SEP, VOCAB
+from twinkle.engines.vllm import VllmConfig
 from twinkle.errors import InvalidArgumentError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "PAD_TOKEN",
     "SEP_TOKEN",
     "TinyLlamaSpec",
+    "tiny_vllm_config",
     "token_vocab",
     "write_tiny_llama",
     "write_tokenizer",
@@ -37,6 +39,40 @@ EOS_TOKEN: Final = "</s>"
 PAD_TOKEN: Final = "<pad>"
 # vLLM's CPU attention accepts only some head sizes (16 is refused, 64 works).
 _HEAD_DIM: Final = 64
+
+
+# How a vLLM server runs the tiny model on a CPU here: float32, eager (no graph capture),
+# a short context and a small, fixed KV cache.
+_SERVER_ARGS: Final = (
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    str(256 * 2**20),
+)
+_SERVER_ENV: Final = {
+    "VLLM_SERVER_DEV_MODE": "1",  # serves /collective_rpc (reload_weights)
+    # The model runs inside the engine-core process instead of a worker of its own: one
+    # process less to start (one server was ready in 27 s instead of 50 s here).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",  # a local model: never ask a hub
+}
+
+
+def tiny_vllm_config(
+    model_dir: str | Path, *, python: str | Path, log_dir: Path | None = None
+) -> VllmConfig:
+    """The :class:`~twinkle.engines.VllmConfig` of a server for the tiny model in
+    ``model_dir`` on a CPU, run by the interpreter ``python`` (``.venv-vllm``)."""
+    return VllmConfig(
+        model=str(model_dir),
+        args=_SERVER_ARGS,
+        env=dict(_SERVER_ENV),
+        python=str(python),
+        log_dir=log_dir,
+    )
 
 
 @dataclass(frozen=True, slots=True)
