@@ -8,6 +8,21 @@ from pathlib import Path
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
+#: the built-in observers, by name (as make_plugin_manager() registers them)
+BUILTINS = frozenset(
+    {
+        "events",
+        "memory",
+        "metrics_raw",
+        "scalars",
+        "throughput",
+        "timeline",
+        "timing",
+        "trace",
+        "webui",
+    }
+)
+
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.*"]},
     "throughput": {

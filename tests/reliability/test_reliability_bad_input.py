@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
+from _cases import Case
 from _scripted import scripted_run
 from _sizes import DEFAULT, SOAK, soak_enabled
 from hypothesis import HealthCheck, given, settings
@@ -53,14 +54,6 @@ from twinkle.reporting import (
 from twinkle.run import RunSession, replay
 
 FUZZ_EXAMPLES = (SOAK if soak_enabled() else DEFAULT).fuzz_examples
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    call: Callable[[Path], object]
-    error: type[Exception]
-    match: str  # must name the culprit
 
 
 def bus() -> EventBus:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _cases import Case
 from _scripted import scripted_run
 
 from twinkle.cli import main
@@ -33,14 +34,6 @@ def read_only(tmp: Path) -> tuple[Path, str]:
     ro.mkdir()
     ro.chmod(0o555)
     return ro / "runs", "Permission denied"
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    call: Callable[[Path], object]
-    error: type[Exception]
-    match: str  # must name the culprit
 
 
 API_CASES = [

@@ -5,23 +5,15 @@ that is silently taken (an infinite timeout, a negative budget)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _cases import Case
 
 from twinkle.engines import EnginePool, PortRegistry
 from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.plugins import HookCalls, make_plugin_manager
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    call: Callable[[Path], object]
-    error: type[Exception]
-    match: str  # must name the culprit
 
 
 def pool(**options: Any) -> Callable[[Path], object]:

@@ -3,25 +3,16 @@ error naming the culprit path or value and the fix, nothing written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _cases import Case
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, TwinkleError
 from twinkle.events import IterationStarted, dumps_event
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink, TraceSink
 from twinkle.reporting import MAX_LINE_BYTES, JsonlWriter, ReplacingFile, read_jsonl
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    call: Callable[[Path], object]
-    error: type[Exception]
-    match: str  # must name the culprit
 
 
 def writer(tmp: Path, name: str = "a.jsonl") -> JsonlWriter:

@@ -9,27 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from _scripted import scripted_run
+from _scripted import BUILTINS, scripted_run
 
 from twinkle.cli import build_parser, main
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV
 
-BUILTINS = [
-    "events",
-    "memory",
-    "metrics_raw",
-    "scalars",
-    "throughput",
-    "timeline",
-    "timing",
-    "trace",
-    "webui",
-]
 DEMO = ["demo", "--iterations", "2", "--prompts", "2", "--completions", "2"]
 DEMO += ["--micro-batch", "4", "--grad-accum", "1", "--no-progress", "--no-autoload"]
 
 
-@pytest.mark.parametrize("blocked", BUILTINS)
+@pytest.mark.parametrize("blocked", sorted(BUILTINS))
 def test_demo_with_any_builtin_blocked_prints_its_summary_or_one_line(
     blocked: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

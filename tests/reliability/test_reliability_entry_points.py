@@ -19,25 +19,13 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from _scripted import scripted_run
+from _scripted import BUILTINS, scripted_run
 
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, PluginError
 from twinkle.hookspecs import hookimpl
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV, check_blocked, make_plugin_manager
 from twinkle.run import RunSession, replay
-
-BUILTINS = {
-    "events",
-    "memory",
-    "metrics_raw",
-    "scalars",
-    "throughput",
-    "timeline",
-    "timing",
-    "trace",
-    "webui",
-}
 
 Install = Callable[..., Path]
 

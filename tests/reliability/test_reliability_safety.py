@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pluggy
 import pytest
-from _scripted import CONFIG, scripted_run
+from _scripted import BUILTINS, CONFIG, scripted_run
 
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
@@ -23,17 +23,6 @@ from twinkle.hookspecs import hookimpl
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV, make_plugin_manager
 from twinkle.run import RunSession, replay
 
-BUILTINS = {
-    "events",
-    "memory",
-    "metrics_raw",
-    "scalars",
-    "throughput",
-    "timeline",
-    "timing",
-    "trace",
-    "webui",
-}
 OUTPUTS = {"events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json"}
 
 
