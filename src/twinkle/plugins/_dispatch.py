@@ -353,23 +353,8 @@ class Dispatcher:
         the dispatching thread, then dispatches whatever is still queued; in the
         background, the dispatch thread takes it.
         """
-        # (enqueue() then drain(), inlined: this is every event's path)
-        thread = self._thread
-        me = _get_ident()
-        if thread is not None and self._owner != me:
-            thread.put(event)
-            return
-        pending = self._pending
-        pending.append(event)
-        if self._owner == me:
-            return
-        with self._lock:
-            self._owner = me
-            try:
-                while pending:
-                    self._dispatch(pending.popleft())
-            finally:
-                self._owner = None
+        if self.enqueue(event):
+            self.drain()
 
     def enqueue(self, event: Event) -> bool:
         """The first half of :meth:`submit`: queue ``event`` (its place in the order of
