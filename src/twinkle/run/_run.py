@@ -119,11 +119,9 @@ class Run:
         "calls",
         "context",
         "dispatcher",
-        "finished",
         "pm",
         "reporter",
         "segments",
-        "started",
         "state",
     )
 
@@ -153,13 +151,21 @@ class Run:
         self.calls: HookCalls | None = None
         self.dispatcher: Dispatcher | None = None
         self.reporter: MetricsReporter | None = None
-        self.started = False
-        self.finished: RunFinished | None = None
         #: each segment's start (run_started, then every run_resumed) and its finish
         self.segments: list[tuple[RunStarted | RunResumed, RunFinished | None]] = []
         self._order = _Order()
         self._receivers: list[EventBus] = []
         self._closed = False
+
+    @property
+    def started(self) -> bool:
+        """Whether ``run_started`` went by."""
+        return bool(self.segments)
+
+    @property
+    def finished(self) -> RunFinished | None:
+        """The ``run_finished`` of the current segment; None while it runs."""
+        return self.segments[-1][1] if self.segments else None
 
     @property
     def run_id(self) -> str:
@@ -214,7 +220,7 @@ class Run:
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
         kind = type(event)
-        if kind not in _ORDERED and self.started:
+        if kind not in _ORDERED and self.segments:
             dispatcher.submit(event)
         elif dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
@@ -234,13 +240,12 @@ class Run:
         """The lifecycle and order checks of the events that carry them (lock held)."""
         kind = type(event)
         order = self._order
-        if not self.started:
+        if not self.segments:
             if kind is not RunStarted:
                 raise RecordError(
                     f"the first event of run {self.run_id!r} must be run_started, got "
                     f"{event.TYPE!r}"
                 )
-            self.started = True
             order.boundary(event, "run_started")
             self.segments.append((cast(RunStarted, event), None))
             return
@@ -271,7 +276,6 @@ class Run:
                     "configuration; pass the same config, or choose a new run id"
                 )
             order.boundary(event, "run_resumed")
-            self.finished = None
             self.segments.append((resumed, None))
             return
         if self.finished is not None and kind is not RunFinished:
@@ -288,9 +292,7 @@ class Run:
                     f"{self.run_id!r} a second time"
                 )
             order.boundary(event, "run_finished")
-            finished = cast(RunFinished, event)
-            self.finished = finished
-            self.segments[-1] = (self.segments[-1][0], finished)
+            self.segments[-1] = (self.segments[-1][0], cast(RunFinished, event))
         elif kind is IterationStarted:
             order.iteration(cast(IterationStarted, event), self.run_id)
         elif kind is OptimizerStep:
