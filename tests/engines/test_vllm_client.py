@@ -18,6 +18,7 @@ from twinkle.engines import (
     VllmClient,
     VllmHttpError,
     VllmReloadError,
+    family_of,
     parse_prometheus_text,
 )
 from twinkle.errors import InvalidArgumentError
@@ -122,12 +123,50 @@ def test_complete_sends_token_ids_and_returns_completions_in_prompt_order(
         "prompt": [[1, 2, 3], [4, 5]],
         "max_tokens": 2,
         "temperature": 0.0,
+        "n": 1,
         "logprobs": 0,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
         "seed": 3,
         "stop_token_ids": [9],
     }
+
+
+def test_complete_with_n_groups_each_prompts_completions_and_sends_allowed_ids(
+    stand_in: StandIn,
+) -> None:
+    # vLLM numbers choice i of prompt p as p * n + i; the reply's order is not promised.
+    choices = [
+        _choice(3, [4], [2], [-0.4]),
+        _choice(0, [1], [5], [-0.1]),
+        _choice(2, [4], [1], [-0.3]),
+        _choice(1, [1], [6], [-0.2]),
+    ]
+    stand_in.routes["POST", "/v1/completions"] = _json({"choices": choices})
+    out = VllmClient(stand_in.url).complete(
+        [[1], [4]], max_tokens=1, temperature=1.0, n=2, allowed_token_ids=[1, 2, 5, 6]
+    )
+    assert [(c.prompt_token_ids, c.token_ids) for c in out] == [
+        ((1,), (5,)),
+        ((1,), (6,)),
+        ((4,), (1,)),
+        ((4,), (2,)),
+    ]
+    (_, _, body) = stand_in.seen[0]
+    assert body["n"] == 2 and body["allowed_token_ids"] == [1, 2, 5, 6]
+
+
+@pytest.mark.parametrize("n", [0, -1, True, 1.5])
+def test_complete_refuses_a_bad_n(stand_in: StandIn, n: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"n=.* must be an int >= 1"):
+        VllmClient(stand_in.url).complete([[1]], max_tokens=1, temperature=0.0, n=n)
+    assert stand_in.seen == []
+
+
+def test_complete_with_n_refuses_a_reply_short_of_choices(stand_in: StandIn) -> None:
+    stand_in.routes["POST", "/v1/completions"] = _json({"choices": [_choice(0, [1], [5], [-0.1])]})
+    with pytest.raises(VllmHttpError, match=r"1 choices for 1 prompts x n=2"):
+        VllmClient(stand_in.url).complete([[1]], max_tokens=1, temperature=0.0, n=2)
 
 
 def test_an_http_error_names_the_engine_endpoint_status_and_body(stand_in: StandIn) -> None:
@@ -233,6 +272,32 @@ def test_metrics_sum_each_sample_over_its_labels(
         "vllm:e2e_request_latency_seconds_count": 3.0,
         "vllm:e2e_request_latency_seconds_sum": 0.75,
     }
+
+
+@pytest.mark.parametrize("parser", ["prometheus_client", "fallback"])
+def test_metrics_of_named_families_only(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch, parser: str
+) -> None:
+    if parser == "fallback":
+        monkeypatch.setitem(sys.modules, "prometheus_client.parser", None)
+    else:
+        pytest.importorskip("prometheus_client")
+    stand_in.routes["GET", "/metrics"] = lambda _b: (200, METRICS.encode())
+    client = VllmClient(stand_in.url)
+    assert client.metrics(families={"vllm:prompt_tokens"}) == {"vllm:prompt_tokens_total": 15.0}
+    histogram = client.metrics(families=["vllm:e2e_request_latency_seconds", "vllm:absent"])
+    assert histogram == {
+        "vllm:e2e_request_latency_seconds_bucket": 5.0,
+        "vllm:e2e_request_latency_seconds_count": 3.0,
+        "vllm:e2e_request_latency_seconds_sum": 0.75,
+    }
+    assert client.metrics(families=()) == {}
+
+
+def test_a_samples_family_drops_its_suffix() -> None:
+    assert family_of("vllm:prompt_tokens_total") == "vllm:prompt_tokens"
+    assert family_of("vllm:e2e_request_latency_seconds_sum") == "vllm:e2e_request_latency_seconds"
+    assert family_of("vllm:kv_cache_usage_perc") == "vllm:kv_cache_usage_perc"
 
 
 def test_the_fallback_parser_reads_special_values_timestamps_and_quoted_braces() -> None:

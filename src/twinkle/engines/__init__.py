@@ -42,6 +42,7 @@ from twinkle.engines.vllm_client import (
     VllmClient,
     VllmHttpError,
     VllmReloadError,
+    family_of,
     parse_prometheus_text,
 )
 from twinkle.engines.weights import (
@@ -79,6 +80,7 @@ __all__ = [
     "VllmReloadError",
     "VllmWeightPublisher",
     "launch_subprocess",
+    "family_of",
     "parse_prometheus_text",
     "prune_versions",
     "publish_safetensors",
