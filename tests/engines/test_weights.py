@@ -153,3 +153,34 @@ def test_the_publisher_refuses_no_engines(tmp_path: Path) -> None:
         VllmWeightPublisher({}, tmp_path)
     with pytest.raises(InvalidArgumentError, match="keep=0"):
         VllmWeightPublisher({"e": VllmClient("http://127.0.0.1:1")}, tmp_path, keep=0)
+
+
+def test_with_a_recorder_the_write_and_each_engines_reload_are_spans(tmp_path: Path) -> None:
+    from twinkle.perf import TimeRecorder
+
+    gate = threading.Event()
+    clients = {"a": FakeClient("a"), "b": FakeClient("b", gate=gate)}
+    recorder = TimeRecorder()
+    acks = _publisher(clients, tmp_path, recorder=recorder)(4, _state())
+    assert next(acks) == "a"  # b still waits on its gate
+    gate.set()
+    assert list(acks) == ["b"]
+    spans = {(s.name, s.attrs.get("engine")): s for s in recorder.drain()}
+    assert sorted(spans) == [("weights.load", "a"), ("weights.load", "b"), ("weights.write", None)]
+    assert all(s.attrs["version"] == 4 and s.error is None for s in spans.values())
+    write = spans["weights.write", None]
+    for engine in "ab":  # each reload starts once the version is on disk
+        assert spans["weights.load", engine].start_ns >= write.end_ns
+    assert spans["weights.load", "b"].end_ns > spans["weights.load", "a"].end_ns
+
+
+def test_a_failed_reload_is_a_span_with_its_error(tmp_path: Path) -> None:
+    from twinkle.perf import TimeRecorder
+
+    recorder = TimeRecorder()
+    with pytest.raises(VllmPublishError):
+        list(
+            _publisher({"a": FakeClient("a", fail=True)}, tmp_path, recorder=recorder)(1, _state())
+        )
+    (load,) = [s for s in recorder.drain() if s.name == "weights.load"]
+    assert load.error == "RuntimeError"  # the exception type: the message goes to the caller

@@ -22,11 +22,13 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Final, final
 
 from twinkle.engines.vllm_client import VllmClient
 from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.perf import TimeRecorder
 
 __all__ = [
     "VllmPublishError",
@@ -113,9 +115,13 @@ class VllmWeightPublisher:
     engine confirmed, versions older than the newest ``keep`` are deleted. The first
     engine failure raises :class:`VllmPublishError` naming it (the driver fails the
     publication); engines still reloading finish on their threads.
+
+    With a ``recorder``, writing a version is a ``weights.write`` span (``version``) and
+    each engine's reload and cache reset a ``weights.load`` span (``engine``,
+    ``version``), measured on the thread that waits for that engine.
     """
 
-    __slots__ = ("_clients", "_clock", "keep", "root")
+    __slots__ = ("_clients", "_clock", "_recorder", "keep", "root")
 
     def __init__(
         self,
@@ -124,6 +130,7 @@ class VllmWeightPublisher:
         *,
         keep: int = 2,
         clock: Callable[[], int] | None = None,
+        recorder: TimeRecorder | None = None,
     ) -> None:
         if not clients:
             raise InvalidArgumentError("clients is empty; pass {engine name: VllmClient}")
@@ -131,6 +138,7 @@ class VllmWeightPublisher:
             raise InvalidArgumentError(f"keep={keep!r} must be >= 1 (the version engines run)")
         self._clients = dict(clients)
         self._clock = clock
+        self._recorder = recorder
         self.keep = keep
         self.root = Path(root)
 
@@ -139,13 +147,21 @@ class VllmWeightPublisher:
         return tuple(self._clients)
 
     def __call__(self, version: int, weights: Mapping[str, Any]) -> Iterator[str | tuple[str, int]]:
-        path = publish_safetensors(weights, self.root, version)
+        rec = self._recorder
+        with nullcontext() if rec is None else rec.span("weights.write", version=version):
+            path = publish_safetensors(weights, self.root, version)
         done: queue.Queue[tuple[str, int | None, BaseException | None]] = queue.Queue()
 
         def reload(name: str, client: VllmClient) -> None:
+            span = (
+                nullcontext()
+                if rec is None
+                else rec.span("weights.load", engine=name, version=version)
+            )
             try:
-                client.reload_weights(path)
-                client.reset_prefix_cache()  # cached prefixes hold the old weights' results
+                with span:
+                    client.reload_weights(path)
+                    client.reset_prefix_cache()  # cached prefixes hold the old results
             except BaseException as exc:
                 done.put((name, None, exc))
             else:
