@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import types
 from typing import Any
 
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.perf import MemoryReading, memory_stats
+from twinkle.perf import MemoryReading, memory_stats, process_memory_stats
 
 GiB = 2**30
 
@@ -350,3 +351,46 @@ def test_memory_stats_reads_real_cuda_peaks_without_resetting_them() -> None:
     assert freed.device_allocated_peak_bytes is not None
     assert freed.device_allocated_peak_bytes >= held.device_allocated_bytes  # not reset
     assert memory_stats().device == "cuda:0"  # the device this process now uses
+
+
+def test_another_processs_memory_is_its_own_resident_set_and_peak() -> None:
+
+    # The child touches ~64 MiB, frees it and waits: its peak stays above its current set.
+    code = "b = bytearray(64 << 20); del b; import sys; sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            reading = process_memory_stats(child.pid, worker_id="engine-0")
+            if reading.host_peak_rss_bytes >= 64 << 20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert reading.worker_id == "engine-0" and reading.pid == child.pid
+        assert reading.device == "cpu" and reading.device_allocated_bytes is None
+        assert reading.host_peak_rss_bytes >= 64 << 20
+        if sys.platform.startswith("linux"):  # VmHWM: the peak, not the current set
+            assert reading.host_rss_bytes < reading.host_peak_rss_bytes
+        mine = memory_stats()
+        assert reading.host_rss_bytes != mine.host_rss_bytes or reading.pid != mine.pid
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait(timeout=30)
+
+
+def test_reading_a_process_that_is_gone_names_it() -> None:
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    with pytest.raises(
+        InvalidArgumentError, match=rf"process {child.pid} \(worker 'w'\) is not running"
+    ):
+        process_memory_stats(child.pid, worker_id="w")
+
+
+@pytest.mark.parametrize(
+    ("pid", "worker_id", "match"),
+    [(0, "w", "pid must be a positive int"), (True, "w", "pid must"), (1, "", "worker_id must")],
+)
+def test_process_memory_refuses_bad_arguments(pid: object, worker_id: object, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        process_memory_stats(pid, worker_id=worker_id)  # type: ignore[arg-type]

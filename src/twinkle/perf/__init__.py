@@ -5,7 +5,7 @@ about RL. torch is never imported by importing this package.
 """
 
 from twinkle.perf.clock import Clock, ClockAnchor, ManualClock, default_clock
-from twinkle.perf.stats import MemoryReading, memory_stats
+from twinkle.perf.stats import MemoryReading, memory_stats, process_memory_stats
 from twinkle.perf.timer import (
     Span,
     SpanContext,
@@ -29,6 +29,7 @@ __all__ = [
     "current_recorder",
     "default_clock",
     "memory_stats",
+    "process_memory_stats",
     "span",
     "timed",
     "use_recorder",

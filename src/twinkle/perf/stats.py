@@ -172,36 +172,82 @@ def _distributed_rank() -> int | None:
     return int(dist.get_rank())
 
 
-def _host_memory_bytes() -> tuple[int, int]:
-    """(resident set, peak resident set) of this process, in bytes."""
+def _host_memory_bytes(pid: int | None = None) -> tuple[int, int]:
+    """(resident set, peak resident set) in bytes of this process, or of process ``pid``.
+
+    Raises :class:`ProcessLookupError` when ``pid`` does not exist (or is a zombie)."""
     if sys.platform.startswith("linux"):
         try:
             # os.read, not open(): a buffered file object costs more than the read.
-            fd = os.open("/proc/self/status", os.O_RDONLY)
+            fd = os.open(f"/proc/{'self' if pid is None else pid}/status", os.O_RDONLY)
             try:
                 text = os.read(fd, 65536)
             finally:
                 os.close(fd)
+        except FileNotFoundError:
+            if pid is not None:
+                raise ProcessLookupError(pid) from None
         except OSError:
             pass
         else:
             # VmRSS and VmHWM come from one snapshot, so peak >= current (the kernel
-            # updates the high-water mark lazily); both are KiB.
+            # updates the high-water mark lazily); both are KiB. A zombie has neither.
             values = dict(_STATUS_RE.findall(text))
             if b"VmRSS" in values and b"VmHWM" in values:
                 return int(values[b"VmRSS"]) * 1024, int(values[b"VmHWM"]) * 1024
+            if pid is not None:
+                raise ProcessLookupError(pid)
     import psutil
 
-    info = psutil.Process().memory_info()
+    try:
+        info = psutil.Process(pid).memory_info()
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(pid) from None
     rss = int(info.rss)
     peak = getattr(info, "peak_wset", None)  # Windows
-    if peak is None:
+    if peak is None and pid is None:
         import resource
 
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         # ru_maxrss is bytes on macOS and KiB on the other Unixes.
         peak = maxrss if sys.platform == "darwin" else maxrss * 1024
-    return rss, max(rss, int(peak))
+    # Another process's peak is unknown on macOS: its current set is all that is known.
+    return rss, max(rss, int(peak or 0))
+
+
+def process_memory_stats(pid: int, *, worker_id: str, rank: int | None = None) -> MemoryReading:
+    """Read another process's host memory (an engine server, a worker this process
+    started): resident set and its peak (Linux ``VmHWM``; elsewhere the peak is the
+    current set, a lower bound), raw bytes, ``device`` ``"cpu"``.
+
+    Raises:
+        InvalidArgumentError: ``pid`` is not a running process, or an argument is
+            malformed.
+    """
+    if not _is_int(pid) or pid <= 0:
+        raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
+    if not isinstance(worker_id, str) or not worker_id:
+        raise InvalidArgumentError(f"worker_id must be a non-empty str, got {worker_id!r}")
+    try:
+        rss, peak_rss = _host_memory_bytes(pid)
+    except ProcessLookupError:
+        raise InvalidArgumentError(
+            f"process {pid} (worker {worker_id!r}) is not running: read a live process's "
+            "memory (has the worker exited?)"
+        ) from None
+    return MemoryReading(
+        worker_id=worker_id,
+        rank=rank,
+        pid=pid,
+        hostname=socket.gethostname(),
+        device="cpu",
+        host_rss_bytes=rss,
+        host_peak_rss_bytes=peak_rss,
+        device_allocated_bytes=None,
+        device_allocated_peak_bytes=None,
+        device_reserved_bytes=None,
+        device_reserved_peak_bytes=None,
+    )
 
 
 def memory_stats(
