@@ -1,0 +1,237 @@
+"""An independent recompute of a demo run's figures from ``events.jsonl`` alone.
+
+Plain ``json`` and the interval code below, not twinkle's observers: the log is read
+event by event, each window is measured from the spans that had arrived when it was
+finalised (``finalise_lag`` boundaries after its end), and every per-iteration and run
+figure is compared with the records (:func:`check_run`). Used by the torch demo's
+recompute tests and the real-vLLM demo's.
+"""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+Iv = tuple[int, int]
+
+
+def merged(ivs: list[Iv]) -> list[Iv]:
+    out: list[list[int]] = []
+    for s, e in sorted(ivs):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(ivs: list[Iv]) -> int:
+    return sum(e - s for s, e in merged(ivs))
+
+
+def minus(a: list[Iv], b: list[Iv]) -> list[Iv]:
+    out = []
+    for s, e in merged(a):
+        cur = s
+        for hs, he in merged(b):
+            if he <= cur or hs >= e:
+                continue
+            if hs > cur:
+                out.append((cur, hs))
+            cur = max(cur, he)
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def both(a: list[Iv], b: list[Iv]) -> int:
+    return length(a) + length(b) - length(a + b)
+
+
+class Recompute:
+    """The figures, from the log's events in order."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        started = events[0]
+        cfg = started["config"]
+        self.phases: dict[str, list[str]] = cfg["phases"]
+        self.pairs = [(p, q) for i, p in enumerate(self.phases) for q in list(self.phases)[i + 1 :]]
+        lag = cfg.get("finalise_lag", 1)
+        self.boundaries: list[tuple[int, int]] = []  # (iteration, monotonic_ns)
+        self.pieces: list[tuple[int, str | None, int, int, int]] = []  # (pos, phase, s, e, tid)
+        self.over: list[tuple[int, int, int, int]] = []  # (pos, s, e, tid)
+        self.late_ns = 0
+        self.spans: list[dict[str, Any]] = []
+        self.samples: dict[tuple[int, str], list[int]] = {}
+        #: position of the event that finalised each boundary's window ("setup" = 0)
+        self.finalised_at: dict[int, int] = {}
+        horizon: int | None = None
+        for pos, ev in enumerate(events):
+            kind = ev["type"]
+            if kind == "iteration_started":
+                self.boundaries.append((ev["iteration"], ev["monotonic_ns"]))
+                k = len(self.boundaries)
+                if k - lag >= 1:  # the window closed by boundary number k - lag is done
+                    horizon = self.boundaries[k - lag - 1][1]
+                    self.finalised_at[k - lag - 1] = pos
+            elif kind == "spans":
+                for s in ev["spans"]:
+                    start, end, tid = s["start_ns"], s["end_ns"], s["thread_id"]
+                    if s["name"] == "twinkle.observe":
+                        self.over.append((pos, start, end, tid))
+                        continue
+                    self.spans.append(s)
+                    if horizon is not None and start < horizon:
+                        self.late_ns += min(end, horizon) - start
+                    if horizon is None or end > horizon:
+                        piece_start = start if horizon is None else max(start, horizon)
+                        self.pieces.append((pos, self.phase(s["name"]), piece_start, end, tid))
+            elif kind == "samples":
+                self.samples.setdefault((ev["iteration"], ev["phase"]), []).extend(ev["lengths"])
+            elif kind == "run_finished":
+                self.finish = ev["monotonic_ns"]
+                self.finish_pos = pos
+        self.run_start = started["monotonic_ns"]
+
+    def phase(self, name: str) -> str | None:
+        for phase, patterns in self.phases.items():
+            if any(fnmatchcase(name, p) if p.endswith("*") else name == p for p in patterns):
+                return phase
+        return None
+
+    def measure(self, lo: int, hi: int, before: int) -> dict[str, Any]:
+        pieces = [
+            (ph, max(s, lo), min(e, hi), t)
+            for p, ph, s, e, t in self.pieces
+            if p < before and e > lo and s < hi
+        ]
+        over = [
+            (max(s, lo), min(e, hi), t)
+            for p, s, e, t in self.over
+            if p < before and e > lo and s < hi
+        ]
+        by = {ph: [(s, e) for q, s, e, _ in pieces if q == ph] for ph in self.phases}
+        logical = {}
+        for ph in self.phases:
+            kept: list[Iv] = []
+            for tid in {t for q, _, _, t in pieces if q == ph}:
+                mine = [(s, e) for q, s, e, t in pieces if q == ph and t == tid]
+                kept += minus(mine, [(s, e) for s, e, t in over if t == tid])
+            logical[ph] = length(kept)
+        busy = length([iv for ivs in by.values() for iv in ivs])
+        return {
+            "wall": hi - lo,
+            "overhead": length([(s, e) for s, e, _ in over]),
+            "busy": busy,
+            "span": sum(e - s for _, s, e, _ in pieces),
+            "phase": {ph: length(ivs) for ph, ivs in by.items()},
+            "logical": logical,
+            "overlap": {(p, q): both(by[p], by[q]) for p, q in self.pairs},
+        }
+
+    def windows(self) -> list[dict[str, Any]]:
+        ends = [b for _, b in self.boundaries[1:]] + [self.finish]
+        return [
+            self.measure(b, end, self.finalised_at.get(k + 1, self.finish_pos))
+            for k, ((_, b), end) in enumerate(zip(self.boundaries, ends, strict=True))
+        ]
+
+    def setup(self) -> tuple[dict[str, Any], int]:
+        before = self.finalised_at.get(0, self.finish_pos)
+        first_boundary = self.boundaries[0][1]
+        starts = [s for p, _, s, _, _ in self.pieces if p < before]
+        starts += [s for p, s, _, _ in self.over if p < before]
+        lo = min([self.run_start, *starts])
+        work = [s for p, ph, s, _, _ in self.pieces if p < before and ph is not None]
+        active_from = min([first_boundary, *work])
+        return self.measure(lo, first_boundary, before), active_from
+
+    def teardown(self) -> dict[str, Any]:
+        end = max([self.finish, *(e for _, _, _, e, _ in self.pieces)])
+        return self.measure(self.finish, end, self.finish_pos + 1)
+
+
+def _s(ns: int) -> float:
+    return ns / 1e9
+
+
+def check_run(run_dir: Path) -> dict[str, Any]:
+    """Recompute every figure of the run in ``run_dir``; returns its run timing record."""
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "metrics_raw.jsonl").read_text().splitlines()]
+    rc = Recompute(events)
+    timing = {
+        r["iteration"]: r["values"]
+        for r in records
+        if r["kind"] == "timing" and r["scope"] == "iteration"
+    }
+    windows = rc.windows()
+    assert sorted(timing) == [it for it, _ in rc.boundaries]
+    for (it, _), w in zip(rc.boundaries, windows, strict=True):
+        t = timing[it]
+        assert t["window_wall_seconds"] == _s(w["wall"])
+        assert t["window_overhead_seconds"] == _s(w["overhead"])
+        assert t["window_logical_seconds"] == _s(w["wall"] - w["overhead"])
+        assert t["window_busy_seconds"] == _s(w["busy"])
+        assert t["window_idle_seconds"] == _s(w["wall"] - w["busy"])
+        assert t["window_span_seconds"] == _s(w["span"])
+        assert t["window_busy_seconds"] <= t["window_wall_seconds"]
+        for ph in rc.phases:
+            assert t[f"window_{ph}_seconds"] == _s(w["phase"][ph]), (it, ph)
+            assert t[f"window_{ph}_logical_seconds"] == _s(w["logical"][ph]), (it, ph)
+        for p, q in rc.pairs:
+            assert t[f"window_overlap_{p}_{q}_seconds"] == _s(w["overlap"][(p, q)])
+    setup, active_from = rc.setup()
+    teardown = rc.teardown()
+    parts = [setup, *windows, teardown]
+    total = {k: sum(p[k] for p in parts) for k in ("wall", "overhead", "busy", "span")}
+    (run,) = [r["values"] for r in records if r["kind"] == "timing" and r["scope"] == "run"]
+    assert run["wall_seconds"] == _s(total["wall"])
+    assert run["busy_seconds"] == _s(total["busy"])
+    assert run["overhead_seconds"] == _s(total["overhead"])
+    assert run["idle_seconds"] == _s(total["wall"] - total["busy"])
+    assert run["setup_wall_seconds"] == _s(setup["wall"])
+    assert run["teardown_wall_seconds"] == _s(teardown["wall"])
+    assert run["late_seconds"] == _s(rc.late_ns)
+    # every span's duration: in a window (clipped) or late
+    assert total["span"] + rc.late_ns == sum(s["end_ns"] - s["start_ns"] for s in rc.spans)
+    for ph in rc.phases:
+        assert run[f"{ph}_seconds"] == _s(sum(p["phase"][ph] for p in parts)), ph
+        assert run[f"{ph}_logical_seconds"] == _s(sum(p["logical"][ph] for p in parts)), ph
+    overlap = {pq: sum(p["overlap"][pq] for p in parts) for pq in rc.pairs}
+    for (p, q), ns in overlap.items():
+        assert run[f"overlap_{p}_{q}_seconds"] == _s(ns)
+    hidden = overlap[("rollout", "train")]
+    generation = sum(p["phase"]["rollout"] for p in parts)
+    assert run["generation_hidden_seconds"] == _s(hidden)
+    assert run["generation_hidden_share"] == hidden / generation
+    # throughput: the iteration's tokens over its window's logical seconds; the run's
+    # every generated token over the active logical seconds (from the first phase span)
+    lead_in = rc.measure(active_from, rc.boundaries[0][1], rc.finish_pos)
+    active_ns = (lead_in["wall"] - lead_in["overhead"]) + sum(
+        p["wall"] - p["overhead"] for p in [*windows, teardown]
+    )
+    assert run["active_logical_seconds"] == _s(active_ns)
+    it_records = {r["iteration"]: r["values"] for r in records if r["kind"] == "iteration"}
+    for (it, _), w in zip(rc.boundaries, windows, strict=True):
+        tokens = sum(rc.samples.get((it, "rollout"), []))
+        assert it_records[it]["tokens"] == tokens
+        seconds = _s(w["wall"] - w["overhead"])
+        assert it_records[it]["tokens_per_s_per_device"] == pytest.approx(
+            tokens / seconds, rel=1e-15
+        )
+    (window,) = [r["values"] for r in records if r["kind"] == "run"]
+    tokens = sum(sum(v) for (_, tag), v in rc.samples.items() if tag == "rollout")
+    assert window["tokens"] == tokens
+    assert window["seconds"] == _s(active_ns)
+    assert window["tokens_per_s_per_device"] == pytest.approx(tokens / _s(active_ns), rel=1e-15)
+    phase_windows = {r["kind"]: r["values"] for r in records if r["scope"] == "window"}
+    rollout_logical = sum(p["logical"]["rollout"] for p in parts)
+    assert phase_windows["rollout"]["seconds"] == _s(rollout_logical)
+    return run
