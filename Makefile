@@ -43,7 +43,10 @@ layers: $(STAMP)
 
 check: lint typing layers test
 
-demo: $(STAMP)
+# DEMO_ARGS="--engine vllm" needs the engines' interpreter too: built on first use.
+DEMO_VLLM := $(strip $(findstring --engine vllm,$(DEMO_ARGS)) $(filter --engine=vllm,$(DEMO_ARGS)))
+
+demo: $(STAMP) $(if $(DEMO_VLLM),$(VLLM_STAMP))
 	$(PY) -m twinkle.cli demo $(DEMO_ARGS)
 
 bench: $(STAMP)
@@ -68,7 +71,7 @@ vllm-venv: $(VLLM_STAMP)
 
 # Real vLLM servers (tests marked vllm); the main venv runs the tests, .venv-vllm the servers.
 test-vllm: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q -m vllm tests/engines/test_vllm_real.py
+	$(PY) -m pytest -q -m vllm tests/engines/test_vllm_real.py tests/demo/test_vllm_demo.py
 
 # Two real vLLM start-ups, concurrent vs serialised (minutes: not in make bench).
 bench-vllm: $(STAMP) $(VLLM_STAMP)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,35 @@ CLI_CASES = [
         r"engines",
     ),
     CliCase(
+        "demo vllm interpreter missing",
+        lambda tmp: [
+            *DEMO,
+            "--engine",
+            "vllm",
+            "--vllm-python",
+            str(tmp / "no-python"),
+            "--out",
+            str(tmp / "o"),
+        ],
+        2,
+        r"the vLLM interpreter '.*no-python' does not exist: build it with make vllm-venv, "
+        r"or name one with --vllm-python or \$TWINKLE_VLLM_PYTHON",
+    ),
+    CliCase(
+        "demo vllm interpreter without vllm",
+        lambda tmp: [
+            *DEMO,
+            "--engine",
+            "vllm",
+            "--vllm-python",
+            sys.executable,
+            "--out",
+            str(tmp / "o"),
+        ],
+        2,
+        r"the vLLM interpreter: VllmConfig.python='.*' does not find vLLM; install it there",
+    ),
+    CliCase(
         "replay out /dev/null",
         lambda tmp: ["replay", log_of(tmp), "--out", "/dev/null", "--no-autoload"],
         2,
@@ -235,6 +265,16 @@ def test_bad_command_line_is_one_line_naming_the_culprit_with_its_exit_status(
         assert not (tmp_path / "o").exists(), "nothing was created for a refused command"
     else:
         assert not list((tmp_path / "o").rglob("summary.json"))
+
+
+def test_an_unknown_engine_is_a_usage_error_naming_the_choices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*DEMO, "--engine", "sglang", "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    assert "argument --engine: invalid choice: 'sglang'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_run_directory_held_by_a_live_run_fails_the_demo_with_exit_1(

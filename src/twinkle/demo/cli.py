@@ -28,7 +28,7 @@ RAW_FILE = "metrics_raw.jsonl"
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options (defaults from :class:`~twinkle.demo.DemoConfig`)."""
-    from twinkle.demo.config import DemoConfig
+    from twinkle.demo.config import DEFAULT_LR, ENGINES, DemoConfig
 
     d = DemoConfig()
     p.add_argument("--iterations", type=int, default=d.iterations, metavar="N")
@@ -48,7 +48,29 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer step"
     )
     p.add_argument("--engines", type=int, default=d.engines, help="rollout engines")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=d.engine,
+        help="torch: in-process tiny decoders (default); vllm: real vLLM servers (make "
+        "vllm-venv) and a transformers Llama trainer",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="the interpreter that runs the vLLM engines (default: $TWINKLE_VLLM_PYTHON, "
+        "else .venv-vllm/bin/python)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="AdamW learning rate (default: "
+        + ", ".join(f"{lr:g} for {engine}" for engine, lr in DEFAULT_LR.items())
+        + ")",
+    )
     overlap = p.add_mutually_exclusive_group()
     overlap.add_argument(
         "--overlap",
@@ -225,9 +247,15 @@ def run_demo_command(args: argparse.Namespace) -> int:
         grad_accum=args.grad_accum,
         engines=args.engines,
         seed=args.seed,
+        lr=args.lr,
         overlap=args.overlap,
         observers=not args.no_observers,
+        engine=args.engine,
     )
+    if cfg.engine == "vllm":  # said now, before anything is created
+        from twinkle.demo.hf import check_vllm_python
+
+        args.vllm_python = check_vllm_python(args.vllm_python)
     run_dir = demo_run_dir(args)
     if run_dir is not None:  # a bad --out is said now, not after torch has loaded
         make_out_dir(args.out)
@@ -257,6 +285,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             progress=progress,
             autoload=False if args.no_autoload else None,
             blocked=args.block,
+            vllm_python=args.vllm_python,
         )
     except BaseException:
         if bar is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +20,7 @@ from twinkle.demo.model import TinyDecoder
 from twinkle.demo.task import DIGITS, EOS, PAD, VOCAB, make_prompts, max_response_tokens, reward
 from twinkle.perf import TimeRecorder
 
-__all__ = ["RolloutBatch", "TorchEngine", "Trajectory", "seed_for"]
+__all__ = ["RolloutBatch", "RolloutEngine", "TorchEngine", "Trajectory", "seed_for"]
 
 
 def seed_for(*parts: int) -> int:
@@ -48,19 +49,25 @@ class Trajectory:
 
 @dataclass(frozen=True, slots=True)
 class RolloutBatch:
-    """One engine's share of an iteration: whole groups of completions."""
+    """One engine's share of an iteration: whole groups of completions, and what the
+    engine itself said about generating them (``engine_figures``; empty when it says
+    nothing)."""
 
     iteration: int
     engine: str
     version: int
     trajectories: tuple[Trajectory, ...]
+    engine_figures: Mapping[str, float] = field(default_factory=dict)
 
 
-class TorchEngine:
-    """A rollout worker with its own model copy; thread-safe generate/load_weights.
+class RolloutEngine:
+    """A rollout worker's schedule, whatever generates: thread-safe ``rollout`` of its
+    share of an iteration with exactly the weight version that iteration is due.
 
-    ``first_iteration``: the run's first iteration in this process (a resumed run
-    continues after its last one), whose weights are version ``first_iteration``.
+    Subclasses generate (``_generate``) and load weights; they call :meth:`loaded` once
+    the engine holds a new version. ``first_iteration``: the run's first iteration in
+    this process (a resumed run continues after its last one), whose weights are
+    version ``first_iteration``.
     """
 
     def __init__(
@@ -77,10 +84,6 @@ class TorchEngine:
         self.index = index
         self.config = config
         self.recorder = recorder
-        self.max_len = config.max_digits + 2 + max_response_tokens(config.max_digits)
-        self.model = TinyDecoder(VOCAB, config.d_model, config.layers, config.heads, self.max_len)
-        self.model.requires_grad_(False)
-        self.model.eval()
         self.version = -1  # nothing loaded yet
         self.generated_through = first_iteration - 1  # last iteration whose rollouts are done
         self._cond = threading.Condition()
@@ -89,24 +92,33 @@ class TorchEngine:
     def _required_version(self, iteration: int) -> int:
         return max(self.first_iteration, iteration - self.config.lag)
 
-    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> str:
-        """Copy ``state`` into this engine's model once no pending rollout needs the old
-        weights; returns the engine's name as the acknowledgement."""
+    def _wait_until_unneeded(self, version: int) -> None:
+        """Block until no pending rollout needs a version older than ``version``."""
         first = self.first_iteration
         last_needing_older = version - 1 + self.config.lag if version > first else first - 1
         with self._cond:
             while self.generated_through < last_needing_older and not self._closed:
                 self._cond.wait(0.05)
-            with self.recorder.span("weights.load", engine=self.name, version=version):
-                self.model.load_state_dict(state)  # a real copy into our own tensors
+
+    def loaded(self, version: int) -> None:
+        """The engine now holds ``version``: rollouts due that version may start."""
+        with self._cond:
             self.version = version
             self._cond.notify_all()
-        return self.name
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def prompts(self, iteration: int) -> list[list[int]]:
+        """This engine's share of ``iteration``'s prompts (token ids)."""
+        cfg = self.config
+        per_engine = cfg.prompts_per_iteration // cfg.engines
+        prompt_rng = random.Random(seed_for(cfg.seed, iteration, 1))
+        return make_prompts(prompt_rng, cfg.prompts_per_iteration, cfg.min_digits, cfg.max_digits)[
+            self.index * per_engine : (self.index + 1) * per_engine
+        ]
 
     def rollout(self, iteration: int) -> RolloutBatch:
         """Generate this engine's groups for ``iteration`` with the version it is due."""
@@ -123,21 +135,18 @@ class TorchEngine:
                     f"{iteration} is due version {need}: the schedule broke"
                 )
             version = self.version
-        per_engine = cfg.prompts_per_iteration // cfg.engines
-        prompt_rng = random.Random(seed_for(cfg.seed, iteration, 1))
-        prompts = make_prompts(
-            prompt_rng, cfg.prompts_per_iteration, cfg.min_digits, cfg.max_digits
-        )[self.index * per_engine : (self.index + 1) * per_engine]
-        gen = torch.Generator().manual_seed(seed_for(cfg.seed, iteration, 2, self.index))
+        prompts = self.prompts(iteration)
         with self.recorder.span("generate", iteration=iteration, engine=self.name):
-            responses = self._generate(prompts, gen)
+            responses = self._generate(prompts, iteration)
+        figures = self._engine_figures()
+        first_group = self.index * (cfg.prompts_per_iteration // cfg.engines)
         with self.recorder.span("reward", iteration=iteration, engine=self.name):
             trajectories = tuple(
                 Trajectory(
                     tuple(p),
                     tuple(r),
                     reward(p, r),
-                    self.index * per_engine + i // cfg.completions_per_prompt,
+                    first_group + i // cfg.completions_per_prompt,
                     tuple(lp),
                 )
                 for i, (p, r, lp) in enumerate(responses)
@@ -145,13 +154,53 @@ class TorchEngine:
         with self._cond:
             self.generated_through = max(self.generated_through, iteration)
             self._cond.notify_all()
-        return RolloutBatch(iteration, self.name, version, trajectories)
+        return RolloutBatch(iteration, self.name, version, trajectories, figures)
+
+    def _engine_figures(self) -> Mapping[str, float]:
+        """What the engine says about the generation just done (none by default)."""
+        return {}
+
+    def _generate(
+        self, prompts: list[list[int]], iteration: int
+    ) -> list[tuple[list[int], list[int], list[float]]]:
+        """``completions_per_prompt`` completions of each prompt, grouped by prompt in the
+        prompts' order: (prompt, response ids up to and including EOS, their logprobs)."""
+        raise NotImplementedError
+
+
+class TorchEngine(RolloutEngine):
+    """A rollout worker with its own torch model copy, in this process."""
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        config: DemoConfig,
+        recorder: TimeRecorder,
+        *,
+        first_iteration: int = 0,
+    ) -> None:
+        super().__init__(name, index, config, recorder, first_iteration=first_iteration)
+        self.max_len = config.max_digits + 2 + max_response_tokens(config.max_digits)
+        self.model = TinyDecoder(VOCAB, config.d_model, config.layers, config.heads, self.max_len)
+        self.model.requires_grad_(False)
+        self.model.eval()
+
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> str:
+        """Copy ``state`` into this engine's model once no pending rollout needs the old
+        weights; returns the engine's name as the acknowledgement."""
+        self._wait_until_unneeded(version)
+        with self._cond, self.recorder.span("weights.load", engine=self.name, version=version):
+            self.model.load_state_dict(state)  # a real copy into our own tensors
+        self.loaded(version)
+        return self.name
 
     @torch.no_grad()
     def _generate(
-        self, prompts: list[list[int]], gen: torch.Generator
+        self, prompts: list[list[int]], iteration: int
     ) -> list[tuple[list[int], list[int], list[float]]]:
         cfg = self.config
+        gen = torch.Generator().manual_seed(seed_for(cfg.seed, iteration, 2, self.index))
         g = cfg.completions_per_prompt
         limit = max_response_tokens(cfg.max_digits)
         out: list[tuple[list[int], list[int], list[float]] | None] = [None] * (len(prompts) * g)

@@ -13,12 +13,13 @@ at import time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from twinkle.demo.task import BOS, DIGITS, EOS, PAD, SEP, VOCAB
-from twinkle.engines.vllm import VllmConfig
+from twinkle.engines.vllm import VllmConfig, VllmNotInstalledError, require_vllm
 from twinkle.errors import InvalidArgumentError
 
 __all__ = [
@@ -26,9 +27,14 @@ __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
     "SEP_TOKEN",
+    "VLLM_PYTHON_ENV",
     "TinyLlamaSpec",
+    "check_vllm_python",
+    "default_vllm_python",
+    "tiny_llama",
     "tiny_vllm_config",
     "token_vocab",
+    "write_model",
     "write_tiny_llama",
     "write_tokenizer",
 ]
@@ -37,6 +43,8 @@ BOS_TOKEN: Final = "<s>"
 SEP_TOKEN: Final = "<sep>"
 EOS_TOKEN: Final = "</s>"
 PAD_TOKEN: Final = "<pad>"
+#: The environment variable naming the interpreter that runs the engines.
+VLLM_PYTHON_ENV: Final = "TWINKLE_VLLM_PYTHON"
 # vLLM's CPU attention accepts only some head sizes (16 is refused, 64 works).
 _HEAD_DIM: Final = 64
 
@@ -59,6 +67,30 @@ _SERVER_ENV: Final = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "HF_HUB_OFFLINE": "1",  # a local model: never ask a hub
 }
+
+
+def default_vllm_python() -> Path:
+    """The interpreter that runs the engines: ``$TWINKLE_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` under the current directory (``make vllm-venv``)."""
+    named = os.environ.get(VLLM_PYTHON_ENV)
+    return Path(named) if named else Path(".venv-vllm") / "bin" / "python"
+
+
+def check_vllm_python(python: str | os.PathLike[str] | None) -> Path:
+    """The engines' interpreter (``python``, else :func:`default_vllm_python`) if it
+    exists and finds vLLM; :class:`~twinkle.errors.InvalidArgumentError` naming it and
+    the fix if not."""
+    interpreter = Path(python) if python is not None else default_vllm_python()
+    fix = f"build it with make vllm-venv, or name one with --vllm-python or ${VLLM_PYTHON_ENV}"
+    if not interpreter.exists():
+        raise InvalidArgumentError(
+            f"the vLLM interpreter {str(interpreter)!r} does not exist: {fix}"
+        )
+    try:
+        require_vllm(str(interpreter))
+    except VllmNotInstalledError as exc:
+        raise InvalidArgumentError(f"the vLLM interpreter: {exc}") from None
+    return interpreter
 
 
 def tiny_vllm_config(
@@ -136,12 +168,10 @@ def write_tokenizer(directory: Path, *, max_length: int = 256) -> None:
     tokenizer.save_pretrained(str(directory))
 
 
-def write_tiny_llama(directory: Path, *, spec: TinyLlamaSpec | None = None, seed: int = 0) -> Path:
-    """Write a randomly initialised tiny Llama (float32 safetensors) and its tokenizer.
-
-    ``directory`` is created if needed; the same ``seed`` writes the same weights.
-    Returns ``directory``. Needs torch and transformers.
-    """
+def tiny_llama(*, spec: TinyLlamaSpec | None = None, seed: int = 0) -> Any:
+    """A randomly initialised tiny ``LlamaForCausalLM`` (float32, untied ``lm_head``) with
+    the task's vocabulary; the same ``seed`` gives the same weights. Needs torch and
+    transformers."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -160,10 +190,30 @@ def write_tiny_llama(directory: Path, *, spec: TinyLlamaSpec | None = None, seed
         pad_token_id=PAD,
         tie_word_embeddings=False,  # lm_head is its own tensor
     )
-    directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.float()  # type: ignore[no-untyped-call]  # whatever torch's default dtype is
-    model.save_pretrained(str(directory), safe_serialization=True)
-    write_tokenizer(directory, max_length=spec.max_positions)
+    return model
+
+
+def write_model(model: Any, directory: Path) -> Path:
+    """Save ``model`` (a transformers causal LM of the task's vocabulary) and the task's
+    tokenizer into ``directory`` (created if needed), as an engine loads them."""
+    from transformers.utils import logging
+
+    directory.mkdir(parents=True, exist_ok=True)
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # one tiny shard: no "Writing model shards" bar
+    try:
+        model.save_pretrained(str(directory), safe_serialization=True)
+    finally:
+        if shown:
+            logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+    write_tokenizer(directory, max_length=model.config.max_position_embeddings)
     return directory
+
+
+def write_tiny_llama(directory: Path, *, spec: TinyLlamaSpec | None = None, seed: int = 0) -> Path:
+    """Write a randomly initialised tiny Llama (:func:`tiny_llama`, float32 safetensors)
+    and its tokenizer into ``directory``; returns ``directory``."""
+    return write_model(tiny_llama(spec=spec, seed=seed), directory)

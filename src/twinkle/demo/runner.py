@@ -6,7 +6,7 @@ The demo is the caller, so it defines the business semantics:
   ``rollout``: generated; ``train``: the trainer's visits);
 * phases: ``rollout`` = the engines' ``generate`` and ``reward`` spans; ``train`` =
   advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
-  step; ``publish`` = weight loading on the engines;
+  step; ``publish`` = writing a weight version (vLLM) and loading it on the engines;
 * the device denominators are the devices each phase really ran on: the trainer and
   every engine run on this host's CPU (the demo places nothing on an accelerator), so
   each phase and the run window count the host as one device, whatever accelerators
@@ -14,6 +14,10 @@ The demo is the caller, so it defines the business semantics:
   as ``x_cluster``, not divided by);
 * streaming: generation is ``rollout``, training is ``train`` (the share of generation
   hidden behind training).
+
+Weights are published as soon as no rollout still needs the older version: version
+``v`` (trained through iteration ``v - 1``) once the rollouts of iteration ``v - 1 +
+lag`` are in, so an engine never swaps weights under a generation in flight.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ import torch
 
 from twinkle.cluster import LocalCluster
 from twinkle.demo.config import DemoConfig
-from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
+from twinkle.demo.engine import RolloutBatch, RolloutEngine, TorchEngine, Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import StreamingDriver
 from twinkle.run import RunSession
@@ -62,12 +66,17 @@ def _cluster(cfg: DemoConfig) -> dict[str, Any]:
 
 def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
     """The business definitions the observers apply (travels in ``run_started``)."""
+    phases: dict[str, list[str]] = {
+        "rollout": ["generate", "reward"],
+        "train": ["advantage", "old_logprobs", "ref_logprobs", "train.*"],
+        "publish": ["weights.load"],
+    }
+    if cfg.engine == "vllm":
+        # The engines' start-up (``engine.start``) is set-up, before the first
+        # iteration: in the log and the trace, but not a phase that opens the window.
+        phases["publish"] = ["weights.write", "weights.load"]
     return {
-        "phases": {
-            "rollout": ["generate", "reward"],
-            "train": ["advantage", "old_logprobs", "ref_logprobs", "train.*"],
-            "publish": ["weights.load"],
-        },
+        "phases": phases,
         "throughput": {
             "rollout": {"samples": "rollout", "devices": devices},
             "train": {"samples": "train", "devices": devices},
@@ -85,7 +94,7 @@ def _steps_per_iteration(cfg: DemoConfig) -> int:
 
 
 def _producer(
-    engine: TorchEngine, iterations: range, stopping: threading.Event
+    engine: RolloutEngine, iterations: range, stopping: threading.Event
 ) -> Callable[[int], RolloutBatch]:
     """One engine's producer: its share of each of ``iterations``, then exhausted; also
     exhausted when the run stops early (``stopping``) and closing the engine cut its
@@ -96,7 +105,7 @@ def _producer(
         iteration = next(counter)  # StopIteration ends the producer
         try:
             return engine.rollout(iteration)
-        except RuntimeError:
+        except Exception:  # a closed engine, a stopped server's refused request
             if stopping.is_set():
                 raise StopIteration from None
             raise
@@ -106,7 +115,7 @@ def _producer(
 
 @contextlib.contextmanager
 def _stop_engines_on_error(
-    engines: Sequence[TorchEngine], stopping: threading.Event
+    engines: Sequence[RolloutEngine], stopping: threading.Event
 ) -> Iterator[None]:
     """On an exception (Ctrl-C, a signal, a failure) close the engines *before* the driver
     joins its producers: a producer waiting for weights that will never be published
@@ -120,6 +129,72 @@ def _stop_engines_on_error(
         raise
 
 
+@dataclass
+class _Rig:
+    """What the loop drives: the trainer, the rollout engines and where weights go;
+    ``after_rollouts(iteration, batches)`` observes the engines once an iteration's
+    rollouts are in, ``totals()`` gives the engines' own terminal totals."""
+
+    trainer: GRPOTrainer
+    engines: Sequence[RolloutEngine]
+    publisher: Any
+    after_rollouts: Callable[[int, Sequence[RolloutBatch]], None] = lambda it, batches: None
+    totals: Callable[[], Mapping[str, int | float]] = dict
+
+
+@contextlib.contextmanager
+def _torch_rig(
+    cfg: DemoConfig, run: RunSession, first: int, on_step: Callable[[int, int, int], object]
+) -> Iterator[_Rig]:
+    trainer = GRPOTrainer(cfg, run.recorder, on_step)
+    engines = [
+        TorchEngine(f"engine{i}", i, cfg, run.recorder, first_iteration=first)
+        for i in range(cfg.engines)
+    ]
+    initial = trainer.state()
+    for engine in engines:
+        engine.load_weights(first, initial)
+    yield _Rig(trainer, engines, publisher=engines)
+
+
+@contextlib.contextmanager
+def _vllm_rig(
+    cfg: DemoConfig,
+    run: RunSession,
+    first: int,
+    on_step: Callable[[int, int, int], object],
+    python: str | os.PathLike[str] | None,
+) -> Iterator[_Rig]:
+    from twinkle.demo.vllm import vllm_rig
+
+    bus = run.bus
+    with vllm_rig(
+        cfg,
+        run.recorder,
+        first_iteration=first,
+        on_step=on_step,
+        python=python,
+        overhead=bus.own_work,
+    ) as rig:
+
+        def after_rollouts(iteration: int, batches: Sequence[RolloutBatch]) -> None:
+            for batch in batches:
+                bus.scalars(
+                    iteration=iteration, name=f"vllm.{batch.engine}", values=batch.engine_figures
+                )
+            with bus.own_work("engine_memory"):
+                readings = rig.engine_memory()
+            bus.memory(readings, iteration=iteration)
+
+        yield _Rig(
+            rig.trainer,
+            rig.engines,
+            publisher=rig.publisher,
+            after_rollouts=after_rollouts,
+            totals=lambda: {"tokens_rollout": rig.engine_tokens()},
+        )
+
+
 def run_demo(
     cfg: DemoConfig,
     *,
@@ -128,8 +203,12 @@ def run_demo(
     progress: Callable[[IterationResult], None] | None = None,
     autoload: bool | None = None,
     blocked: Iterable[str] = (),
+    vllm_python: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
-    """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false."""
+    """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false.
+
+    ``vllm_python``: the interpreter of the vLLM engines (``cfg.engine == "vllm"``;
+    default :func:`twinkle.demo.hf.default_vllm_python`)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
     config = observer_config(cfg, DEMO_DEVICES)
@@ -152,91 +231,102 @@ def run_demo(
         first = 0 if resumed is None else resumed.next_iteration
         steps_before = 0 if resumed is None else resumed.optimizer_steps
         iterations = range(first, first + cfg.iterations)
-        trainer = GRPOTrainer(
-            cfg,
-            rec,
-            on_step=lambda it, step, n: bus.optimizer_step(
-                iteration=it, step=steps_before + step, samples=n
-            ),
+
+        def on_step(it: int, step: int, n: int) -> None:
+            bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
+
+        rig_cm = (
+            _torch_rig(cfg, run, first, on_step)
+            if cfg.engine == "torch"
+            else _vllm_rig(cfg, run, first, on_step, vllm_python)
         )
-        engines = [
-            TorchEngine(f"engine{i}", i, cfg, rec, first_iteration=first)
-            for i in range(cfg.engines)
-        ]
-        initial = trainer.state()
-        for engine in engines:
-            engine.load_weights(first, initial)
-        stopping = threading.Event()
-        producers = {e.name: _producer(e, iterations, stopping) for e in engines}
-        generated = groups = visits = 0
-        try:
-            with (
-                StreamingDriver(
-                    producers,
-                    bus=bus,
-                    publisher=engines,
-                    buffer_size=2 * cfg.engines,
-                    # The driver tags an item with its version when it *calls* the producer;
-                    # the engine then waits for exactly the version the iteration is due
-                    # (iteration - lag), so a tag can trail the real version by up to two
-                    # publishes. The engine's schedule is the real bound; this is the net.
-                    max_staleness=cfg.lag + 2,
-                    auto_iterations=False,
-                    initial_version=first,
-                    first_iteration=first,
-                ) as driver,
-                _stop_engines_on_error(engines, stopping),
-            ):
-                # An engine may finish its share of the next iteration before a slower
-                # engine finishes this one: stash items by iteration, take whole ones.
-                stash: dict[int, list[RolloutBatch]] = {}
-                for it in iterations:
-                    driver.begin_iteration()
-                    with rec.span("wait.rollout", iteration=it):
-                        while len(stash.get(it, ())) < cfg.engines:
-                            (item,) = driver.next_batch(1)
-                            stash.setdefault(item.payload.iteration, []).append(item.payload)
-                    batches = sorted(stash.pop(it), key=lambda b: b.engine)
-                    if [b.engine for b in batches] != sorted(e.name for e in engines):
-                        raise RuntimeError(
-                            f"iteration {it} got rollouts from {[b.engine for b in batches]}, "
-                            "expected one batch per engine"
+        with rig_cm as rig:
+            engines, trainer = rig.engines, rig.trainer
+            stopping = threading.Event()
+            producers = {e.name: _producer(e, iterations, stopping) for e in engines}
+            generated = groups = visits = 0
+            # Version v is published once no rollout needs an older one: when the
+            # rollouts of iteration v - 1 + lag are in.
+            pending: tuple[int, dict[str, torch.Tensor]] | None = None
+            try:
+                with (
+                    StreamingDriver(
+                        producers,
+                        bus=bus,
+                        publisher=rig.publisher,
+                        buffer_size=2 * cfg.engines,
+                        # The driver tags an item with its version when it *calls* the
+                        # producer; the engine then waits for exactly the version the
+                        # iteration is due (iteration - lag), so a tag can trail the real
+                        # version by up to two publishes. The engine's schedule is the
+                        # real bound; this is the net.
+                        max_staleness=cfg.lag + 2,
+                        auto_iterations=False,
+                        initial_version=first,
+                        first_iteration=first,
+                    ) as driver,
+                    _stop_engines_on_error(engines, stopping),
+                ):
+
+                    def publish_due(rollouts_in: int) -> None:
+                        nonlocal pending
+                        if pending is not None and pending[0] - 1 + cfg.lag <= rollouts_in:
+                            driver.publish_weights(pending[1], version=pending[0], wait=False)
+                            pending = None
+
+                    # An engine may finish its share of the next iteration before a
+                    # slower engine finishes this one: stash by iteration, take whole ones.
+                    stash: dict[int, list[RolloutBatch]] = {}
+                    for it in iterations:
+                        driver.begin_iteration()
+                        with rec.span("wait.rollout", iteration=it):
+                            while len(stash.get(it, ())) < cfg.engines:
+                                (item,) = driver.next_batch(1)
+                                stash.setdefault(item.payload.iteration, []).append(item.payload)
+                        batches = sorted(stash.pop(it), key=lambda b: b.engine)
+                        if [b.engine for b in batches] != sorted(e.name for e in engines):
+                            raise RuntimeError(
+                                f"iteration {it} got rollouts from "
+                                f"{[b.engine for b in batches]}, expected one batch per engine"
+                            )
+                        rig.after_rollouts(it, batches)
+                        # Engines load the new weights while the trainer goes on.
+                        publish_due(it)
+                        trajs = tuple(t for b in batches for t in b.trajectories)
+                        lengths = [t.tokens for t in trajs]
+                        bus.samples(
+                            iteration=it,
+                            phase="rollout",
+                            lengths=lengths,
+                            groups=cfg.prompts_per_iteration,
                         )
-                    trajs = tuple(t for b in batches for t in b.trajectories)
-                    lengths = [t.tokens for t in trajs]
-                    bus.samples(
-                        iteration=it,
-                        phase="rollout",
-                        lengths=lengths,
-                        groups=cfg.prompts_per_iteration,
-                    )
-                    generated += len(trajs)
-                    groups += cfg.prompts_per_iteration
-                    result = trainer.train_iteration(it, trajs)
-                    bus.samples(iteration=it, phase="train", lengths=lengths)
-                    visits += len(trajs)
-                    bus.scalars(
-                        iteration=it,
-                        name="grpo",
-                        values={
-                            "reward_mean": result.reward_mean,
-                            "loss": result.loss,
-                            "kl": result.kl,
-                        },
-                    )
-                    run.read_memory(iteration=it)
-                    if it + 1 < iterations.stop:
-                        # Engines load the new weights once their in-flight rollouts that
-                        # still need the old ones are done; the trainer goes on meanwhile.
-                        driver.publish_weights(trainer.state(), version=it + 1, wait=False)
-                    driver.snapshot()
-                    results.append(result)
-                    kept.append(trajs)
-                    if progress is not None:
-                        progress(result)
-        finally:
-            for engine in engines:
-                engine.close()
+                        generated += len(trajs)
+                        groups += cfg.prompts_per_iteration
+                        result = trainer.train_iteration(it, trajs)
+                        bus.samples(iteration=it, phase="train", lengths=lengths)
+                        visits += len(trajs)
+                        bus.scalars(
+                            iteration=it,
+                            name="grpo",
+                            values={
+                                "reward_mean": result.reward_mean,
+                                "loss": result.loss,
+                                "kl": result.kl,
+                            },
+                        )
+                        run.read_memory(iteration=it)
+                        if it + 1 < iterations.stop:
+                            pending = (it + 1, trainer.state())
+                            publish_due(it)
+                        driver.snapshot()
+                        results.append(result)
+                        kept.append(trajs)
+                        if progress is not None:
+                            progress(result)
+            finally:
+                for engine in engines:
+                    engine.close()
+            engine_totals = rig.totals()
         # The producers' own totals calibrate the summary; a restart knows only its
         # own segment's, so it gives none (the summary counts every segment's events).
         summary = run.finish(
@@ -247,6 +337,7 @@ def run_demo(
                 "groups_rollout": groups,
                 "samples_train": visits,
                 "optimizer_updates": trainer.optimizer_steps,
+                **engine_totals,
             }
         )
     return DemoResult(

@@ -17,7 +17,7 @@ from twinkle.demo.model import TinyDecoder
 from twinkle.demo.task import DIGITS, EOS, PAD, VOCAB, max_response_tokens
 from twinkle.perf import TimeRecorder
 
-__all__ = ["ANSWER_BIAS", "GRPOTrainer", "IterationResult", "group_advantages"]
+__all__ = ["ANSWER_BIAS", "GRPOTrainer", "IterationResult", "group_advantages", "tiny_decoder"]
 
 #: Additive logit bias that leaves only the answer alphabet (digits, EOS); large but
 #: finite, so prompt positions (masked out of the loss) never produce NaN.
@@ -51,24 +51,49 @@ class IterationResult:
     tokens: int
 
 
+#: The policy's logits ``[batch, time, vocab]`` for token ids ``[batch, time]``.
+Logits = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _call(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = model(tokens)
+    return out
+
+
+def tiny_decoder(config: DemoConfig) -> TinyDecoder:
+    """The torch demo's policy, initialised from the run's seed."""
+    torch.manual_seed(seed_for(config.seed, 0, 0))
+    max_len = config.max_digits + 2 + max_response_tokens(config.max_digits)
+    return TinyDecoder(VOCAB, config.d_model, config.layers, config.heads, max_len)
+
+
 class GRPOTrainer:
-    """Owns the policy, the frozen reference and the optimizer."""
+    """Owns the policy, the frozen reference and the optimizer.
+
+    ``policy`` defaults to :func:`tiny_decoder`; another module (the vLLM demo's Llama)
+    comes with ``logits`` (default: ``policy(tokens)`` is the logits). :meth:`state` is
+    the policy's own state dict, so its names are what engines load.
+    """
 
     def __init__(
         self,
         config: DemoConfig,
         recorder: TimeRecorder,
         on_step: Callable[[int, int, int], object] | None = None,
+        *,
+        policy: torch.nn.Module | None = None,
+        logits: Logits = _call,
     ) -> None:
         self.config = config
         self.recorder = recorder
         #: called as on_step(iteration, optimizer steps so far, samples in the step)
         self.on_step = on_step
-        torch.manual_seed(seed_for(config.seed, 0, 0))
-        max_len = config.max_digits + 2 + max_response_tokens(config.max_digits)
-        self.policy = TinyDecoder(VOCAB, config.d_model, config.layers, config.heads, max_len)
+        self.policy = tiny_decoder(config) if policy is None else policy
+        self._logits = logits
         self.reference = copy.deepcopy(self.policy).requires_grad_(False).eval()
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=config.learning_rate, weight_decay=0.0
+        )
         self.optimizer_steps = 0
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -99,11 +124,10 @@ class GRPOTrainer:
             out[i, start : start + len(t.logprobs)] = torch.tensor(t.logprobs)
         return out
 
-    @staticmethod
-    def _logprobs(model: TinyDecoder, tokens: torch.Tensor) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         # The same answer alphabet the engines sample from (digits and EOS), so the
         # trainer's and the engines' log-probs are of one distribution.
-        logits = model(tokens[:, :-1]) + ANSWER_BIAS
+        logits = self._logits(model, tokens[:, :-1]) + ANSWER_BIAS
         logp = torch.log_softmax(logits.float(), dim=-1)
         return logp.gather(2, tokens[:, 1:, None]).squeeze(2)
 
