@@ -307,3 +307,39 @@ def test_the_fallback_parser_reads_special_values_timestamps_and_quoted_braces()
     assert parsed["b"] != parsed["b"]  # NaN
     with pytest.raises(InvalidArgumentError, match=r"line 1 .* not a Prometheus sample"):
         parse_prometheus_text("not a sample line at all\n")
+
+
+def test_close_aborts_a_request_in_flight_and_refuses_new_ones(stand_in: StandIn) -> None:
+    import time
+
+    release = threading.Event()
+
+    def slow(_body: Any) -> Reply:
+        release.wait(10)  # a generation that takes long
+        return 200, b'{"choices": []}'
+
+    stand_in.routes["POST", "/v1/completions"] = slow
+    client = VllmClient(stand_in.url, timeout_s=30, name="e0")
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.complete([[1]], max_tokens=1, temperature=0.0)
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 10
+    while not stand_in.seen and time.monotonic() < deadline:  # the request has arrived
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    client.close()
+    caller.join(timeout=5)
+    release.set()
+    assert not caller.is_alive() and time.monotonic() - t0 < 2
+    (exc,) = raised
+    assert isinstance(exc, VllmHttpError)
+    assert "engine 'e0'" in str(exc) and "aborted, the client was closed" in str(exc)
+    with pytest.raises(VllmHttpError, match=r"the client was closed; make a new VllmClient"):
+        client.metrics()

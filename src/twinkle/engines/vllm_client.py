@@ -20,9 +20,12 @@ on vLLM 0.32:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
+import socket
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,10 +69,21 @@ class VllmClient:
     """Talks to one vLLM server at ``base_url`` (``http://host:port``, ``/v1`` optional).
 
     Every request waits at most ``timeout_s``; ``name`` (default: the URL) names the
-    engine in errors.
+    engine in errors. :meth:`close` aborts the requests in flight (from any thread) and
+    refuses new ones.
     """
 
-    __slots__ = ("_host", "_path_prefix", "_port", "name", "root_url", "timeout_s")
+    __slots__ = (
+        "_closed",
+        "_host",
+        "_in_flight",
+        "_lock",
+        "_path_prefix",
+        "_port",
+        "name",
+        "root_url",
+        "timeout_s",
+    )
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, *, name: str | None = None) -> None:
         parts = urlsplit(base_url)
@@ -87,6 +101,21 @@ class VllmClient:
         self._path_prefix = path
         self.timeout_s = timeout_s
         self.name = name or base_url
+        self._lock = threading.Lock()
+        self._in_flight: set[http.client.HTTPConnection] = set()
+        self._closed = False
+
+    def close(self) -> None:
+        """Abort every request in flight (each raises :class:`VllmHttpError` saying the
+        client was closed) and refuse new ones; the server is left running."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._in_flight)
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked reading
 
     # -- the API -----------------------------------------------------------------------
 
@@ -237,15 +266,26 @@ class VllmClient:
         headers = {} if data is None else {"Content-Type": "application/json"}
         where = f"engine {self.name!r} ({self.root_url}): {method} {endpoint}"
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+        with self._lock:
+            if self._closed:
+                raise VllmHttpError(f"{where}: the client was closed; make a new VllmClient")
+            self._in_flight.add(conn)
         try:
+            conn.connect()
+            if self._closed:  # closed while connecting: its shutdown found no socket
+                raise OSError("closed")
             conn.request(method, self._path_prefix + endpoint, body=data, headers=headers)
             reply = conn.getresponse()
             raw = reply.read()
         except (OSError, http.client.HTTPException) as exc:
+            if self._closed:
+                raise VllmHttpError(f"{where}: aborted, the client was closed") from exc
             raise VllmHttpError(
                 f"{where} failed: {exc!r} (is the server up? timeout_s={self.timeout_s})"
             ) from exc
         finally:
+            with self._lock:
+                self._in_flight.discard(conn)
             conn.close()
         if not 200 <= reply.status < 300:
             raise VllmHttpError(
