@@ -175,7 +175,8 @@ def _distributed_rank() -> int | None:
 def _host_memory_bytes(pid: int | None = None) -> tuple[int, int]:
     """(resident set, peak resident set) in bytes of this process, or of process ``pid``.
 
-    Raises :class:`ProcessLookupError` when ``pid`` does not exist (or is a zombie)."""
+    Raises :class:`ProcessLookupError` when ``pid`` does not exist (or is a zombie, or a
+    kernel thread: no resident set), :class:`PermissionError` when it may not be read."""
     if sys.platform.startswith("linux"):
         try:
             # os.read, not open(): a buffered file object costs more than the read.
@@ -203,6 +204,8 @@ def _host_memory_bytes(pid: int | None = None) -> tuple[int, int]:
         info = psutil.Process(pid).memory_info()
     except psutil.NoSuchProcess:
         raise ProcessLookupError(pid) from None
+    except psutil.AccessDenied:
+        raise PermissionError(pid) from None
     rss = int(info.rss)
     peak = getattr(info, "peak_wset", None)  # Windows
     if peak is None and pid is None:
@@ -228,12 +231,21 @@ def process_memory_stats(pid: int, *, worker_id: str, rank: int | None = None) -
         raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
     if not isinstance(worker_id, str) or not worker_id:
         raise InvalidArgumentError(f"worker_id must be a non-empty str, got {worker_id!r}")
+    if rank is not None and (not _is_int(rank) or rank < 0):
+        raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {rank!r}")
     try:
         rss, peak_rss = _host_memory_bytes(pid)
     except ProcessLookupError:
         raise InvalidArgumentError(
-            f"process {pid} (worker {worker_id!r}) is not running: read a live process's "
-            "memory (has the worker exited?)"
+            f"process {pid} (worker {worker_id!r}) is not running, or has no resident "
+            "memory (a zombie, a kernel thread): read a live process's memory (has the "
+            "worker exited?)"
+        ) from None
+    except PermissionError:
+        raise InvalidArgumentError(
+            f"process {pid} (worker {worker_id!r}): its memory may not be read by this "
+            "user (another user's process, or /proc mounted hidepid): read it as its "
+            "owner, or from inside that worker with memory_stats()"
         ) from None
     return MemoryReading(
         worker_id=worker_id,
