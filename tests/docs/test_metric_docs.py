@@ -120,3 +120,10 @@ def test_memory_table_matches_records(records: list[dict[str, Any]]) -> None:
 
 def test_scalars_records_carry_the_callers_values(records: list[dict[str, Any]]) -> None:
     assert _keys(records, "grpo", "iteration") == {"reward_mean"}
+
+
+def test_the_vllm_engine_record_keys_are_the_ones_the_demo_writes() -> None:
+    from twinkle.demo.vllm import ENGINE_COUNTERS, ENGINE_GAUGES
+
+    written = set(ENGINE_COUNTERS) | set(ENGINE_GAUGES) | {"tokens", "gauge_samples"}
+    assert doc_tables()["vllm.<engine>"] == written

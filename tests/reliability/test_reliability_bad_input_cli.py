@@ -206,7 +206,8 @@ CLI_CASES = [
             str(tmp / "o"),
         ],
         2,
-        r"the vLLM interpreter: VllmConfig.python='.*' does not find vLLM; install it there",
+        r"the vLLM interpreter '.*' does not find vLLM: build it with make vllm-venv, or "
+        r"name one with --vllm-python",
     ),
     CliCase(
         "replay out /dev/null",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from twinkle.errors import ConfigError
@@ -28,12 +28,13 @@ class DemoConfig:
     engines: int = 2
     seed: int = 0
     overlap: bool = True
-    # None: the engine's default (DEFAULT_LR). torch: 2e-3, not 1e-2: larger steps
-    # learn the answer's length in a few iterations but leave the digits at chance for
-    # dozens more, the one-step-stale rollouts drift far from the policy being trained,
-    # and the k3 KL of tokens pushed far below the reference blows up (the README's
-    # "What `make demo` does" has the figures). vllm: 1e-3, where the tiny Llama
-    # learned best of 5e-4, 1e-3, 2e-3, 5e-3 and 1e-2 (README, "The demo on vLLM").
+    # None: the engine's default (DEFAULT_LR, read through learning_rate). torch: 2e-3,
+    # not 1e-2: larger steps learn the answer's length in a few iterations but leave the
+    # digits at chance for dozens more, the one-step-stale rollouts drift far from the
+    # policy being trained, and the k3 KL of tokens pushed far below the reference
+    # blows up (the README's "What `make demo` does" has the figures). vllm: 1e-3, where
+    # the tiny Llama learned best of 5e-4, 1e-3, 2e-3, 5e-3 and 1e-2 (the README's "The
+    # demo on real vLLM engines").
     lr: float | None = None
     clip_eps: float = 0.2
     kl_coef: float = 0.005
@@ -51,8 +52,16 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.lr is None:  # frozen: set once, here
-            object.__setattr__(self, "lr", DEFAULT_LR[self.engine])
+        if self.engine == "vllm":
+            shaped = {
+                k: getattr(self, k) for k in _DECODER_SHAPE if getattr(self, k) != _DEFAULTS[k]
+            }
+            if shaped:
+                raise ConfigError(
+                    f"{', '.join(f'{k}={v!r}' for k, v in shaped.items())}: d_model, layers "
+                    "and heads shape the torch demo's decoder; the vLLM demo's policy is the "
+                    "tiny Llama of twinkle.demo.hf (TinyLlamaSpec): leave them out"
+                )
         positive = {
             "iterations": self.iterations,
             "prompts_per_iteration": self.prompts_per_iteration,
@@ -87,7 +96,7 @@ class DemoConfig:
                 f"prompts_per_iteration ({self.prompts_per_iteration}) must be a multiple of "
                 f"engines ({self.engines}): each engine serves an equal share"
             )
-        for fname, fvalue in (("lr", self.lr), ("temperature", self.temperature)):
+        for fname, fvalue in (("lr", self.learning_rate), ("temperature", self.temperature)):
             if isinstance(fvalue, bool) or not isinstance(fvalue, int | float) or not fvalue > 0:
                 raise ConfigError(f"{fname} must be a number > 0, got {fvalue!r}")
         if not 0 < self.clip_eps < 1:
@@ -97,7 +106,7 @@ class DemoConfig:
 
     @property
     def learning_rate(self) -> float:
-        """``lr`` as set by ``__post_init__`` (the engine's default when not given)."""
+        """``lr``, or the engine's default (:data:`DEFAULT_LR`) when it is None."""
         return DEFAULT_LR[self.engine] if self.lr is None else self.lr
 
     @property
@@ -110,4 +119,9 @@ class DemoConfig:
         return 1 if self.overlap else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, ``lr`` as the run uses it (the engine's default when None)."""
+        return {**asdict(self), "lr": self.learning_rate}
+
+
+_DECODER_SHAPE = ("d_model", "layers", "heads")
+_DEFAULTS = {f.name: f.default for f in fields(DemoConfig)}

@@ -92,7 +92,7 @@ class RolloutEngine:
     def _required_version(self, iteration: int) -> int:
         return max(self.first_iteration, iteration - self.config.lag)
 
-    def _wait_until_unneeded(self, version: int) -> None:
+    def wait_until_unneeded(self, version: int) -> None:
         """Block until no pending rollout needs a version older than ``version``."""
         first = self.first_iteration
         last_needing_older = version - 1 + self.config.lag if version > first else first - 1
@@ -111,10 +111,13 @@ class RolloutEngine:
             self._closed = True
             self._cond.notify_all()
 
+    def _per_engine(self) -> int:
+        return self.config.prompts_per_iteration // self.config.engines
+
     def prompts(self, iteration: int) -> list[list[int]]:
         """This engine's share of ``iteration``'s prompts (token ids)."""
         cfg = self.config
-        per_engine = cfg.prompts_per_iteration // cfg.engines
+        per_engine = self._per_engine()
         prompt_rng = random.Random(seed_for(cfg.seed, iteration, 1))
         return make_prompts(prompt_rng, cfg.prompts_per_iteration, cfg.min_digits, cfg.max_digits)[
             self.index * per_engine : (self.index + 1) * per_engine
@@ -136,10 +139,13 @@ class RolloutEngine:
                 )
             version = self.version
         prompts = self.prompts(iteration)
-        with self.recorder.span("generate", iteration=iteration, engine=self.name):
+        span = self.recorder.span(
+            "generate", iteration=iteration, engine=self.name, version=version
+        )
+        with span:
             responses = self._generate(prompts, iteration)
         figures = self._engine_figures()
-        first_group = self.index * (cfg.prompts_per_iteration // cfg.engines)
+        first_group = self.index * self._per_engine()
         with self.recorder.span("reward", iteration=iteration, engine=self.name):
             trajectories = tuple(
                 Trajectory(
@@ -189,7 +195,7 @@ class TorchEngine(RolloutEngine):
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> str:
         """Copy ``state`` into this engine's model once no pending rollout needs the old
         weights; returns the engine's name as the acknowledgement."""
-        self._wait_until_unneeded(version)
+        self.wait_until_unneeded(version)
         with self._cond, self.recorder.span("weights.load", engine=self.name, version=version):
             self.model.load_state_dict(state)  # a real copy into our own tensors
         self.loaded(version)

@@ -76,20 +76,23 @@ def default_vllm_python() -> Path:
     return Path(named) if named else Path(".venv-vllm") / "bin" / "python"
 
 
-def check_vllm_python(python: str | os.PathLike[str] | None) -> Path:
+def check_vllm_python(python: str | os.PathLike[str] | None, *, ask: bool = True) -> Path:
     """The engines' interpreter (``python``, else :func:`default_vllm_python`) if it
-    exists and finds vLLM; :class:`~twinkle.errors.InvalidArgumentError` naming it and
-    the fix if not."""
+    exists and (``ask``: asked in a child process) finds vLLM;
+    :class:`~twinkle.errors.InvalidArgumentError` naming it and the fix if not."""
     interpreter = Path(python) if python is not None else default_vllm_python()
     fix = f"build it with make vllm-venv, or name one with --vllm-python or ${VLLM_PYTHON_ENV}"
     if not interpreter.exists():
         raise InvalidArgumentError(
             f"the vLLM interpreter {str(interpreter)!r} does not exist: {fix}"
         )
-    try:
-        require_vllm(str(interpreter))
-    except VllmNotInstalledError as exc:
-        raise InvalidArgumentError(f"the vLLM interpreter: {exc}") from None
+    if ask:
+        try:
+            require_vllm(str(interpreter))
+        except VllmNotInstalledError:
+            raise InvalidArgumentError(
+                f"the vLLM interpreter {str(interpreter)!r} does not find vLLM: {fix}"
+            ) from None
     return interpreter
 
 

@@ -7,6 +7,8 @@ The demo is the caller, so it defines the business semantics:
 * phases: ``rollout`` = the engines' ``generate`` and ``reward`` spans; ``train`` =
   advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
   step; ``publish`` = writing a weight version (vLLM) and loading it on the engines;
+  ``startup`` = starting the engines (vLLM: ``engine.start``, before the first
+  iteration, so the run window and its throughput include the engines' start-up);
 * the device denominators are the devices each phase really ran on: the trainer and
   every engine run on this host's CPU (the demo places nothing on an accelerator), so
   each phase and the run window count the host as one device, whatever accelerators
@@ -17,7 +19,9 @@ The demo is the caller, so it defines the business semantics:
 
 Weights are published as soon as no rollout still needs the older version: version
 ``v`` (trained through iteration ``v - 1``) once the rollouts of iteration ``v - 1 +
-lag`` are in, so an engine never swaps weights under a generation in flight.
+lag`` are in from every engine, so an engine never swaps weights under a generation in
+flight; a version no rollout would use (the last update's, with streaming) is not
+published. One pending version is enough: the lag is 0 or 1.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from twinkle.cluster import LocalCluster
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, RolloutEngine, TorchEngine, Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
-from twinkle.driver import StreamingDriver
+from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
@@ -72,9 +76,10 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
         "publish": ["weights.load"],
     }
     if cfg.engine == "vllm":
-        # The engines' start-up (``engine.start``) is set-up, before the first
-        # iteration: in the log and the trace, but not a phase that opens the window.
         phases["publish"] = ["weights.write", "weights.load"]
+        # Starting the engines is the run's work too: busy, not idle, in the set-up; and
+        # the run window (its throughput) opens with it.
+        phases["startup"] = ["engine.start"]
     return {
         "phases": phases,
         "throughput": {
@@ -137,7 +142,7 @@ class _Rig:
 
     trainer: GRPOTrainer
     engines: Sequence[RolloutEngine]
-    publisher: Any
+    publisher: Publisher | Sequence[WeightLoader]
     after_rollouts: Callable[[int, Sequence[RolloutBatch]], None] = lambda it, batches: None
     totals: Callable[[], Mapping[str, int | float]] = dict
 
@@ -174,10 +179,11 @@ def _vllm_rig(
         first_iteration=first,
         on_step=on_step,
         python=python,
-        overhead=bus.own_work,
     ) as rig:
 
         def after_rollouts(iteration: int, batches: Sequence[RolloutBatch]) -> None:
+            if not cfg.observers:  # a run without observers observes no engine
+                return
             for batch in batches:
                 bus.scalars(
                     iteration=iteration, name=f"vllm.{batch.engine}", values=batch.engine_figures
@@ -289,9 +295,9 @@ def run_demo(
                                 f"iteration {it} got rollouts from "
                                 f"{[b.engine for b in batches]}, expected one batch per engine"
                             )
-                        rig.after_rollouts(it, batches)
                         # Engines load the new weights while the trainer goes on.
                         publish_due(it)
+                        rig.after_rollouts(it, batches)
                         trajs = tuple(t for b in batches for t in b.trajectories)
                         lengths = [t.tokens for t in trajs]
                         bus.samples(
@@ -315,7 +321,7 @@ def run_demo(
                             },
                         )
                         run.read_memory(iteration=it)
-                        if it + 1 < iterations.stop:
+                        if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
                             pending = (it + 1, trainer.state())
                             publish_due(it)
                         driver.snapshot()

