@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
@@ -191,3 +193,15 @@ def test_a_version_is_published_once_no_rollout_needs_an_older_one(
     ):
         version, engine = load["attrs"]["version"], load["attrs"]["engine"]
         assert generate[version - 1 + lag, engine]["end_ns"] <= load["start_ns"]
+
+
+@given(
+    st.lists(st.integers(0, 9), min_size=1, max_size=8),
+    st.lists(st.sampled_from([*range(10), EOS]), max_size=12),
+)
+def test_the_reward_lies_in_zero_to_one_and_is_one_for_an_exact_copy(
+    digits: list[int], response: list[int]
+) -> None:
+    prompt = [BOS, *digits, SEP]
+    assert 0.0 <= reward(prompt, response) <= 1.0
+    assert reward(prompt, [*digits, EOS]) == 1.0

@@ -49,4 +49,5 @@ def reward(prompt: Sequence[int], response: Sequence[int]) -> float:
             break
         answer.append(tok)
     correct = sum(1 for a, t in zip(answer, target, strict=False) if a == t)
-    return 0.8 * correct / len(target) + (0.2 if len(answer) == len(target) else 0.0)
+    # 0.8 * (correct / k), not 0.8 * correct / k: 0.8 * 3 / 3 is 0.8000000000000002.
+    return 0.8 * (correct / len(target)) + (0.2 if len(answer) == len(target) else 0.0)
