@@ -6,6 +6,9 @@ binds 127.0.0.1 only, and shut down at the end of the session. The fixture asser
 the node and every node's ``NodeManagerAddress`` are 127.0.0.1: test traffic never
 leaves loopback, and no later change can quietly start Ray on another address. Tests that
 need Ray take this fixture; it skips them when ray is not installed.
+
+``stand_in``: a stand-in vLLM server on 127.0.0.1 (:mod:`_vllm_stand_in`), stopped
+after the test.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from _vllm_stand_in import StandIn, serve
 
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
 
@@ -66,3 +71,9 @@ def ray_cluster() -> Iterator[Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    with serve() as server:
+        yield server

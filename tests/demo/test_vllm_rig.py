@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,10 +16,13 @@ from typing import Any
 import pytest
 
 import twinkle.demo.vllm as demo_vllm
+from _vllm_stand_in import Reply, StandIn
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, Trajectory, seed_for
 from twinkle.demo.task import EOS, max_response_tokens, reward
 from twinkle.demo.vllm import (
+    _FIRST_SAMPLE_S,
+    _SAMPLE_EVERY_S,
     ENGINE_COUNTERS,
     ENGINE_GAUGES,
     VllmRolloutEngine,
@@ -98,63 +99,6 @@ def metrics_text(values: dict[str, float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-Reply = tuple[int, bytes]
-
-
-@dataclass
-class StandIn:
-    """A stand-in vLLM server: answers each (method, path) with what ``routes`` says and
-    records every request (method, path, JSON body)."""
-
-    routes: dict[tuple[str, str], Callable[[Any], Reply]] = field(default_factory=dict)
-    seen: list[tuple[str, str, Any]] = field(default_factory=list)
-    url: str = ""
-    #: set at teardown, so a route blocked on it lets the server stop
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def metrics_reads(self) -> int:
-        return sum(1 for method, path, _ in self.seen if (method, path) == ("GET", "/metrics"))
-
-
-@pytest.fixture
-def stand_in() -> Iterator[StandIn]:
-    state = StandIn()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _answer(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            state.seen.append((method, self.path, body))
-            route = state.routes.get((method, self.path))
-            status, raw = route(body) if route else (404, b'{"detail":"Not Found"}')
-            with contextlib.suppress(OSError):  # the client may have hung up meanwhile
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        def do_GET(self) -> None:
-            self._answer("GET")
-
-        def do_POST(self) -> None:
-            self._answer("POST")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 @dataclass
 class Engine:
     """The stand-in's state as a vLLM engine: counters that grow by STEP per completions
@@ -229,7 +173,7 @@ def serve(
 
 
 def rollout_engine(stand_in: StandIn, *, observe: bool = True) -> VllmRolloutEngine:
-    client = VllmClient(stand_in.url, timeout_s=30.0, name=ENGINE)
+    client = VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE)
     return VllmRolloutEngine(ENGINE, 0, CFG, TimeRecorder(), client, observe=observe)
 
 
@@ -343,13 +287,13 @@ def test_a_server_without_one_of_the_counters_is_refused_at_construction_naming_
     stand_in: StandIn, sample: str
 ) -> None:
     serve(stand_in, Engine(missing=frozenset({sample})))
-    client = VllmClient(stand_in.url, timeout_s=30.0, name=ENGINE)
+    client = VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE)
 
     with pytest.raises(InvalidArgumentError) as info:
         VllmRolloutEngine(ENGINE, 0, CFG, TimeRecorder(), client)
 
     message = str(info.value)
-    assert f"engine {ENGINE!r} ({stand_in.url}/metrics) has no {sample}:" in message
+    assert f"engine {ENGINE!r} ({stand_in.root}/metrics) has no {sample}:" in message
     assert "--vllm-python" in message
     others = set(ENGINE_COUNTERS.values()) - {sample}
     assert [o for o in others if o in message] == []
@@ -410,7 +354,7 @@ def test_close_aborts_the_rollout_in_flight_promptly_and_refuses_new_ones(
     assert took < 2.0
     (exc,) = outcome
     assert isinstance(exc, VllmHttpError)
-    assert str(exc).startswith(f"engine {ENGINE!r} ({stand_in.url}): POST /v1/completions")
+    assert str(exc).startswith(f"engine {ENGINE!r} ({stand_in.root}): POST /v1/completions")
     assert "aborted, the client was closed" in str(exc)
     with pytest.raises(RuntimeError, match=f"^engine {ENGINE} closed$"):
         engine.rollout(1)
@@ -453,10 +397,10 @@ def _varying_gauges(stand_in: StandIn) -> list[dict[str, float]]:
 
 def test_gauge_peaks_keep_the_maximum_served_while_a_long_block_runs(stand_in: StandIn) -> None:
     served = _varying_gauges(stand_in)
-    peaks = _GaugePeaks(VllmClient(stand_in.url, timeout_s=30.0, name=ENGINE))
+    peaks = _GaugePeaks(VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE))
 
     with peaks.sampling():
-        time.sleep(1.2)  # samples at ~0.05 s, ~0.55 s, ~1.05 s
+        time.sleep(_FIRST_SAMPLE_S + _SAMPLE_EVERY_S + 0.25)  # two samples, then the end
     _join_sampler(ENGINE)
 
     taken = peaks.take()
@@ -471,10 +415,10 @@ def test_a_block_that_ends_at_once_has_no_samples_and_zero_peaks_even_after_a_sa
     stand_in: StandIn,
 ) -> None:
     served = _varying_gauges(stand_in)
-    peaks = _GaugePeaks(VllmClient(stand_in.url, timeout_s=30.0, name=ENGINE))
+    peaks = _GaugePeaks(VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE))
     assert peaks.take() == {**dict.fromkeys(ENGINE_GAUGES, 0.0), "gauge_samples": 0.0}
     with peaks.sampling():
-        time.sleep(0.6)
+        time.sleep(_FIRST_SAMPLE_S + 0.25)  # one sample
     _join_sampler(ENGINE)
     assert peaks.take()["gauge_samples"] == len(served) >= 1
     reads = len(served)

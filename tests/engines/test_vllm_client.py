@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _vllm_stand_in import Reply, StandIn
 from twinkle.engines import (
     Completion,
     VllmClient,
@@ -34,54 +33,6 @@ vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 3.0
 vllm:e2e_request_latency_seconds_count{model_name="m"} 3.0
 vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.75
 """
-
-Reply = tuple[int, bytes]
-
-
-@dataclass
-class StandIn:
-    """Answers each (method, path) with what ``routes`` says; records request bodies."""
-
-    routes: dict[tuple[str, str], Callable[[Any], Reply]] = field(default_factory=dict)
-    seen: list[tuple[str, str, Any]] = field(default_factory=list)
-    url: str = ""
-
-
-@pytest.fixture
-def stand_in() -> Iterator[StandIn]:
-    state = StandIn()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _answer(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            state.seen.append((method, self.path, body))
-            route = state.routes.get((method, self.path))
-            status, raw = route(body) if route else (404, b'{"detail":"Not Found"}')
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def do_GET(self) -> None:
-            self._answer("GET")
-
-        def do_POST(self) -> None:
-            self._answer("POST")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def _json(obj: Any, status: int = 200) -> Callable[[Any], Reply]:
