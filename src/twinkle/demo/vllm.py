@@ -94,11 +94,12 @@ ENGINE_GAUGES: Final = {
 #: The families read: only their lines are parsed (a server's whole text takes ~18 ms).
 _COUNTER_FAMILIES: Final = frozenset(family_of(s) for s in ENGINE_COUNTERS.values())
 _GAUGE_FAMILIES: Final = frozenset(ENGINE_GAUGES.values())
-# Each sample costs the server ~12 ms to render and us ~3 ms to read, on cores the
-# trainer shares: a coarse sample of the peak, not a trace. The first comes soon after
-# the request is sent, the scheduler's first steps in.
-_FIRST_SAMPLE_S: Final = 0.05
-_SAMPLE_EVERY_S: Final = 0.5
+# Each sample costs the server ~12 ms to render its whole text (it ignores the
+# ``name[]`` filter) and us ~3 ms to read, on cores the trainer shares: a coarse sample
+# of the peak, not a trace. The first comes once the scheduler has admitted the request
+# (~1 s of generation here gets one or two).
+_FIRST_SAMPLE_S: Final = 0.25
+_SAMPLE_EVERY_S: Final = 1.0
 _START_TIMEOUT_S: Final = 900.0  # two servers on two busy cores take ~1.5 min
 _REQUEST_TIMEOUT_S: Final = 300.0
 _SEED_MODULUS: Final = 2**31  # vLLM adds the completion's index to a request's seed
