@@ -1,6 +1,7 @@
 """``python -m bench [--smoke] [--only NAME]``: run the benchmarks and print one ratio table.
 
-Real vLLM start-up (``bench_vllm_startup``, minutes) runs only when ``--only`` names it.
+The real-vLLM benchmarks (``bench_vllm_startup``, ``bench_vllm_demo``: minutes each) run
+only when ``--only`` names them (``--only vllm`` both).
 
 Every module measures twinkle side by side with its baseline and with the tools people
 use today (codetiming, torch.profiler, Lightning, stdlib json/logging, blinker) in this
@@ -30,7 +31,7 @@ MODULES = [
     "bench.bench_engines",
 ]
 # Run only when an --only names them: real vLLM servers cost minutes (make bench-vllm).
-ON_REQUEST = ["bench.bench_vllm_startup"]
+ON_REQUEST = ["bench.bench_vllm_startup", "bench.bench_vllm_demo"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         default=[],
-        help="module name substring (bench_vllm_startup runs only when named: --only vllm)",
+        help="module name substring (the bench_vllm_* modules run only when named: --only vllm)",
     )
     parser.add_argument(
         "--doc",
