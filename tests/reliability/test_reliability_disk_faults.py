@@ -263,8 +263,10 @@ def faulty_run(
             if i == 2:
                 faults.on = True  # the disk fills up during iteration 2
             if i == heal_at:
-                if background:
-                    _let_the_event_log_meet_the_fault(run)
+                # The event log has its writer thread whatever ``background`` says (that
+                # is the records' writer): without this wait it may not have written
+                # while the fault lasted, and the sync case flaked (seen once under CI).
+                _let_the_event_log_meet_the_fault(run)
                 faults.on = False
             run.bus.iteration_started(i)  # never raises into the training loop
             with run.recorder.span("train.step", iteration=i):
