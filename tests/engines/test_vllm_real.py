@@ -182,6 +182,39 @@ def test_the_client_completes_token_ids_with_their_logprobs(servers: Servers) ->
             )
 
 
+def test_sampled_tokens_carry_the_models_own_logprobs_and_a_seed_repeats_them(
+    servers: Servers,
+) -> None:
+    """n seeded samples per prompt: each token's logprob is what the same weights give in
+    transformers (the server's default, raw logprobs: the model's log-softmax), and the
+    same seed samples the same tokens again."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(servers.model_dir).eval()
+    n = 4
+    for engine in servers.engines.values():
+        client = _client(engine)
+
+        def sample() -> list[Any]:
+            return client.complete(
+                PROMPTS, n=n, max_tokens=MAX_TOKENS, temperature=1.0, seed=7, ignore_eos=True
+            )
+
+        out = sample()
+        assert [list(c.prompt_token_ids) for c in out] == [p for p in PROMPTS for _ in range(n)]
+        worst = 0.0
+        for c in out:
+            ids = torch.tensor([[*c.prompt_token_ids, *c.token_ids]])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            start = len(c.prompt_token_ids) - 1  # position t predicts token t + 1
+            mine = logp[start:].gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            worst = max(worst, *(abs(a - b) for a, b in zip(c.logprobs, mine.tolist())))
+        assert worst < 1e-4, worst
+        assert [c.token_ids for c in sample()] == [c.token_ids for c in out]
+
+
 def test_the_publisher_reloads_every_engine_and_a_new_version_restores_them(
     servers: Servers, tmp_path: Path
 ) -> None:

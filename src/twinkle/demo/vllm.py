@@ -16,12 +16,13 @@
   atomically, every engine reloads it concurrently): ``weights_published`` fires once
   every engine confirmed, and an engine generates an iteration only with exactly the
   version it is due;
-* each engine's ``/metrics`` read when its rollouts are in (the engines are idle then,
-  so the figures are that iteration's): tokens, request seconds, the peak KV-cache use
-  and queue length sampled while it generated, as ``scalars`` named ``vllm.<engine>``;
-  the memory of every engine process as memory readings; the engines' own token total
-  as the terminal total of ``tokens_rollout``, so the summary shows any discrepancy
-  with the trainer's count.
+* each engine's ``/metrics`` counters read right after each of its replies (its one
+  request is all it served since the previous read, so the figures are that
+  iteration's): tokens, requests, request seconds, prefix-cache hits, and the KV-cache
+  use and queue length sampled while it generated, as ``scalars`` named
+  ``vllm.<engine>`` (``docs/metrics.md``); the memory of every engine process as memory
+  readings; the engines' own token total as the terminal total of ``tokens_rollout``,
+  so the summary shows any discrepancy with the trainer's count.
 
 The model, the published versions and the engines' logs live in a temporary directory,
 removed when the run ends (kept, its path on stderr, when the engines failed).
