@@ -73,7 +73,8 @@ vllm-venv: $(VLLM_STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q -m vllm tests/engines/test_vllm_real.py tests/demo/test_vllm_demo.py
 
-# Two real vLLM start-ups, concurrent vs serialised (minutes: not in make bench).
+# Real vLLM benchmarks (minutes: not in make bench): two start-ups concurrent vs
+# serialised, and the vLLM demo observed vs not.
 bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m bench --only vllm
 

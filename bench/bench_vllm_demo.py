@@ -3,7 +3,7 @@
 ``twinkle demo --engine vllm`` (two real vLLM servers from ``.venv-vllm``, the tiny
 Llama trainer) runs ``ITERATIONS`` iterations fully observed (the five files, the
 engines' ``/metrics`` read per rollout, memory of every engine process) and without
-observers (no files, no engine reads), alternately (machines are noisy). Both runs
+observers (no files, no engine reads per rollout), alternately (machines are noisy). Both runs
 generate the same tokens (seeded sampling on the same weights), so their loops do the
 same work. The figure is the loop's wall time per iteration, timed here from the
 first iteration's end to the last one's (the first iteration carries the engines'

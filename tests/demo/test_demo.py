@@ -4,6 +4,7 @@ events.jsonl in test_recompute.py)."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
+from twinkle.demo.engine import RolloutEngine, TorchEngine
 from twinkle.demo.runner import DemoResult, run_demo
 from twinkle.demo.task import BOS, EOS, SEP, reward
 from twinkle.demo.trainer import group_advantages
@@ -164,11 +166,31 @@ def test_default_run_learns() -> None:
     ("overlap", "versions"), [(True, [1, 2, 5, 6]), (False, [1, 2, 3, 5, 6, 7])]
 )
 def test_a_version_is_published_once_no_rollout_needs_an_older_one(
-    tmp_path: Path, overlap: bool, versions: list[int]
+    tmp_path: Path, overlap: bool, versions: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two segments of one run (the second resumes at iteration 4): each update that a
-    later rollout uses is published, once every rollout due an older version is done,
-    and every rollout ran on exactly the version its iteration is due."""
+    later rollout uses is published, once every rollout due an older version is done
+    (the engines' own wait is made a check, so a loop that published early fails), and
+    every rollout ran on exactly the version its iteration is due."""
+
+    def unneeded_already(engine: RolloutEngine, version: int) -> None:
+        first = engine.first_iteration
+        needed = version - 1 + engine.config.lag if version > first else first - 1
+        assert engine.generated_through >= needed, (
+            f"version {version} published while {engine.name} had rollouts through "
+            f"{engine.generated_through} only, {needed} needing an older one"
+        )
+
+    monkeypatch.setattr(RolloutEngine, "wait_until_unneeded", unneeded_already)
+    # Generation slower than training: a loop that published as soon as it trained would
+    # publish while the next iteration's rollouts are still being generated.
+    generate = TorchEngine._generate
+
+    def slow(engine: TorchEngine, prompts: list[list[int]], iteration: int) -> Any:
+        time.sleep(0.2)
+        return generate(engine, prompts, iteration)
+
+    monkeypatch.setattr(TorchEngine, "_generate", slow)
     cfg = DemoConfig(
         iterations=4,
         prompts_per_iteration=2,

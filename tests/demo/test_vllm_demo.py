@@ -155,6 +155,9 @@ def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
         v["kv_cache_usage_sampled_max"] > 0 and v["requests_running_sampled_max"] > 0
         for v in sampled
     )
+    # Each read is a span of its own, between the engine's generate and reward spans.
+    reads = {(s["attrs"]["iteration"], s["attrs"]["engine"]) for s in demo.spans("engine.metrics")}
+    assert reads == {(it, e) for it in range(ITERATIONS) for e in ENGINES}
     counts = demo.summary["counts"]["tokens_rollout"]
     assert counts["terminal"] == counts["accumulated"] == sum(map(sum, rollout.values()))
     assert counts["discrepancy"] == 0

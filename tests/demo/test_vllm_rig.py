@@ -21,8 +21,6 @@ from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, Trajectory, seed_for
 from twinkle.demo.task import EOS, max_response_tokens, reward
 from twinkle.demo.vllm import (
-    _FIRST_SAMPLE_S,
-    _SAMPLE_EVERY_S,
     ENGINE_COUNTERS,
     ENGINE_GAUGES,
     VllmRolloutEngine,
@@ -282,8 +280,8 @@ def test_without_observe_engine_figures_are_empty_and_metrics_are_read_only_at_c
     assert stand_in.metrics_reads() == 1
 
 
-@pytest.mark.parametrize("sample", sorted(ENGINE_COUNTERS.values()))
-def test_a_server_without_one_of_the_counters_is_refused_at_construction_naming_it(
+@pytest.mark.parametrize("sample", sorted([*ENGINE_COUNTERS.values(), *ENGINE_GAUGES.values()]))
+def test_a_server_without_one_of_the_counters_or_gauges_is_refused_at_construction_naming_it(
     stand_in: StandIn, sample: str
 ) -> None:
     serve(stand_in, Engine(missing=frozenset({sample})))
@@ -295,7 +293,7 @@ def test_a_server_without_one_of_the_counters_is_refused_at_construction_naming_
     message = str(info.value)
     assert f"engine {ENGINE!r} ({stand_in.root}/metrics) has no {sample}:" in message
     assert "--vllm-python" in message
-    others = set(ENGINE_COUNTERS.values()) - {sample}
+    others = {*ENGINE_COUNTERS.values(), *ENGINE_GAUGES.values()} - {sample}
     assert [o for o in others if o in message] == []
 
 
@@ -373,38 +371,52 @@ def _join_sampler(name: str) -> None:
             assert not thread.is_alive()
 
 
-def _varying_gauges(stand_in: StandIn) -> list[dict[str, float]]:
-    """Serve gauges that change with every read (the peak is not the last); returns the
-    list of what each read served."""
-    served: list[dict[str, float]] = []
+@dataclass
+class Gauges:
+    """What a stand-in served for the gauges: each read's values, and a semaphore
+    released once per read (a test waits for reads, never for a time)."""
+
+    served: list[dict[str, float]] = field(default_factory=list)
+    reads: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+
+    def wait_for(self, n: int) -> None:
+        for _ in range(n):
+            assert self.reads.acquire(timeout=10), "the sampler did not read in 10 s"
+
+
+def _varying_gauges(stand_in: StandIn) -> Gauges:
+    """Serve gauges that change with every read (the peak is not the last)."""
+    gauges = Gauges()
     kv = [0.5, 0.875, 0.25, 0.625]
     running = [3.0, 1.0, 4.0, 2.0]
     waiting = [0.0, 6.0, 2.0, 5.0]
 
     def metrics(_body: Any) -> Reply:
-        k = len(served) % 4
+        k = len(gauges.served) % 4
         values = {
             "vllm:kv_cache_usage_perc": kv[k],
             "vllm:num_requests_running": running[k],
             "vllm:num_requests_waiting": waiting[k],
         }
-        served.append(values)
+        gauges.served.append(values)
+        gauges.reads.release()
         return 200, metrics_text({**START, **values}).encode()
 
     stand_in.routes["GET", "/metrics"] = metrics
-    return served
+    return gauges
 
 
 def test_gauge_peaks_keep_the_maximum_served_while_a_long_block_runs(stand_in: StandIn) -> None:
-    served = _varying_gauges(stand_in)
+    gauges = _varying_gauges(stand_in)
     peaks = _GaugePeaks(VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE))
 
     with peaks.sampling():
-        time.sleep(_FIRST_SAMPLE_S + _SAMPLE_EVERY_S + 0.25)  # two samples, then the end
+        gauges.wait_for(3)  # the block lasts until the sampler has read three times
     _join_sampler(ENGINE)
 
     taken = peaks.take()
-    assert taken["gauge_samples"] == len(served) >= 2
+    served = gauges.served
+    assert taken["gauge_samples"] == len(served) >= 3
     assert taken == {
         **{key: max(s[sample] for s in served) for key, sample in ENGINE_GAUGES.items()},
         "gauge_samples": float(len(served)),
@@ -414,21 +426,21 @@ def test_gauge_peaks_keep_the_maximum_served_while_a_long_block_runs(stand_in: S
 def test_a_block_that_ends_at_once_has_no_samples_and_zero_peaks_even_after_a_sampled_one(
     stand_in: StandIn,
 ) -> None:
-    served = _varying_gauges(stand_in)
+    gauges = _varying_gauges(stand_in)
     peaks = _GaugePeaks(VllmClient(stand_in.root, timeout_s=30.0, name=ENGINE))
     assert peaks.take() == {**dict.fromkeys(ENGINE_GAUGES, 0.0), "gauge_samples": 0.0}
     with peaks.sampling():
-        time.sleep(_FIRST_SAMPLE_S + 0.25)  # one sample
+        gauges.wait_for(1)
     _join_sampler(ENGINE)
-    assert peaks.take()["gauge_samples"] == len(served) >= 1
-    reads = len(served)
+    assert peaks.take()["gauge_samples"] == len(gauges.served) >= 1
+    reads = len(gauges.served)
 
     with peaks.sampling():
-        pass
+        pass  # ends long before the first sample is due
     _join_sampler(ENGINE)
 
     assert peaks.take() == {**dict.fromkeys(ENGINE_GAUGES, 0.0), "gauge_samples": 0.0}
-    assert len(served) == reads
+    assert len(gauges.served) == reads
 
 
 # -- vllm_rig's clean-up -------------------------------------------------------------
@@ -528,4 +540,7 @@ def test_a_failure_after_the_engines_wrote_logs_keeps_them_and_names_them_on_std
     (workdir,) = fake_rig.workdir
     logs = workdir / "logs"
     assert (logs / f"{ENGINE}.log").read_text() == "engine core died\n"
-    assert capsys.readouterr().err == (f"twinkle demo: the vLLM engines' logs are kept in {logs}\n")
+    assert capsys.readouterr().err == (
+        "twinkle demo: the vLLM demo's work directory (model, weights, the engines' logs "
+        f"in logs/) is kept in {logs.parent}\n"
+    )

@@ -366,9 +366,11 @@ def test_another_processs_memory_is_its_own_resident_set_and_peak() -> None:
         reading = process_memory_stats(child.pid, worker_id="engine-0")
         assert reading.worker_id == "engine-0" and reading.pid == child.pid != os.getpid()
         assert reading.device == "cpu" and reading.device_allocated_bytes is None
-        assert reading.host_peak_rss_bytes >= 64 << 20
         if sys.platform.startswith("linux"):  # VmHWM: the peak, not the current set
+            assert reading.host_peak_rss_bytes >= 64 << 20
             assert reading.host_rss_bytes < reading.host_peak_rss_bytes - (32 << 20)
+        else:  # elsewhere another process's peak is its current set
+            assert reading.host_peak_rss_bytes == reading.host_rss_bytes > 0
     finally:
         assert child.stdin is not None
         child.stdin.close()

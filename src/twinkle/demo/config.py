@@ -119,8 +119,9 @@ class DemoConfig:
         return 1 if self.overlap else 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, ``lr`` as the run uses it (the engine's default when None)."""
-        return {**asdict(self), "lr": self.learning_rate}
+        """The fields as given (``lr`` None: the engine's default, see
+        :attr:`learning_rate`), so ``DemoConfig(**cfg.to_dict()) == cfg``."""
+        return asdict(self)
 
 
 _DECODER_SHAPE = ("d_model", "layers", "heads")

@@ -144,7 +144,7 @@ class RolloutEngine:
         )
         with span:
             responses = self._generate(prompts, iteration)
-        figures = self._engine_figures()
+        figures = self._engine_figures(iteration)
         first_group = self.index * self._per_engine()
         with self.recorder.span("reward", iteration=iteration, engine=self.name):
             trajectories = tuple(
@@ -162,8 +162,8 @@ class RolloutEngine:
             self._cond.notify_all()
         return RolloutBatch(iteration, self.name, version, trajectories, figures)
 
-    def _engine_figures(self) -> Mapping[str, float]:
-        """What the engine says about the generation just done (none by default)."""
+    def _engine_figures(self, iteration: int) -> Mapping[str, float]:
+        """What the engine says about generating ``iteration`` (none by default)."""
         return {}
 
     def _generate(

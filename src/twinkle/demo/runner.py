@@ -20,14 +20,16 @@ The demo is the caller, so it defines the business semantics:
 Weights are published as soon as no rollout still needs the older version: version
 ``v`` (trained through iteration ``v - 1``) once the rollouts of iteration ``v - 1 +
 lag`` are in from every engine, so an engine never swaps weights under a generation in
-flight; a version no rollout would use (the last update's, with streaming) is not
-published. One pending version is enough: the lag is 0 or 1.
+flight. A version no rollout uses is not published (the last update's; with streaming
+the one before too). One pending version is enough: the lag is 0 or 1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,8 +42,10 @@ import torch
 from twinkle.cluster import LocalCluster
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, RolloutEngine, TorchEngine, Trajectory
+from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
+from twinkle.engines import VllmHttpError
 from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
@@ -75,11 +79,13 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
         "train": ["advantage", "old_logprobs", "ref_logprobs", "train.*"],
         "publish": ["weights.load"],
     }
+    model: dict[str, Any] = {}
     if cfg.engine == "vllm":
         phases["publish"] = ["weights.write", "weights.load"]
         # Starting the engines is the run's work too: busy, not idle, in the set-up; and
         # the run window (its throughput) opens with it.
         phases["startup"] = ["engine.start"]
+        model = {"x_model": dataclasses.asdict(TinyLlamaSpec())}  # d_model etc. are unused
     return {
         "phases": phases,
         "throughput": {
@@ -89,7 +95,8 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
         "window": {"samples": "rollout", "devices": devices},
         "streaming": {"generation": "rollout", "training": "train"},
         "total_steps": cfg.iterations * _steps_per_iteration(cfg),
-        "x_demo": cfg.to_dict(),
+        "x_demo": {**cfg.to_dict(), "lr": cfg.learning_rate},  # the lr used
+        **model,
     }
 
 
@@ -192,12 +199,22 @@ def _vllm_rig(
                 readings = rig.engine_memory()
             bus.memory(readings, iteration=iteration)
 
+        def totals() -> dict[str, int]:
+            try:
+                return {"tokens_rollout": rig.engine_tokens()}
+            except VllmHttpError as exc:  # the run is done: its summary just lacks it
+                print(
+                    f"twinkle demo: no engine token total for the summary to compare: {exc}",
+                    file=sys.stderr,
+                )
+                return {}
+
         yield _Rig(
             rig.trainer,
             rig.engines,
             publisher=rig.publisher,
             after_rollouts=after_rollouts,
-            totals=lambda: {"tokens_rollout": rig.engine_tokens()},
+            totals=totals,
         )
 
 
@@ -332,9 +349,9 @@ def run_demo(
             finally:
                 for engine in engines:
                     engine.close()
-            engine_totals = rig.totals()
-        # The producers' own totals calibrate the summary; a restart knows only its
-        # own segment's, so it gives none (the summary counts every segment's events).
+            # The engines' own totals calibrate the summary; a restart knows only its
+            # own segment's, so it gives none (the summary counts every segment's events).
+            engine_totals = rig.totals() if resumed is None and cfg.observers else {}
         summary = run.finish(
             terminal_totals=None
             if resumed is not None

@@ -127,7 +127,8 @@ class GRPOTrainer:
     def _logprobs(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         # The same answer alphabet the engines sample from (digits and EOS), so the
         # trainer's and the engines' log-probs are of one distribution.
-        logits = self._logits(model, tokens[:, :-1]) + ANSWER_BIAS
+        # At the engines' temperature: the distribution they sampled from (exact at 1.0).
+        logits = self._logits(model, tokens[:, :-1]) / self.config.temperature + ANSWER_BIAS
         logp = torch.log_softmax(logits.float(), dim=-1)
         return logp.gather(2, tokens[:, 1:, None]).squeeze(2)
 

@@ -25,7 +25,8 @@
   so the summary shows any discrepancy with the trainer's count.
 
 The model, the published versions and the engines' logs live in a temporary directory,
-removed when the run ends (kept, its path on stderr, when the engines failed).
+removed when the run ends or is interrupted; a run that fails once the engines have
+written logs keeps it, and names it on stderr.
 """
 
 from __future__ import annotations
@@ -168,11 +169,13 @@ class VllmRolloutEngine(RolloutEngine):
     prompts, ``completions_per_prompt`` samples each, seeded per iteration and engine.
 
     After each reply the engine's counters are read (on the rollout's thread, between
-    its ``generate`` and ``reward`` spans: with streaming that is hidden behind
-    training, so it is not deducted as twinkle's own time) and differenced with the
-    previous read. ``observe=False`` (a run without observers) reads none. Raises
-    :class:`~twinkle.errors.InvalidArgumentError` at once when the server lacks one of
-    :data:`ENGINE_COUNTERS` (another vLLM version renamed it).
+    its ``generate`` and ``reward`` spans, as an ``engine.metrics`` span: not deducted as
+    twinkle's own time, since it is off the run's path when training hides it; on the
+    path when the loop waits for this rollout) and differenced with the previous read.
+    ``observe=False`` (a run without observers) reads none per rollout: only the
+    baseline at the start. Raises :class:`~twinkle.errors.InvalidArgumentError` at once
+    when the server lacks one of :data:`ENGINE_COUNTERS` or :data:`ENGINE_GAUGES`
+    (another vLLM version renamed it).
     """
 
     def __init__(
@@ -190,9 +193,13 @@ class VllmRolloutEngine(RolloutEngine):
         self.client = client
         self.gauges = _GaugePeaks(client)
         self._observe = observe
+        # One read at the start: the counters' baseline, and the check that the server
+        # has every counter and gauge read later (vLLM has renamed some before).
+        first = client.metrics(_COUNTER_FAMILIES | _GAUGE_FAMILIES)
         #: the engine's counters at its last read (the rig's start, then each rollout)
-        self.last_metrics = client.metrics(_COUNTER_FAMILIES)
-        missing = sorted(set(ENGINE_COUNTERS.values()) - set(self.last_metrics))
+        self.last_metrics = {k: v for k, v in first.items() if k not in _GAUGE_FAMILIES}
+        wanted = {*ENGINE_COUNTERS.values(), *(ENGINE_GAUGES.values() if observe else ())}
+        missing = sorted(wanted - set(first))
         if missing:
             raise InvalidArgumentError(
                 f"engine {name!r} ({client.root_url}/metrics) has no {', '.join(missing)}: "
@@ -205,13 +212,14 @@ class VllmRolloutEngine(RolloutEngine):
         super().close()
         self.client.close()
 
-    def _engine_figures(self) -> dict[str, float]:
+    def _engine_figures(self, iteration: int) -> dict[str, float]:
         """The engine's counters since its previous read (this one request is all it
         served meanwhile), ``tokens`` (prompt + generation) and the gauges' peaks while
-        it generated."""
+        it generated. The read is an ``engine.metrics`` span."""
         if not self._observe:
             return {}
-        now = self.client.metrics(_COUNTER_FAMILIES)
+        with self.recorder.span("engine.metrics", iteration=iteration, engine=self.name):
+            now = self.client.metrics(_COUNTER_FAMILIES)
         last, self.last_metrics = self.last_metrics, now
         values = {key: _difference(now, last, key) for key in ENGINE_COUNTERS}
         values["tokens"] = values["prompt_tokens"] + values["generation_tokens"]
@@ -362,7 +370,11 @@ def vllm_rig(
         raise
     except BaseException:
         if logs.is_dir():
-            print(f"twinkle demo: the vLLM engines' logs are kept in {logs}", file=sys.stderr)
+            print(
+                f"twinkle demo: the vLLM demo's work directory (model, weights, the "
+                f"engines' logs in logs/) is kept in {workdir}",
+                file=sys.stderr,
+            )
         else:
             shutil.rmtree(workdir, ignore_errors=True)
         raise

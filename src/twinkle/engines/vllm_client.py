@@ -210,6 +210,8 @@ class VllmClient:
         try:
             reply = self._json("POST", "/collective_rpc", body)
         except VllmHttpError as exc:
+            if self._closed:  # our own abort, not the engine's failure
+                raise
             raise VllmReloadError(
                 f"engine {self.name!r} did not reload weights from {str(weights)!r}; the "
                 f"engine may be dead (check its log): {exc}"
@@ -277,6 +279,8 @@ class VllmClient:
             conn.request(method, self._path_prefix + endpoint, body=data, headers=headers)
             reply = conn.getresponse()
             raw = reply.read()
+            if self._closed:  # a body cut short by the abort may read as complete
+                raise OSError("closed")
         except (OSError, http.client.HTTPException) as exc:
             if self._closed:
                 raise VllmHttpError(f"{where}: aborted, the client was closed") from exc
