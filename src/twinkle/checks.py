@@ -33,6 +33,8 @@ __all__ = [
     "run_id",
     "explain",
     "is_safe_name",
+    "plain_number",
+    "plain_numbers",
     "safe_name",
     "short_repr",
 ]
@@ -59,6 +61,47 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 """A non-empty string (a span, phase or engine name)."""
 SafeName = Annotated[str, Meta(pattern=NAME_RULE)]
 """A run id: see :data:`NAME_RULE`."""
+
+
+_PLAIN: Final = (int, float, bool)
+
+
+def plain_number(value: object) -> object:
+    """A number from numpy or torch as the Python ``int``/``float``/``bool`` it holds: a
+    numpy scalar (``np.int64(3)``), a 0-d array or a 0-d tensor (``torch.tensor(0.5)``,
+    on any device). Anything else comes back unchanged, for the caller's own check to
+    name. Neither library is imported: a value qualifies by an empty ``shape`` and a
+    ``tolist()`` that gives a plain number.
+    """
+    if type(value) in _PLAIN:
+        return value
+    shape = getattr(value, "shape", None)
+    tolist = getattr(value, "tolist", None)
+    if isinstance(shape, tuple) and not shape and callable(tolist):
+        try:
+            out = tolist()
+        except Exception:  # not what it looked like: the caller's check names it
+            return value
+        if type(out) in _PLAIN:
+            return out
+    return value
+
+
+def plain_numbers(values: object) -> object:
+    """A sequence of numbers from numpy or torch as a list of plain ones: a 1-d array or
+    tensor (``tolist()``), or a list or tuple holding numpy scalars or 0-d tensors (each
+    through :func:`plain_number`). Anything else comes back unchanged."""
+    shape = getattr(values, "shape", None)
+    tolist = getattr(values, "tolist", None)
+    if isinstance(shape, tuple) and len(shape) == 1 and callable(tolist):
+        try:
+            out = tolist()
+        except Exception:
+            return values
+        return out if isinstance(out, list) else values
+    if isinstance(values, list | tuple) and not all(type(v) in _PLAIN for v in values):
+        return [plain_number(v) for v in values]
+    return values
 
 
 def short_repr(value: object) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
+from twinkle.checks import plain_number
 from twinkle.errors import InvalidArgumentError
 
 __all__ = [
@@ -170,6 +171,7 @@ class Publication:
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
+    value = plain_number(value)  # numpy or torch: its plain int
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
@@ -178,6 +180,7 @@ def check_int(name: str, value: object, minimum: int) -> int:
 def check_timeout(name: str, value: object) -> float | None:
     if value is None:
         return None
+    value = plain_number(value)
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)

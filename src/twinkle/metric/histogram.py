@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, islice
 from typing import Any, Final, TypeGuard, final
 
-from twinkle.checks import short_repr
+from twinkle.checks import plain_numbers, short_repr
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["LengthHistogram"]
@@ -56,11 +56,12 @@ def _validate_lengths(lengths: object, *, where: str) -> list[int]:
     as a list of plain ints; ``where`` prefixes the error message (e.g.
     ``"ThroughputMetric.accumulate"``), which names the first bad length.
     """
+    lengths = plain_numbers(lengths)  # a 1-d array or tensor, or numbers from them
     if not isinstance(lengths, Sequence) or isinstance(lengths, str | bytes | bytearray):
         raise InvalidArgumentError(
             f"{where}: lengths must be a sequence of int token counts, got "
-            f"{short_repr(lengths)}; pass a list such as [128, 512] "
-            f"(convert a tensor or array with .tolist())"
+            f"{short_repr(lengths)}; pass a list such as [128, 512] (or a 1-d array or "
+            "tensor)"
         )
     values: list[int] = []
     for i, x in enumerate(lengths):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from twinkle.checks import short_repr
+from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf.dist import all_gather_json
 from twinkle.perf.stats import MemoryReading
@@ -70,6 +70,7 @@ def convert_bytes(value: int, unit: str) -> float:
     """``value`` bytes (an int >= 0) in binary ``unit`` (one of :data:`BINARY_UNITS`),
     correctly rounded."""
     size = _check_unit(unit, "convert_bytes")
+    value = plain_number(value)  # type: ignore[assignment]  # numpy or torch: its int
     if type(value) is not int:
         raise InvalidArgumentError(
             f"convert_bytes: value must be an int number of bytes, got {value!r} "

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Final, final
 
-from twinkle.checks import short_repr
+from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
 from twinkle.metric.histogram import (
     LengthHistogram,
@@ -88,6 +88,7 @@ def _ratio(numerator: int, denominator: int) -> float:
 
 
 def _check_real(name: str, value: object, *, positive: bool, fix: str, where: str) -> float:
+    value = plain_number(value)  # a 0-d tensor or array: its plain number
     x = math.nan
     if not isinstance(value, bool) and isinstance(value, numbers.Real):
         try:

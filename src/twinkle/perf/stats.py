@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from twinkle.checks import INT64_MAX, convert_checked
+from twinkle.checks import INT64_MAX, convert_checked, plain_number
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["MemoryReading", "memory_stats"]
@@ -227,6 +227,7 @@ def process_memory_stats(pid: int, *, worker_id: str, rank: int | None = None) -
         InvalidArgumentError: ``pid`` is not a running process, or an argument is
             malformed.
     """
+    pid, rank = plain_number(pid), plain_number(rank)  # type: ignore[assignment]
     if not _is_int(pid) or pid <= 0:
         raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
     if not isinstance(worker_id, str) or not worker_id:
@@ -288,6 +289,7 @@ def memory_stats(
     """
     if not isinstance(sync, bool):
         raise InvalidArgumentError(f"sync must be True or False, got {sync!r}")
+    rank = plain_number(rank)  # type: ignore[assignment]  # numpy or torch: its int
     if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
         raise InvalidArgumentError(
             f"worker_id must be a non-empty str or None, got {worker_id!r}; "

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from twinkle.checks import is_safe_name
+from twinkle.checks import is_safe_name, plain_number
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import RecordError
 
@@ -178,6 +178,9 @@ def _number(key: str, value: object) -> int | float:
         return _number(key, int(value))
     if isinstance(value, numbers.Real):  # e.g. numpy.float32, fractions.Fraction
         return float(value)
+    plain = plain_number(value)  # a 0-d tensor or array
+    if plain is not value:
+        return _number(key, plain)
     if isinstance(value, str):
         raise RecordError(
             f"values[{key!r}] = {value!r} is a str; values hold numbers only: "
@@ -190,7 +193,7 @@ def _number(key: str, value: object) -> int | float:
         )
     raise RecordError(
         f"values[{key!r}] = {value!r} ({type(value).__qualname__}) is not a number; "
-        "pass an int or float (e.g. tensor.item())"
+        "pass an int or float (a numpy scalar or a 0-d tensor is one)"
     )
 
 

@@ -13,6 +13,7 @@ import numbers
 import threading
 from collections.abc import Mapping
 
+from twinkle.checks import plain_number
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["RunTotals"]
@@ -29,6 +30,7 @@ def _check_key(key: object, where: str) -> str:
 def _check_amount(key: str, amount: object, where: str) -> Number:
     if type(amount) is int:
         return amount
+    amount = plain_number(amount)  # numpy or torch: its plain number
     if type(amount) is float or (isinstance(amount, numbers.Real) and not isinstance(amount, bool)):
         value: Number = int(amount) if isinstance(amount, numbers.Integral) else float(amount)
         if isinstance(value, int) or math.isfinite(value):
