@@ -64,6 +64,21 @@ SafeName = Annotated[str, Meta(pattern=NAME_RULE)]
 
 
 _PLAIN: Final = (int, float, bool)
+_NOT_ARRAY: Final = object()
+
+
+def _tolist(value: object, ndim: int) -> object:
+    """``value.tolist()`` when ``value`` looks like an ``ndim``-dimensional numpy array or
+    torch tensor (a ``shape`` tuple of that length and a ``tolist`` method), else
+    :data:`_NOT_ARRAY`. Neither library is imported."""
+    shape = getattr(value, "shape", None)
+    tolist = getattr(value, "tolist", None)
+    if not (isinstance(shape, tuple) and len(shape) == ndim and callable(tolist)):
+        return _NOT_ARRAY
+    try:
+        return tolist()
+    except Exception:  # not what it looked like: the caller's check names it
+        return _NOT_ARRAY
 
 
 def plain_number(value: object) -> object:
@@ -75,30 +90,17 @@ def plain_number(value: object) -> object:
     """
     if type(value) in _PLAIN:
         return value
-    shape = getattr(value, "shape", None)
-    tolist = getattr(value, "tolist", None)
-    if isinstance(shape, tuple) and not shape and callable(tolist):
-        try:
-            out = tolist()
-        except Exception:  # not what it looked like: the caller's check names it
-            return value
-        if type(out) in _PLAIN:
-            return out
-    return value
+    out = _tolist(value, 0)
+    return out if type(out) in _PLAIN else value
 
 
 def plain_numbers(values: object) -> object:
     """A sequence of numbers from numpy or torch as a list of plain ones: a 1-d array or
     tensor (``tolist()``), or a list or tuple holding numpy scalars or 0-d tensors (each
     through :func:`plain_number`). Anything else comes back unchanged."""
-    shape = getattr(values, "shape", None)
-    tolist = getattr(values, "tolist", None)
-    if isinstance(shape, tuple) and len(shape) == 1 and callable(tolist):
-        try:
-            out = tolist()
-        except Exception:
-            return values
-        return out if isinstance(out, list) else values
+    out = _tolist(values, 1)
+    if isinstance(out, list):
+        return out
     if isinstance(values, list | tuple) and not all(type(v) in _PLAIN for v in values):
         return [plain_number(v) for v in values]
     return values
