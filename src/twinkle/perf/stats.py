@@ -44,6 +44,14 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_rank(rank: object) -> int | None:
+    """``rank`` (numpy or torch: its plain int) if it is an int >= 0 or None."""
+    rank = plain_number(rank)
+    if rank is not None and (not _is_int(rank) or rank < 0):  # type: ignore[operator]
+        raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {rank!r}")
+    return rank  # type: ignore[return-value]
+
+
 class MemoryReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One worker's memory at one moment, raw integer bytes.
 
@@ -69,6 +77,7 @@ class MemoryReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise InvalidArgumentError(f"{name} must be a non-empty str, got {value!r}")
+        # Strict, unlike the readers' arguments: a reading holds plain ints only.
         if self.rank is not None and (not _is_int(self.rank) or self.rank < 0):
             raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {self.rank!r}")
         if not _is_int(self.pid) or self.pid <= 0:
@@ -227,13 +236,12 @@ def process_memory_stats(pid: int, *, worker_id: str, rank: int | None = None) -
         InvalidArgumentError: ``pid`` is not a running process, or an argument is
             malformed.
     """
-    pid, rank = plain_number(pid), plain_number(rank)  # type: ignore[assignment]
+    pid = plain_number(pid)  # type: ignore[assignment]
     if not _is_int(pid) or pid <= 0:
         raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
     if not isinstance(worker_id, str) or not worker_id:
         raise InvalidArgumentError(f"worker_id must be a non-empty str, got {worker_id!r}")
-    if rank is not None and (not _is_int(rank) or rank < 0):
-        raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {rank!r}")
+    rank = _check_rank(rank)
     try:
         rss, peak_rss = _host_memory_bytes(pid)
     except ProcessLookupError:
@@ -289,14 +297,12 @@ def memory_stats(
     """
     if not isinstance(sync, bool):
         raise InvalidArgumentError(f"sync must be True or False, got {sync!r}")
-    rank = plain_number(rank)  # type: ignore[assignment]  # numpy or torch: its int
     if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
         raise InvalidArgumentError(
             f"worker_id must be a non-empty str or None, got {worker_id!r}; "
             "None gives 'hostname:pid'"
         )
-    if rank is not None and (not _is_int(rank) or rank < 0):
-        raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {rank!r}")
+    rank = _check_rank(rank)
     target = _resolve_device(device)
     dist_rank = _distributed_rank()
     if dist_rank is not None:
