@@ -23,7 +23,7 @@ VLLM_DROP  := torchvision torchaudio torchcodec triton
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo,bench]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo,bench,trl]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,8 +32,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 
 typing: $(STAMP)
 	$(VENV)/bin/mypy

@@ -1,10 +1,10 @@
-"""An independent recompute of a demo run's figures from ``events.jsonl`` alone.
+"""An independent recompute of a run's figures from ``events.jsonl`` alone.
 
 Plain ``json`` and the interval code below, not twinkle's observers: the log is read
 event by event, each window is measured from the spans that had arrived when it was
 finalised (``finalise_lag`` boundaries after its end), and every per-iteration and run
 figure is compared with the records (:func:`check_run`). Used by the torch demo's
-recompute tests and the real-vLLM demo's.
+recompute tests, the real-vLLM demo's and the TRL integration's.
 """
 
 from __future__ import annotations

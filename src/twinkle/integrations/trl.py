@@ -1,0 +1,632 @@
+"""Observe TRL's ``GRPOTrainer`` — and any transformers ``Trainer`` — as one twinkle run.
+
+::
+
+    from twinkle.integrations.trl import TwinkleCallback
+
+    trainer = GRPOTrainer(..., callbacks=[TwinkleCallback(out_dir="runs")])
+    trainer.train()  # writes runs/<run_id>/ (SPEC §8)
+
+Each ``train()`` call is one run, opened at ``on_train_begin`` and finished at
+``on_train_end``; when a training step raises, the run finishes there with status
+``error`` and every record written before is kept. What it records, on TRL's and
+transformers' own boundaries:
+
+* **Iterations**: one per optimizer step, begun at ``on_step_begin`` (a fresh run's
+  iteration ``i`` is the step that takes ``state.global_step`` from ``i`` to ``i + 1``).
+* **Spans**, each with its ``iteration``:
+
+  - ``step``: the whole optimizer step, ``on_step_begin`` to ``on_step_end``;
+  - ``generate``: TRL's ``_generate`` (tokenising, sampling, decoding, tool calls);
+    ``eval.generate`` during evaluation;
+  - ``train.step``: one micro-batch's forward and backward, from its inputs being ready
+    (``_prepare_inputs`` returned) to ``training_step``'s return;
+  - ``train.optimizer``: ``optimizer.step()``, ``on_pre_optimizer_step`` to
+    ``on_optimizer_step``;
+  - TRL's profiling contexts under TRL's own names (``GRPOTrainer._calculate_rewards``,
+    each reward function's, ``GRPOTrainer.transformers.generate``,
+    ``GRPOTrainer.sync_weights``, ...): the timings TRL sends only to wandb, mlflow and
+    trackio.
+
+* **Samples**: ``rollout``, one per completion generated for training, its length the
+  prompt plus completion tokens exactly as TRL's ``num_tokens`` counts them (with tool
+  calls: the model's own completion tokens); ``train``, one per sample a micro-batch
+  trains on (prompt + completion mask tokens; a plain ``Trainer``: attention-mask
+  tokens), read at ``on_step_end``.
+* **Optimizer steps** at ``on_step_end``, a **memory reading** of this process per step,
+  and TRL's logged figures as **scalars** named ``trl`` (``trl.eval`` for evaluation
+  logs, ``trl.train`` for the summary logged after the last step), each with
+  transformers' ``global_step`` (a run's own steps count from 1, also after
+  ``resume_from_checkpoint``).
+* **Terminal totals** (a fresh run): TRL's ``num_input_tokens_seen`` as
+  ``tokens_rollout`` and transformers' ``global_step`` as ``optimizer_updates``, so
+  ``summary.json`` says whether twinkle's counts and TRL's agree.
+
+The business definitions are :func:`observer_config`'s unless ``config`` is given.
+
+How it attaches: ``on_train_begin`` finds, on its call stack, the ``Trainer`` whose
+callback handler holds the callback, and wraps three of that trainer's methods —
+``training_step``, ``_prepare_inputs`` and (TRL's online trainers) ``_generate`` — as
+instance attributes removed when the run ends. TRL's ``profiling_context`` is wrapped in
+the ``trl`` modules that use it while any run is open; only an observed trainer's
+contexts become spans. One process only: a ``world_size > 1`` run is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+try:
+    from transformers import Trainer, TrainerCallback
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError(
+        "twinkle.integrations.trl needs transformers (and trl for GRPOTrainer): "
+        "pip install 'twinkle[trl]'"
+    ) from exc
+
+from twinkle.checks import plain_number, short_repr
+from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.perf import SpanContext
+from twinkle.run import RunSession
+
+__all__ = ["TwinkleCallback", "observer_config"]
+
+log = logging.getLogger("twinkle.integrations.trl")
+
+#: The trainer's attribute that names the run observing it (while one does).
+_OBSERVED = "_twinkle_observed"
+#: RunSession's options a TwinkleCallback passes through.
+_SESSION_OPTIONS = frozenset(
+    {
+        "clock",
+        "wall_clock",
+        "plugin_manager",
+        "autoload",
+        "builtins",
+        "blocked",
+        "plugins",
+        "background_writer",
+        "background_dispatch",
+        "slow_call_s",
+    }
+)
+_ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+_NO_EXC: _ExcInfo = (None, None, None)
+
+
+def observer_config(
+    *, trainer: str, generates: bool, devices: float, total_steps: int
+) -> dict[str, Any]:
+    """The business definitions of a :class:`TwinkleCallback` run by default.
+
+    :param trainer: the trainer's class name (TRL prefixes its profiling names with it).
+    :param generates: whether the trainer generates its samples (TRL's GRPO and RLOO):
+        then phases ``rollout`` (``generate``) and ``reward``
+        (``<trainer>._calculate_rewards``) exist, and the ``rollout`` samples — prompt +
+        completion tokens, TRL's ``num_tokens`` — are the run window's effective tokens;
+        otherwise the ``train`` samples are.
+    :param devices: the physical devices training uses, every phase's and the window's
+        denominator.
+    :param total_steps: the planned optimizer steps.
+
+    Phases ``train`` (``train.step``, ``train.optimizer``) and ``step`` (``step``: the
+    whole optimizer step, so idle time is what happens between steps: logging,
+    evaluation, checkpoints) always exist.
+    """
+    phases: dict[str, list[str]] = {}
+    throughput: dict[str, dict[str, Any]] = {}
+    config: dict[str, Any] = {"phases": phases, "throughput": throughput}
+    if generates:
+        phases["rollout"] = ["generate"]
+        phases["reward"] = [f"{trainer}._calculate_rewards"]
+        throughput["rollout"] = {"samples": "rollout", "devices": devices}
+        config["streaming"] = {"generation": "rollout", "training": "train"}
+    phases["train"] = ["train.step", "train.optimizer"]
+    phases["step"] = ["step"]
+    throughput["train"] = {"samples": "train", "devices": devices}
+    config["window"] = {"samples": "rollout" if generates else "train", "devices": devices}
+    config["total_steps"] = total_steps
+    return config
+
+
+class TwinkleCallback(TrainerCallback):
+    """Observe each ``train()`` call of the trainer holding it as one twinkle run.
+
+    :param out_dir: where ``<run_id>/`` is written (``None``: no files).
+    :param run_id: the run's name; default a fresh one per ``train()`` call. A run id
+        whose directory already holds a run resumes it (iterations and optimizer steps
+        continue from where it stopped).
+    :param config: the observers' business definitions; default :func:`observer_config`
+        for the trainer (plus ``x_trl``: the trainer's class and world size).
+    :param devices: the device denominator of the default configuration; default the
+        processes training (``args.world_size``), each counted as one device.
+    :param memory: read this process's memory at each step's end.
+    :param profiling: record TRL's profiling contexts as spans (without them the
+        default ``reward`` phase is empty).
+    :param session_options: passed to :class:`~twinkle.run.RunSession` (``autoload``,
+        ``plugins``, ``background_dispatch``, ...).
+
+    :attr:`session` is the run of the ``train()`` call in progress, or of the last one.
+    """
+
+    def __init__(
+        self,
+        *,
+        out_dir: str | None = "runs",
+        run_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        devices: float | None = None,
+        memory: bool = True,
+        profiling: bool = True,
+        **session_options: Any,
+    ) -> None:
+        unknown = sorted(set(session_options) - _SESSION_OPTIONS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"TwinkleCallback got unknown option(s) {unknown}; it takes out_dir, run_id, "
+                f"config, devices, memory, profiling and RunSession's {sorted(_SESSION_OPTIONS)}"
+            )
+        if config is not None and not isinstance(config, Mapping):
+            raise InvalidArgumentError(
+                f"config must be a mapping of the observers' definitions or None (the "
+                f"default, observer_config()), got {short_repr(config)}"
+            )
+        devices = plain_number(devices)  # type: ignore[assignment]
+        if devices is not None and (
+            isinstance(devices, bool)
+            or not isinstance(devices, int | float)
+            or not 0 < devices < math.inf
+        ):
+            raise InvalidArgumentError(
+                f"devices must be a positive, finite number of physical devices or None "
+                f"(the processes training), got {short_repr(devices)}"
+            )
+        for name, flag in (("memory", memory), ("profiling", profiling)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
+        self.out_dir = out_dir
+        self.run_id = run_id
+        self.config = None if config is None else dict(config)
+        self.devices = devices
+        self.memory = memory
+        self.profiling = profiling
+        self._session_options = session_options
+        self.session: RunSession | None = None
+        self._observed: _ObservedRun | None = None
+
+    # -- transformers' callback events --------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:  # the last train() raised outside a training step
+            self._observed.fail("train() began again before the last call ended")
+        if args.world_size > 1:
+            raise TwinkleError(
+                f"TwinkleCallback observes one training process; this run has "
+                f"world_size={args.world_size}: train on one process, or remove the callback"
+            )
+        trainer = _find_trainer(self)
+        self._observed = _ObservedRun(self, trainer, state)
+        self.session = self._observed.session
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:
+            self._observed.step_begin(state.global_step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:
+            self._observed.optimizer_begin()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:
+            self._observed.optimizer_end()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:
+            self._observed.step_end(state.global_step)
+
+    def on_log(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if self._observed is not None and logs:
+            self._observed.logged(logs, state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._observed is not None:
+            observed, self._observed = self._observed, None
+            observed.finish(state)
+
+    def _failed(self, observed: _ObservedRun) -> None:
+        if self._observed is observed:
+            self._observed = None
+
+
+class _ObservedRun:
+    """One ``train()`` call observed: its session, the trainer's wrapped methods, and the
+    spans and lengths of the step in progress."""
+
+    def __init__(self, owner: TwinkleCallback, trainer: Any, state: Any) -> None:
+        name = type(trainer).__name__
+        other = vars(trainer).get(_OBSERVED)
+        if other is not None:
+            error = (
+                f"this {name} is already observed by another TwinkleCallback: pass one "
+                "TwinkleCallback per trainer"
+            )
+            other.fail(error)  # (its run ends here: training does not go on)
+            raise TwinkleError(error)
+        self.owner = owner
+        self.trainer = trainer
+        self.generates = callable(getattr(trainer, "_generate", None))
+        config = owner.config
+        if config is None:
+            devices = owner.devices if owner.devices is not None else trainer.args.world_size
+            config = observer_config(
+                trainer=name,
+                generates=self.generates,
+                devices=devices,
+                total_steps=max(0, int(state.max_steps)),
+            )
+            config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
+        self.session = RunSession(
+            out_dir=owner.out_dir, run_id=owner.run_id, config=config, **owner._session_options
+        ).start()
+        self.bus = self.session.bus
+        self.recorder = self.session.recorder
+        resumed = self.session.resumed
+        self.resumed = resumed is not None
+        self.first_iteration = 0 if resumed is None else resumed.next_iteration
+        self.steps_before = 0 if resumed is None else resumed.optimizer_steps
+        self.start_step = int(state.global_step)
+        self.start_tokens = int(state.num_input_tokens_seen)
+        self.iteration: int | None = None
+        self.in_training_step = False
+        self.open: dict[str, SpanContext] = {}  # the spans of the step in progress, by name
+        self.length_sums: list[Any] = []  # per micro-batch: its samples' lengths
+        self.warned_lengths = False
+        self._saved: dict[str, Any] = {}
+        self._profiling = False
+        try:
+            self._wrap("training_step", self._training_step)
+            self._wrap("_prepare_inputs", self._prepare_inputs)
+            if self.generates:
+                self._wrap("_generate", self._generate)
+            setattr(trainer, _OBSERVED, self)
+            if owner.profiling and _PROFILING.acquire():
+                self._profiling = True
+        except BaseException:
+            self._restore()
+            self.session.finish(status="error", error="attaching to the trainer failed")
+            raise
+
+    # -- the steps --------------------------------------------------------------------
+
+    def step_begin(self, global_step: int) -> None:
+        self.iteration = self.first_iteration + (int(global_step) - self.start_step)
+        self.bus.iteration_started(self.iteration)
+        self._enter("step")
+
+    def optimizer_begin(self) -> None:
+        self._enter("train.optimizer")
+
+    def optimizer_end(self) -> None:
+        self._leave("train.optimizer")
+
+    def step_end(self, global_step: int) -> None:
+        self._close_spans(_NO_EXC)
+        iteration = self.iteration
+        if iteration is None:
+            return  # (on_step_end without on_step_begin: nothing of this run to close)
+        with self.bus.own_work("trl.lengths"):
+            lengths = _plain_lengths(self.length_sums)
+        self.length_sums = []
+        if lengths:
+            self.bus.samples(iteration=iteration, phase="train", lengths=lengths)
+        step = self.steps_before + (int(global_step) - self.start_step)
+        self.bus.optimizer_step(iteration=iteration, step=step, samples=len(lengths))
+        if self.owner.memory:
+            self.session.read_memory(iteration=iteration)
+
+    def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
+        if self.iteration is None:
+            return  # a log before the first step (e.g. eval_on_start): no iteration yet
+        values: dict[str, int | float] = {}
+        for key, raw in logs.items():
+            value = plain_number(raw)
+            if value is None:  # TRL logs None for a figure with no valid value
+                value = math.nan
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[str(key)] = value
+        if not values:
+            return
+        values.setdefault("global_step", int(global_step))
+        if any(str(key).startswith("eval_") for key in logs):
+            name = "trl.eval"
+        elif "train_runtime" in logs:
+            name = "trl.train"
+        else:
+            name = "trl"
+        self.bus.scalars(iteration=self.iteration, name=name, values=values)
+
+    def finish(self, state: Any) -> None:
+        self._close_spans(_NO_EXC)
+        self._restore()
+        totals: dict[str, int] | None = None
+        if not self.resumed:  # a resumed run's totals cover every segment: TRL's do not
+            totals = {"optimizer_updates": int(state.global_step) - self.start_step}
+            if self.generates:
+                totals["tokens_rollout"] = int(state.num_input_tokens_seen) - self.start_tokens
+        self.session.finish(terminal_totals=totals)
+
+    def fail(self, reason: BaseException | str) -> None:
+        """Finish the run as failed (a training step raised, or it was abandoned)."""
+        self.owner._failed(self)
+        exc_info: _ExcInfo = _NO_EXC
+        if isinstance(reason, BaseException):
+            exc_info = (type(reason), reason, reason.__traceback__)
+            error = f"{type(reason).__qualname__}: {reason}"
+        else:
+            error = reason
+        try:
+            self._close_spans(exc_info)
+            self._restore()
+            self.session.finish(status="error", error=error)
+        except Exception:  # the training's own error is the one to see
+            log.exception("run %r: finishing after the failure failed", self.session.run_id)
+
+    # -- the trainer's wrapped methods ---------------------------------------------------
+
+    def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            self.in_training_step = True
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                self.fail(exc)
+                raise
+            finally:
+                self.in_training_step = False
+                self._leave("train.step")
+
+        return training_step
+
+    def _prepare_inputs(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
+            batch = original(*args, **kwargs)
+            if self.in_training_step and "train.step" not in self.open:
+                with self.bus.own_work("trl.lengths"):
+                    sums = _length_sums(batch)
+                if sums is not None:
+                    self.length_sums.append(sums)
+                elif not self.warned_lengths:
+                    self.warned_lengths = True
+                    log.warning(
+                        "run %r: cannot tell the samples' lengths of a %s batch (no "
+                        "prompt/completion masks, attention_mask or input_ids): no train "
+                        "samples are recorded",
+                        self.session.run_id,
+                        type(batch).__name__,
+                    )
+                self._enter("train.step")
+            return batch
+
+        return prepare_inputs
+
+    def _generate(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            training = bool(self.trainer.model.training)
+            iteration = self.iteration
+            attrs: dict[str, Any] = {} if iteration is None else {"iteration": iteration}
+            with self.recorder.span("generate" if training else "eval.generate", **attrs):
+                out = original(*args, **kwargs)
+            if iteration is not None:
+                with self.bus.own_work("trl.lengths"):
+                    lengths = _rollout_lengths(type(self.trainer).__name__, out)
+                per_group = getattr(self.trainer, "num_generations", 0) if training else 0
+                groups = len(lengths) // per_group if per_group else 0
+                self.bus.samples(
+                    iteration=iteration,
+                    phase="rollout" if training else "eval",
+                    lengths=lengths,
+                    groups=groups if groups * per_group == len(lengths) else 0,
+                )
+            return out
+
+        return generate
+
+    def span(self, name: str) -> SpanContext:
+        """A span of the step in progress (with its iteration once one began)."""
+        attrs: dict[str, Any] = {} if self.iteration is None else {"iteration": self.iteration}
+        return self.recorder.span(name, **attrs)
+
+    # -- attaching and detaching ----------------------------------------------------------
+
+    def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        trainer = self.trainer
+        original = getattr(trainer, name)
+        self._saved[name] = trainer.__dict__.get(name, _MISSING)
+        setattr(trainer, name, functools.wraps(original)(make(original)))
+
+    def _restore(self) -> None:
+        trainer = self.trainer
+        for name, saved in self._saved.items():
+            if saved is _MISSING:
+                trainer.__dict__.pop(name, None)
+            else:
+                setattr(trainer, name, saved)
+        self._saved.clear()
+        if trainer.__dict__.get(_OBSERVED) is self:
+            del trainer.__dict__[_OBSERVED]
+        if self._profiling:
+            self._profiling = False
+            _PROFILING.release()
+
+    def _enter(self, name: str) -> None:
+        span = self.span(name)
+        span.__enter__()
+        self.open[name] = span
+
+    def _leave(self, name: str, exc_info: _ExcInfo = _NO_EXC) -> None:
+        span = self.open.pop(name, None)
+        if span is not None:
+            span.__exit__(*exc_info)
+
+    def _close_spans(self, exc_info: _ExcInfo) -> None:
+        for name in ("train.step", "train.optimizer", "step"):  # innermost first
+            self._leave(name, exc_info)
+
+
+_MISSING = object()
+
+
+def _find_trainer(callback: TwinkleCallback) -> Any:
+    """The ``Trainer`` on the call stack whose callback handler holds ``callback``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            handler = getattr(candidate, "callback_handler", None)
+            if any(cb is callback for cb in getattr(handler, "callbacks", ())):
+                return candidate
+        frame = frame.f_back  # type: ignore[assignment]
+    raise TwinkleError(
+        "TwinkleCallback.on_train_begin was not called by a transformers Trainer that "
+        "holds the callback: pass it in Trainer(callbacks=[...]) (or trainer.add_callback) "
+        "and call trainer.train()"
+    )
+
+
+def _length_sums(batch: Any) -> Any:
+    """Each sample's tokens in a prepared training batch, not yet read off the device
+    (``_plain_lengths`` reads them at the step's end): prompt + completion mask tokens
+    (TRL), attention-mask tokens, or the ``input_ids`` width; None when unknown."""
+    if not isinstance(batch, Mapping):
+        return None
+    if "prompt_mask" in batch and "completion_mask" in batch:
+        return batch["prompt_mask"].sum(-1) + batch["completion_mask"].sum(-1)
+    mask = batch.get("attention_mask")
+    if mask is not None and getattr(mask, "ndim", 0) == 2:
+        return mask.sum(-1)
+    ids = batch.get("input_ids")
+    if ids is not None and getattr(ids, "ndim", 0) == 2:
+        return [int(ids.shape[1])] * int(ids.shape[0])
+    return None
+
+
+def _plain_lengths(sums: list[Any]) -> list[int]:
+    lengths: list[int] = []
+    for part in sums:
+        lengths.extend(int(n) for n in (part.tolist() if hasattr(part, "tolist") else part))
+    return lengths
+
+
+def _rollout_lengths(trainer: str, out: Any) -> list[int]:
+    """Prompt + completion tokens per completion of ``_generate``'s result, as TRL counts
+    ``num_tokens`` (with a tool mask: the model's own completion tokens)."""
+    try:
+        prompt_ids, completion_ids, tool_mask = out[0], out[1], out[2]
+        if tool_mask is None:
+            pairs = zip(prompt_ids, completion_ids, strict=True)
+            return [len(p) + len(c) for p, c in pairs]
+        return [len(p) + int(sum(m)) for p, m in zip(prompt_ids, tool_mask, strict=True)]
+    except (TypeError, IndexError, KeyError, ValueError) as exc:
+        raise TwinkleError(
+            f"{trainer}._generate returned {short_repr(out)}, not the (prompt_ids, "
+            "completion_ids, tool_mask, ...) of trl 1.16: twinkle.integrations.trl "
+            "supports trl>=1.16,<2 (pass profiling=False and a config without the "
+            "rollout phase to observe other versions' training steps only)"
+        ) from exc
+
+
+class _ProfilingPatch:
+    """TRL's ``profiling_context`` wrapped in every loaded ``trl`` module that holds it,
+    while at least one run observes a trainer; only an observed trainer's contexts
+    become spans (the others are TRL's, untouched)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._original: Callable[[Any, str], Any] | None = None
+        self._patched: list[Any] = []  # the modules whose profiling_context is ours
+
+    def acquire(self) -> bool:
+        """Install the wrapper (or count one more user); False when TRL's profiling
+        module is not loaded (a plain transformers Trainer: nothing to wrap)."""
+        with self._lock:
+            if self._users == 0:
+                profiling = sys.modules.get("trl.extras.profiling")
+                original = getattr(profiling, "profiling_context", None)
+                if original is None:
+                    return False
+                self._original = original
+                for name, module in list(sys.modules.items()):
+                    if (name == "trl" or name.startswith("trl.")) and getattr(
+                        module, "profiling_context", None
+                    ) is original:
+                        setattr(module, "profiling_context", self._context)  # noqa: B010
+                        self._patched.append(module)
+            self._users += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users:
+                return
+            for module in self._patched:
+                if getattr(module, "profiling_context", None) == self._context:
+                    setattr(module, "profiling_context", self._original)  # noqa: B010
+            self._patched.clear()  # (_original is kept: a call in flight still uses it)
+
+    def _context(self, trainer: Any, name: str) -> Any:
+        original = self._original
+        assert original is not None  # set by the first acquire(), kept after
+        inner = original(trainer, name)
+        observed = getattr(trainer, "__dict__", {}).get(_OBSERVED)
+        if observed is None:
+            return inner
+        return _Profiled(inner, observed.span(inner.name))
+
+
+class _Profiled:
+    """TRL's profiling context with a twinkle span inside it (same name)."""
+
+    __slots__ = ("_inner", "_span")
+
+    def __init__(self, inner: Any, span: SpanContext) -> None:
+        self._inner = inner
+        self._span = span
+
+    def __enter__(self) -> Any:
+        entered = self._inner.__enter__()
+        self._span.__enter__()
+        return entered
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Any:
+        try:
+            self._span.__exit__(exc_type, exc, tb)
+        finally:
+            suppressed = self._inner.__exit__(exc_type, exc, tb)
+        return suppressed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+_PROFILING = _ProfilingPatch()

@@ -1,0 +1,428 @@
+"""TwinkleCallback on a real TRL ``GRPOTrainer`` and a plain transformers ``Trainer``
+(tiny Llama and tokenizer made in code, CPU): one run per ``train()``, counts equal to
+TRL's, figures recomputed from the log, replay byte-identical, spans on TRL's
+boundaries, the trainer left as it was, failures finishing the run with its records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from datasets import Dataset
+from transformers import (
+    DataCollatorForLanguageModeling,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
+from trl import GRPOConfig, GRPOTrainer
+
+from _recompute import check_run
+from twinkle.demo.hf import tiny_llama, write_tokenizer
+from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.integrations.trl import TwinkleCallback, observer_config
+from twinkle.run import replay
+
+FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
+PROMPTS = ["<s>123<sep>", "<s>4051<sep>", "<s>77<sep>", "<s>9102<sep>"] * 8
+
+
+def _digits_reward(completions: list[str], **kwargs: Any) -> list[float]:
+    return [sum(c.isdigit() for c in text) / 8 for text in completions]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerFast:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(directory)
+    return PreTrainedTokenizerFast.from_pretrained(str(directory))
+
+
+def grpo(
+    tmp: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    callback: TwinkleCallback,
+    *,
+    steps: int = 3,
+    reward: Any = _digits_reward,
+    eval_dataset: Dataset | None = None,
+    **config: Any,
+) -> GRPOTrainer:
+    args = {
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "logging_steps": 1,
+        **config,
+    }
+    return GRPOTrainer(
+        model=tiny_llama(seed=0),
+        processing_class=tokenizer,
+        reward_funcs=[reward],
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        eval_dataset=eval_dataset,
+        args=GRPOConfig(
+            output_dir=str(tmp / "trl"),
+            max_steps=steps,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            **args,
+        ),
+        callbacks=[callback],
+    )
+
+
+@dataclass
+class Trained:
+    trainer: GRPOTrainer
+    callback: TwinkleCallback
+    out: Path
+    run_dir: Path
+    events: list[dict[str, Any]]
+    summary: dict[str, Any]
+    logs: list[dict[str, Any]]
+
+    def spans(self, name: str | None = None) -> list[dict[str, Any]]:
+        every = [s for e in self.events if e["type"] == "spans" for s in e["spans"]]
+        return [s for s in every if name is None or s["name"] == name]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+def _read(trainer: Any, callback: TwinkleCallback, out: Path) -> Trained:
+    assert callback.session is not None and callback.session.out_dir is not None
+    run_dir = Path(callback.session.out_dir)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return Trained(trainer, callback, out, run_dir, events, summary, trainer.state.log_history)
+
+
+@pytest.fixture(scope="module")
+def trained(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer: PreTrainedTokenizerFast
+) -> Trained:
+    """4 GRPO steps, 2 micro-batches per step (generation once per step)."""
+    tmp = tmp_path_factory.mktemp("grpo")
+    callback = TwinkleCallback(out_dir=str(tmp / "runs"))
+    trainer = grpo(tmp, tokenizer, callback, steps=4, gradient_accumulation_steps=2)
+    trainer.train()
+    return _read(trainer, callback, tmp / "runs")
+
+
+def test_one_train_call_is_one_finished_run(trained: Trained) -> None:
+    assert [p.name for p in trained.out.iterdir()] == [trained.run_dir.name]
+    assert sorted(
+        p.name for p in trained.run_dir.iterdir() if not p.name.startswith(".")
+    ) == sorted(FILES)
+    assert trained.summary["status"] == "ok" and trained.summary["error"] is None
+    assert trained.summary["iterations"] == 4
+
+
+def test_optimizer_steps_and_tokens_equal_trls(trained: Trained) -> None:
+    state = trained.trainer.state
+    counts = trained.summary["counts"]
+    steps = trained.of_type("optimizer_step")
+    assert [e["step"] for e in steps] == [1, 2, 3, 4] == list(range(1, state.global_step + 1))
+    assert counts["optimizer_updates"] == {
+        "accumulated": 4,
+        "terminal": 4,
+        "final": 4,
+        "discrepancy": 0,
+    }
+    rollout = [e for e in trained.of_type("samples") if e["phase"] == "rollout"]
+    tokens = sum(sum(e["lengths"]) for e in rollout)
+    assert tokens == state.num_input_tokens_seen > 0
+    assert counts["tokens_rollout"]["accumulated"] == counts["tokens_rollout"]["terminal"] == tokens
+    assert counts["tokens_rollout"]["discrepancy"] == 0
+    # per step: the rollout tokens are the growth of TRL's logged num_tokens
+    logged = [log["num_tokens"] for log in trained.logs if "num_tokens" in log]
+    per_iteration = Counter()
+    for e in rollout:
+        per_iteration[e["iteration"]] += sum(e["lengths"])
+    growth = [b - a for a, b in zip([0, *logged], logged, strict=False)]
+    assert [per_iteration[i] for i in range(4)] == growth
+    # 16 completions a step (2 micro-batches of 8), 4 groups of 4
+    assert [len(e["lengths"]) for e in rollout] == [16] * 4
+    assert [e["groups"] for e in rollout] == [4] * 4
+    train = [e for e in trained.of_type("samples") if e["phase"] == "train"]
+    assert [len(e["lengths"]) for e in train] == [16] * 4
+    assert [e["samples"] for e in steps] == [16] * 4
+    # each generated sample is trained on once here: the same token total
+    assert sum(sum(e["lengths"]) for e in train) == tokens
+
+
+def test_the_figures_recompute_from_the_log(trained: Trained) -> None:
+    run = check_run(trained.run_dir)
+    assert run["generation_hidden_seconds"] == 0.0  # TRL generates, then trains
+    window = trained.summary["window"]
+    assert window["tokens"] == trained.trainer.state.num_input_tokens_seen
+    records = [
+        json.loads(x) for x in (trained.run_dir / "metrics_raw.jsonl").read_text().splitlines()
+    ]
+    (rollout,) = [r for r in records if r["kind"] == "rollout" and r["scope"] == "window"]
+    assert rollout["values"]["tokens"] == window["tokens"]
+
+
+def test_replay_gives_the_same_five_files(trained: Trained, tmp_path: Path) -> None:
+    replay(trained.run_dir / "events.jsonl", tmp_path / "again")
+    for name in FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (trained.run_dir / name).read_bytes(), (
+            name
+        )
+
+
+def test_spans_follow_trls_boundaries(trained: Trained) -> None:
+    names = Counter(s["name"] for s in trained.spans())
+    assert names["step"] == names["train.optimizer"] == 4
+    assert names["train.step"] == 8  # one per micro-batch
+    assert names["generate"] == 4  # one generation batch per step
+    # TRL's own profiling contexts, under TRL's names
+    for trl_name in (
+        "GRPOTrainer.transformers.generate",
+        "GRPOTrainer._calculate_rewards",
+        "GRPOTrainer._digits_reward",
+        "GRPOTrainer._prepare_inputs",
+        "GRPOTrainer.compute_loss",
+    ):
+        assert names[trl_name] >= 4, trl_name
+    boundaries = [e["monotonic_ns"] for e in trained.of_type("iteration_started")]
+    finish = trained.of_type("run_finished")[0]["monotonic_ns"]
+    ends = [*boundaries[1:], finish]
+    for span in trained.spans():
+        if span["name"] == "twinkle.observe":
+            continue
+        it = span["attrs"]["iteration"]
+        assert boundaries[it] <= span["start_ns"] <= span["end_ns"] <= ends[it], span
+    by_it = {
+        (s["name"], s["attrs"]["iteration"]): s
+        for s in trained.spans()
+        if s["name"] not in ("train.step", "twinkle.observe")
+    }
+    for it in range(4):
+        step, gen = by_it["step", it], by_it["generate", it]
+        inner = by_it["GRPOTrainer.transformers.generate", it]
+        assert step["start_ns"] <= gen["start_ns"] <= inner["start_ns"]
+        assert inner["end_ns"] <= gen["end_ns"] <= by_it["train.optimizer", it]["start_ns"]
+        assert by_it["train.optimizer", it]["end_ns"] <= step["end_ns"]
+
+
+def test_memory_and_trls_logged_figures_are_recorded(trained: Trained) -> None:
+    assert trained.summary["memory_readings"] == 4
+    readings = trained.of_type("memory")
+    assert [e["iteration"] for e in readings] == [0, 1, 2, 3]
+    scalars = {(e["name"], e["iteration"]): e["values"] for e in trained.of_type("scalars")}
+    logs = [log for log in trained.logs if "loss" in log]
+    for it, log in enumerate(logs):
+        assert scalars["trl", it]["reward"] == log["reward"]
+        assert scalars["trl", it]["num_tokens"] == log["num_tokens"]
+    assert scalars["trl.train", 3]["train_runtime"] == trained.logs[-1]["train_runtime"]
+
+
+def test_the_trainer_is_left_as_it_was(trained: Trained) -> None:
+    import trl.extras.profiling
+    import trl.trainer.grpo_trainer
+
+    for name in ("training_step", "_prepare_inputs", "_generate", "_twinkle_observed"):
+        assert name not in vars(trained.trainer), name
+    original = trl.extras.profiling.ProfilingContext
+    assert trl.trainer.grpo_trainer.profiling_context is trl.extras.profiling.profiling_context
+    assert trl.extras.profiling.profiling_context.__module__ == "trl.extras.profiling"
+    assert original.__enter__.__module__ == "trl.extras.profiling"
+
+
+def test_a_raising_reward_function_finishes_the_run_as_an_error_keeping_its_records(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    calls = []
+
+    def flaky(completions: list[str], **kwargs: Any) -> list[float]:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the reward server went away")
+        return [0.0] * len(completions)
+
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = grpo(tmp_path, tokenizer, callback, steps=5, reward=flaky)
+    with pytest.raises(RuntimeError, match="reward server went away"):
+        trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    assert got.summary["status"] == "error"
+    assert "RuntimeError: the reward server went away" in got.summary["error"]
+    assert [e["step"] for e in got.of_type("optimizer_step")] == [1, 2]
+    assert [e["iteration"] for e in got.of_type("iteration_started")] == [0, 1, 2]
+    failed = [s for s in got.spans() if s["error"]]
+    assert {s["name"] for s in failed} == {
+        "step",
+        "GRPOTrainer._prepare_inputs",
+        "GRPOTrainer._calculate_rewards",
+        "GRPOTrainer.flaky",
+    }
+    for name in ("training_step", "_prepare_inputs", "_generate", "_twinkle_observed"):
+        assert name not in vars(trainer), name
+    # the same callback observes the next train() call as a new run
+    trainer.args.max_steps = 1
+    calls.clear()
+    trainer.train()
+    assert callback.session is not None and callback.session.summary is not None
+    assert callback.session.summary["status"] == "ok"
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_a_second_train_call_with_the_run_id_resumes_the_run(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo")
+    grpo(tmp_path, tokenizer, callback, steps=2).train()
+    again = grpo(tmp_path, tokenizer, callback, steps=2)  # a restarted job, same run id
+    again.train()
+    got = _read(again, callback, tmp_path / "runs")
+    assert [e["iteration"] for e in got.of_type("iteration_started")] == [0, 1, 2, 3]
+    assert [e["step"] for e in got.of_type("optimizer_step")] == [1, 2, 3, 4]
+    assert got.summary["status"] == "ok" and len(got.summary["segments"]) == 2
+    assert got.summary["counts"]["optimizer_updates"]["accumulated"] == 4
+    replay(got.run_dir, tmp_path / "again")
+    for name in FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (got.run_dir / name).read_bytes(), name
+
+
+def test_a_plain_transformers_trainer_counts_its_attention_mask_tokens(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    texts = ["<s>12<sep>21</s>", "<s>3456<sep>6543</s>", "<s>7<sep>7</s>"] * 6
+    data = Dataset.from_dict(dict(tokenizer(texts)))
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = Trainer(
+        model=tiny_llama(seed=1),
+        args=TrainingArguments(
+            output_dir=str(tmp_path / "hf"),
+            per_device_train_batch_size=3,
+            gradient_accumulation_steps=2,
+            max_steps=3,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            logging_steps=1,
+        ),
+        train_dataset=data,
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        callbacks=[callback],
+    )
+    trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    assert got.summary["status"] == "ok"
+    assert set(got.of_type("run_started")[0]["config"]["phases"]) == {"train", "step"}
+    train = [e for e in got.of_type("samples") if e["phase"] == "train"]
+    assert [len(e["lengths"]) for e in train] == [6, 6, 6]  # 2 micro-batches of 3
+    lengths = {len(tokenizer(t)["input_ids"]) for t in texts}
+    assert {n for e in train for n in e["lengths"]} == lengths
+    assert got.summary["window"]["tokens"] == sum(sum(e["lengths"]) for e in train)
+    assert Counter(s["name"] for s in got.spans())["train.step"] == 6
+    assert got.summary["counts"]["optimizer_updates"]["discrepancy"] == 0
+
+
+def test_bad_options_are_refused_by_name() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"unknown option\(s\) \['autolaod'\]"):
+        TwinkleCallback(autolaod=False)
+    with pytest.raises(InvalidArgumentError, match="devices must be a positive"):
+        TwinkleCallback(devices=0)
+    with pytest.raises(InvalidArgumentError, match="config must be a mapping"):
+        TwinkleCallback(config=["phases"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="memory must be True or False"):
+        TwinkleCallback(memory="yes")  # type: ignore[arg-type]
+    assert TwinkleCallback(devices=np.int64(2)).devices == 2
+    assert TwinkleCallback(devices=torch.tensor(0.5)).devices == 0.5
+
+
+def test_a_callback_outside_a_trainer_says_how_to_attach_it(tmp_path: Path) -> None:
+    callback = TwinkleCallback(out_dir=str(tmp_path))
+
+    class Args:
+        world_size = 1
+
+    with pytest.raises(TwinkleError, match=r"pass it in Trainer\(callbacks=\[...\]\)"):
+        callback.on_train_begin(Args(), object(), object())
+    Args.world_size = 2
+    with pytest.raises(TwinkleError, match="world_size=2: train on one process"):
+        callback.on_train_begin(Args(), object(), object())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_configuration_names_its_phases_and_denominators() -> None:
+    config = observer_config(trainer="GRPOTrainer", generates=True, devices=2, total_steps=10)
+    assert config["phases"] == {
+        "rollout": ["generate"],
+        "reward": ["GRPOTrainer._calculate_rewards"],
+        "train": ["train.step", "train.optimizer"],
+        "step": ["step"],
+    }
+    assert config["window"] == {"samples": "rollout", "devices": 2}
+    assert config["throughput"]["rollout"] == {"samples": "rollout", "devices": 2}
+    plain = observer_config(trainer="Trainer", generates=False, devices=1, total_steps=3)
+    assert "streaming" not in plain and plain["window"]["samples"] == "train"
+
+
+def test_the_example_script_runs(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "trl_grpo.py"
+    sys.path.insert(0, str(example.parent))
+    try:
+        import trl_grpo
+    finally:
+        sys.path.remove(str(example.parent))
+    run_dir = trl_grpo.main(["--steps", "2", "--out", str(tmp_path)])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["counts"]["tokens_rollout"]["discrepancy"] == 0
+
+
+def test_evaluation_during_training_is_kept_apart_from_training(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = grpo(
+        tmp_path,
+        tokenizer,
+        callback,
+        steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        per_device_eval_batch_size=8,
+        eval_dataset=Dataset.from_dict({"prompt": PROMPTS[:8]}),
+    )
+    trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    names = Counter(s["name"] for s in got.spans())
+    assert names["generate"] == 2 and names["eval.generate"] >= 1
+    tags = Counter(e["phase"] for e in got.of_type("samples"))
+    assert tags["rollout"] == 2 and tags["eval"] >= 1
+    # the window's effective tokens are the training rollouts only, as TRL's num_tokens
+    assert got.summary["counts"]["tokens_rollout"]["discrepancy"] == 0
+    scalars = {e["name"] for e in got.of_type("scalars")}
+    assert {"trl", "trl.eval", "trl.train"} <= scalars
+
+
+def test_two_callbacks_on_one_trainer_are_refused(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    first = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = grpo(tmp_path, tokenizer, first, steps=1)
+    trainer.add_callback(TwinkleCallback(out_dir=str(tmp_path / "runs")))
+    with pytest.raises(TwinkleError, match="already observed by another TwinkleCallback"):
+        trainer.train()
+    assert first.session is not None and first.session.summary is not None
+    assert first.session.summary["status"] == "error"
+    for name in ("training_step", "_prepare_inputs", "_generate", "_twinkle_observed"):
+        assert name not in vars(trainer), name
