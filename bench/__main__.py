@@ -29,6 +29,7 @@ MODULES = [
     "bench.bench_events",
     "bench.bench_demo",
     "bench.bench_engines",
+    "bench.bench_trl",
 ]
 # Run only when an --only names them: real vLLM servers cost minutes (make bench-vllm).
 ON_REQUEST = ["bench.bench_vllm_startup", "bench.bench_vllm_demo"]

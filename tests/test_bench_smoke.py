@@ -24,6 +24,7 @@ EXPECTED = {
     "bench.bench_events": ["events.publish", "events.replay"],
     "bench.bench_demo": ["demo", "demo.scaling", "demo.observers profile"],
     "bench.bench_engines": ["engines"],
+    "bench.bench_trl": ["trl.grpo"],
 }
 
 
