@@ -366,6 +366,7 @@ def test_the_default_configuration_names_its_phases_and_denominators() -> None:
     assert config["phases"] == {
         "rollout": ["generate"],
         "reward": ["GRPOTrainer._calculate_rewards"],
+        "publish": ["GRPOTrainer.sync_weights"],
         "train": ["train.step", "train.optimizer"],
         "step": ["step"],
     }

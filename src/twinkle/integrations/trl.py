@@ -108,10 +108,11 @@ def observer_config(
 
     :param trainer: the trainer's class name (TRL prefixes its profiling names with it).
     :param generates: whether the trainer generates its samples (TRL's GRPO and RLOO):
-        then phases ``rollout`` (``generate``) and ``reward``
-        (``<trainer>._calculate_rewards``) exist, and the ``rollout`` samples — prompt +
-        completion tokens, TRL's ``num_tokens`` — are the run window's effective tokens;
-        otherwise the ``train`` samples are.
+        then phases ``rollout`` (``generate``), ``reward``
+        (``<trainer>._calculate_rewards``) and ``publish`` (``<trainer>.sync_weights``:
+        TRL sending the weights to its vLLM engines, with ``use_vllm``) exist, and the
+        ``rollout`` samples — prompt + completion tokens, TRL's ``num_tokens`` — are the
+        run window's effective tokens; otherwise the ``train`` samples are.
     :param devices: the physical devices training uses, every phase's and the window's
         denominator.
     :param total_steps: the planned optimizer steps.
@@ -126,6 +127,7 @@ def observer_config(
     if generates:
         phases["rollout"] = ["generate"]
         phases["reward"] = [f"{trainer}._calculate_rewards"]
+        phases["publish"] = [f"{trainer}.sync_weights"]  # with use_vllm: weights to vLLM
         throughput["rollout"] = {"samples": "rollout", "devices": devices}
         config["streaming"] = {"generation": "rollout", "training": "train"}
     phases["train"] = ["train.step", "train.optimizer"]
