@@ -413,6 +413,9 @@ def test_evaluation_during_training_is_kept_apart_from_training(
     assert got.summary["counts"]["tokens_rollout"]["discrepancy"] == 0
     scalars = {e["name"] for e in got.of_type("scalars")}
     assert {"trl", "trl.eval", "trl.train"} <= scalars
+    # evaluation's reward scoring is eval.<TRL's name>, outside the reward phase
+    assert names["GRPOTrainer._calculate_rewards"] == 2
+    assert names["eval.GRPOTrainer._calculate_rewards"] >= 1
 
 
 def test_two_callbacks_on_one_trainer_are_refused(
@@ -427,3 +430,58 @@ def test_two_callbacks_on_one_trainer_are_refused(
     assert first.session.summary["status"] == "error"
     for name in ("training_step", "_prepare_inputs", "_generate", "_twinkle_observed"):
         assert name not in vars(trainer), name
+
+
+def test_a_raising_callback_between_steps_finishes_the_run_as_an_error(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """An error while logging (another callback's on_log, inside transformers'
+    _maybe_log_save_evaluate) ends the run there, with the records before it."""
+    from transformers import TrainerCallback
+
+    class Broken(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                raise OSError("the metrics disk is full")
+
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = grpo(tmp_path, tokenizer, callback, steps=4)
+    trainer.add_callback(Broken())
+    with pytest.raises(OSError, match="disk is full"):
+        trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    assert got.summary["status"] == "error"
+    assert "OSError: the metrics disk is full" in got.summary["error"]
+    assert [e["step"] for e in got.of_type("optimizer_step")] == [1, 2]
+    for name in ("training_step", "_maybe_log_save_evaluate", "get_batch_samples"):
+        assert name not in vars(trainer), name
+
+
+def test_the_profiling_wrapper_is_counted_in_and_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs overlapping, a trl module loaded while the wrapper is in place (wrapped
+    by the next acquire), one that copied the wrapper (restored): after the last release
+    every module holds TRL's function again."""
+    import types
+
+    import trl.extras.profiling as profiling
+    import trl.trainer.grpo_trainer as grpo_module
+
+    from twinkle.integrations._trl_profiling import PROFILING
+
+    original = profiling.profiling_context
+    assert PROFILING.acquire()
+    wrapper = grpo_module.profiling_context
+    assert wrapper is not original and profiling.profiling_context == wrapper
+    late = types.ModuleType("trl._twinkle_test_late")
+    late.profiling_context = original  # loaded after the first acquire
+    copied = types.ModuleType("trl._twinkle_test_copied")
+    copied.profiling_context = wrapper  # imported while the wrapper was in place
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    monkeypatch.setitem(sys.modules, copied.__name__, copied)
+    assert PROFILING.acquire()
+    assert late.profiling_context == wrapper
+    PROFILING.release()
+    assert grpo_module.profiling_context == wrapper  # one run still open
+    PROFILING.release()
+    for module in (profiling, grpo_module, late, copied):
+        assert module.profiling_context is original, module.__name__

@@ -8,9 +8,11 @@
     trainer.train()  # writes runs/<run_id>/ (SPEC §8)
 
 Each ``train()`` call is one run, opened at ``on_train_begin`` and finished at
-``on_train_end``; when a training step raises, the run finishes there with status
-``error`` and every record written before is kept. What it records, on TRL's and
-transformers' own boundaries:
+``on_train_end``. When the training raises — in a training step, loading batches, or
+logging, evaluating and saving between steps — the run finishes there with status
+``error`` and every record written before is kept (an error elsewhere, e.g. in
+``optimizer.step()``, finishes it at the next ``train()`` or at the interpreter's exit).
+What it records, on TRL's and transformers' own boundaries:
 
 * **Iterations**: one per optimizer step, begun at ``on_step_begin`` (a fresh run's
   iteration ``i`` is the step that takes ``state.global_step`` from ``i`` to ``i + 1``).
@@ -25,14 +27,17 @@ transformers' own boundaries:
     ``on_optimizer_step``;
   - TRL's profiling contexts under TRL's own names (``GRPOTrainer._calculate_rewards``,
     each reward function's, ``GRPOTrainer.transformers.generate``,
-    ``GRPOTrainer.sync_weights``, ...): the timings TRL sends only to wandb, mlflow and
-    trackio.
+    ``GRPOTrainer.sync_weights``, ...; ``eval.<name>`` during evaluation): the timings
+    TRL sends only to wandb, mlflow and trackio. ``sync_weights`` runs inside
+    ``_generate``, so the ``rollout`` phase holds it and ``publish`` shows it apart.
 
 * **Samples**: ``rollout``, one per completion generated for training, its length the
   prompt plus completion tokens exactly as TRL's ``num_tokens`` counts them (with tool
   calls: the model's own completion tokens); ``train``, one per sample a micro-batch
   trains on (prompt + completion mask tokens; a plain ``Trainer``: attention-mask
-  tokens), read at ``on_step_end``.
+  tokens), read at ``on_step_end``. A generation batch serving several steps
+  (``steps_per_generation`` above the gradient accumulation) counts its rollout samples
+  in the step that generated it.
 * **Optimizer steps** at ``on_step_end``, a **memory reading** of this process per step,
   and TRL's logged figures as **scalars** named ``trl`` (``trl.eval`` for evaluation
   logs, ``trl.train`` for the summary logged after the last step), each with
@@ -45,10 +50,11 @@ transformers' own boundaries:
 The business definitions are :func:`observer_config`'s unless ``config`` is given.
 
 How it attaches: ``on_train_begin`` finds, on its call stack, the ``Trainer`` whose
-callback handler holds the callback, and wraps three of that trainer's methods —
-``training_step``, ``_prepare_inputs`` and (TRL's online trainers) ``_generate`` — as
-instance attributes removed when the run ends. TRL's ``profiling_context`` is wrapped in
-the ``trl`` modules that use it while any run is open; only an observed trainer's
+callback handler holds the callback, and wraps that trainer's ``training_step``,
+``_prepare_inputs``, ``get_batch_samples``, ``_maybe_log_save_evaluate`` and (TRL's
+online trainers) ``_generate`` as instance attributes removed when the run ends.
+TRL's ``profiling_context`` is wrapped in the ``trl`` modules that use it while any run
+is open (:mod:`twinkle.integrations._trl_profiling`); only an observed trainer's
 contexts become spans. One process only: a ``world_size > 1`` run is refused.
 """
 
@@ -58,7 +64,6 @@ import functools
 import logging
 import math
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -73,15 +78,14 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 
 from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
-from twinkle.run import RunSession
+from twinkle.run import RunSession, RunState
 
 __all__ = ["TwinkleCallback", "observer_config"]
 
 log = logging.getLogger("twinkle.integrations.trl")
 
-#: The trainer's attribute that names the run observing it (while one does).
-_OBSERVED = "_twinkle_observed"
 #: RunSession's options a TwinkleCallback passes through.
 _SESSION_OPTIONS = frozenset(
     {
@@ -148,7 +152,9 @@ class TwinkleCallback(TrainerCallback):
     :param config: the observers' business definitions; default :func:`observer_config`
         for the trainer (plus ``x_trl``: the trainer's class and world size).
     :param devices: the device denominator of the default configuration; default the
-        processes training (``args.world_size``), each counted as one device.
+        processes training times the GPUs each drives (``args.world_size x
+        max(1, args.n_gpu)``; a CPU process is one device). A vLLM server's GPUs
+        (``vllm_mode="server"``) are not the trainer's: count them in ``devices``.
     :param memory: read this process's memory at each step's end.
     :param profiling: record TRL's profiling contexts as spans (without them the
         default ``reward`` phase is empty).
@@ -260,20 +266,25 @@ class _ObservedRun:
 
     def __init__(self, owner: TwinkleCallback, trainer: Any, state: Any) -> None:
         name = type(trainer).__name__
-        other = vars(trainer).get(_OBSERVED)
+        other = vars(trainer).get(OBSERVER_ATTRIBUTE)
         if other is not None:
-            error = (
-                f"this {name} is already observed by another TwinkleCallback: pass one "
-                "TwinkleCallback per trainer"
-            )
-            other.fail(error)  # (its run ends here: training does not go on)
-            raise TwinkleError(error)
+            if any(cb is other.owner for cb in trainer.callback_handler.callbacks):
+                error = (
+                    f"this {name} is already observed by another TwinkleCallback: pass "
+                    "one TwinkleCallback per trainer"
+                )
+                other.fail(error)  # (its run ends here: training does not go on)
+                raise TwinkleError(error)
+            # its callback was removed after a train() that raised outside a step
+            other.fail("train() began again without the callback observing this run")
         self.owner = owner
         self.trainer = trainer
         self.generates = callable(getattr(trainer, "_generate", None))
         config = owner.config
         if config is None:
-            devices = owner.devices if owner.devices is not None else trainer.args.world_size
+            devices = owner.devices
+            if devices is None:  # processes x the GPUs each drives (DataParallel: > 1)
+                devices = trainer.args.world_size * max(1, int(trainer.args.n_gpu))
             config = observer_config(
                 trainer=name,
                 generates=self.generates,
@@ -302,10 +313,13 @@ class _ObservedRun:
         try:
             self._wrap("training_step", self._training_step)
             self._wrap("_prepare_inputs", self._prepare_inputs)
+            # Failing outside a step: loading the batches, logging, evaluating, saving.
+            self._wrap("get_batch_samples", self._failing)
+            self._wrap("_maybe_log_save_evaluate", self._failing)
             if self.generates:
                 self._wrap("_generate", self._generate)
-            setattr(trainer, _OBSERVED, self)
-            if owner.profiling and _PROFILING.acquire():
+            setattr(trainer, OBSERVER_ATTRIBUTE, self)
+            if owner.profiling and PROFILING.acquire():
                 self._profiling = True
         except BaseException:
             self._restore()
@@ -372,8 +386,11 @@ class _ObservedRun:
         self.session.finish(terminal_totals=totals)
 
     def fail(self, reason: BaseException | str) -> None:
-        """Finish the run as failed (a training step raised, or it was abandoned)."""
+        """Finish the run as failed (the training raised, or the run was abandoned);
+        once: a failure that passes through several wrappers is one."""
         self.owner._failed(self)
+        if self.session.state is not RunState.RUNNING:
+            return
         exc_info: _ExcInfo = _NO_EXC
         if isinstance(reason, BaseException):
             exc_info = (type(reason), reason, reason.__traceback__)
@@ -388,6 +405,18 @@ class _ObservedRun:
             log.exception("run %r: finishing after the failure failed", self.session.run_id)
 
     # -- the trainer's wrapped methods ---------------------------------------------------
+
+    def _failing(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original``, finishing the run as failed when it raises."""
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                self.fail(exc)
+                raise
+
+        return failing
 
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def training_step(*args: Any, **kwargs: Any) -> Any:
@@ -452,6 +481,11 @@ class _ObservedRun:
         attrs: dict[str, Any] = {} if self.iteration is None else {"iteration": self.iteration}
         return self.recorder.span(name, **attrs)
 
+    def profiling_span(self, name: str) -> SpanContext:
+        """The span of TRL's profiling context ``name``; ``eval.<name>`` while the model
+        evaluates (so evaluation's reward scoring stays out of the ``reward`` phase)."""
+        return self.span(name if self.trainer.model.training else f"eval.{name}")
+
     # -- attaching and detaching ----------------------------------------------------------
 
     def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -468,11 +502,11 @@ class _ObservedRun:
             else:
                 setattr(trainer, name, saved)
         self._saved.clear()
-        if trainer.__dict__.get(_OBSERVED) is self:
-            del trainer.__dict__[_OBSERVED]
+        if trainer.__dict__.get(OBSERVER_ATTRIBUTE) is self:
+            del trainer.__dict__[OBSERVER_ATTRIBUTE]
         if self._profiling:
             self._profiling = False
-            _PROFILING.release()
+            PROFILING.release()
 
     def _enter(self, name: str) -> None:
         span = self.span(name)
@@ -549,86 +583,3 @@ def _rollout_lengths(trainer: str, out: Any) -> list[int]:
             "supports trl>=1.16,<2 (pass profiling=False and a config without the "
             "rollout phase to observe other versions' training steps only)"
         ) from exc
-
-
-class _ProfilingPatch:
-    """TRL's ``profiling_context`` wrapped in every loaded ``trl`` module that holds it,
-    while at least one run observes a trainer; only an observed trainer's contexts
-    become spans (the others are TRL's, untouched)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._original: Callable[[Any, str], Any] | None = None
-        self._patched: list[Any] = []  # the modules whose profiling_context is ours
-
-    def acquire(self) -> bool:
-        """Install the wrapper (or count one more user); False when TRL's profiling
-        module is not loaded (a plain transformers Trainer: nothing to wrap)."""
-        with self._lock:
-            if self._users == 0:
-                profiling = sys.modules.get("trl.extras.profiling")
-                original = getattr(profiling, "profiling_context", None)
-                if original is None:
-                    return False
-                self._original = original
-                for name, module in list(sys.modules.items()):
-                    if (name == "trl" or name.startswith("trl.")) and getattr(
-                        module, "profiling_context", None
-                    ) is original:
-                        setattr(module, "profiling_context", self._context)  # noqa: B010
-                        self._patched.append(module)
-            self._users += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users:
-                return
-            for module in self._patched:
-                if getattr(module, "profiling_context", None) == self._context:
-                    setattr(module, "profiling_context", self._original)  # noqa: B010
-            self._patched.clear()  # (_original is kept: a call in flight still uses it)
-
-    def _context(self, trainer: Any, name: str) -> Any:
-        original = self._original
-        assert original is not None  # set by the first acquire(), kept after
-        inner = original(trainer, name)
-        observed = getattr(trainer, "__dict__", {}).get(_OBSERVED)
-        if observed is None:
-            return inner
-        return _Profiled(inner, observed.span(inner.name))
-
-
-class _Profiled:
-    """TRL's profiling context with a twinkle span inside it (same name)."""
-
-    __slots__ = ("_inner", "_span")
-
-    def __init__(self, inner: Any, span: SpanContext) -> None:
-        self._inner = inner
-        self._span = span
-
-    def __enter__(self) -> Any:
-        entered = self._inner.__enter__()
-        self._span.__enter__()
-        return entered
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> Any:
-        try:
-            self._span.__exit__(exc_type, exc, tb)
-        finally:
-            suppressed = self._inner.__exit__(exc_type, exc, tb)
-        return suppressed
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-_PROFILING = _ProfilingPatch()
