@@ -485,3 +485,23 @@ def test_the_profiling_wrapper_is_counted_in_and_out(monkeypatch: pytest.MonkeyP
     PROFILING.release()
     for module in (profiling, grpo_module, late, copied):
         assert module.profiling_context is original, module.__name__
+
+
+def test_samples_reused_across_steps_count_once_as_rollout_and_per_visit_as_train(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """num_iterations=2: each generation batch trains two steps. The rollout tokens are
+    TRL's num_tokens, counted in the generating step; the train tokens count each visit."""
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = grpo(tmp_path, tokenizer, callback, steps=4, num_iterations=2)
+    trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    rollout = [e for e in got.of_type("samples") if e["phase"] == "rollout"]
+    train = [e for e in got.of_type("samples") if e["phase"] == "train"]
+    assert [e["iteration"] for e in rollout] == [0, 2]
+    assert [e["iteration"] for e in train] == [0, 1, 2, 3]
+    tokens = sum(sum(e["lengths"]) for e in rollout)
+    assert tokens == trainer.state.num_input_tokens_seen
+    assert got.summary["counts"]["tokens_rollout"]["discrepancy"] == 0
+    assert sum(sum(e["lengths"]) for e in train) == 2 * tokens
+    assert Counter(s["name"] for s in got.spans())["generate"] == 2
