@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from _recompute import check_run
-
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 import psutil
 import pytest
-from _recompute import check_run
 
+from _recompute import check_run
 from twinkle.run import replay
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
