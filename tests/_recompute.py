@@ -64,8 +64,8 @@ class Recompute:
         self.pairs = [(p, q) for i, p in enumerate(self.phases) for q in list(self.phases)[i + 1 :]]
         lag = cfg.get("finalise_lag", 1)
         self.boundaries: list[tuple[int, int]] = []  # (iteration, monotonic_ns)
-        self.pieces: list[tuple[int, str | None, int, int, int]] = []  # (pos, phase, s, e, tid)
-        self.over: list[tuple[int, int, int, int]] = []  # (pos, s, e, tid)
+        self.pieces: list[tuple[int, str | None, int, int, Any]] = []  # (pos, phase, s, e, tid)
+        self.over: list[tuple[int, int, int, Any]] = []  # (pos, s, e, tid)
         self.late_ns = 0
         self.spans: list[dict[str, Any]] = []
         self.samples: dict[tuple[int, str], list[int]] = {}
@@ -81,8 +81,10 @@ class Recompute:
                     horizon = self.boundaries[k - lag - 1][1]
                     self.finalised_at[k - lag - 1] = pos
             elif kind == "spans":
+                shift = _shift(ev["anchor"], started["anchor"])
                 for s in ev["spans"]:
-                    start, end, tid = s["start_ns"], s["end_ns"], s["thread_id"]
+                    start, end = s["start_ns"] + shift, s["end_ns"] + shift
+                    tid = (s["pid"], s["thread_id"])  # (two processes' idents may coincide)
                     if s["name"] == "twinkle.observe":
                         self.over.append((pos, start, end, tid))
                         continue
@@ -155,6 +157,14 @@ class Recompute:
     def teardown(self) -> dict[str, Any]:
         end = max([self.finish, *(e for _, _, _, e, _ in self.pieces)])
         return self.measure(self.finish, end, self.finish_pos + 1)
+
+
+def _shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
+    """What places a batch's spans on the run's timeline: 0 from the run's own process,
+    else the difference of the two processes' wall-minus-monotonic offsets."""
+    if (anchor["pid"], anchor["hostname"]) == (run["pid"], run["hostname"]):
+        return 0
+    return (anchor["wall_ns"] - anchor["monotonic_ns"]) - (run["wall_ns"] - run["monotonic_ns"])
 
 
 def _s(ns: int) -> float:

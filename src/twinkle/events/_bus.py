@@ -218,17 +218,20 @@ class EventBus:
             recorders = list(self._recorders)
         return sum(self._publish_spans(s, r, backwards) for s, r in recorders)
 
-    def publish_spans(self, source: str, anchor: ClockAnchor, spans: Sequence[Any]) -> None:
+    def publish_spans(
+        self, source: str, anchor: ClockAnchor, spans: Sequence[Any], *, dropped: int = 0
+    ) -> None:
         """Publish spans recorded elsewhere (another process) with that process's anchor
-        (a span that ends before it starts is refused as for :meth:`flush_spans`)."""
+        (a span that ends before it starts is refused as for :meth:`flush_spans`);
+        ``dropped``: spans the source could not ship."""
         if isinstance(spans, str | bytes) or not isinstance(spans, Iterable):
             raise InvalidArgumentError(
                 f"spans must be a sequence of twinkle.perf.Span, got {spans!r:.100}"
             )
         backwards: list[str] = []
-        if spans:
+        if spans or dropped:
             with self.own_work(SpanBatch.TYPE):
-                self._send_spans(source, anchor, spans, backwards)
+                self._send_spans(source, anchor, spans, backwards, dropped)
         _raise_backwards(backwards)
 
     def _publish_spans(self, source: str, recorder: TimeRecorder, backwards: list[str]) -> int:
@@ -238,7 +241,12 @@ class EventBus:
         return len(spans)
 
     def _send_spans(
-        self, source: str, anchor: ClockAnchor, spans: Sequence[Any], backwards: list[str]
+        self,
+        source: str,
+        anchor: ClockAnchor,
+        spans: Sequence[Any],
+        backwards: list[str],
+        dropped: int = 0,
     ) -> None:
         mono, wall = self._times()
         batch = loggable_spans(tuple(spans), source)
@@ -251,9 +259,9 @@ class EventBus:
             if len(bad) > 5:
                 backwards.append(f"and {len(bad) - 5} more")
             batch = tuple(s for s in batch if not (type(s) is Span and s.end_ns < s.start_ns))
-            if not batch:
+            if not batch and not dropped:
                 return
-        self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch))
+        self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch, dropped))
 
     # -- builders for each event ------------------------------------------------------
 

@@ -196,11 +196,14 @@ class SpanBatch(Event, tag="spans", frozen=True):
     """Spans drained from one :class:`~twinkle.perf.TimeRecorder`.
 
     ``source`` names the recorder; ``anchor`` is its process's clock anchor so spans of
-    other processes can be placed on this run's timeline."""
+    other processes can be placed on this run's timeline; ``dropped`` counts the spans
+    the source recorded but could not ship (a worker report's bound,
+    :class:`~twinkle.perf.WorkerReport`)."""
 
     source: NonEmpty
     anchor: ClockAnchor
     spans: tuple[Span, ...]
+    dropped: Count = 0
 
     def __post_init__(self) -> None:
         for i, s in enumerate(self.spans):

@@ -106,6 +106,11 @@ class WindowTiming(msgspec.Struct, frozen=True):
         )
 
 
+def _thread_key(pid: int, thread_id: int) -> int:
+    """One int per (process, thread): the thread ident in the low 64 bits."""
+    return (pid << 64) | thread_id
+
+
 def _by_thread(overhead: list[tuple[int, int, int]], lo: int, hi: int) -> dict[int, list[Interval]]:
     """The overhead in ``[lo, hi)`` per thread, clipped and merged."""
     by_thread: dict[int, list[Interval]] = {}
@@ -336,6 +341,8 @@ class Timeline:
         self._teardown = WindowTiming.empty(self.config)
         self.late_spans = self.late_ns = 0
         self.late_samples = 0
+        #: per span source: [spans received, spans it could not ship]
+        self.sources: dict[str, list[int]] = {}
         #: spans and their summed seconds by where they were attributed
         self.where: dict[str, list[int]] = {
             k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
@@ -438,10 +445,17 @@ class Timeline:
         phase_of = self.config.phase_of
         overhead = self.overhead
         horizon = self.horizon  # moves only when a window is finalised
+        counts = self.sources.get(event.source)
+        if counts is None:
+            counts = self.sources[event.source] = [0, 0]
+        counts[0] += len(event.spans)
+        counts[1] += event.dropped
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
+            # A thread is one of its process's: idents of two processes may coincide.
+            thread = _thread_key(span.pid, span.thread_id)
             if span.name == OVERHEAD_SPAN:
-                overhead.append((start, end, span.thread_id))
+                overhead.append((start, end, thread))
                 continue
             phase = phase_of(span.name)
             if horizon is not None and start < horizon:
@@ -450,13 +464,15 @@ class Timeline:
                 self.late_ns += min(end, horizon) - start
             if horizon is None or end > horizon:
                 clipped = start if horizon is None else max(start, horizon)
-                self.pieces.append((phase, clipped, end, span.thread_id))
+                self.pieces.append((phase, clipped, end, thread))
             if phase is not None and self._setup_open:
                 first = self._first_work_ns
                 self._first_work_ns = start if first is None else min(first, start)
-            self._attribute(span.attrs.get("iteration"), phase, start, end, span)
+            self._attribute(span.attrs.get("iteration"), phase, start, end, span, thread=thread)
 
-    def _attribute(self, attr: object, phase: str | None, start: int, end: int, span: Any) -> None:
+    def _attribute(
+        self, attr: object, phase: str | None, start: int, end: int, span: Any, *, thread: int
+    ) -> None:
         explicit = isinstance(attr, int) and not isinstance(attr, bool)
         data: IterationData | None
         if explicit:
@@ -473,7 +489,7 @@ class Timeline:
         if data is None:
             self._place("late", end - start)
             return
-        data.spans.append((phase, start, end, span.error, span.thread_id, explicit))
+        data.spans.append((phase, start, end, span.error, thread, explicit))
 
     def _place(self, where: str, duration_ns: int) -> None:
         entry = self.where[where]
@@ -586,6 +602,11 @@ class Timeline:
             "window": {"in_windows_seconds": self._totals.span_ns / 1e9, "late": late},
             "total": sum(n for n, _ in self.where.values()),
             "total_seconds": sum(ns for _, ns in self.where.values()) / 1e9,
+            "sources": {
+                source: {"spans": n, "dropped": dropped}
+                for source, (n, dropped) in sorted(self.sources.items())
+            },
+            "dropped": sum(dropped for _, dropped in self.sources.values()),
         }
 
 

@@ -5,6 +5,7 @@ about RL. torch is never imported by importing this package.
 """
 
 from twinkle.perf.clock import Clock, ClockAnchor, ManualClock, default_clock
+from twinkle.perf.remote import WorkerRecorder, WorkerReport
 from twinkle.perf.stats import MemoryReading, memory_stats, process_memory_stats
 from twinkle.perf.timer import (
     Span,
@@ -25,6 +26,8 @@ __all__ = [
     "Span",
     "SpanContext",
     "TimeRecorder",
+    "WorkerRecorder",
+    "WorkerReport",
     "bind_process_recorder",
     "current_recorder",
     "default_clock",

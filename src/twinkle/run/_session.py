@@ -53,7 +53,7 @@ from twinkle.events import (
 from twinkle.hookspecs import RunContext
 from twinkle.locks import RunDirLock
 from twinkle.observers.sinks import EVENTS_FILE
-from twinkle.perf import Clock, ClockAnchor, TimeRecorder, bind_process_recorder
+from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import memory_stats
 from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, make_plugin_manager
 from twinkle.reporting import MetricsReporter
@@ -540,6 +540,22 @@ class RunSession:
         with self.bus.own_work("memory"):
             reading = memory_stats(device=device)
         self.bus.memory([reading], iteration=iteration)
+
+    def receive(self, report: WorkerReport, *, iteration: int | None) -> None:
+        """Publish what a worker process measured (its
+        :class:`~twinkle.perf.WorkerReport`): its spans as a batch from source
+        ``report.worker`` on its own clock anchor (counting the spans it dropped), and its
+        memory readings as taken during ``iteration``."""
+        if not isinstance(report, WorkerReport):
+            raise InvalidArgumentError(
+                f"receive() takes a twinkle.perf.WorkerReport (from WorkerRecorder.report() "
+                f"in the worker), got {type(report).__name__}: {report!r:.100}"
+            )
+        self.bus.publish_spans(
+            report.worker, report.anchor, report.spans, dropped=report.spans_dropped
+        )
+        if report.readings:
+            self.bus.memory(report.readings, iteration=iteration)
 
     @property
     def failures(self) -> dict[str, int]:

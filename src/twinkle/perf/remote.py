@@ -1,0 +1,125 @@
+"""Observation in a worker process whose run lives in another one (a Ray actor, a
+``torch.distributed`` rank): :class:`WorkerRecorder` records there, :class:`WorkerReport`
+carries what it measured to the process that holds the run.
+
+A worker ships a report with its results (the return value of an actor call, a
+gather at the iteration's end), so it never waits on the run's process to ship: shipping
+is as often as the worker reports, and a report is bounded (``max_spans``). The spans
+beyond the bound are dropped, counted in the report (``spans_dropped``) and in the run's
+summary. Durations are the worker's own: every span is read off the worker's clock, and
+the report's :class:`~twinkle.perf.ClockAnchor` places them on the run's timeline (on
+another host through the wall clocks; docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgspec
+
+from twinkle.checks import Count, NonEmpty, convert_checked
+from twinkle.errors import InvalidArgumentError
+from twinkle.perf._span import Span
+from twinkle.perf.clock import Clock, ClockAnchor, default_clock
+from twinkle.perf.stats import MemoryReading, memory_stats
+from twinkle.perf.timer import SpanContext, TimeRecorder
+
+__all__ = ["DEFAULT_MAX_SPANS", "WorkerRecorder", "WorkerReport"]
+
+#: A report's bound on spans (a demo iteration's worker records a few dozen).
+DEFAULT_MAX_SPANS = 65_536
+
+
+class WorkerReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one worker measured since its previous report.
+
+    ``worker`` names it (the span batch's source; its readings carry it as
+    ``worker_id``); ``anchor`` is its process's clock anchor; ``spans`` closed in the
+    order they closed; ``spans_dropped`` closed beyond the report's bound and are not
+    in it. A report pickles (Ray) and encodes to msgpack bytes (:meth:`to_bytes`).
+    """
+
+    worker: NonEmpty
+    anchor: ClockAnchor
+    spans: tuple[Span, ...] = ()
+    readings: tuple[MemoryReading, ...] = ()
+    spans_dropped: Count = 0
+
+    def to_bytes(self) -> bytes:
+        """The report as msgpack bytes (what a gather over ``torch.distributed`` sends)."""
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerReport:
+        """A report from :meth:`to_bytes`' bytes; every field is checked."""
+        try:
+            raw = msgspec.msgpack.decode(data)
+        except msgspec.DecodeError as exc:
+            raise InvalidArgumentError(
+                f"not a worker report's bytes ({len(data)} bytes): {exc}; build them with "
+                "WorkerReport.to_bytes()"
+            ) from exc
+        return convert_checked(raw, cls)
+
+
+class WorkerRecorder:
+    """The spans and memory readings of one worker process, for a run elsewhere.
+
+    :param worker: the worker's name in the run (``"engine0"``, ``"rank1"``).
+    :param rank: its ``torch.distributed`` rank, for its memory readings.
+    :param max_spans: the most spans one report carries; the rest are dropped and
+        counted (a worker reporting every iteration stays far below the default).
+    :param clock: the worker's monotonic ns clock; ``wall_clock``: unix ns.
+
+    Record with :meth:`span` (or :attr:`recorder`), then ship :meth:`report`.
+    """
+
+    __slots__ = ("_device", "_max_spans", "_rank", "recorder", "worker")
+
+    def __init__(
+        self,
+        worker: str,
+        *,
+        rank: int | None = None,
+        device: str | None = None,
+        max_spans: int = DEFAULT_MAX_SPANS,
+        clock: Clock = default_clock,
+        wall_clock: Clock = time.time_ns,
+    ) -> None:
+        if not isinstance(worker, str) or not worker:
+            raise InvalidArgumentError(
+                f"worker must name the worker (a non-empty str, e.g. 'engine0'), got {worker!r}"
+            )
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
+            raise InvalidArgumentError(f"max_spans must be an int >= 1, got {max_spans!r}")
+        self.worker = worker
+        self.recorder = TimeRecorder(clock, wall_clock=wall_clock)
+        self._rank = rank
+        self._device = device
+        self._max_spans = max_spans
+
+    def span(self, name: str, /, **attrs: Any) -> SpanContext:
+        """A span of this worker (see :meth:`TimeRecorder.span`)."""
+        return self.recorder.span(name, **attrs)
+
+    def report(self, *, memory: bool = True) -> WorkerReport:
+        """Every span closed since the last report (up to ``max_spans``, the oldest
+        first; the rest counted as dropped) and, with ``memory``, a reading of this
+        process's memory (:func:`~twinkle.perf.memory_stats`)."""
+        spans = self.recorder.drain()
+        dropped = max(0, len(spans) - self._max_spans)
+        readings: tuple[MemoryReading, ...] = ()
+        if memory:
+            readings = (memory_stats(device=self._device, worker_id=self.worker, rank=self._rank),)
+        return WorkerReport(
+            self.worker,
+            self.recorder.anchor,
+            tuple(spans[: self._max_spans]),
+            readings,
+            dropped,
+        )
+
+    def __repr__(self) -> str:
+        return f"<WorkerRecorder {self.worker!r} pid={os.getpid()}>"

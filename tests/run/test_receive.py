@@ -1,0 +1,103 @@
+"""RunSession.receive: what another process measured lands in the run, on its timeline.
+
+Each worker is a real second interpreter: it records spans on its own clock and prints
+its :class:`~twinkle.perf.WorkerReport` as bytes; the run receives them. The spans keep
+the worker's durations, move onto the run's timeline through the anchors (inside the
+iteration window they ran in, to within a millisecond), name their source, and the
+figures recompute from the log and replay byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _recompute import check_run
+from twinkle.errors import InvalidArgumentError
+from twinkle.perf import WorkerReport
+from twinkle.run import RunSession, replay
+
+CONFIG = {
+    "phases": {"rollout": ["generate"], "train": ["train.step"]},
+    "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
+    "window": {"samples": "rollout", "devices": 1},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
+WORKER = """
+import sys, time
+from twinkle.perf import WorkerRecorder
+worker = WorkerRecorder(sys.argv[1], max_spans=int(sys.argv[3]))
+for i in range(int(sys.argv[4])):
+    with worker.span("generate", iteration=int(sys.argv[2]), part=i):
+        time.sleep(0.02)
+sys.stdout.buffer.write(worker.report().to_bytes())
+"""
+TOLERANCE_NS = 1_000_000  # the anchors of two processes on one host: microseconds apart
+
+
+def _work(name: str, iteration: int, *, spans: int = 1, max_spans: int = 100) -> WorkerReport:
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER, name, str(iteration), str(max_spans), str(spans)],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return WorkerReport.from_bytes(out)
+
+
+def test_a_workers_spans_and_memory_land_in_the_run_on_its_timeline(tmp_path: Path) -> None:
+    with RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False) as run:
+        for it in range(2):
+            run.bus.iteration_started(it)
+            report = _work(f"engine{it}", it, spans=2)
+            run.receive(report, iteration=it)
+            run.bus.samples(iteration=it, phase="rollout", lengths=[5, 7])
+            with run.recorder.span("train.step", iteration=it):
+                pass
+        run.receive(_work("engine9", 1, spans=3, max_spans=1), iteration=1)
+    run_dir = tmp_path / "r"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    started = events[0]
+    boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
+    finish = events[-1]["monotonic_ns"]
+    ends = [boundaries[1], finish]
+    worker_batches = [
+        e
+        for e in events
+        if e["type"] == "spans" and e["source"] not in ("main", "twinkle.observers")
+    ]
+    assert [b["source"] for b in worker_batches] == ["engine0", "engine1", "engine9"]
+    for batch in worker_batches:
+        anchor, origin = batch["anchor"], started["anchor"]
+        assert anchor["pid"] != origin["pid"]
+        shift = (anchor["wall_ns"] - anchor["monotonic_ns"]) - (
+            origin["wall_ns"] - origin["monotonic_ns"]
+        )
+        for span in batch["spans"]:
+            it = span["attrs"]["iteration"]
+            assert span["end_ns"] - span["start_ns"] >= 20_000_000  # the worker's own duration
+            lo, hi = boundaries[it] - TOLERANCE_NS, ends[it] + TOLERANCE_NS
+            assert lo <= span["start_ns"] + shift <= span["end_ns"] + shift <= hi, span
+    readings = [r for e in events if e["type"] == "memory" for r in e["readings"]]
+    assert [r["worker_id"] for r in readings] == ["engine0", "engine1", "engine9"]
+    assert {r["pid"] for r in readings} == {b["anchor"]["pid"] for b in worker_batches}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    sources = summary["spans"]["sources"]
+    assert sources["engine0"] == {"spans": 2, "dropped": 0}
+    assert sources["engine9"] == {"spans": 1, "dropped": 2}
+    assert summary["spans"]["dropped"] == 2
+    assert summary["memory_readings"] == 3
+    check_run(run_dir)
+    replay(run_dir, tmp_path / "again")
+    for name in ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def test_receive_refuses_what_is_not_a_report(tmp_path: Path) -> None:
+    with RunSession(out_dir=None, config=CONFIG, autoload=False) as run:
+        with pytest.raises(InvalidArgumentError, match="receive\\(\\) takes a twinkle.perf"):
+            run.receive({"worker": "w"}, iteration=0)  # type: ignore[arg-type]
