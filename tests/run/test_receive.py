@@ -99,5 +99,5 @@ def test_a_workers_spans_and_memory_land_in_the_run_on_its_timeline(tmp_path: Pa
 
 def test_receive_refuses_what_is_not_a_report(tmp_path: Path) -> None:
     with RunSession(out_dir=None, config=CONFIG, autoload=False) as run:
-        with pytest.raises(InvalidArgumentError, match="receive\\(\\) takes a twinkle.perf"):
+        with pytest.raises(InvalidArgumentError, match=r"receive\(\) takes a twinkle\.perf"):
             run.receive({"worker": "w"}, iteration=0)  # type: ignore[arg-type]
