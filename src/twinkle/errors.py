@@ -19,6 +19,7 @@ __all__ = [
     "PluginError",
     "DriverError",
     "EngineStartError",
+    "WorkerError",
     "LockTimeoutError",
     "RunDirInUseError",
 ]
@@ -64,6 +65,11 @@ class PluginError(TwinkleError):
 
 class DriverError(TwinkleError):
     """The streaming driver was misused or one of its workers failed (cause chained)."""
+
+
+class WorkerError(TwinkleError):
+    """A remote worker (a Ray actor, a ``torch.distributed`` rank) raised or died (names
+    the worker; its own error chained)."""
 
 
 class EngineStartError(TwinkleError):

@@ -144,6 +144,8 @@ def test_demo_command_prints_table_and_summary(
         ({"engine": "vllm", "layers": 4}, r"layers=4: d_model, layers and heads shape the torch"),
         ({"engine": "sglang"}, r"engine must be one of torch, vllm, got 'sglang'"),
         ({"lr": "1e-3"}, r"lr must be a number > 0, got '1e-3'"),
+        ({"backend": "slurm"}, r"backend must be one of local, ray, got 'slurm'"),
+        ({"backend": "ray", "engine": "vllm"}, r"engine 'vllm' is not available there"),
     ],
 )
 def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:

@@ -20,6 +20,7 @@ from twinkle.cluster._ray import (
     RAY_DEVICE_TYPES,
     RayCluster,
     check_loopback,
+    import_ray,
     init_ray,
 )
 from twinkle.cluster._resources import ClusterAdapter, ClusterResources, RayNotInstalledError
@@ -34,6 +35,7 @@ __all__ = [
     "RayNotInstalledError",
     "TorchDistributedCluster",
     "check_loopback",
+    "import_ray",
     "init_ray",
     "local_cpus",
     "torch_device_counts",

@@ -14,7 +14,14 @@ from twinkle.cluster._resources import (
 )
 from twinkle.errors import ConfigError, InvalidArgumentError
 
-__all__ = ["LOOPBACK_ENV", "RAY_DEVICE_TYPES", "RayCluster", "check_loopback", "init_ray"]
+__all__ = [
+    "LOOPBACK_ENV",
+    "RAY_DEVICE_TYPES",
+    "RayCluster",
+    "check_loopback",
+    "import_ray",
+    "init_ray",
+]
 
 #: Ray accelerator resource names -> torch device types.
 RAY_DEVICE_TYPES = {"GPU": "cuda", "NPU": "npu", "HPU": "hpu", "TPU": "tpu"}

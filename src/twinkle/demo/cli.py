@@ -28,7 +28,7 @@ RAW_FILE = "metrics_raw.jsonl"
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """The demo's options (defaults from :class:`~twinkle.demo.DemoConfig`)."""
-    from twinkle.demo.config import DEFAULT_LR, ENGINES, DemoConfig
+    from twinkle.demo.config import BACKENDS, DEFAULT_LR, ENGINES, DemoConfig
 
     d = DemoConfig()
     p.add_argument("--iterations", type=int, default=d.iterations, metavar="N")
@@ -61,6 +61,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the interpreter that runs the vLLM engines (default: $TWINKLE_VLLM_PYTHON, "
         "else .venv-vllm/bin/python)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=d.backend,
+        help="local: engines and trainer in this process (default); ray: each one a Ray "
+        "actor on a local Ray cluster bound to 127.0.0.1",
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
@@ -251,6 +258,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         overlap=args.overlap,
         observers=not args.no_observers,
         engine=args.engine,
+        backend=args.backend,
     )
     if cfg.engine == "vllm":  # said now, before anything is created
         from twinkle.demo.hf import check_vllm_python

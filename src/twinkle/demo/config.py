@@ -7,11 +7,14 @@ from typing import Any
 
 from twinkle.errors import ConfigError
 
-__all__ = ["DEFAULT_LR", "ENGINES", "DemoConfig"]
+__all__ = ["BACKENDS", "DEFAULT_LR", "ENGINES", "DemoConfig"]
 
 #: What generates the rollouts: ``torch`` (in-process tiny decoders, the default) or
 #: ``vllm`` (real vLLM servers, a transformers Llama trainer).
 ENGINES = ("torch", "vllm")
+#: Where the trainer and the engines run: ``local`` (threads of this process, the
+#: default) or ``ray`` (each one a Ray actor, twinkle.demo.ray_rig).
+BACKENDS = ("local", "ray")
 #: The learning rate each engine's demo uses when ``lr`` is not given.
 DEFAULT_LR = {"torch": 2e-3, "vllm": 1e-3}
 
@@ -48,10 +51,18 @@ class DemoConfig:
     # torch: d_model, layers and heads shape the tiny decoder; vllm: the policy is the
     # tiny Llama of twinkle.demo.hf (its own fixed shape) and they are unused.
     engine: str = "torch"
+    backend: str = "local"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "ray" and self.engine != "torch":
+            raise ConfigError(
+                f"backend 'ray' runs the torch demo's engines and trainer as Ray actors; "
+                f"engine {self.engine!r} is not available there: use --engine torch"
+            )
         if self.engine == "vllm":
             shaped = {
                 k: getattr(self, k) for k in _DECODER_SHAPE if getattr(self, k) != _DEFAULTS[k]

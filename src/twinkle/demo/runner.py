@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from twinkle.cluster import LocalCluster
 from twinkle.demo.config import DemoConfig
-from twinkle.demo.engine import RolloutBatch, RolloutEngine, TorchEngine, Trajectory
+from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
 from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
@@ -86,6 +86,10 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
         # the run window (its throughput) opens with it.
         phases["startup"] = ["engine.start"]
         model = {"x_model": dataclasses.asdict(TinyLlamaSpec())}  # d_model etc. are unused
+    if cfg.backend == "ray":
+        # Starting and stopping the actors is the run's work too (busy, not idle).
+        phases["startup"] = ["workers.start"]
+        phases["shutdown"] = ["workers.stop"]
     return {
         "phases": phases,
         "throughput": {
@@ -105,8 +109,31 @@ def _steps_per_iteration(cfg: DemoConfig) -> int:
     return -(-cfg.samples_per_iteration // per_step)
 
 
+class _Engine(Protocol):
+    """What the loop calls on an engine: a :class:`RolloutEngine` here, or the handle on
+    one in another process (:class:`twinkle.demo.ray_rig.RayEngine`)."""
+
+    name: str
+
+    def rollout(self, iteration: int) -> RolloutBatch: ...
+
+    def close(self) -> None: ...
+
+
+class _Trainer(Protocol):
+    """What the loop calls on the trainer (:class:`GRPOTrainer`, or
+    :class:`twinkle.demo.ray_rig.RayTrainer`)."""
+
+    @property
+    def optimizer_steps(self) -> int: ...
+
+    def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult: ...
+
+    def state(self) -> Any: ...
+
+
 def _producer(
-    engine: RolloutEngine, iterations: range, stopping: threading.Event
+    engine: _Engine, iterations: range, stopping: threading.Event
 ) -> Callable[[int], RolloutBatch]:
     """One engine's producer: its share of each of ``iterations``, then exhausted; also
     exhausted when the run stops early (``stopping``) and closing the engine cut its
@@ -126,9 +153,7 @@ def _producer(
 
 
 @contextlib.contextmanager
-def _stop_engines_on_error(
-    engines: Sequence[RolloutEngine], stopping: threading.Event
-) -> Iterator[None]:
+def _stop_engines_on_error(engines: Sequence[_Engine], stopping: threading.Event) -> Iterator[None]:
     """On an exception (Ctrl-C, a signal, a failure) close the engines *before* the driver
     joins its producers: a producer waiting for weights that will never be published
     would otherwise hold the driver's close for its whole timeout."""
@@ -147,8 +172,8 @@ class _Rig:
     ``after_rollouts(iteration, batches)`` observes the engines once an iteration's
     rollouts are in, ``totals()`` gives the engines' own terminal totals."""
 
-    trainer: GRPOTrainer
-    engines: Sequence[RolloutEngine]
+    trainer: _Trainer
+    engines: Sequence[_Engine]
     publisher: Publisher | Sequence[WeightLoader]
     after_rollouts: Callable[[int, Sequence[RolloutBatch]], None] = lambda it, batches: None
     totals: Callable[[], Mapping[str, int | float]] = dict
@@ -167,6 +192,16 @@ def _torch_rig(
     for engine in engines:
         engine.load_weights(first, initial)
     yield _Rig(trainer, engines, publisher=engines)
+
+
+@contextlib.contextmanager
+def _ray_rig(
+    cfg: DemoConfig, run: RunSession, first: int, on_step: Callable[[int, int, int], object]
+) -> Iterator[_Rig]:
+    from twinkle.demo.ray_rig import ray_workers
+
+    with ray_workers(cfg, run, first, on_step) as workers:
+        yield _Rig(workers.trainer, workers.engines, publisher=workers.engines)
 
 
 @contextlib.contextmanager
@@ -258,11 +293,12 @@ def run_demo(
         def on_step(it: int, step: int, n: int) -> None:
             bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
 
-        rig_cm = (
-            _torch_rig(cfg, run, first, on_step)
-            if cfg.engine == "torch"
-            else _vllm_rig(cfg, run, first, on_step, vllm_python)
-        )
+        if cfg.backend == "ray":
+            rig_cm = _ray_rig(cfg, run, first, on_step)
+        elif cfg.engine == "torch":
+            rig_cm = _torch_rig(cfg, run, first, on_step)
+        else:
+            rig_cm = _vllm_rig(cfg, run, first, on_step, vllm_python)
         with rig_cm as rig:
             engines, trainer = rig.engines, rig.trainer
             stopping = threading.Event()
@@ -270,7 +306,7 @@ def run_demo(
             generated = groups = visits = 0
             # Version v is published once no rollout needs an older one: when the
             # rollouts of iteration v - 1 + lag are in.
-            pending: tuple[int, dict[str, torch.Tensor]] | None = None
+            pending: tuple[int, Any] | None = None  # (version, the trainer's state)
             try:
                 with (
                     StreamingDriver(

@@ -1,0 +1,154 @@
+"""``twinkle demo --backend ray``: the engines and the trainer as Ray actors on the test
+session's loopback cluster, observed as one run.
+
+One 3-iteration run checks that:
+
+* it learns exactly what the local demo learns: same tokens, rewards and losses;
+* spans come from every worker process, each on its own clock anchor;
+* memory readings come from every worker;
+* every worker span lies where it ran on the driver's timeline, within a millisecond:
+  the trainer's inside its iteration's window, an engine's rollout between the
+  boundary before its iteration's (with streaming it runs one ahead) and the end of
+  its iteration's window;
+* the figures recompute from the log, and replay is byte-identical.
+
+A second run loses an engine actor (``ray.kill``) after its second iteration. The
+loop stops within seconds with a WorkerError naming the engine, and the run's files
+keep every record written before, with status ``error``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _recompute import check_run
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.runner import DemoResult, run_demo
+from twinkle.errors import DriverError, WorkerError
+from twinkle.run import replay
+
+pytestmark = pytest.mark.timeout(600)
+
+CFG = DemoConfig(iterations=3, prompts_per_iteration=8, completions_per_prompt=4, micro_batch=16)
+FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
+TOLERANCE_NS = 1_000_000
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def on_ray(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    out = tmp_path_factory.mktemp("ray-demo")
+    return run_demo(
+        dataclasses.replace(CFG, backend="ray"), out_dir=out, run_id="ray", autoload=False
+    )
+
+
+def test_the_ray_demo_learns_what_the_local_demo_learns(on_ray: DemoResult, tmp_path: Path) -> None:
+    local = run_demo(CFG, out_dir=None, autoload=False)
+    assert [r.reward_mean for r in on_ray.iterations] == [r.reward_mean for r in local.iterations]
+    assert [r.loss for r in on_ray.iterations] == [r.loss for r in local.iterations]
+    assert on_ray.trajectories == local.trajectories
+    assert on_ray.summary["status"] == "ok"
+    assert on_ray.summary["counts"]["optimizer_updates"]["discrepancy"] == 0
+
+
+def test_spans_and_memory_come_from_every_worker_process(on_ray: DemoResult) -> None:
+    assert on_ray.run_dir is not None
+    events = _events(on_ray.run_dir)
+    driver_pid = events[0]["anchor"]["pid"]
+    batches = [e for e in events if e["type"] == "spans"]
+    pids = {e["source"]: e["anchor"]["pid"] for e in batches}
+    workers = {"engine0", "engine1", "trainer"}
+    assert workers <= set(pids)
+    assert len({pids[w] for w in workers} | {driver_pid}) == 4  # four processes
+    names = {e["source"]: {s["name"] for s in e["spans"]} for e in batches}
+    assert {"generate", "reward"} <= names["engine0"] and {"generate"} <= names["engine1"]
+    assert {"advantage", "old_logprobs"} <= names["trainer"]
+    sources = on_ray.summary["spans"]["sources"]
+    assert all(sources[w]["spans"] > 0 and sources[w]["dropped"] == 0 for w in workers)
+    readings = [r for e in events if e["type"] == "memory" for r in e["readings"]]
+    by_worker = {r["worker_id"]: r["pid"] for r in readings}
+    for worker in workers:
+        assert by_worker[worker] == pids[worker]
+    for it in range(3):  # every worker, every iteration
+        seen = {
+            r["worker_id"]
+            for e in events
+            if e["type"] == "memory" and e["iteration"] == it
+            for r in e["readings"]
+        }
+        assert workers <= seen, (it, seen)
+
+
+def test_worker_spans_lie_where_they_ran_on_the_drivers_timeline(on_ray: DemoResult) -> None:
+    assert on_ray.run_dir is not None
+    events = _events(on_ray.run_dir)
+    origin = events[0]["anchor"]
+    boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
+    ends = [*boundaries[1:], events[-1]["monotonic_ns"]]
+    checked = 0
+    for batch in (e for e in events if e["type"] == "spans"):
+        if batch["source"] not in ("engine0", "engine1", "trainer"):
+            continue
+        a = batch["anchor"]
+        shift = (a["wall_ns"] - a["monotonic_ns"]) - (origin["wall_ns"] - origin["monotonic_ns"])
+        for span in batch["spans"]:
+            it = span["attrs"].get("iteration")
+            if it is None:
+                continue
+            start, end = span["start_ns"] + shift, span["end_ns"] + shift
+            earliest = (
+                boundaries[it] if batch["source"] == "trainer" else boundaries[max(0, it - 1)]
+            )
+            assert earliest - TOLERANCE_NS <= start <= end <= ends[it] + TOLERANCE_NS, span
+            checked += 1
+    assert checked > 20
+
+
+def test_the_figures_recompute_and_replay_is_byte_identical(
+    on_ray: DemoResult, tmp_path: Path
+) -> None:
+    assert on_ray.run_dir is not None
+    check_run(on_ray.run_dir)
+    replay(on_ray.run_dir / "events.jsonl", tmp_path / "again")
+    for name in FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (on_ray.run_dir / name).read_bytes()
+
+
+def test_a_killed_engine_stops_the_run_promptly_naming_it(ray_cluster: Any, tmp_path: Path) -> None:
+    from twinkle.demo.ray_rig import actor_name
+
+    ray = ray_cluster
+    killed: list[float] = []
+
+    def kill_after_two(result: Any) -> None:
+        if result.iteration == 1:
+            ray.kill(ray.get_actor(actor_name("killed", "engine0")))
+            killed.append(time.monotonic())
+
+    # The engine's producer fails first: the driver's error names it and chains its own.
+    with pytest.raises(DriverError, match="worker 'engine0' \\(a Ray actor\\) died") as failed:
+        run_demo(
+            dataclasses.replace(CFG, backend="ray", iterations=20),
+            out_dir=tmp_path,
+            run_id="killed",
+            progress=kill_after_two,
+            autoload=False,
+        )
+    assert isinstance(failed.value.__cause__, WorkerError)
+    assert killed and time.monotonic() - killed[0] < 30
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["status"] == "error" and "engine0" in summary["error"]
+    events = _events(tmp_path / "killed")
+    assert [e["iteration"] for e in events if e["type"] == "iteration_started"][:2] == [0, 1]
+    steps = [e for e in events if e["type"] == "optimizer_step"]
+    assert len(steps) >= 2  # (one step per iteration) the finished iterations' are kept
