@@ -32,8 +32,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check --no-cache src tests bench examples
+	$(VENV)/bin/ruff format --no-cache --check src tests bench examples
 
 typing: $(STAMP)
 	$(VENV)/bin/mypy
