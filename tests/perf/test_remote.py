@@ -62,3 +62,12 @@ def test_bad_bytes_and_bad_arguments_are_refused_by_name() -> None:
         WorkerRecorder("")
     with pytest.raises(InvalidArgumentError, match="max_spans must be an int >= 1"):
         WorkerRecorder("w", max_spans=0)
+
+
+def test_gather_reports_without_a_process_group_is_the_report_itself() -> None:
+    from twinkle.perf import gather_reports
+
+    report = WorkerRecorder("rank0", clock=ManualClock()).report(memory=False)
+    assert gather_reports(report) == [report]
+    with pytest.raises(InvalidArgumentError, match="report must be a WorkerReport"):
+        gather_reports({"worker": "rank0"})  # type: ignore[arg-type]

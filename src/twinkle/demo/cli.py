@@ -69,6 +69,14 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="local: engines and trainer in this process (default); ray: each one a Ray "
         "actor on a local Ray cluster bound to 127.0.0.1",
     )
+    p.add_argument(
+        "--train-workers",
+        type=int,
+        default=d.train_workers,
+        metavar="N",
+        help="trainer ranks: N > 1 trains with DDP over gloo on this host's CPU, this "
+        "process rank 0 (default 1)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--lr",
@@ -259,6 +267,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         observers=not args.no_observers,
         engine=args.engine,
         backend=args.backend,
+        train_workers=args.train_workers,
     )
     if cfg.engine == "vllm":  # said now, before anything is created
         from twinkle.demo.hf import check_vllm_python

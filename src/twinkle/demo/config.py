@@ -52,12 +52,21 @@ class DemoConfig:
     # tiny Llama of twinkle.demo.hf (its own fixed shape) and they are unused.
     engine: str = "torch"
     backend: str = "local"
+    # >1: the trainer is that many torch.distributed ranks (DDP over gloo, this process
+    # rank 0: twinkle.demo.ddp)
+    train_workers: int = 1
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.train_workers > 1 and (self.engine, self.backend) != ("torch", "local"):
+            raise ConfigError(
+                f"train_workers={self.train_workers!r} runs the torch demo's trainer as "
+                f"torch.distributed ranks of this process; it is not available with engine "
+                f"{self.engine!r} and backend {self.backend!r}: use --engine torch --backend local"
+            )
         if self.backend == "ray" and self.engine != "torch":
             raise ConfigError(
                 f"backend 'ray' runs the torch demo's engines and trainer as Ray actors; "
@@ -80,6 +89,7 @@ class DemoConfig:
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
             "engines": self.engines,
+            "train_workers": self.train_workers,
             "d_model": self.d_model,
             "layers": self.layers,
             "heads": self.heads,

@@ -86,8 +86,8 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
         # the run window (its throughput) opens with it.
         phases["startup"] = ["engine.start"]
         model = {"x_model": dataclasses.asdict(TinyLlamaSpec())}  # d_model etc. are unused
-    if cfg.backend == "ray":
-        # Starting and stopping the actors is the run's work too (busy, not idle).
+    if cfg.backend == "ray" or cfg.train_workers > 1:
+        # Starting and stopping the workers is the run's work too (busy, not idle).
         phases["startup"] = ["workers.start"]
         phases["shutdown"] = ["workers.stop"]
     return {
@@ -183,15 +183,22 @@ class _Rig:
 def _torch_rig(
     cfg: DemoConfig, run: RunSession, first: int, on_step: Callable[[int, int, int], object]
 ) -> Iterator[_Rig]:
-    trainer = GRPOTrainer(cfg, run.recorder, on_step)
     engines = [
         TorchEngine(f"engine{i}", i, cfg, run.recorder, first_iteration=first)
         for i in range(cfg.engines)
     ]
-    initial = trainer.state()
-    for engine in engines:
-        engine.load_weights(first, initial)
-    yield _Rig(trainer, engines, publisher=engines)
+    with contextlib.ExitStack() as stack:
+        trainer: _Trainer
+        if cfg.train_workers > 1:
+            from twinkle.demo.ddp import DDPTrainer
+
+            trainer = stack.enter_context(DDPTrainer(cfg, run, on_step, world=cfg.train_workers))
+        else:
+            trainer = GRPOTrainer(cfg, run.recorder, on_step)
+        initial = trainer.state()
+        for engine in engines:
+            engine.load_weights(first, initial)
+        yield _Rig(trainer, engines, publisher=engines)
 
 
 @contextlib.contextmanager

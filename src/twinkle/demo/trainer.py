@@ -4,6 +4,7 @@ accumulation (tail micro-batches weighted by their real token counts)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from collections.abc import Callable, Sequence
@@ -73,6 +74,13 @@ class GRPOTrainer:
     ``policy`` defaults to :func:`tiny_decoder`; another module (the vLLM demo's Llama)
     comes with ``logits`` (default: ``policy(tokens)`` is the logits). :meth:`state` is
     the policy's own state dict, so its names are what engines load.
+
+    ``data_parallel``: this trainer is one rank of the initialised ``torch.distributed``
+    group. Every rank gets the iteration's trajectories and takes its share of each
+    optimizer step (``step[rank::world]``). The policy's gradients are averaged by
+    ``DistributedDataParallel`` at each step's last micro-batch (the others run under
+    ``no_sync``), so every rank steps the same weights. The losses and KL the result
+    reports are summed over the ranks.
     """
 
     def __init__(
@@ -83,6 +91,7 @@ class GRPOTrainer:
         *,
         policy: torch.nn.Module | None = None,
         logits: Logits = _call,
+        data_parallel: bool = False,
     ) -> None:
         self.config = config
         self.recorder = recorder
@@ -95,6 +104,14 @@ class GRPOTrainer:
             self.policy.parameters(), lr=config.learning_rate, weight_decay=0.0
         )
         self.optimizer_steps = 0
+        self.rank, self.world = 0, 1
+        self.replica: torch.nn.Module = self.policy  # what the training forward runs
+        if data_parallel:
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            self.replica = DistributedDataParallel(self.policy)  # (broadcasts rank 0's)
 
     def state(self) -> dict[str, torch.Tensor]:
         """A detached copy of the policy weights to publish."""
@@ -156,16 +173,23 @@ class GRPOTrainer:
         step_size = cfg.micro_batch * cfg.grad_accum
         steps = micro = 0
         loss_sum = kl_sum = 0.0
+        # Data parallel: this rank's share of each step, in micro-batches of its share of
+        # micro_batch; the loss is scaled by the world, which DDP's mean divides again.
+        per_micro = -(-cfg.micro_batch // self.world)
         for s0 in range(0, len(order), step_size):
             step_idx = order[s0 : s0 + step_size]
             # Normalise by the tokens of the whole optimizer step, so a short tail
             # micro-batch weighs exactly as much as its tokens.
             step_tokens = int(mask[step_idx].sum())
+            mine = step_idx[self.rank :: self.world] or step_idx[:1]  # (none: a zero share)
+            share = float(self.world) if step_idx[self.rank :: self.world] else 0.0
             self.optimizer.zero_grad(set_to_none=True)
-            for m0 in range(0, len(step_idx), cfg.micro_batch):
-                idx = torch.tensor(step_idx[m0 : m0 + cfg.micro_batch])
+            starts = range(0, len(mine), per_micro)
+            for m0 in starts:
+                idx = torch.tensor(mine[m0 : m0 + per_micro])
+                last = m0 == starts[-1]
                 with rec.span("train.forward", iteration=iteration, micro=micro):
-                    logp = self._logprobs(self.policy, tokens[idx])
+                    logp = self._logprobs(self.replica, tokens[idx])
                     m = mask[idx].float()
                     ratio = torch.exp(logp - old[idx])
                     a = adv[idx][:, None]
@@ -176,10 +200,13 @@ class GRPOTrainer:
                     kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
                     per_token = -(surr - cfg.kl_coef * kl)
                     loss = (per_token * weight[idx] * m).sum() / step_tokens
-                with rec.span("train.backward", iteration=iteration, micro=micro):
-                    loss.backward()  # type: ignore[no-untyped-call]
-                loss_sum += float(loss.detach())
-                kl_sum += float((kl.detach() * m).sum())
+                with (
+                    rec.span("train.backward", iteration=iteration, micro=micro),
+                    self._no_sync(last),
+                ):
+                    (loss * share).backward()  # type: ignore[no-untyped-call]
+                loss_sum += float(loss.detach()) * (share / self.world)
+                kl_sum += float((kl.detach() * m).sum()) * (share / self.world)
                 micro += 1
             with rec.span(
                 "train.optimizer_step", iteration=iteration, step=self.optimizer_steps + 1
@@ -190,6 +217,8 @@ class GRPOTrainer:
             steps += 1
             if self.on_step is not None:
                 self.on_step(iteration, self.optimizer_steps, len(step_idx))
+        if self.world > 1:  # every rank's share of the losses
+            loss_sum, kl_sum = self._summed(loss_sum, kl_sum)
         return IterationResult(
             iteration=iteration,
             reward_mean=sum(rewards) / len(rewards),
@@ -200,3 +229,17 @@ class GRPOTrainer:
             samples=len(trajs),
             tokens=sum(t.tokens for t in trajs),
         )
+
+    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager[object]:
+        """DDP's gradient sync only at a rank's last micro-batch of a step."""
+        if last or self.replica is self.policy:
+            return contextlib.nullcontext()
+        return self.replica.no_sync()  # type: ignore[operator, no-any-return]
+
+    @staticmethod
+    def _summed(*values: float) -> tuple[float, ...]:
+        import torch.distributed as dist
+
+        total = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(total)
+        return tuple(float(v) for v in total.tolist())

@@ -5,7 +5,7 @@ about RL. torch is never imported by importing this package.
 """
 
 from twinkle.perf.clock import Clock, ClockAnchor, ManualClock, default_clock
-from twinkle.perf.remote import WorkerRecorder, WorkerReport
+from twinkle.perf.remote import WorkerRecorder, WorkerReport, gather_reports
 from twinkle.perf.stats import MemoryReading, memory_stats, process_memory_stats
 from twinkle.perf.timer import (
     Span,
@@ -31,6 +31,7 @@ __all__ = [
     "bind_process_recorder",
     "current_recorder",
     "default_clock",
+    "gather_reports",
     "memory_stats",
     "process_memory_stats",
     "span",

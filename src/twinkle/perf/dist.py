@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import orjson
 
-__all__ = ["all_gather_json", "collective_device"]
+__all__ = ["all_gather_bytes", "all_gather_json", "broadcast_bytes", "collective_device"]
 
 
 def collective_device(dist: Any, group: Any) -> Any:
@@ -27,22 +27,52 @@ def all_gather_json(dist: Any, group: Any, obj: Any) -> list[Any]:
     """Every rank's ``obj`` (JSON-able), in rank order: a collective every rank of
     ``group`` must call.
 
-    The objects travel as JSON bytes in uint8 tensors: unlike ``all_gather_object`` this
-    needs no numpy and unpickles nothing a peer sent.
+    The objects travel as JSON bytes in uint8 tensors (:func:`all_gather_bytes`): unlike
+    ``all_gather_object`` this needs no numpy and unpickles nothing a peer sent.
     """
+    return [orjson.loads(b) for b in all_gather_bytes(dist, group, orjson.dumps(obj))]
+
+
+def all_gather_bytes(dist: Any, group: Any, payload: bytes) -> list[bytes]:
+    """Every rank's ``payload``, in rank order (a collective): the sizes first, then the
+    payloads padded to the longest, in uint8 tensors."""
     import torch
 
     device = collective_device(dist, group)
     world = dist.get_world_size(group)
-    payload = orjson.dumps(obj)
     size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
     dist.all_gather(sizes, size, group=group)
     lengths = [int(s.item()) for s in sizes]
     padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=device)
+    if payload:
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     buffers = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(buffers, padded, group=group)
-    return [
-        orjson.loads(bytes(buf[:n].cpu().tolist())) for buf, n in zip(buffers, lengths, strict=True)
-    ]
+    return [_to_bytes(buf[:n]) for buf, n in zip(buffers, lengths, strict=True)]
+
+
+def broadcast_bytes(dist: Any, group: Any, payload: bytes | None, *, src: int = 0) -> bytes:
+    """``payload`` of rank ``src``, on every rank of ``group`` (a collective; the other
+    ranks pass None): its size first, then the bytes in a uint8 tensor."""
+    import torch
+
+    device = collective_device(dist, group)
+    mine = dist.get_rank(group) == src
+    if mine and payload is None:
+        raise ValueError("broadcast_bytes: the source rank must pass the payload")
+    length = len(payload) if mine and payload is not None else 0
+    size = torch.tensor([length], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=src, group=group)
+    n = int(size.item())
+    buffer = torch.empty(n, dtype=torch.uint8, device=device)
+    if mine and payload:
+        buffer.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device))
+    if n:
+        dist.broadcast(buffer, src=src, group=group)
+    return payload if mine and payload is not None else _to_bytes(buffer)
+
+
+def _to_bytes(tensor: Any) -> bytes:
+    """A uint8 tensor's bytes (through a Python list: no numpy needed)."""
+    return bytes(tensor.cpu().tolist())

@@ -14,6 +14,7 @@ another host through the wall clocks; docs/architecture.md).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -23,10 +24,11 @@ from twinkle.checks import Count, NonEmpty, convert_checked
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf._span import Span
 from twinkle.perf.clock import Clock, ClockAnchor, default_clock
+from twinkle.perf.dist import all_gather_bytes
 from twinkle.perf.stats import MemoryReading, memory_stats
 from twinkle.perf.timer import SpanContext, TimeRecorder
 
-__all__ = ["DEFAULT_MAX_SPANS", "WorkerRecorder", "WorkerReport"]
+__all__ = ["DEFAULT_MAX_SPANS", "WorkerRecorder", "WorkerReport", "gather_reports"]
 
 #: A report's bound on spans (a demo iteration's worker records a few dozen).
 DEFAULT_MAX_SPANS = 65_536
@@ -123,3 +125,20 @@ class WorkerRecorder:
 
     def __repr__(self) -> str:
         return f"<WorkerRecorder {self.worker!r} pid={os.getpid()}>"
+
+
+def gather_reports(report: WorkerReport, *, group: Any = None) -> list[WorkerReport]:
+    """Every rank's report, in rank order, over ``torch.distributed``: a collective every
+    rank of ``group`` (default: the world) must call, typically at an iteration's end.
+    Without an initialised process group, ``[report]``. The reports travel as msgpack
+    bytes in uint8 tensors (nothing a peer sent is unpickled) and are checked on
+    arrival."""
+    if not isinstance(report, WorkerReport):
+        raise InvalidArgumentError(
+            f"gather_reports: report must be a WorkerReport (WorkerRecorder.report()), got "
+            f"{type(report).__name__}"
+        )
+    dist = sys.modules.get("torch.distributed")  # (imported already when initialised)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return [report]
+    return [WorkerReport.from_bytes(b) for b in all_gather_bytes(dist, group, report.to_bytes())]

@@ -1,0 +1,213 @@
+"""The demo's trainer as several ``torch.distributed`` ranks (``twinkle demo
+--train-workers N``): DDP over gloo on the CPU, on 127.0.0.1.
+
+Rank 0 is this process, the one holding the run. Ranks 1..N-1 are processes it spawns,
+each following rank 0's lead. Every iteration goes like this:
+
+1. rank 0 broadcasts the iteration and its trajectories (JSON bytes);
+2. every rank trains its share of each optimizer step (``GRPOTrainer(data_parallel=True)``),
+   and DDP averages the gradients;
+3. each rank's spans are gathered to rank 0 as a :class:`~twinkle.perf.WorkerReport`,
+   each on its own clock anchor;
+4. its memory reading comes with them, through
+   :func:`~twinkle.metric.gather_readings`.
+
+Rank 0 hands both to the run. Its own spans and memory are the run process's.
+
+The group rendezvous through a file (no TCP store to listen), and gloo is pinned to the
+loopback interface. A rank that dies or raises makes rank 0's next collective fail (or
+time out after ``COLLECTIVE_TIMEOUT``). The loop then gets a
+:class:`~twinkle.errors.WorkerError` naming the rank, its pid and its exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.engine import Trajectory
+from twinkle.demo.trainer import GRPOTrainer, IterationResult
+from twinkle.errors import WorkerError
+from twinkle.metric import gather_readings
+from twinkle.perf import WorkerRecorder, WorkerReport, gather_reports, memory_stats
+from twinkle.perf.dist import broadcast_bytes
+from twinkle.run import RunSession
+
+__all__ = ["COLLECTIVE_TIMEOUT", "DDPTrainer"]
+
+#: How long a collective waits for a silent rank before it fails.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+#: gloo on the loopback interface only (its pairs listen on 127.0.0.1).
+_LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}
+_JOIN_S = 30.0
+
+
+def _init(rank: int, world: int, rendezvous: str) -> Any:
+    import torch.distributed as dist
+
+    os.environ.update(_LOOPBACK)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    return dist
+
+
+def _encode(iteration: int, trajs: Sequence[Trajectory]) -> bytes:
+    return orjson.dumps({"iteration": iteration, "trajs": [dataclasses.asdict(t) for t in trajs]})
+
+
+def _decode(payload: bytes) -> tuple[int, list[Trajectory]] | None:
+    message = orjson.loads(payload)
+    if message is None:
+        return None
+    trajs = [
+        Trajectory(
+            prompt=tuple(t["prompt"]),
+            response=tuple(t["response"]),
+            reward=t["reward"],
+            group=t["group"],
+            logprobs=tuple(t["logprobs"]),
+        )
+        for t in message["trajs"]
+    ]
+    return message["iteration"], trajs
+
+
+def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any]) -> None:
+    """A rank > 0: train what rank 0 broadcasts, report after each iteration, until rank
+    0 broadcasts the end (a spawned process's target)."""
+    import torch
+
+    torch.set_num_threads(1)
+    dist = _init(rank, world, rendezvous)
+    worker = WorkerRecorder(f"rank{rank}", rank=rank)
+    trainer = GRPOTrainer(DemoConfig(**config), worker.recorder, data_parallel=True)
+    try:
+        while (message := _decode(broadcast_bytes(dist, None, None))) is not None:
+            iteration, trajs = message
+            trainer.train_iteration(iteration, trajs)
+            gather_reports(worker.report(memory=False))
+            gather_readings(memory_stats(worker_id=worker.worker, rank=rank))
+    finally:
+        dist.destroy_process_group()
+
+
+class DDPTrainer:
+    """Rank 0 of a data-parallel trainer, as the demo's loop calls a trainer
+    (``train_iteration``, ``state``, ``optimizer_steps``); a context manager that spawns
+    the other ranks and stops them."""
+
+    def __init__(
+        self,
+        cfg: DemoConfig,
+        run: RunSession,
+        on_step: Callable[[int, int, int], object],
+        *,
+        world: int,
+    ) -> None:
+        if world < 2:
+            raise ValueError(f"a data-parallel trainer needs world >= 2, got {world}")
+        self._cfg = cfg
+        self._run = run
+        self._on_step = on_step
+        self.world = world
+        self._dir = tempfile.TemporaryDirectory(prefix="twinkle-ddp-")
+        self._rendezvous = str(Path(self._dir.name) / "rendezvous")
+        self._followers: list[multiprocessing.process.BaseProcess] = []
+        self._dist: Any = None
+        self.trainer: GRPOTrainer | None = None
+
+    def __enter__(self) -> DDPTrainer:
+        context = multiprocessing.get_context("spawn")  # (no fork of a process with threads)
+        config = dataclasses.asdict(self._cfg)
+        try:
+            with self._run.recorder.span("workers.start", workers=self.world - 1):
+                for rank in range(1, self.world):
+                    process = context.Process(
+                        target=follow,
+                        args=(rank, self.world, self._rendezvous, config),
+                        name=f"twinkle-rank{rank}",
+                        daemon=True,
+                    )
+                    process.start()
+                    self._followers.append(process)
+                self._dist = _init(0, self.world, self._rendezvous)
+                self.trainer = GRPOTrainer(
+                    self._cfg, self._run.recorder, self._on_step, data_parallel=True
+                )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    @property
+    def optimizer_steps(self) -> int:
+        return 0 if self.trainer is None else self.trainer.optimizer_steps
+
+    @property
+    def pids(self) -> dict[str, int | None]:
+        return {f"rank{rank}": p.pid for rank, p in enumerate(self._followers, start=1)}
+
+    def state(self) -> Any:
+        assert self.trainer is not None  # (entered)
+        return self.trainer.state()
+
+    def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
+        trainer, dist = self.trainer, self._dist
+        assert trainer is not None  # (entered)
+        try:
+            broadcast_bytes(dist, None, _encode(iteration, trajs))
+            result = trainer.train_iteration(iteration, trajs)
+            own = WorkerReport("rank0", self._run.recorder.anchor)  # (its spans are the run's)
+            reports = gather_reports(own)
+            # Rank 0's reading is the run process's own (the loop reads it).
+            readings = gather_readings(memory_stats(worker_id="rank0", rank=0))
+        except RuntimeError as exc:  # a collective failed: name the rank that went away
+            raise self._failure(exc) from exc
+        for report in reports[1:]:
+            self._run.receive(report, iteration=iteration)
+        self._run.bus.memory(readings[1:], iteration=iteration)
+        return result
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        for process in self._followers:
+            process.join(timeout=5.0)  # a dead rank's exit code is there at once
+        dead = [
+            (rank, p) for rank, p in enumerate(self._followers, start=1) if p.exitcode is not None
+        ]
+        if not dead:
+            return exc
+        rank, process = dead[0]
+        return WorkerError(
+            f"worker 'rank{rank}' (torch.distributed rank {rank}, pid {process.pid}) died "
+            f"with exit code {process.exitcode}; rank 0's collective failed: {exc}"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._dist is not None and exc_info[0] is None:
+                broadcast_bytes(self._dist, None, orjson.dumps(None))  # the end
+        finally:
+            with self._run.recorder.span("workers.stop", workers=len(self._followers)):
+                for process in self._followers:
+                    process.join(timeout=_JOIN_S if exc_info[0] is None else 1.0)
+                    if process.is_alive():
+                        process.kill()
+                        process.join(timeout=5.0)
+                if self._dist is not None:
+                    self._dist.destroy_process_group()
+                    self._dist = None
+            self._dir.cleanup()
