@@ -7,9 +7,10 @@ One 3-iteration run checks that:
 * spans come from every worker process, each on its own clock anchor;
 * memory readings come from every worker;
 * every worker span lies where it ran on the driver's timeline, within a millisecond:
-  the trainer's inside its iteration's window, an engine's rollout between the
-  boundary before its iteration's (with streaming it runs one ahead) and the end of
-  its iteration's window;
+  the trainer's inside its iteration's window, an engine's rollout of iteration ``i``
+  between window ``i - 1``'s start (with streaming it runs one ahead on version
+  ``i - 1``; iterations 0 and 1 on version 0, from the run's start) and the end of
+  window ``i``;
 * the figures recompute from the log, and replay is byte-identical.
 
 A second run loses an engine actor (``ray.kill``) after its second iteration. The
@@ -95,6 +96,7 @@ def test_worker_spans_lie_where_they_ran_on_the_drivers_timeline(on_ray: DemoRes
     origin = events[0]["anchor"]
     boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
     ends = [*boundaries[1:], events[-1]["monotonic_ns"]]
+    run_start = events[0]["monotonic_ns"]
     checked = 0
     for batch in (e for e in events if e["type"] == "spans"):
         if batch["source"] not in ("engine0", "engine1", "trainer"):
@@ -106,9 +108,10 @@ def test_worker_spans_lie_where_they_ran_on_the_drivers_timeline(on_ray: DemoRes
             if it is None:
                 continue
             start, end = span["start_ns"] + shift, span["end_ns"] + shift
-            earliest = (
-                boundaries[it] if batch["source"] == "trainer" else boundaries[max(0, it - 1)]
-            )
+            if batch["source"] == "trainer":
+                earliest = boundaries[it]
+            else:  # rollouts of iteration i run on version i - 1: from window i - 1 on
+                earliest = run_start if it <= 1 else boundaries[it - 1]
             assert earliest - TOLERANCE_NS <= start <= end <= ends[it] + TOLERANCE_NS, span
             checked += 1
     assert checked > 20

@@ -11,9 +11,9 @@ to the run (``RunSession.receive``), and the spans move onto the run's timeline 
 the actor's clock anchor.
 
 Weights travel from the trainer actor to the engines as one object in Ray's store
-(``ray.put`` once, every engine reads it). A failing actor — one that raises, or whose
-process dies — reaches the loop as a :class:`~twinkle.errors.WorkerError` that names
-it, as soon as Ray reports it.
+(the trainer's ``state()`` result, stored once; every engine reads it). A failing
+actor — one that raises, or whose process dies — reaches the loop as a
+:class:`~twinkle.errors.WorkerError` that names it, as soon as Ray reports it.
 """
 
 from __future__ import annotations
