@@ -25,6 +25,7 @@ EXPECTED = {
     "bench.bench_demo": ["demo", "demo.scaling", "demo.observers profile"],
     "bench.bench_engines": ["engines"],
     "bench.bench_trl": ["trl.grpo"],
+    "bench.bench_remote": ["remote.span", "remote.iteration"],
 }
 
 
