@@ -155,3 +155,23 @@ def test_a_killed_engine_stops_the_run_promptly_naming_it(ray_cluster: Any, tmp_
     assert [e["iteration"] for e in events if e["type"] == "iteration_started"][:2] == [0, 1]
     steps = [e for e in events if e["type"] == "optimizer_step"]
     assert len(steps) >= 2  # (one step per iteration) the finished iterations' are kept
+
+
+@pytest.mark.timeout(180)
+def test_an_actor_that_raises_reaches_the_caller_naming_it(ray_cluster: Any) -> None:
+    """An engine actor whose method raises: the driver's handle raises a WorkerError that
+    names the engine and carries the actor's own error."""
+    from twinkle.demo.ray_rig import ray_workers
+    from twinkle.run import RunSession
+
+    cfg = dataclasses.replace(CFG, backend="ray", engines=1)
+    with (
+        RunSession(out_dir=None, config={}, autoload=False) as run,
+        ray_workers(cfg, run, 0, lambda it, step, n: None) as workers,
+    ):
+        (engine,) = workers.engines
+        with pytest.raises(WorkerError, match=r"worker 'engine0' \(a Ray actor\) raised") as err:
+            engine.load_weights(0, {"not": "a state dict"})  # (version 0 waits for nothing)
+        assert isinstance(err.value.__cause__, Exception)  # the actor's own error, chained
+        assert type(err.value.__cause__).__name__ in str(err.value)
+        assert workers.pids["engine0"] != workers.pids["trainer"]
