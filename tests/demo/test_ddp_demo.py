@@ -58,6 +58,9 @@ def test_two_ranks_learn_what_one_learns(two_ranks: DemoResult) -> None:
     assert [r.loss for r in two_ranks.iterations] == pytest.approx(
         [r.loss for r in one.iterations], rel=1e-4
     )
+    assert [r.reward_mean for r in two_ranks.iterations] == pytest.approx(
+        [r.reward_mean for r in one.iterations], abs=0.02
+    )
     assert [r.optimizer_steps for r in two_ranks.iterations] == [
         r.optimizer_steps for r in one.iterations
     ]
@@ -73,13 +76,9 @@ def test_rank_one_reports_spans_and_memory_from_its_own_process(two_ranks: DemoR
     assert rank1 and {e["anchor"]["pid"] for e in rank1} != {driver}
     names = {s["name"] for e in rank1 for s in e["spans"]}
     assert {"advantage", "old_logprobs", "train.forward", "train.backward"} <= names
-    for it in range(3):
-        readings = [
-            r
-            for e in events
-            if e["type"] == "memory" and e["iteration"] == it
-            for r in e["readings"]
-        ]
+    for it in range(3):  # one event per iteration, both ranks in it: one reduction
+        (event,) = [e for e in events if e["type"] == "memory" and e["iteration"] == it]
+        readings = event["readings"]
         assert {r["rank"] for r in readings} == {0, 1}, it
         (mine,) = [r for r in readings if r["rank"] == 1]
         assert mine["worker_id"] == "rank1" and mine["pid"] == rank1[0]["anchor"]["pid"]
@@ -112,6 +111,27 @@ def test_the_figures_recompute_and_replay_is_byte_identical(
     replay(two_ranks.run_dir / "events.jsonl", tmp_path / "again")
     for name in FILES:
         assert (tmp_path / "again" / name).read_bytes() == (two_ranks.run_dir / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "grad_accum"),
+    [
+        pytest.param(3, 3, id="uneven-shares"),  # steps of 9: 5 and 4 samples, 3 and 2 micro
+        pytest.param(31, 1, id="a-zero-share"),  # a tail step of 1 sample: rank 1 gets none
+    ],
+)
+def test_uneven_and_empty_shares_train_what_one_rank_trains(
+    micro_batch: int, grad_accum: int
+) -> None:
+    cfg = dataclasses.replace(CFG, iterations=2, micro_batch=micro_batch, grad_accum=grad_accum)
+    one = run_demo(cfg, out_dir=None, autoload=False)
+    two = run_demo(dataclasses.replace(cfg, train_workers=2), out_dir=None, autoload=False)
+    assert [r.loss for r in two.iterations] == pytest.approx(
+        [r.loss for r in one.iterations], rel=1e-4
+    )
+    assert [r.optimizer_steps for r in two.iterations] == [
+        r.optimizer_steps for r in one.iterations
+    ]
 
 
 def _rank_processes() -> list[psutil.Process]:

@@ -146,6 +146,8 @@ def test_demo_command_prints_table_and_summary(
         ({"lr": "1e-3"}, r"lr must be a number > 0, got '1e-3'"),
         ({"backend": "slurm"}, r"backend must be one of local, ray, got 'slurm'"),
         ({"backend": "ray", "engine": "vllm"}, r"engine 'vllm' is not available there"),
+        ({"train_workers": 0}, r"train_workers must be a positive int, got 0"),
+        ({"train_workers": 2, "backend": "ray"}, r"train_workers=2 runs the torch demo's"),
     ],
 )
 def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:

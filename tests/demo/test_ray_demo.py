@@ -172,6 +172,8 @@ def test_an_actor_that_raises_reaches_the_caller_naming_it(ray_cluster: Any) -> 
         (engine,) = workers.engines
         with pytest.raises(WorkerError, match=r"worker 'engine0' \(a Ray actor\) raised") as err:
             engine.load_weights(0, {"not": "a state dict"})  # (version 0 waits for nothing)
-        assert isinstance(err.value.__cause__, Exception)  # the actor's own error, chained
-        assert type(err.value.__cause__).__name__ in str(err.value)
+        cause = err.value.__cause__  # the actor's own error, chained (not Ray's wrapper)
+        assert isinstance(cause, RuntimeError) and "state_dict" in str(cause)
+        assert not isinstance(cause, ray_cluster.exceptions.RayError)
+        assert f"raised {type(cause).__name__}" in str(err.value)
         assert workers.pids["engine0"] != workers.pids["trainer"]

@@ -26,7 +26,9 @@ import dataclasses
 import datetime
 import multiprocessing
 import os
+import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,9 @@ import orjson
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
-from twinkle.errors import WorkerError
+from twinkle.errors import InvalidArgumentError, TwinkleError, WorkerError
 from twinkle.metric import gather_readings
-from twinkle.perf import WorkerRecorder, WorkerReport, gather_reports, memory_stats
+from twinkle.perf import MemoryReading, WorkerRecorder, WorkerReport, gather_reports, memory_stats
 from twinkle.perf.dist import broadcast_bytes
 from twinkle.run import RunSession
 
@@ -46,15 +48,16 @@ __all__ = ["COLLECTIVE_TIMEOUT", "DDPTrainer"]
 
 #: How long a collective waits for a silent rank before it fails.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
-#: gloo on the loopback interface only (its pairs listen on 127.0.0.1).
-_LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}
+#: gloo's interface (Linux's loopback: its pairs listen on 127.0.0.1), unless the
+#: environment names one.
+_IFNAME = ("GLOO_SOCKET_IFNAME", "lo")
 _JOIN_S = 30.0
 
 
 def _init(rank: int, world: int, rendezvous: str) -> Any:
     import torch.distributed as dist
 
-    os.environ.update(_LOOPBACK)
+    os.environ.setdefault(*_IFNAME)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{rendezvous}",
@@ -88,21 +91,28 @@ def _decode(payload: bytes) -> tuple[int, list[Trajectory]] | None:
 
 def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any]) -> None:
     """A rank > 0: train what rank 0 broadcasts, report after each iteration, until rank
-    0 broadcasts the end (a spawned process's target)."""
-    import torch
-
-    torch.set_num_threads(1)
-    dist = _init(rank, world, rendezvous)
-    worker = WorkerRecorder(f"rank{rank}", rank=rank)
-    trainer = GRPOTrainer(DemoConfig(**config), worker.recorder, data_parallel=True)
+    0 broadcasts the end (a spawned process's target). Its error, if any, is left in
+    ``<rendezvous>.rank<N>.err`` for rank 0 to name."""
     try:
-        while (message := _decode(broadcast_bytes(dist, None, None))) is not None:
-            iteration, trajs = message
-            trainer.train_iteration(iteration, trajs)
-            gather_reports(worker.report(memory=False))
-            gather_readings(memory_stats(worker_id=worker.worker, rank=rank))
-    finally:
-        dist.destroy_process_group()
+        import torch
+
+        torch.set_num_threads(1)
+        dist = _init(rank, world, rendezvous)
+        try:
+            worker = WorkerRecorder(f"rank{rank}", rank=rank)
+            trainer = GRPOTrainer(DemoConfig(**config), worker.recorder, data_parallel=True)
+            while (message := _decode(broadcast_bytes(dist, None, None))) is not None:
+                iteration, trajs = message
+                trainer.train_iteration(iteration, trajs)
+                gather_reports(worker.report(memory=False))
+                gather_readings(memory_stats(worker_id=worker.worker, rank=rank))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:
+        Path(f"{rendezvous}.rank{rank}.err").write_text(
+            "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        )
+        raise
 
 
 class DDPTrainer:
@@ -119,7 +129,9 @@ class DDPTrainer:
         world: int,
     ) -> None:
         if world < 2:
-            raise ValueError(f"a data-parallel trainer needs world >= 2, got {world}")
+            raise InvalidArgumentError(
+                f"DDPTrainer needs world >= 2 ranks, got {world!r}; one rank is GRPOTrainer"
+            )
         self._cfg = cfg
         self._run = run
         self._on_step = on_step
@@ -128,7 +140,8 @@ class DDPTrainer:
         self._rendezvous = str(Path(self._dir.name) / "rendezvous")
         self._followers: list[multiprocessing.process.BaseProcess] = []
         self._dist: Any = None
-        self.trainer: GRPOTrainer | None = None
+        self._trainer: GRPOTrainer | None = None
+        self._memory: dict[int, list[MemoryReading]] = {}  # the other ranks', by iteration
 
     def __enter__(self) -> DDPTrainer:
         context = multiprocessing.get_context("spawn")  # (no fork of a process with threads)
@@ -145,61 +158,79 @@ class DDPTrainer:
                     process.start()
                     self._followers.append(process)
                 self._dist = _init(0, self.world, self._rendezvous)
-                self.trainer = GRPOTrainer(
+                self._trainer = GRPOTrainer(
                     self._cfg, self._run.recorder, self._on_step, data_parallel=True
                 )
         except BaseException:
-            self.__exit__(None, None, None)
+            self.__exit__(*sys.exc_info())
             raise
         return self
 
     @property
+    def trainer(self) -> GRPOTrainer:
+        """Rank 0's trainer (once entered)."""
+        if self._trainer is None:
+            raise TwinkleError("DDPTrainer is not started: use it as `with DDPTrainer(...)`")
+        return self._trainer
+
+    @property
     def optimizer_steps(self) -> int:
-        return 0 if self.trainer is None else self.trainer.optimizer_steps
+        return 0 if self._trainer is None else self._trainer.optimizer_steps
 
     @property
     def pids(self) -> dict[str, int | None]:
         return {f"rank{rank}": p.pid for rank, p in enumerate(self._followers, start=1)}
 
     def state(self) -> Any:
-        assert self.trainer is not None  # (entered)
         return self.trainer.state()
+
+    def memory(self, iteration: int) -> list[MemoryReading]:
+        """The other ranks' readings of ``iteration`` (rank 0 is the run's process)."""
+        return self._memory.pop(iteration, [])
 
     def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
         trainer, dist = self.trainer, self._dist
-        assert trainer is not None  # (entered)
         try:
             broadcast_bytes(dist, None, _encode(iteration, trajs))
             result = trainer.train_iteration(iteration, trajs)
             own = WorkerReport("rank0", self._run.recorder.anchor)  # (its spans are the run's)
             reports = gather_reports(own)
-            # Rank 0's reading is the run process's own (the loop reads it).
             readings = gather_readings(memory_stats(worker_id="rank0", rank=0))
         except RuntimeError as exc:  # a collective failed: name the rank that went away
             raise self._failure(exc) from exc
         for report in reports[1:]:
             self._run.receive(report, iteration=iteration)
-        self._run.bus.memory(readings[1:], iteration=iteration)
+        self._memory[iteration] = readings[1:]
         return result
 
-    def _failure(self, exc: BaseException) -> BaseException:
+    def _failure(self, exc: BaseException) -> WorkerError:
+        """What rank 0's failed collective means: the first rank that exited (its own
+        error when it left one), else the ranks that did not answer."""
         for process in self._followers:
             process.join(timeout=5.0)  # a dead rank's exit code is there at once
-        dead = [
-            (rank, p) for rank, p in enumerate(self._followers, start=1) if p.exitcode is not None
-        ]
-        if not dead:
-            return exc
-        rank, process = dead[0]
+        for rank, process in enumerate(self._followers, start=1):
+            if process.exitcode is None:
+                continue
+            err = Path(f"{self._rendezvous}.rank{rank}.err")
+            raised = f" after it raised {err.read_text()}" if err.exists() else ""
+            return WorkerError(
+                f"worker 'rank{rank}' (torch.distributed rank {rank}, pid {process.pid}) "
+                f"died with exit code {process.exitcode}{raised}; rank 0's collective "
+                f"failed: {exc}"
+            )
+        alive = ", ".join(f"'rank{r}'" for r in range(1, self.world))
         return WorkerError(
-            f"worker 'rank{rank}' (torch.distributed rank {rank}, pid {process.pid}) died "
-            f"with exit code {process.exitcode}; rank 0's collective failed: {exc}"
+            f"rank 0's collective failed while workers {alive} still run (a hung or "
+            f"unreachable rank: gloo waits {COLLECTIVE_TIMEOUT.total_seconds():.0f} s): {exc}"
         )
 
     def __exit__(self, *exc_info: object) -> None:
         try:
             if self._dist is not None and exc_info[0] is None:
-                broadcast_bytes(self._dist, None, orjson.dumps(None))  # the end
+                try:
+                    broadcast_bytes(self._dist, None, orjson.dumps(None))  # the end
+                except RuntimeError as exc:
+                    raise self._failure(exc) from exc
         finally:
             with self._run.recorder.span("workers.stop", workers=len(self._followers)):
                 for process in self._followers:

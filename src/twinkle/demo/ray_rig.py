@@ -24,11 +24,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, Trajectory
 from twinkle.demo.trainer import IterationResult
 from twinkle.errors import WorkerError
-from twinkle.perf import WorkerReport
+from twinkle.perf import MemoryReading, WorkerReport
 from twinkle.run import RunSession
 
 __all__ = ["RayEngine", "RayTrainer", "RayWorkers", "actor_name", "ray_workers"]
@@ -128,25 +130,54 @@ def _get(ray: Any, ref: Any, worker: str, timeout: float | None = None) -> Any:
         raise WorkerError(
             f"worker {worker!r} (a Ray actor) did not answer within {timeout:.0f} s"
         ) from exc
+    except ray.exceptions.RayError as exc:  # an object lost, its owner gone, ...
+        raise WorkerError(
+            f"worker {worker!r} (a Ray actor): Ray failed to deliver its result: {exc}"
+        ) from exc
+
+
+class _Stash:
+    """What the actors' reports carried for each iteration's memory event: their
+    readings wait here, so that every worker's reading of an iteration (the run
+    process's too) goes out in one event, one reduction."""
+
+    def __init__(self, run: RunSession) -> None:
+        self.run = run
+        self.readings: dict[int, list[MemoryReading]] = {}
+
+    def receive(self, report: WorkerReport, iteration: int) -> None:
+        self.readings.setdefault(iteration, []).extend(report.readings)
+        self.run.receive(msgspec.structs.replace(report, readings=()), iteration=iteration)
+
+    def pop(self, iteration: int) -> list[MemoryReading]:
+        return self.readings.pop(iteration, [])
 
 
 class RayEngine:
     """The driver's handle on one engine actor: what the loop and the driver's publisher
     call on an engine (``rollout``, ``load_weights``, ``close``)."""
 
-    def __init__(self, ray: Any, actor: Any, name: str, run: RunSession) -> None:
+    def __init__(self, ray: Any, actor: Any, name: str, stash: _Stash) -> None:
         self._ray = ray
         self._actor = actor
-        self._run = run
+        self._stash = stash
+        self._run = stash.run
         self.name = name
 
     def rollout(self, iteration: int) -> RolloutBatch:
         batch, report = _get(self._ray, self._actor.rollout.remote(iteration), self.name)
-        self._run.receive(report, iteration=iteration)
+        self._stash.receive(report, iteration)
         return batch  # type: ignore[no-any-return]
 
     def load_weights(self, version: int, state: Any) -> str:
-        return _get(self._ray, self._actor.load_weights.remote(version, state), self.name)  # type: ignore[no-any-return]
+        """Load ``state`` (the trainer's weights in Ray's store); when that fails because
+        the trainer failed to produce them, the error names the trainer."""
+        try:
+            return _get(self._ray, self._actor.load_weights.remote(version, state), self.name)  # type: ignore[no-any-return]
+        except WorkerError:
+            if isinstance(state, self._ray.ObjectRef):
+                _get(self._ray, state, "trainer", START_TIMEOUT_S)  # raises if it failed
+            raise
 
     def drain(self) -> None:
         """Hand the run what the actor recorded since its last rollout."""
@@ -166,12 +197,12 @@ class RayTrainer:
         self,
         ray: Any,
         actor: Any,
-        run: RunSession,
+        stash: _Stash,
         on_step: Callable[[int, int, int], object],
     ) -> None:
         self._ray = ray
         self._actor = actor
-        self._run = run
+        self._stash = stash
         self._on_step = on_step
         self.optimizer_steps = 0
 
@@ -180,14 +211,15 @@ class RayTrainer:
         result, steps, report = _get(
             ray, self._actor.train_iteration.remote(iteration, list(trajs)), "trainer"
         )
-        self._run.receive(report, iteration=iteration)
+        self._stash.receive(report, iteration)
         for it, step, n in steps:
             self._on_step(it, step, n)
         self.optimizer_steps = steps[-1][1] if steps else self.optimizer_steps
         return result  # type: ignore[no-any-return]
 
     def state(self) -> Any:
-        """The weights as one object in Ray's store: every engine reads the same copy."""
+        """The weights as one object in Ray's store: every engine reads that copy, and
+        the driver never fetches it."""
         return self._actor.state.remote()
 
 
@@ -203,6 +235,11 @@ class RayWorkers:
     trainer: RayTrainer
     engines: list[RayEngine]
     pids: dict[str, int]
+    stash: _Stash
+
+    def memory(self, iteration: int) -> list[MemoryReading]:
+        """The actors' memory readings of ``iteration``."""
+        return self.stash.pop(iteration)
 
 
 @contextlib.contextmanager
@@ -221,12 +258,13 @@ def ray_workers(
     started = not ray.is_initialized()
     if started:
         init_ray(include_dashboard=False, log_to_driver=False)
-    config = dataclasses.asdict(cfg)
-    engine_cls = ray.remote(num_cpus=0, max_concurrency=4)(_EngineActor)
-    trainer_cls = ray.remote(num_cpus=0)(_TrainerActor)
     names = ["trainer", *(f"engine{i}" for i in range(cfg.engines))]
     actors: list[Any] = []
+    stash = _Stash(run)
     try:
+        config = dataclasses.asdict(cfg)
+        engine_cls = ray.remote(num_cpus=0, max_concurrency=4)(_EngineActor)
+        trainer_cls = ray.remote(num_cpus=0)(_TrainerActor)
         with run.recorder.span("workers.start", workers=len(names)):
             # Named after the run, so that a person (or a test) can find one: ray.get_actor.
             actors.append(
@@ -242,15 +280,15 @@ def ray_workers(
                 name: _get(ray, actor.ready.remote(), name, START_TIMEOUT_S)
                 for name, actor in zip(names, actors, strict=True)
             }
-            trainer = RayTrainer(ray, actors[0], run, on_step)
+            trainer = RayTrainer(ray, actors[0], stash, on_step)
             engines = [
-                RayEngine(ray, actor, name, run)
+                RayEngine(ray, actor, name, stash)
                 for name, actor in zip(names[1:], actors[1:], strict=True)
             ]
             initial = trainer.state()
             for engine in engines:
                 engine.load_weights(first_iteration, initial)
-        yield RayWorkers(trainer, engines, pids)
+        yield RayWorkers(trainer, engines, pids, stash)
         # What the engines recorded after their last rollout (its weights' load).
         for engine in engines:
             engine.drain()

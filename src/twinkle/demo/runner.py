@@ -46,6 +46,7 @@ from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.engines import VllmHttpError
+from twinkle.perf import MemoryReading, memory_stats
 from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
@@ -170,13 +171,16 @@ def _stop_engines_on_error(engines: Sequence[_Engine], stopping: threading.Event
 class _Rig:
     """What the loop drives: the trainer, the rollout engines and where weights go;
     ``after_rollouts(iteration, batches)`` observes the engines once an iteration's
-    rollouts are in, ``totals()`` gives the engines' own terminal totals."""
+    rollouts are in, ``totals()`` gives the engines' own terminal totals, and
+    ``worker_memory(iteration)`` the memory readings other processes shipped for the
+    iteration (published with this process's own in one event: one reduction)."""
 
     trainer: _Trainer
     engines: Sequence[_Engine]
     publisher: Publisher | Sequence[WeightLoader]
     after_rollouts: Callable[[int, Sequence[RolloutBatch]], None] = lambda it, batches: None
     totals: Callable[[], Mapping[str, int | float]] = dict
+    worker_memory: Callable[[int], Sequence[MemoryReading]] = lambda it: ()
 
 
 @contextlib.contextmanager
@@ -188,13 +192,16 @@ def _torch_rig(
         for i in range(cfg.engines)
     ]
     with contextlib.ExitStack() as stack:
-        trainer: _Trainer
         if cfg.train_workers > 1:
             from twinkle.demo.ddp import DDPTrainer
 
-            trainer = stack.enter_context(DDPTrainer(cfg, run, on_step, world=cfg.train_workers))
-        else:
-            trainer = GRPOTrainer(cfg, run.recorder, on_step)
+            ddp = stack.enter_context(DDPTrainer(cfg, run, on_step, world=cfg.train_workers))
+            initial = ddp.state()
+            for engine in engines:
+                engine.load_weights(first, initial)
+            yield _Rig(ddp, engines, publisher=engines, worker_memory=ddp.memory)
+            return
+        trainer = GRPOTrainer(cfg, run.recorder, on_step)
         initial = trainer.state()
         for engine in engines:
             engine.load_weights(first, initial)
@@ -208,7 +215,12 @@ def _ray_rig(
     from twinkle.demo.ray_rig import ray_workers
 
     with ray_workers(cfg, run, first, on_step) as workers:
-        yield _Rig(workers.trainer, workers.engines, publisher=workers.engines)
+        yield _Rig(
+            workers.trainer,
+            workers.engines,
+            publisher=workers.engines,
+            worker_memory=workers.memory,
+        )
 
 
 @contextlib.contextmanager
@@ -380,7 +392,9 @@ def run_demo(
                                 "kl": result.kl,
                             },
                         )
-                        run.read_memory(iteration=it)
+                        with bus.own_work("memory"):
+                            readings = [memory_stats(), *rig.worker_memory(it)]
+                        bus.memory(readings, iteration=it)
                         if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
                             pending = (it + 1, trainer.state())
                             publish_due(it)

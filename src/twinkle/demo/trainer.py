@@ -187,24 +187,22 @@ class GRPOTrainer:
             starts = range(0, len(mine), per_micro)
             for m0 in starts:
                 idx = torch.tensor(mine[m0 : m0 + per_micro])
-                last = m0 == starts[-1]
-                with rec.span("train.forward", iteration=iteration, micro=micro):
-                    logp = self._logprobs(self.replica, tokens[idx])
-                    m = mask[idx].float()
-                    ratio = torch.exp(logp - old[idx])
-                    a = adv[idx][:, None]
-                    surr = torch.minimum(
-                        ratio * a, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * a
-                    )
-                    d = ref[idx] - logp
-                    kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
-                    per_token = -(surr - cfg.kl_coef * kl)
-                    loss = (per_token * weight[idx] * m).sum() / step_tokens
-                with (
-                    rec.span("train.backward", iteration=iteration, micro=micro),
-                    self._no_sync(last),
-                ):
-                    (loss * share).backward()  # type: ignore[no-untyped-call]
+                # DDP decides at the forward whether its backward syncs: no_sync spans both.
+                with self._no_sync(last=m0 == starts[-1]):
+                    with rec.span("train.forward", iteration=iteration, micro=micro):
+                        logp = self._logprobs(self.replica, tokens[idx])
+                        m = mask[idx].float()
+                        ratio = torch.exp(logp - old[idx])
+                        a = adv[idx][:, None]
+                        surr = torch.minimum(
+                            ratio * a, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * a
+                        )
+                        d = ref[idx] - logp
+                        kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+                        per_token = -(surr - cfg.kl_coef * kl)
+                        loss = (per_token * weight[idx] * m).sum() / step_tokens
+                    with rec.span("train.backward", iteration=iteration, micro=micro):
+                        (loss * share).backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach()) * (share / self.world)
                 kl_sum += float((kl.detach() * m).sum()) * (share / self.world)
                 micro += 1

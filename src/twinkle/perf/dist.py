@@ -7,6 +7,8 @@ from typing import Any, cast
 
 import orjson
 
+from twinkle.errors import InvalidArgumentError
+
 __all__ = ["all_gather_bytes", "all_gather_json", "broadcast_bytes", "collective_device"]
 
 
@@ -60,7 +62,9 @@ def broadcast_bytes(dist: Any, group: Any, payload: bytes | None, *, src: int = 
     device = collective_device(dist, group)
     mine = dist.get_rank(group) == src
     if mine and payload is None:
-        raise ValueError("broadcast_bytes: the source rank must pass the payload")
+        raise InvalidArgumentError(
+            f"broadcast_bytes: rank {src} is the source and must pass the payload (bytes), got None"
+        )
     length = len(payload) if mine and payload is not None else 0
     size = torch.tensor([length], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src, group=group)
