@@ -81,9 +81,9 @@ class Recompute:
                     horizon = self.boundaries[k - lag - 1][1]
                     self.finalised_at[k - lag - 1] = pos
             elif kind == "spans":
-                shift = _shift(ev["anchor"], started["anchor"])
+                offset = shift(ev["anchor"], started["anchor"])
                 for s in ev["spans"]:
-                    start, end = s["start_ns"] + shift, s["end_ns"] + shift
+                    start, end = s["start_ns"] + offset, s["end_ns"] + offset
                     tid = (s["pid"], s["thread_id"])  # (two processes' idents may coincide)
                     if s["name"] == "twinkle.observe":
                         self.over.append((pos, start, end, tid))
@@ -159,7 +159,7 @@ class Recompute:
         return self.measure(self.finish, end, self.finish_pos + 1)
 
 
-def _shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
+def shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
     """What places a batch's spans on the run's timeline: 0 from the run's own process,
     else the difference of the two processes' wall-minus-monotonic offsets."""
     if (anchor["pid"], anchor["hostname"]) == (run["pid"], run["hostname"]):
@@ -245,3 +245,44 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     rollout_logical = sum(p["logical"]["rollout"] for p in parts)
     assert phase_windows["rollout"]["seconds"] == _s(rollout_logical)
     return run
+
+
+FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's log, event by event."""
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def check_replay(run_dir: Path, out: Path) -> None:
+    """Replaying the log into ``out`` gives the run's five files byte for byte."""
+    from twinkle.run import replay
+
+    replay(run_dir / "events.jsonl", out)
+    for name in FILES:
+        assert (out / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def placed_spans(
+    events: list[dict[str, Any]], sources: set[str]
+) -> list[tuple[str, dict[str, Any], int, int]]:
+    """(source, span, start, end) of every span of ``sources``: its start and end on the
+    run's timeline, moved there by its batch's anchor (compare with :func:`windows`)."""
+    origin = events[0]["anchor"]
+    out = []
+    for batch in events:
+        if batch["type"] != "spans" or batch["source"] not in sources:
+            continue
+        offset = shift(batch["anchor"], origin)
+        for span in batch["spans"]:
+            out.append((batch["source"], span, span["start_ns"] + offset, span["end_ns"] + offset))
+    return out
+
+
+def windows(events: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Each iteration's window on the run's timeline: its boundary to the next (the last
+    one's to the run's finish)."""
+    boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
+    finish = [e["monotonic_ns"] for e in events if e["type"] == "run_finished"][-1]
+    return list(zip(boundaries, [*boundaries[1:], finish], strict=True))

@@ -28,21 +28,15 @@ from typing import Any
 import psutil
 import pytest
 
-from _recompute import check_run
+from _recompute import check_replay, check_run, placed_spans, read_events, windows
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import DemoResult, run_demo
 from twinkle.errors import WorkerError
-from twinkle.run import replay
 
 pytestmark = pytest.mark.timeout(600)
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=8, completions_per_prompt=4, micro_batch=8)
-FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
 TOLERANCE_NS = 1_000_000
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +64,7 @@ def test_two_ranks_learn_what_one_learns(two_ranks: DemoResult) -> None:
 
 def test_rank_one_reports_spans_and_memory_from_its_own_process(two_ranks: DemoResult) -> None:
     assert two_ranks.run_dir is not None
-    events = _events(two_ranks.run_dir)
+    events = read_events(two_ranks.run_dir)
     driver = events[0]["anchor"]["pid"]
     rank1 = [e for e in events if e["type"] == "spans" and e["source"] == "rank1"]
     assert rank1 and {e["anchor"]["pid"] for e in rank1} != {driver}
@@ -87,20 +81,13 @@ def test_rank_one_reports_spans_and_memory_from_its_own_process(two_ranks: DemoR
 
 def test_rank_one_spans_lie_inside_their_iteration_windows(two_ranks: DemoResult) -> None:
     assert two_ranks.run_dir is not None
-    events = _events(two_ranks.run_dir)
-    origin = events[0]["anchor"]
-    boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
-    ends = [*boundaries[1:], events[-1]["monotonic_ns"]]
-    checked = 0
-    for batch in (e for e in events if e["type"] == "spans" and e["source"] == "rank1"):
-        a = batch["anchor"]
-        shift = (a["wall_ns"] - a["monotonic_ns"]) - (origin["wall_ns"] - origin["monotonic_ns"])
-        for span in batch["spans"]:
-            it = span["attrs"]["iteration"]
-            start, end = span["start_ns"] + shift, span["end_ns"] + shift
-            assert boundaries[it] - TOLERANCE_NS <= start <= end <= ends[it] + TOLERANCE_NS
-            checked += 1
-    assert checked > 10
+    events = read_events(two_ranks.run_dir)
+    window = windows(events)
+    placed = placed_spans(events, {"rank1"})
+    for _, span, start, end in placed:
+        lo, hi = window[span["attrs"]["iteration"]]
+        assert lo - TOLERANCE_NS <= start <= end <= hi + TOLERANCE_NS, span
+    assert len(placed) > 10
 
 
 def test_the_figures_recompute_and_replay_is_byte_identical(
@@ -108,9 +95,7 @@ def test_the_figures_recompute_and_replay_is_byte_identical(
 ) -> None:
     assert two_ranks.run_dir is not None
     check_run(two_ranks.run_dir)
-    replay(two_ranks.run_dir / "events.jsonl", tmp_path / "again")
-    for name in FILES:
-        assert (tmp_path / "again" / name).read_bytes() == (two_ranks.run_dir / name).read_bytes()
+    check_replay(two_ranks.run_dir, tmp_path / "again")
 
 
 @pytest.mark.parametrize(
@@ -156,6 +141,6 @@ def test_a_killed_rank_stops_the_run_promptly_naming_it(tmp_path: Path) -> None:
     assert _rank_processes() == []  # nothing left behind
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["status"] == "error" and "rank1" in summary["error"]
-    events = _events(tmp_path / "killed")
+    events = read_events(tmp_path / "killed")
     assert [e["iteration"] for e in events if e["type"] == "iteration_started"][:2] == [0, 1]
     assert sum(1 for e in events if e["type"] == "optimizer_step") >= 2

@@ -28,21 +28,15 @@ from typing import Any
 
 import pytest
 
-from _recompute import check_run
+from _recompute import check_replay, check_run, placed_spans, read_events, windows
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import DemoResult, run_demo
 from twinkle.errors import DriverError, WorkerError
-from twinkle.run import replay
 
 pytestmark = pytest.mark.timeout(600)
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=8, completions_per_prompt=4, micro_batch=16)
-FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
 TOLERANCE_NS = 1_000_000
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +58,7 @@ def test_the_ray_demo_learns_what_the_local_demo_learns(on_ray: DemoResult, tmp_
 
 def test_spans_and_memory_come_from_every_worker_process(on_ray: DemoResult) -> None:
     assert on_ray.run_dir is not None
-    events = _events(on_ray.run_dir)
+    events = read_events(on_ray.run_dir)
     driver_pid = events[0]["anchor"]["pid"]
     batches = [e for e in events if e["type"] == "spans"]
     pids = {e["source"]: e["anchor"]["pid"] for e in batches}
@@ -92,28 +86,20 @@ def test_spans_and_memory_come_from_every_worker_process(on_ray: DemoResult) -> 
 
 def test_worker_spans_lie_where_they_ran_on_the_drivers_timeline(on_ray: DemoResult) -> None:
     assert on_ray.run_dir is not None
-    events = _events(on_ray.run_dir)
-    origin = events[0]["anchor"]
-    boundaries = [e["monotonic_ns"] for e in events if e["type"] == "iteration_started"]
-    ends = [*boundaries[1:], events[-1]["monotonic_ns"]]
+    events = read_events(on_ray.run_dir)
+    window = windows(events)
     run_start = events[0]["monotonic_ns"]
     checked = 0
-    for batch in (e for e in events if e["type"] == "spans"):
-        if batch["source"] not in ("engine0", "engine1", "trainer"):
+    for source, span, start, end in placed_spans(events, {"engine0", "engine1", "trainer"}):
+        it = span["attrs"].get("iteration")
+        if it is None:
             continue
-        a = batch["anchor"]
-        shift = (a["wall_ns"] - a["monotonic_ns"]) - (origin["wall_ns"] - origin["monotonic_ns"])
-        for span in batch["spans"]:
-            it = span["attrs"].get("iteration")
-            if it is None:
-                continue
-            start, end = span["start_ns"] + shift, span["end_ns"] + shift
-            if batch["source"] == "trainer":
-                earliest = boundaries[it]
-            else:  # rollouts of iteration i run on version i - 1: from window i - 1 on
-                earliest = run_start if it <= 1 else boundaries[it - 1]
-            assert earliest - TOLERANCE_NS <= start <= end <= ends[it] + TOLERANCE_NS, span
-            checked += 1
+        if source == "trainer":
+            earliest = window[it][0]
+        else:  # rollouts of iteration i run on version i - 1: from window i - 1 on
+            earliest = run_start if it <= 1 else window[it - 1][0]
+        assert earliest - TOLERANCE_NS <= start <= end <= window[it][1] + TOLERANCE_NS, span
+        checked += 1
     assert checked > 20
 
 
@@ -122,9 +108,7 @@ def test_the_figures_recompute_and_replay_is_byte_identical(
 ) -> None:
     assert on_ray.run_dir is not None
     check_run(on_ray.run_dir)
-    replay(on_ray.run_dir / "events.jsonl", tmp_path / "again")
-    for name in FILES:
-        assert (tmp_path / "again" / name).read_bytes() == (on_ray.run_dir / name).read_bytes()
+    check_replay(on_ray.run_dir, tmp_path / "again")
 
 
 def test_a_killed_engine_stops_the_run_promptly_naming_it(ray_cluster: Any, tmp_path: Path) -> None:
@@ -151,7 +135,7 @@ def test_a_killed_engine_stops_the_run_promptly_naming_it(ray_cluster: Any, tmp_
     assert killed and time.monotonic() - killed[0] < 30
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["status"] == "error" and "engine0" in summary["error"]
-    events = _events(tmp_path / "killed")
+    events = read_events(tmp_path / "killed")
     assert [e["iteration"] for e in events if e["type"] == "iteration_started"][:2] == [0, 1]
     steps = [e for e in events if e["type"] == "optimizer_step"]
     assert len(steps) >= 2  # (one step per iteration) the finished iterations' are kept

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from _recompute import check_run
+from _recompute import check_replay, check_run
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf import WorkerReport
-from twinkle.run import RunSession, replay
+from twinkle.run import RunSession
 
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.step"]},
@@ -92,9 +92,7 @@ def test_a_workers_spans_and_memory_land_in_the_run_on_its_timeline(tmp_path: Pa
     assert summary["spans"]["dropped"] == 2
     assert summary["memory_readings"] == 3
     check_run(run_dir)
-    replay(run_dir, tmp_path / "again")
-    for name in ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json"):
-        assert (tmp_path / "again" / name).read_bytes() == (run_dir / name).read_bytes(), name
+    check_replay(run_dir, tmp_path / "again")
 
 
 def test_receive_refuses_what_is_not_a_report(tmp_path: Path) -> None:
