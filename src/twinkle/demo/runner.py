@@ -191,21 +191,22 @@ def _torch_rig(
         TorchEngine(f"engine{i}", i, cfg, run.recorder, first_iteration=first)
         for i in range(cfg.engines)
     ]
-    with contextlib.ExitStack() as stack:
-        if cfg.train_workers > 1:
-            from twinkle.demo.ddp import DDPTrainer
+    if cfg.train_workers > 1:
+        from twinkle.demo.ddp import DDPTrainer
 
-            ddp = stack.enter_context(DDPTrainer(cfg, run, on_step, world=cfg.train_workers))
-            initial = ddp.state()
-            for engine in engines:
-                engine.load_weights(first, initial)
+        with DDPTrainer(cfg, run, on_step, world=cfg.train_workers) as ddp:
+            _load_initial(engines, first, ddp.state())
             yield _Rig(ddp, engines, publisher=engines, worker_memory=ddp.memory)
-            return
-        trainer = GRPOTrainer(cfg, run.recorder, on_step)
-        initial = trainer.state()
-        for engine in engines:
-            engine.load_weights(first, initial)
-        yield _Rig(trainer, engines, publisher=engines)
+        return
+    trainer = GRPOTrainer(cfg, run.recorder, on_step)
+    _load_initial(engines, first, trainer.state())
+    yield _Rig(trainer, engines, publisher=engines)
+
+
+def _load_initial(engines: Sequence[TorchEngine], first: int, state: Any) -> None:
+    """Every engine starts from the trainer's initial weights (version ``first``)."""
+    for engine in engines:
+        engine.load_weights(first, state)
 
 
 @contextlib.contextmanager
