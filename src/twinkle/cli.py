@@ -2,6 +2,9 @@
 
 ``twinkle replay LOG --out DIR [--force]``  recompute a run's records from its event log
 ``twinkle demo [options]``                  the tiny GRPO run, fully observed
+``twinkle plugins [--json]``                the installed observer plugins, and what a
+                                            run would do with each
+``twinkle --version``
 
 Errors are one line on stderr, ``twinkle: error: ...``, naming the culprit and the fix:
 exit status 2 when what the command was given is wrong (an option, ``--out``, the log,
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
             "'with twinkle.run.finish_on_signals(), RunSession(...) as run:'."
         ),
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
@@ -106,7 +110,52 @@ def build_parser() -> argparse.ArgumentParser:
     dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
     add_demo_arguments(dp)
     _add_common_options(dp)
+
+    pp = sub.add_parser(
+        "plugins",
+        help="list the installed observer plugins: built-in or third party, and whether a "
+        "run loads, blocks or fails on each",
+    )
+    pp.add_argument("--json", action="store_true", help="one JSON object per plugin, a list")
+    _add_common_options(pp)
     return parser
+
+
+def _version() -> str:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("twinkle")
+    except PackageNotFoundError:  # src/ on sys.path, not installed
+        mine = "(not installed)"
+    return f"twinkle {mine} (Python {platform.python_version()})"
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from twinkle.plugins import PluginStatus, describe_plugins
+
+    found = describe_plugins(autoload=False if args.no_autoload else None, blocked=args.block)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in found], indent=1))
+        return 0
+    rows = [("plugin", "kind", "status", "from")]
+    for p in found:
+        status = p.status.value if p.error is None else f"{p.status.value}: {p.error}"
+        origin = f"{p.distribution or '?'} ({p.value})"
+        rows.append((p.name, "built-in" if p.builtin else "third party", status, origin))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3])
+    failing = [p.name for p in found if p.status is PluginStatus.FAILS]
+    if failing:
+        print(
+            f"twinkle: {len(failing)} plugin(s) fail to load ({', '.join(failing)}): a run "
+            f"with them stops before it starts; fix or uninstall them, or --block them",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return 0
 
 
 def _check_plugin_options(args: argparse.Namespace) -> None:
@@ -131,6 +180,14 @@ def _replay(args: argparse.Namespace) -> int:
         f"(status {summary['status']}, observer failures "
         f"{sum(summary['observer_failures'].values())})"
     )
+    if result.plugins_differ:
+        recorded, now = set(result.plugins_recorded), set(result.plugins_now)
+        print(
+            f"twinkle: warning: the run loaded observer plugins {sorted(recorded)}, this "
+            f"replay {sorted(now)}: records of {sorted(recorded ^ now)} are not the run's "
+            "(install them, or unblock them, to replay them too)",
+            file=sys.stderr,
+        )
     if result.torn_line is not None:
         print(
             f"twinkle: warning: passed over the torn last line {result.torn_line} of "
@@ -195,11 +252,16 @@ def _error(message: str, code: int) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         _check_plugin_options(args)
+        if args.command == "plugins":
+            return _plugins(args)
         return _replay(args) if args.command == "replay" else _demo(args)
     except _USAGE_ERRORS as exc:
         return _error(str(exc), EXIT_USAGE)
     except TwinkleError as exc:
         return _error(str(exc), EXIT_RUN_FAILED)
+    except BrokenPipeError:  # the reader left (`twinkle plugins | head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         if args.traceback:
             raise

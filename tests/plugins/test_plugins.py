@@ -8,16 +8,23 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pluggy
 import pytest
 
 from twinkle import hookspecs
-from twinkle.errors import PluginError
+from twinkle.errors import InvalidArgumentError, PluginError
 from twinkle.events import Event, IterationStarted, RunStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.perf import ManualClock
-from twinkle.plugins import DISABLE_AUTOLOAD_ENV, HOOK_FOR_EVENT, make_plugin_manager
-from twinkle.run import RunSession
+from twinkle.plugins import (
+    DISABLE_AUTOLOAD_ENV,
+    HOOK_FOR_EVENT,
+    PluginStatus,
+    describe_plugins,
+    make_plugin_manager,
+)
+from twinkle.run import RunSession, replay
 
 BUILTINS = {
     "timeline",
@@ -290,3 +297,40 @@ def test_run_started_reaches_observers_with_the_config() -> None:
     ):
         pass
     assert seen == [{"total_steps": 7}]
+
+
+def test_describe_plugins_says_what_a_run_would_do_with_each(
+    fake_dist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[twinkle.observers]\nbroken = no_such_module:X\n")
+    importlib.invalidate_caches()
+    found = {p.name: p for p in describe_plugins(blocked=["trace"])}
+    assert set(found) == BUILTINS | {"collector", "broken"}
+    assert found["timeline"].builtin and found["timeline"].status is PluginStatus.LOADS
+    assert found["trace"].status is PluginStatus.BLOCKED
+    assert found["collector"].distribution == "twinkle-fakeplugin 0.1"
+    assert not found["collector"].builtin and found["collector"].status is PluginStatus.LOADS
+    assert found["broken"].status is PluginStatus.FAILS
+    assert "no_such_module" in (found["broken"].error or "")
+    off = {p.name: p.status for p in describe_plugins(autoload=False)}
+    assert off["collector"] is off["broken"] is PluginStatus.AUTOLOAD_OFF
+    assert off["timeline"] is PluginStatus.LOADS
+    with pytest.raises(InvalidArgumentError, match="trcae"):
+        describe_plugins(blocked=["trcae"])
+
+
+def test_a_run_records_its_plugins_and_a_replay_with_others_says_so(
+    fake_dist: Path, tmp_path: Path
+) -> None:
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=True):
+        pass
+    first = orjson.loads((tmp_path / "r" / "events.jsonl").read_bytes().splitlines()[0])
+    assert first["plugins"] == sorted(BUILTINS | {"collector"})
+    same = replay(tmp_path / "r", tmp_path / "same", autoload=True)
+    assert not same.plugins_differ
+    other = replay(tmp_path / "r", tmp_path / "other", autoload=True, blocked=["collector"])
+    assert other.plugins_differ
+    assert set(other.plugins_recorded) - set(other.plugins_now) == {"collector"}

@@ -265,11 +265,23 @@ class EventBus:
 
     # -- builders for each event ------------------------------------------------------
 
-    def run_started(self, config: Mapping[str, Any] | None = None) -> RunStarted:
-        """Publish :class:`RunStarted` with the caller's observer configuration."""
+    def run_started(
+        self, config: Mapping[str, Any] | None = None, *, plugins: Iterable[str] = ()
+    ) -> RunStarted:
+        """Publish :class:`RunStarted` with the caller's observer configuration and the
+        names of the observer plugins the run loaded."""
         with self.own_work(RunStarted.TYPE):
             mono, wall = self._times()
-            event = self._send(RunStarted(self.run_id, mono, wall, self.anchor, dict(config or {})))
+            event = self._send(
+                RunStarted(
+                    self.run_id,
+                    mono,
+                    wall,
+                    self.anchor,
+                    dict(config or {}),
+                    tuple(sorted(plugins)),
+                )
+            )
         return event
 
     def run_resumed(self, segment: int, config: Mapping[str, Any] | None = None) -> RunResumed:

@@ -99,10 +99,12 @@ class RunStarted(Event, tag="run_started", frozen=True):
     """A run began. ``config`` is the caller's observer configuration (business
     definitions: phases, which samples count, device denominators) as plain JSON data, so
     that a replay rebuilds identical observers. ``anchor`` aligns this process's clock.
-    Published once, first."""
+    Published once, first. ``plugins``: the names of the observer plugins the run
+    loaded, sorted (a replay with another set says so)."""
 
     anchor: ClockAnchor
     config: dict[str, Any] = {}
+    plugins: tuple[NonEmpty, ...] = ()
 
 
 @_event

@@ -18,7 +18,11 @@ from twinkle.plugins._manager import (
     ENTRY_POINT_GROUP,
     Monitor,
     ObserverManager,
+    PluginInfo,
+    PluginStatus,
     check_blocked,
+    describe_plugins,
+    loaded_plugins,
     make_plugin_manager,
 )
 
@@ -33,8 +37,12 @@ __all__ = [
     "HookCalls",
     "Monitor",
     "ObserverManager",
+    "PluginInfo",
+    "PluginStatus",
     "check_blocked",
+    "describe_plugins",
     "hook_name",
+    "loaded_plugins",
     "make_plugin_manager",
     "merge_summary",
 ]

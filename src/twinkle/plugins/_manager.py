@@ -7,8 +7,11 @@ Built-in observers are registered through the same entry-point group as third-pa
 
 from __future__ import annotations
 
+import enum
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -283,6 +286,94 @@ def make_plugin_manager(
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"plugin {exc.plugin!r} implements an unknown hook: {exc}") from exc
     return pm
+
+
+class PluginStatus(enum.Enum):
+    """What a run would do with an installed observer plugin."""
+
+    LOADS = "loads"
+    BLOCKED = "blocked"
+    AUTOLOAD_OFF = "not loaded: autoload is off"
+    FAILS = "fails"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """One entry point of group ``twinkle.observers``, as :func:`describe_plugins` found
+    it: its ``name``, the ``distribution`` providing it (``"name version"``), its
+    ``value`` (``module:attr``), whether it is one of twinkle's own, what a run would do
+    with it, and the ``error`` that makes it fail."""
+
+    name: str
+    distribution: str | None
+    value: str
+    builtin: bool
+    status: PluginStatus
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "value": self.value,
+            "builtin": self.builtin,
+            "status": self.status.value,
+            "error": self.error,
+        }
+
+
+def describe_plugins(
+    *, autoload: bool | None = None, blocked: Iterable[str] = ()
+) -> list[PluginInfo]:
+    """Every installed observer plugin and what a run with these options would do with
+    it: each one that would load is imported, built and checked against the hook
+    contract on its own (a failing one is described, not raised)."""
+    names, _ = _check_names(blocked, ())
+    eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    _check_known(names, {ep.name for ep in eps})
+    if autoload is None:
+        autoload = not _autoload_disabled_by_env()
+    out: list[PluginInfo] = []
+    for ep in eps:
+        builtin = _is_builtin(ep)
+        dist = getattr(ep, "dist", None)
+        described = functools.partial(
+            PluginInfo,
+            ep.name,
+            None if dist is None else f"{dist.name} {dist.version}",
+            ep.value,
+            builtin,
+        )
+        if ep.name in names:
+            out.append(described(PluginStatus.BLOCKED))
+        elif not builtin and not autoload:
+            out.append(described(PluginStatus.AUTOLOAD_OFF))
+        else:
+            error = _check_alone(ep)
+            status = PluginStatus.LOADS if error is None else PluginStatus.FAILS
+            out.append(described(status, error))
+    return out
+
+
+def _check_alone(ep: EntryPoint) -> str | None:
+    """What keeps ``ep`` from loading into a run (imported, built and registered into a
+    manager of its own), or None."""
+    scratch = ObserverManager()
+    scratch.add_hookspecs(hookspecs)
+    try:
+        _register(scratch, _instantiate(ep), ep.name)
+    except PluginError as exc:
+        return str(exc)
+    try:
+        scratch.check_pending()
+    except pluggy.PluginValidationError as exc:
+        return f"plugin {ep.name!r} implements an unknown hook: {exc}"
+    return None
+
+
+def loaded_plugins(pm: pluggy.PluginManager) -> tuple[str, ...]:
+    """The names of the observer plugins ``pm`` holds, sorted (blocked names are not)."""
+    return tuple(sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None))
 
 
 def _register(pm: ObserverManager, plugin: object, name: str) -> None:

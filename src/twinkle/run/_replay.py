@@ -40,7 +40,7 @@ from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
-from twinkle.plugins import make_plugin_manager
+from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
 from twinkle.run._run import Run
 
@@ -54,6 +54,10 @@ class ReplayResult:
     ``torn_line`` is the line number of a torn last line that was passed over (what a
     crash in the middle of a write leaves), ``torn_bytes`` its length; None and 0 when
     the log ended cleanly. ``log`` is the log file replayed (None for event values).
+    ``plugins_recorded`` and ``plugins_now``: the observer plugins the run loaded (its
+    ``run_started``; empty in logs from before they were recorded) and the ones this
+    replay loaded; :attr:`plugins_differ` when the sets differ (the records of the
+    plugins in only one set differ too).
     """
 
     out_dir: Path | None
@@ -62,6 +66,14 @@ class ReplayResult:
     torn_line: int | None = None
     torn_bytes: int = 0
     log: Path | None = None
+    plugins_recorded: tuple[str, ...] = ()
+    plugins_now: tuple[str, ...] = ()
+
+    @property
+    def plugins_differ(self) -> bool:
+        """Whether this replay loaded other observer plugins than the run did (only
+        said for a log that recorded its set)."""
+        return bool(self.plugins_recorded) and self.plugins_recorded != self.plugins_now
 
 
 _NOTHING: Final = object()
@@ -339,10 +351,17 @@ def replay(
         raise
     if staging is not None:
         staging.commit()
-    log_file = None if log is None else log.path
-    if log is None or log.torn_line is None:
-        return ReplayResult(target, count, summary, log=log_file)
-    return ReplayResult(target, count, summary, log.torn_line, log.torn_bytes, log_file)
+    torn_line, torn_bytes = (None, 0) if log is None else (log.torn_line, log.torn_bytes)
+    return ReplayResult(
+        target,
+        count,
+        summary,
+        torn_line,
+        torn_bytes if torn_line is not None else 0,
+        None if log is None else log.path,
+        plugins_recorded=first.plugins,
+        plugins_now=loaded_plugins(pm),
+    )
 
 
 def _feed(

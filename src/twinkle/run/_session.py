@@ -55,7 +55,7 @@ from twinkle.locks import RunDirLock
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import memory_stats
-from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, make_plugin_manager
+from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, loaded_plugins, make_plugin_manager
 from twinkle.reporting import MetricsReporter
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run, RunState, check_config
@@ -243,7 +243,7 @@ class RunSession:
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
             if scan is None:
                 self.run.connect(self.bus)
-                self.bus.run_started(self.config)
+                self.bus.run_started(self.config, plugins=loaded_plugins(self.run.pm))
             else:
                 self._resume(scan)
         except BaseException:
