@@ -4,6 +4,7 @@
 ``twinkle demo [options]``                  the tiny GRPO run, fully observed
 ``twinkle plugins [--json]``                the installed observer plugins, and what a
                                             run would do with each
+``twinkle report RUN [RUN_B] [--json]``     a run's figures (or two runs side by side)
 ``twinkle --version``
 
 Errors are one line on stderr, ``twinkle: error: ...``, naming the culprit and the fix:
@@ -111,6 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(dp)
     _add_common_options(dp)
 
+    rep = sub.add_parser(
+        "report",
+        help="a run's figures from its files: per iteration and for the run; with a second "
+        "run, the two side by side with B / A",
+    )
+    rep.add_argument("run", metavar="RUN_DIR", help="a run's directory (runs/<run_id>/)")
+    rep.add_argument("other", nargs="?", metavar="RUN_B", help="a second run to compare with")
+    rep.add_argument("--json", action="store_true", help="the figures as JSON")
+    rep.add_argument(
+        "--reward",
+        metavar="NAME.KEY",
+        help="the scalar to show as the reward (default: the first reward_mean or reward)",
+    )
+    _add_common_options(rep)
+
     pp = sub.add_parser(
         "plugins",
         help="list the installed observer plugins: built-in or third party, and whether a "
@@ -119,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--json", action="store_true", help="one JSON object per plugin, a list")
     _add_common_options(pp)
     return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    from twinkle.report import compare, format_compare, format_report, load_report
+
+    first = load_report(args.run, reward=args.reward)
+    if args.other is None:
+        print(json.dumps(first, indent=1) if args.json else format_report(first))
+        return 0
+    second = load_report(args.other, reward=args.reward)
+    if args.json:
+        print(json.dumps({"a": first, "b": second, "compare": compare(first, second)}, indent=1))
+    else:
+        print(format_compare(first, second))
+    return 0
 
 
 def _version() -> str:
@@ -254,6 +285,8 @@ def _run(args: argparse.Namespace) -> int:
         _check_plugin_options(args)
         if args.command == "plugins":
             return _plugins(args)
+        if args.command == "report":
+            return _report(args)
         return _replay(args) if args.command == "replay" else _demo(args)
     except _USAGE_ERRORS as exc:
         return _error(str(exc), EXIT_USAGE)

@@ -1,0 +1,298 @@
+"""``twinkle report``: a run's figures from its files, for people (a table) or machines
+(``--json``), and two runs side by side.
+
+Every figure is read from the run's own outputs, never recomputed differently:
+
+* per iteration: ``metrics_raw.jsonl``'s ``iteration`` record (tokens, tokens/s/device),
+  its ``timing`` record (the window view: wall, busy, idle, each phase, the overlap of
+  generation and training; the attributed view of each phase) and the reward scalar;
+* the run: ``summary.json``'s ``window`` (throughput) and ``seconds`` (wall, busy,
+  idle, overhead, each phase, generation hidden behind training);
+* memory: each worker's peak (host and device) over its readings in ``events.jsonl``.
+
+The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo's
+``grpo.reward_mean``, TRL's ``trl.reward``), or the ``NAME.KEY`` given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.events import MemoryReadings
+from twinkle.observers.sinks import EVENTS_FILE
+from twinkle.run import SUMMARY_FILE, iter_events
+
+__all__ = ["RECORDS_FILE", "compare", "format_compare", "format_report", "load_report"]
+
+RECORDS_FILE = "metrics_raw.jsonl"
+_REWARD_KEYS = ("reward_mean", "reward")
+_PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _run_dir(path: str | os.PathLike[str]) -> Path:
+    run = Path(path)
+    if not run.is_dir():
+        raise InvalidArgumentError(
+            f"{str(run)!r} is not a run directory: give the directory a run wrote "
+            "(runs/<run_id>/, holding summary.json, metrics_raw.jsonl and events.jsonl)"
+        )
+    missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
+    if missing:
+        hint = (
+            f"the run did not finish: replay its log first (twinkle replay {run}/{EVENTS_FILE} "
+            "--out DIR) and report DIR"
+            if (run / EVENTS_FILE).is_file()
+            else "it is not a twinkle run's directory"
+        )
+        raise InvalidArgumentError(f"{str(run)!r} has no {', '.join(missing)}: {hint}")
+    return run
+
+
+def _reward(records: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
+    """The (scalar name, key) of the reward: ``choice`` ("NAME.KEY") or the first
+    scalars record's ``reward_mean`` / ``reward`` key."""
+    scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in _OWN_KINDS]
+    if choice is not None:
+        name, _, key = choice.rpartition(".")
+        if not name or not any(r["kind"] == name and key in r["values"] for r in scalars):
+            known = sorted({f"{r['kind']}.{k}" for r in scalars for k in r["values"]})
+            raise InvalidArgumentError(
+                f"--reward {choice!r} names no scalar of this run; its scalars: "
+                f"{known[:20] or 'none'}"
+            )
+        return name, key
+    for key in _REWARD_KEYS:
+        for r in scalars:
+            if key in r["values"]:
+                return r["kind"], key
+    return None
+
+
+#: record kinds twinkle's observers write per iteration (the rest are the caller's scalars)
+_OWN_KINDS = frozenset({"iteration", "timing", "memory"})
+
+
+def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> dict[str, Any]:
+    """The figures of the run in ``path`` (its directory), as plain JSON data."""
+    run = _run_dir(path)
+    summary = orjson.loads((run / SUMMARY_FILE).read_bytes())
+    records = _read_json_lines(run / RECORDS_FILE)
+    first_event = next(iter_events(run / EVENTS_FILE))
+    config = getattr(first_event, "config", {})
+    phases = list(config.get("phases", {}))
+    streaming = config.get("streaming") or {}
+    pair = (streaming.get("generation"), streaming.get("training"))
+    throughput_kinds = set(config.get("throughput", {}))
+    reward_at = _reward([r for r in records if r["kind"] not in throughput_kinds], reward)
+    by_it: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if r["scope"] != "iteration" or r["iteration"] is None:
+            continue
+        row = by_it.setdefault(r["iteration"], {"iteration": r["iteration"]})
+        values = r["values"]
+        if r["kind"] == "iteration":
+            row["tokens"] = values.get("tokens")
+            row["tokens_per_s_per_device"] = values.get("tokens_per_s_per_device")
+        elif r["kind"] == "timing":
+            for key in ("wall", "busy", "idle", "overhead"):
+                row[f"window_{key}_seconds"] = values.get(f"window_{key}_seconds")
+            row["window_phase_seconds"] = {p: values.get(f"window_{p}_seconds") for p in phases}
+            row["attributed_phase_seconds"] = {
+                p: values.get(f"attributed_{p}_seconds") for p in phases
+            }
+            if None not in pair:
+                row["window_overlap_generation_training_seconds"] = values.get(
+                    f"window_overlap_{pair[0]}_{pair[1]}_seconds"
+                )
+        elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
+            row["reward"] = values.get(reward_at[1])
+    seconds = summary.get("seconds", {})
+    return {
+        "run_id": summary.get("run_id"),
+        "run_dir": str(run),
+        "status": summary.get("status"),
+        "phases": phases,
+        "reward": None if reward_at is None else ".".join(reward_at),
+        "iterations": [by_it[i] for i in sorted(by_it)],
+        "window": summary.get("window", {}),
+        "seconds": {
+            "wall": seconds.get("wall_seconds"),
+            "busy": seconds.get("busy_seconds"),
+            "idle": seconds.get("idle_seconds"),
+            "overhead": seconds.get("overhead_seconds"),
+            "phases": {p: seconds.get(f"{p}_seconds") for p in phases},
+            "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
+            "generation_hidden_share": seconds.get("generation_hidden_share"),
+        },
+        "memory_peak_bytes": _memory_peaks(iter_events(run / EVENTS_FILE)),
+    }
+
+
+def _memory_peaks(events: Iterable[Any]) -> dict[str, dict[str, int]]:
+    """Each worker's highest reading of each peak field (fields it never reported are
+    left out)."""
+    peaks: dict[str, dict[str, int]] = {}
+    for event in events:
+        if not isinstance(event, MemoryReadings):
+            continue
+        for reading in event.readings:
+            mine = peaks.setdefault(reading.worker_id, {})
+            for field in _PEAKS:
+                value = getattr(reading, field)
+                if value is not None and value > mine.get(field, -1):
+                    mine[field] = value
+    return {worker: peaks[worker] for worker in sorted(peaks)}
+
+
+# -- two runs ---------------------------------------------------------------------------
+
+
+def _figures(report: Mapping[str, Any]) -> dict[str, float | None]:
+    """The run-level figures two runs are compared on, by name."""
+    window, seconds = report["window"], report["seconds"]
+    out: dict[str, float | None] = {
+        "tokens": window.get("tokens"),
+        "tokens_per_s_per_device": window.get("tokens_per_s_per_device"),
+        "active_logical_seconds": window.get("seconds"),
+        "wall_seconds": seconds["wall"],
+        "busy_seconds": seconds["busy"],
+        "idle_seconds": seconds["idle"],
+        "overhead_seconds": seconds["overhead"],
+        "generation_hidden_share": seconds["generation_hidden_share"],
+    }
+    for phase, value in seconds["phases"].items():
+        out[f"{phase}_seconds"] = value
+    rewards = [row["reward"] for row in report["iterations"] if row.get("reward") is not None]
+    if rewards:
+        out["reward_last"] = rewards[-1]
+    for worker, peaks in report["memory_peak_bytes"].items():
+        for field, value in peaks.items():
+            out[f"{worker}.{field}"] = value
+    return out
+
+
+def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Figure by figure: A's, B's and B / A (None where either lacks it or A is 0)."""
+    fa, fb = _figures(a), _figures(b)
+    rows = []
+    for name in [*fa, *(n for n in fb if n not in fa)]:
+        va, vb = fa.get(name), fb.get(name)
+        ratio = None
+        if isinstance(va, int | float) and isinstance(vb, int | float) and va != 0:
+            ratio = vb / va
+        rows.append({"figure": name, "a": va, "b": vb, "ratio": ratio})
+    return rows
+
+
+# -- text -------------------------------------------------------------------------------
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> list[str]:
+    """Right-aligned columns (the first left-aligned when it holds ``names``)."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if names and i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    head = line(header)
+    return [head, "-" * len(head), *(line(r) for r in rows)]
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as text: the per-iteration table, then the run's figures."""
+    phases = report["phases"]
+    header = ["iter", "tokens", "tok/s/dev", "wall s", "busy s", "idle s"]
+    header += [f"{p} s" for p in phases]
+    has_overlap = any(
+        "window_overlap_generation_training_seconds" in r for r in report["iterations"]
+    )
+    if has_overlap:
+        header.append("gen|train s")
+    if report["reward"]:
+        header.append("reward")
+    rows = []
+    for r in report["iterations"]:
+        row = [
+            str(r["iteration"]),
+            _num(r.get("tokens")),
+            _num(r.get("tokens_per_s_per_device")),
+            _num(r.get("window_wall_seconds")),
+            _num(r.get("window_busy_seconds")),
+            _num(r.get("window_idle_seconds")),
+        ]
+        row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
+        if has_overlap:
+            row.append(_num(r.get("window_overlap_generation_training_seconds")))
+        if report["reward"]:
+            row.append(_num(r.get("reward")))
+        rows.append(row)
+    window, seconds = report["window"], report["seconds"]
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
+    lines += _table(header, rows)
+    lines += [
+        "",
+        f"window throughput   {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
+        f"({_num(window.get('tokens'))} tokens / {_num(window.get('seconds'))} active logical s)",
+        f"wall clock          {_num(seconds['wall'])} s: busy {_num(seconds['busy'])}, idle "
+        f"{_num(seconds['idle'])}, twinkle's own {_num(seconds['overhead'])}",
+        "phase seconds       " + ", ".join(f"{p} {_num(v)}" for p, v in seconds["phases"].items()),
+    ]
+    if seconds["generation_hidden_share"] is not None:
+        lines.append(
+            f"generation hidden   {_num(seconds['generation_hidden_seconds'])} s behind "
+            f"training ({100 * seconds['generation_hidden_share']:.1f}% of generation)"
+        )
+    rewards = [
+        (r["iteration"], r["reward"]) for r in report["iterations"] if r.get("reward") is not None
+    ]
+    if rewards:
+        lines.append(
+            f"reward ({report['reward']})  {_num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
+            f"{_num(rewards[-1][1])} (iteration {rewards[-1][0]})"
+        )
+    for worker, peaks in report["memory_peak_bytes"].items():
+        shown = ", ".join(
+            f"{k.removesuffix('_bytes')} {v / 2**20:,.0f} MiB" for k, v in peaks.items()
+        )
+        lines.append(f"peak memory         {worker}: {shown}")
+    return "\n".join(lines)
+
+
+def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """Two runs side by side, each figure with B / A."""
+    rows = [
+        [
+            r["figure"],
+            _num(r["a"]),
+            _num(r["b"]),
+            "-" if r["ratio"] is None else f"{r['ratio']:.3f}x",
+        ]
+        for r in compare(a, b)
+    ]
+    lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
+    lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""``twinkle report``: every figure it shows is the run's own record, two runs compare
+figure by figure, and what is not a finished run is refused with the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _recompute import read_events
+from twinkle.cli import EXIT_USAGE, main
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.runner import run_demo
+from twinkle.errors import InvalidArgumentError
+from twinkle.report import compare, format_compare, format_report, load_report
+
+CFG = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("report")
+    run_demo(CFG, out_dir=out, run_id="a", autoload=False)
+    run_demo(dataclasses.replace(CFG, iterations=4), out_dir=out, run_id="b", autoload=False)
+    return out / "a", out / "b"
+
+
+def _records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics_raw.jsonl").read_text().splitlines()]
+
+
+def test_every_figure_is_the_runs_own_record(runs: tuple[Path, Path]) -> None:
+    run = runs[0]
+    report = load_report(run)
+    records = _records(run)
+    summary = json.loads((run / "summary.json").read_text())
+    rows = {r["iteration"]: r for r in report["iterations"]}
+    assert sorted(rows) == [0, 1, 2]
+    for rec in records:
+        if rec["scope"] != "iteration":
+            continue
+        row, values = rows[rec["iteration"]], rec["values"]
+        if rec["kind"] == "iteration":
+            assert row["tokens"] == values["tokens"]
+            assert row["tokens_per_s_per_device"] == values["tokens_per_s_per_device"]
+        elif rec["kind"] == "timing":
+            assert row["window_wall_seconds"] == values["window_wall_seconds"]
+            assert row["window_idle_seconds"] == values["window_idle_seconds"]
+            for phase in ("rollout", "train", "publish"):
+                assert row["window_phase_seconds"][phase] == values[f"window_{phase}_seconds"]
+                assert (
+                    row["attributed_phase_seconds"][phase] == values[f"attributed_{phase}_seconds"]
+                )
+            assert (
+                row["window_overlap_generation_training_seconds"]
+                == values["window_overlap_rollout_train_seconds"]
+            )
+        elif rec["kind"] == "grpo":
+            assert row["reward"] == values["reward_mean"]
+    assert report["reward"] == "grpo.reward_mean"
+    assert report["window"] == summary["window"]
+    assert report["seconds"]["idle"] == summary["seconds"]["idle_seconds"]
+    assert report["seconds"]["phases"]["train"] == summary["seconds"]["train_seconds"]
+    peaks: dict[str, int] = {}
+    for event in read_events(run):
+        if event["type"] == "memory":
+            for r in event["readings"]:
+                peaks[r["worker_id"]] = max(peaks.get(r["worker_id"], 0), r["host_peak_rss_bytes"])
+    assert {w: p["host_peak_rss_bytes"] for w, p in report["memory_peak_bytes"].items()} == peaks
+
+
+def test_the_text_shows_the_table_and_the_runs_figures(runs: tuple[Path, Path]) -> None:
+    report = load_report(runs[0])
+    text = format_report(report)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("iter"))
+    assert header.split()[:3] == ["iter", "tokens", "tok/s/dev"] and "reward" in header
+    first = report["iterations"][0]
+    assert any(line.split()[:2] == ["0", f"{first['tokens']:,}"] for line in lines)
+    tps = report["window"]["tokens_per_s_per_device"]
+    assert f"window throughput   {tps:,.0f} tokens/s/device" in text
+    assert "reward (grpo.reward_mean)" in text and "peak memory" in text
+
+
+def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
+    a, b = (load_report(r) for r in runs)
+    rows = {r["figure"]: r for r in compare(a, b)}
+    assert (
+        rows["tokens"]["a"] == a["window"]["tokens"]
+        and rows["tokens"]["b"] == b["window"]["tokens"]
+    )
+    assert rows["tokens"]["ratio"] == b["window"]["tokens"] / a["window"]["tokens"]
+    assert rows["train_seconds"]["ratio"] == pytest.approx(
+        b["seconds"]["phases"]["train"] / a["seconds"]["phases"]["train"]
+    )
+    assert all(r["ratio"] == 1.0 for r in compare(a, a) if r["a"])
+    text = format_compare(a, b)
+    assert text.splitlines()[3].split() == ["figure", "A", "B", "B", "/", "A"]
+
+
+def test_the_command_prints_text_or_json(
+    runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(runs[0])]) == 0
+    assert "window throughput" in capsys.readouterr().out
+    assert main(["report", str(runs[0]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(load_report(runs[0])))
+    assert main(["report", str(runs[0]), str(runs[1]), "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert set(both) == {"a", "b", "compare"}
+
+
+def test_what_is_not_a_finished_run_is_refused_with_the_fix(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="is not a run directory"):
+        load_report(tmp_path / "nowhere")
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / "events.jsonl").write_bytes((runs[0] / "events.jsonl").read_bytes())
+    with pytest.raises(InvalidArgumentError, match="replay its log first"):
+        load_report(crashed)
+    with pytest.raises(InvalidArgumentError, match=r"--reward 'grpo\.nope' names no scalar"):
+        load_report(runs[0], reward="grpo.nope")
+    assert main(["report", str(tmp_path / "nowhere")]) == EXIT_USAGE
+    assert "is not a run directory" in capsys.readouterr().err
