@@ -23,7 +23,7 @@ VLLM_DROP  := torchvision torchaudio torchcodec triton
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo,bench,trl]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,torch,ray,demo,bench,trl,report]"
 	touch $(STAMP)
 
 venv: $(STAMP)

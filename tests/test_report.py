@@ -15,7 +15,15 @@ from twinkle.cli import EXIT_USAGE, main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import InvalidArgumentError
-from twinkle.report import compare, format_compare, format_report, load_report
+from twinkle.report import (
+    PLOTS,
+    _time_stack,
+    compare,
+    format_compare,
+    format_report,
+    load_report,
+    write_plots,
+)
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
 
@@ -127,3 +135,29 @@ def test_what_is_not_a_finished_run_is_refused_with_the_fix(
         load_report(runs[0], reward="grpo.nope")
     assert main(["report", str(tmp_path / "nowhere")]) == EXIT_USAGE
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import struct
+
+    from matplotlib.image import imread
+
+    written = write_plots(load_report(runs[0]), tmp_path / "plots")
+    assert [p.name for p in written] == list(PLOTS)
+    for path in written:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path.name
+        width, height = struct.unpack(">II", data[16:24])
+        assert (width, height) == (800, 450), path.name
+        pixels = imread(path)
+        assert pixels.std() > 0.01, f"{path.name} is one flat colour"
+
+
+def test_each_windows_parts_add_up_to_its_wall_clock(runs: tuple[Path, Path]) -> None:
+    report = load_report(runs[0])
+    assert report["streaming"] == ["rollout", "train"]
+    for row in report["iterations"]:
+        parts = _time_stack(row, ("rollout", "train"))
+        assert all(v >= 0 for v in parts.values()), parts
+        assert sum(parts.values()) == pytest.approx(row["window_wall_seconds"], abs=1e-9)

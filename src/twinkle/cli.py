@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("other", nargs="?", metavar="RUN_B", help="a second run to compare with")
     rep.add_argument("--json", action="store_true", help="the figures as JSON")
     rep.add_argument(
+        "--plots",
+        metavar="DIR",
+        help="also draw PNG plots into DIR: throughput, each window's time, peak memory "
+        "per worker, reward (matplotlib, headless)",
+    )
+    rep.add_argument(
         "--reward",
         metavar="NAME.KEY",
         help="the scalar to show as the reward (default: the first reward_mean or reward)",
@@ -138,9 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from twinkle.report import compare, format_compare, format_report, load_report
+    from twinkle.report import compare, format_compare, format_report, load_report, write_plots
 
     first = load_report(args.run, reward=args.reward)
+    if args.plots is not None:
+        for path in write_plots(first, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
     if args.other is None:
         print(json.dumps(first, indent=1) if args.json else format_report(first))
         return 0

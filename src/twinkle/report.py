@@ -29,7 +29,15 @@ from twinkle.events import MemoryReadings
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.run import SUMMARY_FILE, iter_events
 
-__all__ = ["RECORDS_FILE", "compare", "format_compare", "format_report", "load_report"]
+__all__ = [
+    "PLOTS",
+    "RECORDS_FILE",
+    "compare",
+    "format_compare",
+    "format_report",
+    "load_report",
+    "write_plots",
+]
 
 RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
@@ -123,6 +131,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         "run_dir": str(run),
         "status": summary.get("status"),
         "phases": phases,
+        "streaming": None if None in pair else list(pair),
         "reward": None if reward_at is None else ".".join(reward_at),
         "iterations": [by_it[i] for i in sorted(by_it)],
         "window": summary.get("window", {}),
@@ -296,3 +305,100 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
     lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
     return "\n".join(lines)
+
+
+# -- plots ------------------------------------------------------------------------------
+
+PLOTS = ("throughput.png", "time.png", "memory.png", "reward.png")
+
+
+def _time_stack(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str, float]:
+    """One iteration's window cut into parts that add up to its wall clock: generation
+    alone, training alone, both at once, other busy time, idle (without a streaming
+    pair: busy and idle)."""
+    wall = row.get("window_wall_seconds") or 0.0
+    busy = row.get("window_busy_seconds") or 0.0
+    idle = row.get("window_idle_seconds") or max(0.0, wall - busy)
+    phases = row.get("window_phase_seconds") or {}
+    overlap = row.get("window_overlap_generation_training_seconds")
+    if pair is None or overlap is None:
+        return {"busy": busy, "idle": idle}
+    gen, train = phases.get(pair[0]) or 0.0, phases.get(pair[1]) or 0.0
+    union = gen + train - overlap
+    return {
+        f"{pair[0]} alone": gen - overlap,
+        f"{pair[1]} alone": train - overlap,
+        f"{pair[0]} and {pair[1]} at once": overlap,
+        "other busy": max(0.0, busy - union),
+        "idle": idle,
+    }
+
+
+def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
+    matplotlib's Agg canvas: tokens/s/device per iteration with the run window's line;
+    each iteration's window cut into generation, training, both at once, other busy
+    time and idle; each worker's peak memory; the reward when there is one."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            "--plots needs matplotlib: pip install 'twinkle[report]'"
+        ) from exc
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = report["iterations"]
+    its = [r["iteration"] for r in rows]
+    title = f"run {report['run_id']}"
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        FigureCanvasAgg(fig)
+        fig.savefig(out / name, dpi=100)
+        written.append(out / name)
+
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    ax.plot(its, [r.get("tokens_per_s_per_device") for r in rows], marker=".", label="iteration")
+    window = report["window"].get("tokens_per_s_per_device")
+    if window is not None:
+        ax.axhline(window, color="black", linestyle="--", label=f"run window ({window:,.0f})")
+    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
+    ax.legend()
+    save(fig, "throughput.png")
+
+    pair = report.get("streaming")
+    stacks = [_time_stack(r, None if pair is None else tuple(pair)) for r in rows]
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    bottom = [0.0] * len(rows)
+    for part in stacks[0] if stacks else []:
+        heights = [s[part] for s in stacks]
+        ax.bar(its, heights, bottom=bottom, label=part, width=0.9)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set(title=f"{title}: each iteration's window", xlabel="iteration", ylabel="seconds")
+    ax.legend(fontsize="small")
+    save(fig, "time.png")
+
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    workers = list(report["memory_peak_bytes"])
+    fields = sorted({f for peaks in report["memory_peak_bytes"].values() for f in peaks})
+    width = 0.8 / max(1, len(fields))
+    for k, field in enumerate(fields):
+        values = [report["memory_peak_bytes"][w].get(field, 0) / 2**20 for w in workers]
+        ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
+    ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
+    ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")
+    ax.legend(fontsize="small")
+    save(fig, "memory.png")
+
+    rewards = [(r["iteration"], r["reward"]) for r in rows if r.get("reward") is not None]
+    if rewards:
+        fig = Figure(figsize=(8, 4.5))
+        ax = fig.add_subplot()
+        ax.plot([i for i, _ in rewards], [v for _, v in rewards], marker=".")
+        ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
+        save(fig, "reward.png")
+    return written
