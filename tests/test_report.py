@@ -17,11 +17,11 @@ from twinkle.demo.runner import run_demo
 from twinkle.errors import InvalidArgumentError
 from twinkle.report import (
     PLOTS,
-    _time_stack,
     compare,
     format_compare,
     format_report,
     load_report,
+    time_parts,
     write_plots,
 )
 
@@ -115,7 +115,10 @@ def test_the_command_prints_text_or_json(
     assert main(["report", str(runs[0])]) == 0
     assert "window throughput" in capsys.readouterr().out
     assert main(["report", str(runs[0]), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(load_report(runs[0])))
+    printed = json.loads(capsys.readouterr().out)
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert printed["window"] == summary["window"] and printed["run_id"] == "a"
+    assert [r["iteration"] for r in printed["iterations"]] == [0, 1, 2]
     assert main(["report", str(runs[0]), str(runs[1]), "--json"]) == 0
     both = json.loads(capsys.readouterr().out)
     assert set(both) == {"a", "b", "compare"}
@@ -150,14 +153,57 @@ def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Pat
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path.name
         width, height = struct.unpack(">II", data[16:24])
         assert (width, height) == (800, 450), path.name
-        pixels = imread(path)
-        assert pixels.std() > 0.01, f"{path.name} is one flat colour"
+        pixels = (imread(path)[..., :3] * 255).round().astype(int)
+        colours = {tuple(p) for p in pixels.reshape(-1, 3)}
+        # the data are drawn in matplotlib's colour cycle: C0 (#1f77b4) at least
+        assert (31, 119, 180) in colours, f"{path.name} shows no data"
+    time_png = (imread(tmp_path / "plots" / "time.png")[..., :3] * 255).round().astype(int)
+    shown = {tuple(p) for p in time_png.reshape(-1, 3)}
+    for colour in [(31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189)]:
+        assert colour in shown  # rollout alone, train alone, both, idle
 
 
 def test_each_windows_parts_add_up_to_its_wall_clock(runs: tuple[Path, Path]) -> None:
     report = load_report(runs[0])
     assert report["streaming"] == ["rollout", "train"]
     for row in report["iterations"]:
-        parts = _time_stack(row, ("rollout", "train"))
+        parts = time_parts(row, ("rollout", "train"))
         assert all(v >= 0 for v in parts.values()), parts
         assert sum(parts.values()) == pytest.approx(row["window_wall_seconds"], abs=1e-9)
+
+
+def test_the_overlap_is_found_whatever_the_order_of_the_phases(
+    tmp_path: Path, runs: tuple[Path, Path]
+) -> None:
+    """A run whose config names training first: the timing records spell the pair
+    train_rollout; the report still finds it."""
+    from twinkle.run import RunSession
+
+    config = {
+        "phases": {"train": ["train.*"], "rollout": ["generate"]},
+        "streaming": {"generation": "rollout", "training": "train"},
+    }
+    with RunSession(out_dir=tmp_path, run_id="r", config=config, autoload=False) as run:
+        for it in range(2):
+            run.bus.iteration_started(it)
+            with run.recorder.span("generate", iteration=it):
+                with run.recorder.span("train.step", iteration=it):
+                    pass
+            run.bus.scalars(iteration=it, name="grpo", values={"reward_mean": 0.5})
+    report = load_report(tmp_path / "r")
+    assert report["streaming"] == ["rollout", "train"]
+    for row in report["iterations"]:
+        assert row["window_overlap_generation_training_seconds"] is not None
+        assert time_parts(row, ("rollout", "train"))["rollout and train at once"] >= 0
+    assert "rollout&train s" in format_report(report)
+    assert write_plots(report, tmp_path / "plots")  # rows with and without every figure
+
+
+def test_runs_compare_on_the_highest_peak_and_their_named_reward(
+    runs: tuple[Path, Path],
+) -> None:
+    a, b = (load_report(r) for r in runs)
+    rows = {r["figure"]: r for r in compare(a, b)}
+    peak = max(p["host_peak_rss_bytes"] for p in a["memory_peak_bytes"].values())
+    assert rows["host_peak_rss_bytes_max_over_workers"]["a"] == peak
+    assert rows["grpo.reward_mean_last"]["ratio"] is not None

@@ -176,9 +176,10 @@ def _plugins(args: argparse.Namespace) -> int:
     from twinkle.plugins import PluginStatus, describe_plugins
 
     found = describe_plugins(autoload=False if args.no_autoload else None, blocked=args.block)
+    failing = [p.name for p in found if p.status is PluginStatus.FAILS]
     if args.json:
         print(json.dumps([p.to_dict() for p in found], indent=1))
-        return 0
+        return EXIT_USAGE if failing else 0
     rows = [("plugin", "kind", "status", "from")]
     for p in found:
         status = p.status.value if p.error is None else f"{p.status.value}: {p.error}"
@@ -187,7 +188,6 @@ def _plugins(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3])
-    failing = [p.name for p in found if p.status is PluginStatus.FAILS]
     if failing:
         print(
             f"twinkle: {len(failing)} plugin(s) fail to load ({', '.join(failing)}): a run "
@@ -222,12 +222,20 @@ def _replay(args: argparse.Namespace) -> int:
     )
     if result.plugins_differ:
         recorded, now = set(result.plugins_recorded), set(result.plugins_now)
-        print(
-            f"twinkle: warning: the run loaded observer plugins {sorted(recorded)}, this "
-            f"replay {sorted(now)}: records of {sorted(recorded ^ now)} are not the run's "
-            "(install them, or unblock them, to replay them too)",
-            file=sys.stderr,
-        )
+        if recorded - now:
+            print(
+                f"twinkle: warning: the run loaded observer plugins {sorted(recorded - now)} "
+                "that this replay did not: their records are missing (install or unblock "
+                "them to replay them too)",
+                file=sys.stderr,
+            )
+        if now - recorded:
+            print(
+                f"twinkle: warning: this replay loaded observer plugins {sorted(now - recorded)} "
+                "that the run did not: their records are not the run's (--block them, or "
+                "--no-autoload)",
+                file=sys.stderr,
+            )
     if result.torn_line is not None:
         print(
             f"twinkle: warning: passed over the torn last line {result.torn_line} of "

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.events import MemoryReadings
+from twinkle.events import MemoryReadings, RunStarted
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.run import SUMMARY_FILE, iter_events
 
@@ -36,12 +36,15 @@ __all__ = [
     "format_compare",
     "format_report",
     "load_report",
+    "time_parts",
     "write_plots",
 ]
 
 RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
 _PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+#: record kinds twinkle's observers write per iteration (the rest are the caller's scalars)
+_OWN_KINDS = frozenset({"iteration", "timing", "memory"})
 
 
 def _read_json_lines(path: Path) -> list[dict[str, Any]]:
@@ -87,17 +90,18 @@ def _reward(records: list[dict[str, Any]], choice: str | None) -> tuple[str, str
     return None
 
 
-#: record kinds twinkle's observers write per iteration (the rest are the caller's scalars)
-_OWN_KINDS = frozenset({"iteration", "timing", "memory"})
-
-
 def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> dict[str, Any]:
     """The figures of the run in ``path`` (its directory), as plain JSON data."""
     run = _run_dir(path)
     summary = orjson.loads((run / SUMMARY_FILE).read_bytes())
     records = _read_json_lines(run / RECORDS_FILE)
-    first_event = next(iter_events(run / EVENTS_FILE))
-    config = getattr(first_event, "config", {})
+    first_event = next(iter_events(run / EVENTS_FILE), None)
+    if not isinstance(first_event, RunStarted):
+        raise InvalidArgumentError(
+            f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
+            "twinkle run's log (or it was cut); report a run directory a run wrote"
+        )
+    config = first_event.config
     phases = list(config.get("phases", {}))
     streaming = config.get("streaming") or {}
     pair = (streaming.get("generation"), streaming.get("training"))
@@ -119,10 +123,11 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             row["attributed_phase_seconds"] = {
                 p: values.get(f"attributed_{p}_seconds") for p in phases
             }
-            if None not in pair:
-                row["window_overlap_generation_training_seconds"] = values.get(
-                    f"window_overlap_{pair[0]}_{pair[1]}_seconds"
-                )
+            if None not in pair:  # (the pair is named in the order of config.phases)
+                overlap = values.get(f"window_overlap_{pair[0]}_{pair[1]}_seconds")
+                if overlap is None:
+                    overlap = values.get(f"window_overlap_{pair[1]}_{pair[0]}_seconds")
+                row["window_overlap_generation_training_seconds"] = overlap
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
     seconds = summary.get("seconds", {})
@@ -183,11 +188,13 @@ def _figures(report: Mapping[str, Any]) -> dict[str, float | None]:
     for phase, value in seconds["phases"].items():
         out[f"{phase}_seconds"] = value
     rewards = [row["reward"] for row in report["iterations"] if row.get("reward") is not None]
-    if rewards:
-        out["reward_last"] = rewards[-1]
-    for worker, peaks in report["memory_peak_bytes"].items():
-        for field, value in peaks.items():
-            out[f"{worker}.{field}"] = value
+    if rewards:  # named: two runs' different rewards are two rows, never one ratio
+        out[f"{report['reward']}_last"] = rewards[-1]
+    # Workers are named per run (hostname:pid): the runs compare on the highest peak.
+    for field in _PEAKS:
+        values = [p[field] for p in report["memory_peak_bytes"].values() if field in p]
+        if values:
+            out[f"{field}_max_over_workers"] = max(values)
     return out
 
 
@@ -236,11 +243,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     phases = report["phases"]
     header = ["iter", "tokens", "tok/s/dev", "wall s", "busy s", "idle s"]
     header += [f"{p} s" for p in phases]
-    has_overlap = any(
-        "window_overlap_generation_training_seconds" in r for r in report["iterations"]
-    )
+    header += [f"attr {p} s" for p in phases]
+    has_overlap = report.get("streaming") is not None
     if has_overlap:
-        header.append("gen|train s")
+        header.append("{}&{} s".format(*report["streaming"]))
     if report["reward"]:
         header.append("reward")
     rows = []
@@ -254,6 +260,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             _num(r.get("window_idle_seconds")),
         ]
         row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
+        row += [_num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
         if has_overlap:
             row.append(_num(r.get("window_overlap_generation_training_seconds")))
         if report["reward"]:
@@ -312,7 +319,7 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
 PLOTS = ("throughput.png", "time.png", "memory.png", "reward.png")
 
 
-def _time_stack(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str, float]:
+def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str, float]:
     """One iteration's window cut into parts that add up to its wall clock: generation
     alone, training alone, both at once, other busy time, idle (without a streaming
     pair: busy and idle)."""
@@ -369,13 +376,15 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     save(fig, "throughput.png")
 
     pair = report.get("streaming")
-    stacks = [_time_stack(r, None if pair is None else tuple(pair)) for r in rows]
+    timed = [r for r in rows if "window_wall_seconds" in r]  # (iterations with a window)
+    stacks = [time_parts(r, None if pair is None else tuple(pair)) for r in timed]
+    parts = list(dict.fromkeys(part for stack in stacks for part in stack))
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
-    bottom = [0.0] * len(rows)
-    for part in stacks[0] if stacks else []:
-        heights = [s[part] for s in stacks]
-        ax.bar(its, heights, bottom=bottom, label=part, width=0.9)
+    bottom = [0.0] * len(timed)
+    for part in parts:
+        heights = [stack.get(part, 0.0) for stack in stacks]
+        ax.bar([r["iteration"] for r in timed], heights, bottom=bottom, label=part, width=0.9)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set(title=f"{title}: each iteration's window", xlabel="iteration", ylabel="seconds")
     ax.legend(fontsize="small")
@@ -391,7 +400,8 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
     ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
     ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")
-    ax.legend(fontsize="small")
+    if fields:  # (a run without memory readings: an empty plot, no legend)
+        ax.legend(fontsize="small")
     save(fig, "memory.png")
 
     rewards = [(r["iteration"], r["reward"]) for r in rows if r.get("reward") is not None]

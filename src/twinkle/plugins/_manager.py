@@ -333,6 +333,7 @@ def describe_plugins(
     _check_known(names, {ep.name for ep in eps})
     if autoload is None:
         autoload = not _autoload_disabled_by_env()
+    shadowing = _shadowed([ep for ep in eps if ep.name not in names]) if autoload else {}
     out: list[PluginInfo] = []
     for ep in eps:
         builtin = _is_builtin(ep)
@@ -348,10 +349,26 @@ def describe_plugins(
             out.append(described(PluginStatus.BLOCKED))
         elif not builtin and not autoload:
             out.append(described(PluginStatus.AUTOLOAD_OFF))
+        elif ep.name in shadowing:
+            out.append(described(PluginStatus.FAILS, shadowing[ep.name]))
         else:
             error = _check_alone(ep)
             status = PluginStatus.LOADS if error is None else PluginStatus.FAILS
             out.append(described(status, error))
+    return out
+
+
+def _shadowed(eps: list[EntryPoint]) -> dict[str, str]:
+    """The names two entry points share (a run that autoloads them refuses to start),
+    with the run's error."""
+    out: dict[str, str] = {}
+    for name in {ep.name for ep in eps}:
+        same = [ep for ep in eps if ep.name == name]
+        if len(same) > 1:
+            try:
+                _check_shadowing(same)
+            except PluginError as exc:
+                out[name] = str(exc)
     return out
 
 
