@@ -117,3 +117,79 @@ def test_a_trace_whose_write_failed_is_never_put_in_place(tmp_path, monkeypatch)
         sink.twinkle_unconfigure()
     assert (tmp_path / "trace.json").read_bytes() == b"[]\n"
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]  # no temporary left
+
+
+def _check_trace_rules(trace: list[dict[str, Any]]) -> None:
+    """The trace-event format's rules a viewer relies on: every event has its required
+    fields, an ``X`` event a ``dur``, and on each thread the ``X`` events nest."""
+    for e in trace:
+        assert {"name", "ph", "pid"} <= set(e), e
+        if e["ph"] != "M":
+            assert {"tid", "ts"} <= set(e), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0, e
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in trace:
+        if e["ph"] == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    eps = 1e-3  # (microseconds as floats)
+    for thread, slices in by_thread.items():
+        stack: list[float] = []
+        for start, end in sorted(slices, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start + eps:
+                stack.pop()
+            assert not stack or end <= stack[-1] + eps, (thread, start, end, stack[-1])
+            stack.append(end)
+
+
+def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_path):
+    sink = TraceSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}))
+    sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR))
+    spans = (
+        Span("outer", 1_000_000, 1_100_000, 11, 7, {}, None),
+        Span("inner", 1_010_000, 1_020_000, 11, 7, {}, None),  # nests: same track
+        Span("half", 1_050_000, 1_150_000, 11, 7, {}, None),  # half over "outer"
+    )
+    sink.twinkle_spans(SpanBatch(RUN, 1, 2, "main", ANCHOR, spans))
+    sink.twinkle_run_finished()
+    sink.twinkle_unconfigure()
+    trace = _trace(tmp_path / "trace.json")
+    tids = {e["name"]: e["tid"] for e in trace if e["ph"] == "X"}
+    assert tids["outer"] == tids["inner"] == 11 and tids["half"] != 11
+    lane = [e for e in trace if e["name"] == "thread_name" and e["tid"] == tids["half"]]
+    assert lane and "lane 1" in lane[0]["args"]["name"]
+    _check_trace_rules(trace)
+
+
+def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path):
+    """Required fields, X events with dur, per-thread nesting; one X per span of the log;
+    a named track for every process; an arrow from each publish to each engine's load;
+    a counter per memory reading; a marker per iteration."""
+    from twinkle.demo.config import DemoConfig
+    from twinkle.demo.runner import run_demo
+
+    cfg = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4)
+    run_demo(cfg, out_dir=tmp_path, run_id="demo", autoload=False)
+    run_dir = tmp_path / "demo"
+    trace = _trace(run_dir / "trace.json")
+    _check_trace_rules(trace)
+    log = [orjson.loads(line) for line in (run_dir / "events.jsonl").read_bytes().splitlines()]
+    spans = [s for e in log if e["type"] == "spans" for s in e["spans"]]
+    slices = [e for e in trace if e["ph"] == "X" and e["cat"] != "weights"]
+    assert len(slices) == len(spans)
+    named = {e["pid"] for e in trace if e["name"] == "process_name"}
+    assert {e["pid"] for e in slices} <= named
+    threads = {(e["pid"], e["tid"]) for e in trace if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in slices} <= threads
+    engines = {e["args"]["name"].split()[0] for e in trace if e["name"] == "thread_name"}
+    assert {"engine0", "engine1"} <= engines  # each engine's producer thread, by name
+    starts = {e["id"] for e in trace if e["ph"] == "s"}
+    ends = {e["id"] for e in trace if e["ph"] == "f"}
+    published = [e for e in log if e["type"] == "weights_published"]
+    assert starts == {f"v{p['version']}/{a['engine']}" for p in published for a in p["acks"]}
+    assert starts and starts <= ends  # every publish's arrow lands on a load
+    readings = [r for e in log if e["type"] == "memory" for r in e["readings"]]
+    assert len([e for e in trace if e["ph"] == "C"]) == len(readings)
+    markers = [e for e in trace if e["ph"] == "i" and e["name"].startswith("iteration")]
+    assert len(markers) == 3

@@ -17,6 +17,7 @@ from twinkle.errors import RecordError, ReporterError, WriteError
 from twinkle.events import (
     Event,
     IterationStarted,
+    MemoryReadings,
     RunFinished,
     RunStarted,
     SpanBatch,
@@ -25,7 +26,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.perf import ClockAnchor
+from twinkle.perf import ClockAnchor, Span
 from twinkle.reporting import (
     Backend,
     BatchWriter,
@@ -411,8 +412,16 @@ class TraceSink:
     """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
 
     Times are microseconds since the run started, on the run's timeline (spans of other
-    processes moved through their clock anchors). Iteration starts and weight publishes
-    are instant events.
+    processes moved through their clock anchors). Iteration starts are instant events,
+    weight publishes slices.
+
+    **Tracks.** Every process is named (the run's by its run id, a worker's by its span
+    source), every thread by its source, or by the ``engine`` of its first span (an
+    engine's producer thread). Spans that overlap on one thread without nesting (spans
+    opened and closed by hand) go to a lane of their own, a track named after the
+    thread, so a viewer never nests them wrongly. A publish is joined by flow arrows to
+    each engine's ``weights.load`` of that version, and memory readings are counter
+    tracks (MiB) in the process that took them.
 
     The hooks only hand their (immutable) events to a
     :class:`~twinkle.reporting.BatchWriter`, whose thread formats and writes them in
@@ -446,6 +455,10 @@ class TraceSink:
         self._broken: OSError | None = None  # a write failed: the file lacks lines
         self._origin: ClockAnchor | None = None
         self._named: set[tuple[int, int]] = set()
+        self._processes: set[int] = set()
+        # per (pid, thread): its lanes, each the recent spans on it as (start, end)
+        self._lanes: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
+        self._lane_tids: dict[tuple[int, int, int], int] = {}
         self._batches: BatchWriter[Event] | None = None
 
     @hookimpl
@@ -490,6 +503,11 @@ class TraceSink:
     @hookimpl
     def twinkle_weights_published(self, event: WeightsPublished) -> None:
         if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_memory(self, event: MemoryReadings) -> None:
+        if self._batches is not None and event.readings:
             self._batches.put(event)
 
     @hookimpl
@@ -563,13 +581,14 @@ class TraceSink:
                 )
             )
         elif isinstance(event, WeightsPublished):
+            pid = self._origin.pid if self._origin else 0
             lines.append(
                 orjson.dumps(
                     {
                         "name": f"weights v{event.version}",
                         "ph": "X",
                         "cat": "weights",
-                        "pid": self._origin.pid if self._origin else 0,
+                        "pid": pid,
                         "tid": 0,
                         "ts": self._us(event.start_ns),
                         "dur": (event.end_ns - event.start_ns) / 1000.0,
@@ -577,6 +596,40 @@ class TraceSink:
                     }
                 )
             )
+            for ack in event.acks:  # an arrow from the publish to each engine's load
+                lines.append(
+                    orjson.dumps(
+                        {
+                            "name": "weights",
+                            "cat": "weights",
+                            "ph": "s",
+                            "id": f"v{event.version}/{ack.engine}",
+                            "pid": pid,
+                            "tid": 0,
+                            "ts": self._us(event.start_ns),
+                        }
+                    )
+                )
+        elif isinstance(event, MemoryReadings):
+            ts = self._us(event.monotonic_ns)
+            for r in event.readings:
+                mib = {"host_rss_MiB": r.host_rss_bytes / 2**20}
+                if r.device_allocated_bytes is not None:
+                    mib["device_allocated_MiB"] = r.device_allocated_bytes / 2**20
+                if r.device_reserved_bytes is not None:
+                    mib["device_reserved_MiB"] = r.device_reserved_bytes / 2**20
+                lines.append(
+                    orjson.dumps(
+                        {
+                            "name": f"memory {r.worker_id}",
+                            "ph": "C",
+                            "pid": r.pid,
+                            "tid": 0,
+                            "ts": ts,
+                            "args": mib,
+                        }
+                    )
+                )
         elif isinstance(event, RunStarted):
             self._origin = event.anchor
             lines.append(
@@ -598,23 +651,19 @@ class TraceSink:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
         offset = event.anchor.shift_onto(self._origin) - origin  # onto the run, from its start
         source = event.source
-        named = self._named
         for span in event.spans:
-            pid, tid = span.pid, span.thread_id
-            if (pid, tid) not in named:
-                named.add((pid, tid))
+            pid = span.pid
+            if pid not in self._processes and (self._origin is None or pid != self._origin.pid):
+                self._processes.add(pid)
+                name = f"{source} ({event.anchor.hostname}, pid {pid})"
                 lines.append(
                     orjson.dumps(
-                        {
-                            "name": "thread_name",
-                            "ph": "M",
-                            "pid": pid,
-                            "tid": tid,
-                            "args": {"name": f"{source}:{tid}"},
-                        }
+                        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
                     )
                 )
+            tid = self._track(span, source, lines)
             args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
+            ts = (span.start_ns + offset) / 1000.0
             lines.append(
                 orjson.dumps(
                     {
@@ -623,9 +672,74 @@ class TraceSink:
                         "ph": "X",
                         "pid": pid,
                         "tid": tid,
-                        "ts": (span.start_ns + offset) / 1000.0,
+                        "ts": ts,
                         "dur": (span.end_ns - span.start_ns) / 1000.0,
                         "args": args,
                     }
                 )
             )
+            engine, version = span.attrs.get("engine"), span.attrs.get("version")
+            if span.name == "weights.load" and engine is not None and version is not None:
+                lines.append(  # the end of the publish's arrow to this engine
+                    orjson.dumps(
+                        {
+                            "name": "weights",
+                            "cat": "weights",
+                            "ph": "f",
+                            "bp": "e",
+                            "id": f"v{version}/{engine}",
+                            "pid": pid,
+                            "tid": tid,
+                            "ts": ts,
+                        }
+                    )
+                )
+
+    #: spans remembered per lane to check a newcomer's nesting against
+    LANE_MEMORY = 512
+
+    def _track(self, span: Span, source: str, lines: list[bytes]) -> int:
+        """The tid ``span`` is drawn on: its thread's, or a lane of that thread's when it
+        overlaps a span there without nesting (named once, when first used)."""
+        key = (span.pid, span.thread_id)
+        lanes = self._lanes.setdefault(key, [])
+        start, end = span.start_ns, span.end_ns
+        number = next((i for i, lane in enumerate(lanes) if _nests(lane, start, end)), len(lanes))
+        if number == len(lanes):
+            lanes.append([])
+        lane = lanes[number]
+        lane.append((start, end))
+        if len(lane) > self.LANE_MEMORY:
+            del lane[: len(lane) - self.LANE_MEMORY]
+        label = str(span.attrs.get("engine") or source)
+        if number == 0:
+            tid = span.thread_id
+            if key not in self._named:
+                self._named.add(key)
+                self._thread_name(span.pid, tid, f"{label} (thread {tid})", lines)
+            return tid
+        lane_key = (span.pid, span.thread_id, number)
+        tid = self._lane_tids.get(lane_key, 0)
+        if not tid:
+            # a lane's tid: small, unused by real threads (idents are addresses)
+            tid = self._lane_tids[lane_key] = 1 + len(self._lane_tids)
+            name = f"{label} (thread {span.thread_id}, lane {number})"
+            self._thread_name(span.pid, tid, name, lines)
+        return tid
+
+    @staticmethod
+    def _thread_name(pid: int, tid: int, name: str, lines: list[bytes]) -> None:
+        lines.append(
+            orjson.dumps(
+                {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+            )
+        )
+
+
+def _nests(lane: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether a span ``[start, end)`` nests with every span of ``lane``: disjoint from
+    it, inside it, or around it (never half over it)."""
+    return all(
+        e <= start or end <= s or (s <= start and end <= e) or (start <= s and e <= end)
+        for s, e in lane
+    )
