@@ -592,10 +592,11 @@ def test_slow_calls_are_in_the_summary_and_its_replay_says_the_same(tmp_path: Pa
             run.bus.iteration_started(i)
             run.bus.samples(iteration=i, phase="rollout", lengths=[4])
     summary = summary_of(run)
-    assert summary["observer_slow_calls"] == {"sleepy": 3}
+    # sleepy's three calls; a built-in may add one on a loaded machine (real clock)
+    assert summary["observer_slow_calls"]["sleepy"] == 3
     again = replay(
         tmp_path / "slow" / "events.jsonl", tmp_path / "re", plugins=[("sleepy", Sleepy())]
     )
-    assert again.summary["observer_slow_calls"] == {"sleepy": 3}  # the live run's count
+    assert again.summary["observer_slow_calls"] == summary["observer_slow_calls"]  # the live run's
     live = (tmp_path / "slow" / "summary.json").read_bytes()
     assert (tmp_path / "re" / "summary.json").read_bytes() == live

@@ -456,7 +456,7 @@ class TraceSink:
         self._origin: ClockAnchor | None = None
         self._named: set[tuple[int, int]] = set()
         self._processes: set[int] = set()
-        # per (pid, thread): its lanes, each the recent spans on it as (start, end)
+        # per (pid, thread): its lanes, each its outermost spans as (start, end), in order
         self._lanes: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
         self._lane_tids: dict[tuple[int, int, int], int] = {}
         self._batches: BatchWriter[Event] | None = None
@@ -695,22 +695,16 @@ class TraceSink:
                     )
                 )
 
-    #: spans remembered per lane to check a newcomer's nesting against
-    LANE_MEMORY = 512
-
     def _track(self, span: Span, source: str, lines: list[bytes]) -> int:
         """The tid ``span`` is drawn on: its thread's, or a lane of that thread's when it
         overlaps a span there without nesting (named once, when first used)."""
         key = (span.pid, span.thread_id)
         lanes = self._lanes.setdefault(key, [])
         start, end = span.start_ns, span.end_ns
-        number = next((i for i, lane in enumerate(lanes) if _nests(lane, start, end)), len(lanes))
-        if number == len(lanes):
-            lanes.append([])
-        lane = lanes[number]
-        lane.append((start, end))
-        if len(lane) > self.LANE_MEMORY:
-            del lane[: len(lane) - self.LANE_MEMORY]
+        number = next((i for i, tops in enumerate(lanes) if _nest(tops, start, end)), None)
+        if number is None:
+            number = len(lanes)
+            lanes.append([(start, end)])
         label = str(span.attrs.get("engine") or source)
         if number == 0:
             tid = span.thread_id
@@ -736,10 +730,28 @@ class TraceSink:
         )
 
 
-def _nests(lane: list[tuple[int, int]], start: int, end: int) -> bool:
-    """Whether a span ``[start, end)`` nests with every span of ``lane``: disjoint from
-    it, inside it, or around it (never half over it)."""
-    return all(
-        e <= start or end <= s or (s <= start and end <= e) or (start <= s and e <= end)
-        for s, e in lane
-    )
+#: outermost spans remembered per lane (a span reaching back past them is not checked)
+LANE_MEMORY = 512
+
+
+def _nest(tops: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Put the span ``[start, end)`` on the lane whose outermost spans are ``tops``
+    (disjoint, in time order) when it nests with all of them, and say whether it did.
+
+    Spans of one thread arrive in the order they closed, so a newcomer either lies
+    inside the last outermost span, or after the spans it does not enclose: it must
+    enclose every outermost span it reaches back into, never start in the middle of
+    one. Amortised O(1): the spans it encloses leave the list for it."""
+    if tops and end < tops[-1][1]:  # closed before the last: only inside it is safe
+        last_start, last_end = tops[-1]
+        return last_start <= start and end <= last_end
+    first = len(tops)
+    while first and tops[first - 1][1] > start:
+        first -= 1
+    if first < len(tops) and tops[first][0] < start:
+        return False  # it starts in the middle of a span it does not enclose
+    del tops[first:]
+    tops.append((start, end))
+    if len(tops) > LANE_MEMORY:
+        del tops[: len(tops) - LANE_MEMORY]
+    return True
