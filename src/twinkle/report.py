@@ -26,7 +26,9 @@ import orjson
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.events import MemoryReadings, RunStarted
+from twinkle.metric import convert_bytes
 from twinkle.observers.sinks import EVENTS_FILE
+from twinkle.reporting import read_jsonl
 from twinkle.run import SUMMARY_FILE, iter_events
 
 __all__ = [
@@ -45,10 +47,6 @@ _REWARD_KEYS = ("reward_mean", "reward")
 _PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
 #: record kinds twinkle's observers write per iteration (the rest are the caller's scalars)
 _OWN_KINDS = frozenset({"iteration", "timing", "memory"})
-
-
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def _run_dir(path: str | os.PathLike[str]) -> Path:
@@ -94,8 +92,9 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     """The figures of the run in ``path`` (its directory), as plain JSON data."""
     run = _run_dir(path)
     summary = orjson.loads((run / SUMMARY_FILE).read_bytes())
-    records = _read_json_lines(run / RECORDS_FILE)
-    first_event = next(iter_events(run / EVENTS_FILE), None)
+    records = list(read_jsonl(run / RECORDS_FILE))
+    events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
+    first_event = next(events, None)
     if not isinstance(first_event, RunStarted):
         raise InvalidArgumentError(
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
@@ -149,7 +148,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
             "generation_hidden_share": seconds.get("generation_hidden_share"),
         },
-        "memory_peak_bytes": _memory_peaks(iter_events(run / EVENTS_FILE)),
+        "memory_peak_bytes": _memory_peaks(events),
     }
 
 
@@ -292,7 +291,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
     for worker, peaks in report["memory_peak_bytes"].items():
         shown = ", ".join(
-            f"{k.removesuffix('_bytes')} {v / 2**20:,.0f} MiB" for k, v in peaks.items()
+            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
+            for k, v in peaks.items()
         )
         lines.append(f"peak memory         {worker}: {shown}")
     return "\n".join(lines)
@@ -396,7 +396,9 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     fields = sorted({f for peaks in report["memory_peak_bytes"].values() for f in peaks})
     width = 0.8 / max(1, len(fields))
     for k, field in enumerate(fields):
-        values = [report["memory_peak_bytes"][w].get(field, 0) / 2**20 for w in workers]
+        values = [
+            convert_bytes(report["memory_peak_bytes"][w].get(field, 0), "MiB") for w in workers
+        ]
         ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
     ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
     ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")

@@ -25,6 +25,7 @@ from twinkle.events import (
     dumps_event,
 )
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.metric import convert_bytes
 from twinkle.observers._config import ObserverConfig
 from twinkle.perf import ClockAnchor, Span
 from twinkle.reporting import (
@@ -613,11 +614,11 @@ class TraceSink:
         elif isinstance(event, MemoryReadings):
             ts = self._us(event.monotonic_ns)
             for r in event.readings:
-                mib = {"host_rss_MiB": r.host_rss_bytes / 2**20}
+                mib = {"host_rss_MiB": convert_bytes(r.host_rss_bytes, "MiB")}
                 if r.device_allocated_bytes is not None:
-                    mib["device_allocated_MiB"] = r.device_allocated_bytes / 2**20
+                    mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
                 if r.device_reserved_bytes is not None:
-                    mib["device_reserved_MiB"] = r.device_reserved_bytes / 2**20
+                    mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
                 lines.append(
                     orjson.dumps(
                         {
@@ -705,19 +706,18 @@ class TraceSink:
         if number is None:
             number = len(lanes)
             lanes.append([(start, end)])
-        label = str(span.attrs.get("engine") or source)
         if number == 0:
             tid = span.thread_id
             if key not in self._named:
                 self._named.add(key)
-                self._thread_name(span.pid, tid, f"{label} (thread {tid})", lines)
+                self._thread_name(span.pid, tid, f"{_label(span, source)} (thread {tid})", lines)
             return tid
         lane_key = (span.pid, span.thread_id, number)
         tid = self._lane_tids.get(lane_key, 0)
         if not tid:
             # a lane's tid: small, unused by real threads (idents are addresses)
             tid = self._lane_tids[lane_key] = 1 + len(self._lane_tids)
-            name = f"{label} (thread {span.thread_id}, lane {number})"
+            name = f"{_label(span, source)} (thread {span.thread_id}, lane {number})"
             self._thread_name(span.pid, tid, name, lines)
         return tid
 
@@ -728,6 +728,11 @@ class TraceSink:
                 {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
             )
         )
+
+
+def _label(span: Span, source: str) -> str:
+    """A track's name: the engine its first span served, else the span's source."""
+    return str(span.attrs.get("engine") or source)
 
 
 #: outermost spans remembered per lane (a span reaching back past them is not checked)
