@@ -39,26 +39,35 @@ __all__ = ["RayEngine", "RayTrainer", "RayWorkers", "actor_name", "ray_workers"]
 START_TIMEOUT_S = 120.0
 
 
-class _EngineActor:
-    """A ``TorchEngine`` in an actor of its own (threaded: ``load_weights`` and
-    ``close`` run while a ``rollout`` waits for its weights)."""
+class _Actor:
+    """What both actors share: one torch thread (actors share the host's cores), a
+    WorkerRecorder named after the worker, and ``ready`` (its pid, once it is up)."""
 
-    def __init__(self, name: str, index: int, config: dict[str, Any], first: int) -> None:
+    def __init__(self, worker: str) -> None:
         import torch
 
-        from twinkle.demo.engine import TorchEngine
         from twinkle.perf import WorkerRecorder
 
-        torch.set_num_threads(1)  # actors share the host's cores
-        self.worker = WorkerRecorder(name)
-        self.engine = TorchEngine(
-            name, index, DemoConfig(**config), self.worker.recorder, first_iteration=first
-        )
+        torch.set_num_threads(1)
+        self.worker = WorkerRecorder(worker)
 
     def ready(self) -> int:
         import os
 
         return os.getpid()
+
+
+class _EngineActor(_Actor):
+    """A ``TorchEngine`` in an actor of its own (threaded: ``load_weights`` and
+    ``close`` run while a ``rollout`` waits for its weights)."""
+
+    def __init__(self, name: str, index: int, config: dict[str, Any], first: int) -> None:
+        from twinkle.demo.engine import TorchEngine
+
+        super().__init__(name)
+        self.engine = TorchEngine(
+            name, index, DemoConfig(**config), self.worker.recorder, first_iteration=first
+        )
 
     def load_weights(self, version: int, state: dict[str, Any]) -> str:
         return self.engine.load_weights(version, state)
@@ -74,29 +83,20 @@ class _EngineActor:
         self.engine.close()
 
 
-class _TrainerActor:
+class _TrainerActor(_Actor):
     """The demo's ``GRPOTrainer`` in an actor; each optimizer step is collected and
     returned with the iteration's result, for the driver to publish."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import torch
-
         from twinkle.demo.trainer import GRPOTrainer
-        from twinkle.perf import WorkerRecorder
 
-        torch.set_num_threads(1)
-        self.worker = WorkerRecorder("trainer")
+        super().__init__("trainer")
         self.steps: list[tuple[int, int, int]] = []
         self.trainer = GRPOTrainer(
             DemoConfig(**config),
             self.worker.recorder,
             lambda it, step, n: self.steps.append((it, step, n)),
         )
-
-    def ready(self) -> int:
-        import os
-
-        return os.getpid()
 
     def state(self) -> dict[str, Any]:
         return self.trainer.state()
@@ -107,9 +107,6 @@ class _TrainerActor:
         self.steps = []
         result = self.trainer.train_iteration(iteration, trajs)
         return result, self.steps, self.worker.report()
-
-    def optimizer_steps(self) -> int:
-        return self.trainer.optimizer_steps
 
 
 def _get(ray: Any, ref: Any, worker: str, timeout: float | None = None) -> Any:
