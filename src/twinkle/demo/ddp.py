@@ -4,7 +4,7 @@
 Rank 0 is this process, the one holding the run. Ranks 1..N-1 are processes it spawns,
 each following rank 0's lead. Every iteration goes like this:
 
-1. rank 0 broadcasts the iteration and its trajectories (JSON bytes);
+1. rank 0 broadcasts the iteration and its trajectories (msgpack bytes);
 2. every rank trains its share of each optimizer step (``GRPOTrainer(data_parallel=True)``),
    and DDP averages the gradients;
 3. each rank's spans are gathered to rank 0 as a :class:`~twinkle.perf.WorkerReport`,
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import Trajectory
@@ -68,25 +68,17 @@ def _init(rank: int, world: int, rendezvous: str) -> Any:
     return dist
 
 
-def _encode(iteration: int, trajs: Sequence[Trajectory]) -> bytes:
-    return orjson.dumps({"iteration": iteration, "trajs": [dataclasses.asdict(t) for t in trajs]})
+#: What rank 0 broadcasts: an iteration and its trajectories, or None (the end).
+_Message = tuple[int, list[Trajectory]] | None
 
 
-def _decode(payload: bytes) -> tuple[int, list[Trajectory]] | None:
-    message = orjson.loads(payload)
-    if message is None:
-        return None
-    trajs = [
-        Trajectory(
-            prompt=tuple(t["prompt"]),
-            response=tuple(t["response"]),
-            reward=t["reward"],
-            group=t["group"],
-            logprobs=tuple(t["logprobs"]),
-        )
-        for t in message["trajs"]
-    ]
-    return message["iteration"], trajs
+def _encode(message: _Message) -> bytes:
+    return msgspec.msgpack.encode(message)
+
+
+def _decode(payload: bytes) -> _Message:
+    """Rank 0's message, every field checked (msgspec rebuilds the trajectories)."""
+    return msgspec.msgpack.decode(payload, type=_Message)
 
 
 def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any]) -> None:
@@ -191,7 +183,7 @@ class DDPTrainer:
     def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
         trainer, dist = self.trainer, self._dist
         try:
-            broadcast_bytes(dist, None, _encode(iteration, trajs))
+            broadcast_bytes(dist, None, _encode((iteration, list(trajs))))
             result = trainer.train_iteration(iteration, trajs)
             own = WorkerReport("rank0", self._run.recorder.anchor)  # (its spans are the run's)
             reports = gather_reports(own)
@@ -228,7 +220,7 @@ class DDPTrainer:
         try:
             if self._dist is not None and exc_info[0] is None:
                 try:
-                    broadcast_bytes(self._dist, None, orjson.dumps(None))  # the end
+                    broadcast_bytes(self._dist, None, _encode(None))  # the end
                 except RuntimeError as exc:
                     raise self._failure(exc) from exc
         finally:

@@ -181,8 +181,9 @@ class GRPOTrainer:
             # Normalise by the tokens of the whole optimizer step, so a short tail
             # micro-batch weighs exactly as much as its tokens.
             step_tokens = int(mask[step_idx].sum())
-            mine = step_idx[self.rank :: self.world] or step_idx[:1]  # (none: a zero share)
-            share = float(self.world) if step_idx[self.rank :: self.world] else 0.0
+            shard = step_idx[self.rank :: self.world]
+            mine = shard or step_idx[:1]  # (none: a zero-weight micro-batch, to sync)
+            share = float(self.world) if shard else 0.0
             self.optimizer.zero_grad(set_to_none=True)
             starts = range(0, len(mine), per_micro)
             for m0 in starts:
