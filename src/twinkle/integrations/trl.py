@@ -419,14 +419,13 @@ class _ObservedRun:
         return failing
 
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        failing = self._failing(original)
+
         def training_step(*args: Any, **kwargs: Any) -> Any:
             self.in_training_step = True
             try:
-                return original(*args, **kwargs)
-            except BaseException as exc:
-                self.fail(exc)
-                raise
-            finally:
+                return failing(*args, **kwargs)
+            finally:  # (after a failure: the run is finished, its spans closed)
                 self.in_training_step = False
                 self._leave("train.step")
 
