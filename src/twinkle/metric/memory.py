@@ -13,7 +13,6 @@ is initialised; torch is imported only inside it, never when this module is impo
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,7 +20,7 @@ from typing import Any, Final
 
 from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
-from twinkle.perf.dist import all_gather_json
+from twinkle.perf.dist import all_gather_json, initialised_dist
 from twinkle.perf.stats import MemoryReading
 
 __all__ = [
@@ -287,9 +286,7 @@ def gather_readings(reading: MemoryReading, *, group: Any = None) -> list[Memory
             f"gather_readings: reading must be a twinkle.perf.stats.MemoryReading, got "
             f"{short_repr(reading)}; pass memory_stats()"
         )
-    # An initialised process group means torch.distributed is already imported: never
-    # import torch here just to find out there is none.
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    dist = initialised_dist()
+    if dist is None:
         return [reading]
     return [MemoryReading.from_dict(d) for d in all_gather_json(dist, group, reading.to_dict())]

@@ -3,13 +3,30 @@ cluster resources). torch is imported inside the functions, never at import."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, cast
 
 import orjson
 
 from twinkle.errors import InvalidArgumentError
 
-__all__ = ["all_gather_bytes", "all_gather_json", "broadcast_bytes", "collective_device"]
+__all__ = [
+    "all_gather_bytes",
+    "all_gather_json",
+    "broadcast_bytes",
+    "collective_device",
+    "initialised_dist",
+]
+
+
+def initialised_dist() -> Any:
+    """``torch.distributed`` when a process group is initialised, else None. An
+    initialised group means torch is imported already: torch is never imported here
+    just to find out there is none."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
 
 
 def collective_device(dist: Any, group: Any) -> Any:

@@ -14,7 +14,6 @@ another host through the wall clocks; docs/architecture.md).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from twinkle.checks import Count, NonEmpty, convert_checked
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf._span import Span
 from twinkle.perf.clock import Clock, ClockAnchor, default_clock
-from twinkle.perf.dist import all_gather_bytes
+from twinkle.perf.dist import all_gather_bytes, initialised_dist
 from twinkle.perf.stats import MemoryReading, memory_stats
 from twinkle.perf.timer import SpanContext, TimeRecorder
 
@@ -138,7 +137,7 @@ def gather_reports(report: WorkerReport, *, group: Any = None) -> list[WorkerRep
             f"gather_reports: report must be a WorkerReport (WorkerRecorder.report()), got "
             f"{type(report).__name__}"
         )
-    dist = sys.modules.get("torch.distributed")  # (imported already when initialised)
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    dist = initialised_dist()
+    if dist is None:
         return [report]
     return [WorkerReport.from_bytes(b) for b in all_gather_bytes(dist, group, report.to_bytes())]

@@ -27,6 +27,7 @@ import msgspec
 
 from twinkle.checks import INT64_MAX, convert_checked, plain_number
 from twinkle.errors import InvalidArgumentError
+from twinkle.perf.dist import initialised_dist
 
 __all__ = ["MemoryReading", "memory_stats"]
 
@@ -175,10 +176,8 @@ def _resolve_device(device: str | None) -> _Device:
 
 
 def _distributed_rank() -> int | None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return int(dist.get_rank())
+    dist = initialised_dist()
+    return None if dist is None else int(dist.get_rank())
 
 
 def _host_memory_bytes(pid: int | None = None) -> tuple[int, int]:
