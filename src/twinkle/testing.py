@@ -1,0 +1,85 @@
+"""Helpers for testing observers and plugins against a real run.
+
+:func:`scripted_run` records a small, deterministic run (a manual clock, every event
+type) through a real :class:`~twinkle.run.RunSession`: what a plugin's tests need to
+check what their plugin wrote against the records the run wrote beside it::
+
+    from twinkle.testing import scripted_run
+
+    def test_my_sink_writes_every_record(tmp_path):
+        log = scripted_run(tmp_path, plugins=[("my_sink", MySink())])
+        ...  # compare log.parent / "metrics_raw.jsonl" with what MySink wrote
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from twinkle.perf import ManualClock
+from twinkle.run import RunSession
+
+__all__ = ["SCRIPTED_CONFIG", "scripted_run"]
+
+#: the observers' configuration of :func:`scripted_run`: two phases, throughput per
+#: phase on one device, the window over the rollout tokens on two
+SCRIPTED_CONFIG: dict[str, Any] = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {
+        "rollout": {"samples": "rollout", "devices": 1},
+        "train": {"samples": "train", "devices": 1},
+    },
+    "window": {"samples": "rollout", "devices": 2},
+    "total_steps": 4,
+}
+
+#: the wall clock of :func:`scripted_run` at its manual clock's zero (unix ns)
+_WALL_ZERO_NS = 1_700_000_000_000_000_000
+
+
+def scripted_run(
+    out_dir: str | os.PathLike[str],
+    run_id: str = "cut",
+    iterations: int = 4,
+    *,
+    first_iteration: int = 0,
+    **session_options: Any,
+) -> Path:
+    """Record ``iterations`` scripted iterations of run ``run_id`` into ``out_dir`` and
+    return its event log (``out_dir/<run_id>/events.jsonl``).
+
+    Each iteration has a generation span, rollout samples, a training span, training
+    samples, one optimizer step, a memory reading, a ``grpo`` scalar, a weight publish
+    acknowledged by engine ``e0`` and a snapshot, on a manual clock (every time figure
+    is the same from call to call; the memory reading is this process's). A second
+    call with the same ``out_dir`` and ``run_id`` resumes the run; give it
+    ``first_iteration`` (the next iteration) so that iterations and optimizer steps go
+    on. ``session_options`` go to :class:`~twinkle.run.RunSession` (``plugins=``,
+    ``autoload=``, ``blocked=``, ``background_writer=``, ...).
+    """
+    clock = ManualClock(10**9)
+    options: dict[str, Any] = {
+        "config": SCRIPTED_CONFIG,
+        "clock": clock,
+        "wall_clock": lambda: _WALL_ZERO_NS + clock(),
+        **session_options,
+    }
+    with RunSession(out_dir=out_dir, run_id=run_id, **options) as run:
+        for i in range(first_iteration, first_iteration + iterations):
+            run.bus.iteration_started(i)
+            with run.recorder.span("generate", iteration=i):
+                clock.advance(1_000_000)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[3 + i, 4], groups=1)
+            with run.recorder.span("train.fwd"):
+                clock.advance(2_000_000)
+            run.bus.samples(iteration=i, phase="train", lengths=[3 + i, 4])
+            run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+            run.read_memory(iteration=i)
+            run.bus.scalars(iteration=i, name="grpo", values={"loss": 0.5 / (i + 1)})
+            run.bus.weights_published(
+                i + 1, start_ns=clock(), end_ns=clock() + 5, acks=[("e0", clock() + 5)]
+            )
+            run.bus.snapshot({"version": i + 1})
+            clock.advance(1_000)
+    return Path(out_dir) / run.run_id / "events.jsonl"
