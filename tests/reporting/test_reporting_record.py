@@ -23,6 +23,7 @@ from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
     MetricRecord,
+    flat_key,
     make_record,
     record_from_dict,
     record_to_dict,
@@ -388,3 +389,10 @@ def test_jsonl_backend_refuses_an_unstamped_record(tmp_path):
         backend.write([rec()])
     backend.close()
     assert (tmp_path / "r.jsonl").read_bytes() == b""
+
+
+def test_flat_key_names_kind_and_key_and_the_scope_unless_an_iteration():
+    assert flat_key(rec(kind="rollout"), "tokens") == "rollout/tokens"  # as metrics.jsonl
+    assert flat_key(rec(kind="rollout", scope="window"), "tokens") == "window/rollout/tokens"
+    assert flat_key(rec(kind="run", scope="run"), "tokens") == "run/run/tokens"
+    assert len({flat_key(rec(kind="train", scope=s), "tokens") for s in SCOPES}) == len(SCOPES)

@@ -38,6 +38,7 @@ __all__ = [
     "NONFINITE_ATTR",
     "SCOPES",
     "MetricRecord",
+    "flat_key",
     "make_record",
     "record_fields",
     "record_from_dict",
@@ -565,6 +566,15 @@ def _thaw(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
     return value
+
+
+def flat_key(record: MetricRecord, key: str) -> str:
+    """One name for value ``key`` of ``record`` among every record's values (for a flat
+    sink: a dashboard's tags): ``<kind>/<key>`` for an iteration's record, as in
+    ``metrics.jsonl``, and ``<scope>/<kind>/<key>`` for a window's or the run's."""
+    if record.scope == "iteration":
+        return f"{record.kind}/{key}"
+    return f"{record.scope}/{record.kind}/{key}"
 
 
 def record_to_dict(record: MetricRecord) -> dict[str, Any]:
