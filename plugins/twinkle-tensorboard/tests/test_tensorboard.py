@@ -1,0 +1,164 @@
+"""The plugin against real runs, read back with TensorBoard's own reader: the data
+provider its scalars dashboard reads through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from twinkle_tensorboard import DIR, EVENT_FILES, TensorBoardSink
+
+from twinkle.errors import ReporterError
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.plugins import PluginStatus, describe_plugins
+from twinkle.reporting import flat_key, read_jsonl, record_from_dict
+from twinkle.run import replay
+from twinkle.testing import scripted_run
+
+Scalars = dict[str, list[tuple[int, float, float]]]
+
+
+def read_tensorboard(logdir: Path) -> Scalars:
+    """Every scalar TensorBoard shows for ``logdir``, per tag: (step, wall time, value)."""
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={"scalars": 0}  # keep every point (0: no sampling)
+    )
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    runs = provider.read_scalars(
+        context.RequestContext(),
+        experiment_id="",
+        plugin_name="scalars",
+        downsample=10**9,
+        run_tag_filter=None,
+    )
+    assert list(runs) == ["."], runs.keys()  # one TensorBoard run: the directory
+    return {
+        name: [(d.step, d.wall_time, d.value) for d in data] for name, data in runs["."].items()
+    }
+
+
+def expected(run_dir: Path) -> Scalars:
+    """What the run's records say TensorBoard must show, in record order."""
+    scalars: Scalars = {}
+    for line in read_jsonl(run_dir / "metrics_raw.jsonl"):
+        record = record_from_dict(line)
+        for key, value in record.values.items():
+            if value is not None:
+                point = (record.step, record.wall_ns / 1e9, float(value))
+                scalars.setdefault(flat_key(record, key), []).append(point)
+    return scalars
+
+
+def tensorboard_only(tmp_path: Path, run_id: str = "r", iterations: int = 4, **kw: object) -> Path:
+    log = scripted_run(
+        tmp_path,
+        run_id,
+        iterations,
+        autoload=False,
+        plugins=[("tensorboard", TensorBoardSink())],
+        **kw,
+    )
+    return log.parent
+
+
+def test_every_value_of_every_record_reads_back_exactly(tmp_path: Path) -> None:
+    run_dir = tensorboard_only(tmp_path)
+    shown, want = read_tensorboard(run_dir / DIR), expected(run_dir)
+    assert shown == want  # exact floats: values are float64 tensors
+    assert len(want) > 50  # throughput, timing, memory, run and window figures
+    assert want["grpo/loss"] == [(i + 1, want["grpo/loss"][i][1], 0.5 / (i + 1)) for i in range(4)]
+    assert {t.split("/")[0] for t in want} >= {
+        "rollout",
+        "train",
+        "timing",
+        "memory",
+        "run",
+        "window",
+    }
+
+
+def test_global_step_is_the_optimizer_step(tmp_path: Path) -> None:
+    shown = read_tensorboard(tensorboard_only(tmp_path) / DIR)
+    assert [step for step, _, _ in shown["rollout/tokens_per_s_per_device"]] == [1, 2, 3, 4]
+    assert [step for step, _, _ in shown["run/run/tokens_per_s_per_device"]] == [4]
+
+
+def test_a_figure_with_nothing_to_measure_is_left_out(tmp_path: Path) -> None:
+    run_dir = tensorboard_only(tmp_path)
+    records = [record_from_dict(r) for r in read_jsonl(run_dir / "metrics_raw.jsonl")]
+    missing = {flat_key(r, k) for r in records for k, v in r.values.items() if v is None}
+    assert missing  # no device memory in this run
+    assert not missing & set(read_tensorboard(run_dir / DIR))
+
+
+def test_installed_it_loads_through_the_entry_point(tmp_path: Path) -> None:
+    info = {p.name: p for p in describe_plugins()}["tensorboard"]
+    assert (info.builtin, info.status, info.distribution) == (
+        False,
+        PluginStatus.LOADS,
+        "twinkle-tensorboard 0.1.0",
+    )
+    others = [p.name for p in describe_plugins() if not p.builtin and p.name != "tensorboard"]
+    run_dir = scripted_run(tmp_path, "auto", 2, blocked=others).parent  # autoload on
+    assert expected(run_dir) == read_tensorboard(run_dir / DIR)
+
+
+def test_blocked_it_writes_nothing(tmp_path: Path) -> None:
+    others = [p.name for p in describe_plugins() if not p.builtin]
+    run_dir = scripted_run(tmp_path, "blocked", 2, blocked=others).parent
+    assert not (run_dir / DIR).exists()
+
+
+def test_a_resumed_run_holds_every_record_once_in_one_file(tmp_path: Path) -> None:
+    tensorboard_only(tmp_path, iterations=2)
+    run_dir = tensorboard_only(tmp_path, iterations=3, first_iteration=2)
+    assert len(list((run_dir / DIR).glob(EVENT_FILES))) == 1
+    shown, want = read_tensorboard(run_dir / DIR), expected(run_dir)
+    assert shown == want
+    assert [s for s, _, _ in shown["grpo/loss"]] == [1, 2, 3, 4, 5]  # both segments
+
+
+class CtrlCWhileResuming:
+    """Ctrl-C while a resumed run's logged events go by again (before its segment)."""
+
+    def __init__(self) -> None:
+        self.resuming = False
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.resuming = context.resumed_events > 0
+
+    @hookimpl
+    def twinkle_run_started(self) -> None:
+        if self.resuming:
+            raise KeyboardInterrupt
+
+
+def test_a_resume_interrupted_before_its_segment_keeps_the_earlier_file(tmp_path: Path) -> None:
+    run_dir = tensorboard_only(tmp_path, iterations=2)
+    before = read_tensorboard(run_dir / DIR)
+    files = sorted((run_dir / DIR).glob(EVENT_FILES))
+    plugins = [("tensorboard", TensorBoardSink()), ("ctrl_c", CtrlCWhileResuming())]
+    with pytest.raises(KeyboardInterrupt):
+        scripted_run(tmp_path, "r", 1, first_iteration=2, autoload=False, plugins=plugins)
+    assert sorted((run_dir / DIR).glob(EVENT_FILES)) == files
+    assert read_tensorboard(run_dir / DIR) == before
+
+
+def test_replay_writes_the_same_scalars(tmp_path: Path) -> None:
+    run_dir = tensorboard_only(tmp_path / "live")
+    out = tmp_path / "replayed"
+    replay(run_dir, out, autoload=False, plugins=[("tensorboard", TensorBoardSink())])
+    assert read_tensorboard(out / DIR) == read_tensorboard(run_dir / DIR)
+
+
+def test_a_tensorboard_path_it_cannot_use_fails_the_start_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / DIR).write_text("not a directory")
+    with pytest.raises(ReporterError, match=r"tensorboard'.*--block tensorboard"):
+        tensorboard_only(tmp_path)
+    assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
