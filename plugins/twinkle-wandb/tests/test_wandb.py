@@ -1,0 +1,269 @@
+"""The plugin against real runs, in W&B's offline mode, read back with W&B's own reader
+of its transaction logs (``wandb leet inspect --json``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import wandb
+from twinkle_wandb import DIR, STEP_METRIC, WandbSink
+
+from twinkle.errors import ReporterError
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.plugins import PluginStatus, describe_plugins
+from twinkle.reporting import flat_key, read_jsonl, record_from_dict
+from twinkle.run import RunSession, replay
+from twinkle.testing import SCRIPTED_CONFIG, scripted_run
+
+WANDB = shutil.which("wandb", path=str(Path(sys.executable).parent)) or "wandb"
+#: what W&B adds to every history row
+W_AND_B_KEYS = {"_step", "_runtime", "_timestamp"}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the plugin's default: offline
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+
+
+def inspect(run_dir: Path) -> list[list[dict[str, Any]]]:
+    """The records of each W&B transaction log of ``run_dir``, oldest directory first."""
+    logs = sorted((run_dir / DIR).glob("offline-run-*/run-*.wandb"))
+    assert logs, f"no W&B run in {run_dir / DIR}"
+    out = []
+    for log in logs:
+        lines = subprocess.run(
+            [WANDB, "leet", "inspect", "--json", str(log)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.splitlines()
+        out.append([json.loads(line) for line in lines])
+    return out
+
+
+def history(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    return [{k: v for k, v in row.items() if k not in W_AND_B_KEYS} for row in rows]
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for r in records:
+        if r["type"] == "summary":
+            merged.update(r["summary"].get("update", {}))
+    return merged
+
+
+def one(records: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [r[kind] for r in records if r["type"] == kind]
+    assert len(found) == 1, (kind, found)
+    return found[0]
+
+
+def the_records(run_dir: Path) -> list[Any]:
+    return [record_from_dict(r) for r in read_jsonl(run_dir / "metrics_raw.jsonl")]
+
+
+def expected_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """One history row per iteration record with a value, in record order."""
+    rows = []
+    for record in the_records(run_dir):
+        values = {flat_key(record, k): v for k, v in record.values.items() if v is not None}
+        if record.scope == "iteration" and values:
+            rows.append({STEP_METRIC: record.step, "iteration": record.iteration, **values})
+    return rows
+
+
+def wandb_only(tmp_path: Path, run_id: str = "r", iterations: int = 3, **kw: Any) -> Path:
+    log = scripted_run(
+        tmp_path, run_id, iterations, autoload=False, plugins=[("wandb", WandbSink())], **kw
+    )
+    return log.parent
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    run_dir = wandb_only(tmp_path_factory.mktemp("logged"))
+    (records,) = inspect(run_dir)
+    return run_dir, records
+
+
+def test_every_iteration_record_is_one_history_row_of_its_exact_values(
+    logged: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    run_dir, records = logged
+    rows = history(records)
+    assert rows == expected_rows(run_dir)
+    assert [r["grpo/loss"] for r in rows if "grpo/loss" in r] == [0.5, 0.25, 0.5 / 3]
+
+
+def test_the_runs_and_windows_figures_are_the_summary(
+    logged: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    run_dir, records = logged
+    want = {
+        flat_key(r, k): v
+        for r in the_records(run_dir)
+        if r.scope != "iteration"
+        for k, v in r.values.items()
+        if v is not None
+    }
+    assert want and {k.split("/")[0] for k in want} == {"run", "window"}
+    got = summary(records)
+    assert {k: got[k] for k in want} == want
+
+
+def test_every_chart_is_drawn_against_the_optimizer_step(
+    logged: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    _, records = logged
+    metrics = [r["metric"] for r in records if r["type"] == "metric"]
+    assert {"glob_name": "*", "step_metric": STEP_METRIC} in [
+        {k: m[k] for k in ("glob_name", "step_metric") if k in m} for m in metrics
+    ]
+
+
+def test_the_wandb_run_is_the_twinkle_run_offline(
+    logged: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    run_dir, records = logged
+    run = one(records, "run")
+    assert (run["run_id"], run["display_name"], run["project"]) == ("r", "r", "twinkle")
+    config = {k: v for k, v in run["config"]["update"].items() if k != "_wandb"}
+    assert config == SCRIPTED_CONFIG
+    assert run["telemetry"]["feature"]["offline"] is True
+    assert one(records, "exit").get("exit_code", 0) == 0
+    assert (run_dir / DIR).is_dir()
+
+
+def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        RunSession(
+            out_dir=tmp_path, run_id="failed", autoload=False, plugins=[("wandb", WandbSink())]
+        ) as run,
+    ):
+        run.bus.iteration_started(0)
+        raise RuntimeError("boom")
+    (records,) = inspect(tmp_path / "failed")
+    assert one(records, "exit")["exit_code"] == 1
+
+
+def test_a_resumed_run_logs_each_record_once_across_its_wandb_directories(
+    tmp_path: Path,
+) -> None:
+    wandb_only(tmp_path, iterations=2)
+    run_dir = wandb_only(tmp_path, iterations=2, first_iteration=2)
+    first, second = inspect(run_dir)
+    assert one(first, "run")["run_id"] == one(second, "run")["run_id"] == "r"
+    rows = history(first) + history(second)
+
+    def key(row: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+        return tuple(sorted((k, float(v)) for k, v in row.items()))  # W&B writes 4.0 as 4
+
+    assert Counter(map(key, rows)) == Counter(map(key, expected_rows(run_dir)))
+    assert {r[STEP_METRIC] for r in history(second)} >= {3, 4}  # the new segment's
+
+
+def test_replay_logs_every_record_again(tmp_path: Path) -> None:
+    run_dir = wandb_only(tmp_path / "live")
+    out = tmp_path / "replayed"
+    replay(run_dir, out, autoload=False, plugins=[("wandb", WandbSink())])
+    (records,) = inspect(out)
+    assert history(records) == expected_rows(run_dir)
+
+
+def test_a_wandb_run_of_the_trainer_is_left_alone(tmp_path: Path) -> None:
+    mine = wandb.init(dir=tmp_path, mode="offline", project="mine", id="mine")
+    try:
+        wandb_only(tmp_path / "runs")
+        assert wandb.run is mine
+        wandb.log({"my/loss": 1.0})  # the trainer's own logging still goes to its run
+    finally:
+        mine.finish()
+    logs = sorted((tmp_path / DIR).glob("offline-run-*/run-*.wandb"))
+    assert [log.name for log in logs] == ["run-mine.wandb"]
+    rows = subprocess.run(
+        [WANDB, "leet", "inspect", "--json", str(logs[0])],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.splitlines()
+    items = [json.loads(r)["history"]["item"] for r in rows if '"type":"history"' in r]
+    assert [{k: v for k, v in i.items() if k not in W_AND_B_KEYS} for i in items] == [
+        {"my/loss": 1.0}
+    ]
+
+
+def test_installed_it_loads_through_the_entry_point(tmp_path: Path) -> None:
+    info = {p.name: p for p in describe_plugins()}["wandb"]
+    assert (info.builtin, info.status, info.distribution) == (
+        False,
+        PluginStatus.LOADS,
+        "twinkle-wandb 0.1.0",
+    )
+    others = [p.name for p in describe_plugins() if not p.builtin and p.name != "wandb"]
+    run_dir = scripted_run(tmp_path, "auto", 2, blocked=others).parent  # autoload on
+    (records,) = inspect(run_dir)
+    assert history(records) == expected_rows(run_dir)
+
+
+def test_a_run_without_files_starts_no_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with RunSession(out_dir=None, autoload=False, plugins=[("wandb", WandbSink())]) as run:
+        run.bus.iteration_started(0)
+    assert not list(tmp_path.rglob("*.wandb"))
+
+
+def test_an_unknown_wandb_mode_fails_the_start_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "sideways")
+    with pytest.raises(ReporterError, match=r"WANDB_MODE='sideways' is not a W&B mode.*'offline'"):
+        wandb_only(tmp_path)
+    assert not (tmp_path / "r").exists()  # the failed start left nothing behind
+
+
+def test_a_wandb_run_that_cannot_start_fails_the_start_naming_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / DIR).write_text("not a directory")
+    with pytest.raises(ReporterError, match=r"(?s)cannot start the W&B run of 'r'.*--block wandb"):
+        wandb_only(tmp_path)
+    assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
+
+
+class CtrlCWhileResuming:
+    """Ctrl-C while a resumed run's logged events go by again (before its segment)."""
+
+    def __init__(self) -> None:
+        self.resuming = False
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.resuming = context.resumed_events > 0
+
+    @hookimpl
+    def twinkle_run_started(self) -> None:
+        if self.resuming:
+            raise KeyboardInterrupt
+
+
+def test_a_resume_interrupted_before_its_segment_leaves_no_wandb_run(tmp_path: Path) -> None:
+    run_dir = wandb_only(tmp_path, iterations=2)
+    before = sorted(p.name for p in (run_dir / DIR).glob("offline-run-*"))
+    plugins = [("wandb", WandbSink()), ("ctrl_c", CtrlCWhileResuming())]
+    with pytest.raises(KeyboardInterrupt):
+        scripted_run(tmp_path, "r", 1, first_iteration=2, autoload=False, plugins=plugins)
+    assert sorted(p.name for p in (run_dir / DIR).glob("offline-run-*")) == before
