@@ -11,13 +11,21 @@ from typing import Any
 import pluggy
 import pytest
 
-from twinkle.errors import PluginError, RecordError, ReporterError, TwinkleError
+from twinkle.errors import (
+    InvalidArgumentError,
+    PluginError,
+    RecordError,
+    ReporterError,
+    TwinkleError,
+)
 from twinkle.events import IterationStarted, RunStarted
 from twinkle.hookspecs import hookimpl
-from twinkle.observers import TIMELINE
+from twinkle.observers import TIMELINE, ObserverConfig
 from twinkle.perf.stats import MemoryReading
 from twinkle.plugins import ObserverManager, make_plugin_manager
+from twinkle.reporting import read_jsonl
 from twinkle.run import Run, RunSession, RunState
+from twinkle.testing import SCRIPTED_CONFIG, scripted_run
 
 
 class Collector:
@@ -293,3 +301,35 @@ def test_an_event_published_after_the_run_is_an_error() -> None:
     for iteration in (9, 10):  # every time, not once
         with pytest.raises(TwinkleError, match=r"run 'late' is over \(finished\)"):
             session.bus.iteration_started(iteration)
+
+
+@pytest.mark.parametrize("name", ["timing", "memory", "iteration", "run", "rollout", "train"])
+def test_a_scalar_named_like_the_observers_records_is_refused_naming_it(
+    tmp_path: Path, name: str
+) -> None:
+    config = {
+        "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "throughput": {
+            "rollout": {"samples": "rollout", "devices": 1},
+            "train": {"samples": "train", "devices": 1},
+        },
+    }
+    with RunSession(out_dir=tmp_path, run_id="named", config=config, autoload=False) as run:
+        run.bus.iteration_started(0)
+        with pytest.raises(InvalidArgumentError, match=rf"scalars name {name!r} is the kind"):
+            run.bus.scalars(iteration=0, name=name, values={"x": 1.0})
+        run.bus.scalars(iteration=0, name="grpo", values={"x": 1.0})  # the run goes on
+    records = list(read_jsonl(tmp_path / "named" / "metrics_raw.jsonl"))
+    assert [r["values"] for r in records if r["kind"] == "grpo"] == [{"x": 1.0}]
+    assert all("x" not in r["values"] for r in records if r["kind"] == name)
+
+
+def test_the_reserved_kinds_are_every_kind_the_built_in_observers_make(tmp_path: Path) -> None:
+    log = scripted_run(tmp_path, autoload=False)
+    made = {r["kind"] for r in read_jsonl(log.parent / "metrics_raw.jsonl")} - {"grpo"}
+    assert made == ObserverConfig.parse(SCRIPTED_CONFIG).record_kinds()
+
+
+def test_without_the_built_in_observers_every_scalar_name_is_free(tmp_path: Path) -> None:
+    with RunSession(out_dir=None, autoload=False, builtins=False) as run:
+        run.bus.scalars(iteration=0, name="timing", values={"x": 1.0})

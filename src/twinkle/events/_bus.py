@@ -73,6 +73,7 @@ class EventBus:
         "_own",
         "_recorders",
         "_refusal",
+        "_reserved",
         "_unbound",
         "_wall_clock",
         "anchor",
@@ -98,6 +99,7 @@ class EventBus:
         self._bound: Callable[[Event], object] | None = None
         self._unbound = False
         self._refusal: str | None = None
+        self._reserved: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         mono = clock()
         self.anchor = ClockAnchor(
@@ -365,10 +367,23 @@ class EventBus:
             event = self._send(OptimizerStep(self.run_id, mono, wall, iteration, step, samples))
         return event
 
+    def reserve_scalar_names(self, names: Iterable[str]) -> None:
+        """Refuse :meth:`scalars` under ``names``: the kinds of the records the run's own
+        observers make (a scalar's records take its name as their kind)."""
+        self._reserved = frozenset(names)
+
     def scalars(
         self, *, iteration: int, name: str, values: Mapping[str, int | float]
     ) -> ScalarsObserved:
-        """Publish the caller's named per-iteration figures (reward, loss, ...)."""
+        """Publish the caller's named per-iteration figures (reward, loss, ...); ``name``
+        becomes their records' kind, so it may not be one the run's observers use
+        (:meth:`reserve_scalar_names`)."""
+        if name in self._reserved:
+            raise InvalidArgumentError(
+                f"scalars name {name!r} is the kind of records the run's observers make "
+                f"({', '.join(map(repr, sorted(self._reserved)))}): its records would be "
+                "taken for theirs; give your figures a name of their own (e.g. 'grpo')"
+            )
         with self.own_work(ScalarsObserved.TYPE):
             mono, wall = self._times()
             event = self._send(

@@ -35,7 +35,10 @@ from typing import Any
 
 from twinkle.errors import ConfigError
 
-__all__ = ["ObserverConfig", "PhaseThroughput", "SpanMatcher"]
+__all__ = ["BUILTIN_KINDS", "ObserverConfig", "PhaseThroughput", "SpanMatcher"]
+
+#: the kinds of the built-in observers' records, besides one per throughput phase
+BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,11 @@ class ObserverConfig:
         names = list(self.phases)
         pairs = tuple((p, q) for i, p in enumerate(names) for q in names[i + 1 :])
         object.__setattr__(self, "pairs", pairs)  # derived once (the instance is frozen)
+
+    def record_kinds(self) -> frozenset[str]:
+        """The kinds of every record the built-in observers make under this
+        configuration: :data:`BUILTIN_KINDS` and the throughput phases."""
+        return BUILTIN_KINDS | frozenset(self.throughput)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:

@@ -52,6 +52,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext
 from twinkle.locks import RunDirLock
+from twinkle.observers import ObserverConfig, ScalarsObserver
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import memory_stats
@@ -201,6 +202,10 @@ class RunSession:
             background_dispatch=background_dispatch,
             slow_call_s=slow_call_s,
         )
+        if any(isinstance(p, ScalarsObserver) for p in pm.get_plugins()):
+            # A scalar's records take its name as their kind: never one of the built-ins'.
+            kinds = ObserverConfig.parse(self.run.context.config).record_kinds()
+            self.bus.reserve_scalar_names(kinds)
         self.summary: dict[str, Any] | None = None
         self._atexit: Callable[[], None] | None = None
 
