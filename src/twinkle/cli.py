@@ -34,7 +34,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from twinkle.errors import (
     ConfigError,
@@ -43,6 +43,9 @@ from twinkle.errors import (
     ReplayError,
     TwinkleError,
 )
+
+if TYPE_CHECKING:
+    from twinkle.run import ReplayResult
 
 __all__ = ["EXIT_RUN_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -221,21 +224,7 @@ def _replay(args: argparse.Namespace) -> int:
         f"{sum(summary['observer_failures'].values())})"
     )
     if result.plugins_differ:
-        recorded, now = set(result.plugins_recorded), set(result.plugins_now)
-        if recorded - now:
-            print(
-                f"twinkle: warning: the run loaded observer plugins {sorted(recorded - now)} "
-                "that this replay did not: their records are missing (install or unblock "
-                "them to replay them too)",
-                file=sys.stderr,
-            )
-        if now - recorded:
-            print(
-                f"twinkle: warning: this replay loaded observer plugins {sorted(now - recorded)} "
-                "that the run did not: their records are not the run's (--block them, or "
-                "--no-autoload)",
-                file=sys.stderr,
-            )
+        _warn_plugins(result)
     if result.torn_line is not None:
         print(
             f"twinkle: warning: passed over the torn last line {result.torn_line} of "
@@ -329,6 +318,30 @@ def _run(args: argparse.Namespace) -> int:
             "--traceback to see where (and report it if twinkle is at fault)",
             EXIT_RUN_FAILED,
         )
+
+
+def _warn_plugins(result: ReplayResult) -> None:
+    """Say, per segment of the run, which observer plugins it loaded that this replay
+    did not, and the other way round."""
+    segments = result.plugins_by_segment or (result.plugins_recorded,)
+    now = set(result.plugins_now)
+    for number, plugins in enumerate(segments):
+        if not plugins or set(plugins) == now:
+            continue
+        who = "the run" if len(segments) == 1 else f"segment {number} of the run"
+        if missing := sorted(set(plugins) - now):
+            print(
+                f"twinkle: warning: {who} loaded observer plugins {missing} that this replay "
+                "did not: their records are missing (install or unblock them to replay "
+                "them too)",
+                file=sys.stderr,
+            )
+        if extra := sorted(now - set(plugins)):
+            print(
+                f"twinkle: warning: this replay loaded observer plugins {extra} that {who} "
+                "did not: their records are not the run's (--block them, or --no-autoload)",
+                file=sys.stderr,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

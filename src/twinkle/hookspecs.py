@@ -120,6 +120,11 @@ class RunContext:
     the same run directory: a restarted job) found in its ``events.jsonl``: the
     observers see those events again first, so that every output covers every segment,
     and the event log must not write them a second time. 0 otherwise (and in a replay).
+
+    ``segment`` is the segment this session begins: 0 for a new run (and in a replay),
+    n for its n-th resume. The logged events fed again may hold the ``run_resumed`` of
+    earlier segments: the new segment begins at the ``run_resumed`` whose ``segment`` is
+    this one.
     """
 
     run_id: str
@@ -128,6 +133,7 @@ class RunContext:
     replay: bool = False
     stash: Stash = field(default_factory=Stash, compare=False, repr=False)
     resumed_events: int = 0
+    segment: int = 0
 
 
 @hookspec

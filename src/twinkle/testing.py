@@ -13,14 +13,16 @@ check what their plugin wrote against the records the run wrote beside it::
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
 
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
-__all__ = ["SCRIPTED_CONFIG", "scripted_run"]
+__all__ = ["SCRIPTED_CONFIG", "CtrlCWhileResuming", "scripted_run"]
 
 #: the observers' configuration of :func:`scripted_run`: two phases, throughput per
 #: phase on one device, the window over the rollout tokens on two
@@ -60,7 +62,7 @@ def scripted_run(
     """
     clock = ManualClock(10**9)
     options: dict[str, Any] = {
-        "config": SCRIPTED_CONFIG,
+        "config": copy.deepcopy(SCRIPTED_CONFIG),
         "clock": clock,
         "wall_clock": lambda: _WALL_ZERO_NS + clock(),
         **session_options,
@@ -83,3 +85,32 @@ def scripted_run(
             run.bus.snapshot({"version": i + 1})
             clock.advance(1_000)
     return Path(out_dir) / run.run_id / "events.jsonl"
+
+
+class CtrlCWhileResuming:
+    """An observer that presses Ctrl-C (raises :class:`KeyboardInterrupt`) while a
+    resumed run's logged events go by again, at the last logged segment's
+    ``run_finished``: after every earlier segment's ``run_resumed`` went by again, before
+    the new segment's. A sink that rebuilds its output on resume must leave the earlier
+    output as it was::
+
+        scripted_run(tmp_path, "r", 2, plugins=[("mine", MySink())])
+        scripted_run(tmp_path, "r", 2, first_iteration=2, plugins=[("mine", MySink())])
+        with pytest.raises(KeyboardInterrupt):
+            scripted_run(tmp_path, "r", 1, first_iteration=4,
+                         plugins=[("mine", MySink()), ("ctrl_c", CtrlCWhileResuming())])
+    """
+
+    def __init__(self) -> None:
+        self.segment = 0
+        self.finished = 0
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.segment, self.finished = context.segment, 0
+
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        self.finished += 1
+        if self.segment and self.finished == self.segment:
+            raise KeyboardInterrupt

@@ -24,7 +24,9 @@ from twinkle.plugins import (
     describe_plugins,
     make_plugin_manager,
 )
+from twinkle.reporting import read_jsonl
 from twinkle.run import RunSession, replay
+from twinkle.testing import scripted_run
 
 BUILTINS = {
     "timeline",
@@ -334,3 +336,27 @@ def test_a_run_records_its_plugins_and_a_replay_with_others_says_so(
     other = replay(tmp_path / "r", tmp_path / "other", autoload=True, blocked=["collector"])
     assert other.plugins_differ
     assert set(other.plugins_recorded) - set(other.plugins_now) == {"collector"}
+
+
+def test_each_segment_records_its_plugins_and_a_replay_says_which_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twinkle.cli import main
+
+    scripted_run(tmp_path, "r", 1, autoload=False, blocked=["trace"])
+    log = scripted_run(tmp_path, "r", 1, first_iteration=1, autoload=False)
+    resumed = [e for e in read_jsonl(log) if e["type"] == "run_resumed"]
+    assert [e["plugins"] for e in resumed] == [sorted(BUILTINS)]
+    result = replay(log, tmp_path / "out", autoload=False)
+    assert result.plugins_by_segment == (
+        tuple(sorted(BUILTINS - {"trace"})),
+        tuple(sorted(BUILTINS)),
+    )
+    assert result.plugins_recorded == tuple(sorted(BUILTINS))
+    assert result.plugins_differ  # segment 0 ran without the trace
+    assert main(["replay", str(log), "--out", str(tmp_path / "cli"), "--no-autoload"]) == 0
+    err = capsys.readouterr().err
+    assert "this replay loaded observer plugins ['trace'] that segment 0 of the run did not" in err
+    assert "segment 1" not in err
+    same = replay(log, tmp_path / "same", autoload=False, blocked=["trace"])
+    assert same.plugins_differ  # now segment 1 differs

@@ -21,7 +21,9 @@ from twinkle.errors import ConfigError, RecordError
 from twinkle.events import OptimizerStep
 from twinkle.hookspecs import hookimpl
 from twinkle.perf import ManualClock
+from twinkle.reporting import read_jsonl
 from twinkle.run import RunSession, replay
+from twinkle.testing import CtrlCWhileResuming, scripted_run
 
 WALL0 = 1_700_000_000_000_000_000
 DERIVED = ("metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
@@ -290,3 +292,27 @@ def test_a_log_starting_with_a_blank_line_resumes(tmp_path: Path) -> None:
     segment(tmp_path, iterations=1, wall_offset_ns=0)
     again = segment(tmp_path, iterations=1, wall_offset_ns=10**9)
     assert again.resumed is not None and again.resumed.last_iteration == 0
+
+
+def test_a_resume_interrupted_after_an_earlier_resume_went_by_again_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The re-fed ``run_resumed`` of segment 1 is not the new segment's: the rebuilt
+    files stay aside until the new segment (3) begins."""
+    for first in (0, 2, 4):  # segments 0, 1, 2
+        scripted_run(tmp_path, "r", 2, first_iteration=first, autoload=False)
+    run_dir = tmp_path / "r"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        scripted_run(
+            tmp_path,
+            "r",
+            1,
+            first_iteration=6,
+            autoload=False,
+            plugins=[("ctrl_c", CtrlCWhileResuming())],
+        )
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    log = scripted_run(tmp_path, "r", 1, first_iteration=6, autoload=False)  # resumes
+    records = list(read_jsonl(log.parent / "metrics_raw.jsonl"))
+    assert sorted({r["iteration"] for r in records if r["kind"] == "grpo"}) == list(range(7))

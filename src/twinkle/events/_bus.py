@@ -286,16 +286,27 @@ class EventBus:
             )
         return event
 
-    def run_resumed(self, segment: int, config: Mapping[str, Any] | None = None) -> RunResumed:
+    def run_resumed(
+        self, segment: int, config: Mapping[str, Any] | None = None, *, plugins: Iterable[str] = ()
+    ) -> RunResumed:
         """Publish :class:`RunResumed`: this process continues the run as ``segment``
-        (its anchor is read now: the clock continues the run's timeline)."""
+        (its anchor is read now: the clock continues the run's timeline), with the
+        observer plugins ``plugins``."""
         with self.own_work(RunResumed.TYPE):
             self.anchor = ClockAnchor.read(
                 self._clock, self._wall_clock, hostname=self.anchor.hostname
             )
             mono, wall = self._times()
             event = self._send(
-                RunResumed(self.run_id, mono, wall, self.anchor, segment, dict(config or {}))
+                RunResumed(
+                    self.run_id,
+                    mono,
+                    wall,
+                    self.anchor,
+                    segment,
+                    dict(config or {}),
+                    tuple(sorted(plugins)),
+                )
             )
         return event
 

@@ -114,11 +114,13 @@ class RunResumed(Event, tag="run_resumed", frozen=True):
     that ended the previous segment (written by the resuming process when the previous
     one stopped without finishing). ``config`` is the configuration the new process
     passed: it must equal the run's. ``anchor`` aligns the new process's clock, which
-    continues the run's timeline (its readings come after every earlier event's)."""
+    continues the run's timeline (its readings come after every earlier event's).
+    ``plugins``: the observer plugins the new process loaded, as in ``run_started``."""
 
     anchor: ClockAnchor
     segment: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
     config: dict[str, Any] = {}
+    plugins: tuple[NonEmpty, ...] = ()
 
 
 @_event

@@ -19,6 +19,7 @@ from twinkle.events import (
     IterationStarted,
     MemoryReadings,
     RunFinished,
+    RunResumed,
     RunStarted,
     SpanBatch,
     WeightsPublished,
@@ -69,14 +70,16 @@ class _FileBackendSink:
     A resumed run (``RunContext.resumed_events > 0``) writes the file again, whole (the
     observers see the logged events again first): into a new file beside it
     (``.<name>.resume.<pid>.tmp``), renamed over the file when ``run_resumed`` begins
-    the new segment — so a resume that fails before it (a log it cannot read, Ctrl-C)
-    leaves the file as it was."""
+    the new segment (``RunContext.segment``: not an earlier segment's ``run_resumed``,
+    fed again) — so a resume that fails before it (a log it cannot read, Ctrl-C) leaves
+    the file as it was."""
 
     FILE = ""
 
     def __init__(self) -> None:
         self._backend: JsonlFileBackend | None = None
         self._rebuilding: tuple[Path, Path] | None = None  # (new file, the file) on resume
+        self._segment = 0  # the segment this session begins
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         raise NotImplementedError  # pragma: no cover - each sink opens its file
@@ -91,6 +94,7 @@ class _FileBackendSink:
             # the run directory: no live process is writing one)
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
         self._rebuilding = (new, path)
+        self._segment = context.segment
         return self._open(new, context)
 
     @hookimpl
@@ -107,10 +111,10 @@ class _FileBackendSink:
         return [self._backend]
 
     @hookimpl
-    def twinkle_run_resumed(self) -> None:
+    def twinkle_run_resumed(self, event: RunResumed) -> None:
+        if self._rebuilding is None or event.segment != self._segment:
+            return  # (an earlier segment's, fed again: the rebuild is not complete)
         rebuilding, self._rebuilding = self._rebuilding, None
-        if rebuilding is None:
-            return
         new, path = rebuilding
         try:
             # The records of the logged events are written or queued: the new file

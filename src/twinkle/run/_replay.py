@@ -36,7 +36,7 @@ from twinkle.errors import (
     ReporterError,
     WriteError,
 )
-from twinkle.events import Event, RunFinished, RunStarted, event_from_dict
+from twinkle.events import Event, RunFinished, RunResumed, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
@@ -54,10 +54,11 @@ class ReplayResult:
     ``torn_line`` is the line number of a torn last line that was passed over (what a
     crash in the middle of a write leaves), ``torn_bytes`` its length; None and 0 when
     the log ended cleanly. ``log`` is the log file replayed (None for event values).
-    ``plugins_recorded`` and ``plugins_now``: the observer plugins the run loaded (its
-    ``run_started``; empty in logs from before they were recorded) and the ones this
-    replay loaded; :attr:`plugins_differ` when the sets differ (the records of the
-    plugins in only one set differ too).
+    ``plugins_recorded`` and ``plugins_now``: the observer plugins the run loaded (in
+    any of its segments: its ``run_started`` and each ``run_resumed``; empty in logs from
+    before they were recorded) and the ones this replay loaded; ``plugins_by_segment``
+    each segment's set; :attr:`plugins_differ` when a segment's set is not this
+    replay's (the records of the plugins in only one set differ too).
     """
 
     out_dir: Path | None
@@ -68,12 +69,14 @@ class ReplayResult:
     log: Path | None = None
     plugins_recorded: tuple[str, ...] = ()
     plugins_now: tuple[str, ...] = ()
+    plugins_by_segment: tuple[tuple[str, ...], ...] = ()
 
     @property
     def plugins_differ(self) -> bool:
-        """Whether this replay loaded other observer plugins than the run did (only
-        said for a log that recorded its set)."""
-        return bool(self.plugins_recorded) and self.plugins_recorded != self.plugins_now
+        """Whether this replay loaded other observer plugins than the run did in any
+        segment (only said of the segments that recorded their set)."""
+        segments = self.plugins_by_segment or (self.plugins_recorded,)
+        return any(plugins and plugins != self.plugins_now for plugins in segments)
 
 
 _NOTHING: Final = object()
@@ -344,7 +347,7 @@ def replay(
     )
     staging = None if target is None else _Staging(target, force=force)
     try:
-        count, summary = _feed(pm, first, iterator, log, staging)
+        count, summary, segments = _feed(pm, first, iterator, log, staging)
     except BaseException:
         if staging is not None:
             staging.discard()
@@ -359,8 +362,9 @@ def replay(
         torn_line,
         torn_bytes if torn_line is not None else 0,
         None if log is None else log.path,
-        plugins_recorded=first.plugins,
+        plugins_recorded=tuple(sorted({name for plugins in segments for name in plugins})),
         plugins_now=loaded_plugins(pm),
+        plugins_by_segment=segments,
     )
 
 
@@ -370,8 +374,9 @@ def _feed(
     iterator: Iterator[Event],
     log: _EventLog | None,
     staging: _Staging | None,
-) -> tuple[int, dict[str, Any]]:
-    """Run the observers over the events; returns how many and the summary."""
+) -> tuple[int, dict[str, Any], tuple[tuple[str, ...], ...]]:
+    """Run the observers over the events; returns how many, the summary and each
+    segment's observer plugins."""
     out = None if staging is None else staging.dir
     context = RunContext(first.run_id, out, dict(first.config), replay=True)
     try:
@@ -381,8 +386,11 @@ def _feed(
     run.start()
     count = 0
     last: Event = first
+    segments = [first.plugins]
     try:
         for event in _chain(first, iterator):
+            if isinstance(event, RunResumed):
+                segments.append(event.plugins)
             try:
                 run.submit(event)
             except RecordError as exc:
@@ -407,7 +415,7 @@ def _feed(
     except BaseException:
         run.close()
         raise
-    return count, run.finish()
+    return count, run.finish(), tuple(segments)
 
 
 def _chain(first: Event, rest: Iterator[Event]) -> Iterator[Event]:

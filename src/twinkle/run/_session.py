@@ -241,7 +241,9 @@ class RunSession:
         try:
             if scan is not None:
                 self._check_resumable(scan)
-                self.run.context = dataclasses.replace(self.run.context, resumed_events=scan.events)
+                self.run.context = dataclasses.replace(
+                    self.run.context, resumed_events=scan.events, segment=scan.segments
+                )
                 self.context = self.run.context
             self.run.start()
             self.bus.attach(self.recorder, source="main")
@@ -417,7 +419,7 @@ class RunSession:
             optimizer_steps=scan.optimizer_steps,
             previous_status=None if scan.finished is None else scan.finished.status,
         )
-        self.bus.run_resumed(segment, self.config)
+        self.bus.run_resumed(segment, self.config, plugins=loaded_plugins(self.run.pm))
 
     def _remove_if_unused(self) -> bool:
         """After a failed start, while the directory is still ours: remove the empty
