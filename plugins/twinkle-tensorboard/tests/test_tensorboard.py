@@ -11,11 +11,11 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from twinkle_tensorboard import DIR, EVENT_FILES, TensorBoardSink
 
 from twinkle.errors import ReporterError
-from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.hookspecs import hookimpl
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import replay
-from twinkle.testing import scripted_run
+from twinkle.testing import CtrlCWhileResuming, scripted_run
 
 Scalars = dict[str, list[tuple[int, float, float]]]
 
@@ -122,31 +122,32 @@ def test_a_resumed_run_holds_every_record_once_in_one_file(tmp_path: Path) -> No
     assert [s for s, _, _ in shown["grpo/loss"]] == [1, 2, 3, 4, 5]  # both segments
 
 
-class CtrlCWhileResuming:
-    """Ctrl-C while a resumed run's logged events go by again (before its segment)."""
-
-    def __init__(self) -> None:
-        self.resuming = False
-
-    @hookimpl
-    def twinkle_configure(self, context: RunContext) -> None:
-        self.resuming = context.resumed_events > 0
-
-    @hookimpl
-    def twinkle_run_started(self) -> None:
-        if self.resuming:
-            raise KeyboardInterrupt
-
-
 def test_a_resume_interrupted_before_its_segment_keeps_the_earlier_file(tmp_path: Path) -> None:
-    run_dir = tensorboard_only(tmp_path, iterations=2)
+    for first in (0, 2):  # segments 0 and 1: segment 1's run_resumed is fed again next
+        run_dir = tensorboard_only(tmp_path, iterations=2, first_iteration=first)
     before = read_tensorboard(run_dir / DIR)
-    files = sorted((run_dir / DIR).glob(EVENT_FILES))
+    files = sorted((run_dir / DIR).iterdir())
     plugins = [("tensorboard", TensorBoardSink()), ("ctrl_c", CtrlCWhileResuming())]
     with pytest.raises(KeyboardInterrupt):
-        scripted_run(tmp_path, "r", 1, first_iteration=2, autoload=False, plugins=plugins)
-    assert sorted((run_dir / DIR).glob(EVENT_FILES)) == files
+        scripted_run(tmp_path, "r", 1, first_iteration=4, autoload=False, plugins=plugins)
+    assert sorted((run_dir / DIR).iterdir()) == files
     assert read_tensorboard(run_dir / DIR) == before
+    assert [s for s, _, _ in before["grpo/loss"]] == [1, 2, 3, 4]
+
+
+def test_every_resume_rebuilds_one_file_and_a_killed_ones_leftover_goes(tmp_path: Path) -> None:
+    tensorboard_only(tmp_path, iterations=2)
+    run_dir = tensorboard_only(tmp_path, iterations=2, first_iteration=2)
+    leftover = run_dir / DIR / ".twinkle-rebuild.twinkle.1.deadbeef"  # a killed resume's
+    leftover.write_bytes(b"partial")
+    tensorboard_only(tmp_path, iterations=2, first_iteration=4)
+    assert [p.name for p in (run_dir / DIR).iterdir()] == [
+        p.name for p in (run_dir / DIR).glob(EVENT_FILES)
+    ]
+    assert len(list((run_dir / DIR).iterdir())) == 1
+    shown = read_tensorboard(run_dir / DIR)
+    assert shown == expected(run_dir)
+    assert [s for s, _, _ in shown["grpo/loss"]] == [1, 2, 3, 4, 5, 6]
 
 
 def test_replay_writes_the_same_scalars(tmp_path: Path) -> None:
@@ -162,3 +163,33 @@ def test_a_tensorboard_path_it_cannot_use_fails_the_start_naming_it(tmp_path: Pa
     with pytest.raises(ReporterError, match=r"tensorboard'.*--block tensorboard"):
         tensorboard_only(tmp_path)
     assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
+
+
+class LookWhileResuming(CtrlCWhileResuming):
+    """Lists the event files TensorBoard would read, and reads them, at the moment
+    CtrlCWhileResuming would interrupt."""
+
+    def __init__(self, logdir: Path) -> None:
+        super().__init__()
+        self.logdir = logdir
+        self.files: list[Path] = []
+        self.seen: Scalars | None = None
+
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        try:
+            super().twinkle_run_finished()
+        except KeyboardInterrupt:
+            self.files = sorted(self.logdir.glob(EVENT_FILES))
+            self.seen = read_tensorboard(self.logdir)
+
+
+def test_tensorboard_reads_no_rebuild_before_it_is_complete(tmp_path: Path) -> None:
+    run_dir = tensorboard_only(tmp_path, iterations=2)
+    before, files = read_tensorboard(run_dir / DIR), sorted((run_dir / DIR).glob(EVENT_FILES))
+    look = LookWhileResuming(run_dir / DIR)
+    plugins = [("tensorboard", TensorBoardSink()), ("look", look)]
+    options = {"autoload": False, "plugins": plugins, "background_writer": False}
+    scripted_run(tmp_path, "r", 1, first_iteration=2, **options)  # (writes inline)
+    assert (look.files, look.seen) == (files, before)  # the rebuild, half written, is hidden
+    assert [s for s, _, _ in read_tensorboard(run_dir / DIR)["grpo/loss"]] == [1, 2, 3]
