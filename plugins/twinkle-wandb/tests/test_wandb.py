@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,10 @@ import wandb
 from twinkle_wandb import DIR, STEP_METRIC, WandbSink
 
 from twinkle.errors import ReporterError
-from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
-from twinkle.testing import SCRIPTED_CONFIG, scripted_run
+from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, scripted_run
 
 WANDB = shutil.which("wandb", path=str(Path(sys.executable).parent)) or "wandb"
 #: what W&B adds to every history row
@@ -158,20 +156,19 @@ def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path: Path) ->
     assert one(records, "exit")["exit_code"] == 1
 
 
-def test_a_resumed_run_logs_each_record_once_across_its_wandb_directories(
+def test_each_resumed_segment_logs_the_whole_run_into_a_wandb_run_of_its_own(
     tmp_path: Path,
 ) -> None:
-    wandb_only(tmp_path, iterations=2)
-    run_dir = wandb_only(tmp_path, iterations=2, first_iteration=2)
-    first, second = inspect(run_dir)
-    assert one(first, "run")["run_id"] == one(second, "run")["run_id"] == "r"
-    rows = history(first) + history(second)
-
-    def key(row: dict[str, Any]) -> tuple[tuple[str, float], ...]:
-        return tuple(sorted((k, float(v)) for k, v in row.items()))  # W&B writes 4.0 as 4
-
-    assert Counter(map(key, rows)) == Counter(map(key, expected_rows(run_dir)))
-    assert {r[STEP_METRIC] for r in history(second)} >= {3, 4}  # the new segment's
+    for first in (0, 2, 4):  # segments 0, 1 and 2
+        run_dir = wandb_only(tmp_path, iterations=2, first_iteration=first)
+    runs = inspect(run_dir)
+    assert [one(r, "run")["run_id"] for r in runs] == ["r", "r-s1", "r-s2"]
+    assert {one(r, "run")["run_group"] for r in runs} == {"r"}
+    newest = history(runs[-1])
+    assert newest == expected_rows(run_dir)  # every record of the run, once, in order
+    assert sorted({r[STEP_METRIC] for r in newest}) == [1, 2, 3, 4, 5, 6]
+    assert sorted({r[STEP_METRIC] for r in history(runs[0])}) == [1, 2]  # as it was
+    assert all(one(r, "exit").get("exit_code", 0) == 0 for r in runs)
 
 
 def test_replay_logs_every_record_again(tmp_path: Path) -> None:
@@ -244,26 +241,11 @@ def test_a_wandb_run_that_cannot_start_fails_the_start_naming_the_fix(tmp_path: 
     assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
 
 
-class CtrlCWhileResuming:
-    """Ctrl-C while a resumed run's logged events go by again (before its segment)."""
-
-    def __init__(self) -> None:
-        self.resuming = False
-
-    @hookimpl
-    def twinkle_configure(self, context: RunContext) -> None:
-        self.resuming = context.resumed_events > 0
-
-    @hookimpl
-    def twinkle_run_started(self) -> None:
-        if self.resuming:
-            raise KeyboardInterrupt
-
-
 def test_a_resume_interrupted_before_its_segment_leaves_no_wandb_run(tmp_path: Path) -> None:
-    run_dir = wandb_only(tmp_path, iterations=2)
+    for first in (0, 2):  # segments 0 and 1: segment 1's run_resumed is fed again next
+        run_dir = wandb_only(tmp_path, iterations=2, first_iteration=first)
     before = sorted(p.name for p in (run_dir / DIR).glob("offline-run-*"))
     plugins = [("wandb", WandbSink()), ("ctrl_c", CtrlCWhileResuming())]
     with pytest.raises(KeyboardInterrupt):
-        scripted_run(tmp_path, "r", 1, first_iteration=2, autoload=False, plugins=plugins)
+        scripted_run(tmp_path, "r", 1, first_iteration=4, autoload=False, plugins=plugins)
     assert sorted(p.name for p in (run_dir / DIR).glob("offline-run-*")) == before

@@ -2,22 +2,24 @@
 
 Installed, this plugin is loaded by every twinkle run of the environment (it registers
 the observer ``wandb`` in the entry-point group ``twinkle.observers``). Each run that
-writes files starts a W&B run in ``runs/<run_id>/wandb/`` — W&B run id and name = the
-twinkle run id, project ``$WANDB_PROJECT`` (else ``twinkle``), config = the observers'
-configuration — in W&B's *offline* mode unless ``WANDB_MODE`` says otherwise: nothing
-leaves the machine until you run ``wandb sync runs/<run_id>/wandb``. Leave it out of one
-run with ``--block wandb`` (``blocked=["wandb"]``), of all with
+writes files starts a W&B run in ``runs/<run_id>/wandb/`` — W&B run id, name and group =
+the twinkle run id, project ``$WANDB_PROJECT`` (else ``twinkle``), config = the
+observers' configuration — in W&B's *offline* mode unless ``WANDB_MODE`` says
+otherwise: nothing leaves the machine until you run ``wandb sync runs/<run_id>/wandb``.
+Leave it out of one run with ``--block wandb`` (``blocked=["wandb"]``), of all with
 ``TWINKLE_DISABLE_PLUGIN_AUTOLOAD=1``. The W&B run is a run of its own
-(``reinit="create_new"``): a W&B run the trainer already has (TRL's ``report_to="wandb"``)
-is neither finished nor written to, and ``wandb.log`` still goes to it.
+(``reinit="create_new"``): a W&B run the trainer already has (TRL's
+``report_to="wandb"``) is neither finished nor written to, and ``wandb.log`` still goes
+to it.
 
 **History and summary.** Each record of an iteration is one history row: its values
 under the names :func:`~twinkle.reporting.flat_key` gives (``rollout/tokens_per_s_per_device``,
 ``timing/window_idle_seconds``, ``grpo/reward_mean``: the names of ``metrics_raw.jsonl``),
 with ``optimizer_step`` and ``iteration``; every chart's x axis is ``optimizer_step``
 (``define_metric``). The run's and the windows' records go to the W&B summary as
-``run/<kind>/<key>`` and ``window/<kind>/<key>``. A ``None`` (nothing to measure) is
-left out. The W&B run finishes with exit code 0 when the twinkle run ends ``ok``, else 1.
+``run/<kind>/<key>`` and ``window/<kind>/<key>`` (the last value where one recurs). A
+``None`` (nothing to measure) is left out. The W&B run finishes with exit code 0 when
+the twinkle run ends ``ok``, else 1.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
 (:class:`WandbBackend`): the reporter hands it the records on its writer thread, so the
@@ -25,19 +27,22 @@ training thread never waits on W&B; a call that raises is the reporter's backend
 (logged, counted in ``summary.json``, skipped), and every record stays in
 ``metrics_raw.jsonl``.
 
-**Resume and replay.** A resumed run (a restarted job on the same run directory) resumes
-its W&B run (``resume="allow"``; offline, in a new directory that ``wandb sync`` appends
-to the same W&B run). The earlier segments' records, which the run's observers see again
-first, went to the earlier W&B directory and are not logged a second time: only records
-made after the new segment began are. ``twinkle replay RUN --out DIR`` logs every record
-into a W&B run in ``DIR/wandb/``.
+**Resume and replay.** A resumed run (a restarted job on the same run directory, segment
+n) logs into a W&B run of its own, ``<run_id>-s<n>`` in W&B group ``<run_id>``, that
+holds the whole run: the earlier segments' records, which the observers rebuild from the
+event log first, then the new segment's. So the newest W&B run of a group is complete
+— including what a crash kept from reaching W&B, and the last iteration of a crashed
+segment, which only the resume can finish — and none holds a record twice (appending to
+the earlier W&B run could do neither: what reached it cannot be told from the log). The
+earlier W&B runs are left as they were (they may be synced already). A resume that
+fails before its segment begins removes its W&B directory. ``twinkle replay RUN --out
+DIR`` logs every record into a W&B run in ``DIR/wandb/``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -58,41 +63,19 @@ STEP_METRIC = "optimizer_step"
 
 class WandbBackend:
     """A twinkle reporting backend that logs records to the W&B run ``run`` (see the
-    module docstring); ``close`` finishes it with :attr:`exit_code`.
+    module docstring); ``close`` finishes it with :attr:`exit_code`."""
 
-    ``resuming``: hold the records back until :meth:`begin_segment` says when the new
-    segment began, then log only those made since.
-    """
-
-    def __init__(self, run: wandb.Run, *, resuming: bool = False) -> None:
+    def __init__(self, run: wandb.Run) -> None:
         self.run = run
         self.name = f"WandbBackend({run.id!r}, {run.settings.sync_dir!r})"
         self.exit_code = 1  # until the twinkle run finished ok
         self.closed = False
-        self._held: list[MetricRecord] | None = [] if resuming else None
-        self._since: int | None = None  # log the records made at or after (bus ns)
-        self._lock = threading.Lock()  # _held and _since: the run's thread and the writer's
         run.define_metric(STEP_METRIC)
         run.define_metric("*", step_metric=STEP_METRIC)
 
-    def begin_segment(self, monotonic_ns: int) -> None:
-        """The resumed run's new segment began at ``monotonic_ns`` (bus clock)."""
-        with self._lock:
-            self._since = monotonic_ns
-
     def write(self, records: Sequence[MetricRecord]) -> None:
-        with self._lock:
-            if self._held is not None:
-                if self._since is None:
-                    self._held.extend(records)  # which segment made them: not known yet
-                    return
-                records = [*self._held, *records]
-                self._held = None
-            since = self._since
         summary: dict[str, int | float] = {}
         for record in records:
-            if since is not None and record.monotonic_ns < since:
-                continue  # an earlier segment's: in its own W&B directory already
             values = {
                 flat_key(record, key): value
                 for key, value in record.values.items()
@@ -111,7 +94,6 @@ class WandbBackend:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.write([])  # (records held for a segment that began)
             self.run.finish(exit_code=self.exit_code)
 
 
@@ -121,44 +103,46 @@ class WandbSink:
 
     def __init__(self) -> None:
         self._backend: WandbBackend | None = None
-        self._resuming = False
+        self._segment = 0  # the segment a resumed run begins; 0 once it began (or none)
 
     @hookimpl
     def twinkle_make_backends(self, context: RunContext) -> list[WandbBackend] | None:
         if context.out_dir is None:
             return None
-        self._resuming = context.resumed_events > 0
         mode = _mode()
+        segment = context.segment if context.resumed_events > 0 else 0
+        wandb_id = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
         try:
             run = wandb.init(
                 dir=context.out_dir,
                 project=os.environ.get("WANDB_PROJECT") or "twinkle",
-                name=context.run_id,
-                id=context.run_id,
+                name=wandb_id,
+                id=wandb_id,
+                group=context.run_id,
                 mode=mode,
                 config=dict(context.config),
-                resume="allow" if self._resuming else None,
                 reinit="create_new",
                 settings=wandb.Settings(console="off"),  # the trainer's console stays its own
             )
         except Exception as exc:
-            raise ReporterError(
-                f"cannot start the W&B run of {context.run_id!r} in "
-                f"{str(context.out_dir / DIR)!r}: {type(exc).__name__}: {exc}; fix what "
-                "W&B says, or leave the plugin out of the run (--block wandb)"
-            ) from exc
-        self._backend = WandbBackend(run, resuming=self._resuming)
+            raise _cannot_start(context, exc) from exc
+        try:
+            self._backend = WandbBackend(run)
+        except Exception as exc:
+            run.finish(exit_code=1)
+            raise _cannot_start(context, exc) from exc
+        self._segment = segment
         return [self._backend]
 
     @hookimpl
     def twinkle_run_resumed(self, event: RunResumed) -> None:
-        if self._backend is not None and self._resuming:
-            self._resuming = False
-            self._backend.begin_segment(event.monotonic_ns)
+        # (an earlier segment's run_resumed goes by again first: not this one)
+        if event.segment == self._segment:
+            self._segment = 0
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> None:
-        if self._backend is not None:
+        if self._backend is not None and not self._segment:  # (not an earlier segment's)
             self._backend.exit_code = 0 if event.status == "ok" else 1
 
     @hookimpl
@@ -166,9 +150,20 @@ class WandbSink:
         backend, self._backend = self._backend, None
         if backend is None:
             return
-        backend.close()  # (the reporter closed it, unless the run's start failed first)
-        if self._resuming:  # the resume failed before its segment began: it logged nothing
-            shutil.rmtree(backend.run.settings.sync_dir, ignore_errors=True)
+        try:
+            backend.close()  # (the reporter closed it, unless the run's start failed first)
+        finally:
+            if self._segment:  # the resume failed before its segment began
+                shutil.rmtree(backend.run.settings.sync_dir, ignore_errors=True)
+
+
+def _cannot_start(context: RunContext, exc: Exception) -> ReporterError:
+    return ReporterError(
+        f"cannot start the W&B run of {context.run_id!r} in "
+        f"{str(context.out_dir / DIR) if context.out_dir else None!r}: "
+        f"{type(exc).__name__}: {exc}; fix what W&B says, or leave the plugin out of the "
+        "run (--block wandb)"
+    )
 
 
 Mode = Literal["offline", "online", "shared", "disabled"]
