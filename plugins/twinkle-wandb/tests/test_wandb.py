@@ -249,3 +249,36 @@ def test_a_resume_interrupted_before_its_segment_leaves_no_wandb_run(tmp_path: P
     with pytest.raises(KeyboardInterrupt):
         scripted_run(tmp_path, "r", 1, first_iteration=4, autoload=False, plugins=plugins)
     assert sorted(p.name for p in (run_dir / DIR).glob("offline-run-*")) == before
+
+
+CRASHING_SEGMENT = """
+import os, sys, time
+from twinkle.run import RunSession
+from twinkle.testing import SCRIPTED_CONFIG
+from twinkle_wandb import WandbSink
+
+run = RunSession(out_dir=sys.argv[1], run_id="r", config=SCRIPTED_CONFIG, autoload=False,
+                 plugins=[("wandb", WandbSink())]).start()
+for i in range(3):
+    run.bus.iteration_started(i)
+    with run.recorder.span("generate", iteration=i):
+        pass
+    run.bus.samples(iteration=i, phase="rollout", lengths=[3, 4], groups=1)
+    run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+time.sleep(1.0)  # the writer threads write what they hold
+os._exit(1)  # killed in iteration 2: no run_finished, W&B never finished
+"""
+
+
+def test_the_segment_after_a_crash_holds_every_record_of_the_crashed_one(tmp_path: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", CRASHING_SEGMENT, str(tmp_path)], timeout=120, check=False
+    )
+    assert child.returncode == 1
+    logged = list(read_jsonl(tmp_path / "r" / "events.jsonl"))
+    assert [e["iteration"] for e in logged if e["type"] == "iteration_started"] == [0, 1, 2]
+    assert "run_finished" not in {e["type"] for e in logged}  # it crashed
+    run_dir = wandb_only(tmp_path, iterations=1, first_iteration=3)
+    rows = history(inspect(run_dir)[-1])
+    assert rows == expected_rows(run_dir)
+    assert {r["iteration"] for r in rows} == {0, 1, 2, 3}  # 2: finished only by the resume
