@@ -23,7 +23,7 @@ VLLM_DROP  := torchvision torchaudio torchcodec triton
 # The distributions under plugins/ are tested as a third party installs them: in their
 # own environment (twinkle without extras, each plugin with its test extra), so that
 # .venv's runs never load them.
-PLUGINS       := twinkle-tensorboard twinkle-wandb
+PLUGINS       := twinkle-tensorboard twinkle-wandb twinkle-mlflow
 PLUGINS_VENV  := .venv-plugins
 PLUGINS_PY    := $(PLUGINS_VENV)/bin/python
 PLUGINS_STAMP := $(PLUGINS_VENV)/.installed

@@ -1,4 +1,4 @@
-"""What the dashboard plugins under ``plugins/`` cost a run: TensorBoard and W&B.
+"""What the dashboard plugins under ``plugins/`` cost a run: TensorBoard, W&B, MLflow.
 
 Each subject is a live run of the same iterations, taking turns in one process: per
 iteration a pure-Python workload of ~20 ms that holds the GIL (the worst case for a sink
@@ -36,6 +36,7 @@ CONFIG = {
 SINKS = [
     ("tensorboard", "twinkle_tensorboard", "TensorBoardSink"),
     ("wandb", "twinkle_wandb", "WandbSink"),
+    ("mlflow", "twinkle_mlflow", "MlflowSink"),
 ]
 WORK_S = 0.020
 

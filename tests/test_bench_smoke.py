@@ -26,7 +26,7 @@ EXPECTED = {
     "bench.bench_engines": ["engines"],
     "bench.bench_trl": ["trl.grpo"],
     "bench.bench_remote": ["remote.span", "remote.iteration"],
-    "bench.bench_sinks": ["sinks.tensorboard", "sinks.wandb"],
+    "bench.bench_sinks": ["sinks.tensorboard", "sinks.wandb", "sinks.mlflow"],
 }
 
 

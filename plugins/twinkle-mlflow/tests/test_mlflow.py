@@ -1,0 +1,182 @@
+"""The plugin against real runs, read back with MLflow's own client from its sqlite store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from twinkle_mlflow import DIR, EXPERIMENT, MlflowSink
+
+from twinkle.errors import ReporterError
+from twinkle.plugins import PluginStatus, describe_plugins
+from twinkle.reporting import flat_key, read_jsonl, record_from_dict
+from twinkle.run import RunSession, replay
+from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, scripted_run
+
+Points = dict[str, list[tuple[int, int, float]]]
+
+
+@pytest.fixture(autouse=True)
+def own_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the plugin's default
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    yield
+
+
+def client_of(run_dir: Path) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{run_dir / DIR / 'mlflow.db'}")
+
+
+def runs_of(client: MlflowClient) -> list[Run]:
+    """The store's live MLflow runs of experiment twinkle, oldest first."""
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
+    return list(found)
+
+
+def points(client: MlflowClient, run: Run) -> Points:
+    """Every metric point of ``run``: (step, timestamp ms, value), in order."""
+    return {
+        key: sorted(
+            (m.step, m.timestamp, m.value) for m in client.get_metric_history(run.info.run_id, key)
+        )
+        for key in run.data.metrics
+    }
+
+
+def expected(run_dir: Path) -> Points:
+    """What the run's records say MLflow must hold."""
+    want: Points = {}
+    for line in read_jsonl(run_dir / "metrics_raw.jsonl"):
+        record = record_from_dict(line)
+        for key, value in record.values.items():
+            if value is not None:
+                point = (record.step, record.wall_ns // 1_000_000, float(value))
+                want.setdefault(flat_key(record, key), []).append(point)
+    return {key: sorted(p) for key, p in want.items()}
+
+
+def mlflow_only(tmp_path: Path, run_id: str = "r", iterations: int = 3, **kw: Any) -> Path:
+    log = scripted_run(
+        tmp_path, run_id, iterations, autoload=False, plugins=[("mlflow", MlflowSink())], **kw
+    )
+    return log.parent
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, MlflowClient, Run]:
+    run_dir = mlflow_only(tmp_path_factory.mktemp("logged"))
+    client = client_of(run_dir)
+    (run,) = runs_of(client)
+    return run_dir, client, run
+
+
+def test_every_value_of_every_record_is_a_metric_point(
+    logged: tuple[Path, MlflowClient, Run],
+) -> None:
+    run_dir, client, run = logged
+    got, want = points(client, run), expected(run_dir)
+    assert got == want  # exact float64, at the optimizer step
+    assert {k.split("/")[0] for k in want} >= {"rollout", "timing", "memory", "run", "window"}
+    assert [s for s, _, _ in got["grpo/loss"]] == [1, 2, 3]
+
+
+def test_the_mlflow_run_is_the_twinkle_run_with_its_configuration(
+    logged: tuple[Path, MlflowClient, Run],
+) -> None:
+    run_dir, client, run = logged
+    assert (run.info.run_name, run.info.status) == ("r", "FINISHED")
+    assert run.data.tags["twinkle.run_id"] == "r"
+    config = client.download_artifacts(run.info.run_id, "config.json", str(run_dir.parent))
+    assert json.loads(Path(config).read_text()) == SCRIPTED_CONFIG
+    assert (run_dir / DIR / "mlflow.db").is_file()  # the store is the run directory's
+
+
+def test_a_failed_run_ends_its_mlflow_run_failed(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        RunSession(
+            out_dir=tmp_path, run_id="failed", autoload=False, plugins=[("mlflow", MlflowSink())]
+        ) as run,
+    ):
+        run.bus.iteration_started(0)
+        raise RuntimeError("boom")
+    (found,) = runs_of(client_of(tmp_path / "failed"))
+    assert found.info.status == "FAILED"
+
+
+def test_each_resumed_segment_logs_the_whole_run_into_an_mlflow_run_of_its_own(
+    tmp_path: Path,
+) -> None:
+    for first in (0, 2):  # segments 0 and 1
+        run_dir = mlflow_only(tmp_path, iterations=2, first_iteration=first)
+    client = client_of(run_dir)
+    first_run, newest = runs_of(client)
+    assert (first_run.info.run_name, newest.info.run_name) == ("r", "r-s1")
+    assert newest.data.tags["twinkle.segment"] == "1"
+    assert points(client, newest) == expected(run_dir)  # every record, once
+    assert [s for s, _, _ in points(client, first_run)["grpo/loss"]] == [1, 2]  # as it was
+
+
+def test_a_resume_interrupted_before_its_segment_leaves_no_mlflow_run(tmp_path: Path) -> None:
+    for first in (0, 2):  # segments 0 and 1: segment 1's run_resumed is fed again next
+        run_dir = mlflow_only(tmp_path, iterations=2, first_iteration=first)
+    plugins = [("mlflow", MlflowSink()), ("ctrl_c", CtrlCWhileResuming())]
+    with pytest.raises(KeyboardInterrupt):
+        scripted_run(tmp_path, "r", 1, first_iteration=4, autoload=False, plugins=plugins)
+    assert [r.info.run_name for r in runs_of(client_of(run_dir))] == ["r", "r-s1"]
+
+
+def test_replay_logs_every_record_again(tmp_path: Path) -> None:
+    run_dir = mlflow_only(tmp_path / "live")
+    out = tmp_path / "replayed"
+    replay(run_dir, out, autoload=False, plugins=[("mlflow", MlflowSink())])
+    client = client_of(out)
+    (run,) = runs_of(client)
+    assert points(client, run) == expected(run_dir)
+
+
+def test_installed_it_loads_through_the_entry_point(tmp_path: Path) -> None:
+    info = {p.name: p for p in describe_plugins()}["mlflow"]
+    assert (info.builtin, info.status, info.distribution) == (
+        False,
+        PluginStatus.LOADS,
+        "twinkle-mlflow 0.1.0",
+    )
+    others = [p.name for p in describe_plugins() if not p.builtin and p.name != "mlflow"]
+    run_dir = scripted_run(tmp_path, "auto", 2, blocked=others).parent  # autoload on
+    client = client_of(run_dir)
+    (run,) = runs_of(client)
+    assert points(client, run) == expected(run_dir)
+
+
+def test_a_tracking_uri_in_the_environment_is_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "shared.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "grpo-runs")
+    a = mlflow_only(tmp_path / "runs", "a", iterations=1)
+    b = mlflow_only(tmp_path / "runs", "b", iterations=1)
+    assert not (a / DIR / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("grpo-runs")
+    assert experiment is not None
+    found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
+    assert [r.info.run_name for r in found] == ["a", "b"]
+    assert points(client, found[1]) == expected(b)
+
+
+def test_a_store_it_cannot_open_fails_the_start_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://x")
+    with pytest.raises(ReporterError, match=r"(?s)'nosuchscheme://x'.*--block mlflow"):
+        mlflow_only(tmp_path)
+    assert not (tmp_path / "r").exists()  # the failed start left nothing behind
