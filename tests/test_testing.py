@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
-from twinkle.testing import SCRIPTED_CONFIG, scripted_run
+from twinkle.testing import SCRIPTED_CONFIG, crashed_run, scripted_run
 
 
 def test_its_times_are_the_manual_clocks(tmp_path: Path) -> None:
@@ -52,3 +54,22 @@ def test_session_options_reach_the_run(tmp_path: Path) -> None:
     log = scripted_run(tmp_path, autoload=False, blocked=["trace"])
     assert not (log.parent / "trace.json").exists()
     assert "trace" not in next(iter(read_jsonl(log)))["plugins"]
+
+
+def test_crashed_run_leaves_a_segment_killed_outright_that_a_resume_closes(
+    tmp_path: Path,
+) -> None:
+    log = crashed_run(tmp_path, "crash", 3)
+    logged = list(read_jsonl(log))
+    assert "run_finished" not in {e["type"] for e in logged}
+    assert [e["iteration"] for e in logged if e["type"] == "iteration_started"] == [0, 1, 2]
+    assert not (log.parent / "summary.json").exists()  # nothing was finished
+    scripted_run(tmp_path, "crash", 1, first_iteration=3, autoload=False)
+    summary = json.loads((log.parent / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert "stopped without finishing" in json.dumps(summary)
+
+
+def test_crashed_run_says_when_its_child_did_not_crash(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 1, not 113.*no_such_module"):
+        crashed_run(tmp_path, "bad", 2, plugins={"x": "no_such_module:Nothing"})

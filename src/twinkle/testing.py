@@ -14,7 +14,13 @@ check what their plugin wrote against the records the run wrote beside it::
 from __future__ import annotations
 
 import copy
+import importlib
+import json
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +28,7 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
-__all__ = ["SCRIPTED_CONFIG", "CtrlCWhileResuming", "scripted_run"]
+__all__ = ["SCRIPTED_CONFIG", "CtrlCWhileResuming", "crashed_run", "scripted_run"]
 
 #: the observers' configuration of :func:`scripted_run`: two phases, throughput per
 #: phase on one device, the window over the rollout tokens on two
@@ -36,6 +42,8 @@ SCRIPTED_CONFIG: dict[str, Any] = {
     "total_steps": 4,
 }
 
+#: the exit status of :func:`crashed_run`'s child, killed in its last iteration
+_CRASH_STATUS = 113
 #: the wall clock of :func:`scripted_run` at its manual clock's zero (unix ns)
 _WALL_ZERO_NS = 1_700_000_000_000_000_000
 
@@ -46,6 +54,7 @@ def scripted_run(
     iterations: int = 4,
     *,
     first_iteration: int = 0,
+    _crash_in: int | None = None,
     **session_options: Any,
 ) -> Path:
     """Record ``iterations`` scripted iterations of run ``run_id`` into ``out_dir`` and
@@ -77,6 +86,9 @@ def scripted_run(
                 clock.advance(2_000_000)
             run.bus.samples(iteration=i, phase="train", lengths=[3 + i, 4])
             run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+            if i == _crash_in:  # (crashed_run's child)
+                time.sleep(1.0)  # the writer threads write what they were handed
+                os._exit(_CRASH_STATUS)  # killed outright: no run_finished, nothing closed
             run.read_memory(iteration=i)
             run.bus.scalars(iteration=i, name="grpo", values={"loss": 0.5 / (i + 1)})
             run.bus.weights_published(
@@ -85,6 +97,50 @@ def scripted_run(
             run.bus.snapshot({"version": i + 1})
             clock.advance(1_000)
     return Path(out_dir) / run.run_id / "events.jsonl"
+
+
+def crashed_run(
+    out_dir: str | os.PathLike[str],
+    run_id: str = "cut",
+    iterations: int = 3,
+    *,
+    plugins: Mapping[str, str] | None = None,
+) -> Path:
+    """Record :func:`scripted_run`'s iterations in a child process that is killed
+    outright (``os._exit``) in the last of them, after its optimizer step: no
+    ``run_finished``, no file closed, nothing flushed that its writer threads did not
+    write in a second. ``plugins`` maps observer names to the ``module:attr`` of a
+    class or factory the child builds them from (the child loads no entry points).
+    A :func:`scripted_run` with ``first_iteration=iterations`` then resumes the run;
+    returns the event log."""
+    args = {"out_dir": str(out_dir), "run_id": run_id, "iterations": iterations}
+    code = "import sys; from twinkle.testing import _crash; _crash(sys.argv[1], sys.argv[2])"
+    child = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(args), json.dumps(dict(plugins or {}))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if child.returncode != _CRASH_STATUS:
+        raise RuntimeError(
+            f"crashed_run's child exited with {child.returncode}, not {_CRASH_STATUS} "
+            f"(killed in its last iteration):\n{child.stderr[-2000:]}"
+        )
+    return Path(out_dir) / run_id / "events.jsonl"
+
+
+def _crash(args_json: str, plugins_json: str) -> None:
+    """:func:`crashed_run`'s child."""
+    args, plugins = json.loads(args_json), json.loads(plugins_json)
+    built = []
+    for name, target in plugins.items():
+        module, _, attr = target.partition(":")
+        built.append((name, getattr(importlib.import_module(module), attr)()))
+    iterations = args.pop("iterations")
+    scripted_run(
+        **args, iterations=iterations, _crash_in=iterations - 1, autoload=False, plugins=built
+    )
 
 
 class CtrlCWhileResuming:

@@ -3,8 +3,6 @@ provider its scalars dashboard reads through."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from twinkle.hookspecs import hookimpl
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import replay
-from twinkle.testing import CtrlCWhileResuming, scripted_run
+from twinkle.testing import CtrlCWhileResuming, crashed_run, scripted_run
 
 Scalars = dict[str, list[tuple[int, float, float]]]
 
@@ -197,32 +195,10 @@ def test_tensorboard_reads_no_rebuild_before_it_is_complete(tmp_path: Path) -> N
     assert [s for s, _, _ in read_tensorboard(run_dir / DIR)["grpo/loss"]] == [1, 2, 3]
 
 
-CRASHING_SEGMENT = """
-import os, sys, time
-from twinkle.run import RunSession
-from twinkle.testing import SCRIPTED_CONFIG
-from twinkle_tensorboard import TensorBoardSink
-
-run = RunSession(out_dir=sys.argv[1], run_id="r", config=SCRIPTED_CONFIG, autoload=False,
-                 plugins=[("tensorboard", TensorBoardSink())]).start()
-for i in range(3):
-    run.bus.iteration_started(i)
-    with run.recorder.span("generate", iteration=i):
-        pass
-    run.bus.samples(iteration=i, phase="rollout", lengths=[3, 4], groups=1)
-    run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
-time.sleep(1.0)  # the writer threads write what they hold
-os._exit(1)  # killed in iteration 2: no run_finished, the event file never closed
-"""
-
-
 def test_the_segment_after_a_crash_rebuilds_every_record_of_the_crashed_one(
     tmp_path: Path,
 ) -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", CRASHING_SEGMENT, str(tmp_path)], timeout=120, check=False
-    )
-    assert child.returncode == 1
+    crashed_run(tmp_path, "r", 3, plugins={"tensorboard": "twinkle_tensorboard:TensorBoardSink"})
     logged = list(read_jsonl(tmp_path / "r" / "events.jsonl"))
     assert "run_finished" not in {e["type"] for e in logged}  # it crashed
     run_dir = tensorboard_only(tmp_path, iterations=1, first_iteration=3)

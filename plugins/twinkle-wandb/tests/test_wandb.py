@@ -18,7 +18,7 @@ from twinkle.errors import ReporterError
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
-from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, scripted_run
+from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, crashed_run, scripted_run
 
 WANDB = shutil.which("wandb", path=str(Path(sys.executable).parent)) or "wandb"
 #: what W&B adds to every history row
@@ -251,30 +251,8 @@ def test_a_resume_interrupted_before_its_segment_leaves_no_wandb_run(tmp_path: P
     assert sorted(p.name for p in (run_dir / DIR).glob("offline-run-*")) == before
 
 
-CRASHING_SEGMENT = """
-import os, sys, time
-from twinkle.run import RunSession
-from twinkle.testing import SCRIPTED_CONFIG
-from twinkle_wandb import WandbSink
-
-run = RunSession(out_dir=sys.argv[1], run_id="r", config=SCRIPTED_CONFIG, autoload=False,
-                 plugins=[("wandb", WandbSink())]).start()
-for i in range(3):
-    run.bus.iteration_started(i)
-    with run.recorder.span("generate", iteration=i):
-        pass
-    run.bus.samples(iteration=i, phase="rollout", lengths=[3, 4], groups=1)
-    run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
-time.sleep(1.0)  # the writer threads write what they hold
-os._exit(1)  # killed in iteration 2: no run_finished, W&B never finished
-"""
-
-
 def test_the_segment_after_a_crash_holds_every_record_of_the_crashed_one(tmp_path: Path) -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", CRASHING_SEGMENT, str(tmp_path)], timeout=120, check=False
-    )
-    assert child.returncode == 1
+    crashed_run(tmp_path, "r", 3, plugins={"wandb": "twinkle_wandb:WandbSink"})
     logged = list(read_jsonl(tmp_path / "r" / "events.jsonl"))
     assert [e["iteration"] for e in logged if e["type"] == "iteration_started"] == [0, 1, 2]
     assert "run_finished" not in {e["type"] for e in logged}  # it crashed
