@@ -333,3 +333,11 @@ def test_the_reserved_kinds_are_every_kind_the_built_in_observers_make(tmp_path:
 def test_without_the_built_in_observers_every_scalar_name_is_free(tmp_path: Path) -> None:
     with RunSession(out_dir=None, autoload=False, builtins=False) as run:
         run.bus.scalars(iteration=0, name="timing", values={"x": 1.0})
+
+
+@pytest.mark.parametrize("name", ["reward (v2)", "a/b", "ünï", ""])
+def test_a_scalar_name_that_cannot_be_a_record_kind_is_refused_naming_it(name: str) -> None:
+    with RunSession(out_dir=None, autoload=False) as run:
+        with pytest.raises(InvalidArgumentError, match="cannot be its records' kind"):
+            run.bus.scalars(iteration=0, name=name, values={"x": 1.0})
+        run.bus.scalars(iteration=0, name="reward.v2", values={"x": 1.0})  # goes on

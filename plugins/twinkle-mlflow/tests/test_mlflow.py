@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from twinkle_mlflow import DIR, EXPERIMENT, MlflowSink
+from twinkle_mlflow import DIR, EXPERIMENT, MlflowSink, metric_name
 
 from twinkle.errors import ReporterError
 from twinkle.plugins import PluginStatus, describe_plugins
-from twinkle.reporting import flat_key, read_jsonl, record_from_dict
+from twinkle.reporting import flat_key, make_record, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
-from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, scripted_run
+from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, crashed_run, scripted_run
 
 Points = dict[str, list[tuple[int, int, float]]]
 
@@ -25,6 +25,7 @@ Points = dict[str, list[tuple[int, int, float]]]
 def own_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the plugin's default
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # nothing leaves the machine
     yield
 
 
@@ -59,7 +60,7 @@ def expected(run_dir: Path) -> Points:
             if value is not None:
                 point = (record.step, record.wall_ns // 1_000_000, float(value))
                 want.setdefault(flat_key(record, key), []).append(point)
-    return {key: sorted(p) for key, p in want.items()}
+    return {key: sorted(set(p)) for key, p in want.items()}  # (MLflow keeps one of equal points)
 
 
 def mlflow_only(tmp_path: Path, run_id: str = "r", iterations: int = 3, **kw: Any) -> Path:
@@ -98,17 +99,70 @@ def test_the_mlflow_run_is_the_twinkle_run_with_its_configuration(
     assert (run_dir / DIR / "mlflow.db").is_file()  # the store is the run directory's
 
 
-def test_a_failed_run_ends_its_mlflow_run_failed(tmp_path: Path) -> None:
+def test_a_resumed_segment_that_fails_ends_its_mlflow_run_failed(tmp_path: Path) -> None:
+    mlflow_only(tmp_path, iterations=1)
     with (
         pytest.raises(RuntimeError, match="boom"),
         RunSession(
-            out_dir=tmp_path, run_id="failed", autoload=False, plugins=[("mlflow", MlflowSink())]
+            out_dir=tmp_path,
+            run_id="r",
+            config=SCRIPTED_CONFIG,
+            autoload=False,
+            plugins=[("mlflow", MlflowSink())],
         ) as run,
     ):
-        run.bus.iteration_started(0)
+        run.bus.iteration_started(1)
         raise RuntimeError("boom")
-    (found,) = runs_of(client_of(tmp_path / "failed"))
-    assert found.info.status == "FAILED"
+    ok, failed = runs_of(client_of(tmp_path / "r"))
+    assert [(r.info.run_name, r.info.status) for r in (ok, failed)] == [
+        ("r", "FINISHED"),
+        ("r-s1", "FAILED"),  # not the earlier segment's ok, fed again
+    ]
+
+
+def test_a_run_killed_outright_is_ended_killed_by_the_next_segment(tmp_path: Path) -> None:
+    crashed_run(tmp_path, "r", 2, plugins={"mlflow": "twinkle_mlflow:MlflowSink"})
+    (left,) = runs_of(client_of(tmp_path / "r"))
+    assert left.info.status == "RUNNING"  # nobody ended it
+    run_dir = mlflow_only(tmp_path, iterations=1, first_iteration=2)
+    client = client_of(run_dir)
+    killed, newest = runs_of(client)
+    assert (killed.info.status, newest.info.status) == ("KILLED", "FINISHED")
+    assert points(client, newest) == expected(run_dir)
+
+
+def test_a_relative_out_dir_keeps_store_and_artifacts_in_the_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_dir = mlflow_only(Path("runs"), iterations=1)
+    client = client_of(tmp_path / run_dir)
+    (run,) = runs_of(client)
+    assert run.info.artifact_uri.startswith((tmp_path / run_dir / DIR).as_uri())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing in the cwd
+
+
+def test_names_mlflow_refuses_are_made_fit_and_the_batch_is_kept(tmp_path: Path) -> None:
+    with RunSession(
+        out_dir=tmp_path, run_id="odd", autoload=False, plugins=[("mlflow", MlflowSink())]
+    ) as run:
+        run.bus.iteration_started(0)
+        run.bus.scalars(iteration=0, name="reward.v2", values={"mean%": 0.5, "x" * 300: 1.0})
+    client = client_of(tmp_path / "odd")
+    (found,) = runs_of(client)
+    assert found.data.metrics["reward.v2/mean_"] == 0.5
+    assert found.data.metrics["reward.v2/" + "x" * 240] == 1.0  # 250 characters
+    record = make_record(
+        kind="grpo",
+        scope="run",
+        run_id="odd",
+        step=1,
+        iteration=0,
+        wall_ns=0,
+        monotonic_ns=0,
+        values={"c": 1},
+    )
+    assert metric_name(record, "d:e f.g-h%+") == "run/grpo/d:e f.g-h__"
 
 
 def test_each_resumed_segment_logs_the_whole_run_into_an_mlflow_run_of_its_own(
@@ -121,6 +175,7 @@ def test_each_resumed_segment_logs_the_whole_run_into_an_mlflow_run_of_its_own(
     assert (first_run.info.run_name, newest.info.run_name) == ("r", "r-s1")
     assert newest.data.tags["twinkle.segment"] == "1"
     assert points(client, newest) == expected(run_dir)  # every record, once
+    assert (first_run.info.status, newest.info.status) == ("FINISHED", "FINISHED")
     assert [s for s, _, _ in points(client, first_run)["grpo/loss"]] == [1, 2]  # as it was
 
 
@@ -171,6 +226,8 @@ def test_a_tracking_uri_in_the_environment_is_the_store(
     found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
     assert [r.info.run_name for r in found] == ["a", "b"]
     assert points(client, found[1]) == expected(b)
+    for run in found:  # the artifacts are the store's, not inside the first run directory
+        assert not run.info.artifact_uri.startswith(a.as_uri())
 
 
 def test_a_store_it_cannot_open_fails_the_start_naming_it(

@@ -38,6 +38,7 @@ from twinkle.events._types import (
 )
 from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
+from twinkle.reporting import is_record_kind
 
 __all__ = ["OVERHEAD_SPAN", "EventBus"]
 
@@ -389,6 +390,11 @@ class EventBus:
         """Publish the caller's named per-iteration figures (reward, loss, ...); ``name``
         becomes their records' kind, so it may not be one the run's observers use
         (:meth:`reserve_scalar_names`)."""
+        if not is_record_kind(name):
+            raise InvalidArgumentError(
+                f"scalars name {name!r:.200} cannot be its records' kind: use 1 or more of "
+                "A-Z a-z 0-9 _ . - (no '/' or spaces; e.g. 'grpo' or 'reward.v2')"
+            )
         if name in self._reserved:
             raise InvalidArgumentError(
                 f"scalars name {name!r} is the kind of records the run's observers make "

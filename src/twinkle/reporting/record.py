@@ -39,6 +39,7 @@ __all__ = [
     "SCOPES",
     "MetricRecord",
     "flat_key",
+    "is_record_kind",
     "make_record",
     "record_fields",
     "record_from_dict",
@@ -122,6 +123,11 @@ def _is_kind(kind: str) -> bool:
 
 
 _is_run_id = functools.lru_cache(maxsize=256)(is_safe_name)
+
+
+def is_record_kind(kind: object) -> bool:
+    """Whether ``kind`` may be a record's kind: a non-empty str of A-Z a-z 0-9 _ . -"""
+    return type(kind) is str and _is_kind(kind)
 
 
 def _check_kind(kind: object) -> str:

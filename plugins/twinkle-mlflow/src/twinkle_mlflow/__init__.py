@@ -13,11 +13,13 @@ twinkle run and tagged ``twinkle.run_id``; the observers' configuration is its
 ``MlflowClient`` of its own: an active ``mlflow.start_run()`` of the trainer is left
 alone.
 
-**Metrics.** Each value of a record is the metric :func:`~twinkle.reporting.flat_key`
-names (``rollout/tokens_per_s_per_device``, ``timing/window_idle_seconds``,
-``grpo/reward_mean``: the names of ``metrics_raw.jsonl``; the run's and the windows'
-figures as ``run/<kind>/<key>`` and ``window/<kind>/<key>``) at step = the record's
-optimizer step and timestamp = its wall time (ms). MLflow keeps the float64. A ``None``
+**Metrics.** Each value of a record is the metric :func:`metric_name` names: its
+:func:`~twinkle.reporting.flat_key` (``rollout/tokens_per_s_per_device``,
+``timing/window_idle_seconds``, ``grpo/reward_mean``: the names of
+``metrics_raw.jsonl``; the run's and the windows' figures as ``run/<kind>/<key>`` and
+``window/<kind>/<key>``), with any character MLflow refuses as ``_``. Its step is the
+record's optimizer step, its timestamp the record's wall time (ms); MLflow keeps the
+float64, and one point of several equal ones (same step, time and value). A ``None``
 (nothing to measure) is left out. The MLflow run ends ``FINISHED`` when the twinkle run
 ends ``ok``, else ``FAILED``.
 
@@ -32,17 +34,21 @@ in ``metrics_raw.jsonl``.
 its event log, into an MLflow run of its own, ``<run_id>-s<n>`` (tag ``twinkle.segment``),
 so the newest MLflow run of a twinkle run is complete and none holds a point twice; the
 earlier ones are left as they were. A resume that fails before its segment begins
-deletes its MLflow run. ``twinkle replay RUN --out DIR`` logs every record into
+deletes its MLflow run; one that was killed leaves its run RUNNING, and the next resume
+ends it as KILLED. ``twinkle replay RUN --out DIR`` logs every record into
 ``DIR/mlflow/`` (or ``$MLFLOW_TRACKING_URI``).
 
 **Cost** (mlflow 3.17, this project's 2-core machine): importing mlflow takes about
 4 s, once per process, and a new sqlite store about 4 s more (its table migrations), at
 the start of every run that has one; a ``log_batch`` of 40 metrics about 18 ms.
+MLflow's own usage telemetry is MLflow's: ``MLFLOW_DISABLE_TELEMETRY=true`` (or
+``DO_NOT_TRACK=true``) turns it off.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,7 +61,14 @@ from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.reporting import MetricRecord, flat_key
 
-__all__ = ["DIR", "EXPERIMENT", "MAX_METRICS_PER_BATCH", "MlflowBackend", "MlflowSink"]
+__all__ = [
+    "DIR",
+    "EXPERIMENT",
+    "MAX_METRICS_PER_BATCH",
+    "MlflowBackend",
+    "MlflowSink",
+    "metric_name",
+]
 
 #: the plugin's directory in the run directory (its store, when it has its own)
 DIR = "mlflow"
@@ -79,7 +92,7 @@ class MlflowBackend:
 
     def write(self, records: Sequence[MetricRecord]) -> None:
         metrics = [
-            Metric(flat_key(record, key), float(value), record.wall_ns // 1_000_000, record.step)
+            Metric(metric_name(record, key), float(value), record.wall_ns // 1_000_000, record.step)
             for record in records
             for key, value in record.values.items()
             if value is not None
@@ -112,15 +125,17 @@ class MlflowSink:
             return None
         segment = context.segment if context.resumed_events > 0 else 0
         name = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
-        own = context.out_dir / DIR
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or ""
-        made = not uri and not own.exists()  # (removed again if the start fails)
+        own = context.out_dir.absolute() / DIR  # (a store URI is absolute)
+        tracking = os.environ.get("MLFLOW_TRACKING_URI")  # else the run's own store
+        uri = tracking or f"sqlite:///{own / 'mlflow.db'}"
+        made = not tracking and not own.exists()  # (removed again if the start fails)
         try:
-            if not uri:
+            if not tracking:
                 own.mkdir(exist_ok=True)
-                uri = f"sqlite:///{own / 'mlflow.db'}"
             client = MlflowClient(tracking_uri=uri)
-            experiment = _experiment(client, own)
+            experiment = _experiment(client, None if tracking else own)
+            if segment:  # an earlier attempt at this segment, killed, never ended its run
+                _end_killed_attempts(client, experiment, context.run_id)
             run = client.create_run(
                 experiment,
                 run_name=name,
@@ -130,7 +145,7 @@ class MlflowSink:
             if made:
                 shutil.rmtree(own, ignore_errors=True)
             raise ReporterError(
-                f"cannot start the MLflow run of {context.run_id!r} in {uri or str(own)!r}: "
+                f"cannot start the MLflow run of {context.run_id!r} in {uri!r}: "
                 f"{type(exc).__name__}: {exc}; fix what MLflow says (MLFLOW_TRACKING_URI, "
                 "MLFLOW_EXPERIMENT_NAME), or leave the plugin out of the run (--block mlflow)"
             ) from exc
@@ -139,6 +154,8 @@ class MlflowSink:
             client.log_dict(run.info.run_id, dict(context.config), "config.json")
         except Exception as exc:
             backend.close()
+            if made:
+                shutil.rmtree(own, ignore_errors=True)
             raise ReporterError(
                 f"cannot write the configuration of the MLflow run of {context.run_id!r} "
                 f"({type(exc).__name__}: {exc}); leave the plugin out (--block mlflow)"
@@ -170,10 +187,36 @@ class MlflowSink:
                 backend.client.delete_run(backend.run_id)
 
 
-def _experiment(client: MlflowClient, own: Path) -> str:
-    """The id of the experiment, created (its artifacts in ``own``) when new."""
+def _experiment(client: MlflowClient, own: Path | None) -> str:
+    """The id of the experiment, created when new: its artifacts in ``own`` (the run's
+    own store), else where the tracking server puts them."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
     found = client.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
-    return client.create_experiment(name, artifact_location=(own / "artifacts").as_uri())
+    location = None if own is None else (own / "artifacts").as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def _end_killed_attempts(client: MlflowClient, experiment: str, run_id: str) -> None:
+    """End as KILLED the MLflow runs of twinkle run ``run_id`` still RUNNING: their
+    processes are gone (one process writes a run directory at a time)."""
+    running = client.search_runs(
+        [experiment],
+        filter_string=f"tags.`twinkle.run_id` = '{run_id}' and attributes.status = 'RUNNING'",
+    )
+    for stale in running:
+        client.set_terminated(stale.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+
+
+#: what MLflow takes in a metric's name (and how long)
+_NAME_REFUSED = re.compile(r"[^\w\-. /:]")
+_NAME_MAX = 250
+
+
+def metric_name(record: MetricRecord, key: str) -> str:
+    """The MLflow metric of value ``key`` of ``record``: its
+    :func:`~twinkle.reporting.flat_key`, with each character MLflow refuses (a caller's
+    scalar may hold any) as ``_`` and cut to MLflow's 250 characters: one odd name never
+    costs the batch it is in."""
+    return _NAME_REFUSED.sub("_", flat_key(record, key))[:_NAME_MAX]

@@ -2,8 +2,8 @@
 
 Installed, this plugin is loaded by every twinkle run of the environment (it registers
 the observer ``wandb`` in the entry-point group ``twinkle.observers``). Each run that
-writes files starts a W&B run in ``runs/<run_id>/wandb/`` — W&B run id, name and group =
-the twinkle run id, project ``$WANDB_PROJECT`` (else ``twinkle``), config = the
+writes files starts a W&B run in ``runs/<run_id>/wandb/`` — W&B run name and group =
+the twinkle run id (its id W&B's own), project ``$WANDB_PROJECT`` (else ``twinkle``), config = the
 observers' configuration — in W&B's *offline* mode unless ``WANDB_MODE`` says
 otherwise: nothing leaves the machine until you run ``wandb sync runs/<run_id>/wandb``.
 Leave it out of one run with ``--block wandb`` (``blocked=["wandb"]``), of all with
@@ -28,7 +28,7 @@ training thread never waits on W&B; a call that raises is the reporter's backend
 ``metrics_raw.jsonl``.
 
 **Resume and replay.** A resumed run (a restarted job on the same run directory, segment
-n) logs into a W&B run of its own, ``<run_id>-s<n>`` in W&B group ``<run_id>``, that
+n) logs into a W&B run of its own, named ``<run_id>-s<n>``, in W&B group ``<run_id>``, that
 holds the whole run: the earlier segments' records, which the observers rebuild from the
 event log first, then the new segment's. So the newest W&B run of a group is complete
 — including what a crash kept from reaching W&B, and the last iteration of a crashed
@@ -111,13 +111,12 @@ class WandbSink:
             return None
         mode = _mode()
         segment = context.segment if context.resumed_events > 0 else 0
-        wandb_id = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
+        name = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
         try:
-            run = wandb.init(
+            run = wandb.init(  # (W&B draws the run's id: no attempt or replay reuses one)
                 dir=context.out_dir,
                 project=os.environ.get("WANDB_PROJECT") or "twinkle",
-                name=wandb_id,
-                id=wandb_id,
+                name=name,
                 group=context.run_id,
                 mode=mode,
                 config=dict(context.config),
