@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from twinkle.errors import ReporterError
-from twinkle.events import Event, IterationStarted, RunStarted, SpanBatch
+from twinkle.events import Event, IterationStarted, RunResumed, RunStarted, SpanBatch
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink, RawRecordsSink, TraceSink, WebUISink
 from twinkle.perf import ClockAnchor, Span
@@ -104,21 +104,26 @@ def record(i: int) -> Any:
 def test_record_files_are_rebuilt_when_the_run_resumes_and_kept_otherwise(
     tmp_path: Path, sink_type: type[RawRecordsSink | WebUISink], name: str
 ) -> None:
-    def write(resumed: int, records: list[Any]) -> None:
+    def write(resumed: int, records: list[Any], segment: int = 0) -> None:
         sink = sink_type()
-        context = RunContext(run_id=RUN, out_dir=tmp_path, resumed_events=resumed)
+        context = RunContext(run_id=RUN, out_dir=tmp_path, resumed_events=resumed, segment=segment)
         sink.twinkle_configure(context)
         (backend,) = sink.twinkle_make_backends(context) or []
         backend.write(records)
-        if resumed:
-            sink.twinkle_run_resumed()  # the logged events went by: the new segment begins
+        kept = (tmp_path / name).read_bytes() if (tmp_path / name).exists() else None
+        for fed_again in range(1, segment):  # an earlier segment's: not this one's
+            sink.twinkle_run_resumed(RunResumed(RUN, 9, 9, ANCHOR, fed_again))
+        if kept is not None:  # the rebuild is not in place before its own segment's
+            assert (tmp_path / name).read_bytes() == kept
+        if resumed:  # the logged events went by: the new segment begins
+            sink.twinkle_run_resumed(RunResumed(RUN, 9, 9, ANCHOR, segment))
         backend.close()  # the reporter's part
         sink.twinkle_unconfigure()
 
     write(0, [record(0), record(1)])
     write(0, [record(2)])  # a new segment without resuming: appended
     assert [o["iteration"] for o in lines_of(tmp_path / name)] == [0, 1, 2]
-    write(7, [record(0), record(1), record(2), record(3)])  # resumed: rebuilt whole
+    write(7, [record(0), record(1), record(2), record(3)], segment=2)  # rebuilt whole
     assert [o["iteration"] for o in lines_of(tmp_path / name)] == [0, 1, 2, 3]
 
 
