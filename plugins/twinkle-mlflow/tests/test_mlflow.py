@@ -214,6 +214,7 @@ def test_installed_it_loads_through_the_entry_point(tmp_path: Path) -> None:
 def test_a_tracking_uri_in_the_environment_is_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # (MLflow puts such a store's artifacts in ./mlruns)
     store = tmp_path / "shared.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "grpo-runs")
