@@ -46,7 +46,7 @@ from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.engines import VllmHttpError
-from twinkle.perf import MemoryReading, memory_stats
+from twinkle.perf import MemoryReading
 from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
@@ -393,9 +393,7 @@ def run_demo(
                                 "kl": result.kl,
                             },
                         )
-                        with bus.own_work("memory"):
-                            readings = [memory_stats(), *rig.worker_memory(it)]
-                        bus.memory(readings, iteration=it)
+                        run.read_memory(iteration=it, others=rig.worker_memory(it))
                         if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
                             pending = (it + 1, trainer.state())
                             publish_due(it)

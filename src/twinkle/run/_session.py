@@ -55,7 +55,7 @@ from twinkle.locks import RunDirLock
 from twinkle.observers import ObserverConfig, ScalarsObserver
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
-from twinkle.perf.stats import memory_stats
+from twinkle.perf.stats import MemoryReading, memory_stats
 from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, loaded_plugins, make_plugin_manager
 from twinkle.reporting import MetricsReporter
 from twinkle.run._replay import iter_events
@@ -541,12 +541,19 @@ class RunSession:
 
     # -- conveniences -----------------------------------------------------------------
 
-    def read_memory(self, *, iteration: int | None, device: str | None = None) -> None:
+    def read_memory(
+        self,
+        *,
+        iteration: int | None,
+        device: str | None = None,
+        others: Iterable[MemoryReading] = (),
+    ) -> None:
         """Read this process's memory (:func:`~twinkle.perf.stats.memory_stats`) and
-        publish it; other workers' readings go through ``bus.memory``."""
+        publish it, with ``others``: readings other workers shipped for the same
+        iteration (one event, so the iteration's memory record reduces them all)."""
         with self.bus.own_work("memory"):
             reading = memory_stats(device=device)
-        self.bus.memory([reading], iteration=iteration)
+        self.bus.memory([reading, *others], iteration=iteration)
 
     def receive(self, report: WorkerReport, *, iteration: int | None) -> None:
         """Publish what a worker process measured (its
