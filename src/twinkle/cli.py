@@ -323,7 +323,7 @@ def _run(args: argparse.Namespace) -> int:
 def _warn_plugins(result: ReplayResult) -> None:
     """Say, per segment of the run, which observer plugins it loaded that this replay
     did not, and the other way round."""
-    segments = result.plugins_by_segment or (result.plugins_recorded,)
+    segments = result.plugins_by_segment
     now = set(result.plugins_now)
     for number, plugins in enumerate(segments):
         if not plugins or set(plugins) == now:

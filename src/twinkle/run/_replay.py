@@ -67,16 +67,19 @@ class ReplayResult:
     torn_line: int | None = None
     torn_bytes: int = 0
     log: Path | None = None
-    plugins_recorded: tuple[str, ...] = ()
     plugins_now: tuple[str, ...] = ()
     plugins_by_segment: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def plugins_recorded(self) -> tuple[str, ...]:
+        """Every observer plugin the run loaded in any segment, sorted."""
+        return tuple(sorted({name for plugins in self.plugins_by_segment for name in plugins}))
 
     @property
     def plugins_differ(self) -> bool:
         """Whether this replay loaded other observer plugins than the run did in any
         segment (only said of the segments that recorded their set)."""
-        segments = self.plugins_by_segment or (self.plugins_recorded,)
-        return any(plugins and plugins != self.plugins_now for plugins in segments)
+        return any(plugins and plugins != self.plugins_now for plugins in self.plugins_by_segment)
 
 
 _NOTHING: Final = object()
@@ -362,7 +365,6 @@ def replay(
         torn_line,
         torn_bytes if torn_line is not None else 0,
         None if log is None else log.path,
-        plugins_recorded=tuple(sorted({name for plugins in segments for name in plugins})),
         plugins_now=loaded_plugins(pm),
         plugins_by_segment=segments,
     )
