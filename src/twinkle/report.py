@@ -27,7 +27,7 @@ import orjson
 from twinkle.errors import InvalidArgumentError
 from twinkle.events import MemoryReadings, RunStarted
 from twinkle.metric import convert_bytes
-from twinkle.observers.sinks import EVENTS_FILE
+from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.reporting import read_jsonl
 from twinkle.run import SUMMARY_FILE, iter_events
 
@@ -45,8 +45,6 @@ __all__ = [
 RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
 _PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
-#: record kinds twinkle's observers write per iteration (the rest are the caller's scalars)
-_OWN_KINDS = frozenset({"iteration", "timing", "memory"})
 
 
 def _run_dir(path: str | os.PathLike[str]) -> Path:
@@ -68,10 +66,9 @@ def _run_dir(path: str | os.PathLike[str]) -> Path:
     return run
 
 
-def _reward(records: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
-    """The (scalar name, key) of the reward: ``choice`` ("NAME.KEY") or the first
-    scalars record's ``reward_mean`` / ``reward`` key."""
-    scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in _OWN_KINDS]
+def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
+    """The (scalar name, key) of the reward among the caller's ``scalars`` records:
+    ``choice`` ("NAME.KEY") or the first ``reward_mean`` / ``reward`` key."""
     if choice is not None:
         name, _, key = choice.rpartition(".")
         if not name or not any(r["kind"] == name and key in r["values"] for r in scalars):
@@ -104,8 +101,10 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     phases = list(config.get("phases", {}))
     streaming = config.get("streaming") or {}
     pair = (streaming.get("generation"), streaming.get("training"))
-    throughput_kinds = set(config.get("throughput", {}))
-    reward_at = _reward([r for r in records if r["kind"] not in throughput_kinds], reward)
+    # The caller's scalars: every record of a kind the built-in observers do not make.
+    own = BUILTIN_KINDS | set(config.get("throughput", {}))
+    scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in own]
+    reward_at = _reward(scalars, reward)
     by_it: dict[int, dict[str, Any]] = {}
     for r in records:
         if r["scope"] != "iteration" or r["iteration"] is None:

@@ -3,7 +3,7 @@ like any third-party plugin: the run's timeline (which the observers computing r
 read), timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file,
 event log, trace)."""
 
-from twinkle.observers._config import ObserverConfig
+from twinkle.observers._config import BUILTIN_KINDS, ObserverConfig
 from twinkle.observers.memory import MemoryObserver
 from twinkle.observers.scalars import ScalarsObserver
 from twinkle.observers.sinks import (
@@ -21,6 +21,7 @@ from twinkle.observers.timeline import TIMELINE, Timeline, TimelineObserver
 from twinkle.observers.timing import TimingObserver
 
 __all__ = [
+    "BUILTIN_KINDS",
     "EVENTS_FILE",
     "RAW_FILE",
     "TIMELINE",
