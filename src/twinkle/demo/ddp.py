@@ -7,10 +7,8 @@ each following rank 0's lead. Every iteration goes like this:
 1. rank 0 broadcasts the iteration and its trajectories (msgpack bytes);
 2. every rank trains its share of each optimizer step (``GRPOTrainer(data_parallel=True)``),
    and DDP averages the gradients;
-3. each rank's spans are gathered to rank 0 as a :class:`~twinkle.perf.WorkerReport`,
-   each on its own clock anchor;
-4. its memory reading comes with them, through
-   :func:`~twinkle.metric.gather_readings`.
+3. each rank's spans and memory reading are gathered to rank 0 as a
+   :class:`~twinkle.perf.WorkerReport`, on the rank's own clock anchor.
 
 Rank 0 hands both to the run. Its own spans and memory are the run process's.
 
@@ -38,9 +36,9 @@ import msgspec
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
+from twinkle.demo.workers import ReportStash
 from twinkle.errors import InvalidArgumentError, TwinkleError, WorkerError
-from twinkle.metric import gather_readings
-from twinkle.perf import MemoryReading, WorkerRecorder, WorkerReport, gather_reports, memory_stats
+from twinkle.perf import MemoryReading, WorkerRecorder, WorkerReport, gather_reports
 from twinkle.perf.dist import broadcast_bytes
 from twinkle.run import RunSession
 
@@ -96,8 +94,7 @@ def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any]) -> No
             while (message := _decode(broadcast_bytes(dist, None, None))) is not None:
                 iteration, trajs = message
                 trainer.train_iteration(iteration, trajs)
-                gather_reports(worker.report(memory=False))
-                gather_readings(memory_stats(worker_id=worker.worker, rank=rank))
+                gather_reports(worker.report())
         finally:
             dist.destroy_process_group()
     except BaseException as exc:
@@ -133,7 +130,7 @@ class DDPTrainer:
         self._followers: list[multiprocessing.process.BaseProcess] = []
         self._dist: Any = None
         self._trainer: GRPOTrainer | None = None
-        self._memory: dict[int, list[MemoryReading]] = {}  # the other ranks', by iteration
+        self._stash = ReportStash(run)  # the other ranks' readings, by iteration
 
     def __enter__(self) -> DDPTrainer:
         context = multiprocessing.get_context("spawn")  # (no fork of a process with threads)
@@ -178,7 +175,7 @@ class DDPTrainer:
 
     def memory(self, iteration: int) -> list[MemoryReading]:
         """The other ranks' readings of ``iteration`` (rank 0 is the run's process)."""
-        return self._memory.pop(iteration, [])
+        return self._stash.pop(iteration)
 
     def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
         trainer, dist = self.trainer, self._dist
@@ -187,12 +184,10 @@ class DDPTrainer:
             result = trainer.train_iteration(iteration, trajs)
             own = WorkerReport("rank0", self._run.recorder.anchor)  # (its spans are the run's)
             reports = gather_reports(own)
-            readings = gather_readings(memory_stats(worker_id="rank0", rank=0))
         except RuntimeError as exc:  # a collective failed: name the rank that went away
             raise self._failure(exc) from exc
         for report in reports[1:]:
-            self._run.receive(report, iteration=iteration)
-        self._memory[iteration] = readings[1:]
+            self._stash.receive(report, iteration)
         return result
 
     def _failure(self, exc: BaseException) -> WorkerError:

@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, Trajectory
 from twinkle.demo.trainer import IterationResult
+from twinkle.demo.workers import ReportStash
 from twinkle.errors import WorkerError
 from twinkle.perf import MemoryReading, WorkerReport
 from twinkle.run import RunSession
@@ -133,28 +132,11 @@ def _get(ray: Any, ref: Any, worker: str, timeout: float | None = None) -> Any:
         ) from exc
 
 
-class _Stash:
-    """What the actors' reports carried for each iteration's memory event: their
-    readings wait here, so that every worker's reading of an iteration (the run
-    process's too) goes out in one event, one reduction."""
-
-    def __init__(self, run: RunSession) -> None:
-        self.run = run
-        self.readings: dict[int, list[MemoryReading]] = {}
-
-    def receive(self, report: WorkerReport, iteration: int) -> None:
-        self.readings.setdefault(iteration, []).extend(report.readings)
-        self.run.receive(msgspec.structs.replace(report, readings=()), iteration=iteration)
-
-    def pop(self, iteration: int) -> list[MemoryReading]:
-        return self.readings.pop(iteration, [])
-
-
 class RayEngine:
     """The driver's handle on one engine actor: what the loop and the driver's publisher
     call on an engine (``rollout``, ``load_weights``, ``close``)."""
 
-    def __init__(self, ray: Any, actor: Any, name: str, stash: _Stash) -> None:
+    def __init__(self, ray: Any, actor: Any, name: str, stash: ReportStash) -> None:
         self._ray = ray
         self._actor = actor
         self._stash = stash
@@ -194,7 +176,7 @@ class RayTrainer:
         self,
         ray: Any,
         actor: Any,
-        stash: _Stash,
+        stash: ReportStash,
         on_step: Callable[[int, int, int], object],
     ) -> None:
         self._ray = ray
@@ -232,7 +214,7 @@ class RayWorkers:
     trainer: RayTrainer
     engines: list[RayEngine]
     pids: dict[str, int]
-    stash: _Stash
+    stash: ReportStash
 
     def memory(self, iteration: int) -> list[MemoryReading]:
         """The actors' memory readings of ``iteration``."""
@@ -257,7 +239,7 @@ def ray_workers(
         init_ray(include_dashboard=False, log_to_driver=False)
     names = ["trainer", *(f"engine{i}" for i in range(cfg.engines))]
     actors: list[Any] = []
-    stash = _Stash(run)
+    stash = ReportStash(run)
     try:
         config = dataclasses.asdict(cfg)
         engine_cls = ray.remote(num_cpus=0, max_concurrency=4)(_EngineActor)
