@@ -42,9 +42,9 @@ def test_it_records_every_kind_of_event_under_its_config(tmp_path: Path) -> None
     assert events[0]["plugins"] == list(loaded_plugins(make_plugin_manager(autoload=False)))
 
 
-def test_a_second_call_with_the_next_iteration_resumes_the_run(tmp_path: Path) -> None:
+def test_a_second_call_resumes_the_run_from_its_next_iteration(tmp_path: Path) -> None:
     scripted_run(tmp_path, "r", 2, autoload=False)
-    log = scripted_run(tmp_path, "r", 3, first_iteration=2, autoload=False)
+    log = scripted_run(tmp_path, "r", 3, autoload=False)  # from iteration 2, step 3
     summary = json.loads((log.parent / "summary.json").read_text())
     assert summary["counts"]["optimizer_updates"]["final"] == 5
     assert [e["type"] for e in read_jsonl(log)].count("run_resumed") == 1

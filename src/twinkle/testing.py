@@ -53,7 +53,7 @@ def scripted_run(
     run_id: str = "cut",
     iterations: int = 4,
     *,
-    first_iteration: int = 0,
+    first_iteration: int | None = None,
     _crash_in: int | None = None,
     **session_options: Any,
 ) -> Path:
@@ -64,10 +64,11 @@ def scripted_run(
     samples, one optimizer step, a memory reading, a ``grpo`` scalar, a weight publish
     acknowledged by engine ``e0`` and a snapshot, on a manual clock (every time figure
     is the same from call to call; the memory reading is this process's). A second
-    call with the same ``out_dir`` and ``run_id`` resumes the run; give it
-    ``first_iteration`` (the next iteration) so that iterations and optimizer steps go
-    on. ``session_options`` go to :class:`~twinkle.run.RunSession` (``plugins=``,
-    ``autoload=``, ``blocked=``, ``background_writer=``, ...).
+    call with the same ``out_dir`` and ``run_id`` resumes the run, from the iteration
+    after the last one its log holds unless ``first_iteration`` says otherwise (optimizer
+    step ``i + 1`` is iteration ``i``'s). ``session_options`` go to
+    :class:`~twinkle.run.RunSession` (``plugins=``, ``autoload=``, ``blocked=``,
+    ``background_writer=``, ...).
     """
     clock = ManualClock(10**9)
     options: dict[str, Any] = {
@@ -77,6 +78,8 @@ def scripted_run(
         **session_options,
     }
     with RunSession(out_dir=out_dir, run_id=run_id, **options) as run:
+        if first_iteration is None:
+            first_iteration = 0 if run.resumed is None else run.resumed.next_iteration
         for i in range(first_iteration, first_iteration + iterations):
             run.bus.iteration_started(i)
             with run.recorder.span("generate", iteration=i):
@@ -111,8 +114,7 @@ def crashed_run(
     ``run_finished``, no file closed, nothing flushed that its writer threads did not
     write in a second. ``plugins`` maps observer names to the ``module:attr`` of a
     class or factory the child builds them from (the child loads no entry points).
-    A :func:`scripted_run` with ``first_iteration=iterations`` then resumes the run;
-    returns the event log."""
+    A :func:`scripted_run` of the same run then resumes it; returns the event log."""
     args = {"out_dir": str(out_dir), "run_id": run_id, "iterations": iterations}
     code = "import sys; from twinkle.testing import _crash; _crash(sys.argv[1], sys.argv[2])"
     child = subprocess.run(
@@ -151,9 +153,9 @@ class CtrlCWhileResuming:
     output as it was::
 
         scripted_run(tmp_path, "r", 2, plugins=[("mine", MySink())])
-        scripted_run(tmp_path, "r", 2, first_iteration=2, plugins=[("mine", MySink())])
+        scripted_run(tmp_path, "r", 2, plugins=[("mine", MySink())])  # resumes
         with pytest.raises(KeyboardInterrupt):
-            scripted_run(tmp_path, "r", 1, first_iteration=4,
+            scripted_run(tmp_path, "r", 1,
                          plugins=[("mine", MySink()), ("ctrl_c", CtrlCWhileResuming())])
     """
 
