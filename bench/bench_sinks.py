@@ -23,15 +23,8 @@ from collections.abc import Callable
 
 from bench._harness import Row, has_module
 from twinkle.run import RunSession
+from twinkle.testing import SCRIPTED_CONFIG
 
-CONFIG = {
-    "phases": {"rollout": ["generate"], "train": ["train.*"]},
-    "throughput": {
-        "rollout": {"samples": "rollout", "devices": 1},
-        "train": {"samples": "train", "devices": 1},
-    },
-    "window": {"samples": "rollout", "devices": 1},
-}
 #: (observer name, module, class) of each plugin's sink
 SINKS = [
     ("tensorboard", "twinkle_tensorboard", "TensorBoardSink"),
@@ -53,7 +46,7 @@ def _work(seconds: float) -> None:
 def _run(iterations: int, plugins: list[tuple[str, object]]) -> float:
     """Wall seconds per iteration of a live run with ``plugins`` besides the built-ins."""
     with tempfile.TemporaryDirectory() as out:
-        run = RunSession(out_dir=out, config=CONFIG, autoload=False, plugins=plugins)
+        run = RunSession(out_dir=out, config=SCRIPTED_CONFIG, autoload=False, plugins=plugins)
         with run:
             start = time.perf_counter()
             for i in range(iterations):
