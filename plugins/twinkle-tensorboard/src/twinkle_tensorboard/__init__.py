@@ -61,7 +61,8 @@ DIR = "tensorboard"
 #: the names of TensorBoard's event files (a glob)
 EVENT_FILES = "events.out.tfevents.*"
 #: a resumed run's rebuild until its new segment begins (TensorBoard does not read it)
-REBUILD_FILES = ".twinkle-rebuild.*"
+_REBUILD = ".twinkle-rebuild"
+REBUILD_FILES = f"{_REBUILD}.*"
 
 #: TensorBoard's scalar plugin reads a tensor carrying this as a scalar
 _SCALAR = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
@@ -90,10 +91,10 @@ class TensorBoardBackend:
         self._tagged: set[str] = set()  # tags whose scalar metadata is in the file
         self._publish_from: int | None = None
         try:
-            self.event_file = next(logdir.glob(f"events.out.tfevents.*{suffix}"))
+            self.event_file = next(logdir.glob(EVENT_FILES + suffix))
             self.path = self.event_file  # where it is now
             if rebuilding:  # (the open file is written on under its new name)
-                self.path = logdir / f".twinkle-rebuild{suffix}"
+                self.path = logdir / f"{_REBUILD}{suffix}"
                 os.replace(self.event_file, self.path)
         except BaseException:
             self.closed = True
