@@ -129,6 +129,7 @@ class MlflowSink:
         tracking = os.environ.get("MLFLOW_TRACKING_URI")  # else the run's own store
         uri = tracking or f"sqlite:///{own / 'mlflow.db'}"
         made = not tracking and not own.exists()  # (removed again if the start fails)
+        backend: MlflowBackend | None = None
         try:
             if not tracking:
                 own.mkdir(exist_ok=True)
@@ -141,24 +142,17 @@ class MlflowSink:
                 run_name=name,
                 tags={"twinkle.run_id": context.run_id, "twinkle.segment": str(segment)},
             )
+            backend = MlflowBackend(client, run.info.run_id)
+            client.log_dict(run.info.run_id, dict(context.config), "config.json")
         except Exception as exc:
+            if backend is not None:
+                backend.close()  # (FAILED)
             if made:
                 shutil.rmtree(own, ignore_errors=True)
             raise ReporterError(
                 f"cannot start the MLflow run of {context.run_id!r} in {uri!r}: "
                 f"{type(exc).__name__}: {exc}; fix what MLflow says (MLFLOW_TRACKING_URI, "
                 "MLFLOW_EXPERIMENT_NAME), or leave the plugin out of the run (--block mlflow)"
-            ) from exc
-        backend = MlflowBackend(client, run.info.run_id)
-        try:
-            client.log_dict(run.info.run_id, dict(context.config), "config.json")
-        except Exception as exc:
-            backend.close()
-            if made:
-                shutil.rmtree(own, ignore_errors=True)
-            raise ReporterError(
-                f"cannot write the configuration of the MLflow run of {context.run_id!r} "
-                f"({type(exc).__name__}: {exc}); leave the plugin out (--block mlflow)"
             ) from exc
         self._backend, self._segment = backend, segment
         return [backend]
