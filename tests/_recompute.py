@@ -81,7 +81,7 @@ class Recompute:
                     horizon = self.boundaries[k - lag - 1][1]
                     self.finalised_at[k - lag - 1] = pos
             elif kind == "spans":
-                offset = shift(ev["anchor"], started["anchor"])
+                offset = placement(ev, started)
                 for s in ev["spans"]:
                     start, end = s["start_ns"] + offset, s["end_ns"] + offset
                     tid = (s["pid"], s["thread_id"])  # (two processes' idents may coincide)
@@ -160,11 +160,80 @@ class Recompute:
 
 
 def shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
-    """What places a batch's spans on the run's timeline: 0 from the run's own process,
-    else the difference of the two processes' wall-minus-monotonic offsets."""
+    """What the anchors say places a batch's spans on the run's timeline: 0 from the
+    run's own process, else the difference of the two processes' wall-minus-monotonic
+    offsets."""
     if (anchor["pid"], anchor["hostname"]) == (run["pid"], run["hostname"]):
         return 0
     return (anchor["wall_ns"] - anchor["monotonic_ns"]) - (run["wall_ns"] - run["monotonic_ns"])
+
+
+#: config.clock_skew's defaults (docs/metrics.md), in ns
+AHEAD_NS, BEHIND_NS = 10_000_000, 1_000_000_000
+
+
+def skew_offset(batch: dict[str, Any], started: dict[str, Any]) -> int | None:
+    """A worker batch's send, placed by the anchors, minus its arrival (the batch's
+    ``monotonic_ns``); None when it carries no send time (the run's own recorders)."""
+    sent = batch.get("sent_anchor")
+    if sent is None:
+        return None
+    return sent["monotonic_ns"] + shift(batch["anchor"], started["anchor"]) - batch["monotonic_ns"]
+
+
+def skewed(batch: dict[str, Any], started: dict[str, Any]) -> bool:
+    """Whether the batch's send falls beyond the run's clock_skew tolerance."""
+    offset = skew_offset(batch, started)
+    spec = started["config"].get("clock_skew") or {}
+    ahead = round(spec.get("ahead_s", AHEAD_NS / 1e9) * 1e9)
+    behind = round(spec.get("behind_s", BEHIND_NS / 1e9) * 1e9)
+    return offset is not None and not -behind <= offset <= ahead
+
+
+def skew_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's ``clock_skew`` (its counts and workers) from the log: a report split
+    over consecutive lines (same arrival and send) counts once."""
+    started, checked = events[0], 0
+    workers: dict[str, dict[str, Any]] = {}
+    last: dict[str, Any] = {}
+    for batch in events:
+        offset = skew_offset(batch, started) if batch["type"] == "spans" else None
+        if offset is None:
+            continue
+        key = (batch["monotonic_ns"], batch["sent_anchor"])
+        new = last.get(batch["source"]) != key
+        last[batch["source"]] = key
+        checked += new
+        if not skewed(batch, started):
+            continue
+        worker = workers.setdefault(
+            batch["source"],
+            {"hostname": batch["anchor"]["hostname"], "reports": 0, "spans": 0, "offset": 0},
+        )
+        worker["reports"] += new
+        worker["spans"] += len(batch["spans"])
+        if abs(offset) > abs(worker["offset"]):
+            worker["offset"], worker["hostname"] = offset, batch["anchor"]["hostname"]
+    return {
+        "checked_reports": checked,
+        "workers": {
+            source: {
+                "hostname": w["hostname"],
+                "corrected_reports": w["reports"],
+                "corrected_spans": w["spans"],
+                "offset_seconds": w["offset"] / 1e9,
+            }
+            for source, w in sorted(workers.items())
+        },
+    }
+
+
+def placement(batch: dict[str, Any], started: dict[str, Any]) -> int:
+    """What places a batch's spans on the run's timeline: the anchors' shift, or for a
+    skewed worker's batch the one that puts its send at its arrival."""
+    if skewed(batch, started):
+        return batch["monotonic_ns"] - batch["sent_anchor"]["monotonic_ns"]
+    return shift(batch["anchor"], started["anchor"])
 
 
 def _s(ns: int) -> float:
@@ -244,6 +313,9 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     phase_windows = {r["kind"]: r["values"] for r in records if r["scope"] == "window"}
     rollout_logical = sum(p["logical"]["rollout"] for p in parts)
     assert phase_windows["rollout"]["seconds"] == _s(rollout_logical)
+    skew = json.loads((run_dir / "summary.json").read_text())["clock_skew"]
+    expected = skew_summary(events)
+    assert {k: skew[k] for k in expected} == expected
     return run
 
 
@@ -268,13 +340,12 @@ def placed_spans(
     events: list[dict[str, Any]], sources: set[str]
 ) -> list[tuple[str, dict[str, Any], int, int]]:
     """(source, span, start, end) of every span of ``sources``: its start and end on the
-    run's timeline, moved there by its batch's anchor (compare with :func:`windows`)."""
-    origin = events[0]["anchor"]
+    run's timeline, moved there by its batch's placement (compare with :func:`windows`)."""
     out = []
     for batch in events:
         if batch["type"] != "spans" or batch["source"] not in sources:
             continue
-        offset = shift(batch["anchor"], origin)
+        offset = placement(batch, events[0])
         for span in batch["spans"]:
             out.append((batch["source"], span, span["start_ns"] + offset, span["end_ns"] + offset))
     return out

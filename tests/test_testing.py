@@ -37,6 +37,7 @@ def test_it_records_every_kind_of_event_under_its_config(tmp_path: Path) -> None
         "weights_published",
         "snapshot",
         "run_finished",
+        "backends_closed",
     }
     assert events[0]["config"] == SCRIPTED_CONFIG
     assert events[0]["plugins"] == list(loaded_plugins(make_plugin_manager(autoload=False)))

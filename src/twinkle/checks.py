@@ -24,19 +24,24 @@ __all__ = [
     "INT64_MIN",
     "MAX_TOKENS",
     "NAME_RULE",
+    "OWN_SOURCE_PREFIX",
     "Count",
     "Int64",
     "NonEmpty",
     "SafeName",
     "Tokens",
+    "caller_source",
     "convert_checked",
     "run_id",
     "explain",
     "is_safe_name",
+    "key_problem",
     "plain_number",
     "plain_numbers",
+    "printable",
     "safe_name",
     "short_repr",
+    "value_key",
 ]
 
 _T = TypeVar("_T")
@@ -112,6 +117,24 @@ def short_repr(value: object) -> str:
     r.maxlist = r.maxtuple = 8
     r.maxstring = r.maxother = 60
     return r.repr(value)
+
+
+#: C0 and C1 control characters (ESC starts a terminal's escape sequences) and the
+#: bidirectional marks that reorder how a line reads
+_UNPRINTABLE: Final = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped as Python writes them (``\\x1b``,
+    ``\\n``, ``\\u202e``), for printing on a terminal: a string from a log (a worker id,
+    a scalar's name, an error) may hold an escape sequence the terminal would obey."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
 
 
 def is_safe_name(value: str) -> bool:
@@ -204,13 +227,85 @@ def convert_checked(
     *,
     what: str = "data",
     error: type[InvalidArgumentError] = InvalidArgumentError,
+    fix: str | None = None,
 ) -> _T:
     """``data`` (plain JSON-like values) as a checked ``cls``; a clear ``error`` naming
-    the first field that is off and what was expected of it."""
+    the first field that is off, what was expected of it, and ``fix`` (default: pass
+    the output of ``cls.to_dict()``)."""
     try:
         return msgspec.convert(data, cls)
     except msgspec.ValidationError as exc:
         raise error(
-            f"{what} is not a valid {cls.__name__}: {explain(exc, data, what)}; pass the output "
-            f"of {cls.__name__}.to_dict()"
+            f"{what} is not a valid {cls.__name__}: {explain(exc, data, what)}; "
+            f"{fix or f'pass the output of {cls.__name__}.to_dict()'}"
         ) from None
+
+
+# -- names the caller gives: the keys of its figures, the sources of its spans ---------
+
+#: An empty part of a key between '/'s: the flat name ``<kind>/<key>`` (``metrics.jsonl``,
+#: the dashboards) is read as a path of groups, and an empty one is a group without a name.
+_EMPTY_PART: Final = re.compile(r"^/|/$|//")
+
+
+def key_problem(key: object) -> str | None:
+    """Why ``key`` cannot name a number of the caller's (a key of ``values``), or None.
+
+    A key becomes part of the flat name ``<kind>/<key>``: it is a non-empty str of valid
+    UTF-8, without control or bidirectional characters (a terminal or a dashboard would
+    obey them) and without an empty part between '/'s. A '/' inside a key is fine: the
+    first '/' of a flat name ends the kind (a kind has none), and the rest groups the
+    figures as TRL's do (``rewards/accuracy/mean``)."""
+    if type(key) is not str:
+        return f"is a {type(key).__qualname__}: keys are str (use str(key))"
+    if not key:
+        return "is empty: give every figure a name (e.g. 'reward_mean')"
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return (
+                "is not valid UTF-8 (it holds a lone surrogate): decode the bytes it came "
+                "from as UTF-8"
+            )
+    bad = _UNPRINTABLE.search(key)
+    if bad is not None:
+        return (
+            f"holds the control character {bad.group()!r}, which the terminals and "
+            "dashboards showing it would obey: use letters, digits, '_', '.', '-' and '/'"
+        )
+    if _EMPTY_PART.search(key) is not None:
+        return (
+            "has an empty part between '/'s: its flat name '<kind>/<key>' groups figures "
+            "by '/', so a leading, trailing or doubled '/' makes a group without a name; "
+            "drop the extra '/' (e.g. 'rewards/mean')"
+        )
+    return None
+
+
+def value_key(key: object, where: str) -> str:
+    """``key`` if it can name a number of the caller's (:func:`key_problem`), else an
+    :class:`InvalidArgumentError` naming ``where`` (e.g. ``"scalars 'grpo': values"``)."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise InvalidArgumentError(f"{where} key {key!r:.200} {problem}")
+    return key  # type: ignore[return-value]
+
+
+#: Span sources starting so are twinkle's own: the batches of its overhead recorder
+#: (``twinkle.observers``) hold the spans of its own work, which the summary counts apart.
+OWN_SOURCE_PREFIX: Final = "twinkle."
+
+
+def caller_source(value: str, what: str) -> str:
+    """``value`` (a non-empty str) unless it is a span source of twinkle's own
+    (:data:`OWN_SOURCE_PREFIX`): a caller's recorder or worker under such a name would
+    have its spans taken for twinkle's."""
+    if value.startswith(OWN_SOURCE_PREFIX):
+        raise InvalidArgumentError(
+            f"{what} {value!r:.200} is reserved: span sources starting "
+            f"{OWN_SOURCE_PREFIX!r} are twinkle's own (the spans of its own work), and "
+            "spans under one would be taken for them; name it after its role (e.g. "
+            "'engine0' or 'rank1')"
+        )
+    return value

@@ -32,8 +32,10 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from twinkle.errors import (
@@ -147,16 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from twinkle.checks import printable
     from twinkle.report import compare, format_compare, format_report, load_report, write_plots
 
+    # Both runs first: one that cannot be reported stops the command before any output.
     first = load_report(args.run, reward=args.reward)
+    second = None if args.other is None else load_report(args.other, reward=args.reward)
     if args.plots is not None:
         for path in write_plots(first, args.plots):
-            print(f"wrote {path}", file=sys.stderr)
-    if args.other is None:
+            print(printable(f"wrote {path}"), file=sys.stderr)
+    if second is None:
         print(json.dumps(first, indent=1) if args.json else format_report(first))
         return 0
-    second = load_report(args.other, reward=args.reward)
     if args.json:
         print(json.dumps({"a": first, "b": second, "compare": compare(first, second)}, indent=1))
     else:
@@ -176,6 +180,7 @@ def _version() -> str:
 
 
 def _plugins(args: argparse.Namespace) -> int:
+    from twinkle.checks import printable
     from twinkle.plugins import PluginStatus, describe_plugins
 
     found = describe_plugins(autoload=False if args.no_autoload else None, blocked=args.block)
@@ -187,13 +192,16 @@ def _plugins(args: argparse.Namespace) -> int:
     for p in found:
         status = p.status.value if p.error is None else f"{p.status.value}: {p.error}"
         origin = f"{p.distribution or '?'} ({p.value})"
-        rows.append((p.name, "built-in" if p.builtin else "third party", status, origin))
+        # (a plugin's name and error are its package's strings: shown, never obeyed)
+        kind = "built-in" if p.builtin else "third party"
+        rows.append((printable(p.name), kind, printable(status), printable(origin)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3])
     if failing:
+        names = printable(", ".join(failing))
         print(
-            f"twinkle: {len(failing)} plugin(s) fail to load ({', '.join(failing)}): a run "
+            f"twinkle: {len(failing)} plugin(s) fail to load ({names}): a run "
             f"with them stops before it starts; fix or uninstall them, or --block them",
             file=sys.stderr,
         )
@@ -281,8 +289,11 @@ def _summary_status(run_dir: Path) -> str | None:
 
 
 def _error(message: str, code: int) -> int:
+    from twinkle.checks import printable
+
     one_line = re.sub(r"\s*\n\s*", " ", message.strip())  # a quoted error may hold newlines
-    print(f"twinkle: error: {one_line}", file=sys.stderr)
+    # (an error may quote a log's or a plugin's string: escape sequences are shown)
+    print(f"twinkle: error: {printable(one_line)}", file=sys.stderr)
     return code
 
 
@@ -355,12 +366,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard = finish_on_signals()
     with guard:
         try:
-            return _run(args)
+            code = _run(args)
         except KeyboardInterrupt as exc:
             code = _interrupted(args, exc)
             if argv is None:
                 _exit_now(code)
             return code
+        except ZeroDivisionError as exc:  # (--traceback): the interpreter prints it, then exits
+            if argv is None:
+                _exit_despite_threads(_exit_status(exc))
+            raise
+    if argv is None:
+        _exit_despite_threads(code)
+    return code
+
+
+def _exit_status(exc: BaseException) -> int:
+    """The status the interpreter exits with when ``exc`` ends it."""
+    if not isinstance(exc, SystemExit) or exc.code is None:
+        return 0 if isinstance(exc, SystemExit) else 1
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+#: how long the ``twinkle`` process, its work done, lets the interpreter wait for the
+#: threads some library left running before it names them and exits anyway
+LEFTOVER_THREADS_S = 2.0
+
+
+def _exit_despite_threads(code: int, grace_s: float = LEFTOVER_THREADS_S) -> None:
+    """Make sure the command ends, with ``code``, even when a plugin or a library (Ray,
+    torch) left a non-daemon thread running: the interpreter joins every such thread
+    at exit, forever for one that never ends. When any is alive now, a daemon watchdog
+    gives the interpreter's own exit ``grace_s`` (it also stops what it knows how to
+    stop, e.g. idle thread pools); threads still alive then are named on stderr and the
+    process ends (:func:`_exit_now`: the run and its files are closed already)."""
+    if not _leftover_threads():
+        return  # nothing to wait for: the usual exit, atexit handlers and all
+    watchdog = threading.Thread(
+        target=_end_if_threads_stay, args=(code, grace_s), name="twinkle-exit", daemon=True
+    )
+    watchdog.start()
+
+
+def _leftover_threads() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if not t.daemon and t is not main and t.is_alive()]
+
+
+def _end_if_threads_stay(code: int, grace_s: float) -> None:
+    time.sleep(grace_s)
+    left = _leftover_threads()
+    if not left:
+        return  # (the interpreter is in its atexit handlers: let it finish)
+    frames = sys._current_frames()
+    named = "; ".join(_describe_thread(t, frames.get(t.ident or -1)) for t in left)
+    print(
+        f"twinkle: warning: exiting without waiting for {len(left)} thread(s) left "
+        f"running {grace_s:g} s after the command was done (not daemon threads: a "
+        f"plugin or a library started them and never stopped them): {named}",
+        file=sys.stderr,
+    )
+    _exit_now(code)
+
+
+def _describe_thread(thread: threading.Thread, frame: FrameType | None) -> str:
+    """``'name' (at file:line in function)``: where the thread is now."""
+    if frame is None:
+        return repr(thread.name)
+    code = frame.f_code
+    return f"{thread.name!r} (at {code.co_filename}:{frame.f_lineno} in {code.co_name})"
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -6,11 +6,13 @@ and how to fix it. Callers match on the class, never on the message.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
     "TwinkleError",
     "ConfigError",
+    "ResumeConfigError",
     "InvalidArgumentError",
     "RecordError",
     "ReporterError",
@@ -35,6 +37,50 @@ class InvalidArgumentError(TwinkleError, ValueError):
 
 class ConfigError(TwinkleError, ValueError):
     """A configuration value (observer set-up, CLI option, environment) is unusable."""
+
+
+class ResumeConfigError(ConfigError):
+    """A run cannot resume with the configuration given: the keys in ``keys`` differ
+    between ``logged`` (the run's, as its log carries it) and ``given`` (the resuming
+    session's). A resume may change only ``total_steps`` and the caller's ``x_`` keys.
+
+    The message is ``problem`` then ``fix``. A caller that builds the configuration for
+    its user (``TwinkleCallback``, ``twinkle demo``) re-raises the error with the fix in
+    its user's terms: :meth:`with_fix`.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        fix: str,
+        *,
+        run_id: str,
+        keys: tuple[str, ...],
+        logged: dict[str, Any],
+        given: dict[str, Any],
+    ) -> None:
+        super().__init__(f"{problem}: {fix}")
+        self.problem = problem
+        self.fix = fix
+        self.run_id = run_id
+        self.keys = keys
+        self.logged = logged
+        self.given = given
+
+    def with_fix(self, fix: str) -> ResumeConfigError:
+        """The same error, saying ``fix`` as what to do about it."""
+        return ResumeConfigError(self.problem, fix, **self._details())
+
+    def _details(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "keys": self.keys,
+            "logged": self.logged,
+            "given": self.given,
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (picklable: its arguments are not .args)
+        return (functools.partial(ResumeConfigError, **self._details()), (self.problem, self.fix))
 
 
 class RecordError(InvalidArgumentError):

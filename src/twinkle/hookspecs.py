@@ -28,6 +28,7 @@ import pluggy
 from twinkle.errors import PluginError
 from twinkle.events import (
     OVERHEAD_SPAN,
+    BackendsClosed,
     Event,
     IterationStarted,
     MemoryReadings,
@@ -113,7 +114,9 @@ class RunContext:
 
     ``out_dir`` is the run directory (``runs/<run_id>/``) where sinks write, or ``None``
     when nothing is to be written; ``config`` is the caller's observer configuration
-    (the same dict :class:`~twinkle.events.RunStarted` will carry); ``replay`` is true
+    (the same dict :class:`~twinkle.events.RunStarted` will carry; for a resumed run,
+    the newest segment's, which its :class:`~twinkle.events.RunResumed` carries: a
+    resume may change only ``total_steps`` and ``x_`` keys); ``replay`` is true
     when events come from a log; ``stash`` holds what observers share for this run.
 
     ``resumed_events`` is the number of events a resumed live run (a second session on
@@ -141,7 +144,11 @@ def twinkle_configure(context: RunContext) -> None:
     """Once per run, after every plugin is registered (the set is fixed from now until
     the run closes) and before the first event. Raising a
     :class:`~twinkle.errors.TwinkleError` here (the observer cannot run as configured)
-    fails the run's start with that error; any other exception is logged and counted.
+    fails the run's start with that error when the observer is one of twinkle's own or
+    a plugin the run requires (``RunSession(required_plugins=...)``, ``--require-plugin
+    NAME``); any other plugin is left out of the run instead — none of its hooks is
+    called again — and named, with the error, on stderr, in ``run_started`` and in
+    ``summary.json`` (``plugins_left_out``). Any other exception is logged and counted.
 
     :param context: the run's id, output directory, configuration (as the event log
         carries it), whether this is a replay, and the run's stash (state observers
@@ -152,11 +159,19 @@ def twinkle_configure(context: RunContext) -> None:
 @hookspec
 def twinkle_make_backends(context: RunContext) -> Sequence[Backend] | None:
     """Once per run, after :func:`twinkle_configure`: record backends this plugin provides.
-    Raising a :class:`~twinkle.errors.TwinkleError` (a backend cannot be opened) fails
-    the run's start with that error; any other exception is logged and counted.
+    Keep it quick (the run's start waits for it): do slow set-up (imports, connecting to
+    a server, creating a store) in the backend's optional ``open()`` method, which a
+    plugin's backend gets called on its own thread, before its first ``write``. Raising
+    a :class:`~twinkle.errors.TwinkleError` here, or from ``open()``, leaves the plugin's
+    backends out of the run, as for :func:`twinkle_configure` (fatal only for twinkle's
+    own and a required plugin); any other exception is logged and counted.
 
     The run's single :class:`~twinkle.reporting.MetricsReporter` fans every record
     out to all backends returned here (it assigns ``seq`` and isolates failing backends).
+    A plugin's backend is called on a thread of its own
+    (:class:`~twinkle.reporting.IsolatedBackend`): the run's own files never wait for
+    it, and a call that does not return within ``backend_timeout_s`` cuts it off. What
+    each backend did with its records is in ``summary.json`` (``backends``).
 
     :param context: as for :func:`twinkle_configure`.
     """
@@ -213,7 +228,10 @@ def twinkle_spans(event: SpanBatch) -> Records:
     """A batch of finished spans arrived from one recorder.
 
     :param event: ``event.spans`` (name, start/end ns, thread, pid, attrs, error) on the
-        clock of the process that ``event.anchor`` describes.
+        clock of the process that ``event.anchor`` describes; a worker's batch also
+        carries ``event.sent_anchor`` (its clocks read as it sent them: placing the
+        batch with :func:`twinkle.observers.placement.place_batch` checks it for clock
+        skew against the batch's arrival, ``event.monotonic_ns``).
     """
 
 
@@ -258,6 +276,17 @@ def twinkle_run_finished(event: RunFinished) -> Records:
 
 
 @hookspec
+def twinkle_backends_closed(event: BackendsClosed) -> Records:
+    """The segment's record backends are closed (after :func:`twinkle_run_finished`):
+    what each did with the records handed to it. The run puts it in ``summary.json``
+    (``backends``); records returned here reach only the run's own files.
+
+    :param event: ``event.backends``: a :class:`~twinkle.reporting.BackendHealth` per
+        backend, by the name of the plugin that made it.
+    """
+
+
+@hookspec
 def twinkle_event(event: Event) -> None:
     """Every event, after its typed hook has run for every observer (event-log sinks).
 
@@ -286,7 +315,8 @@ def twinkle_summary(event: RunFinished) -> dict[str, Any] | None:
 
 @hookspec
 def twinkle_unconfigure(context: RunContext) -> None:
-    """Once per run, last: flush and close whatever the plugin opened.
+    """Once per run, last: flush and close whatever the plugin opened, except its
+    backends (the run's reporter closes those, each on its own thread and bounded).
 
     :param context: as for :func:`twinkle_configure`.
     """

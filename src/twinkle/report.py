@@ -16,24 +16,30 @@ The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo
 
 from __future__ import annotations
 
+import io
 import math
+import mmap
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import msgspec
 import orjson
 
-from twinkle.errors import InvalidArgumentError
-from twinkle.events import MemoryReadings, RunStarted
+from twinkle.checks import SafeName, explain, printable
+from twinkle.errors import InvalidArgumentError, ReporterError
+from twinkle.events import MemoryReadings, RunStarted, Status
 from twinkle.metric import convert_bytes
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
-from twinkle.reporting import read_jsonl
+from twinkle.reporting import ReplacingFile, read_jsonl
 from twinkle.run import SUMMARY_FILE, iter_events
 
 __all__ = [
     "PLOTS",
     "RECORDS_FILE",
+    "SUMMARY_MAX_BYTES",
     "compare",
     "format_compare",
     "format_report",
@@ -45,6 +51,9 @@ __all__ = [
 RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
 _PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+#: the largest summary.json read: a run's is a few KiB (a thousand scalars, some hundred
+#: KiB); past this it is not a summary twinkle wrote, and reading it could exhaust memory
+SUMMARY_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
 def _run_dir(path: str | os.PathLike[str]) -> Path:
@@ -57,13 +66,114 @@ def _run_dir(path: str | os.PathLike[str]) -> Path:
     missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
     if missing:
         hint = (
-            f"the run did not finish: replay its log first (twinkle replay {run}/{EVENTS_FILE} "
-            "--out DIR) and report DIR"
+            f"the run did not finish: {_replay_fix(run)}"
             if (run / EVENTS_FILE).is_file()
             else "it is not a twinkle run's directory"
         )
         raise InvalidArgumentError(f"{str(run)!r} has no {', '.join(missing)}: {hint}")
     return run
+
+
+def _replay_fix(run: Path) -> str:
+    """How to get files to report from a run's log alone."""
+    return f"replay its log first (twinkle replay {run}/{EVENTS_FILE} --out DIR) and report DIR"
+
+
+class _Segment(msgspec.Struct, frozen=True):
+    """A segment as ``summary.json`` lists it (what the report checks of it)."""
+
+    segment: int
+    status: Status | None
+
+
+class _Summary(msgspec.Struct, frozen=True):
+    """What the report reads of ``summary.json`` (the observers' other parts are not
+    checked here)."""
+
+    run_id: SafeName
+    status: Status
+    segments: list[_Segment]
+    window: dict[str, int | float | None] = {}
+    seconds: dict[str, int | float | None] = {}
+
+
+def _read_summary(run: Path) -> _Summary:
+    """The run's ``summary.json``, refused (naming the file, what is wrong and the fix)
+    when it is too big, not JSON or not of :class:`_Summary`'s shape."""
+    path = run / SUMMARY_FILE
+    fix = f"it is not a summary twinkle wrote (or it was cut): {_replay_fix(run)}"
+    with path.open("rb") as f:
+        # The size first: a file of gigabytes is refused without reading it.
+        size = os.fstat(f.fileno()).st_size
+        data = b"" if size > SUMMARY_MAX_BYTES else f.read(SUMMARY_MAX_BYTES + 1)
+    if max(size, len(data)) > SUMMARY_MAX_BYTES:
+        raise InvalidArgumentError(
+            f"{str(path)!r} holds {max(size, len(data)):,} bytes, more than the "
+            f"{SUMMARY_MAX_BYTES:,} a run's summary may: {fix}"
+        )
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{str(path)!r} is not JSON ({exc}): {fix}") from None
+    try:
+        return msgspec.convert(parsed, _Summary)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(
+            f"{str(path)!r}: {explain(exc, parsed, 'summary')}: {fix}"
+        ) from None
+
+
+#: a run_resumed line of the log: the writer puts the type first (after the line's seq)
+_RESUMED: Final = b'"type":"run_resumed"'
+_LINE_HEAD: Final = re.compile(rb'\{(?:"seq":\d{1,20},)?')
+_HEAD_MAX: Final = 32  # the most bytes between a line's start and its type
+
+
+def _logged_segments(log: Path) -> int:
+    """How many segments the log holds: 1 + its ``run_resumed`` lines, found by a byte
+    search instead of parsing the log (a gigabyte takes about half a second). Strings in
+    a line have their quotes escaped, so the pattern right at a line's start is the
+    event's own type, never a value; a torn last line (no newline) is no event."""
+    with log.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return 0
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            segments, at = 1, text.find(_RESUMED)
+            while at != -1:
+                low = max(0, at - _HEAD_MAX)
+                newline = text.rfind(b"\n", low, at)
+                if newline != -1 or low == 0:  # (else too far from a line's start)
+                    head = text[newline + 1 : at]
+                    if _LINE_HEAD.fullmatch(head) and text.find(b"\n", at) != -1:
+                        segments += 1
+                at = text.find(_RESUMED, at + 1)
+    return segments
+
+
+def _check_covered(run: Path, summary: _Summary, first: RunStarted) -> None:
+    """Refuse a summary that does not cover the run's log: another run's, or one that
+    an earlier segment wrote before the run resumed and its new segment stopped (killed,
+    or still running): its status and throughput are the earlier segments' while the
+    records hold the later ones' iterations."""
+    path = run / SUMMARY_FILE
+    if summary.run_id != first.run_id:
+        raise InvalidArgumentError(
+            f"{str(path)!r} is the summary of run {summary.run_id!r}, but {EVENTS_FILE} "
+            f"beside it is the log of run {first.run_id!r}: {_replay_fix(run)}"
+        )
+    logged, covered = _logged_segments(run / EVENTS_FILE), len(summary.segments)
+    if logged == covered:
+        return
+    why = (
+        "the run resumed and its last segment stopped (killed, or still running) before "
+        "writing its own summary"
+        if logged > covered
+        else "the log was cut or replaced after the summary was written"
+    )
+    raise InvalidArgumentError(
+        f"{str(run)!r}: its {EVENTS_FILE} holds {logged} segment(s) of the run, but its "
+        f"{SUMMARY_FILE} covers {covered}: the summary is stale ({why}); {_replay_fix(run)}"
+    )
 
 
 def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
@@ -88,8 +198,7 @@ def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str
 def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> dict[str, Any]:
     """The figures of the run in ``path`` (its directory), as plain JSON data."""
     run = _run_dir(path)
-    summary = orjson.loads((run / SUMMARY_FILE).read_bytes())
-    records = list(read_jsonl(run / RECORDS_FILE))
+    summary = _read_summary(run)
     events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
     first_event = next(events, None)
     if not isinstance(first_event, RunStarted):
@@ -97,6 +206,8 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
             "twinkle run's log (or it was cut); report a run directory a run wrote"
         )
+    _check_covered(run, summary, first_event)
+    records = list(read_jsonl(run / RECORDS_FILE))
     config = first_event.config
     phases = list(config.get("phases", {}))
     streaming = config.get("streaming") or {}
@@ -128,16 +239,16 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
                 row["window_overlap_generation_training_seconds"] = overlap
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
-    seconds = summary.get("seconds", {})
+    seconds = summary.seconds
     return {
-        "run_id": summary.get("run_id"),
+        "run_id": summary.run_id,
         "run_dir": str(run),
-        "status": summary.get("status"),
+        "status": summary.status,
         "phases": phases,
         "streaming": None if None in pair else list(pair),
         "reward": None if reward_at is None else ".".join(reward_at),
         "iterations": [by_it[i] for i in sorted(by_it)],
-        "window": summary.get("window", {}),
+        "window": dict(summary.window),
         "seconds": {
             "wall": seconds.get("wall_seconds"),
             "busy": seconds.get("busy_seconds"),
@@ -223,7 +334,10 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> list[str]:
-    """Right-aligned columns (the first left-aligned when it holds ``names``)."""
+    """Right-aligned columns (the first left-aligned when it holds ``names``), each
+    cell :func:`~twinkle.checks.printable` (as it will be shown: the widths fit)."""
+    header = [printable(h) for h in header]
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -294,7 +408,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             for k, v in peaks.items()
         )
         lines.append(f"peak memory         {worker}: {shown}")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
@@ -310,7 +424,15 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     ]
     lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
     lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
-    return "\n".join(lines)
+    return _text(lines)
+
+
+def _text(lines: list[str]) -> str:
+    """The lines as the report's text, every string of the run's files in them (worker
+    ids, scalar and phase names) with its control characters escaped: an escape
+    sequence in a log is shown, never obeyed by the terminal. (printable() leaves the
+    table's cells, escaped already, as they are.)"""
+    return "\n".join(printable(line) for line in lines)
 
 
 # -- plots ------------------------------------------------------------------------------
@@ -344,7 +466,11 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
     matplotlib's Agg canvas: tokens/s/device per iteration with the run window's line;
     each iteration's window cut into generation, training, both at once, other busy
-    time and idle; each worker's peak memory; the reward when there is one."""
+    time and idle; each worker's peak memory; the reward when there is one.
+
+    No symbolic link is written through: ``out_dir`` itself being one, or a plot's
+    file, is refused (:class:`~twinkle.errors.InvalidArgumentError`); each file is
+    written whole (:class:`~twinkle.reporting.ReplacingFile`)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -352,8 +478,7 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         raise InvalidArgumentError(
             "--plots needs matplotlib: pip install 'twinkle[report]'"
         ) from exc
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _plots_dir(out_dir)
     rows = report["iterations"]
     its = [r["iteration"] for r in rows]
     title = f"run {report['run_id']}"
@@ -361,7 +486,9 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
 
     def save(fig: Any, name: str) -> None:
         FigureCanvasAgg(fig)
-        fig.savefig(out / name, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        _write_whole(out / name, png.getvalue())
         written.append(out / name)
 
     fig = Figure(figsize=(8, 4.5))
@@ -413,3 +540,31 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
         save(fig, "reward.png")
     return written
+
+
+def _plots_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """The plots' directory (made, with its parents, by the first plot written); refused
+    when it is a symbolic link (like a run directory: what it points at is not what the
+    command was given) or not a directory."""
+    out = Path(out_dir)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        what = "a symbolic link" if out.is_symlink() else "not a directory"
+        raise InvalidArgumentError(
+            f"--plots {str(out)!r} is {what}: plots are written into a directory of "
+            "their own, never through a link; give a directory's real path, or a new one"
+        )
+    return out
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all, never through a symlink planted there."""
+    try:
+        out = ReplacingFile(path)
+    except ReporterError as exc:
+        raise InvalidArgumentError(f"--plots: {exc}") from None
+    try:
+        out.write(data)
+    except BaseException:
+        out.discard()
+        raise
+    out.commit()

@@ -13,14 +13,16 @@ check what their plugin wrote against the records the run wrote beside it::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,14 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
-__all__ = ["SCRIPTED_CONFIG", "CtrlCWhileResuming", "crashed_run", "scripted_run"]
+__all__ = [
+    "SCRIPTED_CONFIG",
+    "CtrlCWhileResuming",
+    "crashed_run",
+    "scripted_run",
+    "shared_writable",
+    "umask",
+]
 
 #: the observers' configuration of :func:`scripted_run`: two phases, throughput per
 #: phase on one device, the window over the rollout tokens on two
@@ -143,6 +152,35 @@ def _crash(args_json: str, plugins_json: str) -> None:
     scripted_run(
         **args, iterations=iterations, _crash_in=iterations - 1, autoload=False, plugins=built
     )
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """The process's umask is ``mask`` inside (``umask(0)``: what a plugin creates with
+    its library's modes, 0666 and 0777, is writable by every user unless it sees to it)::
+
+        with umask(0):
+            run_dir = scripted_run(tmp_path, plugins=[("mine", MySink())]).parent
+        assert shared_writable(run_dir) == []
+    """
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def shared_writable(path: str | os.PathLike[str]) -> list[str]:
+    """The entries of ``path`` and under it (symbolic links aside) that the group or
+    others may write, as ``"<path relative to it> <mode in octal>"``: a run leaves none,
+    whatever the umask (twinkle's own files are 0644, its directories 0755)."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        for entry in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
+            mode = os.lstat(entry).st_mode
+            if not stat.S_ISLNK(mode) and mode & (stat.S_IWGRP | stat.S_IWOTH):
+                found.append(f"{os.path.relpath(entry, path)} {stat.S_IMODE(mode):o}")
+    return sorted(set(found))
 
 
 class CtrlCWhileResuming:

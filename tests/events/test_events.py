@@ -13,6 +13,7 @@ from twinkle.errors import InvalidArgumentError, RecordError
 from twinkle.events import (
     EVENT_TYPES,
     SIGNALS,
+    BackendsClosed,
     EngineAck,
     EventBus,
     IterationStarted,
@@ -36,6 +37,7 @@ from twinkle.events import (
 )
 from twinkle.perf import ClockAnchor, ManualClock, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
+from twinkle.reporting import BackendHealth
 
 ANCHOR = ClockAnchor(monotonic_ns=5, wall_ns=1_700_000_000_000_000_000, pid=42, hostname="h")
 
@@ -66,6 +68,15 @@ EXAMPLES = [
     WeightsPublished("r", 5, 6, 1, 2, 5, (EngineAck("e0", 3), EngineAck("e1", 5))),
     Snapshot("r", 7, 8, {"produced": {"p0": 3}, "version": 1}),
     RunFinished("r", 9, 10, "ok", None, {"samples_rollout": 4}, 0, 123),
+    BackendsClosed(
+        "r",
+        9,
+        10,
+        {
+            "metrics_raw": BackendHealth("JsonlBackend(metrics_raw.jsonl)", False, 4, 4),
+            "mlflow": BackendHealth("MlflowBackend('x')", True, 4, 1, 0, 3, 0, 30.5, "cut"),
+        },
+    ),
     RunResumed("r", 10, 11, ANCHOR, 1, {"phases": {"rollout": ["generate"]}}),
     SpanBatch("r", 11, 12, "main", ANCHOR, (_span(iteration=0), _span("train.fwd", 2, 3))),
     MemoryReadings("r", 13, 14, 0, (_reading(), _reading("w1"))),

@@ -92,6 +92,7 @@ def test_third_party_plugin_is_discovered_and_receives_events(fake_dist: Path) -
         "run_started",
         "iteration_started",
         "run_finished",
+        "backends_closed",  # (what the segment's record backends did: none here)
     ]
 
 
@@ -178,7 +179,12 @@ def test_raising_observer_is_isolated_logged_and_counted(
     with run:
         for i in range(3):
             run.bus.iteration_started(i)
-    assert good.events == ["run_started", *["iteration_started"] * 3, "run_finished"]
+    assert good.events == [
+        "run_started",
+        *["iteration_started"] * 3,
+        "run_finished",
+        "backends_closed",
+    ]
     # every event reaches twinkle_event (span batches of overhead included), and the
     # three iteration starts twinkle_iteration_started too
     assert run.dispatcher is not None

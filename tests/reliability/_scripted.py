@@ -4,8 +4,11 @@ crash, bad-input and fuzz tests cut and corrupt."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from twinkle import testing
+from twinkle.perf import ManualClock
+from twinkle.run import RunSession
 from twinkle.testing import SCRIPTED_CONFIG
 
 #: the built-in observers, by name (as make_plugin_manager() registers them)
@@ -31,3 +34,48 @@ def scripted_run(out_dir: Path, run_id: str = "cut", iterations: int = 4) -> Pat
     return testing.scripted_run(
         out_dir, run_id, iterations, autoload=False, background_writer=False
     )
+
+
+#: the wall clock of a segment's process at its clock's zero (plus its offset)
+WALL0 = 1_700_000_000_000_000_000
+
+
+def segment(
+    out: Path,
+    config: dict[str, Any] = CONFIG,
+    *,
+    iterations: int = 2,
+    wall_offset_ns: int = 0,
+    fail: bool = False,
+) -> RunSession:
+    """One process's stretch of run ``r`` under ``config`` (a fresh clock: a new
+    process), continuing where the directory's log says the run stopped; ``fail``
+    raises out of it after its iterations (the session finishes it as an error)."""
+    clock = ManualClock(10**9)
+    session = RunSession(
+        out_dir=out,
+        run_id="r",
+        config=config,
+        autoload=False,
+        clock=clock,
+        wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
+        background_writer=False,
+    )
+    with session as run:
+        first = 0 if run.resumed is None else run.resumed.next_iteration
+        steps = 0 if run.resumed is None else run.resumed.optimizer_steps
+        for i in range(first, first + iterations):
+            run.bus.iteration_started(i)
+            with run.recorder.span("generate", iteration=i):
+                clock.advance(1_000_000)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[3 + i, 4], groups=1)
+            with run.recorder.span("train.fwd"):
+                clock.advance(2_000_000)
+            run.bus.samples(iteration=i, phase="train", lengths=[3 + i, 4])
+            steps += 1
+            run.bus.optimizer_step(iteration=i, step=steps, samples=2)
+            run.bus.scalars(iteration=i, name="grpo", values={"loss": 0.5 / (i + 1)})
+            clock.advance(1_000)
+        if fail:
+            raise RuntimeError("the trainer broke")
+    return session

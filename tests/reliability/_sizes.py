@@ -26,6 +26,7 @@ class Sizes:
     processes: int
     records_per_process: int
     fuzz_examples: int  # hypothesis examples per fuzz test
+    hung_backend_iterations: int  # iterations of a run beside a hung and a failing backend
 
 
 DEFAULT = Sizes(
@@ -38,6 +39,7 @@ DEFAULT = Sizes(
     processes=4,
     records_per_process=20_000,
     fuzz_examples=150,
+    hung_backend_iterations=2_000,
 )
 SOAK = Sizes(
     name="soak",
@@ -49,4 +51,5 @@ SOAK = Sizes(
     processes=4,
     records_per_process=250_000,
     fuzz_examples=2_000,
+    hung_backend_iterations=20_000,
 )

@@ -405,7 +405,7 @@ def _second_run_started(lines: list[Any]) -> None:
 
 
 def _second_run_finished(lines: list[Any]) -> None:
-    lines.append(dict(lines[-1]))
+    lines.append(dict(lines[first(lines, "run_finished")]))
 
 
 def _torn_middle(lines: list[Any]) -> None:
@@ -615,13 +615,14 @@ def test_cli_replay_of_a_torn_log_warns_and_counts(
     tmp_path: Path, log_lines: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "run" / "events.jsonl"
-    write_log(log, log_lines[:-1])
+    finished = first(log_lines, "run_finished")  # killed as it wrote it: no backends_closed
+    write_log(log, log_lines[:finished])
     with log.open("ab") as f:
-        f.write(orjson.dumps(log_lines[-1])[:40])
+        f.write(orjson.dumps(log_lines[finished])[:40])
     assert main(["replay", str(log), "--out", str(tmp_path / "out"), "--no-autoload"]) == 0
     captured = capsys.readouterr()
-    assert f"replayed {len(log_lines) - 1} events" in captured.out
-    assert re.search(rf"passed over the torn last line {len(log_lines)} .*\(40 byte", captured.err)
+    assert f"replayed {finished} events" in captured.out
+    assert re.search(rf"passed over the torn last line {finished + 1} .*\(40 byte", captured.err)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "error" and "torn last line" in summary["error"]
 

@@ -52,7 +52,7 @@ def session(tmp: Path, **kw: Any) -> RunSession:
 
 def resume_with_other_config(tmp: Path) -> None:
     scripted_run(tmp, run_id="r", iterations=1)
-    session(tmp, config={**CONFIG, "total_steps": 99}).start()
+    session(tmp, config={**CONFIG, "finalise_lag": 2}).start()
 
 
 def second_session(tmp: Path) -> None:
@@ -179,7 +179,8 @@ def forged_status(tmp: Path) -> None:
 
 CASES = [
     Case(1, "resume with another config", resume_with_other_config, ConfigError,
-         r"run 'r' was started with another configuration \(differs at \['total_steps'\]\)"),
+         r"run 'r' cannot resume with this configuration: .* at \['finalise_lag'\] "
+         r"\(finalise_lag: \(not set\) -> 2\)"),
     Case(2, "a second live writer", second_session, RunDirInUseError,
          rf"run directory '.*/r' is in use by pid {os.getpid()} .*choose another run id"),
     Case(3, "a torn middle line no writer recorded", torn_middle_line, RecordError,

@@ -46,8 +46,8 @@ def test_demo_with_any_builtin_blocked_prints_its_summary_or_one_line(
 
 @pytest.fixture
 def refusing_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An installed observer that refuses to run (a TwinkleError in twinkle_configure,
-    as the contract allows: it fails the run's start)."""
+    """An installed observer that cannot set up (a TwinkleError in twinkle_configure:
+    it is left out of the run, unless the run requires it)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "twinkle_refuses.py").write_text(
@@ -70,16 +70,30 @@ def refusing_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return site
 
 
-def test_a_run_that_cannot_start_exits_1_in_one_line_and_leaves_no_output(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], refusing_plugin: Path
+def test_a_plugin_that_cannot_set_up_is_left_out_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, refusing_plugin: Path
 ) -> None:
     log = scripted_run(tmp_path / "live", run_id="refused")  # (autoload off)
     out = tmp_path / "out"
-    assert main(["replay", str(log), "--out", str(out)]) == 1
-    err = capsys.readouterr().err
-    assert err == "twinkle: error: the licence server at 10.0.0.1 does not answer\n"
-    assert not out.exists()
-    assert main(["replay", str(log), "--out", str(out), "--block", "refuses"]) == 0
+    assert main(["replay", str(log), "--out", str(out)]) == 0
+    assert "plugin 'refuses' left out of the run" in caplog.text  # (stderr, in the command)
+    assert "the licence server at 10.0.0.1 does not answer" in caplog.text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["plugins_left_out"] == {}  # the run's, from its log: the replay's own
+    # plugin set is not the run's (named on stderr, as above)
+
+
+def test_a_run_that_cannot_start_exits_1_in_one_line_and_leaves_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], refusing_plugin: Path
+) -> None:
+    runs = tmp_path / "runs"
+    argv = ["demo", "--out", str(runs), "--run-id", "r", "--iterations", "1"]
+    assert main([*argv, "--require-plugin", "refuses"]) == 1
+    lines = capsys.readouterr().err.replace("\r", "\n").split("\n")
+    said = [line for line in lines if line.startswith("twinkle:")]  # (not the progress bar)
+    assert said == ["twinkle: error: the licence server at 10.0.0.1 does not answer"]
+    assert not (runs / "r").exists()
 
 
 def test_help_says_how_signals_end_a_run_and_how_a_trainer_gets_the_same() -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from _scripted import CONFIG, scripted_run
@@ -449,6 +450,22 @@ def test_a_span_batch_over_the_line_limit_is_split_and_replays_the_same(
     replay(events, tmp_path / "replayed", autoload=False)
     for name in ("metrics_raw.jsonl", "metrics.jsonl"):
         assert (tmp_path / "replayed" / name).read_bytes() == (run_dir / name).read_bytes()
+
+
+def test_a_split_span_batch_carries_its_dropped_count_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 4096)
+    sink = EventLogSink()
+    sink.twinkle_configure(RunContext(run_id="tr", out_dir=tmp_path, replay=True))
+    batch = msgspec.structs.replace(_spans(40, pad=300), dropped=7)
+    sink.twinkle_event(batch)
+    sink.twinkle_unconfigure()
+    pieces = event_lines(tmp_path / "events.jsonl")
+    assert len(pieces) > 2
+    # 7 spans were dropped once, not once per line: a replay adds the pieces up.
+    assert [p["dropped"] for p in pieces] == [7] + [0] * (len(pieces) - 1)
+    assert [s["name"] for p in pieces for s in p["spans"]] == [f"s{i}" for i in range(40)]
 
 
 def test_an_event_too_big_for_a_line_is_refused_named_and_counted(

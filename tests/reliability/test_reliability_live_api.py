@@ -58,6 +58,7 @@ def test_publishing_before_start_is_an_error(tmp_path: Path) -> None:
         "run_started",
         "iteration_started",
         "run_finished",
+        "backends_closed",
     ]
 
 

@@ -208,7 +208,7 @@ def test_observer_publishing_from_its_hooks_is_dispatched_in_order_and_logged(
             assert types[i + 1] == "scalars"  # right after the event that caused it
         if t == "iteration_started":
             assert types[i + 1] == "snapshot"
-    assert types[-2:] == ["run_finished", "snapshot"]
+    assert types[-3:] == ["run_finished", "snapshot", "backends_closed"]
     # Replaying the log (without the republisher) reproduces the run, including the
     # event published while it finished.
     result = replay(run.out_dir / "events.jsonl", tmp_path / "again", autoload=False)
@@ -368,7 +368,11 @@ def test_observer_raising_systemexit_or_ctrl_c_off_the_main_thread_is_counted_an
     assert escaped == []
     assert sees.versions == list(range(WEIGHT_VERSIONS))
     assert sees.types.count("optimizer_step") == WEIGHT_VERSIONS
-    assert [t for t in sees.types if t != "spans"][-2:] == ["iteration_started", "run_finished"]
+    assert [t for t in sees.types if t != "spans"][-3:] == [
+        "iteration_started",
+        "run_finished",
+        "backends_closed",
+    ]
     summary = summary_of(run)
     assert summary["status"] == "ok"
     assert summary["observer_failures"] == {"ender": WEIGHT_VERSIONS}
@@ -399,7 +403,7 @@ def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_ca
     assert f"observer 'ender' was interrupted in twinkle_weights_published ({exc.__name__})" in (
         caplog.text
     )
-    assert sees.types[-1] == "run_finished"  # the run was still finished
+    assert sees.types[-2:] == ["run_finished", "backends_closed"]  # the run was still finished
 
 
 # -- slow observers -----------------------------------------------------------------------
@@ -568,7 +572,7 @@ def test_run_never_finished_by_its_caller_is_closed_at_exit_as_an_error(
     assert summary["status"] == "error"
     assert "exited without finishing" in summary["error"]
     log = (tmp_path / "unfinished" / "events.jsonl").read_bytes().splitlines()
-    assert json.loads(log[-1])["type"] == "run_finished"
+    assert [json.loads(line)["type"] for line in log[-2:]] == ["run_finished", "backends_closed"]
 
 
 class Sleepy:

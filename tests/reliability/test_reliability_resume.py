@@ -15,51 +15,16 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG
+from _scripted import CONFIG, segment
 
 from twinkle.errors import ConfigError, RecordError
 from twinkle.events import OptimizerStep
 from twinkle.hookspecs import hookimpl
-from twinkle.perf import ManualClock
 from twinkle.reporting import read_jsonl
 from twinkle.run import RunSession, replay
 from twinkle.testing import CtrlCWhileResuming, scripted_run
 
-WALL0 = 1_700_000_000_000_000_000
 DERIVED = ("metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
-
-
-def segment(out: Path, *, iterations: int, wall_offset_ns: int, fail: bool = False) -> RunSession:
-    """One process's stretch of run ``r``: a fresh clock (a new process), continuing
-    where the directory's log says the run stopped."""
-    clock = ManualClock(10**9)
-    session = RunSession(
-        out_dir=out,
-        run_id="r",
-        config=CONFIG,
-        autoload=False,
-        clock=clock,
-        wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
-        background_writer=False,
-    )
-    with session as run:
-        first = 0 if run.resumed is None else run.resumed.next_iteration
-        steps = 0 if run.resumed is None else run.resumed.optimizer_steps
-        for i in range(first, first + iterations):
-            run.bus.iteration_started(i)
-            with run.recorder.span("generate", iteration=i):
-                clock.advance(1_000_000)
-            run.bus.samples(iteration=i, phase="rollout", lengths=[3 + i, 4], groups=1)
-            with run.recorder.span("train.fwd"):
-                clock.advance(2_000_000)
-            run.bus.samples(iteration=i, phase="train", lengths=[3 + i, 4])
-            steps += 1
-            run.bus.optimizer_step(iteration=i, step=steps, samples=2)
-            run.bus.scalars(iteration=i, name="grpo", values={"loss": 0.5 / (i + 1)})
-            clock.advance(1_000)
-        if fail:
-            raise RuntimeError("the trainer broke")
-    return session
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -88,7 +53,9 @@ def test_a_restarted_run_appends_a_segment_every_output_covers(tmp_path: Path) -
     kinds = [e["type"] for e in events]
     assert kinds.count("run_started") == 1 and kinds.count("run_resumed") == 1
     assert kinds.count("run_finished") == 2
-    assert kinds.index("run_resumed") == kinds.index("run_finished") + 1
+    # a segment ends with run_finished, then what its backends did; the next one begins
+    assert kinds.index("run_resumed") == kinds.index("run_finished") + 2
+    assert kinds[kinds.index("run_finished") + 1] == "backends_closed"
     assert [e["seq"] for e in events] == list(range(len(events)))  # seq continues
 
     records = lines(run_dir / "metrics_raw.jsonl")
@@ -174,9 +141,9 @@ def test_resuming_with_another_configuration_is_refused_and_changes_nothing(
     segment(tmp_path, iterations=2, wall_offset_ns=0)
     run_dir = tmp_path / "r"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    other = {**CONFIG, "total_steps": 9}
+    other = {**CONFIG, "phases": {**CONFIG["phases"], "train": ["train.fwd"]}}
     session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False)
-    with pytest.raises(ConfigError, match=r"another configuration.*total_steps"):
+    with pytest.raises(ConfigError, match=r"cannot resume with this configuration.*\['phases'\]"):
         session.start()
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     segment(tmp_path, iterations=1, wall_offset_ns=10**9)  # the lock was given back

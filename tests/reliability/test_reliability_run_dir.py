@@ -158,7 +158,7 @@ def test_a_forked_child_never_finishes_or_writes_the_parents_run(tmp_path: Path)
     log = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
     events = [orjson.loads(x) for x in log]
     kinds = [e["type"] for e in events]
-    assert kinds.count("run_finished") == 1 and kinds[-1] == "run_finished"
+    assert kinds.count("run_finished") == 1 and kinds[-2:] == ["run_finished", "backends_closed"]
     assert [e["iteration"] for e in events if e["type"] == "iteration_started"] == [0, 1]
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert orjson.loads((tmp_path / "r" / "summary.json").read_bytes())["status"] == "ok"
@@ -172,7 +172,11 @@ class BackendFails:
 
 def test_a_failed_start_leaves_no_run_directory_behind(tmp_path: Path) -> None:
     session = RunSession(
-        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("fails", BackendFails())]
+        out_dir=tmp_path,
+        run_id="r",
+        autoload=False,
+        plugins=[("fails", BackendFails())],
+        required_plugins=["fails"],  # (else it is left out and the run goes on)
     )
     with pytest.raises(ReporterError, match="cannot open the backend's file"):
         session.start()

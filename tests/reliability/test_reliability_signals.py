@@ -90,8 +90,9 @@ def check_finished_run(run_dir: Path, signame: str) -> dict[str, Any]:
     assert signame in summary["error"], summary["error"]
     trace = json.loads((run_dir / "trace.json").read_text())  # complete: it parses
     assert trace, "the trace holds the run's spans"
-    last = json.loads((run_dir / "events.jsonl").read_bytes().splitlines()[-1])
-    assert last["type"] == "run_finished" and signame in last["error"]
+    finished, closed = map(json.loads, (run_dir / "events.jsonl").read_bytes().splitlines()[-2:])
+    assert finished["type"] == "run_finished" and signame in finished["error"]
+    assert closed["type"] == "backends_closed"  # (the log's last event)
     return summary
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, ResumeConfigError
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
 
 __all__ = [
     "add_demo_arguments",
@@ -106,6 +107,22 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="run without any observer (for overhead comparison); writes no files",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--require-plugin",
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help="stop if this observer plugin cannot set up (else it is left out and the run "
+        "goes on; repeatable)",
+    )
+    p.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=DEFAULT_BACKEND_TIMEOUT_S,
+        metavar="SECONDS",
+        help="cut off a plugin's record backend whose call takes longer (default "
+        "%(default)s; the run's own files never wait for it)",
+    )
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
@@ -250,6 +267,30 @@ def demo_run_dir(args: argparse.Namespace) -> Path | None:
     return None if args.no_observers else Path(args.out) / args.run_id
 
 
+#: the demo's options that shape its observers' configuration beyond total_steps and x_
+#: keys (its phases), as DemoConfig names them
+_SHAPING_OPTIONS = {
+    "engine": "--engine",
+    "backend": "--backend",
+    "train_workers": "--train-workers",
+}
+
+
+def _resume_fix(exc: ResumeConfigError) -> str:
+    """What the demo's user does about a run that cannot resume with these options."""
+    logged = exc.logged.get("x_demo")
+    was = logged if isinstance(logged, dict) else {}
+    flags = " ".join(f"{flag} {was[key]}" for key, flag in _SHAPING_OPTIONS.items() if key in was)
+    same = (
+        f"the options it was started with ({flags})" if flags else "the options it was started with"
+    )
+    return (
+        f"the demo's phases follow {', '.join(_SHAPING_OPTIONS.values())}: resume run "
+        f"{exc.run_id!r} with {same} (--iterations and the others may change), or give "
+        "--run-id a new id to start a new run"
+    )
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     """Run the demo from parsed arguments; prints the table and the summary."""
     from twinkle.demo.config import DemoConfig
@@ -302,12 +343,16 @@ def run_demo_command(args: argparse.Namespace) -> int:
             progress=progress,
             autoload=False if args.no_autoload else None,
             blocked=args.block,
+            required_plugins=args.require_plugin,
+            backend_timeout_s=args.backend_timeout,
             vllm_python=args.vllm_python,
         )
-    except BaseException:
+    except BaseException as exc:
         if bar is not None:
             bar.leave = False  # the error's one line stands alone
             bar.close()
+        if isinstance(exc, ResumeConfigError):
+            raise exc.with_fix(_resume_fix(exc)) from exc
         raise
     if bar is not None:
         bar.close()

@@ -47,6 +47,7 @@ from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.engines import VllmHttpError
 from twinkle.perf import MemoryReading
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
 from twinkle.run import RunSession
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
@@ -281,6 +282,8 @@ def run_demo(
     progress: Callable[[IterationResult], None] | None = None,
     autoload: bool | None = None,
     blocked: Iterable[str] = (),
+    required_plugins: Iterable[str] = (),
+    backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
     vllm_python: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
     """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false.
@@ -298,6 +301,8 @@ def run_demo(
         builtins=cfg.observers,
         autoload=autoload if cfg.observers else False,
         blocked=blocked,
+        required_plugins=required_plugins if cfg.observers else (),
+        backend_timeout_s=backend_timeout_s,
     )
     results: list[IterationResult] = []
     kept: list[tuple[Trajectory, ...]] = []

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Generic, NoReturn, Protocol, TypeVar, final, runtime_checkable
 
+from twinkle.checks import is_safe_name
 from twinkle.errors import EngineStartError, InvalidArgumentError, TwinkleError
 from twinkle.perf import TimeRecorder, current_recorder
 
@@ -216,9 +217,10 @@ class EnginePool(Generic[E]):
     def start(self, factories: Mapping[str, EngineFactory[E]]) -> dict[str, E]:
         """Start one engine per ``name -> factory`` concurrently; return them by name.
 
-        Blocks until every engine is ready. May be called again with new names. On
-        failure raises :class:`~twinkle.errors.EngineStartError` (a timeout:
-        :class:`EngineStartTimeout`) naming the first engine that failed.
+        Each name is a safe name (:data:`~twinkle.checks.NAME_RULE`: it names the
+        engine's log file). Blocks until every engine is ready. May be called again
+        with new names. On failure raises :class:`~twinkle.errors.EngineStartError` (a
+        timeout: :class:`EngineStartTimeout`) naming the first engine that failed.
         """
         recorder = self._recorder if self._recorder is not None else current_recorder()
         starts = self._plan(factories)
@@ -286,8 +288,13 @@ class EnginePool(Generic[E]):
             raise InvalidArgumentError("factories is empty; pass a mapping name -> factory")
         starts: list[_Start[E]] = []
         for index, (name, factory) in enumerate(factories.items()):
-            if not isinstance(name, str) or not name:
-                raise InvalidArgumentError(f"engine name {name!r} must be a non-empty str")
+            if not isinstance(name, str) or not is_safe_name(name):
+                # It becomes a file name (VllmConfig's <log_dir>/<name>.log) and a label.
+                raise InvalidArgumentError(
+                    f"engine name {name!r:.100} is not a safe name: use 1-128 letters, "
+                    "digits, '.', '_' and '-', starting with a letter or digit, without "
+                    "'..' or path separators (e.g. 'vllm-0'); it names the engine's log file"
+                )
             if name in self._engines:
                 raise InvalidArgumentError(
                     f"engine {name!r} is already running in this pool; choose another name"

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import http.client
 import importlib.util
+import ipaddress
 import os
+import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
@@ -124,6 +127,23 @@ class VllmConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise InvalidArgumentError("model='' is empty; pass a model name or path")
+        # A list given is kept as a tuple: the config stays frozen and hashable.
+        object.__setattr__(self, "args", _arguments(self.args))
+        if not isinstance(self.host, str):
+            raise InvalidArgumentError(
+                f"host={self.host!r:.100} must be a str: the address the server binds "
+                "(default '127.0.0.1')"
+            )
+        keyed = any(a.split("=", 1)[0] == "--api-key" for a in self.args)
+        if not keyed and not _is_loopback(self.host):
+            warnings.warn(
+                f"VllmConfig(host={self.host!r}) binds the engine's HTTP server beyond this "
+                "machine's loopback, without an API key: anyone who reaches the port can "
+                "use the engine. Keep the default host='127.0.0.1' unless other machines "
+                "must reach it, and then pass args=['--api-key', ...]",
+                UserWarning,
+                stacklevel=3,  # the caller of VllmConfig(...)
+            )
         if not 1 <= self.internal_ports <= 1024:
             raise InvalidArgumentError(
                 f"internal_ports={self.internal_ports!r} must be between 1 and 1024"
@@ -140,6 +160,44 @@ class VllmConfig:
                 f"args contain {bad}; pass model/host through VllmConfig fields, the port "
                 "comes from the reservation"
             )
+
+
+def _arguments(args: object) -> tuple[str, ...]:
+    """``args`` as a tuple of str, or an error saying how to pass them."""
+    if isinstance(args, str):
+        # Splatted into the command line, a str would give one argument per character.
+        try:
+            split = repr(shlex.split(args))
+        except ValueError:  # unbalanced quotes
+            split = "['--dtype', 'bfloat16']"
+        raise InvalidArgumentError(
+            f"args={args!r:.200} is a str; pass a sequence of str, one per argument: "
+            f"args={split:.200}"
+        )
+    if isinstance(args, bytes | Mapping) or not isinstance(args, Iterable):
+        raise InvalidArgumentError(
+            f"args={args!r:.200} must be a sequence of str, one per argument (e.g. "
+            "args=['--dtype', 'bfloat16'])"
+        )
+    out = tuple(args)
+    for i, arg in enumerate(out):
+        if not isinstance(arg, str):
+            raise InvalidArgumentError(
+                f"args[{i}] = {arg!r:.100} ({type(arg).__qualname__}) is not a str: pass "
+                f"every argument as a str (e.g. str({arg!r:.100}))"
+            )
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this machine only ('' and '0.0.0.0' are every
+    interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves beyond this machine
+        return False
 
 
 @dataclass(frozen=True, slots=True)

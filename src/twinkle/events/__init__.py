@@ -4,7 +4,7 @@ Publishers (the driver, recorders, the caller's business code) publish through a
 :class:`EventBus`; observers are functions of the events they receive.
 """
 
-from twinkle.events._bus import OVERHEAD_SPAN, EventBus
+from twinkle.events._bus import OVERHEAD_SOURCE, OVERHEAD_SPAN, EventBus
 from twinkle.events._codec import (
     dumps_event,
     event_from_dict,
@@ -16,6 +16,7 @@ from twinkle.events._codec import (
 from twinkle.events._frozen import FrozenDict, FrozenList, freeze
 from twinkle.events._signals import (
     SIGNALS,
+    backends_closed,
     iteration_started,
     memory,
     optimizer_step,
@@ -31,6 +32,7 @@ from twinkle.events._signals import (
 )
 from twinkle.events._types import (
     EVENT_TYPES,
+    BackendsClosed,
     EngineAck,
     Event,
     IterationStarted,
@@ -48,9 +50,11 @@ from twinkle.events._types import (
 )
 
 __all__ = [
+    "OVERHEAD_SOURCE",
     "OVERHEAD_SPAN",
     "EVENT_TYPES",
     "SIGNALS",
+    "BackendsClosed",
     "EngineAck",
     "Event",
     "EventBus",
@@ -68,6 +72,7 @@ __all__ = [
     "SpanBatch",
     "Status",
     "WeightsPublished",
+    "backends_closed",
     "dumps_event",
     "event_from_dict",
     "event_to_dict",

@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+from twinkle.checks import OWN_SOURCE_PREFIX, caller_source, value_key
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, RecordError, TwinkleError
 from twinkle.events._codec import loggable_spans, validate_event
 from twinkle.events._signals import SIGNALS
 from twinkle.events._types import (
+    BackendsClosed,
     EngineAck,
     Event,
     IterationStarted,
@@ -38,14 +40,17 @@ from twinkle.events._types import (
 )
 from twinkle.perf import Clock, ClockAnchor, Span, TimeRecorder
 from twinkle.perf.stats import MemoryReading
-from twinkle.reporting import is_record_kind
+from twinkle.reporting import BackendHealth, is_record_kind
 
-__all__ = ["OVERHEAD_SPAN", "EventBus"]
+__all__ = ["OVERHEAD_SOURCE", "OVERHEAD_SPAN", "EventBus"]
 
 #: Name of the spans that time twinkle's own work on the caller's threads: every publish
 #: (building, validating and dispatching the event, flushing recorders). The timing
 #: observer deducts their union from the logical seconds, once.
 OVERHEAD_SPAN = "twinkle.observe"
+#: Source of the span batches of the overhead recorder: a name of twinkle's own
+#: (:data:`~twinkle.checks.OWN_SOURCE_PREFIX`), which no other recorder or worker may take.
+OVERHEAD_SOURCE = f"{OWN_SOURCE_PREFIX}observers"
 
 _E = TypeVar("_E", bound=Event)
 _log = logging.getLogger("twinkle.events")
@@ -129,6 +134,8 @@ class EventBus:
     def publish(self, event: Event) -> Event:
         """Validate ``event`` and send it on its signal, with this bus as the sender;
         returns what was sent (the checked copy, see :func:`validate_event`)."""
+        if type(event) is ScalarsObserved:
+            _figure_keys(event.name, event.values)
         with self.own_work(event.TYPE):
             return self._send(event)
 
@@ -183,9 +190,12 @@ class EventBus:
         return event
 
     def attach(self, recorder: TimeRecorder, *, source: str) -> None:
-        """Drain ``recorder`` into span batches named ``source`` at every flush."""
+        """Drain ``recorder`` into span batches named ``source`` at every flush (a name of
+        twinkle's own, :data:`OVERHEAD_SOURCE`, only for the bus's overhead recorder)."""
         if not isinstance(source, str) or not source:
             raise InvalidArgumentError(f"source must be a non-empty string, got {source!r}")
+        if recorder is not self._own:
+            caller_source(source, "source")
         with self._lock:
             if any(s == source for s, _ in self._recorders):
                 raise InvalidArgumentError(
@@ -222,19 +232,30 @@ class EventBus:
         return sum(self._publish_spans(s, r, backwards) for s, r in recorders)
 
     def publish_spans(
-        self, source: str, anchor: ClockAnchor, spans: Sequence[Any], *, dropped: int = 0
+        self,
+        source: str,
+        anchor: ClockAnchor,
+        spans: Sequence[Any],
+        *,
+        dropped: int = 0,
+        sent_anchor: ClockAnchor | None = None,
     ) -> None:
         """Publish spans recorded elsewhere (another process) with that process's anchor
         (a span that ends before it starts is refused as for :meth:`flush_spans`);
-        ``dropped``: spans the source could not ship."""
+        ``dropped``: spans the source could not ship; ``sent_anchor``: its clocks read
+        when it sent them (a worker report's), checked against this publish's time."""
         if isinstance(spans, str | bytes) or not isinstance(spans, Iterable):
             raise InvalidArgumentError(
                 f"spans must be a sequence of twinkle.perf.Span, got {spans!r:.100}"
             )
+        if isinstance(source, str):  # (validation names any other source)
+            caller_source(source, "source")
         backwards: list[str] = []
         if spans or dropped:
             with self.own_work(SpanBatch.TYPE):
-                self._send_spans(source, anchor, spans, backwards, dropped)
+                self._send_spans(
+                    source, anchor, spans, backwards, dropped=dropped, sent_anchor=sent_anchor
+                )
         _raise_backwards(backwards)
 
     def _publish_spans(self, source: str, recorder: TimeRecorder, backwards: list[str]) -> int:
@@ -249,7 +270,9 @@ class EventBus:
         anchor: ClockAnchor,
         spans: Sequence[Any],
         backwards: list[str],
+        *,
         dropped: int = 0,
+        sent_anchor: ClockAnchor | None = None,
     ) -> None:
         mono, wall = self._times()
         batch = loggable_spans(tuple(spans), source)
@@ -264,15 +287,19 @@ class EventBus:
             batch = tuple(s for s in batch if not (type(s) is Span and s.end_ns < s.start_ns))
             if not batch and not dropped:
                 return
-        self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch, dropped))
+        self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch, dropped, sent_anchor))
 
     # -- builders for each event ------------------------------------------------------
 
     def run_started(
-        self, config: Mapping[str, Any] | None = None, *, plugins: Iterable[str] = ()
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        plugins: Iterable[str] = (),
+        plugins_left_out: Mapping[str, str] | None = None,
     ) -> RunStarted:
-        """Publish :class:`RunStarted` with the caller's observer configuration and the
-        names of the observer plugins the run loaded."""
+        """Publish :class:`RunStarted` with the caller's observer configuration, the
+        names of the observer plugins the run loaded and those it left out (why)."""
         with self.own_work(RunStarted.TYPE):
             mono, wall = self._times()
             event = self._send(
@@ -283,16 +310,22 @@ class EventBus:
                     self.anchor,
                     dict(config or {}),
                     tuple(sorted(plugins)),
+                    dict(sorted((plugins_left_out or {}).items())),
                 )
             )
         return event
 
     def run_resumed(
-        self, segment: int, config: Mapping[str, Any] | None = None, *, plugins: Iterable[str] = ()
+        self,
+        segment: int,
+        config: Mapping[str, Any] | None = None,
+        *,
+        plugins: Iterable[str] = (),
+        plugins_left_out: Mapping[str, str] | None = None,
     ) -> RunResumed:
         """Publish :class:`RunResumed`: this process continues the run as ``segment``
         (its anchor is read now: the clock continues the run's timeline), with the
-        observer plugins ``plugins``."""
+        observer plugins ``plugins`` (and those left out, ``plugins_left_out``)."""
         with self.own_work(RunResumed.TYPE):
             self.anchor = ClockAnchor.read(
                 self._clock, self._wall_clock, hostname=self.anchor.hostname
@@ -307,6 +340,7 @@ class EventBus:
                     segment,
                     dict(config or {}),
                     tuple(sorted(plugins)),
+                    dict(sorted((plugins_left_out or {}).items())),
                 )
             )
         return event
@@ -403,16 +437,9 @@ class EventBus:
             )
         with self.own_work(ScalarsObserved.TYPE):
             mono, wall = self._times()
-            event = self._send(
-                ScalarsObserved(
-                    self.run_id,
-                    mono,
-                    wall,
-                    iteration,
-                    name,
-                    _mapping(ScalarsObserved, "values", values),
-                )
-            )
+            figures = _mapping(ScalarsObserved, "values", values)
+            _figure_keys(name, figures)
+            event = self._send(ScalarsObserved(self.run_id, mono, wall, iteration, name, figures))
         return event
 
     def memory(self, readings: Iterable[MemoryReading], *, iteration: int | None) -> MemoryReadings:
@@ -462,6 +489,14 @@ class EventBus:
         _raise_backwards(backwards)
         return event
 
+    def backends_closed(self, backends: Mapping[str, BackendHealth]) -> BackendsClosed:
+        """Publish :class:`BackendsClosed`: what each record backend of this segment did
+        with its records (after ``run_finished``, once the plugins' backends closed)."""
+        with self.own_work(BackendsClosed.TYPE):
+            mono, wall = self._times()
+            event = self._send(BackendsClosed(self.run_id, mono, wall, dict(backends)))
+        return event
+
 
 def _items(kind: type[Event], name: str, value: Any, what: str) -> tuple[Any, ...]:
     """``value`` as a tuple, or a clear error for what is not a collection of items."""
@@ -483,6 +518,14 @@ def _mapping(kind: type[Event], name: str, value: Any) -> dict[str, Any]:
             f"{kind.TYPE}.{name} must be a mapping of str keys to values, got {value!r:.100}"
         )
     return dict(value)
+
+
+def _figure_keys(name: str, values: object) -> None:
+    """Refuse a key that cannot name its figure (:func:`~twinkle.checks.key_problem`)
+    before anything is published: its record would be lost, here and in every replay.
+    (Values that are not a mapping are named by the event's validation.)"""
+    for key in values if isinstance(values, Mapping) else ():
+        value_key(key, f"scalars {name!r:.100}: values")
 
 
 def _raise_backwards(backwards: list[str]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
 import msgspec
@@ -269,29 +269,33 @@ def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
     a replay see the same values. A value the log cannot hold as it is (an object, a set,
     an int beyond 64 bits, a non-str key) is replaced by its ``repr`` and logged, so the
     span and the rest of its batch still reach the observers and the log (the span was
-    already drained: refusing it would lose it)."""
+    already drained: refusing it would lose it). A value whose ``repr`` raises too is
+    written as ``<unrepresentable TYPE>``: the spans are flushed at an iteration's
+    boundary, which an attribute must never take down with it."""
     out: list[Any] | None = None
     for i, span in enumerate(spans):
         if type(span) is not Span:
             continue  # validation names it
         attrs = span.attrs
-        if not attrs or all(_plain(v) for v in attrs.values()):
+        if not attrs or all(type(k) is str and _plain(v) for k, v in attrs.items()):
             continue  # the common case: flat str, bool, None, 64-bit ints, finite floats
         fixed: dict[str, Any] = {}
         bad: list[str] = []
         for k, v in attrs.items():
+            key = k if isinstance(k, str) else _shown(k, str)
             try:
-                fixed[str(k)] = read_back(v) if isinstance(k, str) else f"{v!r:.200}"
+                fixed[key] = read_back(v) if isinstance(k, str) else _shown(v)
             except (TypeError, ValueError):
-                fixed[str(k)] = f"{v!r:.200}"
-                bad.append(str(k))
+                fixed[key] = _shown(v)
+                bad.append(key)
             else:
                 if not isinstance(k, str):
-                    bad.append(str(k))
+                    bad.append(key)
         if bad:
             _log.warning(
                 "span %r (source %r) has attribute(s) %s that are not JSON; written as "
-                "their repr: pass str, int, float, bool, None, lists or dicts",
+                "their repr (<unrepresentable TYPE> where the repr raised): pass str, "
+                "int, float, bool, None, lists or dicts",
                 span.name,
                 source,
                 sorted(bad),
@@ -300,3 +304,12 @@ def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
             out = list(spans)
         out[i] = msgspec.structs.replace(span, attrs=fixed)
     return spans if out is None else tuple(out)
+
+
+def _shown(value: object, show: Callable[[object], str] = repr) -> str:
+    """``show(value)`` cut to 200 characters, or ``<unrepresentable TYPE>`` when the
+    value's ``__repr__`` (``__str__``) raises."""
+    try:
+        return show(value)[:200]
+    except Exception:
+        return f"<unrepresentable {type(value).__qualname__}>"

@@ -17,6 +17,7 @@ from blinker import Namespace, Signal
 
 from twinkle.events._types import (
     EVENT_TYPES,
+    BackendsClosed,
     Event,
     IterationStarted,
     MemoryReadings,
@@ -33,6 +34,7 @@ from twinkle.events._types import (
 
 __all__ = [
     "SIGNALS",
+    "backends_closed",
     "iteration_started",
     "memory",
     "optimizer_step",
@@ -62,6 +64,7 @@ iteration_started = SIGNALS[IterationStarted]
 weights_published = SIGNALS[WeightsPublished]
 snapshot = SIGNALS[Snapshot]
 run_finished = SIGNALS[RunFinished]
+backends_closed = SIGNALS[BackendsClosed]
 spans = SIGNALS[SpanBatch]
 memory = SIGNALS[MemoryReadings]
 samples = SIGNALS[SamplesObserved]

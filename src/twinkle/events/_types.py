@@ -22,9 +22,11 @@ from twinkle.checks import INT64_MAX, Count, Int64, NonEmpty, SafeName, Tokens
 from twinkle.errors import RecordError
 from twinkle.perf import ClockAnchor, Span
 from twinkle.perf.stats import MemoryReading
+from twinkle.reporting import BackendHealth
 
 __all__ = [
     "EVENT_TYPES",
+    "BackendsClosed",
     "EngineAck",
     "Event",
     "IterationStarted",
@@ -100,11 +102,14 @@ class RunStarted(Event, tag="run_started", frozen=True):
     definitions: phases, which samples count, device denominators) as plain JSON data, so
     that a replay rebuilds identical observers. ``anchor`` aligns this process's clock.
     Published once, first. ``plugins``: the names of the observer plugins the run
-    loaded, sorted (a replay with another set says so)."""
+    loaded, sorted (a replay with another set says so); ``plugins_left_out``: those that
+    could not set up (their configure or make-backends hook raised), each with why: the
+    run went on without them."""
 
     anchor: ClockAnchor
     config: dict[str, Any] = {}
     plugins: tuple[NonEmpty, ...] = ()
+    plugins_left_out: dict[str, str] = {}
 
 
 @_event
@@ -113,14 +118,17 @@ class RunResumed(Event, tag="run_resumed", frozen=True):
     segment ``segment`` (1 for the first resume) begins. It follows the ``run_finished``
     that ended the previous segment (written by the resuming process when the previous
     one stopped without finishing). ``config`` is the configuration the new process
-    passed: it must equal the run's. ``anchor`` aligns the new process's clock, which
+    passed: it may differ from the run's only in ``total_steps`` and the caller's ``x_``
+    keys, and the new process's observers (and a replay's) use it. ``anchor`` aligns
+    the new process's clock, which
     continues the run's timeline (its readings come after every earlier event's).
-    ``plugins``: the observer plugins the new process loaded, as in ``run_started``."""
+    ``plugins`` and ``plugins_left_out``: as in ``run_started``, for the new process."""
 
     anchor: ClockAnchor
     segment: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
     config: dict[str, Any] = {}
     plugins: tuple[NonEmpty, ...] = ()
+    plugins_left_out: dict[str, str] = {}
 
 
 @_event
@@ -196,18 +204,33 @@ class RunFinished(Event, tag="run_finished", frozen=True):
 
 
 @_event
+class BackendsClosed(Event, tag="backends_closed", frozen=True):
+    """What each record backend of the segment did with its records, by name (the
+    plugin that made it): written by the run's process once the plugins' backends were
+    closed, after the segment's ``run_finished`` (so that a replay's summary says what
+    the live run's backends did, not what the replay's own do). None after a segment
+    killed outright."""
+
+    backends: dict[str, BackendHealth]
+
+
+@_event
 class SpanBatch(Event, tag="spans", frozen=True):
     """Spans drained from one :class:`~twinkle.perf.TimeRecorder`.
 
     ``source`` names the recorder; ``anchor`` is its process's clock anchor so spans of
     other processes can be placed on this run's timeline; ``dropped`` counts the spans
     the source recorded but could not ship (a worker report's bound,
-    :class:`~twinkle.perf.WorkerReport`)."""
+    :class:`~twinkle.perf.WorkerReport`); ``sent_anchor`` is the worker's clocks read as
+    it made its report (None for the run's own recorders, and in logs of an older
+    twinkle): the event's own ``monotonic_ns`` is the report's arrival, so the two check
+    the placement for clock skew (docs/metrics.md)."""
 
     source: NonEmpty
     anchor: ClockAnchor
     spans: tuple[Span, ...]
     dropped: Count = 0
+    sent_anchor: ClockAnchor | None = None
 
     def __post_init__(self) -> None:
         for i, s in enumerate(self.spans):

@@ -64,6 +64,7 @@ import functools
 import logging
 import math
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -76,8 +77,8 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
         "pip install 'twinkle[trl]'"
     ) from exc
 
-from twinkle.checks import plain_number, short_repr
-from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.checks import key_problem, plain_number, short_repr
+from twinkle.errors import InvalidArgumentError, ResumeConfigError, TwinkleError
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
 from twinkle.run import RunSession, RunState
@@ -99,6 +100,8 @@ _SESSION_OPTIONS = frozenset(
         "background_writer",
         "background_dispatch",
         "slow_call_s",
+        "required_plugins",
+        "backend_timeout_s",
     }
 )
 _ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
@@ -148,7 +151,8 @@ class TwinkleCallback(TrainerCallback):
     :param out_dir: where ``<run_id>/`` is written (``None``: no files).
     :param run_id: the run's name; default a fresh one per ``train()`` call. A run id
         whose directory already holds a run resumes it (iterations and optimizer steps
-        continue from where it stopped).
+        continue from where it stopped); its configuration may change only
+        ``total_steps`` (a larger ``max_steps``) and ``x_`` keys.
     :param config: the observers' business definitions; default :func:`observer_config`
         for the trainer (plus ``x_trl``: the trainer's class and world size).
     :param devices: the device denominator of the default configuration; default the
@@ -208,18 +212,29 @@ class TwinkleCallback(TrainerCallback):
         self._session_options = session_options
         self.session: RunSession | None = None
         self._observed: _ObservedRun | None = None
+        #: the trainer this callback observes, from the first that holds it (weak: a
+        #: callback outliving its trainer keeps no model alive)
+        self._trainer: weakref.ref[Any] | None = None
 
     # -- transformers' callback events --------------------------------------------------
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The end of Trainer.__init__: a callback already observing another trainer is
+        # refused here, before the second trainer exists.
+        trainer = _trainer_on_stack(self)
+        if trainer is not None:
+            self._claim(trainer)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._observed is not None:  # the last train() raised outside a training step
-            self._observed.fail("train() began again before the last call ended")
         if args.world_size > 1:
             raise TwinkleError(
                 f"TwinkleCallback observes one training process; this run has "
                 f"world_size={args.world_size}: train on one process, or remove the callback"
             )
         trainer = _find_trainer(self)
+        self._claim(trainer)  # (before anything of the trainer it observes is touched)
+        if self._observed is not None:  # the last train() raised outside a training step
+            self._observed.fail("train() began again before the last call ended")
         self._observed = _ObservedRun(self, trainer, state)
         self.session = self._observed.session
 
@@ -254,6 +269,19 @@ class TwinkleCallback(TrainerCallback):
         if self._observed is not None:
             observed, self._observed = self._observed, None
             observed.finish(state)
+
+    def _claim(self, trainer: Any) -> None:
+        """Observe ``trainer`` from now on, unless this callback observes another one
+        (its run, its wrapped methods and its step counts are that trainer's)."""
+        current = None if self._trainer is None else self._trainer()
+        if current is not None and current is not trainer:
+            raise TwinkleError(
+                f"this TwinkleCallback already observes another trainer ({type(current).__name__} "
+                f"at {id(current):#x}), so it cannot observe this {type(trainer).__name__} too: "
+                "a callback observes one trainer; pass each trainer a TwinkleCallback of its own "
+                "(callbacks=[TwinkleCallback(...)])"
+            )
+        self._trainer = weakref.ref(trainer)
 
     def _failed(self, observed: _ObservedRun) -> None:
         if self._observed is observed:
@@ -292,9 +320,12 @@ class _ObservedRun:
                 total_steps=max(0, int(state.max_steps)),
             )
             config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
-        self.session = RunSession(
-            out_dir=owner.out_dir, run_id=owner.run_id, config=config, **owner._session_options
-        ).start()
+        try:
+            self.session = RunSession(
+                out_dir=owner.out_dir, run_id=owner.run_id, config=config, **owner._session_options
+            ).start()
+        except ResumeConfigError as exc:
+            raise exc.with_fix(_resume_fix(owner, exc)) from exc
         self.bus = self.session.bus
         self.recorder = self.session.recorder
         resumed = self.session.resumed
@@ -308,6 +339,7 @@ class _ObservedRun:
         self.open: dict[str, SpanContext] = {}  # the spans of the step in progress, by name
         self.length_sums: list[Any] = []  # per micro-batch: its samples' lengths
         self.warned_lengths = False
+        self.bad_keys: set[str] = set()  # logged keys left out (named once each)
         self._saved: dict[str, Any] = {}
         self._profiling = False
         try:
@@ -364,6 +396,7 @@ class _ObservedRun:
                 value = math.nan
             if isinstance(value, int | float) and not isinstance(value, bool):
                 values[str(key)] = value
+        self._leave_out_bad_keys(values)
         if not values:
             return
         values.setdefault("global_step", int(global_step))
@@ -374,6 +407,20 @@ class _ObservedRun:
         else:
             name = "trl"
         self.bus.scalars(iteration=self.iteration, name=name, values=values)
+
+    def _leave_out_bad_keys(self, values: dict[str, int | float]) -> None:
+        """Drop the figures whose key cannot name them (the bus would refuse the whole
+        log, raising into the trainer's logging); each such key is named once."""
+        for key in [k for k in values if key_problem(k) is not None]:
+            del values[key]
+            if key not in self.bad_keys:
+                self.bad_keys.add(key)
+                log.warning(
+                    "run %r: TRL logged %r, whose key %s; that figure is left out",
+                    self.session.run_id,
+                    key,
+                    key_problem(key),
+                )
 
     def finish(self, state: Any) -> None:
         self._close_spans(_NO_EXC)
@@ -525,8 +572,43 @@ class _ObservedRun:
 _MISSING = object()
 
 
-def _find_trainer(callback: TwinkleCallback) -> Any:
-    """The ``Trainer`` on the call stack whose callback handler holds ``callback``."""
+def _resume_fix(owner: TwinkleCallback, exc: ResumeConfigError) -> str:
+    """What a :class:`TwinkleCallback` user does about a run that cannot resume with
+    the configuration this ``train()`` call gave it."""
+    new_run = (
+        f"or pass another run_id (TwinkleCallback(run_id=...) other than {exc.run_id!r}, "
+        "or another out_dir) to observe this training as a new run"
+    )
+    if owner.config is not None:
+        return (
+            "pass TwinkleCallback(config=...) the configuration the run was started with "
+            f"(changing only total_steps or x_ keys), {new_run}"
+        )
+    window = exc.logged.get("window")
+    devices = window.get("devices") if isinstance(window, Mapping) else None
+    if devices is not None and set(exc.keys) <= {"throughput", "window"}:
+        return (
+            f"the run counted {devices!r} device(s): pass TwinkleCallback(devices={devices!r}) "
+            f"as it was started with, {new_run}"
+        )
+    trl = exc.logged.get("x_trl")
+    trainer = trl.get("trainer") if isinstance(trl, Mapping) else None
+    started = "the trainer the run was started with"
+    if trainer is not None:
+        started = f"the trainer the run was started with ({trainer})"
+    log = "its events.jsonl"
+    if owner.out_dir is not None:
+        log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
+    return (
+        "TwinkleCallback's default configuration follows the trainer's class and the "
+        f"devices: resume with {started} and the same devices, or pass "
+        "TwinkleCallback(config=...) the run's configuration (the config of the "
+        f"run_started line of {log}), {new_run}"
+    )
+
+
+def _trainer_on_stack(callback: TwinkleCallback) -> Any:
+    """The ``Trainer`` on the call stack whose callback handler holds ``callback``, or None."""
     frame = sys._getframe(1)
     while frame is not None:
         candidate = frame.f_locals.get("self")
@@ -535,6 +617,14 @@ def _find_trainer(callback: TwinkleCallback) -> Any:
             if any(cb is callback for cb in getattr(handler, "callbacks", ())):
                 return candidate
         frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _find_trainer(callback: TwinkleCallback) -> Any:
+    """The ``Trainer`` on the call stack whose callback handler holds ``callback``."""
+    trainer = _trainer_on_stack(callback)
+    if trainer is not None:
+        return trainer
     raise TwinkleError(
         "TwinkleCallback.on_train_begin was not called by a transformers Trainer that "
         "holds the callback: pass it in Trainer(callbacks=[...]) (or trainer.add_callback) "

@@ -3,7 +3,7 @@ like any third-party plugin: the run's timeline (which the observers computing r
 read), timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file,
 event log, trace)."""
 
-from twinkle.observers._config import BUILTIN_KINDS, ObserverConfig
+from twinkle.observers._config import BUILTIN_KINDS, ClockSkewTolerance, ObserverConfig
 from twinkle.observers.memory import MemoryObserver
 from twinkle.observers.scalars import ScalarsObserver
 from twinkle.observers.sinks import (
@@ -22,6 +22,7 @@ from twinkle.observers.timing import TimingObserver
 
 __all__ = [
     "BUILTIN_KINDS",
+    "ClockSkewTolerance",
     "EVENTS_FILE",
     "RAW_FILE",
     "TIMELINE",

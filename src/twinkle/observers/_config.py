@@ -10,6 +10,7 @@ that a replay rebuilds identical observers. Its shape::
       "window": {"samples": "rollout", "devices": 2},
       "streaming": {"generation": "rollout", "training": "train"},
       "finalise_lag": 1,
+      "clock_skew": {"ahead_s": 0.01, "behind_s": 1.0},
       "total_steps": 10
     }
 
@@ -23,6 +24,10 @@ that a replay rebuilds identical observers. Its shape::
 * ``finalise_lag``: iteration ``i``'s records are written when iteration ``i + 1 + lag``
   starts (or the run finishes), so spans that close up to ``lag`` windows after their
   window still reach its figures (default 1; see docs/metrics.md).
+* ``clock_skew``: how far a worker report's send time may fall after (``ahead_s``) or
+  before (``behind_s``) its arrival, as the clock anchors place it, before the worker's
+  clock is taken to be skewed and its spans are placed by the arrival instead (default
+  0.01 s and 1 s; see docs/metrics.md).
 * ``total_steps``: the planned optimizer steps (the WebUI flat file shows it).
 """
 
@@ -35,7 +40,13 @@ from typing import Any
 
 from twinkle.errors import ConfigError
 
-__all__ = ["BUILTIN_KINDS", "ObserverConfig", "PhaseThroughput", "SpanMatcher"]
+__all__ = [
+    "BUILTIN_KINDS",
+    "ClockSkewTolerance",
+    "ObserverConfig",
+    "PhaseThroughput",
+    "SpanMatcher",
+]
 
 #: the kinds of the built-in observers' records, besides one per throughput phase
 BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run"})
@@ -116,6 +127,52 @@ def _streaming(raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher]) -> tup
 
 
 @dataclass(frozen=True, slots=True)
+class ClockSkewTolerance:
+    """How far a worker report's send time may fall from its arrival on the run's
+    timeline (as the clock anchors place it) before the worker's clock counts as skewed.
+
+    A send cannot come after its arrival, so one placed more than ``ahead_ns`` after it
+    is a clock ahead, for certain; ``ahead_ns`` only absorbs the hosts' synchronisation
+    error. One placed more than ``behind_ns`` before it is a clock behind, or a report
+    that took that long to arrive: ``behind_ns`` is the delivery time still believed.
+    """
+
+    ahead_ns: int = 10_000_000
+    behind_ns: int = 1_000_000_000
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> ClockSkewTolerance:
+        """The ``clock_skew`` key of an observer config (the defaults without one)."""
+        spec = raw.get("clock_skew")
+        if spec is None:
+            return cls()
+        if not isinstance(spec, Mapping) or not set(spec) <= {"ahead_s", "behind_s"}:
+            raise ConfigError(
+                f"config.clock_skew must be an object with keys 'ahead_s' and/or 'behind_s' "
+                f'(seconds), got {spec!r:.200}; e.g. {{"ahead_s": 0.01, "behind_s": 1.0}}'
+            )
+        default = cls()
+        return cls(
+            _tolerance_ns(spec, "ahead_s", default.ahead_ns),
+            _tolerance_ns(spec, "behind_s", default.behind_ns),
+        )
+
+
+def _tolerance_ns(spec: Mapping[str, Any], key: str, default_ns: int) -> int:
+    value = spec.get(key)
+    if value is None:
+        return default_ns
+    # Up to a year: a tolerance is a bound on seconds of delivery or clock error, and the
+    # nanoseconds stay well within 64 bits.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3.2e7:
+        raise ConfigError(
+            f"config.clock_skew.{key} must be a number of seconds in [0, 3.2e7], got "
+            f"{value!r}; e.g. {key}=0.5"
+        )
+    return round(value * 1e9)
+
+
+@dataclass(frozen=True, slots=True)
 class ObserverConfig:
     """Parsed observer configuration (see the module doc for the JSON shape)."""
 
@@ -126,6 +183,7 @@ class ObserverConfig:
     #: (generation phase, training phase) of a streaming run, or None
     streaming: tuple[str, str] | None = None
     finalise_lag: int = 1
+    clock_skew: ClockSkewTolerance = field(default_factory=ClockSkewTolerance)
     #: every pair of phases, in config order (the pairwise overlaps reported)
     pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
@@ -144,7 +202,15 @@ class ObserverConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
         """Validate ``raw`` (``RunStarted.config``); :class:`ConfigError` names the key."""
-        known = {"phases", "throughput", "window", "total_steps", "streaming", "finalise_lag"}
+        known = {
+            "phases",
+            "throughput",
+            "window",
+            "total_steps",
+            "streaming",
+            "finalise_lag",
+            "clock_skew",
+        }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
             raise ConfigError(f"observer config keys must be str, got {bad[0]!r}")
@@ -192,7 +258,15 @@ class ObserverConfig:
                 f"config.finalise_lag must be an int in [0, 64] (iterations a window's "
                 f"records wait for late spans), got {lag!r}"
             )
-        return cls(phases, throughput, window, total_steps, _streaming(raw, phases), lag)
+        return cls(
+            phases,
+            throughput,
+            window,
+            total_steps,
+            _streaming(raw, phases),
+            lag,
+            ClockSkewTolerance.parse(raw),
+        )
 
     def phase_of(self, span_name: str) -> str | None:
         """The first configured phase (in config order) whose patterns match."""

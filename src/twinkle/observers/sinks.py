@@ -7,6 +7,7 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from pathlib import Path
 
@@ -27,7 +28,9 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import convert_bytes
-from twinkle.observers._config import ObserverConfig
+from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
+from twinkle.observers._held_log import HeldLog, refuse_outputs_without_log
+from twinkle.observers.placement import place_batch
 from twinkle.perf import ClockAnchor, Span
 from twinkle.reporting import (
     Backend,
@@ -38,7 +41,6 @@ from twinkle.reporting import (
     ReplacingFile,
     WebUIFlatBackend,
     WriterStats,
-    sync_dir,
 )
 
 __all__ = [
@@ -60,6 +62,8 @@ TRACE_FILE = "trace.json"
 #: the first key of every event-log line: the line's 0-based number in its file
 SEQ_KEY = "seq"
 
+_log = logging.getLogger("twinkle.observers")
+
 
 class _FileBackendSink:
     """A sink of one record file: its backend is opened at configure, so that a file
@@ -69,16 +73,21 @@ class _FileBackendSink:
 
     A resumed run (``RunContext.resumed_events > 0``) writes the file again, whole (the
     observers see the logged events again first): into a new file beside it
-    (``.<name>.resume.<pid>.tmp``), renamed over the file when ``run_resumed`` begins
-    the new segment (``RunContext.segment``: not an earlier segment's ``run_resumed``,
-    fed again) — so a resume that fails before it (a log it cannot read, Ctrl-C) leaves
-    the file as it was."""
+    (``.<name>.resume.<pid>.tmp``). Once ``run_resumed`` begins the new segment
+    (``RunContext.segment``: not an earlier segment's ``run_resumed``, fed again), the
+    new file takes the old one's place as soon as it holds at least as many lines,
+    fsynced (:meth:`~twinkle.reporting.JsonlFileBackend.replace_when_complete`): the
+    records of the logged events may still be on their way to it, and the WebUI file
+    holds its newest lines back. So a resume that fails before the new segment (a log it
+    cannot read, Ctrl-C) leaves the file as it was, and one killed at any moment after
+    leaves it, or a file holding at least as much, in place: never fewer records."""
 
     FILE = ""
 
     def __init__(self) -> None:
         self._backend: JsonlFileBackend | None = None
-        self._rebuilding: tuple[Path, Path] | None = None  # (new file, the file) on resume
+        # on resume: (new file, the file, the lines the file holds)
+        self._rebuilding: tuple[Path, Path, int] | None = None
         self._segment = 0  # the segment this session begins
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
@@ -93,7 +102,7 @@ class _FileBackendSink:
             stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
             # the run directory: no live process is writing one)
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-        self._rebuilding = (new, path)
+        self._rebuilding = (new, path, _count_lines(path))
         self._segment = context.segment
         return self._open(new, context)
 
@@ -115,18 +124,9 @@ class _FileBackendSink:
         if self._rebuilding is None or event.segment != self._segment:
             return  # (an earlier segment's, fed again: the rebuild is not complete)
         rebuilding, self._rebuilding = self._rebuilding, None
-        new, path = rebuilding
-        try:
-            # The records of the logged events are written or queued: the new file
-            # (its writer keeps appending to it) takes the old one's place.
-            os.replace(new, path)
-        except OSError as exc:
-            raise WriteError(
-                exc.errno,
-                f"cannot put the rebuilt {str(path)!r} in place: {exc.strerror or exc}; the "
-                f"previous file is kept and the new one is {str(new)!r}",
-            ) from exc
-        sync_dir(path.parent)
+        _, path, lines = rebuilding
+        if self._backend is not None:
+            self._backend.replace_when_complete(path, lines)
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
@@ -137,6 +137,20 @@ class _FileBackendSink:
         rebuilding, self._rebuilding = self._rebuilding, None
         if rebuilding is not None:  # the resume failed: the file stays as it was
             rebuilding[0].unlink(missing_ok=True)
+
+
+def _count_lines(path: Path) -> int:
+    """The complete lines of ``path`` (0 when there is no such file)."""
+    try:
+        with path.open("rb") as file:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise ReporterError(
+            f"cannot read {str(path)!r} to rebuild it ({exc.strerror or exc}): make it a "
+            "readable file, or move it away (replay rebuilds it)"
+        ) from exc
 
 
 class RawRecordsSink(_FileBackendSink):
@@ -204,6 +218,19 @@ class EventLogSink:
     before it and not yet written (in practice the writer keeps up and only the current
     iteration's events are at risk); an exception loses none (:meth:`RunSession.finish`
     flushes). A replay writes inline. The file is fsynced at close, before the summary.
+    A new segment's first event (``run_started``, ``run_resumed``) is written through at
+    once and fsynced before the hook returns: a process killed right after
+    :meth:`RunSession.start` leaves a log that resumes and replays.
+
+    **The file stays the run's.** Before each batch and at close the sink checks that the
+    log's path still leads to the file it writes (:class:`HeldLog`). A log deleted or
+    replaced while the run writes it is written back whole from the open file (a file
+    found in its place is moved aside to ``events.jsonl.replaced-<ns>``), logged as an
+    error and kept in :attr:`failure`: the run then finishes with status ``error`` naming
+    it. A truncated log cannot be written back (its bytes are gone); it is named the same
+    way. A run directory that holds the sinks' record files but no event log (deleted
+    between runs) is refused at configure: its records could not be continued without
+    doubling iterations, nor rebuilt.
 
     A write error (disk full) surfaces at the next hand-over or at close; the events it
     concerns stay in the writer's memory and go out first with the next batch (see
@@ -219,9 +246,17 @@ class EventLogSink:
         self._batches: BatchWriter[list[Event]] | None = None
         self._skip = 0  # events of a resumed run still to come that the log holds already
         self._seq = 0  # the next line's seq (the writer's side)
+        self._held: HeldLog | None = None  # the log as this run holds it open
+        self._resumed = 0  # events the log held when the run began (fed again first)
+        self._received = 0  # events this sink received
+        self._live = False  # a live run's log (a replay's needs no write-through)
         #: events that could not be written (not serialisable, or over the line limit
         #: and not a span batch that can be split; each logged and raised)
         self.unwritable = 0
+        #: why the log on disk is not (or was not for a while) what the run wrote:
+        #: deleted, replaced or truncated while it ran (None: it is); the run's finish
+        #: raises it, so the run's status is ``error``
+        self.failure: ReporterError | None = None
 
     @property
     def stats(self) -> WriterStats | None:
@@ -235,6 +270,8 @@ class EventLogSink:
         if context.out_dir is None:
             return
         path = context.out_dir / EVENTS_FILE
+        if not context.replay and not context.resumed_events:
+            refuse_outputs_without_log(path, (RAW_FILE, WEBUI_FILE, TRACE_FILE))
         try:
             writer = JsonlWriter(path, append=True)
         except OSError as exc:  # every open failure is a ReporterError: fatal to the start
@@ -246,13 +283,15 @@ class EventLogSink:
             ) from exc
         try:
             self._seq = self._first_seq(writer, context.resumed_events)
+            self._held = HeldLog(path)
         except BaseException:
             writer.close()
             raise
-        self._skip = context.resumed_events
+        self._skip = self._resumed = context.resumed_events
+        self._live = not context.replay
         self.writer = writer
         self._batches = BatchWriter(
-            lambda batches: self._write(writer, batches),
+            self._write,
             name=f"event log {str(writer.path)!r}",
             thread_name="eventlog",
             # Replays write inline: nothing to overlap, and byte order stays obvious.
@@ -280,10 +319,25 @@ class EventLogSink:
             return
         # Events are frozen values: the writer thread encodes them, not the publisher.
         self._pending.append(event)
-        if isinstance(event, IterationStarted | RunFinished) or (
+        self._received += 1
+        if (
+            isinstance(event, RunStarted | RunResumed)
+            and self._live
+            and self._received > self._resumed
+        ):
+            self._write_through()  # a new segment begins (not a logged one fed again)
+        elif isinstance(event, IterationStarted | RunFinished) or (
             len(self._pending) >= self.BATCH_EVENTS
         ):
             self.flush()
+
+    def _write_through(self) -> None:
+        """Write the pending events now, and fsync them: once the start returns, a kill
+        leaves a log that holds the segment's first event (it resumes and replays)."""
+        self.flush()
+        if self._batches is not None and self._held is not None:
+            self._batches.flush()  # (waits for the writer thread; raises its error)
+            self._held.sync()
 
     def flush(self) -> None:
         """Hand the pending events to the writer (never waiting for it to write them,
@@ -304,7 +358,45 @@ class EventLogSink:
             del batch[:logged]
         return batch
 
-    def _write(self, writer: JsonlWriter, batches: list[list[Event]]) -> int:
+    def _checked_writer(self) -> JsonlWriter:
+        """The log's writer, once the log's path was checked to lead to the file it
+        writes; when it does not, the log is written back (and written on through a
+        writer of the file now at its path) and :attr:`failure` says what happened."""
+        writer, held = self.writer, self._held
+        if writer is None or held is None:  # pragma: no cover - only called while open
+            raise ReporterError("the event log is closed")
+        damage = held.check()
+        if damage is None:
+            return writer
+        log = f"the event log {str(held.path)!r} was {damage.what} while the run wrote it"
+        if not damage.restorable:
+            self._fail(
+                f"{log}: the events before are missing from it (the run cannot be resumed "
+                "or replayed from it); keep the run directory out of reach of cleaners"
+            )
+            return writer
+        try:
+            aside = held.restore()
+            restored = JsonlWriter(held.path, append=True)
+        except (ReporterError, OSError) as exc:
+            self._fail(f"{log}, and writing it back failed: {exc}")
+            return writer  # (the open file gets the events; tried again next batch)
+        writer.close()
+        self.writer = restored
+        moved = "" if aside is None else f"; the file found in its place is now {aside.name!r}"
+        self._fail(
+            f"{log}; twinkle wrote it back whole from the file it held open, nothing is "
+            f"lost{moved}. Find what deletes or replaces files in {str(held.path.parent)!r}"
+        )
+        return restored
+
+    def _fail(self, message: str) -> None:
+        """Keep ``message`` as the run's failure (the run ends in ``error``), logged."""
+        self.failure = ReporterError(message)
+        _log.error("%s", message)
+
+    def _write(self, batches: list[list[Event]]) -> int:
+        writer = self._checked_writer()
         events = batches[0] if len(batches) == 1 else [e for b in batches for e in b]
         limit = writer.max_line_bytes
         lines: list[bytes] = []
@@ -335,6 +427,8 @@ class EventLogSink:
         # the writer's memory, to be written with these numbers.
         self._seq = seq
         written = writer.write_bytes_lines(lines) if lines else 0
+        if self._held is not None:
+            self._held.wrote()
         if bad:
             raise RecordError(
                 f"{len(bad)} event(s) could not be written to {str(writer.path)!r} and are "
@@ -366,9 +460,15 @@ class EventLogSink:
                     f"{lost} batch(es) of events never reached {str(self.writer.path)!r}: "
                     f"the event-log writer stopped ({batches.failure})"
                 )
+            self._checked_writer()  # (deleted after the last batch: written back now)
         finally:
             writer, self.writer = self.writer, None
-            writer.close()  # fsyncs; raises if lines stay unwritten (a fault that lasted)
+            held, self._held = self._held, None
+            try:
+                writer.close()  # fsyncs; raises if lines stay unwritten (a fault that lasted)
+            finally:
+                if held is not None:
+                    held.close()
         # A write error whose lines went out later (close succeeded) lost nothing.
         if error is not None and not isinstance(error, WriteError):
             raise error
@@ -382,8 +482,9 @@ def _line(event: Event, seq: int) -> bytes:
 
 def _split_line(event: Event, seq: int, limit: int) -> list[bytes]:
     """The lines of a span batch too long for one line: consecutive batches of its spans,
-    in order, each line within ``limit`` (numbered from ``seq``). Any other event, or a
-    single span too long for a line, raises :class:`~twinkle.errors.RecordError`."""
+    in order, each line within ``limit`` (numbered from ``seq``); the first carries the
+    batch's ``dropped`` count, the others 0 (a replay adds them up). Any other event, or
+    a single span too long for a line, raises :class:`~twinkle.errors.RecordError`."""
     if not isinstance(event, SpanBatch) or not event.spans:
         raise RecordError(
             f"event {event.TYPE!r} is {len(dumps_event(event))} bytes as a line, more than "
@@ -406,19 +507,28 @@ def _split_line(event: Event, seq: int, limit: int) -> list[bytes]:
                 "batch is not written; keep span attrs small"
             )
         if i > start and used + 1 + one > limit:
-            lines.append(_line(replace(event, spans=event.spans[start:i]), seq + len(lines)))
+            lines.append(_piece(event, event.spans[start:i], seq + len(lines)))
             start, used = i, base
         used += one if i == start else one + 1
-    lines.append(_line(replace(event, spans=event.spans[start:]), seq + len(lines)))
+    lines.append(_piece(event, event.spans[start:], seq + len(lines)))
     return lines
+
+
+def _piece(batch: SpanBatch, spans: tuple[Span, ...], seq: int) -> bytes:
+    """The line of ``spans``, a run of ``batch``'s: its ``dropped`` count on the first
+    piece only (``seq`` past the batch's first line: 0)."""
+    first = spans[0] is batch.spans[0]
+    piece = msgspec.structs.replace(batch, spans=spans, dropped=batch.dropped if first else 0)
+    return _line(piece, seq)
 
 
 class TraceSink:
     """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
 
     Times are microseconds since the run started, on the run's timeline (spans of other
-    processes moved through their clock anchors). Iteration starts are instant events,
-    weight publishes slices.
+    processes moved through their clock anchors, or a skewed worker's by their arrival,
+    as the timeline places them: :mod:`~twinkle.observers.placement`). Iteration starts
+    are instant events, weight publishes slices.
 
     **Tracks.** Every process is named (the run's by its run id, a worker's by its span
     source), every thread by its source, or by the ``engine`` of its first span (an
@@ -459,6 +569,7 @@ class TraceSink:
         self._finished = False  # run_finished arrived: there is a whole trace to put in place
         self._broken: OSError | None = None  # a write failed: the file lacks lines
         self._origin: ClockAnchor | None = None
+        self._skew = ClockSkewTolerance()  # the run's, from its run_started
         self._named: set[tuple[int, int]] = set()
         self._processes: set[int] = set()
         # per (pid, thread): its lanes, each its outermost spans as (start, end), in order
@@ -637,6 +748,7 @@ class TraceSink:
                 )
         elif isinstance(event, RunStarted):
             self._origin = event.anchor
+            self._skew = ClockSkewTolerance.parse(event.config)
             lines.append(
                 orjson.dumps(
                     {
@@ -654,7 +766,9 @@ class TraceSink:
 
     def _span_lines(self, event: SpanBatch, lines: list[bytes]) -> None:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
-        offset = event.anchor.shift_onto(self._origin) - origin  # onto the run, from its start
+        # Onto the run, from its start: where the timeline puts them (a skewed worker's
+        # by their arrival).
+        offset = place_batch(event, self._origin, self._skew).shift_ns - origin
         source = event.source
         for span in event.spans:
             pid = span.pid

@@ -17,7 +17,9 @@
   closed by then is in. A span arriving later is *late*: its time before the finalised
   horizon is counted in ``late_seconds`` (summed) and its time after it in the windows
   as usual; a span attributed to a finalised iteration is counted as attributed late.
-* Spans of other processes are moved onto the run's timeline through the clock anchors.
+* Spans of other processes are moved onto the run's timeline through the clock anchors;
+  a worker batch whose send those anchors put after its arrival (a clock ahead) or far
+  before it (behind) is placed by its arrival instead and counted (``placement``).
   Overhead spans (``twinkle.observe``: every publish and dispatch on the caller's
   threads) are taken by time and deducted once.
 """
@@ -43,6 +45,7 @@ from twinkle.events import (
 from twinkle.hookspecs import OVERHEAD_SPAN, RunContext, StashKey, hookimpl
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
+from twinkle.observers.placement import SkewLedger, place_batch
 from twinkle.perf import ClockAnchor
 
 __all__ = [
@@ -343,6 +346,8 @@ class Timeline:
         self.late_samples = 0
         #: per span source: [spans received, spans it could not ship]
         self.sources: dict[str, list[int]] = {}
+        #: worker batches checked for clock skew, and those placed by their arrival
+        self.skew = SkewLedger()
         #: spans and their summed seconds by where they were attributed
         self.where: dict[str, list[int]] = {
             k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
@@ -356,6 +361,7 @@ class Timeline:
     def run_started(self, event: RunStarted) -> None:
         self.config = ObserverConfig.parse(event.config)
         self.anchor = event.anchor
+        self.skew = SkewLedger(self.config.clock_skew)
         self._totals = self._setup = self._before_work = WindowTiming.empty(self.config)
         self._teardown = WindowTiming.empty(self.config)
         self._setup_open = True
@@ -441,7 +447,9 @@ class Timeline:
         return done
 
     def spans(self, event: SpanBatch) -> None:
-        shift = event.anchor.shift_onto(self.anchor)
+        placement = place_batch(event, self.anchor, self.config.clock_skew)
+        self.skew.note(event, placement)
+        shift = placement.shift_ns
         phase_of = self.config.phase_of
         overhead = self.overhead
         horizon = self.horizon  # moves only when a window is finalised

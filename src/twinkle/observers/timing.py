@@ -245,4 +245,5 @@ class TimingObserver:
             "spans": tl.accounting(),
             "unstarted_iterations": unstarted,
             "finalise_lag": tl.config.finalise_lag,
+            "clock_skew": tl.skew.summary(),
         }

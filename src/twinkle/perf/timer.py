@@ -174,6 +174,13 @@ class TimeRecorder:
         """(monotonic ns, wall ns) read once when the recorder was made."""
         return self._anchor
 
+    def read_anchor(self) -> ClockAnchor:
+        """A fresh (monotonic ns, wall ns) pair of this recorder's clocks, read now, with
+        its identity (:attr:`anchor` stays the one read when it was made)."""
+        return ClockAnchor.read(
+            self._clock, self._wall_clock, pid=self._pid, hostname=self._hostname
+        )
+
     def now_ns(self) -> int:
         """One reading of :attr:`clock`."""
         return self._clock()
@@ -274,9 +281,7 @@ class TimeRecorder:
         self._finished.clear()
         if not self._pid_given:
             self._pid = os.getpid()
-        self._anchor = ClockAnchor.read(
-            self._clock, self._wall_clock, pid=self._pid, hostname=self._hostname
-        )
+        self._anchor = self.read_anchor()
 
     def __repr__(self) -> str:
         return f"<TimeRecorder pid={self._pid} pending={len(self._finished)}>"

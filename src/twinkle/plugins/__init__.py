@@ -9,7 +9,9 @@ from twinkle.plugins._dispatch import (
     REPORTER_FAILURES,
     Dispatcher,
     HookCalls,
+    check_slow_call_s,
     hook_name,
+    is_builtin_observer,
     merge_summary,
 )
 from twinkle.plugins._manager import (
@@ -40,8 +42,10 @@ __all__ = [
     "PluginInfo",
     "PluginStatus",
     "check_blocked",
+    "check_slow_call_s",
     "describe_plugins",
     "hook_name",
+    "is_builtin_observer",
     "loaded_plugins",
     "make_plugin_manager",
     "merge_summary",

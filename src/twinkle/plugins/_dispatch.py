@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import pluggy
@@ -29,7 +29,9 @@ __all__ = [
     "REPORTER_FAILURES",
     "Dispatcher",
     "HookCalls",
+    "check_slow_call_s",
     "hook_name",
+    "is_builtin_observer",
     "merge_summary",
 ]
 
@@ -39,9 +41,34 @@ _get_ident = threading.get_ident
 #: default of ``HookCalls(slow_call_s=...)``: an observer call taking longer is slow
 DEFAULT_SLOW_CALL_S: Final = 1.0
 
+
+def check_slow_call_s(slow_call_s: object) -> float | None:
+    """``slow_call_s`` if it is a finite number of seconds >= 0 or None (observer calls
+    not timed), else an :class:`InvalidArgumentError` saying so (the session checks its
+    option when it is made, not when the run starts)."""
+    if slow_call_s is not None and (
+        isinstance(slow_call_s, bool)
+        or not isinstance(slow_call_s, int | float)
+        or not math.isfinite(slow_call_s)
+        or slow_call_s < 0
+    ):
+        raise InvalidArgumentError(
+            f"slow_call_s={slow_call_s!r} must be a finite number of seconds >= 0 (the "
+            "time an observer call may take before it is counted slow), or None to not "
+            "time observer calls"
+        )
+    return slow_call_s
+
+
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
 #: records the run's reporter could not write at once (a disk fault; they are kept)
 REPORTER_FAILURES = "twinkle.reporter"
+
+
+def is_builtin_observer(plugin: object) -> bool:
+    """Whether ``plugin`` is one of twinkle's own observers (``twinkle.observers``): its
+    outputs are the run's own, written by the run and essential to it."""
+    return type(plugin).__module__.startswith("twinkle.observers.")
 
 
 def hook_name(event_type: type[Event]) -> str:
@@ -87,7 +114,17 @@ class HookCalls:
     is the start of the next), none with ``None``.
     """
 
-    __slots__ = ("_clock", "_plans", "_pm", "_slow_ns", "failures", "slow", "slow_call_s")
+    __slots__ = (
+        "_clock",
+        "_plans",
+        "_pm",
+        "_required",
+        "_slow_ns",
+        "failures",
+        "left_out",
+        "slow",
+        "slow_call_s",
+    )
 
     def __init__(
         self,
@@ -95,18 +132,9 @@ class HookCalls:
         *,
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
         clock: Callable[[], int] = time.perf_counter_ns,
+        required: Iterable[str] = (),
     ) -> None:
-        if slow_call_s is not None and (
-            isinstance(slow_call_s, bool)
-            or not isinstance(slow_call_s, int | float)
-            or not math.isfinite(slow_call_s)
-            or slow_call_s < 0
-        ):
-            raise InvalidArgumentError(
-                f"slow_call_s={slow_call_s!r} must be a finite number of seconds >= 0 (the "
-                "time an observer call may take before it is counted slow), or None to not "
-                "time observer calls"
-            )
+        check_slow_call_s(slow_call_s)
         if not callable(clock):
             raise InvalidArgumentError(
                 f"clock={clock!r} must be a callable returning integer nanoseconds"
@@ -127,6 +155,9 @@ class HookCalls:
         self.failures: Counter[str] = Counter()
         #: observer calls over ``slow_call_s`` per plugin name (logged as they happen)
         self.slow: Counter[str] = Counter()
+        self._required = frozenset(required)
+        #: plugins left out of the run because they could not set up, with why
+        self.left_out: dict[str, str] = {}
 
     def call(self, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on every observer; the non-None results."""
@@ -144,15 +175,41 @@ class HookCalls:
     def configure(self, context: object) -> None:
         """Call ``twinkle_configure``: like :meth:`call`, except that an observer raising
         :class:`~twinkle.errors.TwinkleError` (it cannot run as configured: a missing
-        dependency, a bad setting) fails the run's start with that error."""
+        dependency, a bad setting) fails the run's start with that error when it is
+        essential (:meth:`essential`); any other such plugin is left out
+        (:meth:`leave_out`)."""
         self._calls("twinkle_configure", {"context": context}, TwinkleError)
 
-    def make_backends(self, context: object) -> list[Any]:
-        """Call ``twinkle_make_backends``: the backends every observer provides; like
-        :meth:`configure`, a :class:`~twinkle.errors.TwinkleError` (a backend's file
-        cannot be opened) fails the run's start."""
+    def make_backends(self, context: object) -> list[tuple[str, Any]]:
+        """Call ``twinkle_make_backends``: the backends every observer provides, each
+        with its plugin's name; a :class:`~twinkle.errors.TwinkleError` (a backend's file
+        cannot be opened) is handled as in :meth:`configure`."""
         calls = self._calls("twinkle_make_backends", {"context": context}, TwinkleError)
-        return [backend for _, result in calls for backend in result]
+        return [(name, backend) for name, result in calls for backend in result]
+
+    def essential(self, name: str) -> bool:
+        """Whether the run cannot go on without plugin ``name``: one of twinkle's own
+        observers (its outputs are the run's), or one the caller requires."""
+        return name in self._required or is_builtin_observer(self._pm.get_plugin(name))
+
+    def leave_out(self, name: str, why: str) -> None:
+        """Call none of plugin ``name``'s hooks from now on; ``why`` is kept in
+        :attr:`left_out` and logged (a plugin that could not set up: the run goes on
+        without it)."""
+        if name in self.left_out:
+            return
+        self.left_out[name] = why
+        # New lists: a hook call iterating the old plan goes on undisturbed.
+        self._plans = {
+            hook: [impl for impl in plan if impl[0] != name] for hook, plan in self._plans.items()
+        }
+        log.error(
+            "plugin %r left out of the run: %s (the run goes on without it; require it "
+            "with --require-plugin %s to stop instead)",
+            name,
+            why,
+            name,
+        )
 
     def call_named(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Like :meth:`call`, with each result paired with its plugin's name."""
@@ -201,8 +258,9 @@ class HookCalls:
             for name, function, argnames in plan:
                 try:
                     result = function(*[kwargs[a] for a in argnames])
-                except fatal:
-                    raise
+                except fatal as exc:
+                    self._set_up_failed(name, hook, exc)
+                    continue
                 except BaseException as exc:
                     self._failed(name, hook, exc)
                     continue
@@ -216,8 +274,10 @@ class HookCalls:
         for name, function, argnames in plan:
             try:
                 result = function(*[kwargs[a] for a in argnames])
-            except fatal:
-                raise
+            except fatal as exc:
+                self._set_up_failed(name, hook, exc)
+                start = clock()
+                continue
             except BaseException as exc:
                 took = clock() - start
                 if took > budget:
@@ -233,6 +293,13 @@ class HookCalls:
             if result is not None:
                 out.append((name, result))
         return out
+
+    def _set_up_failed(self, name: str, hook: str, exc: BaseException) -> None:
+        """A plugin could not set up: the run's failure when it is essential, else the
+        plugin is left out."""
+        if self.essential(name):
+            raise exc
+        self.leave_out(name, f"{hook} raised {type(exc).__name__}: {exc}")
 
     def _failed(self, name: str, hook: str, exc: BaseException) -> None:
         """Count an observer's exception; re-raise the main thread's KeyboardInterrupt

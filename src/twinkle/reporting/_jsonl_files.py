@@ -24,6 +24,7 @@ __all__ = [
     "FILE_MODE",
     "Opened",
     "StrPath",
+    "make_dirs",
     "open_appending",
     "reporter_error",
     "sidecar_path",
@@ -71,12 +72,29 @@ class Opened:
     dir_fd: int  # the parent directory, kept to fsync it when the file was created; -1
 
 
+def make_dirs(path: Path) -> None:
+    """Create the directory ``path`` and its missing parents, each :data:`DIR_MODE` less
+    the umask: ``Path.mkdir(parents=True)`` gives the parents 0777 less the umask
+    (under ``umask 000``, writable by every user). Raises ``OSError``."""
+    missing = []
+    for directory in (path, *path.parents):
+        if directory.is_dir():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():  # (a file: else another process made it meanwhile)
+                raise
+
+
 def open_appending(path: Path, append: bool) -> Opened:
     """Open ``path`` for appending (creating parents), never through a symlink."""
     parent = path.parent
     if not parent.is_dir():
         try:
-            parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            make_dirs(parent)
         except OSError as exc:
             raise reporter_error(parent, exc, "create the directory") from exc
     try:

@@ -8,15 +8,21 @@ lines.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from twinkle.errors import RecordError
 from twinkle.reporting._jsonl_files import StrPath
 from twinkle.reporting.jsonl import JsonlWriter, TornLineRecovery
 from twinkle.reporting.record import MetricRecord, record_fields
+from twinkle.reporting.whole_file import sync_dir
 
 __all__ = ["Backend", "JsonlBackend", "JsonlFileBackend", "SeqSource"]
+
+logger = logging.getLogger("twinkle.reporting")
 
 
 class Backend(Protocol):
@@ -26,6 +32,12 @@ class Backend(Protocol):
     durable (and emits anything the backend holds back); ``close`` flushes and releases.
     A backend may expose ``name`` (used in logs and stats), ``unwritten`` (records kept
     in memory after a write error) and ``recovery`` (a :class:`TornLineRecovery`).
+
+    A plugin's backend may also have ``open()``: its slow set-up (importing a library,
+    reaching a tracking server), called once, first, on the backend's own thread
+    (:class:`~twinkle.reporting.IsolatedBackend`), never on the run's start. One whose
+    ``open()`` raises gets no other call; one cut off gets ``close()`` once its late
+    call returns.
     """
 
     def write(self, records: Sequence[MetricRecord]) -> None: ...
@@ -45,11 +57,22 @@ class SeqSource(Protocol):
 class JsonlFileBackend(Backend):
     """What every backend writing one JSONL file through :class:`JsonlWriter` shares:
     the writer, its path, what it recovered on open and what it still holds after a
-    failed write. Subclasses write their lines in ``write``."""
+    failed write. Subclasses write their lines in ``_write_lines``.
+
+    **Rebuilding a file.** A resumed run writes its record files again, whole, into new
+    files beside them; :meth:`replace_when_complete` puts such a file in the old one's
+    place once it holds at least as many lines as the old one, flushed and fsynced
+    (checked after every write and flush), or at :meth:`close` — so a process killed
+    at any moment leaves the old file or a new one that holds at least as much, never
+    less.
+    """
 
     def __init__(self, path: StrPath, *, append: bool = True, fsync: bool = False) -> None:
         self._writer = JsonlWriter(path, append=append, fsync=fsync)
         self.name = f"{type(self).__name__}({str(self._writer.path)!r})"
+        # (the file to replace, the lines it holds); set by another thread, read here
+        self._replacing: tuple[Path, int] | None = None
+        self._replace_error: str | None = None
 
     @property
     def path(self) -> str:
@@ -69,13 +92,67 @@ class JsonlFileBackend(Backend):
         return self._writer.unwritten_records
 
     def write(self, records: Sequence[MetricRecord]) -> None:
+        self._write_lines(records)
+        self._replace_if_complete(at_close=False)
+
+    def _write_lines(self, records: Sequence[MetricRecord]) -> None:
         raise NotImplementedError  # pragma: no cover - subclasses write their lines
 
     def flush(self) -> None:
         self._writer.flush()
+        self._replace_if_complete(at_close=False)
 
     def close(self) -> None:
         self._writer.close()
+        self._replace_if_complete(at_close=True)
+
+    def replace_when_complete(self, target: StrPath, lines: int) -> None:
+        """Put this backend's file in ``target``'s place (which holds ``lines`` lines)
+        once it holds at least as many, every one of them fsynced; at the latest when
+        it is closed (it is then complete: the run wrote it whole). Safe to call from
+        another thread than the writing one."""
+        self._replacing = (Path(target), lines)
+
+    @property
+    def replaced(self) -> bool:
+        """Whether no replacement is pending (none was asked, or it is done)."""
+        return self._replacing is None
+
+    def _replace_if_complete(self, *, at_close: bool) -> None:
+        pending = self._replacing
+        if pending is None:
+            return
+        target, lines = pending
+        held = self._writer.lines_written
+        if held < lines and not at_close:
+            return
+        if held < lines:
+            logger.warning(
+                "%s: the rebuilt file holds %d line(s), the one it replaces %d (lines "
+                "whose events never reached the event log): the rebuild, complete, takes "
+                "its place",
+                target,
+                held,
+                lines,
+            )
+        try:
+            self._writer.sync()
+            os.replace(self._writer.path, target)
+            sync_dir(target.parent)
+        except OSError as exc:
+            if self._replace_error is None or at_close:
+                self._replace_error = str(exc)
+                logger.error(
+                    "cannot put the rebuilt %s in place of %s (%s): the previous file is "
+                    "kept; tried again at the next write, and at close",
+                    self._writer.path,
+                    target,
+                    exc,
+                )
+            return
+        self._writer.path = target
+        self.name = f"{type(self).__name__}({str(target)!r})"
+        self._replacing = None
 
     def __repr__(self) -> str:
         return self.name
@@ -88,7 +165,7 @@ class JsonlBackend(JsonlFileBackend):
     are written: the file never holds a null ``seq``.
     """
 
-    def write(self, records: Sequence[MetricRecord]) -> None:
+    def _write_lines(self, records: Sequence[MetricRecord]) -> None:
         for record in records:
             if record.seq is None:
                 raise RecordError(

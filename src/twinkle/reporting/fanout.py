@@ -5,16 +5,24 @@ name, counted (:attr:`BackendFanout.failures`) and skipped for that call; the ot
 backends still get every record. A :class:`~twinkle.errors.WriteError` (disk full,
 permissions) also sets :attr:`BackendFanout.fault` until the lines that backend keeps in
 memory are written: the reporter raises it to its caller.
+
+An :class:`~twinkle.reporting.IsolatedBackend` (a plugin's) never raises and never
+waits here: it queues for a thread of its own, and counts its own failures (in
+:attr:`BackendFanout.failures` and :meth:`BackendFanout.health` too). Closing begins
+every isolated backend's close first, so that they finish side by side, each within
+its bound, while the others close.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 
 from twinkle.errors import InvalidArgumentError, WriteError
 from twinkle.reporting.backends import Backend, SeqSource
+from twinkle.reporting.isolated import BackendHealth, IsolatedBackend
 from twinkle.reporting.jsonl import TornLineRecovery
 from twinkle.reporting.record import MetricRecord
 
@@ -27,11 +35,19 @@ class BackendFanout:
     """The backends of one run, called one at a time under one lock, in batch order.
 
     ``run_id`` names the run in logs. Backends are validated here: each needs
-    ``write(records)``, ``flush()`` and ``close()``. Torn last lines the backends repaired
-    on open are logged and kept in :attr:`recoveries`.
+    ``write(records)``, ``flush()`` and ``close()``. ``names`` names them in logs, stats
+    and health (default: each backend's ``name``, else its class; repeats get ``#i``).
+    Torn last lines the backends repaired on open are logged and kept in
+    :attr:`recoveries`.
     """
 
-    def __init__(self, backends: Sequence[Backend], *, run_id: str) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        *,
+        run_id: str,
+        names: Sequence[str] | None = None,
+    ) -> None:
         if not isinstance(backends, Sequence) or isinstance(backends, str | bytes):
             raise InvalidArgumentError(
                 f"backends must be a sequence of backends, got {backends!r}; "
@@ -48,8 +64,18 @@ class BackendFanout:
                 )
         self.run_id = run_id
         self.backends: tuple[Backend, ...] = tuple(backends)
-        self.names = _unique_names(self.backends)
+        if names is not None and (
+            isinstance(names, str)
+            or len(names) != len(self.backends)
+            or len(set(names)) != len(names)
+        ):
+            raise InvalidArgumentError(
+                f"names must name each of the {len(self.backends)} backend(s) once, got {names!r}"
+            )
+        self.names = _unique_names(self.backends) if names is None else tuple(names)
         self._failures = [0] * len(self.backends)
+        self._records = [0] * len(self.backends)  # handed to each (not isolated) backend
+        self._records_failed = [0] * len(self.backends)
         self._lock = threading.Lock()
         #: why records stay in a backend's memory (a disk fault), None while none do
         self.fault: str | None = None
@@ -83,9 +109,12 @@ class BackendFanout:
         with self._lock:
             fault: list[str] | None = None
             for i, backend in enumerate(self.backends):
+                self._records[i] += len(batch)
                 try:
                     backend.write(batch)
                 except Exception as exc:
+                    if not isinstance(exc, WriteError):  # (a disk fault keeps the lines)
+                        self._records_failed[i] += len(batch)
                     self._failed(i, "write", len(batch), exc)
                     if isinstance(exc, WriteError):
                         fault = fault or []
@@ -113,6 +142,9 @@ class BackendFanout:
         """Flush and close every backend; what was lost, one line per backend."""
         lost: list[str] = []
         with self._lock:
+            for backend in self.backends:
+                if isinstance(backend, IsolatedBackend):
+                    backend.begin_close()
             self._flush_each()
             for i, backend in enumerate(self.backends):
                 unwritten = _unwritten(backend)
@@ -138,10 +170,44 @@ class BackendFanout:
                 "call flush() again",
             )
 
+    def close_isolated(self) -> None:
+        """Close the isolated backends (each within its bound, side by side): what a run
+        does before it says what its backends did (:meth:`health`)."""
+        isolated = [b for b in self.backends if isinstance(b, IsolatedBackend)]
+        for backend in isolated:
+            backend.begin_close()
+        for backend in isolated:
+            backend.close()
+
+    def health(self) -> dict[str, BackendHealth]:
+        """What each backend did with its records so far, by name."""
+        return {name: self._health(i, name) for i, name in enumerate(self.names)}
+
+    def _health(self, i: int, name: str) -> BackendHealth:
+        backend = self.backends[i]
+        if isinstance(backend, IsolatedBackend):
+            return backend.health()
+        failed = self._records_failed[i]
+        kept = _unwritten(backend)  # lines a disk fault keeps in memory
+        written = max(0, self._records[i] - failed - kept)
+        return BackendHealth(
+            backend=_own_name(backend),
+            isolated=False,
+            records=self._records[i],
+            records_written=written,
+            records_failed=failed,
+            records_lost=self._records[i] - written - failed,
+            calls_failed=self._failures[i],
+        )
+
     @property
     def failures(self) -> dict[str, int]:
-        """Failed backend calls (write/flush/close) by backend name."""
-        return dict(zip(self.names, self._failures, strict=True))
+        """Failed backend calls (write/flush/close) by backend name (an isolated
+        backend's counted by itself)."""
+        return {
+            name: b.health().calls_failed if isinstance(b, IsolatedBackend) else n
+            for name, b, n in zip(self.names, self.backends, self._failures, strict=True)
+        }
 
     def _failed(self, i: int, call: str, n: int, exc: Exception) -> None:
         self._failures[i] += 1
@@ -158,6 +224,14 @@ class BackendFanout:
             exc,
             exc_info=exc if count == 1 else None,
         )
+
+
+def _own_name(backend: object) -> str:
+    """A backend of the run's own files by its class and file name (where the run
+    directory is, is not the backend's business)."""
+    path = getattr(backend, "path", None)
+    name = type(backend).__name__
+    return f"{name}({os.path.basename(path)})" if isinstance(path, str) else name
 
 
 def _unwritten(backend: object) -> int:

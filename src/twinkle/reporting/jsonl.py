@@ -321,6 +321,17 @@ class JsonlWriter:
             elif self._fsync:
                 self._sync()
 
+    def sync(self) -> None:
+        """Write what an earlier failure kept in memory, then fsync the file (and its
+        directory, once, when this writer created it): every line written so far is
+        durable. Raises :class:`~twinkle.errors.WriteError` while a fault lasts."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._backlog:
+                self._drain(b"", 0)
+            self._sync()
+
     def close(self) -> None:
         """Write what is kept, fsync (a regular file, and its directory once when this
         writer created it) and close. Idempotent. If lines are still unwritten, they are

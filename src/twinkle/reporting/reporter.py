@@ -36,6 +36,7 @@ from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, RecordError, WriteError
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.fanout import BackendFanout
+from twinkle.reporting.isolated import BackendHealth
 from twinkle.reporting.jsonl import TornLineRecovery
 from twinkle.reporting.record import MetricRecord, with_seq
 from twinkle.reporting.writer import BatchWriter, WriterState
@@ -74,6 +75,7 @@ class MetricsReporter:
     at ``queue_size`` records (reported but not yet handed to the backends, the batch
     being written included); when full, ``on_full="block"`` makes ``report`` wait and
     ``"drop"`` drops and counts. The reporter owns its backends: ``close`` closes them.
+    ``names`` names the backends in stats and health (default: their own names).
     A reporter left open is closed at interpreter exit, so no queued record is lost.
     One reporter per file: two live reporters appending to one file would interleave.
     """
@@ -87,9 +89,10 @@ class MetricsReporter:
         background: bool = False,
         queue_size: int = 65536,
         on_full: Literal["block", "drop"] = "block",
+        names: Sequence[str] | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id, error=InvalidArgumentError)
-        self._fanout = BackendFanout(backends, run_id=self.run_id)
+        self._fanout = BackendFanout(backends, run_id=self.run_id, names=names)
         if start_seq is not None and (type(start_seq) is not int or start_seq < 0):
             raise InvalidArgumentError(
                 f"start_seq must be None (continue the file) or an int >= 0, got {start_seq!r}"
@@ -222,6 +225,19 @@ class MetricsReporter:
             recoveries=self._fanout.recoveries,
             waits=writer.waits,
         )
+
+    def close_isolated(self) -> None:
+        """Hand every record reported so far to the backends, then close the isolated
+        ones (:class:`~twinkle.reporting.IsolatedBackend`: a plugin's), each within its
+        bound: after this, :meth:`health` is what they did with the run's records."""
+        if not self.closed:
+            self._writer.flush()
+        self._fanout.close_isolated()
+
+    def health(self) -> dict[str, BackendHealth]:
+        """What each backend did with its records so far, by name (see
+        :class:`~twinkle.reporting.BackendHealth`)."""
+        return self._fanout.health()
 
     @property
     def next_seq(self) -> int:

@@ -69,7 +69,7 @@ class WebUIFlatBackend(JsonlFileBackend):
         self._open: dict[int, tuple[int, int, dict[str, int | float]]] = {}
         self._newest: int | None = None
 
-    def write(self, records: Sequence[MetricRecord]) -> None:
+    def _write_lines(self, records: Sequence[MetricRecord]) -> None:
         for record in records:
             if record.scope != "iteration":
                 continue
@@ -93,13 +93,13 @@ class WebUIFlatBackend(JsonlFileBackend):
 
     def flush(self) -> None:
         self._write_through(None)
-        self._writer.flush()
+        super().flush()
 
     def close(self) -> None:
         try:
             self._write_through(None)
         finally:
-            self._writer.close()
+            super().close()
 
     def _line(
         self, iteration: int, step: int, wall_ns: int, metrics: dict[str, int | float]

@@ -8,6 +8,8 @@
   :class:`~twinkle.errors.ReporterError` naming it).
 * The temporaries that writers killed before their commit left are removed by the next
   writer of the same file.
+* :func:`remove_shared_write`: what another library created in a run directory (a
+  plugin's backend) made writable only by its owner, as twinkle's own files are.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import errno as _errno
 import glob
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import IO
 
 from twinkle.errors import InvalidArgumentError, ReporterError, WriteError
-from twinkle.reporting._jsonl_files import DIR_MODE, FILE_MODE, StrPath, reporter_error
+from twinkle.reporting._jsonl_files import FILE_MODE, StrPath, make_dirs, reporter_error
 
-__all__ = ["ReplacingFile", "sync_dir"]
+__all__ = ["ReplacingFile", "remove_shared_write", "sync_dir"]
 
 logger = logging.getLogger("twinkle.reporting")
 
@@ -52,7 +55,7 @@ class ReplacingFile:
             raise reporter_error(self.path, OSError(_errno.ELOOP, "symlink"), "write")
         parent = self.path.parent
         try:
-            parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            make_dirs(parent)
         except OSError as exc:
             raise reporter_error(parent, exc, "create the directory") from exc
         self._remove_stale()
@@ -153,3 +156,30 @@ def sync_dir(directory: Path) -> None:
         ) from exc
     finally:
         os.close(fd)
+
+
+#: the write permission of the group and of others
+_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def remove_shared_write(path: StrPath) -> None:
+    """Remove the group's and others' write permission from ``path`` and everything
+    under it (symbolic links are left alone): files a library creates with its own modes
+    (0666 and 0777 less the umask: under ``umask 000``, writable by every user) end as
+    twinkle's own do (:data:`FILE_MODE` and :data:`DIR_MODE` less the umask). Entries
+    removed meanwhile are passed over; other errors raise ``OSError``."""
+    _remove_shared_write(str(path))
+    for root, dirs, files in os.walk(path):  # (links to directories are not walked)
+        for name in (*dirs, *files):
+            _remove_shared_write(os.path.join(root, name))
+
+
+def _remove_shared_write(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+        # (a link put in the entry's place since would have this chmod act on its target:
+        # it only ever takes permissions away, from a file of this user's)
+        if not stat.S_ISLNK(mode) and mode & _SHARED_WRITE:
+            os.chmod(path, stat.S_IMODE(mode) & ~_SHARED_WRITE)
+    except FileNotFoundError:
+        pass  # removed meanwhile (a library's temporary file)

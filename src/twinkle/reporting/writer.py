@@ -18,12 +18,19 @@ inline, on the caller's thread, before ``put`` returns (replays, sync reporters)
   item was accepted; later batches are still delivered. A ``BaseException`` (the thread
   cannot go on) moves the writer to ``FAILED``: what was in flight is counted lost
   (``stats.lost``) and every later ``put`` raises :class:`~twinkle.errors.ReporterError`.
+* **Giving up.** A ``deliver`` that never returns (a third-party backend stuck on a dead
+  server) would hold the writer for ever: its owner may :meth:`~BatchWriter.cut_off`
+  the writer (what is in flight is counted lost, later ``put`` calls are refused and the
+  stuck thread, a daemon, is abandoned), and ``close(timeout_s=...)`` does so itself
+  when the thread has not finished in time. :meth:`~BatchWriter.begin_close` starts a
+  close without waiting, so that several writers can finish side by side.
 * **One state machine** (:class:`WriterState`), every transition in :meth:`_move`::
 
       OPEN --close()--> CLOSING --queue delivered, thread joined--> CLOSED
       OPEN | CLOSING --deliver raised a BaseException--> FAILED --close()--> CLOSED
+      OPEN | CLOSING --cut_off(), or close(timeout_s) ran out--> CUT_OFF --close()--> CLOSED
 
-This module reads no clock (``interval_s`` is a condition-variable timeout).
+This module reads no clock (``interval_s`` and ``timeout_s`` are waits' timeouts).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class WriterState(enum.Enum):
     CLOSING = "closing"  # close() called: no new items; what is queued is being delivered
     CLOSED = "closed"  # done: everything delivered (or counted lost), thread joined
     FAILED = "failed"  # deliver raised a BaseException: nothing more is delivered
+    CUT_OFF = "cut off"  # the owner gave up on a deliver that did not return
 
 
 # The members as module constants: an enum member lookup costs ~100 ns, put() runs per item.
@@ -58,11 +66,13 @@ _OPEN = WriterState.OPEN
 _CLOSING = WriterState.CLOSING
 _CLOSED = WriterState.CLOSED
 _FAILED = WriterState.FAILED
+_CUT_OFF = WriterState.CUT_OFF
 
 _TRANSITIONS: dict[WriterState, frozenset[WriterState]] = {
-    WriterState.OPEN: frozenset({WriterState.CLOSING, WriterState.FAILED}),
-    WriterState.CLOSING: frozenset({WriterState.CLOSED, WriterState.FAILED}),
+    WriterState.OPEN: frozenset({WriterState.CLOSING, WriterState.FAILED, WriterState.CUT_OFF}),
+    WriterState.CLOSING: frozenset({WriterState.CLOSED, WriterState.FAILED, WriterState.CUT_OFF}),
     WriterState.FAILED: frozenset({WriterState.CLOSED}),
+    WriterState.CUT_OFF: frozenset({WriterState.CLOSED}),
     WriterState.CLOSED: frozenset(),
 }
 
@@ -77,7 +87,7 @@ class WriterStats:
     in_flight: int  # accepted, not delivered yet (queued or being delivered)
     dropped: int  # items refused on a full writer (on_full="drop")
     waits: int  # puts that waited for room on a full writer (on_full="block")
-    lost: int  # items never delivered because the writer FAILED
+    lost: int  # items never delivered because the writer FAILED or was CUT_OFF
 
 
 @final
@@ -94,6 +104,8 @@ class BatchWriter(Generic[T]):
     __slots__ = (
         "_accepted",
         "_capacity",
+        "_claimed",
+        "_cut",
         "_deliver",
         "_deliver_lock",
         "_delivered",
@@ -167,7 +179,9 @@ class BatchWriter(Generic[T]):
         self._waits = 0
         self._lost = 0
         self._error: Exception | None = None  # held for the caller's next call
-        self._failure: str | None = None  # why the writer FAILED
+        self._failure: str | None = None  # why the writer FAILED or was CUT_OFF
+        self._cut = False  # cut off: a deliver still running counts for nothing
+        self._claimed = False  # a close() call owns the closing (begin_close() does not)
         self._sleeping = False
         self._urgent = False
         self._thread_ident: int | None = None
@@ -211,8 +225,8 @@ class BatchWriter(Generic[T]):
     def flush(self) -> None:
         """Wait until every item put so far was delivered; raise a held error.
 
-        Raises :class:`~twinkle.errors.ReporterError` if the writer FAILED (or when called
-        from the writer thread). A no-op once closing or closed.
+        Raises :class:`~twinkle.errors.ReporterError` if the writer FAILED or was cut off
+        (or when called from the writer thread). A no-op once closing or closed.
         """
         with self._lock:
             if self._state in (_CLOSING, _CLOSED):
@@ -224,27 +238,59 @@ class BatchWriter(Generic[T]):
                     self._urgent = True
                     self._wakeup.notify()
                     self._progress.wait()
-            if self._state is _FAILED:
+            if self._state is _FAILED or self._state is _CUT_OFF:
                 raise ReporterError(self._refusal())
         if self._thread is None:
             self._drain()
         self._raise_held()
 
-    def close(self) -> bool:
+    def begin_close(self) -> None:
+        """Refuse new items and let the thread deliver what is queued, without waiting
+        for it: :meth:`close` then waits (several writers can finish side by side)."""
+        with self._lock:
+            if self._state is _OPEN:
+                self._refuse_on_writer_thread("begin_close()")
+                self._move(_CLOSING)
+
+    def cut_off(self, reason: str) -> bool:
+        """Give up on the writer: what is in flight is counted lost (``stats.lost``), no
+        more is delivered, later ``put`` calls are refused, and a ``deliver`` still
+        running is abandoned (the thread is a daemon; what it returns with counts for
+        nothing). ``reason`` is kept in :attr:`failure`. False when the writer was
+        already done (closed, failed or cut off)."""
+        with self._lock:
+            if self._state is not _OPEN and self._state is not _CLOSING:
+                return False
+            self._cut = True
+            self._failure = reason
+            self._lost += self._accepted - self._delivered - self._lost
+            self._queue = []
+            self._move(_CUT_OFF)
+            return True
+
+    def close(self, timeout_s: float | None = None) -> bool:
         """Deliver what is queued, stop the thread, then raise a held error, if any.
 
-        Returns True for the call that closed the writer, False when it was already
-        closing or closed (idempotent). A FAILED writer closes without delivering: its
-        lost items stay counted in :attr:`stats`.
+        Returns True for the call that closed the writer, False when another call closed
+        it or is closing it (idempotent; :meth:`begin_close` leaves the closing to this
+        call). A FAILED or CUT_OFF writer closes without delivering: its lost items stay
+        counted in :attr:`stats`. ``timeout_s`` bounds the wait for the writer thread:
+        when it has not finished by then, the writer is cut off (:meth:`cut_off`).
         """
         with self._lock:
-            if self._state in (_CLOSING, _CLOSED):
+            if self._state is _CLOSED or self._claimed:
                 return False
             self._refuse_on_writer_thread("close()")
+            self._claimed = True
             if self._state is _OPEN:
                 self._move(_CLOSING)
-        if self._thread is not None:
-            self._thread.join()
+            done = self._state is not _CLOSING
+        if done:
+            pass  # failed or cut off: nothing more is delivered
+        elif self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                self.cut_off(f"{self.name} did not finish writing within {timeout_s:g} s")
         else:
             self._drain()
         with self._lock:
@@ -299,6 +345,8 @@ class BatchWriter(Generic[T]):
     def _refusal(self) -> str:
         if self._state is _FAILED:
             return f"{self.name} failed ({self._failure}); nothing more is written"
+        if self._cut:
+            return f"{self.name} was cut off ({self._failure}); nothing more is written"
         return f"{self.name} is closed; create a new one"
 
     def _refuse_on_writer_thread(self, call: str) -> None:
@@ -359,6 +407,8 @@ class BatchWriter(Generic[T]):
                 self._fail(exc, len(batch))
                 raise
             with self._lock:
+                if self._cut:
+                    return False  # counted lost when it was cut off
                 self._delivered += len(batch)
                 self._room.notify_all()
                 self._progress.notify_all()
@@ -369,6 +419,8 @@ class BatchWriter(Generic[T]):
             "%s: delivering stopped (%r); nothing more is written", self.name, exc, exc_info=exc
         )
         with self._lock:
+            if self._cut:
+                return  # counted lost when it was cut off
             self._failure = repr(exc)
             self._lost += undelivered + len(self._queue)
             self._queue = []
@@ -385,7 +437,7 @@ class BatchWriter(Generic[T]):
                     self._wakeup.wait(self._interval_s)
                     self._sleeping = False
                 self._urgent = False
-                if self._state is _FAILED:
+                if self._state is _FAILED or self._cut:
                     return
                 if not self._queue:
                     if self._state is _CLOSING:
@@ -395,3 +447,5 @@ class BatchWriter(Generic[T]):
                 self._deliver_batch()
             except BaseException:
                 return  # the writer is FAILED now, and why was logged
+            if self._cut:
+                return  # abandoned while delivering: its owner has moved on

@@ -20,7 +20,7 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -34,6 +34,7 @@ from twinkle.errors import (
     RecordError,
     ReplayError,
     ReporterError,
+    TwinkleError,
     WriteError,
 )
 from twinkle.events import Event, RunFinished, RunResumed, RunStarted, event_from_dict
@@ -212,9 +213,18 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
 class _Staging:
     """Where a replay writes: a new hidden directory beside ``target``, moved into place
     by :meth:`commit`, removed with whatever directories it had to create by
-    :meth:`discard`. ``target`` is checked first: not a file, empty unless ``force``."""
+    :meth:`discard`. ``target`` is checked first: not a symlink, not a file, empty unless
+    ``force``."""
 
     def __init__(self, target: Path, *, force: bool) -> None:
+        if target.is_symlink():
+            # The staging directory could not be renamed onto the link, and its files
+            # would land wherever the link points: refused before anything is made.
+            raise ReplayError(
+                f"replay output {str(target)!r} is a symbolic link (to "
+                f"{os.readlink(target)!r}): a replay never writes through a link; give "
+                "the directory's real path, or a new one"
+            )
         if target.exists() and not target.is_dir():
             raise ReplayError(f"replay output {str(target)!r} exists and is not a directory")
         if target.is_dir() and not force:
@@ -308,7 +318,9 @@ def replay(
     into a hidden sibling directory first and moved into ``out_dir`` only once the replay
     succeeded: on any error (or Ctrl-C) nothing is left behind. The log must start with
     ``run_started``; a log that ends without ``run_finished`` (a crashed run) is closed
-    with an ``error`` status at its last event's time. A torn last line (a crash in the
+    with an ``error`` status at its last event's time. The observers are configured with
+    the newest segment's configuration (the last ``run_resumed``'s, else
+    ``run_started``'s), as the live session that wrote it was. A torn last line (a crash in the
     middle of its write) is passed over, logged and reported
     (:attr:`ReplayResult.torn_line`, and in the summary's ``error``); a malformed line
     anywhere else, or one whose ``seq`` is out of place, raises :class:`ReplayError`
@@ -323,8 +335,11 @@ def replay(
         log_path = _log_path(events)
         source_dir = log_path.resolve().parent
         stream = log = _EventLog(log_path, defer_seq=True)
+        latest = _latest_logged_config(log_path)
     else:
-        stream = events
+        # (read whole: the newest segment's configuration is needed before the first)
+        stream = list(events)
+        latest = _latest_config(stream)
     target = None if out_dir is None else Path(out_dir)
     if target is not None and source_dir is not None and target.resolve() == source_dir:
         raise ReplayError(
@@ -350,7 +365,7 @@ def replay(
     )
     staging = None if target is None else _Staging(target, force=force)
     try:
-        count, summary, segments = _feed(pm, first, iterator, log, staging)
+        count, summary, segments = _feed(pm, first, iterator, log, staging, latest=latest)
     except BaseException:
         if staging is not None:
             staging.discard()
@@ -376,15 +391,20 @@ def _feed(
     iterator: Iterator[Event],
     log: _EventLog | None,
     staging: _Staging | None,
+    *,
+    latest: Mapping[str, Any] | None,
 ) -> tuple[int, dict[str, Any], tuple[tuple[str, ...], ...]]:
-    """Run the observers over the events; returns how many, the summary and each
-    segment's observer plugins."""
+    """Run the observers over the events, configured with ``latest`` (the last
+    ``run_resumed``'s configuration, None: the run never resumed, ``first``'s);
+    returns how many, the summary and each segment's observer plugins."""
     out = None if staging is None else staging.dir
-    context = RunContext(first.run_id, out, dict(first.config), replay=True)
+    config = first.config if latest is None else latest
+    context = RunContext(first.run_id, out, dict(config), replay=True)
     try:
         run = Run(pm, context, background=False)
     except ConfigError as exc:
-        raise ReplayError(f"the log's run_started event: {exc}") from exc
+        which = "run_started" if latest is None else "last run_resumed"
+        raise ReplayError(f"the log's {which} event: {exc}") from exc
     run.start()
     count = 0
     last: Event = first
@@ -418,6 +438,33 @@ def _feed(
         run.close()
         raise
     return count, run.finish(), tuple(segments)
+
+
+def _latest_logged_config(path: Path) -> Mapping[str, Any] | None:
+    """The configuration of the last ``run_resumed`` in the log at ``path`` (None: the
+    run never resumed), read before the replay.
+
+    A resumed live run configures its observers with the new segment's configuration
+    and rebuilds every output of the run under it (a resume may change only
+    ``total_steps`` and ``x_`` keys), so a replay configures them with the newest
+    segment's too. Nothing is checked here: the replay names whatever is wrong."""
+    found: Mapping[str, Any] | None = None
+    try:
+        for data in read_jsonl(path, on_error="skip"):
+            config = data.get("config")
+            if data.get("type") == RunResumed.TYPE and isinstance(config, dict):
+                found = config
+    except TwinkleError:
+        return None  # (the replay reads the file again and says what is wrong)
+    return found
+
+
+def _latest_config(events: list[Event]) -> Mapping[str, Any] | None:
+    """The configuration of the last ``run_resumed`` of ``events`` (None: none)."""
+    for event in reversed(events):
+        if isinstance(event, RunResumed):
+            return event.config
+    return None
 
 
 def _chain(first: Event, rest: Iterator[Event]) -> Iterator[Event]:

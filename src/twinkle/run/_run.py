@@ -12,15 +12,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast, final
 
+import msgspec
 import orjson
 import pluggy
 
+from twinkle.checks import short_repr
 from twinkle.errors import (
     ConfigError,
+    InvalidArgumentError,
     PluginError,
     RecordError,
     ReporterError,
@@ -28,6 +31,7 @@ from twinkle.errors import (
     WriteError,
 )
 from twinkle.events import (
+    BackendsClosed,
     Event,
     EventBus,
     IterationStarted,
@@ -39,17 +43,37 @@ from twinkle.events import (
     read_back,
 )
 from twinkle.hookspecs import RunContext
-from twinkle.observers import ObserverConfig
+from twinkle.observers import EventLogSink, ObserverConfig
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
     Dispatcher,
     HookCalls,
     ObserverManager,
+    is_builtin_observer,
     merge_summary,
 )
-from twinkle.reporting import Backend, MetricsReporter, ReplacingFile
+from twinkle.reporting import (
+    DEFAULT_BACKEND_TIMEOUT_S,
+    Backend,
+    BackendHealth,
+    IsolatedBackend,
+    MetricsReporter,
+    ReplacingFile,
+    check_backend_timeout,
+    make_dirs,
+)
 
-__all__ = ["BASE_SUMMARY_KEYS", "SUMMARY_FILE", "Run", "RunState", "check_config"]
+__all__ = [
+    "BASE_SUMMARY_KEYS",
+    "RESUMABLE_CONFIG",
+    "SUMMARY_FILE",
+    "Run",
+    "RunState",
+    "check_config",
+    "describe_config_changes",
+    "refused_config_keys",
+    "resumable_key",
+]
 
 SUMMARY_FILE = "summary.json"
 
@@ -63,9 +87,27 @@ BASE_SUMMARY_KEYS = frozenset(
         "segments",
         "observer_failures",
         "observer_slow_calls",
+        "backends",
+        "plugins_left_out",
     }
 )
 """The run's own keys of ``summary.json``: no observer's part may set them."""
+
+
+@dataclasses.dataclass(slots=True)
+class Segment:
+    """One process's stretch of a run: the event that began it (``run_started``, then
+    each ``run_resumed``), the ``run_finished`` that ended it (None while it runs, or when
+    its process was killed) and what its record backends did (``backends_closed``; None
+    until they closed, or when the process was killed)."""
+
+    start: RunStarted | RunResumed
+    finish: RunFinished | None = None
+    backends: BackendsClosed | None = None
+
+    @property
+    def number(self) -> int:
+        return self.start.segment if isinstance(self.start, RunResumed) else 0
 
 
 class RunState(enum.Enum):
@@ -90,9 +132,43 @@ def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[st
             f"config must hold only JSON values with str keys and ints within 64 bits (it "
             f"travels in events.jsonl): {exc}"
         ) from None
-    if any(type(p).__module__.startswith("twinkle.observers.") for p in pm.get_plugins()):
+    if any(is_builtin_observer(p) for p in pm.get_plugins()):
         ObserverConfig.parse(logged)
     return cast("dict[str, Any]", logged)
+
+
+#: what a resumed segment may change of the run's configuration, in words
+RESUMABLE_CONFIG = "total_steps and the caller's x_ keys"
+
+
+def resumable_key(key: str) -> bool:
+    """Whether a resumed segment may give configuration ``key`` another value:
+    ``total_steps`` (a restarted job may plan more steps) and the caller's own ``x_``
+    keys, which no observer reads. Every other key decides what the figures of every
+    segment mean (a resumed run's outputs are rebuilt from the whole log under the
+    newest segment's configuration), so it stays as the run began."""
+    return key == "total_steps" or key.startswith("x_")
+
+
+def refused_config_keys(logged: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys, sorted, that differ between the run's configuration ``logged`` and a
+    resumed segment's ``given`` (both as the log carries them) and that a resume may not
+    change (see :func:`resumable_key`)."""
+    fixed = {k for k in (*logged, *given) if not resumable_key(k)}
+    return tuple(
+        sorted(k for k in fixed if k not in logged or k not in given or logged[k] != given[k])
+    )
+
+
+def describe_config_changes(
+    keys: Iterable[str], logged: Mapping[str, Any], given: Mapping[str, Any]
+) -> str:
+    """``key: <the run's value> -> <the new one>`` for each of ``keys``, shortened."""
+
+    def value(config: Mapping[str, Any], key: str) -> str:
+        return short_repr(config[key]) if key in config else "(not set)"
+
+    return "; ".join(f"{k}: {value(logged, k)} -> {value(given, k)}" for k in keys)
 
 
 @final
@@ -107,14 +183,20 @@ class Run:
     :param background: write records on a background thread.
     :param background_dispatch: run the observers on one dispatch thread instead of the
         publishing threads (:class:`~twinkle.plugins.Dispatcher`).
+    :param required_plugins: plugins the run cannot go without: one that cannot set up
+        fails the start (any other is left out, and the run goes on).
+    :param backend_timeout_s: how long one call of a plugin's record backend may take
+        before the backend is cut off (:class:`~twinkle.reporting.IsolatedBackend`).
     """
 
     __slots__ = (
+        "_backend_timeout_s",
         "_background",
         "_background_dispatch",
         "_closed",
         "_order",
         "_receivers",
+        "_required",
         "_slow_call_s",
         "calls",
         "context",
@@ -133,6 +215,8 @@ class Run:
         background: bool,
         background_dispatch: bool = False,
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
+        required_plugins: Iterable[str] = (),
+        backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
     ) -> None:
         if not isinstance(pm, ObserverManager):
             raise PluginError(
@@ -147,12 +231,15 @@ class Run:
         self._background = background
         self._background_dispatch = background_dispatch
         self._slow_call_s = slow_call_s
+        self._required = _required(required_plugins, pm)
+        self._backend_timeout_s = check_backend_timeout(backend_timeout_s)
         self.state = RunState.NEW
         self.calls: HookCalls | None = None
         self.dispatcher: Dispatcher | None = None
         self.reporter: MetricsReporter | None = None
-        #: each segment's start (run_started, then every run_resumed) and its finish
-        self.segments: list[tuple[RunStarted | RunResumed, RunFinished | None]] = []
+        #: each segment: its start (run_started, then every run_resumed), its finish and
+        #: what its backends did
+        self.segments: list[Segment] = []
         self._order = _Order()
         self._receivers: list[EventBus] = []
         self._closed = False
@@ -165,7 +252,7 @@ class Run:
     @property
     def finished(self) -> RunFinished | None:
         """The ``run_finished`` of the current segment; None while it runs."""
-        return self.segments[-1][1] if self.segments else None
+        return self.segments[-1].finish if self.segments else None
 
     @property
     def run_id(self) -> str:
@@ -179,13 +266,16 @@ class Run:
         self.state = RunState.RUNNING
         try:
             if self.context.out_dir is not None:
-                self.context.out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            self.calls = calls = HookCalls(self.pm, slow_call_s=self._slow_call_s)
-            calls.configure(self.context)
-            backends: list[Backend] = calls.make_backends(self.context)
-            self.reporter = MetricsReporter(
-                backends, run_id=self.run_id, background=self._background
+                make_dirs(self.context.out_dir)
+            self.calls = calls = HookCalls(
+                self.pm, slow_call_s=self._slow_call_s, required=self._required
             )
+            calls.configure(self.context)
+            names, backends = self._backends(calls.make_backends(self.context))
+            self.reporter = MetricsReporter(
+                backends, run_id=self.run_id, background=self._background, names=names
+            )
+            self._wait_required(backends)
             self.dispatcher = Dispatcher(
                 calls, self.reporter.report, background=self._background_dispatch
             )
@@ -193,6 +283,52 @@ class Run:
             self.state = RunState.FAILED
             self.close()
             raise
+
+    def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
+        """The run's backends, named after their plugins: twinkle's own (the run's files,
+        written by the reporter) first, then every plugin's behind a thread of its own
+        (:class:`~twinkle.reporting.IsolatedBackend`), which the others never wait for."""
+        own = [is_builtin_observer(self.pm.get_plugin(plugin)) for plugin, _ in made]
+        names: list[str] = []
+        backends: list[Backend] = []
+        for is_own in (True, False):
+            for (plugin, backend), mine in zip(made, own, strict=True):
+                if mine is not is_own:
+                    continue
+                name = plugin if plugin not in names else f"{plugin}#{len(names)}"
+                names.append(name)
+                backends.append(
+                    backend
+                    if is_own
+                    else IsolatedBackend(backend, name=name, timeout_s=self._backend_timeout_s)
+                )
+        return names, backends
+
+    def _wait_required(self, backends: list[Backend]) -> None:
+        """A required plugin's backends are open before the run goes on (else the start
+        fails, naming why)."""
+        for backend in backends:
+            if isinstance(backend, IsolatedBackend) and backend.name.split("#")[0] in (
+                self._required
+            ):
+                why = backend.wait_open()
+                if why is not None:
+                    raise PluginError(
+                        f"required plugin {backend.name!r} could not open its backend: {why}; "
+                        f"fix what it says, or run without requiring it (drop "
+                        f"--require-plugin {backend.name.split('#')[0]}) to leave it out"
+                    )
+
+    def close_backends(self) -> dict[str, BackendHealth]:
+        """Once ``run_finished`` went by: hand every record to the backends, close the
+        plugins' (each within its bound) and say what every backend did with its records
+        (what the session publishes as ``backends_closed``)."""
+        if self.reporter is None:
+            return {}
+        if self.dispatcher is not None:
+            self.dispatcher.flush()  # (every record of run_finished is reported)
+        self.reporter.close_isolated()
+        return self.reporter.health()
 
     def connect(self, bus: EventBus) -> None:
         """Receive every event ``bus`` publishes (the bus calls :meth:`submit` directly,
@@ -247,7 +383,7 @@ class Run:
                     f"{event.TYPE!r}"
                 )
             order.boundary(event, "run_started")
-            self.segments.append((cast(RunStarted, event), None))
+            self.segments.append(Segment(cast(RunStarted, event)))
             return
         if kind is RunStarted:
             raise RecordError(
@@ -269,14 +405,12 @@ class Run:
                     f"{self.run_id!r} has had {len(self.segments)} segment(s): the next is "
                     f"{len(self.segments)}"
                 )
-            if read_back(dict(resumed.config)) != dict(self.context.config):
-                raise RecordError(
-                    f"event run_resumed (segment {resumed.segment}) carries a configuration "
-                    f"other than run {self.run_id!r}'s: a resumed run keeps its "
-                    "configuration; pass the same config, or choose a new run id"
-                )
+            self._check_resumed_config(resumed)
             order.boundary(event, "run_resumed")
-            self.segments.append((resumed, None))
+            self.segments.append(Segment(resumed))
+            return
+        if kind is BackendsClosed:
+            self._backends_closed(cast(BackendsClosed, event))
             return
         if self.finished is not None and kind is not RunFinished:
             if kind is IterationStarted or kind is OptimizerStep:
@@ -292,11 +426,37 @@ class Run:
                     f"{self.run_id!r} a second time"
                 )
             order.boundary(event, "run_finished")
-            self.segments[-1] = (self.segments[-1][0], cast(RunFinished, event))
+            self.segments[-1].finish = cast(RunFinished, event)
         elif kind is IterationStarted:
             order.iteration(cast(IterationStarted, event), self.run_id)
         elif kind is OptimizerStep:
             order.step(cast(OptimizerStep, event), self.run_id)
+
+    def _check_resumed_config(self, resumed: RunResumed) -> None:
+        """A segment may change only :data:`RESUMABLE_CONFIG` of the run's configuration
+        (a resuming :class:`~twinkle.run.RunSession` refuses any other change before it
+        publishes anything: only a log put together by hand gets here)."""
+        logged = read_back(dict(self.segments[0].start.config))
+        given = read_back(dict(resumed.config))
+        keys = refused_config_keys(logged, given)
+        if keys:
+            raise RecordError(
+                f"event run_resumed (segment {resumed.segment}) changes the configuration "
+                f"of run {self.run_id!r} at {list(keys)} "
+                f"({describe_config_changes(keys, logged, given)}): a resumed run may "
+                f"change only {RESUMABLE_CONFIG}; resume with the run's configuration, or "
+                "start a new run with another run id"
+            )
+
+    def _backends_closed(self, event: BackendsClosed) -> None:
+        segment = self.segments[-1]
+        if segment.finish is None or segment.backends is not None:
+            when = "before its run_finished" if segment.finish is None else "a second time"
+            raise RecordError(
+                f"event backends_closed comes {when} in segment {segment.number} of run "
+                f"{self.run_id!r}: a segment's backends close once, after it finished"
+            )
+        segment.backends = event
 
     def finish(self) -> dict[str, Any]:
         """Close the run (after ``run_finished`` was submitted), then write
@@ -319,6 +479,7 @@ class Run:
         calls = self.calls
         try:
             self.close()
+            _raise_event_log_failure(self.pm)
         except BaseException as exc:
             # Records or the log may not be durable: the summary must not say "ok".
             summary["status"] = "error"
@@ -360,7 +521,18 @@ class Run:
                 self.pm.release()  # also when the start failed before configuring
 
 
-_ORDERED = frozenset({RunStarted, RunResumed, RunFinished, IterationStarted, OptimizerStep})
+def _raise_event_log_failure(pm: pluggy.PluginManager) -> None:
+    """Raise why the run's event log is not (or was not for a while) what the run wrote
+    (deleted, replaced or truncated while it ran: :attr:`EventLogSink.failure`). The log
+    is the run: such a run never finishes ``ok``, even when its log was written back."""
+    for plugin in pm.get_plugins():
+        if isinstance(plugin, EventLogSink) and plugin.failure is not None:
+            raise plugin.failure
+
+
+_ORDERED = frozenset(
+    {RunStarted, RunResumed, RunFinished, BackendsClosed, IterationStarted, OptimizerStep}
+)
 
 
 class _Order:
@@ -411,9 +583,7 @@ class _Order:
 
 
 def build_summary(
-    event: RunFinished,
-    calls: HookCalls,
-    segments: list[tuple[RunStarted | RunResumed, RunFinished | None]] | None = None,
+    event: RunFinished, calls: HookCalls, segments: list[Segment] | None = None
 ) -> dict[str, Any]:
     """``summary.json``'s content: the run's frame (its :data:`BASE_SUMMARY_KEYS`, which
     no observer can set: a part naming one is refused and counted as that observer's
@@ -435,7 +605,9 @@ def build_summary(
         process_wall_seconds=(
             None if event.process_wall_ns is None else event.process_wall_ns / 1e9
         ),
-        segments=[_segment(start, end) for start, end in segments or ()],
+        segments=_segments(segments or []),
+        backends=_backends(segments[-1]) if segments else {},
+        plugins_left_out=_left_out(segments[-1]) if segments else {},
         observer_failures=dict(sorted(calls.failures.items())),
         # The live run's count, from its event: a replay's own timing differs.
         observer_slow_calls=dict(sorted(event.observer_slow_calls.items())),
@@ -443,17 +615,82 @@ def build_summary(
     return summary
 
 
-def _segment(start: RunStarted | RunResumed, end: RunFinished | None) -> dict[str, Any]:
-    """One segment of the run (a process's stretch of it) for the summary."""
+def _segments(segments: list[Segment]) -> list[dict[str, Any]]:
+    return [_segment(s, segments[i - 1] if i else None) for i, s in enumerate(segments)]
+
+
+def _segment(segment: Segment, before: Segment | None) -> dict[str, Any]:
+    """One segment of the run (a process's stretch of it) for the summary; ``before``:
+    the segment before it (None for the first)."""
+    start, end = segment.start, segment.finish
     return {
-        "segment": start.segment if isinstance(start, RunResumed) else 0,
+        **_segment_config(start, None if before is None else before.start),
+        "segment": segment.number,
         "pid": start.anchor.pid,
         "hostname": start.anchor.hostname,
         "started_unix_s": start.wall_ns / 1e9,
         "finished_unix_s": None if end is None else end.wall_ns / 1e9,
         "status": None if end is None else end.status,
         "error": None if end is None else end.error,
+        "backends": _backends(segment),
+        "plugins_left_out": _left_out(segment),
     }
+
+
+def _segment_config(
+    start: RunStarted | RunResumed, before: RunStarted | RunResumed | None
+) -> dict[str, Any]:
+    """A segment's planned steps (``total_steps``; None: not configured) and, as
+    ``config_changes``, each configuration key whose value differs from the segment
+    before it, with this segment's value (None: no longer set); ``{}`` for the first."""
+    config = read_back(dict(start.config))
+    changes: dict[str, Any] = {}
+    if before is not None:
+        previous = read_back(dict(before.config))
+        changes = {
+            k: config.get(k)
+            for k in sorted({*config, *previous})
+            if k not in config or k not in previous or config[k] != previous[k]
+        }
+    return {"total_steps": config.get("total_steps"), "config_changes": changes}
+
+
+def _backends(segment: Segment) -> dict[str, dict[str, Any]]:
+    """What each record backend of ``segment`` did ({} when its process was killed)."""
+    closed = segment.backends
+    if closed is None:
+        return {}
+    return {name: msgspec.structs.asdict(h) for name, h in sorted(closed.backends.items())}
+
+
+def _left_out(segment: Segment) -> dict[str, str]:
+    """The plugins ``segment`` went without, with why: those that could not configure
+    (its start event) and those whose backend could not open (``backends_closed``)."""
+    left = dict(segment.start.plugins_left_out)
+    if segment.backends is not None:
+        for name, health in segment.backends.backends.items():
+            if health.setup_error is not None:
+                left.setdefault(name, f"its backend could not open: {health.setup_error}")
+    return dict(sorted(left.items()))
+
+
+def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
+    """The required plugin names, each checked to be a plugin of the run."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise InvalidArgumentError(
+            f"required_plugins must be a list of plugin names, got {names!r:.100}"
+            + (f"; pass [{names!r}]" if isinstance(names, str) else "")
+        )
+    required = frozenset(names)
+    missing = sorted(n for n in required if not isinstance(n, str) or pm.get_plugin(n) is None)
+    if missing:
+        loaded = sorted(name for name, _ in pm.list_name_plugin())
+        raise PluginError(
+            f"required plugin(s) {', '.join(map(repr, missing))} not loaded by this run "
+            f"(it loads {', '.join(loaded) or 'none'}): install them (twinkle plugins lists "
+            "what is installed), unblock them, or stop requiring them"
+        )
+    return required
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:

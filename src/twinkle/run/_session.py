@@ -17,7 +17,10 @@ A session on a directory that already holds a run's log — a restarted job, sam
 — *resumes* it: the earlier segments' events are fed to the observers again (so every
 output covers the whole run), a segment that stopped without finishing is closed with
 an error status, and ``run_resumed`` begins the new segment, on a clock that continues
-the run's timeline (see :attr:`RunSession.resumed`).
+the run's timeline (see :attr:`RunSession.resumed`). Its configuration may differ from
+the run's only in ``total_steps`` and the caller's ``x_`` keys (``run_resumed`` carries
+it, and the observers rebuild every output under it); any other change is refused
+(:class:`~twinkle.errors.ResumeConfigError`).
 """
 
 from __future__ import annotations
@@ -33,13 +36,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
+from twinkle.checks import caller_source
 from twinkle.checks import run_id as check_run_id
-from twinkle.errors import ConfigError, InvalidArgumentError, ReporterError, TwinkleError
+from twinkle.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    ReporterError,
+    ResumeConfigError,
+    TwinkleError,
+)
 from twinkle.events import (
+    OVERHEAD_SOURCE,
     EventBus,
     IterationStarted,
     OptimizerStep,
@@ -48,22 +59,37 @@ from twinkle.events import (
     RunStarted,
     SpanBatch,
     Status,
+    read_back,
     validate_event,
 )
 from twinkle.hookspecs import RunContext
 from twinkle.locks import RunDirLock
-from twinkle.observers import ObserverConfig, ScalarsObserver
+from twinkle.observers import ClockSkewTolerance, ObserverConfig, ScalarsObserver
+from twinkle.observers.placement import place_batch
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import MemoryReading, memory_stats
-from twinkle.plugins import DEFAULT_SLOW_CALL_S, Dispatcher, loaded_plugins, make_plugin_manager
-from twinkle.reporting import MetricsReporter
+from twinkle.plugins import (
+    DEFAULT_SLOW_CALL_S,
+    Dispatcher,
+    check_slow_call_s,
+    loaded_plugins,
+    make_plugin_manager,
+)
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter, make_dirs, sync_dir
 from twinkle.run._replay import iter_events
-from twinkle.run._run import Run, RunState, check_config
+from twinkle.run._run import (
+    RESUMABLE_CONFIG,
+    SUMMARY_FILE,
+    Run,
+    RunState,
+    check_config,
+    describe_config_changes,
+    refused_config_keys,
+)
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
 
-OVERHEAD_SOURCE = "twinkle.observers"
 log = logging.getLogger("twinkle.session")
 
 
@@ -102,6 +128,8 @@ class _Scan:
     last_wall_ns: int = 0
     last_iteration: int | None = None
     optimizer_steps: int = 0
+    #: the run's, so the scan places worker spans where the timeline does
+    clock_skew: ClockSkewTolerance = dataclasses.field(default_factory=ClockSkewTolerance)
 
 
 def new_run_id(wall_ns: int) -> str:
@@ -126,6 +154,12 @@ class RunSession:
         :class:`~twinkle.plugins.Dispatcher`).
     :param slow_call_s: an observer call taking longer is logged and counted
         (``observer_slow_calls`` in the summary); None: calls are not timed.
+    :param required_plugins: plugins the run must not go without: one that cannot set
+        up fails :meth:`start`. Any other plugin that cannot set up is left out, named on
+        stderr and in the summary (``plugins_left_out``), and the run goes on.
+    :param backend_timeout_s: a plugin's record backend runs on a thread of its own; one
+        call of it (open, write, flush, close) that takes longer cuts it off (the run's
+        own files never wait for it; ``backends`` in the summary says what each did).
 
     A session publishes only between :meth:`start` and :meth:`finish` (else
     :class:`~twinkle.errors.TwinkleError`), in the process that started it: a forked
@@ -148,6 +182,8 @@ class RunSession:
         background_writer: bool = True,
         background_dispatch: bool = False,
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
+        required_plugins: Iterable[str] = (),
+        backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
     ) -> None:
         if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
             raise InvalidArgumentError(
@@ -160,6 +196,14 @@ class RunSession:
                     f"{name} must be a zero-argument callable returning int nanoseconds, "
                     f"got {fn!r:.100}"
                 )
+        # Checked now, not when the run starts: a wrong option must not cost a run.
+        _check_flags(
+            background_writer=background_writer,
+            background_dispatch=background_dispatch,
+            builtins=builtins,
+            autoload=autoload,
+        )
+        check_slow_call_s(slow_call_s)
         self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
         if config is not None and not isinstance(config, Mapping):
             raise InvalidArgumentError(
@@ -201,6 +245,8 @@ class RunSession:
             background=background_writer,
             background_dispatch=background_dispatch,
             slow_call_s=slow_call_s,
+            required_plugins=required_plugins,
+            backend_timeout_s=backend_timeout_s,
         )
         if any(isinstance(p, ScalarsObserver) for p in pm.get_plugins()):
             # A scalar's records take its name as their kind: never one of the built-ins'.
@@ -250,9 +296,17 @@ class RunSession:
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
             if scan is None:
                 self.run.connect(self.bus)
-                self.bus.run_started(self.config, plugins=loaded_plugins(self.run.pm))
+                self.bus.run_started(
+                    self.config,
+                    plugins=loaded_plugins(self.run.pm),
+                    plugins_left_out=self._left_out(),
+                )
             else:
                 self._resume(scan)
+            if self.run.dispatcher is not None:
+                # (background dispatch) the event log has written the segment's first
+                # event through before start() returns: a kill now leaves a log to resume
+                self.run.dispatcher.flush()
         except BaseException:
             try:
                 self.run.close()  # FAILED: it never finished
@@ -296,7 +350,7 @@ class RunSession:
             return None
         self._created = not os.path.lexists(out)
         try:
-            out.mkdir(parents=True, exist_ok=True, mode=0o755)
+            make_dirs(out)  # (0755 less the umask at every level)
         except OSError as exc:
             raise ReporterError(
                 f"cannot create the run directory {str(out)!r}: {exc.strerror or exc}; "
@@ -341,7 +395,7 @@ class RunSession:
                             f"event is {event.TYPE!r} of run {event.run_id!r}): move it "
                             "away or choose another run id"
                         )
-                    scan = _Scan(event)
+                    scan = _Scan(event, clock_skew=ClockSkewTolerance.parse(event.config))
                     checker.context = dataclasses.replace(checker.context, config=event.config)
                 checker.submit(event)
                 _note(scan, event)
@@ -359,19 +413,35 @@ class RunSession:
                 f"run directory {str(self.out_dir)!r} got an event log after this session "
                 "was made; make the session again to resume it"
             )
-        logged = check_config(self.config, self.run.pm)
-        if logged != dict(scan.started.config):
-            keys = sorted(set(logged) ^ set(scan.started.config)) or sorted(
-                k for k in logged if logged[k] != scan.started.config.get(k)
-            )
-            raise ConfigError(
-                f"run {self.run_id!r} was started with another configuration (differs at "
-                f"{keys[:5]}); a resumed run keeps its configuration: pass the one it was "
-                "started with, or choose a new run id"
-            )
+        self._check_resumed_config(scan.started)
         behind = scan.last_ns - self._clock() + 1
         if behind > 0:  # the wall clock went back between the segments
             self._shift[0] += behind
+
+    def _check_resumed_config(self, started: RunStarted) -> None:
+        """This session's configuration may differ from the run's only where a resume may
+        change it (``total_steps``, ``x_`` keys: :func:`~twinkle.run.resumable_key`);
+        else :class:`~twinkle.errors.ResumeConfigError` names the keys, both values and
+        the fix (a caller that builds the configuration says its own: ``with_fix``)."""
+        given = check_config(self.config, self.run.pm)
+        logged = cast("dict[str, Any]", read_back(dict(started.config)))
+        keys = refused_config_keys(logged, given)
+        if not keys:
+            return
+        log_path = None if self.out_dir is None else str(self.out_dir / EVENTS_FILE)
+        raise ResumeConfigError(
+            f"run {self.run_id!r} cannot resume with this configuration: it differs from "
+            f"the one the run was started with at {list(keys)} "
+            f"({describe_config_changes(keys, logged, given)}), and a resumed run may "
+            f"change only {RESUMABLE_CONFIG}",
+            f"pass RunSession(config=...) the run's configuration (the config of the "
+            f"run_started line of {log_path!r}), or start a new run with another run_id "
+            "(or out_dir)",
+            run_id=self.run_id,
+            keys=keys,
+            logged=logged,
+            given=given,
+        )
 
     def _resume(self, scan: _Scan) -> None:
         """Feed the logged events to the observers again, close a segment that stopped
@@ -419,7 +489,19 @@ class RunSession:
             optimizer_steps=scan.optimizer_steps,
             previous_status=None if scan.finished is None else scan.finished.status,
         )
-        self.bus.run_resumed(segment, self.config, plugins=loaded_plugins(self.run.pm))
+        self.bus.run_resumed(
+            segment,
+            self.config,
+            plugins=loaded_plugins(self.run.pm),
+            plugins_left_out=self._left_out(),
+        )
+        # The summary vouched for the segments before this one: until this one finishes
+        # it describes no run there is (a new run has none either); replay rebuilds it.
+        _remove_durably(out / SUMMARY_FILE)
+
+    def _left_out(self) -> dict[str, str]:
+        """The plugins the run went without because they could not set up, with why."""
+        return {} if self.run.calls is None else dict(self.run.calls.left_out)
 
     def _remove_if_unused(self) -> bool:
         """After a failed start, while the directory is still ours: remove the empty
@@ -497,10 +579,12 @@ class RunSession:
                     process_wall_ns=self._process_wall_ns(),
                     observer_slow_calls=self.run.calls.slow if self.run.calls else None,
                 )
+                self.bus.backends_closed(self.run.close_backends())
             except BaseException:
                 self.run.close()  # FAILED: it never finished
                 raise
             self.summary = self.run.finish()
+            _warn_unhealthy(self.run_id, self.summary)
         finally:
             self.bus.refuse(
                 f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
@@ -555,18 +639,25 @@ class RunSession:
             reading = memory_stats(device=device)
         self.bus.memory([reading, *others], iteration=iteration)
 
-    def receive(self, report: WorkerReport, *, iteration: int | None) -> None:
+    def receive(self, report: WorkerReport, *, iteration: int | None = None) -> None:
         """Publish what a worker process measured (its
         :class:`~twinkle.perf.WorkerReport`): its spans as a batch from source
-        ``report.worker`` on its own clock anchor (counting the spans it dropped), and its
-        memory readings as taken during ``iteration``."""
+        ``report.worker`` on its own clock anchor (counting the spans it dropped; the
+        timeline checks that anchor against the report's send time and its arrival now,
+        docs/scale-out.md), and its memory readings as taken during ``iteration`` (None:
+        outside any, or not known; its spans are placed by their own times either way)."""
         if not isinstance(report, WorkerReport):
             raise InvalidArgumentError(
                 f"receive() takes a twinkle.perf.WorkerReport (from WorkerRecorder.report() "
                 f"in the worker), got {type(report).__name__}: {report!r:.100}"
             )
+        caller_source(report.worker, "report.worker")  # before any of it is published
         self.bus.publish_spans(
-            report.worker, report.anchor, report.spans, dropped=report.spans_dropped
+            report.worker,
+            report.anchor,
+            report.spans,
+            dropped=report.spans_dropped,
+            sent_anchor=report.sent_anchor,
         )
         if report.readings:
             self.bus.memory(report.readings, iteration=iteration)
@@ -576,6 +667,44 @@ class RunSession:
         """Observer failures so far, per plugin name."""
         calls = self.run.calls
         return {} if calls is None else dict(calls.failures)
+
+
+def _warn_unhealthy(run_id: str, summary: Mapping[str, Any]) -> None:
+    """Say on stderr (the log) which plugins and backends did not take every record."""
+    for name, why in summary.get("plugins_left_out", {}).items():
+        log.warning("run %r went without plugin %r: %s", run_id, name, why)
+    for name, health in summary.get("backends", {}).items():
+        missed = health["records"] - health["records_written"]
+        if health["cut_off"] or (missed and not health["setup_error"]):
+            log.warning(
+                "run %r: backend %r missed %d of %d record(s)%s (summary.json: backends)",
+                run_id,
+                name,
+                missed,
+                health["records"],
+                f"; cut off: {health['cut_off']}" if health["cut_off"] else "",
+            )
+
+
+def _remove_durably(path: Path) -> None:
+    """Remove ``path`` if it is there, and make the removal durable."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    sync_dir(path.parent)
+
+
+def _check_flags(*, autoload: object, **flags: object) -> None:
+    """Refuse a switch that is not True or False (``autoload``: or None): a truthy
+    ``'no'`` would turn it on."""
+    if autoload is not None and type(autoload) is not bool:
+        raise InvalidArgumentError(
+            f"autoload must be True, False or None (the environment decides), got {autoload!r:.100}"
+        )
+    for name, flag in flags.items():
+        if type(flag) is not bool:
+            raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.100}")
 
 
 def _logged_already(event: Any) -> None:
@@ -589,7 +718,9 @@ def _note(scan: _Scan, event: Any) -> None:
     kind = type(event)
     end = event.monotonic_ns
     if kind is SpanBatch:
-        shift = event.anchor.shift_onto(scan.started.anchor)
+        # Where the timeline puts them: a skewed worker's spans must not carry its clock
+        # into the next segment's (through the resumed clock's start).
+        shift = place_batch(event, scan.started.anchor, scan.clock_skew).shift_ns
         end = max([end, *(s.end_ns + shift for s in event.spans)])
     if end >= scan.last_ns:
         scan.last_ns, scan.last_wall_ns = end, event.wall_ns

@@ -1,0 +1,408 @@
+"""``IsolatedBackend``: a backend behind a thread of its own, so that the run never waits
+for it; and ``BackendHealth``, what each backend of a run did with its records.
+
+A third-party backend (a plugin's sink: a tracking server, a W&B service) may be slow,
+raise, or hang for ever on a dead server. The run's own files must not wait for it, nor
+must ``finish()`` or Ctrl-C. So the reporter hands such a backend its records through a
+queue (:class:`~twinkle.reporting.BatchWriter`, on a thread of the backend's own) and
+goes on at once:
+
+* **Set-up off the start.** A backend with an ``open()`` method is opened on its thread,
+  first: the run starts without waiting for it (a required plugin's start waits:
+  :meth:`IsolatedBackend.wait_open`). An ``open()`` that raises leaves the backend out:
+  what is handed to it afterwards is counted lost, and why is kept (``setup_error``).
+* **A bound per call.** A call (``open``/``write``/``flush``/``close``) that has not
+  returned ``timeout_s`` after it began cuts the backend off: the queued records are
+  counted lost, nothing more is handed to it, and its thread (a daemon) is abandoned.
+  The reporter notices at its next hand-over, and :meth:`IsolatedBackend.close` waits at
+  most ``timeout_s`` in all (several backends close side by side:
+  :meth:`IsolatedBackend.begin_close`).
+* **A bound on memory.** At most ``max_records`` records wait for the backend; beyond
+  that they are counted lost for it (the run's own files have them).
+* **Nothing silent.** Every failure, cut-off and loss is counted in
+  :meth:`IsolatedBackend.health` and logged (logger ``twinkle.reporting``: stderr unless
+  the application routes it) the first time, then at the 2nd, 4th, 8th... failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, final
+
+import msgspec
+
+from twinkle.checks import Count, NonEmpty
+from twinkle.errors import InvalidArgumentError
+from twinkle.reporting.backends import Backend
+from twinkle.reporting.record import MetricRecord
+from twinkle.reporting.writer import BatchWriter, WriterState
+
+__all__ = [
+    "DEFAULT_BACKEND_TIMEOUT_S",
+    "BackendHealth",
+    "IsolatedBackend",
+    "check_backend_timeout",
+]
+
+logger = logging.getLogger("twinkle.reporting")
+
+#: how long one call of an isolated backend may take before it is cut off (a metrics
+#: sink's call takes milliseconds; a W&B ``finish()`` syncing online, seconds)
+DEFAULT_BACKEND_TIMEOUT_S: Final = 30.0
+#: records that may wait for one isolated backend
+DEFAULT_MAX_RECORDS: Final = 65_536
+
+
+class BackendHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one backend of a run did with the records handed to it (``summary.json`` →
+    ``backends``). ``records`` = ``records_written`` + ``records_failed`` +
+    ``records_lost`` once the backend is closed.
+
+    ``backend`` is the backend's own name (its file, store or run); ``isolated`` whether
+    it ran on a thread of its own (a plugin's) or was written by the reporter (the run's
+    own files); ``records_written`` went into ``write()`` calls that returned,
+    ``records_failed`` into calls that raised; ``records_lost`` never reached ``write()``
+    (its queue was full, it was cut off, its set-up failed) or, for the run's own files,
+    are still unwritten after a disk fault; ``calls_failed`` counts every call that raised;
+    ``slowest_call_seconds`` is its longest call (0.0 when not timed); ``cut_off`` says why
+    it was cut off, ``setup_error`` why it could not be opened (both None when not)."""
+
+    backend: NonEmpty
+    isolated: bool
+    records: Count = 0
+    records_written: Count = 0
+    records_failed: Count = 0
+    records_lost: Count = 0
+    calls_failed: Count = 0
+    slowest_call_seconds: float = 0.0
+    cut_off: str | None = None
+    setup_error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every record handed to it went into a ``write()`` that returned."""
+        return self.records_written == self.records and not (self.cut_off or self.setup_error)
+
+
+class _Call:
+    """What the backend's thread is doing now: which call, since when (for the bound)."""
+
+    __slots__ = ("name", "started")
+
+    def __init__(self, name: str, started: float) -> None:
+        self.name = name
+        self.started = started
+
+
+_OPEN: Final = "open"
+_FLUSH: Final = "flush"
+_CLOSE: Final = "close"
+_Item = tuple[MetricRecord, ...] | str
+
+
+@final
+class IsolatedBackend:
+    """``backend`` behind a thread of its own, under the bounds of the module docstring.
+
+    It is a :class:`~twinkle.reporting.Backend` whose ``write`` and ``flush`` never wait
+    (they queue) and whose ``close`` waits at most ``timeout_s``. ``name`` names it in
+    logs and in the run's summary (the plugin that made it); ``clock`` (seconds,
+    monotonic) times the calls.
+    """
+
+    __slots__ = (
+        "_backend",
+        "_call",
+        "_calls_failed",
+        "_clock",
+        "_close_called",
+        "_closing_at",
+        "_cut",
+        "_dropped",
+        "_lock",
+        "_max_records",
+        "_opened",
+        "_queued",
+        "_records",
+        "_records_failed",
+        "_setup_error",
+        "_slowest",
+        "_writer",
+        "_written",
+        "name",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        name: str,
+        timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_backend_timeout(timeout_s)
+        if type(max_records) is not int or max_records < 1:
+            raise InvalidArgumentError(
+                f"max_records must be an int >= 1 (records waiting for the backend), "
+                f"got {max_records!r}"
+            )
+        self.name = name
+        self.timeout_s = float(timeout_s)
+        self._backend = backend
+        self._max_records = max_records
+        self._clock = clock
+        self._call: _Call | None = None
+        self._cut: BackendHealth | None = None  # frozen when it was cut off
+        self._close_called = False  # the backend's close() was called (once at most)
+        self._setup_error: str | None = None
+        self._opened = threading.Event()
+        self._closing_at: float | None = None
+        self._records = 0
+        self._dropped = 0  # hand-overs refused on a full queue (for the log)
+        self._queued = 0  # records handed over, not yet taken by the thread
+        self._written = 0
+        self._records_failed = 0
+        self._calls_failed = 0
+        self._lock = threading.Lock()  # _queued: changed by both threads
+        self._slowest = 0.0
+        self._writer: BatchWriter[_Item] = BatchWriter(
+            self._deliver,
+            name=f"backend {name!r}",
+            thread_name=f"backend-{name}",
+            background=True,
+            # Items are batches and markers: the record bound is max_records (above).
+            capacity=max_records + 16,
+            on_full="drop",
+            wake_at=1,
+            interval_s=0.2,
+        )
+        if callable(getattr(backend, "open", None)):
+            self._writer.put(_OPEN)
+        else:
+            self._opened.set()
+
+    # -- the reporter's side ---------------------------------------------------------
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        """Queue ``records`` for the backend's thread (never waits)."""
+        self._check_stall()
+        n = len(records)
+        self._records += n
+        if self._writer.state is not WriterState.OPEN or self._setup_error is not None:
+            return  # cut off, closing or left out: lost for this backend (health says)
+        with self._lock:
+            full = self._queued + n > self._max_records
+            if not full:
+                self._queued += n
+        if full:
+            self._note_full(n)
+        elif not self._writer.put(tuple(records)):
+            with self._lock:
+                self._queued -= n
+
+    def flush(self) -> None:
+        """Ask the backend's thread to flush it (never waits)."""
+        self._check_stall()
+        if self._writer.state is WriterState.OPEN:
+            self._writer.put(_FLUSH)
+
+    def begin_close(self) -> None:
+        """Let the thread write what is queued, then close the backend, without waiting:
+        :meth:`close` waits, at most ``timeout_s`` after this call."""
+        if self._closing_at is not None:
+            return
+        self._closing_at = self._clock()
+        if self._writer.state is WriterState.OPEN:
+            self._writer.put(_CLOSE)
+        self._writer.begin_close()
+
+    def close(self) -> None:
+        """Write what is queued, close the backend, stop the thread: at most
+        ``timeout_s`` after :meth:`begin_close` (called here if it was not), after which
+        the backend is cut off. Never raises for the backend (its health says)."""
+        self.begin_close()
+        began = self._closing_at if self._closing_at is not None else self._clock()
+        self._writer.close(timeout_s=max(0.0, began + self.timeout_s - self._clock()))
+        self._check_stall()  # a call past its bound is named as such
+        if self._cut is None and self._writer.state is WriterState.CLOSED and self._writer_cut():
+            call = self._call
+            doing = f"{call.name}()" if call is not None else "writing what was queued"
+            self._cut_off(f"{doing} did not finish within {self.timeout_s:g} s of closing")
+
+    def wait_open(self, timeout_s: float | None = None) -> str | None:
+        """Wait until the backend's ``open()`` returned (at most ``timeout_s``, default
+        the call bound: then it is cut off); why it failed, or None when it is open."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        if not self._opened.wait(wait) and self._cut is None:
+            self._cut_off(f"open() did not return within {wait:g} s")
+        if self._cut is not None:
+            return self._cut.cut_off
+        return self._setup_error
+
+    def health(self) -> BackendHealth:
+        """What the backend did with its records so far (see :class:`BackendHealth`)."""
+        self._check_stall()
+        if self._cut is not None:
+            return msgspec.structs.replace(
+                self._cut,
+                records=self._records,
+                records_lost=self._records - self._cut.records_written - self._cut.records_failed,
+            )
+        return self._health(None)
+
+    @property
+    def backend(self) -> Backend:
+        """The backend it isolates."""
+        return self._backend
+
+    def __repr__(self) -> str:
+        return f"IsolatedBackend({self.name!r}, {self._writer.state.value})"
+
+    # -- bounds ------------------------------------------------------------------------
+
+    def _check_stall(self) -> None:
+        """Cut the backend off when its current call has run past ``timeout_s``."""
+        call = self._call
+        if self._cut is not None or call is None:
+            return
+        if self._clock() - call.started > self.timeout_s:
+            self._cut_off(f"{call.name}() did not return within {self.timeout_s:g} s")
+
+    def _writer_cut(self) -> bool:
+        """Whether the writer gave up on the thread (closing ran out of time)."""
+        return self._writer.failure is not None
+
+    def _cut_off(self, why: str) -> None:
+        self._writer.cut_off(why)
+        self._opened.set()
+        self._cut = self._health(why)
+        logger.error(
+            "backend %r cut off: %s; %d record(s) handed to it were not written (the "
+            "run's own files have them; summary.json says which under 'backends')",
+            self.name,
+            why,
+            self._cut.records_lost,
+        )
+
+    def _note_full(self, n: int) -> None:
+        self._dropped += 1
+        if self._dropped & (self._dropped - 1) == 0:  # the 1st, 2nd, 4th... time
+            logger.warning(
+                "backend %r is %d record(s) behind, its bound (max_records): %d more not "
+                "handed to it (the run's own files have them; %d time(s) so far)",
+                self.name,
+                self._queued,
+                n,
+                self._dropped,
+            )
+
+    def _health(self, cut_off: str | None) -> BackendHealth:
+        written, failed = self._written, self._records_failed
+        in_flight = 0 if cut_off else self._queued
+        return BackendHealth(
+            backend=_name_of(self._backend, self.name),
+            isolated=True,
+            records=self._records,
+            records_written=written,
+            records_failed=failed,
+            records_lost=max(0, self._records - written - failed - in_flight),
+            calls_failed=self._calls_failed,
+            slowest_call_seconds=self._slowest,
+            cut_off=cut_off,
+            setup_error=self._setup_error,
+        )
+
+    # -- the backend's thread ------------------------------------------------------------
+
+    def _deliver(self, items: list[_Item]) -> None:
+        for item in items:
+            if self._cut is not None:
+                self._close_abandoned()
+                return
+            if isinstance(item, tuple):
+                with self._lock:
+                    self._queued -= len(item)
+                if self._setup_error is None:
+                    self._timed("write", functools.partial(self._backend.write, item), len(item))
+            elif item == _OPEN:
+                self._setup_error = self._timed("open", self._open_backend, 0)
+                self._opened.set()
+            elif self._setup_error is None:
+                self._close_called |= item == _CLOSE
+                method = self._backend.flush if item == _FLUSH else self._backend.close
+                self._timed(item, method, 0)
+        if self._cut is not None and items:
+            self._close_abandoned()
+
+    def _close_abandoned(self) -> None:
+        """The call that ran past its bound returned after all (on this thread, which the
+        run no longer waits for): close the backend once, so that what its ``open()`` set
+        up (a tracking run, a service) does not stay open; its failure is only logged."""
+        if self._close_called or self._setup_error is not None:
+            return
+        self._close_called = True
+        try:
+            self._backend.close()
+        except Exception as exc:
+            logger.warning("backend %r, cut off, failed to close afterwards: %s", self.name, exc)
+
+    def _open_backend(self) -> None:
+        getattr(self._backend, "open")()  # noqa: B009 - optional in the protocol
+
+    def _timed(self, call: str, fn: Callable[[], object], records: int) -> str | None:
+        """Run one call of the backend under the bound; why it failed, or None."""
+        started = self._clock()
+        self._call = _Call(call, started)
+        try:
+            fn()
+        except Exception as exc:
+            if self._cut is None:
+                self._failed(call, records, exc)
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            self._call = None
+            self._slowest = max(self._slowest, self._clock() - started)
+        if self._cut is None:
+            self._written += records
+        return None
+
+    def _failed(self, call: str, records: int, exc: Exception) -> None:
+        self._calls_failed += 1
+        self._records_failed += records
+        n = self._calls_failed
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th... failure
+            logger.error(
+                "backend %r failed in %s(%s), skipped (%d failure(s) so far; the run's own "
+                "files are unaffected): %s",
+                self.name,
+                call,
+                f"{records} record(s)" if call == "write" else "",
+                n,
+                exc,
+                exc_info=exc if n == 1 else None,
+            )
+
+
+def _name_of(backend: object, default: str) -> str:
+    name = getattr(backend, "name", None)
+    return name if isinstance(name, str) and name else default
+
+
+def check_backend_timeout(timeout_s: object) -> float:
+    """``timeout_s`` as a bound on a backend's call, or an error naming it and the fix."""
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not 0 < timeout_s < float("inf")
+    ):
+        raise InvalidArgumentError(
+            f"backend_timeout_s must be a finite number of seconds > 0 (how long one call "
+            f"of a plugin's backend may take before it is cut off), got {timeout_s!r}"
+        )
+    return float(timeout_s)

@@ -1,0 +1,362 @@
+"""Reliability round 3, ``twinkle report`` and its neighbours (issue 26, item 8 and its
+small items): input that used to be reported wrongly or written through — a summary
+that the log outgrew, a bad or huge ``summary.json``, planted symbolic links, escape
+sequences in a log — and the clear error, or the safe output, each gets now."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from twinkle.checks import printable
+from twinkle.cli import EXIT_USAGE, main
+from twinkle.errors import InvalidArgumentError, ReplayError
+from twinkle.perf.stats import MemoryReading
+from twinkle.plugins import DISABLE_AUTOLOAD_ENV
+from twinkle.report import SUMMARY_MAX_BYTES, load_report, write_plots
+from twinkle.reporting import remove_shared_write
+from twinkle.run import RunSession, replay
+from twinkle.testing import SCRIPTED_CONFIG, scripted_run, shared_writable, umask
+
+
+def finished(out: Path, run_id: str = "r", iterations: int = 2, **kw: Any) -> Path:
+    """A finished scripted run (or one more segment of it); its directory."""
+    return scripted_run(out, run_id, iterations, autoload=False, **kw).parent
+
+
+#: a resumed segment of scripted run ``r`` in ``sys.argv[1]``, killed outright (no
+#: run_finished, no summary) in its last iteration, after its optimizer step
+KILLED_SEGMENT = textwrap.dedent(
+    """
+    import os, sys
+    from twinkle.hookspecs import hookimpl
+    from twinkle.testing import scripted_run
+
+    class Kill:
+        @hookimpl
+        def twinkle_optimizer_step(self, event):
+            if event.step == 4:  # (steps 1 and 2, the first segment's, go by again first)
+                os._exit(113)
+
+    scripted_run(
+        sys.argv[1], "r", 2, autoload=False, background_writer=False, plugins=[("kill", Kill())]
+    )
+    """
+)
+
+
+def event_lines(run_dir: Path) -> list[bytes]:
+    return (run_dir / "events.jsonl").read_bytes().splitlines(keepends=True)
+
+
+# -- item 8: a summary the log outgrew ----------------------------------------------------
+
+
+def test_a_run_whose_resumed_segment_was_killed_is_refused_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = finished(tmp_path)
+    before = (run_dir / "summary.json").read_bytes()
+    child = [sys.executable, "-c", KILLED_SEGMENT, str(tmp_path)]
+    assert subprocess.run(child, check=False, timeout=300).returncode == 113
+    assert b'"type":"run_resumed"' in (run_dir / "events.jsonl").read_bytes()
+    # A resume removes the earlier segment's summary once its own segment began; what
+    # an older twinkle left (or a resume killed between the two) still holds it:
+    (run_dir / "summary.json").write_bytes(before)  # segment 0's, status ok
+
+    with pytest.raises(InvalidArgumentError) as refused:
+        load_report(run_dir)
+    message = str(refused.value)
+    assert str(run_dir) in message
+    assert "holds 2 segment(s)" in message and "covers 1" in message
+    assert "summary is stale" in message and f"twinkle replay {run_dir}/events.jsonl" in message
+
+    assert main(["report", str(run_dir)]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("twinkle: error: ") and err.count("\n") == 1
+
+    # The fix it gives: the replay's files cover both segments (the killed one: error).
+    assert main(["replay", str(run_dir), "--out", str(tmp_path / "whole")]) == 0
+    report = load_report(tmp_path / "whole")
+    assert report["status"] == "error"
+    # (iteration 3, which the kill cut off, is the next resume's to finish)
+    assert [row["iteration"] for row in report["iterations"]] == [0, 1, 2]
+
+
+def test_a_comparison_with_a_stale_run_is_refused_before_printing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = finished(tmp_path, "good")
+    stale = finished(tmp_path, "stale")
+    kept = (stale / "summary.json").read_bytes()
+    finished(tmp_path, "stale", 1)  # a resumed segment ...
+    (stale / "summary.json").write_bytes(kept)  # ... that stopped before its summary
+    for a, b in ((good, stale), (stale, good)):
+        assert main(["report", str(a), str(b)]) == EXIT_USAGE
+        out, err = capsys.readouterr()
+        assert out == "" and str(stale) in err and "holds 2 segment(s)" in err
+    plots = tmp_path / "plots"
+    assert main(["report", str(good), str(stale), "--plots", str(plots)]) == EXIT_USAGE
+    assert not plots.exists()  # (both runs are read before anything is written)
+
+
+def test_a_summary_that_covers_more_than_the_log_or_another_run_is_refused(
+    tmp_path: Path,
+) -> None:
+    run_dir = finished(tmp_path)
+    finished(tmp_path, iterations=1)  # segment 1, finished: its summary covers both
+    assert load_report(run_dir)["status"] == "ok"  # a resumed run reports as before
+    lines = event_lines(run_dir)
+    cut = next(i for i, line in enumerate(lines) if b'"type":"run_resumed"' in line)
+    (run_dir / "events.jsonl").write_bytes(b"".join(lines[:cut]))
+    with pytest.raises(InvalidArgumentError, match=r"holds 1 segment\(s\).*covers 2.*cut"):
+        load_report(run_dir)
+
+    other, third = finished(tmp_path, "other"), finished(tmp_path, "third")
+    shutil.copy(other / "summary.json", third / "summary.json")
+    with pytest.raises(InvalidArgumentError, match=r"summary of run 'other'.*log of run 'third'"):
+        load_report(third)
+
+
+def test_only_a_whole_run_resumed_line_counts_as_a_segment(tmp_path: Path) -> None:
+    """The segments are counted by a byte search, not by parsing the log: the same
+    bytes in a value (the configuration here), or in a torn last line (a resume killed
+    while writing its run_resumed, which no replay counts either), begin no segment."""
+    config = {**copy.deepcopy(SCRIPTED_CONFIG), "x_note": {"type": "run_resumed"}}
+    run_dir = finished(tmp_path, config=config)
+    assert b'"x_note":{"type":"run_resumed"}' in event_lines(run_dir)[0]
+    seq = len(event_lines(run_dir))
+    with (run_dir / "events.jsonl").open("ab") as log:
+        log.write(b'{"seq":%d,"type":"run_resumed","run_id":"r","monot' % seq)
+    report = load_report(run_dir)
+    assert report["status"] == "ok" and len(report["iterations"]) == 2
+
+
+# -- summary.json: its shape and its size ------------------------------------------------
+
+
+def _with(summary: dict[str, Any], **changes: object) -> bytes:
+    return orjson.dumps({**summary, **changes})
+
+
+#: a bad summary.json made from a good one, and what the error must say of it
+BAD_SUMMARIES: dict[str, tuple[Callable[[dict[str, Any]], bytes], str]] = {
+    "not JSON": (lambda s: b'{"run_id": "r", "stat', "is not JSON"),
+    "a list": (lambda s: b"[]", "summary: expected `object`, got `array`"),
+    "no run id": (
+        lambda s: orjson.dumps({k: v for k, v in s.items() if k != "run_id"}),
+        "summary lacks field(s) ['run_id']",
+    ),
+    "a bad status": (lambda s: _with(s, status="fine"), "summary.status = 'fine'"),
+    "a word for a number": (
+        lambda s: _with(s, window={**s["window"], "tokens": "many"}),
+        "summary.window['tokens'] = 'many'",
+    ),
+    "segments not a list": (lambda s: _with(s, segments=3), "summary.segments = 3"),
+    "an unsafe run id": (lambda s: _with(s, run_id="../r"), "summary.run_id = '../r'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SUMMARIES)
+def test_a_bad_summary_is_refused_naming_the_file_the_culprit_and_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    run_dir = finished(tmp_path)
+    path = run_dir / "summary.json"
+    make, culprit = BAD_SUMMARIES[case]
+    path.write_bytes(make(orjson.loads(path.read_bytes())))
+    with pytest.raises(InvalidArgumentError) as refused:
+        load_report(run_dir)
+    message = str(refused.value)
+    assert repr(str(path)) in message and culprit in message
+    assert f"twinkle replay {run_dir}/events.jsonl --out DIR" in message
+    assert main(["report", str(run_dir)]) == EXIT_USAGE  # (no KeyError, no traceback)
+    assert capsys.readouterr().err.startswith("twinkle: error: ")
+
+
+def test_a_summary_of_gigabytes_is_refused_without_reading_it(tmp_path: Path) -> None:
+    run_dir = finished(tmp_path)
+    os.truncate(run_dir / "summary.json", 3 * 1024**3)  # (sparse: no disk, no time)
+    with pytest.raises(InvalidArgumentError) as refused:
+        load_report(run_dir)
+    message = str(refused.value)
+    assert f"holds {3 * 1024**3:,} bytes, more than the {SUMMARY_MAX_BYTES:,}" in message
+    assert "summary.json" in message and "twinkle replay" in message
+
+
+# -- report --plots: no symbolic link written through -------------------------------------
+
+
+def test_plots_never_write_through_a_planted_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    report = load_report(finished(tmp_path))
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (plots / "throughput.png").symlink_to(victim)
+    with pytest.raises(InvalidArgumentError, match=r"throughput\.png'.*symbolic link"):
+        write_plots(report, plots)
+    assert victim.read_bytes() == b"precious"
+    assert main(["report", str(tmp_path / "r"), "--plots", str(plots)]) == EXIT_USAGE
+    assert "symbolic link" in capsys.readouterr().err
+    assert victim.read_bytes() == b"precious" and (plots / "throughput.png").is_symlink()
+
+
+def test_a_plots_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = load_report(finished(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "plots").symlink_to(elsewhere)
+    with pytest.raises(InvalidArgumentError, match=r"--plots '.*plots' is a symbolic link"):
+        write_plots(report, tmp_path / "plots")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_plots_are_written_whole_and_writable_by_their_owner_alone(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = load_report(finished(tmp_path))
+    with umask(0):
+        written = write_plots(report, tmp_path / "new" / "plots")
+    assert [p.name for p in written] == ["throughput.png", "time.png", "memory.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+    assert sorted(p.name for p in (tmp_path / "new" / "plots").iterdir()) == sorted(
+        p.name for p in written
+    )  # (no temporary file left)
+    assert shared_writable(tmp_path / "new") == []
+
+
+def test_a_run_made_under_umask_000_leaves_no_directory_writable_by_others(
+    tmp_path: Path,
+) -> None:
+    with umask(0):
+        scripted_run(tmp_path / "deep" / "runs", "r", iterations=1, autoload=False)
+    assert shared_writable(tmp_path / "deep") == []  # the parents made for it included
+
+
+# -- replay --out: a link is refused before anything is made ------------------------------
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-directory", "dangling"])
+def test_replay_into_a_link_is_refused_and_leaves_nothing_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dangling: bool
+) -> None:
+    run_dir = finished(tmp_path / "runs")
+    target = tmp_path / "target"
+    if not dangling:
+        target.mkdir()
+    out = tmp_path / "out"
+    out.symlink_to(target)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ReplayError, match=r"replay output '.*out' is a symbolic link"):
+        replay(run_dir, out, autoload=False)
+    assert main(["replay", str(run_dir), "--out", str(out), "--no-autoload"]) == EXIT_USAGE
+    assert "symbolic link" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging directory
+    assert target.exists() != dangling and (dangling or list(target.iterdir()) == [])
+
+
+# -- files of libraries: not writable by others ------------------------------------------
+
+
+def test_remove_shared_write_leaves_links_and_what_they_point_at_alone(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"")
+    outside.chmod(0o666)
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "file").write_bytes(b"")
+    for entry in (tree, tree / "sub", tree / "sub" / "file"):
+        entry.chmod(0o777 if entry.is_dir() else 0o666)
+    (tree / "link").symlink_to(outside)
+    remove_shared_write(tree)
+    modes = {p.name: p.lstat().st_mode & 0o777 for p in (tree, tree / "sub", tree / "sub" / "file")}
+    assert modes == {"tree": 0o755, "sub": 0o755, "file": 0o644}
+    assert outside.stat().st_mode & 0o777 == 0o666
+
+
+# -- escape sequences from a log: shown, never obeyed --------------------------------------
+
+EVIL = "gpu\x1b[2J\x1b[31m\u202e"
+
+
+def test_a_worker_id_with_escape_sequences_is_printed_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reading = MemoryReading(
+        worker_id=EVIL,
+        rank=1,
+        pid=1,
+        hostname="h",
+        device="cpu",
+        host_rss_bytes=1 << 20,
+        host_peak_rss_bytes=2 << 20,
+        device_allocated_bytes=None,
+        device_allocated_peak_bytes=None,
+        device_reserved_bytes=None,
+        device_reserved_peak_bytes=None,
+    )
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
+        run.bus.iteration_started(0)
+        run.read_memory(iteration=0, others=[reading])
+    run_dir, other = tmp_path / "r", finished(tmp_path, "other")
+    for argv in (["report", str(run_dir)], ["report", str(other), str(run_dir)]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\u202e" not in out
+    assert main(["report", str(run_dir)]) == 0
+    assert r"gpu\x1b[2J\x1b[31m\u202e: host_peak_rss 2 MiB" in capsys.readouterr().out
+    assert main(["report", str(run_dir), "--json"]) == 0  # JSON escapes it itself
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and EVIL in json.loads(printed)["memory_peak_bytes"]
+
+
+def test_a_plugins_error_with_escape_sequences_is_printed_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "twinkle_shouts.py").write_text(
+        textwrap.dedent(
+            """
+            raise ImportError("no licence\\x1b[2J\\x1b]0;owned\\x07")
+            """
+        )
+    )
+    info = site / "twinkle_shouts-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: twinkle-shouts\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[twinkle.observers]\nshouts = twinkle_shouts:S\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv(DISABLE_AUTOLOAD_ENV, raising=False)
+    importlib.invalidate_caches()
+    assert main(["plugins"]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert r"no licence\x1b[2J\x1b]0;owned\x07" in out
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    log = finished(tmp_path / "runs") / "events.jsonl"
+    assert main(["replay", str(log), "--out", str(tmp_path / "out")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("twinkle: error: ") and "\x1b" not in err and "shouts" in err
+
+
+def test_printable_escapes_control_characters_once_and_keeps_the_rest() -> None:
+    text = "a\x1b[31mb\nc\td\x7f\x85e\u202ef\u2066 é ü 漢 \\x1b"
+    shown = printable(text)
+    assert shown == r"a\x1b[31mb\nc\td\x7f\x85e\u202ef\u2066 é ü 漢 \x1b"
+    assert printable(shown) == shown  # (a table's cells, escaped already, stay as they are)

@@ -1,0 +1,234 @@
+"""IsolatedBackend: a plugin's backend on a thread of its own, bounded per call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.reporting import BackendHealth, IsolatedBackend, MetricRecord, make_record, with_seq
+
+
+def _records(n: int, start: int = 0) -> list[MetricRecord]:
+    return [
+        with_seq(
+            make_record(
+                kind="train",
+                scope="iteration",
+                run_id="r",
+                iteration=i,
+                step=i,
+                wall_ns=i,
+                monotonic_ns=i,
+                values={"x": i},
+            ),
+            i,
+        )
+        for i in range(start, start + n)
+    ]
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.name = "recording"
+        self.got: list[int] = []
+        self.calls: list[str] = []
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        self.got.extend(r.iteration for r in records)
+        self.calls.append("write")
+
+    def flush(self) -> None:
+        self.calls.append("flush")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+class Hanging(Recording):
+    """Hangs in the named call until released."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def _maybe_hang(self, call: str) -> None:
+        if call == self.where:
+            self.entered.set()
+            self.release.wait()
+
+    def open(self) -> None:
+        self._maybe_hang("open")
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        self._maybe_hang("write")
+        super().write(records)
+
+    def close(self) -> None:
+        self._maybe_hang("close")
+        super().close()
+
+
+@pytest.fixture
+def hanging() -> Iterator[list[Hanging]]:
+    made: list[Hanging] = []
+    yield made
+    for h in made:
+        h.release.set()  # let the abandoned threads end
+
+
+def test_records_reach_the_backend_in_order_and_close_closes_it() -> None:
+    inner = Recording()
+    backend = IsolatedBackend(inner, name="rec")
+    backend.write(_records(3))
+    backend.flush()
+    backend.write(_records(2, start=3))
+    backend.close()
+    assert inner.got == [0, 1, 2, 3, 4]
+    assert inner.calls == ["write", "flush", "write", "close"]
+    health = backend.health()
+    assert health == BackendHealth(
+        backend="recording",
+        isolated=True,
+        records=5,
+        records_written=5,
+        slowest_call_seconds=health.slowest_call_seconds,
+    )
+    assert health.healthy
+
+
+def test_a_write_that_never_returns_is_cut_off_and_never_blocks_the_caller(
+    hanging: list[Hanging],
+) -> None:
+    now = [0.0]
+    inner = Hanging("write")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="hang", timeout_s=5.0, clock=lambda: now[0])
+    backend.write(_records(2))
+    assert inner.entered.wait(5)
+    started = time.monotonic()
+    for i in range(100):  # the caller never waits, however far behind the backend is
+        backend.write(_records(10, start=2 + 10 * i))
+    assert time.monotonic() - started < 1.0
+    now[0] = 5.5  # past the bound: the next hand-over cuts it off
+    backend.write(_records(1, start=1002))
+    health = backend.health()
+    assert health.cut_off == "write() did not return within 5 s"
+    assert (health.records, health.records_written, health.records_lost) == (1003, 0, 1003)
+    started = time.monotonic()
+    backend.close()  # cut off: nothing to wait for
+    assert time.monotonic() - started < 1.0
+
+
+def test_close_waits_at_most_the_bound_for_a_close_that_hangs(hanging: list[Hanging]) -> None:
+    inner = Hanging("close")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="hang", timeout_s=0.3)
+    backend.write(_records(4))
+    started = time.monotonic()
+    backend.close()
+    took = time.monotonic() - started
+    assert 0.25 < took < 2.0
+    health = backend.health()
+    assert health.records_written == 4 and health.records_lost == 0
+    assert health.cut_off is not None and "close()" in health.cut_off
+
+
+def test_an_open_that_fails_leaves_the_backend_out_and_counts_what_it_missed() -> None:
+    class Broken(Recording):
+        def open(self) -> None:
+            raise OSError("read-only file system")
+
+    inner = Broken()
+    backend = IsolatedBackend(inner, name="broken")
+    assert backend.wait_open() == "OSError: read-only file system"
+    backend.write(_records(3))
+    backend.close()
+    health = backend.health()
+    assert health.setup_error == "OSError: read-only file system"
+    assert (health.records, health.records_written, health.records_lost) == (3, 0, 3)
+    assert inner.calls == []  # neither written, flushed nor closed
+
+
+def test_a_slow_open_does_not_hold_the_caller_and_wait_open_is_bounded(
+    hanging: list[Hanging],
+) -> None:
+    inner = Hanging("open")
+    hanging.append(inner)
+    started = time.monotonic()
+    backend = IsolatedBackend(inner, name="slow", timeout_s=0.2)
+    backend.write(_records(2))
+    assert time.monotonic() - started < 0.5
+    assert backend.wait_open() == "open() did not return within 0.2 s"
+    assert backend.health().records_lost == 2
+
+
+@pytest.mark.parametrize("where", ["open", "write"])
+def test_a_backend_cut_off_is_closed_once_its_call_returns_after_all(
+    hanging: list[Hanging], where: str
+) -> None:
+    inner = Hanging(where)
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="late", timeout_s=0.2)
+    backend.write(_records(2))
+    assert inner.entered.wait(5)
+    backend.close()  # cut off: the run no longer waits for it
+    assert backend.health().cut_off is not None
+    inner.release.set()  # the tracking server answers at last
+    deadline = time.monotonic() + 5
+    while "close" not in inner.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert inner.calls.count("close") == 1  # what its open() set up is not left open
+    assert backend.health().records_written == 0  # (still counted as cut off)
+
+
+def test_a_close_cut_off_is_not_called_a_second_time(hanging: list[Hanging]) -> None:
+    inner = Hanging("close")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="late", timeout_s=0.2)
+    backend.close()
+    inner.release.set()
+    time.sleep(0.3)
+    assert inner.calls.count("close") == 1
+
+
+def test_a_raising_write_is_counted_and_the_next_batch_still_goes_out() -> None:
+    class Flaky(Recording):
+        def write(self, records: Sequence[MetricRecord]) -> None:
+            if records[0].iteration == 0:
+                raise ConnectionError("server gone")
+            super().write(records)
+
+    inner = Flaky()
+    backend = IsolatedBackend(inner, name="flaky")
+    backend.write(_records(2))
+    backend.write(_records(3, start=2))
+    backend.close()
+    health = backend.health()
+    assert (health.records_failed, health.records_written, health.calls_failed) == (2, 3, 1)
+    assert inner.got == [2, 3, 4]  # each hand-over is one call: only the first failed
+
+
+def test_records_beyond_the_queue_bound_are_counted_lost(hanging: list[Hanging]) -> None:
+    inner = Hanging("write")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="full", max_records=10, timeout_s=60)
+    backend.write(_records(1))
+    assert inner.entered.wait(5)  # the thread is busy with the first record
+    backend.write(_records(10, start=1))  # fills the queue
+    backend.write(_records(5, start=11))  # over the bound
+    inner.release.set()
+    backend.close()
+    health = backend.health()
+    assert (health.records, health.records_written, health.records_lost) == (16, 11, 5)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), True, "30"])
+def test_a_bad_timeout_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="backend_timeout_s"):
+        IsolatedBackend(Recording(), name="x", timeout_s=bad)  # type: ignore[arg-type]
