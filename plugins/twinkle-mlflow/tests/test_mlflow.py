@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,13 +13,20 @@ from typing import Any
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from twinkle_mlflow import DIR, EXPERIMENT, MlflowSink, metric_name
+from twinkle_mlflow import DIR, EXPERIMENT, MlflowBackend, MlflowSink, metric_name
 
-from twinkle.errors import ReporterError
+from twinkle.errors import PluginError
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, make_record, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
-from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, crashed_run, scripted_run
+from twinkle.testing import (
+    SCRIPTED_CONFIG,
+    CtrlCWhileResuming,
+    crashed_run,
+    scripted_run,
+    shared_writable,
+    umask,
+)
 
 Points = dict[str, list[tuple[int, int, float]]]
 
@@ -120,8 +130,14 @@ def test_a_resumed_segment_that_fails_ends_its_mlflow_run_failed(tmp_path: Path)
     ]
 
 
-def test_a_run_killed_outright_is_ended_killed_by_the_next_segment(tmp_path: Path) -> None:
-    crashed_run(tmp_path, "r", 2, plugins={"mlflow": "twinkle_mlflow:MlflowSink"})
+def test_an_mlflow_run_a_killed_attempt_left_running_is_ended_killed_by_the_next_segment(
+    tmp_path: Path,
+) -> None:
+    crashed_run(tmp_path, "r", 2)  # killed outright
+    # What the attempt's MLflow backend left, had it opened before the kill (it opens on
+    # a thread of its own, in the first seconds: a job killed sooner leaves no MLflow
+    # run): an MLflow run never ended.
+    MlflowBackend(tmp_path / "r" / DIR, twinkle_run_id="r").open()
     (left,) = runs_of(client_of(tmp_path / "r"))
     assert left.info.status == "RUNNING"  # nobody ended it
     run_dir = mlflow_only(tmp_path, iterations=1, first_iteration=2)
@@ -188,6 +204,14 @@ def test_a_resume_interrupted_before_its_segment_leaves_no_mlflow_run(tmp_path: 
     assert [r.info.run_name for r in runs_of(client_of(run_dir))] == ["r", "r-s1"]
 
 
+def test_its_store_is_writable_by_its_owner_alone_whatever_the_umask(tmp_path: Path) -> None:
+    with umask(0):  # (MLflow makes its artifacts' directories 0777 and files 0666)
+        mlflow_only(tmp_path, iterations=2)
+        run_dir = mlflow_only(tmp_path, iterations=1, first_iteration=2)  # resumed
+    assert [r.info.run_name for r in runs_of(client_of(run_dir))] == ["r", "r-s1"]
+    assert shared_writable(run_dir) == []
+
+
 def test_replay_logs_every_record_again(tmp_path: Path) -> None:
     run_dir = mlflow_only(tmp_path / "live")
     out = tmp_path / "replayed"
@@ -231,10 +255,46 @@ def test_a_tracking_uri_in_the_environment_is_the_store(
         assert not run.info.artifact_uri.startswith(a.as_uri())
 
 
-def test_a_store_it_cannot_open_fails_the_start_naming_it(
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+def test_a_store_it_cannot_open_leaves_its_backend_out_of_a_run_that_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://x")
-    with pytest.raises(ReporterError, match=r"(?s)'nosuchscheme://x'.*--block mlflow"):
-        mlflow_only(tmp_path)
+    run_dir = mlflow_only(tmp_path)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "ok"
+    health = summary["backends"]["mlflow"]
+    assert re.search(
+        r"(?s)^ReporterError: cannot start the MLflow run of 'r' in 'nosuchscheme://x'.*"
+        r"MLFLOW_TRACKING_URI.*--block mlflow",
+        health["setup_error"],
+    )
+    assert health["records"] == health["records_lost"] > 0  # none reached MLflow
+    want = expected(run_dir)  # the run's own records are all there
+    assert [s for s, _, _ in want["grpo/loss"]] == [1, 2, 3]
+    assert "run/run/iterations" in want
+    assert not (run_dir / DIR).exists()  # (a tracking URI: no store of the run's own)
+
+
+def test_a_store_it_cannot_open_fails_the_start_of_a_run_that_requires_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://x")
+    with pytest.raises(
+        PluginError,
+        match=r"(?s)required plugin 'mlflow' could not open its backend: ReporterError: "
+        r"cannot start the MLflow run of 'r' in 'nosuchscheme://x'.*--block mlflow",
+    ):
+        mlflow_only(tmp_path, required_plugins=["mlflow"])
     assert not (tmp_path / "r").exists()  # the failed start left nothing behind
+
+
+def test_loading_the_plugin_imports_no_mlflow() -> None:
+    code = "import sys, twinkle_mlflow; print(sorted(m for m in sys.modules if 'mlflow' in m))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert loaded.strip() == "['twinkle_mlflow']"

@@ -3,6 +3,10 @@ provider its scalars dashboard reads through."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +15,11 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from twinkle_tensorboard import DIR, EVENT_FILES, TensorBoardSink
 
 from twinkle.errors import ReporterError
-from twinkle.hookspecs import hookimpl
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import replay
-from twinkle.testing import CtrlCWhileResuming, crashed_run, scripted_run
+from twinkle.testing import CtrlCWhileResuming, crashed_run, scripted_run, shared_writable, umask
 
 Scalars = dict[str, list[tuple[int, float, float]]]
 
@@ -150,6 +154,17 @@ def test_every_resume_rebuilds_one_file_and_a_killed_ones_leftover_goes(tmp_path
     assert [s for s, _, _ in shown["grpo/loss"]] == [1, 2, 3, 4, 5, 6]
 
 
+def test_its_files_are_writable_by_their_owner_alone_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    with umask(0):  # (tensorboardX creates its file 0666, mkdir makes 0777)
+        tensorboard_only(tmp_path, iterations=2)
+        run_dir = tensorboard_only(tmp_path, iterations=1, first_iteration=2)  # resumed
+        replay(run_dir, tmp_path / "replayed", autoload=False, plugins=[("tb", TensorBoardSink())])
+    assert len(list((run_dir / DIR).glob(EVENT_FILES))) == 1
+    assert shared_writable(run_dir) == [] and shared_writable(tmp_path / "replayed") == []
+
+
 def test_replay_writes_the_same_scalars(tmp_path: Path) -> None:
     run_dir = tensorboard_only(tmp_path / "live")
     out = tmp_path / "replayed"
@@ -157,12 +172,38 @@ def test_replay_writes_the_same_scalars(tmp_path: Path) -> None:
     assert read_tensorboard(out / DIR) == read_tensorboard(run_dir / DIR)
 
 
-def test_a_tensorboard_path_it_cannot_use_fails_the_start_naming_it(tmp_path: Path) -> None:
+def not_a_directory(tmp_path: Path) -> Path:
+    """Run ``r``'s TensorBoard directory made a file."""
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / DIR).write_text("not a directory")
+    return tmp_path / "r" / DIR
+
+
+def test_a_tensorboard_path_it_cannot_use_leaves_the_plugin_out_of_a_run_that_goes_on(
+    tmp_path: Path,
+) -> None:
+    path = not_a_directory(tmp_path)
+    run_dir = tensorboard_only(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert re.search(
+        r"cannot write TensorBoard's event file in '.*/r/tensorboard'.*--block tensorboard",
+        summary["plugins_left_out"]["tensorboard"],
+    )
+    assert "tensorboard" not in summary["backends"]  # it gave the run no backend
+    want = expected(run_dir)  # the run's own records are all there
+    assert [s for s, _, _ in want["grpo/loss"]] == [1, 2, 3, 4]
+    assert want["run/run/iterations"] == [(4, want["run/run/iterations"][0][1], 4.0)]
+    assert path.read_text() == "not a directory"  # left as it was
+
+
+def test_a_tensorboard_path_it_cannot_use_fails_the_start_of_a_run_that_requires_it(
+    tmp_path: Path,
+) -> None:
+    path = not_a_directory(tmp_path)
     with pytest.raises(ReporterError, match=r"tensorboard'.*--block tensorboard"):
-        tensorboard_only(tmp_path)
-    assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
+        tensorboard_only(tmp_path, required_plugins=["tensorboard"])
+    assert path.read_text() == "not a directory"  # left as it was
 
 
 class LookWhileResuming(CtrlCWhileResuming):
@@ -208,3 +249,23 @@ def test_the_segment_after_a_crash_rebuilds_every_record_of_the_crashed_one(
     # iteration 2, which the crash cut off, is finished by the resume (its step is the
     # log's: the crash took its optimizer step with it)
     assert [s for s, _, _ in shown["rollout/tokens"]] == [1, 2, 2, 4]
+
+
+def test_loading_the_plugin_imports_no_tensorboardx() -> None:
+    code = (
+        "import sys, twinkle_tensorboard; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('tensorboard')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_its_backend_creates_the_event_file_when_opened_not_when_made(tmp_path: Path) -> None:
+    (backend,) = TensorBoardSink().twinkle_make_backends(RunContext("r", tmp_path)) or []
+    assert not backend.opened and list((tmp_path / DIR).iterdir()) == []
+    backend.open()  # (in a run: on the backend's own thread, before its first write)
+    assert [p.name for p in (tmp_path / DIR).iterdir()] == [backend.event_file.name]
+    backend.close()
+    assert backend.event_file.stat().st_size > 0  # (its first event: the file's version)

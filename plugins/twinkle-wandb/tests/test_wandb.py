@@ -4,6 +4,7 @@ of its transaction logs (``wandb leet inspect --json``)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,11 +15,18 @@ import pytest
 import wandb
 from twinkle_wandb import DIR, STEP_METRIC, WandbSink
 
-from twinkle.errors import ReporterError
+from twinkle.errors import PluginError, ReporterError
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import flat_key, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
-from twinkle.testing import SCRIPTED_CONFIG, CtrlCWhileResuming, crashed_run, scripted_run
+from twinkle.testing import (
+    SCRIPTED_CONFIG,
+    CtrlCWhileResuming,
+    crashed_run,
+    scripted_run,
+    shared_writable,
+    umask,
+)
 
 WANDB = shutil.which("wandb", path=str(Path(sys.executable).parent)) or "wandb"
 #: what W&B adds to every history row
@@ -179,6 +187,16 @@ def test_each_resumed_segment_logs_the_whole_run_into_a_wandb_run_of_its_own(
     assert all(one(r, "exit").get("exit_code", 0) == 0 for r in runs)
 
 
+def test_its_files_are_writable_by_their_owner_alone_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    with umask(0):  # (W&B creates its files 0666 and its directories 0777)
+        wandb_only(tmp_path, iterations=2)
+        run_dir = wandb_only(tmp_path, iterations=1, first_iteration=2)  # resumed
+    assert len(inspect(run_dir)) == 2
+    assert shared_writable(run_dir) == []
+
+
 def test_replay_logs_every_record_again(tmp_path: Path) -> None:
     run_dir = wandb_only(tmp_path / "live")
     out = tmp_path / "replayed"
@@ -222,21 +240,95 @@ def test_a_run_without_files_starts_no_wandb_run(
     assert not list(tmp_path.rglob("*.wandb"))
 
 
-def test_an_unknown_wandb_mode_fails_the_start_naming_it(
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+def assert_records_complete(run_dir: Path, iterations: int = 3) -> None:
+    """The run's own records are all there (one row per iteration, the run's totals)."""
+    rows = expected_rows(run_dir)
+    assert sorted({r["iteration"] for r in rows}) == list(range(iterations))
+    assert any(r.scope == "run" for r in the_records(run_dir))
+
+
+def test_an_unknown_wandb_mode_leaves_the_plugin_out_of_a_run_that_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "sideways")
+    run_dir = wandb_only(tmp_path)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "ok"
+    assert re.search(
+        r"WANDB_MODE='sideways' is not a W&B mode.*'offline'", summary["plugins_left_out"]["wandb"]
+    )
+    assert "wandb" not in summary["backends"]  # it gave the run no backend
+    assert_records_complete(run_dir)
+    assert not (run_dir / DIR).exists()
+
+
+def test_an_unknown_wandb_mode_fails_the_start_of_a_run_that_requires_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "sideways")
     with pytest.raises(ReporterError, match=r"WANDB_MODE='sideways' is not a W&B mode.*'offline'"):
-        wandb_only(tmp_path)
+        wandb_only(tmp_path, required_plugins=["wandb"])
     assert not (tmp_path / "r").exists()  # the failed start left nothing behind
 
 
-def test_a_wandb_run_that_cannot_start_fails_the_start_naming_the_fix(tmp_path: Path) -> None:
+def not_a_directory(tmp_path: Path) -> Path:
+    """Run ``r``'s W&B directory made a file."""
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / DIR).write_text("not a directory")
-    with pytest.raises(ReporterError, match=r"(?s)cannot start the W&B run of 'r'.*--block wandb"):
-        wandb_only(tmp_path)
-    assert (tmp_path / "r" / DIR).read_text() == "not a directory"  # left as it was
+    return tmp_path / "r" / DIR
+
+
+def test_a_wandb_run_that_cannot_start_leaves_its_backend_out_of_a_run_that_goes_on(
+    tmp_path: Path,
+) -> None:
+    path = not_a_directory(tmp_path)
+    run_dir = wandb_only(tmp_path)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "ok"
+    health = summary["backends"]["wandb"]
+    assert re.search(
+        r"(?s)^ReporterError: cannot start the W&B run of 'r' in '.*/r/wandb'.*--block wandb",
+        health["setup_error"],
+    )
+    assert health["records"] == health["records_lost"] > 0  # none reached W&B
+    assert_records_complete(run_dir)
+    assert path.read_text() == "not a directory"  # left as it was
+
+
+def test_a_wandb_run_that_cannot_start_fails_the_start_of_a_run_that_requires_it(
+    tmp_path: Path,
+) -> None:
+    path = not_a_directory(tmp_path)
+    with pytest.raises(
+        PluginError,
+        match=r"(?s)required plugin 'wandb' could not open its backend: ReporterError: "
+        r"cannot start the W&B run of 'r'.*--block wandb",
+    ):
+        wandb_only(tmp_path, required_plugins=["wandb"])
+    assert path.read_text() == "not a directory"  # left as it was
+
+
+def test_in_disabled_mode_the_run_goes_on_without_a_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_dir = wandb_only(tmp_path, required_plugins=["wandb"])  # (opened on its thread)
+    summary = summary_of(run_dir)
+    assert summary["status"] == "ok"
+    assert summary["backends"]["wandb"]["setup_error"] is None
+    assert not list(run_dir.rglob("*.wandb"))
+
+
+def test_loading_the_plugin_imports_no_wandb() -> None:
+    code = "import sys, twinkle_wandb; print(sorted(m for m in sys.modules if 'wandb' in m))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert loaded.strip() == "['twinkle_wandb']"
 
 
 def test_a_resume_interrupted_before_its_segment_leaves_no_wandb_run(tmp_path: Path) -> None:

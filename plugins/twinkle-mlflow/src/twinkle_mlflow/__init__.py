@@ -24,25 +24,35 @@ float64, and one point of several equal ones (same step, time and value). A ``No
 ends ``ok``, else ``FAILED``.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
-(:class:`MlflowBackend`): the reporter hands it the records on its writer thread, and
-each hand-over is one ``log_batch`` (or a few: MLflow takes 1,000 metrics a call), so
-the training thread never waits on the store; a call that raises is the reporter's
-backend failure (logged, counted in ``summary.json``, skipped), and every record stays
-in ``metrics_raw.jsonl``.
+(:class:`MlflowBackend`), which the run calls on a thread of the backend's own
+(:class:`~twinkle.reporting.IsolatedBackend`); each hand-over is one ``log_batch`` (or a
+few: MLflow takes 1,000 metrics a call), so the training thread never waits on the
+store. Loading the plugin imports no mlflow: the backend's :meth:`~MlflowBackend.open`,
+on that thread, imports it, opens the store (creating it, with its table migrations,
+when new) and creates the MLflow run, so the run's start waits for none of it.
+
+A store or MLflow run that cannot be opened leaves the backend out of the run
+(``summary.json`` → ``backends`` → ``mlflow`` → ``setup_error``, and the log); a call
+that raises is logged, counted there (``records_failed``, ``calls_failed``) and
+skipped. The run goes on, and every record stays in ``metrics_raw.jsonl``; a run that
+requires the plugin (``--require-plugin mlflow``,
+``RunSession(required_plugins=["mlflow"])``) fails its start instead: its start waits
+for the store.
 
 **Resume and replay.** A resumed run (segment n) logs the whole run again, rebuilt from
 its event log, into an MLflow run of its own, ``<run_id>-s<n>`` (tag ``twinkle.segment``),
 so the newest MLflow run of a twinkle run is complete and none holds a point twice; the
 earlier ones are left as they were. A resume that fails before its segment begins
-deletes its MLflow run; one that was killed leaves its run RUNNING, and the next resume
-ends it as KILLED. ``twinkle replay RUN --out DIR`` logs every record into
-``DIR/mlflow/`` (or ``$MLFLOW_TRACKING_URI``).
+deletes its MLflow run when its backend closes; one that was killed leaves its run
+RUNNING (if it lived long enough to create one), and the next resume ends it as KILLED.
+``twinkle replay RUN --out DIR`` logs every record into ``DIR/mlflow/`` (or
+``$MLFLOW_TRACKING_URI``).
 
 **Cost** (mlflow 3.17, this project's 2-core machine): importing mlflow takes about
-4 s, once per process, and a new sqlite store about 4 s more (its table migrations), at
-the start of every run that has one; a ``log_batch`` of 40 metrics about 18 ms.
-MLflow's own usage telemetry is MLflow's: ``MLFLOW_DISABLE_TELEMETRY=true`` (or
-``DO_NOT_TRACK=true``) turns it off.
+2 to 4 s, once per process, and a new sqlite store about 4 s more (its table
+migrations), in the backend's :meth:`~MlflowBackend.open`, off the run's start; a
+``log_batch`` of 40 metrics about 18 ms. MLflow's own usage telemetry is MLflow's:
+``MLFLOW_DISABLE_TELEMETRY=true`` (or ``DO_NOT_TRACK=true``) turns it off.
 """
 
 from __future__ import annotations
@@ -50,16 +60,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from mlflow.entities import Metric, RunStatus
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, flat_key
+from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
+
+if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no mlflow)
+    from mlflow.tracking import MlflowClient
 
 __all__ = [
     "DIR",
@@ -76,21 +87,100 @@ DIR = "mlflow"
 EXPERIMENT = "twinkle"
 #: what MLflow accepts in one ``log_batch``
 MAX_METRICS_PER_BATCH = 1000
+#: the ends of an MLflow run (MLflow's ``RunStatus`` names)
+_FINISHED, _FAILED, _KILLED = "FINISHED", "FAILED", "KILLED"
 
 
 class MlflowBackend:
-    """A twinkle reporting backend that logs records as metrics of the MLflow run
-    ``run_id`` through ``client`` (see the module docstring); ``close`` ends the run
-    with :attr:`status`."""
+    """A twinkle reporting backend that logs records as metrics of a new MLflow run of
+    twinkle run ``twinkle_run_id`` (see the module docstring): :meth:`open` opens the
+    store and creates the run, before the first write; ``close`` ends the run with
+    :attr:`status`.
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
-        self.name = f"MlflowBackend({run_id!r}, {client.tracking_uri!r})"
-        self.status = RunStatus.to_string(RunStatus.FAILED)  # until the run finished ok
+    The store is ``tracking_uri``, else a sqlite store of the run's own in ``own`` (the
+    run directory's ``mlflow/``); the experiment is ``experiment``. A resumed run's
+    ``segment`` (> 0) first ends as KILLED the twinkle run's MLflow runs that a killed
+    attempt left RUNNING. ``keep``: false for a resumed run's MLflow run until its
+    segment began (the sink sets it): closed before, the MLflow run is deleted.
+    """
+
+    def __init__(
+        self,
+        own: Path,
+        *,
+        twinkle_run_id: str,
+        tracking_uri: str | None = None,
+        experiment: str = EXPERIMENT,
+        segment: int = 0,
+        config: Mapping[str, Any] | None = None,
+        keep: bool = True,
+    ) -> None:
+        self.own = own.absolute()  # (a store URI is absolute)
+        self.tracking_uri = tracking_uri or f"sqlite:///{self.own / 'mlflow.db'}"
+        self.twinkle_run_id = twinkle_run_id
+        self.run_name = twinkle_run_id if segment == 0 else f"{twinkle_run_id}-s{segment}"
+        self.experiment = experiment
+        self.segment = segment
+        self.keep = keep
+        self.status = _FAILED  # until the twinkle run finished ok
         self.closed = False
+        self.name = f"MlflowBackend({self.run_name!r}, {self.tracking_uri!r})"  # (id: open)
+        #: the store's client and the MLflow run's id, once open
+        self.client: MlflowClient | None = None
+        self.run_id: str | None = None
+        self._own_store = tracking_uri is None
+        self._config = dict(config or {})
+
+    def open(self) -> None:
+        """Import mlflow, open the store (created when new: its table migrations) and
+        create the MLflow run. A twinkle run calls it on the backend's own thread, so
+        the run's start waits for none of it."""
+        if self.client is not None or self.closed:
+            return
+        from mlflow.tracking import MlflowClient
+
+        own = self.own if self._own_store else None
+        made = own is not None and not own.exists()  # (removed again if opening fails)
+        client: MlflowClient | None = None
+        run_id: str | None = None
+        try:
+            if own is not None:
+                own.mkdir(mode=0o755, exist_ok=True)  # (twinkle's modes, less the umask)
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            experiment = _experiment(client, self.experiment, own)
+            if self.segment:  # an earlier attempt at this segment, killed, never ended its run
+                _end_killed_attempts(client, experiment, self.twinkle_run_id)
+            run_id = client.create_run(
+                experiment,
+                run_name=self.run_name,
+                tags={"twinkle.run_id": self.twinkle_run_id, "twinkle.segment": str(self.segment)},
+            ).info.run_id
+            client.log_dict(run_id, self._config, "config.json")
+            if own is not None:  # MLflow makes its artifacts' directories 0777, files 0666
+                remove_shared_write(own)
+        except Exception as exc:
+            if client is not None and run_id is not None:
+                client.set_terminated(run_id, _FAILED)
+            if made and own is not None:
+                shutil.rmtree(own, ignore_errors=True)
+            raise ReporterError(
+                f"cannot start the MLflow run of {self.twinkle_run_id!r} in "
+                f"{self.tracking_uri!r}: {type(exc).__name__}: {exc}; fix what MLflow says "
+                "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), or leave the plugin out of "
+                "the run (--block mlflow)"
+            ) from exc
+        self.name = f"MlflowBackend({run_id!r}, {self.tracking_uri!r})"
+        self.client, self.run_id = client, run_id
 
     def write(self, records: Sequence[MetricRecord]) -> None:
+        from mlflow.entities import Metric  # (imported by open(): a look-up)
+
+        client, run_id = self.client, self.run_id
+        if client is None or run_id is None:
+            raise ReporterError(
+                f"{self.name} is not open: call its open() before writing (a twinkle run "
+                "does, on the backend's own thread)"
+            )
         metrics = [
             Metric(metric_name(record, key), float(value), record.wall_ns // 1_000_000, record.step)
             for record in records
@@ -98,17 +188,23 @@ class MlflowBackend:
             if value is not None
         ]
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(
-                self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH]
-            )
+            client.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 
     def flush(self) -> None:
         """Nothing to do: every ``log_batch`` is in the store when it returns."""
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.client.set_terminated(self.run_id, self.status)
+        if self.closed:
+            return
+        self.closed = True
+        client, run_id = self.client, self.run_id
+        if client is None or run_id is None:
+            return  # never opened: no MLflow run
+        try:
+            client.set_terminated(run_id, self.status)
+        finally:
+            if not self.keep:  # the resume failed before its segment began
+                client.delete_run(run_id)
 
 
 class MlflowSink:
@@ -124,67 +220,41 @@ class MlflowSink:
         if context.out_dir is None:
             return None
         segment = context.segment if context.resumed_events > 0 else 0
-        name = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
-        own = context.out_dir.absolute() / DIR  # (a store URI is absolute)
-        tracking = os.environ.get("MLFLOW_TRACKING_URI")  # else the run's own store
-        uri = tracking or f"sqlite:///{own / 'mlflow.db'}"
-        made = not tracking and not own.exists()  # (removed again if the start fails)
-        backend: MlflowBackend | None = None
-        try:
-            if not tracking:
-                own.mkdir(exist_ok=True)
-            client = MlflowClient(tracking_uri=uri)
-            experiment = _experiment(client, None if tracking else own)
-            if segment:  # an earlier attempt at this segment, killed, never ended its run
-                _end_killed_attempts(client, experiment, context.run_id)
-            run = client.create_run(
-                experiment,
-                run_name=name,
-                tags={"twinkle.run_id": context.run_id, "twinkle.segment": str(segment)},
-            )
-            backend = MlflowBackend(client, run.info.run_id)
-            client.log_dict(run.info.run_id, dict(context.config), "config.json")
-        except Exception as exc:
-            if backend is not None:
-                backend.close()  # (FAILED)
-            if made:
-                shutil.rmtree(own, ignore_errors=True)
-            raise ReporterError(
-                f"cannot start the MLflow run of {context.run_id!r} in {uri!r}: "
-                f"{type(exc).__name__}: {exc}; fix what MLflow says (MLFLOW_TRACKING_URI, "
-                "MLFLOW_EXPERIMENT_NAME), or leave the plugin out of the run (--block mlflow)"
-            ) from exc
-        self._backend, self._segment = backend, segment
-        return [backend]
+        self._backend = MlflowBackend(
+            context.out_dir / DIR,
+            twinkle_run_id=context.run_id,
+            tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,  # else the run's own
+            experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT,
+            segment=segment,
+            config=context.config,
+            keep=segment == 0,
+        )
+        self._segment = segment
+        return [self._backend]
 
     @hookimpl
     def twinkle_run_resumed(self, event: RunResumed) -> None:
         # (an earlier segment's run_resumed goes by again first: not this one)
         if event.segment == self._segment:
             self._segment = 0
+            if self._backend is not None:
+                self._backend.keep = True
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> None:
         if self._backend is not None and not self._segment:  # (not an earlier segment's)
-            status = RunStatus.FINISHED if event.status == "ok" else RunStatus.FAILED
-            self._backend.status = RunStatus.to_string(status)
+            self._backend.status = _FINISHED if event.status == "ok" else _FAILED
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
-        backend, self._backend = self._backend, None
-        if backend is None:
-            return
-        try:
-            backend.close()  # (the reporter closed it, unless the run's start failed first)
-        finally:
-            if self._segment:  # the resume failed before its segment began
-                backend.client.delete_run(backend.run_id)
+        # The run's reporter closed the backend, which ended its MLflow run (and deleted
+        # it when the resume failed before its segment began): nothing left to close.
+        self._backend = None
 
 
-def _experiment(client: MlflowClient, own: Path | None) -> str:
-    """The id of the experiment, created when new: its artifacts in ``own`` (the run's
-    own store), else where the tracking server puts them."""
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+def _experiment(client: MlflowClient, name: str, own: Path | None) -> str:
+    """The id of experiment ``name``, created when new: its artifacts in ``own`` (the
+    run's own store), else where the tracking server puts them."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
@@ -200,7 +270,7 @@ def _end_killed_attempts(client: MlflowClient, experiment: str, run_id: str) -> 
         filter_string=f"tags.`twinkle.run_id` = '{run_id}' and attributes.status = 'RUNNING'",
     )
     for stale in running:
-        client.set_terminated(stale.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+        client.set_terminated(stale.info.run_id, _KILLED)
 
 
 #: what MLflow takes in a metric's name (and how long)

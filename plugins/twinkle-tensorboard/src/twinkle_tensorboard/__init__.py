@@ -21,38 +21,47 @@ it would round a peak of 359,432,192 bytes to a multiple of 32, and a token coun
 exactly up to 2**53).
 
 **Where the work happens.** The plugin gives the run's reporter a backend
-(:class:`TensorBoardBackend`). The reporter hands it the records on its writer thread, in
-``seq`` order, so the training thread never builds a protobuf or waits on the disk; a
-write that raises is the reporter's backend failure (logged with the backend's name,
-counted in ``summary.json``, skipped), and every record stays in ``metrics_raw.jsonl``.
+(:class:`TensorBoardBackend`), which the run calls on a thread of the backend's own
+(:class:`~twinkle.reporting.IsolatedBackend`): the training thread never builds a
+protobuf or waits on the disk. Loading the plugin imports no tensorboardX: the backend's
+:meth:`~TensorBoardBackend.open`, on that thread, imports it and creates the event file,
+so the run's start waits for neither. A directory the plugin cannot use
+(``runs/<run_id>/tensorboard`` is a file) leaves the plugin out of the run at its start:
+named on stderr and in ``summary.json`` (``plugins_left_out``); an event file it cannot
+create leaves its backend out (``summary.json`` → ``backends`` → ``tensorboard`` →
+``setup_error``); a write that raises is logged with the backend's name, counted there
+(``records_failed``, ``calls_failed``) and skipped. The run goes on, and every record
+stays in ``metrics_raw.jsonl``; a run that requires the plugin (``--require-plugin
+tensorboard``, ``RunSession(required_plugins=["tensorboard"])``) fails its start instead.
 
 **Resume and replay.** A resumed run (a restarted job on the same run directory) writes
 every record again, the earlier segments' first, into a new file under a hidden name
 TensorBoard does not read; once the first record of the new segment is written, the
 file takes its event-file name and the earlier event files are removed. So each record
 is in the directory once, and none that a crash kept from being written is missing.
-A resume that fails before its new segment begins removes its own file and keeps the
-others; one that was killed leaves its hidden file, which the next resume removes.
-``twinkle replay RUN --out DIR`` writes the same scalars into ``DIR/tensorboard/``.
+A resume that fails before its new segment begins removes its own file when its backend
+closes, and keeps the others; one that was killed leaves its hidden file, which the next
+resume removes. ``twinkle replay RUN --out DIR`` writes the same scalars into
+``DIR/tensorboard/``.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
+import time
 from collections.abc import Sequence
 from pathlib import Path
-
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
-from tensorboardX.proto.tensor_pb2 import TensorProto
-from tensorboardX.proto.types_pb2 import DT_DOUBLE
+from typing import TYPE_CHECKING
 
 from twinkle.errors import ReporterError
 from twinkle.events import RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.reporting import MetricRecord, flat_key
+
+if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no tensorboardX)
+    from twinkle_tensorboard._event_file import EventFile
 
 __all__ = ["DIR", "EVENT_FILES", "REBUILD_FILES", "TensorBoardBackend", "TensorBoardSink"]
 
@@ -64,42 +73,58 @@ EVENT_FILES = "events.out.tfevents.*"
 _REBUILD = ".twinkle-rebuild"
 REBUILD_FILES = f"{_REBUILD}.*"
 
-#: TensorBoard's scalar plugin reads a tensor carrying this as a scalar
-_SCALAR = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
-
 
 class TensorBoardBackend:
     """A twinkle reporting backend that writes records into one new TensorBoard event
-    file in ``logdir`` (see the module docstring), synchronously: the run's reporter
-    already calls it on its own writer thread.
+    file in ``logdir`` (see the module docstring), synchronously: a twinkle run calls it
+    on a thread of its own. :meth:`open` creates the file, before the first write.
 
     ``rebuilding``: the file is a resumed run's rebuild, written under a hidden name
     that TensorBoard does not read (:data:`REBUILD_FILES`) until :meth:`publish_from`'s
     time is reached; it then takes its event-file name and the directory's other event
     files are removed (kept when a write failed: points twice rather than points lost).
+    A rebuild whose time never came (the resume failed before its segment began) is
+    removed at :meth:`close`, and the older files stay as they were.
     """
 
     def __init__(self, logdir: Path, *, rebuilding: bool = False) -> None:
         self.logdir = logdir
+        self.rebuilding = rebuilding
         # A name of its own: two writers started in one second on one host would
         # otherwise share tensorboardX's name, and the second truncate the first's file.
         suffix = f".twinkle.{os.getpid()}.{secrets.token_hex(4)}"
-        self._writer = EventsWriter(str(logdir / "events"), suffix)
+        #: the file's event-file name (tensorboardX's form: time, host, then the suffix)
+        self.event_file = (
+            logdir / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}"
+        )
+        #: where the file is now: its hidden name while it is a rebuild
+        self.path = logdir / f"{_REBUILD}{suffix}" if rebuilding else self.event_file
         self.name = f"TensorBoardBackend({str(logdir)!r})"
         self.closed = False
         self.failed = False  # a write raised: the file lacks records
-        self._tagged: set[str] = set()  # tags whose scalar metadata is in the file
+        self._file: EventFile | None = None
         self._publish_from: int | None = None
+
+    @property
+    def opened(self) -> bool:
+        """Whether :meth:`open` created the file."""
+        return self._file is not None
+
+    def open(self) -> None:
+        """Import tensorboardX and create the event file (a rebuild under its hidden
+        name, after removing those a killed resume left). A twinkle run calls it on the
+        backend's own thread, so the run's start waits for neither."""
+        if self._file is not None or self.closed:
+            return
+        from twinkle_tensorboard._event_file import EventFile
+
         try:
-            self.event_file = next(logdir.glob(EVENT_FILES + suffix))
-            self.path = self.event_file  # where it is now
-            if rebuilding:  # (the open file is written on under its new name)
-                self.path = logdir / f"{_REBUILD}{suffix}"
-                os.replace(self.event_file, self.path)
-        except BaseException:
-            self.closed = True
-            self._writer.close()
-            raise
+            if self.rebuilding:  # a resume killed before its new segment began left these
+                for stale in self.logdir.glob(REBUILD_FILES):
+                    stale.unlink(missing_ok=True)
+            self._file = EventFile(self.path)
+        except OSError as exc:
+            raise _cannot_write(self.logdir, exc) from exc
 
     def publish_from(self, monotonic_ns: int) -> None:
         """Put the rebuild in place once a record made at or after ``monotonic_ns`` (bus
@@ -107,39 +132,38 @@ class TensorBoardBackend:
         self._publish_from = monotonic_ns
 
     def write(self, records: Sequence[MetricRecord]) -> None:
+        file = self._opened()
         try:
             for record in records:
-                values = [
-                    self._value(flat_key(record, key), float(value))
-                    for key, value in record.values.items()
-                    if value is not None
-                ]
-                if values:
-                    event = Event(
-                        summary=Summary(value=values),
-                        step=record.step,
-                        wall_time=record.wall_ns / 1e9,
-                    )
-                    self._writer.write_event(event)
+                file.write_scalars(
+                    record.step,
+                    record.wall_ns / 1e9,
+                    (
+                        (flat_key(record, key), float(value))
+                        for key, value in record.values.items()
+                        if value is not None
+                    ),
+                )
         except BaseException:
             self.failed = True
             raise
         since = self._publish_from
         if since is not None and any(r.monotonic_ns >= since for r in records):
-            self._publish()
+            self._publish(file)
 
-    def _value(self, name: str, value: float) -> Summary.Value:
-        tensor = TensorProto(dtype=DT_DOUBLE, double_val=[value])
-        if name in self._tagged:
-            return Summary.Value(tag=name, tensor=tensor)
-        self._tagged.add(name)
-        return Summary.Value(tag=name, tensor=tensor, metadata=_SCALAR)
+    def _opened(self) -> EventFile:
+        if self._file is None:
+            raise ReporterError(
+                f"{self.name} is not open: call its open() before writing (a twinkle run "
+                "does, on the backend's own thread)"
+            )
+        return self._file
 
-    def _publish(self) -> None:
+    def _publish(self, file: EventFile) -> None:
         """The rebuild holds what the older files did: make it durable, give it its
         event-file name, then remove them."""
         self._publish_from = None
-        self._writer.flush()  # (fsyncs)
+        file.flush()  # (fsyncs)
         os.replace(self.path, self.event_file)
         self.path = self.event_file
         if not self.failed:
@@ -148,17 +172,23 @@ class TensorBoardBackend:
                     older.unlink(missing_ok=True)
 
     def flush(self) -> None:
-        self._writer.flush()
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        file = self._file
+        if file is None:
+            return  # never opened: no file
         try:
             if self._publish_from is not None and self.path != self.event_file:
-                self._publish()  # (the new segment began but made no record)
+                self._publish(file)  # (the new segment began but made no record)
         finally:
-            self._writer.close()
+            file.close()
+        if self.path != self.event_file:  # the resume failed before its segment began
+            self.path.unlink(missing_ok=True)
 
 
 class TensorBoardSink:
@@ -174,19 +204,12 @@ class TensorBoardSink:
         if context.out_dir is None:
             return None
         logdir = context.out_dir / DIR
-        rebuilding = context.resumed_events > 0
-        try:
-            logdir.mkdir(exist_ok=True)
-            if rebuilding:  # a resume killed before its new segment began left these
-                for stale in logdir.glob(REBUILD_FILES):
-                    stale.unlink(missing_ok=True)
-            self._backend = TensorBoardBackend(logdir, rebuilding=rebuilding)
+        try:  # (quick, and a path that is a file is best named at the start)
+            logdir.mkdir(mode=0o755, exist_ok=True)  # (twinkle's modes, less the umask)
         except OSError as exc:
-            raise ReporterError(
-                f"cannot write TensorBoard's event file in {str(logdir)!r} "
-                f"({exc.strerror or exc}): make it a writable directory, or leave the "
-                "plugin out of the run (--block tensorboard)"
-            ) from exc
+            raise _cannot_write(logdir, exc) from exc
+        rebuilding = context.resumed_events > 0
+        self._backend = TensorBoardBackend(logdir, rebuilding=rebuilding)
         self._segment = context.segment if rebuilding else 0
         return [self._backend]
 
@@ -199,9 +222,15 @@ class TensorBoardSink:
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
-        backend, self._backend = self._backend, None
-        if backend is None:
-            return
-        backend.close()  # (the reporter closed it, unless the run's start failed first)
-        if self._segment:  # the resume failed before its segment began: keep the older
-            backend.path.unlink(missing_ok=True)
+        # The run's reporter closed the backend, which removed a rebuild whose segment
+        # never began: nothing of the plugin's own is left to close.
+        self._backend = None
+
+
+def _cannot_write(logdir: Path, exc: OSError) -> ReporterError:
+    """The error of an event file that cannot be written in ``logdir``: why, and the fix."""
+    return ReporterError(
+        f"cannot write TensorBoard's event file in {str(logdir)!r} "
+        f"({exc.strerror or exc}): make it a writable directory, or leave the "
+        "plugin out of the run (--block tensorboard)"
+    )

@@ -22,10 +22,21 @@ with ``optimizer_step`` and ``iteration``; every chart's x axis is ``optimizer_s
 the twinkle run ends ``ok``, else 1.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
-(:class:`WandbBackend`): the reporter hands it the records on its writer thread, so the
-training thread never waits on W&B; a call that raises is the reporter's backend failure
-(logged, counted in ``summary.json``, skipped), and every record stays in
-``metrics_raw.jsonl``.
+(:class:`WandbBackend`), which the run calls on a thread of the backend's own
+(:class:`~twinkle.reporting.IsolatedBackend`): the training thread never waits on W&B.
+Loading the plugin imports no wandb: the backend's :meth:`~WandbBackend.open`, on that
+thread, imports it and starts the W&B run (``wandb.init`` and W&B's service), so the
+run's start waits for neither. ``wandb.init`` needs no main thread (the offline and
+disabled modes are tested so): with its console capture off (``console="off"``, which
+also leaves the trainer's console its own) it installs no signal handler.
+
+An unknown ``WANDB_MODE`` leaves the plugin out of the run at its start (named on stderr
+and in ``summary.json``: ``plugins_left_out``); a W&B run that cannot start leaves its
+backend out (``summary.json`` → ``backends`` → ``wandb`` → ``setup_error``); a call that
+raises is logged, counted there (``records_failed``, ``calls_failed``) and skipped. The
+run goes on, and every record stays in ``metrics_raw.jsonl``; a run that requires the
+plugin (``--require-plugin wandb``, ``RunSession(required_plugins=["wandb"])``) fails
+its start instead.
 
 **Resume and replay.** A resumed run (a restarted job on the same run directory, segment
 n) logs into a W&B run of its own, named ``<run_id>-s<n>``, in W&B group ``<run_id>``, that
@@ -35,23 +46,26 @@ event log first, then the new segment's. So the newest W&B run of a group is com
 segment, which only the resume can finish — and none holds a record twice (appending to
 the earlier W&B run could do neither: what reached it cannot be told from the log). The
 earlier W&B runs are left as they were (they may be synced already). A resume that
-fails before its segment begins removes its W&B directory. ``twinkle replay RUN --out
-DIR`` logs every record into a W&B run in ``DIR/wandb/``.
+fails before its segment begins removes its W&B run's directory when its backend
+closes. ``twinkle replay RUN --out DIR`` logs every record into a W&B run in
+``DIR/wandb/``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
-from typing import Literal, get_args
-
-import wandb
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, flat_key
+from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
+
+if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no wandb)
+    import wandb
 
 __all__ = ["DIR", "STEP_METRIC", "WandbBackend", "WandbSink"]
 
@@ -60,20 +74,88 @@ DIR = "wandb"
 #: the x axis of every chart
 STEP_METRIC = "optimizer_step"
 
+Mode = Literal["offline", "online", "shared", "disabled"]
+_MODES: tuple[Mode, ...] = get_args(Mode)
+
 
 class WandbBackend:
-    """A twinkle reporting backend that logs records to the W&B run ``run`` (see the
-    module docstring); ``close`` finishes it with :attr:`exit_code`."""
+    """A twinkle reporting backend that logs records into a new W&B run in
+    ``<out_dir>/wandb/`` (see the module docstring): :meth:`open` starts it
+    (``wandb.init`` with these arguments), before the first write; ``close`` finishes
+    it with :attr:`exit_code`.
 
-    def __init__(self, run: wandb.Run) -> None:
-        self.run = run
-        self.name = f"WandbBackend({run.id!r}, {run.settings.sync_dir!r})"
+    ``keep``: false for a resumed run's W&B run until its segment began (the sink sets
+    it): closed before, the W&B run is finished and its directory removed.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        name: str,
+        group: str,
+        project: str,
+        mode: Mode,
+        config: Mapping[str, Any],
+        keep: bool = True,
+    ) -> None:
+        self.out_dir = out_dir
+        self.keep = keep
         self.exit_code = 1  # until the twinkle run finished ok
         self.closed = False
-        run.define_metric(STEP_METRIC)
-        run.define_metric("*", step_metric=STEP_METRIC)
+        self.name = f"WandbBackend({name!r}, {str(out_dir / DIR)!r})"  # (W&B's id: open)
+        self.run: wandb.Run | None = None
+        self._init: dict[str, Any] = {
+            "name": name,
+            "group": group,
+            "project": project,
+            "mode": mode,
+            "config": dict(config),
+        }
+
+    def open(self) -> None:
+        """Import wandb and start the W&B run. A twinkle run calls it on the backend's
+        own thread, so the run's start waits for neither."""
+        if self.run is not None or self.closed:
+            return
+        import wandb
+
+        try:
+            run = wandb.init(  # (W&B draws the run's id: no attempt or replay reuses one)
+                dir=self.out_dir,
+                reinit="create_new",
+                settings=wandb.Settings(console="off"),  # the trainer's console stays its own
+                **self._init,
+            )
+        except Exception as exc:
+            raise self._cannot_start(exc) from exc
+        try:
+            # W&B creates its files 0666 and directories 0777 (less the umask); twinkle's
+            # are never writable by others: made so now, and again once the run finished.
+            remove_shared_write(Path(run.settings.sync_dir).parent)
+            run.define_metric(STEP_METRIC)
+            run.define_metric("*", step_metric=STEP_METRIC)
+        except Exception as exc:
+            run.finish(exit_code=1)
+            raise self._cannot_start(exc) from exc
+        self.name = f"WandbBackend({run.id!r}, {run.settings.sync_dir!r})"
+        self.run = run
+
+    def _cannot_start(self, exc: Exception) -> ReporterError:
+        return ReporterError(
+            f"cannot start the W&B run of {self._init['group']!r} in "
+            f"{str(self.out_dir / DIR)!r}: {type(exc).__name__}: {exc}; fix what W&B "
+            "says (WANDB_MODE, WANDB_PROJECT, W&B's settings), or leave the plugin out of "
+            "the run (--block wandb)"
+        )
 
     def write(self, records: Sequence[MetricRecord]) -> None:
+        run = self.run
+        if run is None:
+            raise ReporterError(
+                f"{self.name} is not open: call its open() before writing (a twinkle run "
+                "does, on the backend's own thread)"
+            )
         summary: dict[str, int | float] = {}
         for record in records:
             values = {
@@ -84,17 +166,28 @@ class WandbBackend:
             if record.scope != "iteration":
                 summary.update(values)
             elif values:
-                self.run.log({STEP_METRIC: record.step, "iteration": record.iteration, **values})
+                run.log({STEP_METRIC: record.step, "iteration": record.iteration, **values})
         if summary:
-            self.run.summary.update(summary)
+            run.summary.update(summary)
 
     def flush(self) -> None:
         """Nothing to do: W&B's service writes what ``log`` handed it."""
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.run.finish(exit_code=self.exit_code)
+        if self.closed:
+            return
+        self.closed = True
+        run = self.run
+        if run is None:
+            return  # never opened: no W&B run
+        sync_dir = Path(run.settings.sync_dir)
+        try:
+            run.finish(exit_code=self.exit_code)
+        finally:
+            if self.keep:
+                remove_shared_write(sync_dir.parent)
+            else:  # the resume failed before its segment began
+                shutil.rmtree(sync_dir, ignore_errors=True)
 
 
 class WandbSink:
@@ -109,27 +202,16 @@ class WandbSink:
     def twinkle_make_backends(self, context: RunContext) -> list[WandbBackend] | None:
         if context.out_dir is None:
             return None
-        mode = _mode()
         segment = context.segment if context.resumed_events > 0 else 0
-        name = context.run_id if segment == 0 else f"{context.run_id}-s{segment}"
-        try:
-            run = wandb.init(  # (W&B draws the run's id: no attempt or replay reuses one)
-                dir=context.out_dir,
-                project=os.environ.get("WANDB_PROJECT") or "twinkle",
-                name=name,
-                group=context.run_id,
-                mode=mode,
-                config=dict(context.config),
-                reinit="create_new",
-                settings=wandb.Settings(console="off"),  # the trainer's console stays its own
-            )
-        except Exception as exc:
-            raise _cannot_start(context, exc) from exc
-        try:
-            self._backend = WandbBackend(run)
-        except Exception as exc:
-            run.finish(exit_code=1)
-            raise _cannot_start(context, exc) from exc
+        self._backend = WandbBackend(
+            context.out_dir,
+            name=context.run_id if segment == 0 else f"{context.run_id}-s{segment}",
+            group=context.run_id,
+            project=os.environ.get("WANDB_PROJECT") or "twinkle",
+            mode=_mode(),  # (a mode W&B does not know: named now, at the start)
+            config=context.config,
+            keep=segment == 0,
+        )
         self._segment = segment
         return [self._backend]
 
@@ -138,6 +220,8 @@ class WandbSink:
         # (an earlier segment's run_resumed goes by again first: not this one)
         if event.segment == self._segment:
             self._segment = 0
+            if self._backend is not None:
+                self._backend.keep = True
 
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> None:
@@ -146,27 +230,9 @@ class WandbSink:
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
-        backend, self._backend = self._backend, None
-        if backend is None:
-            return
-        try:
-            backend.close()  # (the reporter closed it, unless the run's start failed first)
-        finally:
-            if self._segment:  # the resume failed before its segment began
-                shutil.rmtree(backend.run.settings.sync_dir, ignore_errors=True)
-
-
-def _cannot_start(context: RunContext, exc: Exception) -> ReporterError:
-    return ReporterError(
-        f"cannot start the W&B run of {context.run_id!r} in "
-        f"{str(context.out_dir / DIR) if context.out_dir else None!r}: "
-        f"{type(exc).__name__}: {exc}; fix what W&B says, or leave the plugin out of the "
-        "run (--block wandb)"
-    )
-
-
-Mode = Literal["offline", "online", "shared", "disabled"]
-_MODES: tuple[Mode, ...] = get_args(Mode)
+        # The run's reporter closed the backend, which finished its W&B run (and removed
+        # it when the resume failed before its segment began): nothing left to close.
+        self._backend = None
 
 
 def _mode() -> Mode:
