@@ -372,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if argv is None:
                 _exit_now(code)
             return code
-        except ZeroDivisionError as exc:  # (--traceback): the interpreter prints it, then exits
+        except BaseException as exc:  # (--traceback): the interpreter prints it, then exits
             if argv is None:
                 _exit_despite_threads(_exit_status(exc))
             raise

@@ -16,6 +16,7 @@ import enum
 import errno
 import fcntl
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -38,7 +39,15 @@ from twinkle.errors import (
     RunDirInUseError,
 )
 
-__all__ = ["RUN_LOCK_FILE", "FileLock", "LockHolder", "RunDirLock", "runtime_dir"]
+__all__ = [
+    "RUN_LOCK_FILE",
+    "FileLock",
+    "LockHolder",
+    "RunDirLock",
+    "process_alive",
+    "process_dir",
+    "runtime_dir",
+]
 
 _RUNTIME_SUBDIR: Final = "twinkle"
 _DIR_MODE: Final = 0o700
@@ -70,6 +79,56 @@ def runtime_dir() -> Path:
     else:
         path = Path("/tmp") / f"twinkle-{os.getuid()}"
     return _ensure_private_dir(path)
+
+
+def process_dir(kind: str) -> Path:
+    """A new private directory of this process: ``<runtime dir>/<kind>/<pid>-<start>-<n>``
+    (mode 0700; ``start`` is the process's start time in ms, so a reused pid is another
+    owner). The directories of ``kind`` whose owner no longer runs are removed first: a
+    process killed outright leaves its directory behind only until the next one of the
+    same kind is made. The caller removes its own when done."""
+    if not kind or kind != Path(kind).name or kind.startswith("."):
+        raise InvalidArgumentError(f"kind={kind!r} is not a plain directory name, e.g. 'ddp'")
+    parent = _ensure_private_dir(runtime_dir() / kind)
+    _remove_dead_owners(parent)
+    me = os.getpid()
+    owner = f"{me}-{_start_ms(me)}"
+    while True:
+        path = parent / f"{owner}-{os.urandom(4).hex()}"
+        try:
+            path.mkdir(mode=_DIR_MODE)
+            return path
+        except FileExistsError:
+            continue
+
+
+def process_alive(pid: int, start_ms: int | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie) and, with ``start_ms``, is the one
+    that started then (to 1 s: a reused pid is another process)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started_ms = int(proc.create_time() * 1000)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True  # another user's process
+    return start_ms is None or abs(started_ms - start_ms) <= 1000
+
+
+def _start_ms(pid: int) -> int:
+    return int(psutil.Process(pid).create_time() * 1000)
+
+
+def _remove_dead_owners(parent: Path) -> None:
+    for entry in parent.iterdir():
+        pid, _, rest = entry.name.partition("-")
+        start = rest.partition("-")[0]
+        if not (pid.isdigit() and start.isdigit()) or process_alive(int(pid), int(start)):
+            continue  # not one of ours, or its owner runs
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _ensure_dir(path: Path) -> Path:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import types
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,9 +135,19 @@ def test_an_explicit_cluster_address_is_left_alone(
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path (Ray's unix sockets go below it)."""
+    path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_a_local_cluster_off_loopback_is_refused_and_shut_down(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, short_dir: Path
 ) -> None:
+    monkeypatch.setenv("TWINKLE_RUNTIME_DIR", str(short_dir))
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
     ray, calls = _recording_ray("127.0.0.1", ["127.0.0.1", "172.17.0.2"])
     ray_private = types.ModuleType("ray._private")
     constants = types.ModuleType("ray._private.ray_constants")
@@ -146,7 +160,12 @@ def test_a_local_cluster_off_loopback_is_refused_and_shut_down(
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ConfigError, match=r"not on loopback.*172\.17\.0\.2.*init_ray"):
         init_ray(num_cpus=2)
-    assert calls == [("init", {"address": "local", "num_cpus": 2}), ("shutdown",)]
+    # A local cluster's session directories go under twinkle's private runtime dir.
+    temp = str(short_dir / "ray")
+    assert calls == [
+        ("init", {"address": "local", "num_cpus": 2, "_temp_dir": temp}),
+        ("shutdown",),
+    ]
     # the switch was set for the processes Ray starts and for the imported constant
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert constants.ENABLE_RAY_CLUSTER is False  # type: ignore[attr-defined]

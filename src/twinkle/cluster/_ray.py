@@ -3,8 +3,14 @@ resources of the Ray cluster this process is connected to."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from twinkle.cluster._resources import (
@@ -60,6 +66,17 @@ def init_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     The cluster that comes up is checked: :class:`~twinkle.errors.ConfigError` if the
     node or any node's ``NodeManagerAddress`` is not 127.0.0.1 (it is shut down first).
 
+    **A local cluster does not outlive its driver.** Ray kills the processes the driver
+    starts when it dies, not the agents its raylet starts (a driver killed outright left
+    them a minute), and never removes its session directory. So a small reaper process
+    (:mod:`twinkle.cluster._ray_reaper`) watches the driver and the raylet: once either
+    is gone it kills what is left of the cluster and removes the session directory. That
+    directory is under twinkle's per-user runtime directory
+    (:func:`twinkle.locks.runtime_dir`, mode 0700; Ray's own default, ``$TMPDIR/ray``,
+    is world-writable), in ``ray/``, made 0700 too; session directories of drivers no
+    longer running are removed there as a new cluster starts. A caller's ``_temp_dir``
+    (or ``RAY_TMPDIR``) is used as given, and its session directories are kept.
+
     Any other ``address`` (``"auto"``, ``"ray://host:10001"``, ``"10.0.0.1:6379"``) is
     a cluster the caller chose: ``ray.init(address=address, **init_kwargs)`` runs
     unchanged and the environment is left alone.
@@ -72,13 +89,100 @@ def init_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+    ours = "_temp_dir" not in init_kwargs and not os.environ.get("RAY_TMPDIR")
+    if ours:
+        init_kwargs["_temp_dir"] = str(_ray_temp_dir())
     ray.init(address="local", **init_kwargs)
     try:
+        _start_reaper(ray, remove_session=ours)
+        if ours:
+            _make_private(ray)
         check_loopback(ray)
     except BaseException:
         ray.shutdown()
         raise
     return ray
+
+
+#: Ray's longest socket path below its temp dir: /session_<date>_<time>_<us>_<pid>/sockets/
+#: plasma_store (a pid of up to 7 digits)
+_SOCKET_TAIL = len("/session_2024-01-01_00-00-00_000000_1234567/sockets/plasma_store")
+_AF_UNIX_MAX = 107
+
+
+def _ray_temp_dir() -> Path:
+    """``<runtime dir>/ray`` (0700), cleared of dead drivers' session directories."""
+    from twinkle.locks import process_alive, runtime_dir
+
+    temp = runtime_dir() / "ray"
+    if len(str(temp)) + _SOCKET_TAIL > _AF_UNIX_MAX:
+        raise ConfigError(
+            f"Ray's temp dir {str(temp)!r} is too long for the unix sockets Ray puts in it "
+            f"({_AF_UNIX_MAX} bytes at most): set TWINKLE_RUNTIME_DIR to a shorter "
+            "directory, or pass init_ray(_temp_dir=...)"
+        )
+    temp.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(temp, 0o700)
+    for session in temp.glob("session_*_*"):
+        pid = session.name.rsplit("_", 1)[-1]
+        if pid.isdigit() and not session.is_symlink() and not process_alive(int(pid)):
+            shutil.rmtree(session, ignore_errors=True)  # its driver and reaper were killed
+    return temp
+
+
+def _local_node(ray: Any) -> Any:
+    """The node this process started (Ray's ``ray._private.worker._global_node``), None
+    when there is none to look after (a stand-in ``ray`` module)."""
+    return getattr(getattr(getattr(ray, "_private", None), "worker", None), "_global_node", None)
+
+
+def _make_private(ray: Any) -> None:
+    """Ray makes its directories world-writable (0777); ours are the user's alone."""
+    node = _local_node(ray)
+    if node is None:
+        return
+    session = Path(node.get_session_dir_path())
+    for path in (session.parent, session):
+        os.chmod(path, 0o700)
+
+
+def _start_reaper(ray: Any, *, remove_session: bool) -> None:
+    """Start the reaper of the local cluster this process just started (see
+    :func:`init_ray`): it ends the cluster once this process or the raylet is gone."""
+    import psutil
+
+    node = _local_node(ray)
+    if node is None:
+        return
+
+    def started(proc: Any) -> list[int]:
+        pid = int(proc.process.pid)
+        return [pid, int(psutil.Process(pid).create_time() * 1000)]
+
+    processes = [started(p) for procs in node.all_processes.values() for p in procs]
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    for child in raylet.children(recursive=True):  # its agents (and idle workers)
+        with contextlib.suppress(psutil.Error):
+            processes.append([child.pid, int(child.create_time() * 1000)])
+    spec = {
+        "driver": [os.getpid(), int(psutil.Process().create_time() * 1000)],
+        "raylet": started(node.all_processes["raylet"][0]),
+        "processes": processes,
+        "session_dir": node.get_session_dir_path() if remove_session else None,
+    }
+    script = Path(__file__).with_name("_ray_reaper.py")
+    # Its own session: a Ctrl-C or a signal to the driver's process group does not stop
+    # it before its work; no pipe of the driver's held open (a reader would wait on it).
+    # The script forks the reaper off and returns: the reaper runs once this returns.
+    subprocess.run(
+        [sys.executable, "-I", str(script), json.dumps(spec)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        check=True,
+        timeout=60,
+    )
 
 
 def check_loopback(ray: Any) -> None:

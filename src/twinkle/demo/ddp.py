@@ -13,9 +13,14 @@ each following rank 0's lead. Every iteration goes like this:
 Rank 0 hands both to the run. Its own spans and memory are the run process's.
 
 The group rendezvous through a file (no TCP store to listen), and gloo is pinned to the
-loopback interface. A rank that dies or raises makes rank 0's next collective fail (or
-time out after ``COLLECTIVE_TIMEOUT``). The loop then gets a
-:class:`~twinkle.errors.WorkerError` naming the rank, its pid and its exit code.
+loopback interface. The file lives in a directory of rank 0's own under the per-user
+runtime directory (:func:`twinkle.locks.process_dir`): a rank 0 killed outright cannot
+remove it, and the next one removes it (a dead owner's). The other ranks end when rank 0
+does, however it ends: each watches that its parent is still rank 0.
+
+A rank that dies or raises makes rank 0's next collective fail (or time out after
+``COLLECTIVE_TIMEOUT``). The loop then gets a :class:`~twinkle.errors.WorkerError`
+naming the rank, its pid and its exit code.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import dataclasses
 import datetime
 import multiprocessing
 import os
+import shutil
 import sys
-import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +45,7 @@ from twinkle.demo.engine import Trajectory
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.demo.workers import ReportStash
 from twinkle.errors import InvalidArgumentError, TwinkleError, WorkerError
+from twinkle.locks import process_dir
 from twinkle.perf import MemoryReading, WorkerRecorder, WorkerReport, gather_reports
 from twinkle.perf.dist import broadcast_bytes
 from twinkle.run import RunSession
@@ -79,10 +87,27 @@ def _decode(payload: bytes) -> _Message:
     return msgspec.msgpack.decode(payload, type=_Message)
 
 
-def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any]) -> None:
+def _end_with_parent(rank0_pid: int, interval_s: float = 0.5) -> None:
+    """End this rank as soon as its parent, rank 0 (pid ``rank0_pid``), is gone (killed
+    outright, it tells nobody): a daemon thread that watches the parent pid. A rank in
+    the middle of a step would otherwise notice only at its next collective (or, waiting
+    at the rendezvous, never). Rank 0's pid is given, not read here: one killed before
+    this rank got here left it another parent already."""
+
+    def watch() -> None:
+        while os.getppid() == rank0_pid:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="twinkle-rank0-watch", daemon=True).start()
+
+
+def follow(rank: int, world: int, rendezvous: str, config: dict[str, Any], rank0_pid: int) -> None:
     """A rank > 0: train what rank 0 broadcasts, report after each iteration, until rank
-    0 broadcasts the end (a spawned process's target). Its error, if any, is left in
-    ``<rendezvous>.rank<N>.err`` for rank 0 to name."""
+    0 broadcasts the end (a spawned process's target; it ends with rank 0, pid
+    ``rank0_pid``). Its error, if any, is left in ``<rendezvous>.rank<N>.err`` for rank
+    0 to name."""
+    _end_with_parent(rank0_pid)
     try:
         import torch
 
@@ -125,8 +150,10 @@ class DDPTrainer:
         self._run = run
         self._on_step = on_step
         self.world = world
-        self._dir = tempfile.TemporaryDirectory(prefix="twinkle-ddp-")
-        self._rendezvous = str(Path(self._dir.name) / "rendezvous")
+        # Under the per-user runtime dir, not $TMPDIR: a rank 0 killed outright cannot
+        # clean it up, and the next DDPTrainer removes the directories of dead owners.
+        self._dir = process_dir("ddp")
+        self._rendezvous = str(self._dir / "rendezvous")
         self._followers: list[multiprocessing.process.BaseProcess] = []
         self._dist: Any = None
         self._trainer: GRPOTrainer | None = None
@@ -140,7 +167,7 @@ class DDPTrainer:
                 for rank in range(1, self.world):
                     process = context.Process(
                         target=follow,
-                        args=(rank, self.world, self._rendezvous, config),
+                        args=(rank, self.world, self._rendezvous, config, os.getpid()),
                         name=f"twinkle-rank{rank}",
                         daemon=True,
                     )
@@ -228,4 +255,4 @@ class DDPTrainer:
                 if self._dist is not None:
                     self._dist.destroy_process_group()
                     self._dist = None
-            self._dir.cleanup()
+            shutil.rmtree(self._dir, ignore_errors=True)
