@@ -162,9 +162,11 @@ def twinkle_make_backends(context: RunContext) -> Sequence[Backend] | None:
     Keep it quick (the run's start waits for it): do slow set-up (imports, connecting to
     a server, creating a store) in the backend's optional ``open()`` method, which a
     plugin's backend gets called on its own thread, before its first ``write``. Raising
-    a :class:`~twinkle.errors.TwinkleError` here, or from ``open()``, leaves the plugin's
-    backends out of the run, as for :func:`twinkle_configure` (fatal only for twinkle's
-    own and a required plugin); any other exception is logged and counted.
+    a :class:`~twinkle.errors.TwinkleError` here leaves the plugin out of the run, every
+    hook of it, as for :func:`twinkle_configure` (fatal only for twinkle's own and a
+    required plugin). An ``open()`` that raises (anything) or runs past the backend
+    bound leaves only that backend out: its records are counted lost, its other hooks
+    still run, and ``plugins_left_out`` names it (a required plugin's start fails).
 
     The run's single :class:`~twinkle.reporting.MetricsReporter` fans every record
     out to all backends returned here (it assigns ``seq`` and isolates failing backends).

@@ -199,7 +199,11 @@ def test_ctrl_c_while_finish_waits_for_a_hanging_close_stops_the_process(
         child.kill()
     assert code != 0  # interrupted, as asked, within seconds (not the 600 s bound)
     events = list(read_jsonl(tmp_path / "r" / "events.jsonl"))
-    assert [e["type"] for e in events].count("run_finished") == 1  # the log is whole
+    assert [e["type"] for e in events][-2:] == ["run_finished", "backends_closed"]
+    summary = _summary(tmp_path / "r")  # written before the interrupt went on up
+    assert summary["status"] == "ok"  # the run had finished; its plugin was given up on
+    assert summary["backends"]["hang"]["cut_off"] == "closing was interrupted (KeyboardInterrupt)"
+    _assert_replay_identical(tmp_path / "r", tmp_path / "replayed")
 
 
 def run_beside_a_hung_and_a_failing_backend(

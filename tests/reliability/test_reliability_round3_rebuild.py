@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from twinkle.reporting import read_jsonl
@@ -99,3 +100,12 @@ def test_a_resume_killed_at_any_moment_leaves_no_file_shorter(
     replay(log, out, autoload=False)
     for name in (*FILES, "summary.json"):
         assert (out / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def test_a_resumed_runs_summary_names_its_files_not_their_rebuilds(tmp_path: Path) -> None:
+    scripted_run(tmp_path, "r", 2, autoload=False)
+    log = scripted_run(tmp_path, "r", 2, autoload=False)  # resumes: rebuilt, then in place
+    summary = orjson.loads((log.parent / "summary.json").read_bytes())
+    names = sorted(h["backend"] for h in summary["backends"].values())
+    assert names == ["JsonlBackend(metrics_raw.jsonl)", "WebUIFlatBackend(metrics.jsonl)"]
+    assert not list(log.parent.glob(".*.tmp"))

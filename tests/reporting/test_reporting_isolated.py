@@ -165,6 +165,7 @@ def test_a_slow_open_does_not_hold_the_caller_and_wait_open_is_bounded(
     backend.write(_records(2))
     assert time.monotonic() - started < 0.5
     assert backend.wait_open() == "open() did not return within 0.2 s"
+    assert backend.health().setup_error == "open() did not return within 0.2 s"  # left out
     assert backend.health().records_lost == 2
 
 

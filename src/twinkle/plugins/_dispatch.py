@@ -204,10 +204,13 @@ class HookCalls:
             hook: [impl for impl in plan if impl[0] != name] for hook, plan in self._plans.items()
         }
         log.error(
-            "plugin %r left out of the run: %s (the run goes on without it; require it "
-            "with --require-plugin %s to stop instead)",
+            "plugin %r left out of the run: %s (the run goes on without it; to stop "
+            "instead, require it: RunSession(required_plugins=[%r]), TwinkleCallback(..., "
+            "required_plugins=[%r]) or twinkle demo --require-plugin %s)",
             name,
             why,
+            name,
+            name,
             name,
         )
 

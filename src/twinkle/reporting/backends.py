@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from twinkle.errors import RecordError
+from twinkle.errors import RecordError, WriteError
 from twinkle.reporting._jsonl_files import StrPath
 from twinkle.reporting.jsonl import JsonlWriter, TornLineRecovery
 from twinkle.reporting.record import MetricRecord, record_fields
@@ -114,9 +114,11 @@ class JsonlFileBackend(Backend):
         self._replacing = (Path(target), lines)
 
     @property
-    def replaced(self) -> bool:
-        """Whether no replacement is pending (none was asked, or it is done)."""
-        return self._replacing is None
+    def destination(self) -> str:
+        """The file this backend's records end up in: its own, or, while a replacement
+        is pending, the one it is to replace."""
+        pending = self._replacing
+        return str(pending[0] if pending is not None else self._writer.path)
 
     def _replace_if_complete(self, *, at_close: bool) -> None:
         pending = self._replacing
@@ -138,21 +140,33 @@ class JsonlFileBackend(Backend):
         try:
             self._writer.sync()
             os.replace(self._writer.path, target)
-            sync_dir(target.parent)
         except OSError as exc:
-            if self._replace_error is None or at_close:
-                self._replace_error = str(exc)
-                logger.error(
-                    "cannot put the rebuilt %s in place of %s (%s): the previous file is "
-                    "kept; tried again at the next write, and at close",
-                    self._writer.path,
-                    target,
-                    exc,
-                )
+            self._replace_failed(target, exc, at_close)
             return
         self._writer.path = target
         self.name = f"{type(self).__name__}({str(target)!r})"
         self._replacing = None
+        sync_dir(target.parent)  # (a WriteError: the rename may not survive a crash)
+
+    def _replace_failed(self, target: Path, exc: OSError, at_close: bool) -> None:
+        """Log the first failure to put the rebuilt file in place; at close, raise it:
+        the run's file then lacks the new segment (the log has it: a replay rebuilds)."""
+        if self._replace_error is None or at_close:
+            self._replace_error = str(exc)
+            logger.error(
+                "cannot put the rebuilt %s in place of %s (%s): the previous file is kept%s",
+                self._writer.path,
+                target,
+                exc,
+                "" if at_close else "; tried again at the next write, and at close",
+            )
+        if at_close:
+            raise WriteError(
+                exc.errno,
+                f"cannot put the rebuilt {str(self._writer.path)!r} in place of {str(target)!r} "
+                f"({exc.strerror or exc}): {target.name} lacks this segment's records; "
+                f"replay the run's events.jsonl to rebuild it",
+            ) from exc
 
     def __repr__(self) -> str:
         return self.name

@@ -179,6 +179,12 @@ class BackendFanout:
         for backend in isolated:
             backend.close()
 
+    def cut_off_isolated(self, why: str) -> None:
+        """Give up on the isolated backends not closed yet (see :meth:`close_isolated`)."""
+        for backend in self.backends:
+            if isinstance(backend, IsolatedBackend):
+                backend.cut_off(why)
+
     def health(self) -> dict[str, BackendHealth]:
         """What each backend did with its records so far, by name."""
         return {name: self._health(i, name) for i, name in enumerate(self.names)}
@@ -229,7 +235,7 @@ class BackendFanout:
 def _own_name(backend: object) -> str:
     """A backend of the run's own files by its class and file name (where the run
     directory is, is not the backend's business)."""
-    path = getattr(backend, "path", None)
+    path = getattr(backend, "destination", getattr(backend, "path", None))
     name = type(backend).__name__
     return f"{name}({os.path.basename(path)})" if isinstance(path, str) else name
 

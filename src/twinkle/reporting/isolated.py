@@ -26,6 +26,7 @@ goes on at once:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -36,7 +37,7 @@ from typing import Final, final
 import msgspec
 
 from twinkle.checks import Count, NonEmpty
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, ReporterError
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.record import MetricRecord
 from twinkle.reporting.writer import BatchWriter, WriterState
@@ -125,6 +126,7 @@ class IsolatedBackend:
         "_dropped",
         "_lock",
         "_max_records",
+        "_open_ok",
         "_opened",
         "_queued",
         "_records",
@@ -162,6 +164,7 @@ class IsolatedBackend:
         self._close_called = False  # the backend's close() was called (once at most)
         self._setup_error: str | None = None
         self._opened = threading.Event()
+        self._open_ok = False  # open() returned (or there is none): close() is due
         self._closing_at: float | None = None
         self._records = 0
         self._dropped = 0  # hand-overs refused on a full queue (for the log)
@@ -185,6 +188,7 @@ class IsolatedBackend:
         if callable(getattr(backend, "open", None)):
             self._writer.put(_OPEN)
         else:
+            self._open_ok = True
             self._opened.set()
 
     # -- the reporter's side ---------------------------------------------------------
@@ -202,15 +206,19 @@ class IsolatedBackend:
                 self._queued += n
         if full:
             self._note_full(n)
-        elif not self._writer.put(tuple(records)):
+            return
+        try:
+            taken = self._writer.put(tuple(records))
+        except ReporterError:  # closed or cut off meanwhile (another thread): lost to it
+            taken = False
+        if not taken:
             with self._lock:
                 self._queued -= n
 
     def flush(self) -> None:
         """Ask the backend's thread to flush it (never waits)."""
         self._check_stall()
-        if self._writer.state is WriterState.OPEN:
-            self._writer.put(_FLUSH)
+        self._put(_FLUSH)
 
     def begin_close(self) -> None:
         """Let the thread write what is queued, then close the backend, without waiting:
@@ -218,8 +226,7 @@ class IsolatedBackend:
         if self._closing_at is not None:
             return
         self._closing_at = self._clock()
-        if self._writer.state is WriterState.OPEN:
-            self._writer.put(_CLOSE)
+        self._put(_CLOSE)
         self._writer.begin_close()
 
     def close(self) -> None:
@@ -228,12 +235,23 @@ class IsolatedBackend:
         the backend is cut off. Never raises for the backend (its health says)."""
         self.begin_close()
         began = self._closing_at if self._closing_at is not None else self._clock()
-        self._writer.close(timeout_s=max(0.0, began + self.timeout_s - self._clock()))
-        self._check_stall()  # a call past its bound is named as such
+        try:
+            self._writer.close(timeout_s=max(0.0, began + self.timeout_s - self._clock()))
+        except BaseException as exc:  # Ctrl-C while waiting for it: it is given up on
+            if self._cut is None:
+                self._cut_off(f"closing was interrupted ({type(exc).__name__})")
+            raise
+        self._check_stall()  # a call past its bound, or a thread that died, is named
         if self._cut is None and self._writer.state is WriterState.CLOSED and self._writer_cut():
             call = self._call
             doing = f"{call.name}()" if call is not None else "writing what was queued"
             self._cut_off(f"{doing} did not finish within {self.timeout_s:g} s of closing")
+
+    def cut_off(self, why: str) -> None:
+        """Give up on the backend now, unless it is closed or cut off already: its
+        queued records are counted lost, and its health says ``why``."""
+        if self._cut is None and self._writer.state is not WriterState.CLOSED:
+            self._cut_off(why)
 
     def wait_open(self, timeout_s: float | None = None) -> str | None:
         """Wait until the backend's ``open()`` returned (at most ``timeout_s``, default
@@ -256,22 +274,27 @@ class IsolatedBackend:
             )
         return self._health(None)
 
-    @property
-    def backend(self) -> Backend:
-        """The backend it isolates."""
-        return self._backend
-
     def __repr__(self) -> str:
         return f"IsolatedBackend({self.name!r}, {self._writer.state.value})"
+
+    def _put(self, item: _Item) -> None:
+        """Queue a call for the thread, unless the writer is no longer open (cut off or
+        closing: another thread may have got there between a check and the put)."""
+        if self._writer.state is WriterState.OPEN:
+            with contextlib.suppress(ReporterError):
+                self._writer.put(item)
 
     # -- bounds ------------------------------------------------------------------------
 
     def _check_stall(self) -> None:
-        """Cut the backend off when its current call has run past ``timeout_s``."""
+        """Cut the backend off when its current call has run past ``timeout_s``, or its
+        thread died (a ``BaseException`` such as ``SystemExit`` out of the backend)."""
         call = self._call
-        if self._cut is not None or call is None:
+        if self._cut is not None:
             return
-        if self._clock() - call.started > self.timeout_s:
+        if self._writer.state is WriterState.FAILED:
+            self._cut_off(f"its thread died: {self._writer.failure}")
+        elif call is not None and self._clock() - call.started > self.timeout_s:
             self._cut_off(f"{call.name}() did not return within {self.timeout_s:g} s")
 
     def _writer_cut(self) -> bool:
@@ -280,6 +303,8 @@ class IsolatedBackend:
 
     def _cut_off(self, why: str) -> None:
         self._writer.cut_off(why)
+        if not self._opened.is_set() and self._setup_error is None:
+            self._setup_error = why  # never opened: the plugin is left out (summary.json)
         self._opened.set()
         self._cut = self._health(why)
         logger.error(
@@ -331,7 +356,10 @@ class IsolatedBackend:
                 if self._setup_error is None:
                     self._timed("write", functools.partial(self._backend.write, item), len(item))
             elif item == _OPEN:
-                self._setup_error = self._timed("open", self._open_backend, 0)
+                error = self._timed("open", self._open_backend, 0)
+                self._open_ok = error is None
+                if self._cut is None:
+                    self._setup_error = error
                 self._opened.set()
             elif self._setup_error is None:
                 self._close_called |= item == _CLOSE
@@ -344,7 +372,7 @@ class IsolatedBackend:
         """The call that ran past its bound returned after all (on this thread, which the
         run no longer waits for): close the backend once, so that what its ``open()`` set
         up (a tracking run, a service) does not stay open; its failure is only logged."""
-        if self._close_called or self._setup_error is not None:
+        if self._close_called or not self._open_ok:
             return
         self._close_called = True
         try:
@@ -402,7 +430,8 @@ def check_backend_timeout(timeout_s: object) -> float:
         or not 0 < timeout_s < float("inf")
     ):
         raise InvalidArgumentError(
-            f"backend_timeout_s must be a finite number of seconds > 0 (how long one call "
-            f"of a plugin's backend may take before it is cut off), got {timeout_s!r}"
+            f"backend_timeout_s (twinkle demo --backend-timeout) must be a finite number "
+            f"of seconds > 0 (how long one call of a plugin's backend may take before it is "
+            f"cut off), got {timeout_s!r}; e.g. 30"
         )
     return float(timeout_s)

@@ -234,6 +234,10 @@ class MetricsReporter:
             self._writer.flush()
         self._fanout.close_isolated()
 
+    def cut_off_isolated(self, why: str) -> None:
+        """Give up on the isolated backends not closed yet (their health says ``why``)."""
+        self._fanout.cut_off_isolated(why)
+
     def health(self) -> dict[str, BackendHealth]:
         """What each backend did with its records so far, by name (see
         :class:`~twinkle.reporting.BackendHealth`)."""

@@ -288,7 +288,13 @@ class BatchWriter(Generic[T]):
         if done:
             pass  # failed or cut off: nothing more is delivered
         elif self._thread is not None:
-            self._thread.join(timeout_s)
+            try:
+                self._thread.join(timeout_s)
+            except BaseException as exc:  # Ctrl-C while waiting: give up on the thread
+                self.cut_off(f"closing {self.name} was interrupted ({type(exc).__name__})")
+                with self._lock:
+                    self._move(_CLOSED)
+                raise
             if self._thread.is_alive():
                 self.cut_off(f"{self.name} did not finish writing within {timeout_s:g} s")
         else:
@@ -304,7 +310,7 @@ class BatchWriter(Generic[T]):
 
     @property
     def failure(self) -> str | None:
-        """Why the writer FAILED (None while it has not)."""
+        """Why the writer FAILED or was cut off (None while neither happened)."""
         return self._failure
 
     @property

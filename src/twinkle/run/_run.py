@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast, final
@@ -307,17 +308,21 @@ class Run:
     def _wait_required(self, backends: list[Backend]) -> None:
         """A required plugin's backends are open before the run goes on (else the start
         fails, naming why)."""
+        # Side by side: the start waits at most one bound, however many are required.
+        deadline = time.monotonic() + self._backend_timeout_s
         for backend in backends:
-            if isinstance(backend, IsolatedBackend) and backend.name.split("#")[0] in (
-                self._required
-            ):
-                why = backend.wait_open()
-                if why is not None:
-                    raise PluginError(
-                        f"required plugin {backend.name!r} could not open its backend: {why}; "
-                        f"fix what it says, or run without requiring it (drop "
-                        f"--require-plugin {backend.name.split('#')[0]}) to leave it out"
-                    )
+            if not isinstance(backend, IsolatedBackend):
+                continue  # (the run's own)
+            plugin = backend.name.split("#")[0]
+            if plugin not in self._required:
+                continue
+            why = backend.wait_open(max(0.0, deadline - time.monotonic()))
+            if why is not None:
+                raise PluginError(
+                    f"required plugin {backend.name!r} could not open its backend: {why}; "
+                    f"fix what it says, or stop requiring it (required_plugins, "
+                    f"--require-plugin {plugin}) to run without it"
+                )
 
     def close_backends(self) -> dict[str, BackendHealth]:
         """Once ``run_finished`` went by: hand every record to the backends, close the
@@ -328,6 +333,14 @@ class Run:
         if self.dispatcher is not None:
             self.dispatcher.flush()  # (every record of run_finished is reported)
         self.reporter.close_isolated()
+        return self.reporter.health()
+
+    def cut_off_backends(self, why: str) -> dict[str, BackendHealth]:
+        """Give up on the plugins' backends still open (``why``: what stopped the wait)
+        and say what every backend did: :meth:`close_backends` when it was interrupted."""
+        if self.reporter is None:
+            return {}
+        self.reporter.cut_off_isolated(why)
         return self.reporter.health()
 
     def connect(self, bus: EventBus) -> None:

@@ -579,18 +579,34 @@ class RunSession:
                     process_wall_ns=self._process_wall_ns(),
                     observer_slow_calls=self.run.calls.slow if self.run.calls else None,
                 )
-                self.bus.backends_closed(self.run.close_backends())
             except BaseException:
                 self.run.close()  # FAILED: it never finished
                 raise
+            interrupted = self._close_backends()
             self.summary = self.run.finish()
             _warn_unhealthy(self.run_id, self.summary)
+            if interrupted is not None:
+                raise interrupted
         finally:
             self.bus.refuse(
                 f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
             )
             self._release_directory()
         return self.summary
+
+    def _close_backends(self) -> BaseException | None:
+        """Close the backends and publish what they did (``backends_closed``). A Ctrl-C
+        (or any error) while waiting for a plugin's backend gives up on the ones still
+        open, named so, and is returned for the caller to raise once the summary is
+        written: the run itself had finished."""
+        interrupted: BaseException | None = None
+        try:
+            health = self.run.close_backends()
+        except BaseException as exc:
+            interrupted = exc
+            health = self.run.cut_off_backends(f"closing was interrupted ({type(exc).__name__})")
+        self.bus.backends_closed(health)
+        return interrupted
 
     def _process_wall_ns(self) -> int | None:
         try:
