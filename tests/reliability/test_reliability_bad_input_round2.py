@@ -34,7 +34,7 @@ from twinkle.metric.memory import convert_bytes
 from twinkle.plugins import HookCalls, make_plugin_manager
 from twinkle.reporting import JsonlWriter, read_jsonl
 from twinkle.run import RunSession, finish_on_signals, replay
-from twinkle.run._run import write_summary
+from twinkle.run._summary import write_summary
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The run lifecycle: :class:`Run` (one run's observers and outputs), fed live by a
 :class:`RunSession` or from a log by :func:`replay`."""
 
+from twinkle.run._config import check_config
 from twinkle.run._replay import ReplayResult, iter_events, replay
-from twinkle.run._run import SUMMARY_FILE, Run, RunState, check_config
+from twinkle.run._run import Run, RunState
 from twinkle.run._session import Resumed, RunSession, new_run_id
 from twinkle.run._signals import SignalGuard, SignalInterrupt, finish_on_signals
+from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = [
     "SUMMARY_FILE",

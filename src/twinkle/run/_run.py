@@ -13,23 +13,16 @@ import dataclasses
 import enum
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, cast, final
 
-import msgspec
-import orjson
 import pluggy
 
-from twinkle.checks import short_repr
 from twinkle.errors import (
-    ConfigError,
     InvalidArgumentError,
     PluginError,
     RecordError,
-    ReporterError,
     TwinkleError,
-    WriteError,
 )
 from twinkle.events import (
     BackendsClosed,
@@ -44,14 +37,13 @@ from twinkle.events import (
     read_back,
 )
 from twinkle.hookspecs import RunContext
-from twinkle.observers import EventLogSink, ObserverConfig
+from twinkle.observers import EventLogSink
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
     Dispatcher,
     HookCalls,
     ObserverManager,
     is_builtin_observer,
-    merge_summary,
 )
 from twinkle.reporting import (
     DEFAULT_BACKEND_TIMEOUT_S,
@@ -59,56 +51,23 @@ from twinkle.reporting import (
     BackendHealth,
     IsolatedBackend,
     MetricsReporter,
-    ReplacingFile,
     check_backend_timeout,
     make_dirs,
 )
-
-__all__ = [
-    "BASE_SUMMARY_KEYS",
-    "RESUMABLE_CONFIG",
-    "SUMMARY_FILE",
-    "Run",
-    "RunState",
-    "check_config",
-    "describe_config_changes",
-    "refused_config_keys",
-    "resumable_key",
-]
-
-SUMMARY_FILE = "summary.json"
-
-BASE_SUMMARY_KEYS = frozenset(
-    {
-        "run_id",
-        "status",
-        "error",
-        "records_dropped",
-        "process_wall_seconds",
-        "segments",
-        "observer_failures",
-        "observer_slow_calls",
-        "backends",
-        "plugins_left_out",
-    }
+from twinkle.run._config import (
+    RESUMABLE_CONFIG,
+    check_config,
+    describe_config_changes,
+    refused_config_keys,
 )
-"""The run's own keys of ``summary.json``: no observer's part may set them."""
+from twinkle.run._summary import (
+    SUMMARY_FILE,
+    Segment,
+    build_summary,
+    write_summary,
+)
 
-
-@dataclasses.dataclass(slots=True)
-class Segment:
-    """One process's stretch of a run: the event that began it (``run_started``, then
-    each ``run_resumed``), the ``run_finished`` that ended it (None while it runs, or when
-    its process was killed) and what its record backends did (``backends_closed``; None
-    until they closed, or when the process was killed)."""
-
-    start: RunStarted | RunResumed
-    finish: RunFinished | None = None
-    backends: BackendsClosed | None = None
-
-    @property
-    def number(self) -> int:
-        return self.start.segment if isinstance(self.start, RunResumed) else 0
+__all__ = ["Run", "RunState"]
 
 
 class RunState(enum.Enum):
@@ -119,57 +78,6 @@ class RunState(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-
-
-def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[str, Any]:
-    """The configuration as the event log will carry it (``read_back``: NaN and
-    infinities as None), after refusing, before anything starts, one the log cannot hold
-    or the built-in observers cannot use (:class:`~twinkle.errors.ConfigError` naming
-    the key): what the live run's observers parse is what a replay parses."""
-    try:
-        logged = read_back(dict(config))
-    except TypeError as exc:
-        raise ConfigError(
-            f"config must hold only JSON values with str keys and ints within 64 bits (it "
-            f"travels in events.jsonl): {exc}"
-        ) from None
-    if any(is_builtin_observer(p) for p in pm.get_plugins()):
-        ObserverConfig.parse(logged)
-    return cast("dict[str, Any]", logged)
-
-
-#: what a resumed segment may change of the run's configuration, in words
-RESUMABLE_CONFIG = "total_steps and the caller's x_ keys"
-
-
-def resumable_key(key: str) -> bool:
-    """Whether a resumed segment may give configuration ``key`` another value:
-    ``total_steps`` (a restarted job may plan more steps) and the caller's own ``x_``
-    keys, which no observer reads. Every other key decides what the figures of every
-    segment mean (a resumed run's outputs are rebuilt from the whole log under the
-    newest segment's configuration), so it stays as the run began."""
-    return key == "total_steps" or key.startswith("x_")
-
-
-def refused_config_keys(logged: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[str, ...]:
-    """The keys, sorted, that differ between the run's configuration ``logged`` and a
-    resumed segment's ``given`` (both as the log carries them) and that a resume may not
-    change (see :func:`resumable_key`)."""
-    fixed = {k for k in (*logged, *given) if not resumable_key(k)}
-    return tuple(
-        sorted(k for k in fixed if k not in logged or k not in given or logged[k] != given[k])
-    )
-
-
-def describe_config_changes(
-    keys: Iterable[str], logged: Mapping[str, Any], given: Mapping[str, Any]
-) -> str:
-    """``key: <the run's value> -> <the new one>`` for each of ``keys``, shortened."""
-
-    def value(config: Mapping[str, Any], key: str) -> str:
-        return short_repr(config[key]) if key in config else "(not set)"
-
-    return "; ".join(f"{k}: {value(logged, k)} -> {value(given, k)}" for k in keys)
 
 
 @final
@@ -595,98 +503,6 @@ class _Order:
         self.last_step = event.step
 
 
-def build_summary(
-    event: RunFinished, calls: HookCalls, segments: list[Segment] | None = None
-) -> dict[str, Any]:
-    """``summary.json``'s content: the run's frame (its :data:`BASE_SUMMARY_KEYS`, which
-    no observer can set: a part naming one is refused and counted as that observer's
-    failure) and the observers' parts."""
-    parts: list[tuple[str, dict[str, Any]]] = []
-    for name, part in calls.call_named("twinkle_summary", event=event):
-        if not isinstance(part, dict):
-            continue
-        taken = sorted(BASE_SUMMARY_KEYS.intersection(part))
-        if taken:
-            calls.count(name, "set the run's own summary key(s) %s, which were ignored", taken)
-        parts.append((name, {k: v for k, v in part.items() if k not in BASE_SUMMARY_KEYS}))
-    summary: dict[str, Any] = merge_summary(parts)
-    summary.update(
-        run_id=event.run_id,
-        status=event.status,
-        error=event.error,
-        records_dropped=event.records_dropped,
-        process_wall_seconds=(
-            None if event.process_wall_ns is None else event.process_wall_ns / 1e9
-        ),
-        segments=_segments(segments or []),
-        backends=_backends(segments[-1]) if segments else {},
-        plugins_left_out=_left_out(segments[-1]) if segments else {},
-        observer_failures=dict(sorted(calls.failures.items())),
-        # The live run's count, from its event: a replay's own timing differs.
-        observer_slow_calls=dict(sorted(event.observer_slow_calls.items())),
-    )
-    return summary
-
-
-def _segments(segments: list[Segment]) -> list[dict[str, Any]]:
-    return [_segment(s, segments[i - 1] if i else None) for i, s in enumerate(segments)]
-
-
-def _segment(segment: Segment, before: Segment | None) -> dict[str, Any]:
-    """One segment of the run (a process's stretch of it) for the summary; ``before``:
-    the segment before it (None for the first)."""
-    start, end = segment.start, segment.finish
-    return {
-        **_segment_config(start, None if before is None else before.start),
-        "segment": segment.number,
-        "pid": start.anchor.pid,
-        "hostname": start.anchor.hostname,
-        "started_unix_s": start.wall_ns / 1e9,
-        "finished_unix_s": None if end is None else end.wall_ns / 1e9,
-        "status": None if end is None else end.status,
-        "error": None if end is None else end.error,
-        "backends": _backends(segment),
-        "plugins_left_out": _left_out(segment),
-    }
-
-
-def _segment_config(
-    start: RunStarted | RunResumed, before: RunStarted | RunResumed | None
-) -> dict[str, Any]:
-    """A segment's planned steps (``total_steps``; None: not configured) and, as
-    ``config_changes``, each configuration key whose value differs from the segment
-    before it, with this segment's value (None: no longer set); ``{}`` for the first."""
-    config = read_back(dict(start.config))
-    changes: dict[str, Any] = {}
-    if before is not None:
-        previous = read_back(dict(before.config))
-        changes = {
-            k: config.get(k)
-            for k in sorted({*config, *previous})
-            if k not in config or k not in previous or config[k] != previous[k]
-        }
-    return {"total_steps": config.get("total_steps"), "config_changes": changes}
-
-
-def _backends(segment: Segment) -> dict[str, dict[str, Any]]:
-    """What each record backend of ``segment`` did ({} when its process was killed)."""
-    closed = segment.backends
-    if closed is None:
-        return {}
-    return {name: msgspec.structs.asdict(h) for name, h in sorted(closed.backends.items())}
-
-
-def _left_out(segment: Segment) -> dict[str, str]:
-    """The plugins ``segment`` went without, with why: those that could not configure
-    (its start event) and those whose backend could not open (``backends_closed``)."""
-    left = dict(segment.start.plugins_left_out)
-    if segment.backends is not None:
-        for name, health in segment.backends.backends.items():
-            if health.setup_error is not None:
-                left.setdefault(name, f"its backend could not open: {health.setup_error}")
-    return dict(sorted(left.items()))
-
-
 def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
     """The required plugin names, each checked to be a plugin of the run."""
     if isinstance(names, str) or not isinstance(names, Iterable):
@@ -704,23 +520,3 @@ def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
             "what is installed), unblock them, or stop requiring them"
         )
     return required
-
-
-def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
-    """Write ``summary.json`` (sorted keys, indented), whole or not at all, durably
-    (:class:`~twinkle.reporting.ReplacingFile`: synced, then renamed into place; no
-    symlink followed)."""
-    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-    try:
-        out = ReplacingFile(path)
-        try:
-            out.write(data + b"\n")
-        except OSError as exc:
-            out.discard()
-            raise WriteError(exc.errno, f"cannot write {str(path)!r}: {exc}") from exc
-        out.commit()
-    except ReporterError as exc:
-        raise WriteError(
-            getattr(exc, "errno", None),
-            f"{exc}; the summary can be rebuilt: twinkle replay {str(path.parent)!r}",
-        ) from exc

@@ -77,16 +77,15 @@ from twinkle.plugins import (
     make_plugin_manager,
 )
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter, make_dirs, sync_dir
-from twinkle.run._replay import iter_events
-from twinkle.run._run import (
+from twinkle.run._config import (
     RESUMABLE_CONFIG,
-    SUMMARY_FILE,
-    Run,
-    RunState,
     check_config,
     describe_config_changes,
     refused_config_keys,
 )
+from twinkle.run._replay import iter_events
+from twinkle.run._run import Run, RunState
+from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
 
