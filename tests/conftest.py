@@ -9,11 +9,17 @@ need Ray take this fixture; it skips them when ray is not installed.
 
 ``stand_in``: a stand-in vLLM server on 127.0.0.1 (:mod:`_vllm_stand_in`), stopped
 after the test.
+
+Ctrl-C reaches the processes the tests start: a shell starts a background job (``make
+test &``, some CI runners) with SIGINT ignored, every child inherits that, and Python
+then keeps it ignored; the tests that send SIGINT would wait in vain. So this process
+handles SIGINT again (its children start with it at its default: KeyboardInterrupt).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +28,9 @@ import pytest
 from _vllm_stand_in import StandIn, serve
 
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def assert_ray_on_loopback(ray: Any) -> None:

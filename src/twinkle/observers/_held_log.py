@@ -163,7 +163,9 @@ def refuse_outputs_without_log(log: Path, outputs: Iterable[str]) -> None:
 
 
 def _holds_bytes(path: Path) -> bool:
+    """A regular file with something in it (a planted link is refused by name later)."""
     try:
-        return os.stat(path, follow_symlinks=False).st_size > 0
+        found = os.stat(path, follow_symlinks=False)
     except OSError:
         return False
+    return stat.S_ISREG(found.st_mode) and found.st_size > 0
