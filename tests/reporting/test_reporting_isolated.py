@@ -139,6 +139,31 @@ def test_close_waits_at_most_the_bound_for_a_close_that_hangs(hanging: list[Hang
     assert health.cut_off is not None and "close()" in health.cut_off
 
 
+def test_close_cuts_a_call_already_stuck_at_its_own_bound(hanging: list[Hanging]) -> None:
+    inner = Hanging("write")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="hang", timeout_s=1.0)
+    backend.write(_records(3))
+    assert inner.entered.wait(5)
+    time.sleep(0.7)  # stuck for 0.7 s of its 1 s when the run closes it
+    started = time.monotonic()
+    backend.close()
+    assert time.monotonic() - started < 0.7  # not a whole bound more
+    health = backend.health()
+    assert health.cut_off == "write() did not return within 1 s"
+    assert health.slowest_call_seconds >= 1.0  # the stuck call, though it never returned
+
+
+def test_a_close_that_keeps_the_run_waiting_says_for_what(
+    hanging: list[Hanging], caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = Hanging("close")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="hang", timeout_s=3.0)
+    backend.close()
+    assert "waiting at most 2 s more for backend 'hang' to finish its close()" in caplog.text
+
+
 def test_an_open_that_fails_leaves_the_backend_out_and_counts_what_it_missed() -> None:
     class Broken(Recording):
         def open(self) -> None:

@@ -102,6 +102,10 @@ class _Call:
 _OPEN: Final = "open"
 _FLUSH: Final = "flush"
 _CLOSE: Final = "close"
+#: how often a closing run checks a backend's call against its bound
+_POLL_S: Final = 0.05
+#: after how long a closing run says which backend it waits for
+_SAY_WAITING_S: Final = 1.0
 _Item = tuple[MetricRecord, ...] | str
 
 
@@ -123,7 +127,9 @@ class IsolatedBackend:
         "_close_called",
         "_closing_at",
         "_cut",
+        "_done",
         "_dropped",
+        "_flush_queued",
         "_lock",
         "_max_records",
         "_open_ok",
@@ -164,10 +170,12 @@ class IsolatedBackend:
         self._close_called = False  # the backend's close() was called (once at most)
         self._setup_error: str | None = None
         self._opened = threading.Event()
+        self._done = threading.Event()  # the thread reached the close (did it or skipped it)
         self._open_ok = False  # open() returned (or there is none): close() is due
         self._closing_at: float | None = None
         self._records = 0
         self._dropped = 0  # hand-overs refused on a full queue (for the log)
+        self._flush_queued = False
         self._queued = 0  # records handed over, not yet taken by the thread
         self._written = 0
         self._records_failed = 0
@@ -218,7 +226,9 @@ class IsolatedBackend:
     def flush(self) -> None:
         """Ask the backend's thread to flush it (never waits)."""
         self._check_stall()
-        self._put(_FLUSH)
+        if not self._flush_queued:  # (one at a time: a stuck backend's queue stays small)
+            self._flush_queued = True
+            self._put(_FLUSH)
 
     def begin_close(self) -> None:
         """Let the thread write what is queued, then close the backend, without waiting:
@@ -235,8 +245,17 @@ class IsolatedBackend:
         the backend is cut off. Never raises for the backend (its health says)."""
         self.begin_close()
         began = self._closing_at if self._closing_at is not None else self._clock()
+        deadline = began + self.timeout_s
         try:
-            self._writer.close(timeout_s=max(0.0, began + self.timeout_s - self._clock()))
+            # A call already stuck is cut off at its own bound, not a whole bound later.
+            said = False
+            while not self._done.wait(_POLL_S) and self._cut is None:
+                self._check_stall()
+                if self._clock() >= deadline:
+                    break
+                if not said and self._clock() - began >= _SAY_WAITING_S:
+                    said = self._say_waiting(deadline)
+            self._writer.close(timeout_s=max(0.0, deadline - self._clock()))
         except BaseException as exc:  # Ctrl-C while waiting for it: it is given up on
             if self._cut is None:
                 self._cut_off(f"closing was interrupted ({type(exc).__name__})")
@@ -246,6 +265,21 @@ class IsolatedBackend:
             call = self._call
             doing = f"{call.name}()" if call is not None else "writing what was queued"
             self._cut_off(f"{doing} did not finish within {self.timeout_s:g} s of closing")
+
+    def _say_waiting(self, deadline: float) -> bool:
+        """Say why the run's finish waits (a Ctrl-C user wonders): for which call, how
+        long at most."""
+        call = self._call
+        doing = f"its {call.name}()" if call is not None else "its queued records"
+        left = deadline if call is None else min(deadline, call.started + self.timeout_s)
+        logger.warning(
+            "waiting at most %.0f s more for backend %r to finish %s (its bound, "
+            "backend_timeout_s / --backend-timeout); the run's own files are complete",
+            max(0.0, left - self._clock()),
+            self.name,
+            doing,
+        )
+        return True
 
     def cut_off(self, why: str) -> None:
         """Give up on the backend now, unless it is closed or cut off already: its
@@ -302,6 +336,9 @@ class IsolatedBackend:
         return self._writer.failure is not None
 
     def _cut_off(self, why: str) -> None:
+        call = self._call
+        if call is not None:  # (the stuck call is the slowest, though it never returned)
+            self._slowest = max(self._slowest, self._clock() - call.started)
         self._writer.cut_off(why)
         if not self._opened.is_set() and self._setup_error is None:
             self._setup_error = why  # never opened: the plugin is left out (summary.json)
@@ -361,10 +398,15 @@ class IsolatedBackend:
                 if self._cut is None:
                     self._setup_error = error
                 self._opened.set()
-            elif self._setup_error is None:
-                self._close_called |= item == _CLOSE
-                method = self._backend.flush if item == _FLUSH else self._backend.close
-                self._timed(item, method, 0)
+            elif item == _FLUSH:
+                self._flush_queued = False
+                if self._setup_error is None:
+                    self._timed(item, self._backend.flush, 0)
+            elif self._setup_error is None:  # (the close)
+                self._close_called = True
+                self._timed(item, self._backend.close, 0)
+            if item == _CLOSE:
+                self._done.set()
         if self._cut is not None and items:
             self._close_abandoned()
 
