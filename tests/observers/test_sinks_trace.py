@@ -11,12 +11,20 @@ from typing import Any
 import orjson
 import pytest
 
+import twinkle.observers.trace as trace_module
 from twinkle.errors import WriteError
-from twinkle.events import IterationStarted, RunStarted, SpanBatch
+from twinkle.events import (
+    EngineAck,
+    IterationStarted,
+    RunStarted,
+    SpanBatch,
+    WeightsPublished,
+)
 from twinkle.hookspecs import RunContext
 from twinkle.observers import TraceSink
-from twinkle.perf import ClockAnchor, Span
+from twinkle.perf import ClockAnchor, ManualClock, Span
 from twinkle.reporting import ReplacingFile
+from twinkle.run import RunSession, replay
 
 RUN = "trace"
 ANCHOR = ClockAnchor(monotonic_ns=1_000_000, wall_ns=5, pid=7, hostname="node0")
@@ -61,13 +69,13 @@ def test_a_live_trace_is_written_by_its_own_thread_complete_and_in_order(tmp_pat
         "pid": 7,
         "args": {"name": "trace (node0)"},
     }
-    assert events[1]["name"] == "thread_name"
-    names = [e["name"] for e in events[2:]]
+    body = [e for e in events[1:] if e["ph"] != "M"]
+    names = [e["name"] for e in body]
     assert names == [x for i in range(50) for x in (f"step{i}", f"iteration {i}")]
-    assert [e["ts"] for e in events[2:]] == [
-        x for i in range(50) for x in (10.0 * i, 10.0 * i + 10)
-    ]
-    assert events[4]["args"] == {"i": 1, "error": "ValueError"}
+    assert [e["ts"] for e in body] == [x for i in range(50) for x in (10.0 * i, 10.0 * i + 10)]
+    assert body[2]["args"] == {"i": 1, "error": "ValueError"}
+    # the tracks' names come last, once every span of the run is known
+    assert [e["name"] for e in events[-2:]] == ["thread_name", "thread_name"]
 
 
 def test_a_replayed_trace_is_written_inline_and_equals_the_live_one(tmp_path):
@@ -156,9 +164,9 @@ def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_
     sink.twinkle_unconfigure()
     trace = _trace(tmp_path / "trace.json")
     tids = {e["name"]: e["tid"] for e in trace if e["ph"] == "X"}
-    assert tids["outer"] == tids["inner"] == 11 and tids["half"] != 11
+    assert tids["outer"] == tids["inner"] != tids["half"]
     lane = [e for e in trace if e["name"] == "thread_name" and e["tid"] == tids["half"]]
-    assert lane and "lane 1" in lane[0]["args"]["name"]
+    assert [e["args"]["name"] for e in lane] == ["main (thread 11, lane 1)"]
     _check_trace_rules(trace)
 
 
@@ -182,14 +190,264 @@ def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path):
     assert {e["pid"] for e in slices} <= named
     threads = {(e["pid"], e["tid"]) for e in trace if e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in slices} <= threads
-    engines = {e["args"]["name"].split()[0] for e in trace if e["name"] == "thread_name"}
-    assert {"engine0", "engine1"} <= engines  # each engine's producer thread, by name
-    starts = {e["id"] for e in trace if e["ph"] == "s"}
-    ends = {e["id"] for e in trace if e["ph"] == "f"}
+    labels = [e["args"]["name"].split()[0] for e in trace if e["name"] == "thread_name"]
+    assert {"engine0", "engine1"} <= set(labels)  # each engine's producer thread, by name
+    assert labels.count("trainer") == 1  # the trainer thread, though it loads engines too
+    assert "main" not in labels  # no thread is named after the mere recorder
+    _check_arrows(trace)
     published = [e for e in log if e["type"] == "weights_published"]
-    assert starts == {f"v{p['version']}/{a['engine']}" for p in published for a in p["acks"]}
-    assert starts and starts <= ends  # every publish's arrow lands on a load
+    acks = sum(len(p["acks"]) for p in published)
+    assert acks and len([e for e in trace if e["ph"] == "s"]) == acks  # one per engine
     readings = [r for e in log if e["type"] == "memory" for r in e["readings"]]
     assert len([e for e in trace if e["ph"] == "C"]) == len(readings)
     markers = [e for e in trace if e["ph"] == "i" and e["name"].startswith("iteration")]
     assert len(markers) == 3
+    assert {_track_name(trace, e) for e in markers} == {"iterations"}
+    publishes = [e for e in trace if e["ph"] == "X" and e["cat"] == "weights"]
+    assert publishes and {_track_name(trace, e) for e in publishes} == {"weights"}
+
+
+# -- tracks named by what runs on them ----------------------------------------------------
+
+
+def _names(trace: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+
+
+def _track_name(trace: list[dict[str, Any]], event: dict[str, Any]) -> str:
+    return _names(trace)[(event["pid"], event["tid"])]
+
+
+def _check_arrows(trace: list[dict[str, Any]]) -> None:
+    """Every flow arrow has both ends: one start and one end per id, a numeric id
+    (Perfetto reads a string id as hex), the start inside a slice of its track and the
+    end at the start of one (``bp: e``, the enclosing slice)."""
+    assert not [e for e in trace if e["ph"] == "t"]
+    starts = [e for e in trace if e["ph"] == "s"]
+    ends = [e for e in trace if e["ph"] == "f"]
+    assert sorted(e["id"] for e in starts) == sorted(e["id"] for e in ends)
+    assert len({e["id"] for e in starts}) == len(starts)
+    assert all(type(e["id"]) is int for e in starts)
+    slices = [e for e in trace if e["ph"] == "X"]
+    for s in starts:
+        assert any(
+            (x["pid"], x["tid"]) == (s["pid"], s["tid"])
+            and x["ts"] <= s["ts"] <= x["ts"] + x["dur"]
+            for x in slices
+        ), s
+    for f in ends:
+        assert f["bp"] == "e"
+        assert any(
+            (x["pid"], x["tid"], x["ts"]) == (f["pid"], f["tid"], f["ts"]) for x in slices
+        ), f
+
+
+#: a streaming run's phases: the trainer's spans, the engines' and the weight loads
+STREAMING = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"], "publish": ["weights.load"]},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
+
+
+def _streaming_run(out_dir: Path) -> Path:
+    """A hand-made streaming run on a manual clock: the training loop on this thread, whose
+    first span is an engine's (it loads engine e0's initial weights, version 0, which no
+    publish announced), engine e0's producer on a thread of its own, and a publish of
+    version 1 that e0 loads on another thread (its load reaches the trace before the
+    publish). Returns the run directory."""
+    clock = ManualClock(10**9)
+
+    def on_a_thread(work: Any) -> None:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+
+    def generate(i: int) -> None:
+        with rec.span("generate", iteration=i, engine="e0"):
+            clock.advance(1_000_000)
+
+    def load(version: int) -> None:
+        with rec.span("weights.load", engine="e0", version=version):
+            clock.advance(300_000)
+
+    with RunSession(
+        out_dir=out_dir,
+        run_id="named",
+        config=STREAMING,
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
+        autoload=False,
+    ) as run:
+        rec = run.recorder
+        load(0)  # the trainer thread's first span: an engine's
+        for i in range(2):
+            run.bus.iteration_started(i)
+            on_a_thread(lambda i=i: generate(i))
+            with rec.span("train.step", iteration=i):
+                with rec.span("train.forward", iteration=i):
+                    clock.advance(2_000_000)
+        start = clock()
+        on_a_thread(lambda: load(1))
+        run.bus.weights_published(1, start_ns=start, end_ns=clock(), acks=[("e0", clock())])
+    return out_dir / "named"
+
+
+def test_a_training_thread_whose_first_span_is_an_engines_is_named_the_trainer(tmp_path):
+    trace = _trace(_streaming_run(tmp_path) / "trace.json")
+    _check_trace_rules(trace)
+    me = threading.get_ident()
+    first = next(e for e in trace if e["ph"] == "X" and e["cat"] == "main")
+    assert (first["name"], first["args"]["engine"]) == ("weights.load", "e0")
+    assert _track_name(trace, first) == f"trainer (thread {me})"
+    labels = [n.split(" (")[0] for n in _names(trace).values()]
+    assert labels.count("trainer") == 1
+    # e0's threads by the engine they serve; twinkle's work overlapping the trainer's
+    # spans (on a lane of the trainer's thread) by twinkle's source
+    assert {"trainer", "e0", "iterations", "weights"} <= set(labels)
+    assert set(labels) <= {"trainer", "e0", "iterations", "weights", "twinkle.observers"}
+    for event in trace:
+        if event["ph"] == "X" and event["cat"] == "main" and event["name"] != "weights.load":
+            expected = "e0" if event["name"] == "generate" else "trainer"
+            assert _track_name(trace, event).startswith(f"{expected} (thread "), event
+
+
+def test_iteration_markers_and_publishes_sit_on_named_tracks(tmp_path):
+    trace = _trace(_streaming_run(tmp_path) / "trace.json")
+    markers = [e for e in trace if e["ph"] == "i"]
+    assert [e["name"] for e in markers] == ["iteration 0", "iteration 1"]
+    assert {_track_name(trace, e) for e in markers} == {"iterations"}
+    assert all(e["s"] == "t" and e["tid"] != 0 for e in markers)  # a track, not tid 0
+    publishes = [e for e in trace if e["ph"] == "X" and e["cat"] == "weights"]
+    assert [e["name"] for e in publishes] == ["weights v1"]
+    assert _track_name(trace, publishes[0]) == "weights"
+
+
+def test_every_arrow_of_a_run_has_both_ends(tmp_path):
+    """The initial load (version 0) was never published: it gets no arrow end of its own;
+    version 1's load, which reached the trace first, is joined to its publish."""
+    trace = _trace(_streaming_run(tmp_path) / "trace.json")
+    _check_arrows(trace)
+    (start,) = [e for e in trace if e["ph"] == "s"]
+    (end,) = [e for e in trace if e["ph"] == "f"]
+    assert _track_name(trace, start) == "weights"
+    load = next(
+        e for e in trace if e["ph"] == "X" and e["name"] == "weights.load" and e["ts"] == end["ts"]
+    )
+    assert load["args"]["version"] == 1
+
+
+def test_a_replayed_log_gives_the_same_trace_byte_for_byte(tmp_path):
+    run_dir = _streaming_run(tmp_path / "live")
+    replay(run_dir / "events.jsonl", tmp_path / "replayed", autoload=False)
+    assert (tmp_path / "replayed/trace.json").read_bytes() == (run_dir / "trace.json").read_bytes()
+
+
+def test_a_single_thread_loop_like_trls_is_named_the_trainer_not_twinkle(tmp_path):
+    """TRL's callback and a user's own loop train on the thread that publishes the run's
+    events, so twinkle's own spans come first there: the thread is still the trainer's
+    (TRL's phases: ``train`` and ``step``, no streaming), or the loop's recorder's
+    (``main``) without phases; never twinkle's."""
+    me = threading.get_ident()
+    for config, label in (
+        ({"phases": {"train": ["train.step", "train.optimizer"], "step": ["step"]}}, "trainer"),
+        ({}, "main"),
+    ):
+        clock = ManualClock(10**9)
+        out_dir = tmp_path / label
+        with RunSession(
+            out_dir=out_dir, run_id="loop", config=config, clock=clock, autoload=False
+        ) as run:
+            for i in range(3):
+                run.bus.iteration_started(i)
+                with run.recorder.span("step"):
+                    with run.recorder.span("train.step"):
+                        clock.advance(1_000_000)
+                    with run.recorder.span("train.optimizer"):
+                        clock.advance(100_000)
+                run.bus.optimizer_step(iteration=i, step=i + 1)
+        trace = _trace(out_dir / "loop" / "trace.json")
+        _check_trace_rules(trace)
+        mine = [e for e in trace if e["ph"] == "X" and _track_name(trace, e).endswith(f" {me})")]
+        assert mine[0]["cat"] == "twinkle.observers"  # twinkle's spans came first here
+        assert {_track_name(trace, e) for e in mine if e["cat"] == "main"} == {
+            f"{label} (thread {me})"
+        }
+
+
+def test_a_thread_with_twinkles_spans_only_is_named_twinkles_and_arrows_wait_for_both_ends(
+    tmp_path,
+):
+    """Ends in any order: a publish before its load, a load no publish announced (no
+    arrow), a publish whose load never came (no arrow)."""
+    sink = TraceSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}))
+    sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR, config=STREAMING))
+    acks = (EngineAck("e0", 1_010_000), EngineAck("e1", 1_010_000))
+    sink.twinkle_weights_published(
+        WeightsPublished(RUN, 1_010_000, 6, 1, 1_000_000, 1_010_000, acks)
+    )
+
+    def load(engine: str, version: int, start: int, thread: int) -> Span:
+        return Span(
+            "weights.load",
+            start,
+            start + 1_000,
+            thread,
+            7,
+            {"engine": engine, "version": version},
+            None,
+        )
+
+    spans = (
+        load("e0", 0, 1_001_000, 21),
+        load("e0", 1, 1_002_000, 21),
+        load("e1", 2, 1_003_000, 22),
+    )
+    sink.twinkle_spans(SpanBatch(RUN, 1_020_000, 7, "main", ANCHOR, spans))
+    own = (Span("twinkle.observe", 1_020_000, 1_021_000, 23, 7, {}, None),)
+    sink.twinkle_spans(SpanBatch(RUN, 1_030_000, 8, "twinkle.observers", ANCHOR, own))
+    sink.twinkle_run_finished()
+    sink.twinkle_unconfigure()
+    trace = _trace(tmp_path / "trace.json")
+    _check_arrows(trace)
+    (end,) = [e for e in trace if e["ph"] == "f"]
+    assert end["ts"] == 2.0  # e0's load of version 1
+    assert sorted(_names(trace).values()) == [
+        "e0 (thread 21)",
+        "e1 (thread 22)",
+        "twinkle.observers (thread 23)",
+        "weights",
+    ]
+
+
+def test_arrow_ends_waiting_for_their_other_end_are_bounded(tmp_path, monkeypatch):
+    """A publisher whose engines time no load leaves every publish's end waiting: the
+    sink remembers the last ARROW_MEMORY of them, and draws no arrow for one it forgot."""
+    monkeypatch.setattr(trace_module, "ARROW_MEMORY", 2)
+    sink = TraceSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}, replay=True))
+    sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR))
+    for v in range(1, 5):
+        at = 1_000_000 + 10_000 * v
+        ack = (EngineAck("e0", at + 1_000),)
+        sink.twinkle_weights_published(WeightsPublished(RUN, at, 6, v, at, at + 1_000, ack))
+    assert len(sink._sends) == 2
+    loads = tuple(
+        Span(
+            "weights.load",
+            1_100_000 + v,
+            1_100_001 + v,
+            21,
+            7,
+            {"engine": "e0", "version": v},
+            None,
+        )
+        for v in (1, 4)
+    )
+    sink.twinkle_spans(SpanBatch(RUN, 1_200_000, 7, "main", ANCHOR, loads))
+    sink.twinkle_run_finished()
+    sink.twinkle_unconfigure()
+    trace = _trace(tmp_path / "trace.json")
+    _check_arrows(trace)
+    (end,) = [e for e in trace if e["ph"] == "f"]
+    assert end["ts"] == 100.004  # version 4's load; version 1's end was forgotten

@@ -1,4 +1,5 @@
-"""Built-in sinks: the raw records, the WebUI flat file, the event log and the trace.
+"""Built-in sinks: the raw records, the WebUI flat file and the event log (the trace's is
+in :mod:`twinkle.observers.trace`; its names are re-exported here).
 
 Sinks write what the run produced; they compute nothing. Every JSONL file goes through
 the one :class:`~twinkle.reporting.JsonlWriter`.
@@ -12,33 +13,28 @@ import os
 from pathlib import Path
 
 import msgspec
-import orjson
 
 from twinkle.errors import RecordError, ReporterError, WriteError
 from twinkle.events import (
     Event,
     IterationStarted,
-    MemoryReadings,
     RunFinished,
     RunResumed,
     RunStarted,
     SpanBatch,
-    WeightsPublished,
     dumps_event,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.metric import convert_bytes
-from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
+from twinkle.observers._config import ObserverConfig
 from twinkle.observers._held_log import HeldLog, refuse_outputs_without_log
-from twinkle.observers.placement import place_batch
-from twinkle.perf import ClockAnchor, Span
+from twinkle.observers.trace import TRACE_FILE, TraceSink
+from twinkle.perf import Span
 from twinkle.reporting import (
     Backend,
     BatchWriter,
     JsonlBackend,
     JsonlFileBackend,
     JsonlWriter,
-    ReplacingFile,
     WebUIFlatBackend,
     WriterStats,
 )
@@ -58,7 +54,6 @@ __all__ = [
 EVENTS_FILE = "events.jsonl"
 RAW_FILE = "metrics_raw.jsonl"
 WEBUI_FILE = "metrics.jsonl"
-TRACE_FILE = "trace.json"
 #: the first key of every event-log line: the line's 0-based number in its file
 SEQ_KEY = "seq"
 
@@ -520,361 +515,3 @@ def _piece(batch: SpanBatch, spans: tuple[Span, ...], seq: int) -> bytes:
     first = spans[0] is batch.spans[0]
     piece = msgspec.structs.replace(batch, spans=spans, dropped=batch.dropped if first else 0)
     return _line(piece, seq)
-
-
-class TraceSink:
-    """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
-
-    Times are microseconds since the run started, on the run's timeline (spans of other
-    processes moved through their clock anchors, or a skewed worker's by their arrival,
-    as the timeline places them: :mod:`~twinkle.observers.placement`). Iteration starts
-    are instant events, weight publishes slices.
-
-    **Tracks.** Every process is named (the run's by its run id, a worker's by its span
-    source), every thread by its source, or by the ``engine`` of its first span (an
-    engine's producer thread). Spans that overlap on one thread without nesting (spans
-    opened and closed by hand) go to a lane of their own, a track named after the
-    thread, so a viewer never nests them wrongly. A publish is joined by flow arrows to
-    each engine's ``weights.load`` of that version, and memory readings are counter
-    tracks (MiB) in the process that took them.
-
-    The hooks only hand their (immutable) events to a
-    :class:`~twinkle.reporting.BatchWriter`, whose thread formats and writes them in
-    order, so the publishing thread neither formats a span nor waits on the disk; at most
-    ``MAX_EVENTS_IN_FLIGHT`` events wait for it (a hand-over beyond that waits, counted in
-    its stats). A replay writes inline. A write error is raised by the next hand-over (the
-    observer's failure, logged and counted) or at close.
-
-    The trace is streamed into a temporary file beside ``trace.json``
-    (:class:`~twinkle.reporting.jsonl.ReplacingFile`), fsynced and renamed into place at
-    close, once ``run_finished`` went by and every write succeeded: a reader never sees
-    half a trace, and a run that crashes, never finished (a start or resume that
-    failed) or met a write error leaves the previous ``trace.json`` (or none) as it
-    was. A resumed run rebuilds it whole from the re-fed events. A ``trace.json`` that
-    is a symlink is refused
-    (:class:`~twinkle.errors.ReporterError`); no link is ever written through.
-    """
-
-    MAX_EVENTS_IN_FLIGHT = 256
-    #: events queued before the writer thread wakes (else every ``interval_s``): waking
-    #: it per event would make it fight the publisher for the GIL at every boundary
-    WAKE_AT = 32
-
-    _HEAD = b"[\n"  # JSON array form: Perfetto and chrome://tracing accept it
-    _END = b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n'
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self._out: ReplacingFile | None = None
-        self._finished = False  # run_finished arrived: there is a whole trace to put in place
-        self._broken: OSError | None = None  # a write failed: the file lacks lines
-        self._origin: ClockAnchor | None = None
-        self._skew = ClockSkewTolerance()  # the run's, from its run_started
-        self._named: set[tuple[int, int]] = set()
-        self._processes: set[int] = set()
-        # per (pid, thread): its lanes, each its outermost spans as (start, end), in order
-        self._lanes: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
-        self._lane_tids: dict[tuple[int, int, int], int] = {}
-        self._batches: BatchWriter[Event] | None = None
-
-    @hookimpl
-    def twinkle_configure(self, context: RunContext) -> None:
-        if context.out_dir is not None:
-            self.path = context.out_dir / TRACE_FILE
-            self._out = ReplacingFile(self.path)
-            try:
-                self._out.write(self._HEAD)
-                self._batches = BatchWriter(
-                    self._write_events,
-                    name=f"trace {str(self.path)!r}",
-                    thread_name="trace",
-                    background=not context.replay,
-                    capacity=self.MAX_EVENTS_IN_FLIGHT,
-                    wake_at=self.WAKE_AT,
-                )
-            except BaseException:
-                self._out.discard()
-                self._out = None
-                raise
-
-    @hookimpl
-    def twinkle_run_started(self, event: RunStarted) -> None:
-        if self._batches is not None:
-            self._batches.put(event)
-
-    @hookimpl
-    def twinkle_run_finished(self) -> None:
-        self._finished = True
-
-    @hookimpl
-    def twinkle_spans(self, event: SpanBatch) -> None:
-        if self._batches is not None and event.spans:
-            self._batches.put(event)
-
-    @hookimpl
-    def twinkle_iteration_started(self, event: IterationStarted) -> None:
-        if self._batches is not None:
-            self._batches.put(event)
-
-    @hookimpl
-    def twinkle_weights_published(self, event: WeightsPublished) -> None:
-        if self._batches is not None:
-            self._batches.put(event)
-
-    @hookimpl
-    def twinkle_memory(self, event: MemoryReadings) -> None:
-        if self._batches is not None and event.readings:
-            self._batches.put(event)
-
-    @hookimpl
-    def twinkle_unconfigure(self) -> None:
-        batches, self._batches = self._batches, None
-        try:
-            if batches is not None:
-                batches.close()  # writes what is in flight; raises a held write error
-        finally:
-            out, self._out = self._out, None
-            if out is not None and self._broken is not None:
-                out.discard()
-                raise WriteError(
-                    self._broken.errno,
-                    f"{str(out.path)!r} was not written: a write failed "
-                    f"({self._broken.strerror or self._broken}) and the trace lacks lines; "
-                    "the previous trace (if any) is kept; rebuild it with twinkle replay",
-                )
-            if out is not None and self._finished:
-                try:
-                    out.write(self._END)
-                except OSError as exc:
-                    out.discard()
-                    raise WriteError(
-                        exc.errno,
-                        f"cannot write {str(out.path)!r}: {exc.strerror or exc}; the "
-                        "previous trace (if any) is kept",
-                    ) from exc
-                out.commit()  # fsync, then rename into place
-            elif out is not None:
-                out.discard()  # the run never finished (its start failed): keep what was
-
-    # -- the writer's side -----------------------------------------------------------------
-
-    def _write_events(self, events: list[Event]) -> None:
-        lines: list[bytes] = []
-        failed: list[str] = []
-        for event in events:
-            try:
-                self._event_lines(event, lines)
-            except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
-                failed.append(f"{event.TYPE!r}: {exc}")
-        if lines and self._out is not None and self._broken is None:
-            lines.append(b"")  # every line ends with ",\n"
-            try:
-                self._out.write(b",\n".join(lines))  # one (buffered) write per batch
-            except OSError as exc:
-                self._broken = exc  # part of the batch may be in: never commit this file
-                raise
-        if failed:
-            raise RecordError(
-                f"{len(failed)} event(s) could not be written to the trace "
-                f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
-            )
-
-    def _event_lines(self, event: Event, lines: list[bytes]) -> None:
-        """Append ``event``'s trace lines to ``lines``."""
-        if isinstance(event, SpanBatch):
-            self._span_lines(event, lines)
-        elif isinstance(event, IterationStarted):
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": f"iteration {event.iteration}",
-                        "ph": "i",
-                        "s": "g",
-                        "pid": self._origin.pid if self._origin else 0,
-                        "tid": 0,
-                        "ts": self._us(event.monotonic_ns),
-                    }
-                )
-            )
-        elif isinstance(event, WeightsPublished):
-            pid = self._origin.pid if self._origin else 0
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": f"weights v{event.version}",
-                        "ph": "X",
-                        "cat": "weights",
-                        "pid": pid,
-                        "tid": 0,
-                        "ts": self._us(event.start_ns),
-                        "dur": (event.end_ns - event.start_ns) / 1000.0,
-                        "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
-                    }
-                )
-            )
-            for ack in event.acks:  # an arrow from the publish to each engine's load
-                lines.append(
-                    orjson.dumps(
-                        {
-                            "name": "weights",
-                            "cat": "weights",
-                            "ph": "s",
-                            "id": f"v{event.version}/{ack.engine}",
-                            "pid": pid,
-                            "tid": 0,
-                            "ts": self._us(event.start_ns),
-                        }
-                    )
-                )
-        elif isinstance(event, MemoryReadings):
-            ts = self._us(event.monotonic_ns)
-            for r in event.readings:
-                mib = {"host_rss_MiB": convert_bytes(r.host_rss_bytes, "MiB")}
-                if r.device_allocated_bytes is not None:
-                    mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
-                if r.device_reserved_bytes is not None:
-                    mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
-                lines.append(
-                    orjson.dumps(
-                        {
-                            "name": f"memory {r.worker_id}",
-                            "ph": "C",
-                            "pid": r.pid,
-                            "tid": 0,
-                            "ts": ts,
-                            "args": mib,
-                        }
-                    )
-                )
-        elif isinstance(event, RunStarted):
-            self._origin = event.anchor
-            self._skew = ClockSkewTolerance.parse(event.config)
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": "process_name",
-                        "ph": "M",
-                        "pid": event.anchor.pid,
-                        "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
-                    }
-                )
-            )
-
-    def _us(self, ns: int) -> float:
-        origin = self._origin.monotonic_ns if self._origin is not None else 0
-        return (ns - origin) / 1000.0
-
-    def _span_lines(self, event: SpanBatch, lines: list[bytes]) -> None:
-        origin = self._origin.monotonic_ns if self._origin is not None else 0
-        # Onto the run, from its start: where the timeline puts them (a skewed worker's
-        # by their arrival).
-        offset = place_batch(event, self._origin, self._skew).shift_ns - origin
-        source = event.source
-        for span in event.spans:
-            pid = span.pid
-            if pid not in self._processes and (self._origin is None or pid != self._origin.pid):
-                self._processes.add(pid)
-                name = f"{source} ({event.anchor.hostname}, pid {pid})"
-                lines.append(
-                    orjson.dumps(
-                        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
-                    )
-                )
-            tid = self._track(span, source, lines)
-            args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
-            ts = (span.start_ns + offset) / 1000.0
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": span.name,
-                        "cat": source,
-                        "ph": "X",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": ts,
-                        "dur": (span.end_ns - span.start_ns) / 1000.0,
-                        "args": args,
-                    }
-                )
-            )
-            engine, version = span.attrs.get("engine"), span.attrs.get("version")
-            if span.name == "weights.load" and engine is not None and version is not None:
-                lines.append(  # the end of the publish's arrow to this engine
-                    orjson.dumps(
-                        {
-                            "name": "weights",
-                            "cat": "weights",
-                            "ph": "f",
-                            "bp": "e",
-                            "id": f"v{version}/{engine}",
-                            "pid": pid,
-                            "tid": tid,
-                            "ts": ts,
-                        }
-                    )
-                )
-
-    def _track(self, span: Span, source: str, lines: list[bytes]) -> int:
-        """The tid ``span`` is drawn on: its thread's, or a lane of that thread's when it
-        overlaps a span there without nesting (named once, when first used)."""
-        key = (span.pid, span.thread_id)
-        lanes = self._lanes.setdefault(key, [])
-        start, end = span.start_ns, span.end_ns
-        number = next((i for i, tops in enumerate(lanes) if _nest(tops, start, end)), None)
-        if number is None:
-            number = len(lanes)
-            lanes.append([(start, end)])
-        if number == 0:
-            tid = span.thread_id
-            if key not in self._named:
-                self._named.add(key)
-                self._thread_name(span.pid, tid, f"{_label(span, source)} (thread {tid})", lines)
-            return tid
-        lane_key = (span.pid, span.thread_id, number)
-        tid = self._lane_tids.get(lane_key, 0)
-        if not tid:
-            # a lane's tid: small, unused by real threads (idents are addresses)
-            tid = self._lane_tids[lane_key] = 1 + len(self._lane_tids)
-            name = f"{_label(span, source)} (thread {span.thread_id}, lane {number})"
-            self._thread_name(span.pid, tid, name, lines)
-        return tid
-
-    @staticmethod
-    def _thread_name(pid: int, tid: int, name: str, lines: list[bytes]) -> None:
-        lines.append(
-            orjson.dumps(
-                {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
-            )
-        )
-
-
-def _label(span: Span, source: str) -> str:
-    """A track's name: the engine its first span served, else the span's source."""
-    return str(span.attrs.get("engine") or source)
-
-
-#: outermost spans remembered per lane (a span reaching back past them is not checked)
-LANE_MEMORY = 512
-
-
-def _nest(tops: list[tuple[int, int]], start: int, end: int) -> bool:
-    """Put the span ``[start, end)`` on the lane whose outermost spans are ``tops``
-    (disjoint, in time order) when it nests with all of them, and say whether it did.
-
-    Spans of one thread arrive in the order they closed, so a newcomer either lies
-    inside the last outermost span, or after the spans it does not enclose: it must
-    enclose every outermost span it reaches back into, never start in the middle of
-    one. Amortised O(1): the spans it encloses leave the list for it."""
-    if tops and end < tops[-1][1]:  # closed before the last: only inside it is safe
-        last_start, last_end = tops[-1]
-        return last_start <= start and end <= last_end
-    first = len(tops)
-    while first and tops[first - 1][1] > start:
-        first -= 1
-    if first < len(tops) and tops[first][0] < start:
-        return False  # it starts in the middle of a span it does not enclose
-    del tops[first:]
-    tops.append((start, end))
-    if len(tops) > LANE_MEMORY:
-        del tops[: len(tops) - LANE_MEMORY]
-    return True

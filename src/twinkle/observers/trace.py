@@ -1,0 +1,518 @@
+"""The built-in trace sink: ``trace.json``, a Chrome/Perfetto trace of every span."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import final
+
+import orjson
+
+from twinkle.checks import OWN_SOURCE_PREFIX
+from twinkle.errors import ConfigError, RecordError, WriteError
+from twinkle.events import (
+    Event,
+    IterationStarted,
+    MemoryReadings,
+    RunStarted,
+    SpanBatch,
+    WeightsPublished,
+)
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.metric import convert_bytes
+from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
+from twinkle.observers.placement import place_batch
+from twinkle.perf import ClockAnchor
+from twinkle.reporting import (
+    BatchWriter,
+    ReplacingFile,
+)
+
+__all__ = ["TRACE_FILE", "TraceSink"]
+
+TRACE_FILE = "trace.json"
+
+
+class TraceSink:
+    """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
+
+    Times are microseconds since the run started, on the run's timeline (spans of other
+    processes moved through their clock anchors, or a skewed worker's by their arrival,
+    as the timeline places them: :mod:`~twinkle.observers.placement`). Iteration starts
+    are instant events on the run process's ``iterations`` track, weight publishes
+    slices on its ``weights`` track.
+
+    **Tracks.** Every process is named (the run's by its run id, a worker's by its span
+    source). A thread's track is named by the role of the spans it carries, decided
+    over the whole run (names are written at close, so a thread is never named after
+    whatever span happened to come first):
+
+    * ``trainer``: the track carries a span of the run's training phase (the config's
+      ``streaming.training``, else its phase ``train``), whatever else it carries (a
+      trainer also publishes, loads engines' weights, waits on rollouts);
+    * else the role most of its spans have (a tie: the one seen first). A span's role is
+      the ``engine`` it served (its ``engine`` attribute: an engine's producer thread),
+      else its phase under the config's ``phases``, else its source (``main``);
+      twinkle's own spans (sources starting ``twinkle.``) do not count;
+    * else (twinkle's spans only) the source of twinkle's first span there, e.g.
+      ``twinkle.observers``: twinkle's own work.
+
+    The name ends in the thread's ident: ``trainer (thread 1402...)``. Spans that overlap
+    on one thread without nesting (spans opened and closed by hand) go to a lane of
+    their own, a track named by the same rule over its own spans (``..., lane 1``), so
+    a viewer never nests them wrongly. Track ids are small numbers per process, in order
+    of first use (viewers such as Perfetto read a ``tid`` as 32 bits; a Python thread
+    ident is wider). A publish is joined by a flow arrow to each engine's
+    ``weights.load`` of that version; an arrow is written only once both its ends are
+    (a load no publish announced, such as an engine's initial weights, has none), and
+    its id is a number (Perfetto reads a string id as hex). Memory readings are counter
+    tracks (MiB) in the process that took them.
+
+    The hooks only hand their (immutable) events to a
+    :class:`~twinkle.reporting.BatchWriter`, whose thread formats and writes them in
+    order, so the publishing thread neither formats a span nor waits on the disk; at most
+    ``MAX_EVENTS_IN_FLIGHT`` events wait for it (a hand-over beyond that waits, counted in
+    its stats). A replay writes inline. A write error is raised by the next hand-over (the
+    observer's failure, logged and counted) or at close.
+
+    The trace is streamed into a temporary file beside ``trace.json``
+    (:class:`~twinkle.reporting.jsonl.ReplacingFile`), fsynced and renamed into place at
+    close, once ``run_finished`` went by and every write succeeded: a reader never sees
+    half a trace, and a run that crashes, never finished (a start or resume that
+    failed) or met a write error leaves the previous ``trace.json`` (or none) as it
+    was. A resumed run rebuilds it whole from the re-fed events. A ``trace.json`` that
+    is a symlink is refused
+    (:class:`~twinkle.errors.ReporterError`); no link is ever written through.
+    """
+
+    MAX_EVENTS_IN_FLIGHT = 256
+    #: events queued before the writer thread wakes (else every ``interval_s``): waking
+    #: it per event would make it fight the publisher for the GIL at every boundary
+    WAKE_AT = 32
+
+    _HEAD = b"[\n"  # JSON array form: Perfetto and chrome://tracing accept it
+    _END = b'{"name": "end", "ph": "M", "pid": 0, "args": {}}\n]\n'
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._out: ReplacingFile | None = None
+        self._finished = False  # run_finished arrived: there is a whole trace to put in place
+        self._broken: OSError | None = None  # a write failed: the file lacks lines
+        self._origin: ClockAnchor | None = None
+        self._skew = ClockSkewTolerance()  # the run's, from its run_started
+        self._config: ObserverConfig | None = None  # the run's phases (None: unreadable)
+        self._training: str | None = None  # the run's training phase
+        self._processes: set[int] = set()
+        # per (pid, thread or marker track): its lanes, each its outermost spans as
+        # (start, end), in order
+        self._lanes: dict[tuple[int, int | str], list[list[tuple[int, int]]]] = {}
+        # per (pid, thread or marker track, lane), in order of first use
+        self._tracks: dict[tuple[int, int | str, int], _Track] = {}
+        self._last_tid: dict[int, int] = {}  # per pid: the last track id given
+        # the ends of weight arrows waiting for the other end, by (version, engine):
+        # (pid, tid, ts) of a publish, of a load
+        self._sends: dict[tuple[int, str], tuple[int, int, float]] = {}
+        self._loads: dict[tuple[int, str], tuple[int, int, float]] = {}
+        self._arrows = 0  # arrows written (the last one's id)
+        self._batches: BatchWriter[Event] | None = None
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        if context.out_dir is not None:
+            self.path = context.out_dir / TRACE_FILE
+            self._out = ReplacingFile(self.path)
+            try:
+                self._out.write(self._HEAD)
+                self._batches = BatchWriter(
+                    self._write_events,
+                    name=f"trace {str(self.path)!r}",
+                    thread_name="trace",
+                    background=not context.replay,
+                    capacity=self.MAX_EVENTS_IN_FLIGHT,
+                    wake_at=self.WAKE_AT,
+                )
+            except BaseException:
+                self._out.discard()
+                self._out = None
+                raise
+
+    @hookimpl
+    def twinkle_run_started(self, event: RunStarted) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        self._finished = True
+
+    @hookimpl
+    def twinkle_spans(self, event: SpanBatch) -> None:
+        if self._batches is not None and event.spans:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_memory(self, event: MemoryReadings) -> None:
+        if self._batches is not None and event.readings:
+            self._batches.put(event)
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        batches, self._batches = self._batches, None
+        try:
+            if batches is not None:
+                batches.close()  # writes what is in flight; raises a held write error
+        finally:
+            out, self._out = self._out, None
+            if out is not None and self._broken is not None:
+                out.discard()
+                raise WriteError(
+                    self._broken.errno,
+                    f"{str(out.path)!r} was not written: a write failed "
+                    f"({self._broken.strerror or self._broken}) and the trace lacks lines; "
+                    "the previous trace (if any) is kept; rebuild it with twinkle replay",
+                )
+            if out is not None and self._finished:
+                try:
+                    # The tracks' names last: only now is every span of the run known
+                    # (viewers read metadata wherever it is in the file).
+                    out.write(self._track_names() + self._END)
+                except OSError as exc:
+                    out.discard()
+                    raise WriteError(
+                        exc.errno,
+                        f"cannot write {str(out.path)!r}: {exc.strerror or exc}; the "
+                        "previous trace (if any) is kept",
+                    ) from exc
+                out.commit()  # fsync, then rename into place
+            elif out is not None:
+                out.discard()  # the run never finished (its start failed): keep what was
+
+    # -- the writer's side -----------------------------------------------------------------
+
+    def _write_events(self, events: list[Event]) -> None:
+        lines: list[bytes] = []
+        failed: list[str] = []
+        for event in events:
+            try:
+                self._event_lines(event, lines)
+            except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
+                failed.append(f"{event.TYPE!r}: {exc}")
+        if lines and self._out is not None and self._broken is None:
+            lines.append(b"")  # every line ends with ",\n"
+            try:
+                self._out.write(b",\n".join(lines))  # one (buffered) write per batch
+            except OSError as exc:
+                self._broken = exc  # part of the batch may be in: never commit this file
+                raise
+        if failed:
+            raise RecordError(
+                f"{len(failed)} event(s) could not be written to the trace "
+                f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
+            )
+
+    def _event_lines(self, event: Event, lines: list[bytes]) -> None:
+        """Append ``event``'s trace lines to ``lines``."""
+        if isinstance(event, SpanBatch):
+            self._span_lines(event, lines)
+        elif isinstance(event, IterationStarted):
+            pid = self._origin.pid if self._origin else 0
+            ts = self._us(event.monotonic_ns)
+            track = self._track(pid, ITERATIONS_TRACK, event.monotonic_ns, event.monotonic_ns)
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": f"iteration {event.iteration}",
+                        "ph": "i",
+                        "s": "t",
+                        "pid": pid,
+                        "tid": track.tid,
+                        "ts": ts,
+                    }
+                )
+            )
+        elif isinstance(event, WeightsPublished):
+            pid = self._origin.pid if self._origin else 0
+            ts = self._us(event.start_ns)
+            track = self._track(pid, WEIGHTS_TRACK, event.start_ns, event.end_ns)
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": f"weights v{event.version}",
+                        "ph": "X",
+                        "cat": "weights",
+                        "pid": pid,
+                        "tid": track.tid,
+                        "ts": ts,
+                        "dur": (event.end_ns - event.start_ns) / 1000.0,
+                        "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
+                    }
+                )
+            )
+            for ack in event.acks:  # an arrow from the publish to each engine's load
+                self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True, lines)
+        elif isinstance(event, MemoryReadings):
+            ts = self._us(event.monotonic_ns)
+            for r in event.readings:
+                mib = {"host_rss_MiB": convert_bytes(r.host_rss_bytes, "MiB")}
+                if r.device_allocated_bytes is not None:
+                    mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
+                if r.device_reserved_bytes is not None:
+                    mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
+                lines.append(
+                    orjson.dumps(
+                        {
+                            "name": f"memory {r.worker_id}",
+                            "ph": "C",
+                            "pid": r.pid,
+                            "tid": 0,
+                            "ts": ts,
+                            "args": mib,
+                        }
+                    )
+                )
+        elif isinstance(event, RunStarted):
+            self._origin = event.anchor
+            self._skew = ClockSkewTolerance.parse(event.config)
+            try:
+                self._config = ObserverConfig.parse(event.config)
+            except ConfigError:
+                # The run refuses such a config at its start (the timeline names the key);
+                # a trace of it names tracks by engine and source only.
+                self._config = None
+            self._training = _training_phase(self._config)
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": "process_name",
+                        "ph": "M",
+                        "pid": event.anchor.pid,
+                        "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
+                    }
+                )
+            )
+
+    def _us(self, ns: int) -> float:
+        origin = self._origin.monotonic_ns if self._origin is not None else 0
+        return (ns - origin) / 1000.0
+
+    def _span_lines(self, event: SpanBatch, lines: list[bytes]) -> None:
+        origin = self._origin.monotonic_ns if self._origin is not None else 0
+        # Onto the run, from its start: where the timeline puts them (a skewed worker's
+        # by their arrival).
+        offset = place_batch(event, self._origin, self._skew).shift_ns - origin
+        source = event.source
+        own = source.startswith(OWN_SOURCE_PREFIX)
+        config, training = self._config, self._training
+        for span in event.spans:
+            pid = span.pid
+            if pid not in self._processes and (self._origin is None or pid != self._origin.pid):
+                self._processes.add(pid)
+                name = f"{source} ({event.anchor.hostname}, pid {pid})"
+                lines.append(
+                    orjson.dumps(
+                        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+                    )
+                )
+            track = self._track(pid, span.thread_id, span.start_ns, span.end_ns)
+            engine = span.attrs.get("engine")
+            if own:
+                track.own = track.own or source
+            else:
+                phase = config.phase_of(span.name) if config is not None else None
+                if phase is not None and phase == training:
+                    track.trainer = True
+                else:
+                    role = str(engine) if engine else phase or source
+                    track.roles[role] = track.roles.get(role, 0) + 1
+            args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
+            ts = (span.start_ns + offset) / 1000.0
+            lines.append(
+                orjson.dumps(
+                    {
+                        "name": span.name,
+                        "cat": source,
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": track.tid,
+                        "ts": ts,
+                        "dur": (span.end_ns - span.start_ns) / 1000.0,
+                        "args": args,
+                    }
+                )
+            )
+            version = span.attrs.get("version")
+            if (
+                span.name == "weights.load"
+                and isinstance(engine, str)
+                and type(version) is int
+                and version >= 0
+            ):  # the end of the publish's arrow to this engine
+                self._arrow_end((version, engine), (pid, track.tid, ts), False, lines)
+
+    def _arrow_end(
+        self,
+        key: tuple[int, str],
+        end: tuple[int, int, float],
+        send: bool,
+        lines: list[bytes],
+    ) -> None:
+        """One end of the arrow of weight version ``key[0]`` to engine ``key[1]``: the
+        publish's (``send``) or the engine's load. The arrow is written once both ends
+        arrived (in either order: a worker's load may come after the publish); a second
+        load of one version by one engine draws none, nor does an end that waited while
+        :data:`ARROW_MEMORY` others came."""
+        waiting, other = (self._sends, self._loads) if send else (self._loads, self._sends)
+        match = other.pop(key, None)
+        if match is None:
+            waiting.setdefault(key, end)
+            if len(waiting) > ARROW_MEMORY:  # e.g. a publisher whose engines time no load
+                del waiting[next(iter(waiting))]  # the end that has waited longest
+            return
+        start, finish = (end, match) if send else (match, end)
+        self._arrows += 1
+        lines.append(
+            orjson.dumps(
+                {
+                    "name": "weights",
+                    "cat": "weights",
+                    "ph": "s",
+                    "id": self._arrows,
+                    "pid": start[0],
+                    "tid": start[1],
+                    "ts": start[2],
+                }
+            )
+        )
+        lines.append(
+            orjson.dumps(
+                {
+                    "name": "weights",
+                    "cat": "weights",
+                    "ph": "f",
+                    "bp": "e",
+                    "id": self._arrows,
+                    "pid": finish[0],
+                    "tid": finish[1],
+                    "ts": finish[2],
+                }
+            )
+        )
+
+    def _track(self, pid: int, thread: int | str, start: int, end: int) -> _Track:
+        """The track an interval ``[start, end)`` of ``thread`` (a thread ident, or a
+        marker track's name) in process ``pid`` is drawn on: the thread's, or a lane of
+        it when the interval overlaps one there without nesting. A new track gets the
+        process's next track id (its name is written at close)."""
+        lanes = self._lanes.setdefault((pid, thread), [])
+        number = next((i for i, tops in enumerate(lanes) if _nest(tops, start, end)), None)
+        if number is None:
+            number = len(lanes)
+            lanes.append([(start, end)])
+        key = (pid, thread, number)
+        track = self._tracks.get(key)
+        if track is None:
+            tid = self._last_tid[pid] = self._last_tid.get(pid, 0) + 1
+            if isinstance(thread, str):  # a marker track: named by what it shows
+                track = _Track(tid, thread, f"lane {number}" if number else None)
+            else:
+                where = f"thread {thread}, lane {number}" if number else f"thread {thread}"
+                track = _Track(tid, None, where)
+            self._tracks[key] = track
+        return track
+
+    def _track_names(self) -> bytes:
+        """A ``thread_name`` line (each ending ``,\\n``) per track, in order of first use."""
+        return b"".join(
+            orjson.dumps(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": track.tid,
+                    "args": {"name": track.title()},
+                }
+            )
+            + b",\n"
+            for (pid, _, _), track in self._tracks.items()
+        )
+
+
+#: the marker tracks of the run's process: iteration starts, weight publishes
+ITERATIONS_TRACK = "iterations"
+WEIGHTS_TRACK = "weights"
+#: the name of a track carrying the run's training phase
+TRAINER_TRACK = "trainer"
+#: arrow ends remembered while they wait for their other end (per side)
+ARROW_MEMORY = 4096
+
+
+def _training_phase(config: ObserverConfig | None) -> str | None:
+    """The run's training phase: ``streaming.training``, else a phase named ``train``."""
+    if config is None:
+        return None
+    if config.streaming is not None:
+        return config.streaming[1]
+    return "train" if "train" in config.phases else None
+
+
+@final
+class _Track:
+    """One track of the trace and what it has carried so far (its name follows from
+    that at close: :class:`TraceSink`, "Tracks")."""
+
+    __slots__ = ("label", "own", "roles", "tid", "trainer", "where")
+
+    def __init__(self, tid: int, label: str | None, where: str | None) -> None:
+        self.tid = tid
+        self.label = label  # a marker track's fixed name
+        self.where = where  # "thread N", "thread N, lane k", "lane k" or None
+        self.trainer = False  # carried a span of the run's training phase
+        self.roles: dict[str, int] = {}  # the caller's spans per role, in order seen
+        self.own: str | None = None  # the source of twinkle's first span here
+
+    def title(self) -> str:
+        if self.label is not None:
+            label = self.label
+        elif self.trainer:
+            label = TRAINER_TRACK
+        elif self.roles:
+            label = max(self.roles, key=self.roles.__getitem__)  # a tie: the first seen
+        else:
+            label = self.own or "spans"
+        return label if self.where is None else f"{label} ({self.where})"
+
+
+#: outermost spans remembered per lane (a span reaching back past them is not checked)
+LANE_MEMORY = 512
+
+
+def _nest(tops: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Put the span ``[start, end)`` on the lane whose outermost spans are ``tops``
+    (disjoint, in time order) when it nests with all of them, and say whether it did.
+
+    Spans of one thread arrive in the order they closed, so a newcomer either lies
+    inside the last outermost span, or after the spans it does not enclose: it must
+    enclose every outermost span it reaches back into, never start in the middle of
+    one. Amortised O(1): the spans it encloses leave the list for it."""
+    if tops and end < tops[-1][1]:  # closed before the last: only inside it is safe
+        last_start, last_end = tops[-1]
+        return last_start <= start and end <= last_end
+    first = len(tops)
+    while first and tops[first - 1][1] > start:
+        first -= 1
+    if first < len(tops) and tops[first][0] < start:
+        return False  # it starts in the middle of a span it does not enclose
+    del tops[first:]
+    tops.append((start, end))
+    if len(tops) > LANE_MEMORY:
+        del tops[: len(tops) - LANE_MEMORY]
+    return True
