@@ -246,7 +246,8 @@ def test_sigterm_mid_run_finishes_the_run_and_stops_every_engine(tmp_path: Path)
     assert summary["status"] == "error" and "SIGTERM" in summary["error"]
     after = log.read_bytes()
     assert after.startswith(before)  # nothing recorded before the signal was lost
-    assert orjson.loads(after.splitlines()[-1])["type"] == "run_finished"
+    last_two = [orjson.loads(line)["type"] for line in after.splitlines()[-2:]]
+    assert last_two == ["run_finished", "backends_closed"]
     _, alive = psutil.wait_procs(engines, timeout=30)
     assert alive == []
     assert not any(Path(w).parent.exists() for w in workdirs)  # the model's temp dir
