@@ -9,8 +9,9 @@
   and the run's figures are the sums of its windows' (true unions, not sums of
   per-iteration unions).
 * **Attribution.** The work done *for* iteration ``i``, wherever it ran: spans whose
-  ``iteration`` attribute is ``i``, and spans without one that start in ``i``'s window.
-  Per-phase throughput uses this view.
+  ``iteration`` attribute is ``i``, and spans without one that start in ``i``'s window
+  (by their start: one published before ``i``'s boundary that starts at or after it is
+  ``i``'s). Per-phase throughput uses this view.
 * **Bounded lag.** A window and its iteration are *finalised* (their records written)
   when ``finalise_lag`` further boundaries have passed after the window's end, or at the
   run's finish; the bus flushes every recorder before each boundary, so every span that
@@ -21,7 +22,8 @@
   a worker batch whose send those anchors put after its arrival (a clock ahead) or far
   before it (behind) is placed by its arrival instead and counted (``placement``).
   Overhead spans (``twinkle.observe``: every publish and dispatch on the caller's
-  threads) are taken by time and deducted once.
+  threads) are taken by time and deducted once; they are kept one window behind the
+  horizon, for the late spans of iterations still open.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ __all__ = [
 
 # (phase or None, start_ns, end_ns, thread_id) of a span on the run's timeline
 _Piece = tuple[str | None, int, int, int]
+# (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute) of a
+# span attributed to an iteration (or, until the first boundary, to the set-up)
+_Attributed = tuple[str | None, int, int, str | None, int, bool]
 
 
 class WindowTiming(msgspec.Struct, frozen=True):
@@ -224,7 +229,7 @@ class IterationData:
 
     iteration: int
     #: (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute)
-    spans: list[tuple[str | None, int, int, str | None, int, bool]] = field(default_factory=list)
+    spans: list[_Attributed] = field(default_factory=list)
     samples: dict[str, list[int]] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     steps: int = 0
@@ -327,6 +332,15 @@ class Timeline:
         self.horizon: int | None = None
         self.pieces: list[_Piece] = []
         self.overhead: list[tuple[int, int, int]] = []
+        #: the start of the newest finalised window: overhead is kept from there on (or
+        #: from an earlier start of a span attributed to an iteration not finalised), for
+        #: the late spans of the iterations still open (:meth:`_prune_overhead`)
+        self._kept_from: int | None = None
+        #: spans without an iteration attribute that start in the set-up window while it
+        #: is the newest: the first boundary may still fall before one's start and take
+        #: it for its iteration (:meth:`_split_newest`); never more than the set-up's
+        #: pieces, which its window view holds until then anyway
+        self._setup_spans: list[_Attributed] = []
         self.open: dict[int, IterationData] = {}  # started, not finalised
         self.future: dict[int, IterationData] = {}  # observed, not (yet) started
         #: the newest finalised iteration: one at or below it that is not open is late
@@ -390,9 +404,14 @@ class Timeline:
     def iteration_started(self, event: IterationStarted) -> list[Finished]:
         """Open ``event.iteration``; returns (and keeps in :attr:`finished`) the
         iterations this boundary finalises."""
+        # Spans without an attribute published before the boundary but starting at or
+        # after it are this iteration's: attribution is by start time, not publish order
+        # (the bus reads a boundary's time before it flushes the recorders).
+        starting_here = self._split_newest(event.monotonic_ns)
         self._close_window(event.monotonic_ns, event.wall_ns)
         self.boundaries += 1
         data = self.future.pop(event.iteration, None) or IterationData(event.iteration)
+        data.spans.extend(starting_here)
         self.open[event.iteration] = data
         self.windows.append(_Window(event.iteration, event.monotonic_ns))
         lag = self.config.finalise_lag
@@ -406,18 +425,10 @@ class Timeline:
         """Every iteration still open, finalised at the run's end (also kept in
         :attr:`finished`), and the run figures (:attr:`run`)."""
         end = event.monotonic_ns
-        last = self.windows[-1] if self.windows else None
-        if last is not None and last.iteration is not None:
-            # A span without an iteration attribute that starts after the finish belongs
-            # to the tear-down, not to the last iteration.
-            data = self.open[last.iteration]
-            keep = []
-            for span in data.spans:
-                if not span[5] and span[1] >= end:
-                    self._place("teardown", span[2] - span[1])
-                else:
-                    keep.append(span)
-            data.spans = keep
+        # A span without an iteration attribute that starts at or after the finish
+        # belongs to the tear-down, not to the last iteration (or the set-up).
+        for span in self._split_newest(end):
+            self._place("teardown", span[2] - span[1])
         self._close_window(end, event.wall_ns)
         done: list[Finished] = []
         while self.windows:
@@ -490,7 +501,10 @@ class Timeline:
             if window is None:
                 data = None
             elif window.iteration is None:
-                self._place("setup", end - start)
+                if window is self.windows[-1]:  # the first boundary may still take it
+                    self._setup_spans.append((phase, start, end, span.error, thread, False))
+                else:
+                    self._place("setup", end - start)
                 return
             else:
                 data = self.open[window.iteration]
@@ -544,6 +558,34 @@ class Timeline:
                 return window
         return self.windows[0] if self.windows else None
 
+    def _split_newest(self, at_ns: int) -> list[_Attributed]:
+        """The spans without an iteration attribute that the newest window took by their
+        start before its end was known, but that start at or after its end ``at_ns`` (a
+        boundary or the finish): removed from it, for what follows. A set-up window's
+        other spans are placed now (no later boundary can take them)."""
+        if not self.windows:
+            return []
+        newest = self.windows[-1]
+        after: list[_Attributed] = []
+        if newest.iteration is None:
+            pending, self._setup_spans = self._setup_spans, []
+            for span in pending:
+                if span[1] >= at_ns:
+                    after.append(span)
+                else:
+                    self._place("setup", span[2] - span[1])
+            return after
+        data = self.open[newest.iteration]
+        keep: list[_Attributed] = []
+        for span in data.spans:
+            if not span[5] and span[1] >= at_ns:
+                after.append(span)
+            else:
+                keep.append(span)
+        if after:
+            data.spans = keep
+        return after
+
     def _close_window(self, end_ns: int, wall_ns: int) -> None:
         if not self.windows:
             return
@@ -570,6 +612,7 @@ class Timeline:
         timing = measure_window(start, end, self.pieces, self.overhead, self.config)
         self._totals = self._totals + timing
         self.horizon = end
+        self._kept_from = start
         if window.iteration is None:
             self._setup = self._setup + timing  # every segment's set-up
             self._setup_open = False
@@ -592,14 +635,23 @@ class Timeline:
         return out
 
     def _prune_overhead(self) -> None:
-        """Forget overhead no window or attributed iteration can still need."""
-        horizon = self.horizon
-        if horizon is None:
+        """Forget overhead no window or attributed iteration can still need.
+
+        The windows need none before the horizon, but an iteration still open may yet
+        receive a span that started before it (late in the window view, whole in the
+        attributed one: with ``finalise_lag`` 0, the next iteration's rollout that began
+        in the window just finalised and ended after the boundary), and its logical time
+        deducts the overhead on its thread. So overhead is kept from the start of the
+        newest finalised window, one window behind the horizon (the overhead of the
+        ``finalise_lag + 2`` newest windows, whatever the run's length), or from an
+        earlier start of a span already attributed to an iteration not finalised."""
+        kept_from = self._kept_from
+        if kept_from is None:
             return
         for data in (*self.open.values(), *self.future.values()):
             for span in data.spans:
-                horizon = min(horizon, span[1])
-        self.overhead = [iv for iv in self.overhead if iv[1] > horizon]
+                kept_from = min(kept_from, span[1])
+        self.overhead = [iv for iv in self.overhead if iv[1] > kept_from]
 
     def accounting(self) -> dict[str, Any]:
         """Where every span went, for the summary (after the run finished)."""
