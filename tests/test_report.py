@@ -3,6 +3,7 @@ figure by figure, and what is not a finished run is refused with the fix."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from twinkle.report import (
     format_compare,
     format_report,
     load_report,
+    streaming_effect,
     time_parts,
     write_plots,
 )
@@ -109,6 +111,32 @@ def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
     assert text.splitlines()[3].split() == ["figure", "A", "B", "B", "/", "A"]
 
 
+def test_concurrency_is_never_called_a_saving_and_a_saving_only_where_measured(
+    runs: tuple[Path, Path],
+) -> None:
+    overlapped = load_report(runs[0])
+    assert "concurrency, not a saving" in format_report(overlapped)
+    assert streaming_effect(overlapped, overlapped) is None  # both overlap: not measured
+    # A run of the same work without overlap (A: share 0, 1,000 tok/s/dev) and one with
+    # it (B: 1,250): streaming gave 1,250 / 1,000 = 1.25x, measured.
+    a, b = copy.deepcopy(overlapped), copy.deepcopy(overlapped)
+    a["seconds"]["generation_hidden_share"] = 0.0
+    a["window"]["tokens_per_s_per_device"] = 1000.0
+    b["window"]["tokens_per_s_per_device"] = 1250.0
+    assert streaming_effect(a, b) == {
+        "overlapped": "b",
+        "tokens_per_s_per_device_with_overlap": 1250.0,
+        "tokens_per_s_per_device_without": 1000.0,
+        "throughput_ratio": 1.25,
+    }
+    assert streaming_effect(b, a)["overlapped"] == "a"  # type: ignore[index]
+    assert (
+        "streaming, measured: B overlapped generation with training, A did not; B's "
+        "window throughput is 1.250x A's" in format_compare(a, b)
+    )
+    assert "streaming, measured" not in format_compare(b, b)
+
+
 def test_the_command_prints_text_or_json(
     runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -121,7 +149,8 @@ def test_the_command_prints_text_or_json(
     assert [r["iteration"] for r in printed["iterations"]] == [0, 1, 2]
     assert main(["report", str(runs[0]), str(runs[1]), "--json"]) == 0
     both = json.loads(capsys.readouterr().out)
-    assert set(both) == {"a", "b", "compare"}
+    assert set(both) == {"a", "b", "compare", "streaming_effect"}
+    assert both["streaming_effect"] is None  # both runs overlap: neither measures it
 
 
 def test_what_is_not_a_finished_run_is_refused_with_the_fix(

@@ -150,7 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _report(args: argparse.Namespace) -> int:
     from twinkle.checks import printable
-    from twinkle.report import compare, format_compare, format_report, load_report, write_plots
+    from twinkle.report import (
+        compare,
+        format_compare,
+        format_report,
+        load_report,
+        streaming_effect,
+        write_plots,
+    )
 
     # Both runs first: one that cannot be reported stops the command before any output.
     first = load_report(args.run, reward=args.reward)
@@ -162,7 +169,9 @@ def _report(args: argparse.Namespace) -> int:
         print(json.dumps(first, indent=1) if args.json else format_report(first))
         return 0
     if args.json:
-        print(json.dumps({"a": first, "b": second, "compare": compare(first, second)}, indent=1))
+        both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}
+        both["streaming_effect"] = streaming_effect(first, second)
+        print(json.dumps(both, indent=1))
     else:
         print(format_compare(first, second))
     return 0

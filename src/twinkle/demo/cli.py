@@ -199,8 +199,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  phase seconds (union)   rollout {secs.get('rollout_seconds', 0.0):.2f}, "
         f"train {secs.get('train_seconds', 0.0):.2f}, publish "
         f"{secs.get('publish_seconds', 0.0):.2f}",
-        f"  generation hidden       {secs.get('generation_hidden_seconds', 0.0):.2f} s behind "
-        f"training ({_pct(secs.get('generation_hidden_share'))} of generation)",
+        f"  gen. with training      {secs.get('generation_hidden_seconds', 0.0):.2f} s "
+        f"({_pct(secs.get('generation_hidden_share'))} of generation ran while training ran: "
+        "concurrency, not a saving)",
         f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
         "outside their windows)",
         (

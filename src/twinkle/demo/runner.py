@@ -15,7 +15,7 @@ The demo is the caller, so it defines the business semantics:
   the :class:`~twinkle.cluster.LocalCluster` reports (those are recorded in the config
   as ``x_cluster``, not divided by);
 * streaming: generation is ``rollout``, training is ``train`` (the share of generation
-  hidden behind training).
+  running while training runs).
 
 Weights are published as soon as no rollout still needs the older version: version
 ``v`` (trained through iteration ``v - 1``) once the rollouts of iteration ``v - 1 +

@@ -20,7 +20,7 @@ that a replay rebuilds identical observers. Its shape::
 * ``window``: the run-level window: the sample tag whose tokens count as effective
   tokens, divided by the iterations' logical seconds and ``devices``.
 * ``streaming``: which phase is generation and which is training, for the share of
-  generation hidden behind training (optional).
+  generation running while training runs (optional).
 * ``finalise_lag``: iteration ``i``'s records are written when iteration ``i + 1 + lag``
   starts (or the run finishes), so spans that close up to ``lag`` windows after their
   window still reach its figures (default 1; see docs/metrics.md).

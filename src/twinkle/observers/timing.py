@@ -5,7 +5,7 @@ docs/metrics.md: ``window_*`` keys measure the wall clock from this iteration's 
 to the next (every span clipped to it, whichever iteration it serves: busy <= wall,
 consecutive windows tile the run); ``attributed_*`` keys measure the work done for this
 iteration wherever it ran. At the finish one ``timing`` record of scope ``run`` holds the
-run's true unions, pairwise overlaps, idle time, the generation hidden behind training,
+run's true unions, pairwise overlaps, idle time, the generation running while training runs,
 and the set-up and tear-down windows; it is the sum of every window's figures.
 """
 
