@@ -494,3 +494,20 @@ def test_the_twinkle_command_exits_despite_a_leaked_thread_naming_it(
     assert took < 60
     if not status:
         assert orjson.loads((out / "summary.json").read_bytes())["status"] == "ok"
+
+
+def test_a_log_cut_between_a_check_and_a_larger_write_is_still_found(tmp_path: Path) -> None:
+    from twinkle.observers._held_log import HeldLog
+
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"x" * 100)
+    held = HeldLog(log)
+    assert held.check() is None
+    os.truncate(log, 0)  # a cleaner cuts it right after the check...
+    with log.open("ab") as out:  # ...and the run's next batch, larger than the file was
+        out.write(b"y" * 500)
+    held.wrote(500)
+    damage = held.check()
+    assert damage is not None and damage.what == "truncated from 600 to 500 bytes"
+    assert not damage.restorable
+    held.close()

@@ -70,11 +70,14 @@ class HeldLog:
             return Damage(f"truncated from {was} to {held.st_size} bytes", restorable=False)
         return None
 
-    def wrote(self) -> None:
-        """The run wrote to the file: a later check compares with its size now (a file
-        cut below that was truncated, also when the cut came before the last check).
-        Never lowered here: a cut between the check and the write is one too."""
-        self._size = max(self._size, os.fstat(self._fd).st_size)
+    def wrote(self, n_bytes: int) -> None:
+        """The run appended ``n_bytes`` to the file: the next check expects it at least
+        that much longer than at the last one. A file cut meanwhile is shorter than that
+        however much the run appended after the cut (appends go to the new end), so a cut
+        between a check and the write after it is found too. (Bytes the writer kept
+        after a fault and wrote later are not counted here: the file is then longer than
+        expected, never shorter.)"""
+        self._size += n_bytes
 
     def restore(self) -> Path | None:
         """Write the held file back at its path, whole (a new file, fsynced, renamed into

@@ -423,7 +423,7 @@ class EventLogSink:
         self._seq = seq
         written = writer.write_bytes_lines(lines) if lines else 0
         if self._held is not None:
-            self._held.wrote()
+            self._held.wrote(sum(map(len, lines)))
         if bad:
             raise RecordError(
                 f"{len(bad)} event(s) could not be written to {str(writer.path)!r} and are "
