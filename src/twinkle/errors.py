@@ -21,6 +21,7 @@ __all__ = [
     "PluginError",
     "DriverError",
     "EngineStartError",
+    "FinishedRunError",
     "WorkerError",
     "LockTimeoutError",
     "RunDirInUseError",
@@ -81,6 +82,27 @@ class ResumeConfigError(ConfigError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # (picklable: its arguments are not .args)
         return (functools.partial(ResumeConfigError, **self._details()), (self.problem, self.fix))
+
+
+class FinishedRunError(ConfigError):
+    """A session was asked to continue a run whose last segment finished ``ok``, without
+    saying so (``resume=True``): running the same command twice must not silently make
+    one longer run. The message is ``problem`` then ``fix``; a caller that starts
+    sessions for its user (``TwinkleCallback``, ``twinkle demo``) re-raises it with the
+    fix in its user's terms (:meth:`with_fix`)."""
+
+    def __init__(self, problem: str, fix: str, *, run_id: str) -> None:
+        super().__init__(f"{problem}: {fix}")
+        self.problem = problem
+        self.fix = fix
+        self.run_id = run_id
+
+    def with_fix(self, fix: str) -> FinishedRunError:
+        """The same error, saying ``fix`` as what to do about it."""
+        return FinishedRunError(self.problem, fix, run_id=self.run_id)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (picklable: its arguments are not .args)
+        return (functools.partial(FinishedRunError, run_id=self.run_id), (self.problem, self.fix))
 
 
 class RecordError(InvalidArgumentError):

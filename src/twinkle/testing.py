@@ -73,9 +73,10 @@ def scripted_run(
     samples, one optimizer step, a memory reading, a ``grpo`` scalar, a weight publish
     acknowledged by engine ``e0`` and a snapshot, on a manual clock (every time figure
     is the same from call to call; the memory reading is this process's). A second
-    call with the same ``out_dir`` and ``run_id`` resumes the run, from the iteration
-    after the last one its log holds unless ``first_iteration`` says otherwise (optimizer
-    step ``i + 1`` is iteration ``i``'s). ``session_options`` go to
+    call with the same ``out_dir`` and ``run_id`` resumes the run (``resume=True`` unless
+    ``session_options`` say otherwise), from the iteration after the last one its log
+    holds unless ``first_iteration`` says otherwise (optimizer step ``i + 1`` is
+    iteration ``i``'s). ``session_options`` go to
     :class:`~twinkle.run.RunSession` (``plugins=``, ``autoload=``, ``blocked=``,
     ``background_writer=``, ...).
     """
@@ -84,6 +85,7 @@ def scripted_run(
         "config": copy.deepcopy(SCRIPTED_CONFIG),
         "clock": clock,
         "wall_clock": lambda: _WALL_ZERO_NS + clock(),
+        "resume": True,
         **session_options,
     }
     with RunSession(out_dir=out_dir, run_id=run_id, **options) as run:

@@ -203,7 +203,7 @@ def test_a_version_is_published_once_no_rollout_needs_an_older_one(
         overlap=overlap,
     )
     run_demo(cfg, out_dir=tmp_path, run_id="r")
-    run_demo(cfg, out_dir=tmp_path, run_id="r")
+    run_demo(cfg, out_dir=tmp_path, run_id="r", resume=True)
     events = _lines(tmp_path / "r" / "events.jsonl")
     assert [e["version"] for e in events if e["type"] == "weights_published"] == versions
     spans = [s for e in events if e["type"] == "spans" for s in e["spans"]]

@@ -284,7 +284,8 @@ def test_a_raising_reward_function_finishes_the_run_as_an_error_keeping_its_reco
 def test_a_second_train_call_with_the_run_id_resumes_the_run(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo")
+    # (resume=True: the first call finished ok; continuing it is asked for)
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo", resume=True)
     grpo(tmp_path, tokenizer, callback, steps=2).train()
     again = grpo(tmp_path, tokenizer, callback, steps=2)  # a restarted job, same run id
     again.train()

@@ -60,6 +60,7 @@ def segment(
         clock=clock,
         wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
         background_writer=False,
+        resume=True,
     )
     with session as run:
         first = 0 if run.resumed is None else run.resumed.next_iteration

@@ -52,7 +52,7 @@ def session(tmp: Path, **kw: Any) -> RunSession:
 
 def resume_with_other_config(tmp: Path) -> None:
     scripted_run(tmp, run_id="r", iterations=1)
-    session(tmp, config={**CONFIG, "finalise_lag": 2}).start()
+    session(tmp, config={**CONFIG, "finalise_lag": 2}, resume=True).start()
 
 
 def second_session(tmp: Path) -> None:

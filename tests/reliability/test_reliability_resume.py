@@ -110,7 +110,7 @@ def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: P
     run_dir = tmp_path / "r"
     assert not (run_dir / "summary.json").exists()
     # The dead process's lock is reclaimed; the run resumes after its last iteration.
-    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False, resume=True) as run:
         assert run.resumed is not None and run.resumed.previous_status is None
         start = run.resumed.next_iteration
         assert start >= 4
@@ -142,7 +142,7 @@ def test_resuming_with_another_configuration_is_refused_and_changes_nothing(
     run_dir = tmp_path / "r"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     other = {**CONFIG, "phases": {**CONFIG["phases"], "train": ["train.fwd"]}}
-    session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False)
+    session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False, resume=True)
     with pytest.raises(ConfigError, match=r"cannot resume with this configuration.*\['phases'\]"):
         session.start()
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
@@ -152,7 +152,7 @@ def test_resuming_with_another_configuration_is_refused_and_changes_nothing(
 def test_a_resumed_run_that_repeats_an_iteration_is_refused(tmp_path: Path) -> None:
     segment(tmp_path, iterations=2, wall_offset_ns=0)
     with (
-        RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False) as run,
+        RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True) as run,
         pytest.raises(RecordError, match=r"iteration_started 0 goes backwards.*start at 2"),
     ):
         run.bus.iteration_started(0)
@@ -195,7 +195,12 @@ class Echo:
 def echo_segment(out: Path, iterations: int) -> RunSession:
     echo = Echo()
     session = RunSession(
-        out_dir=out, run_id="r", config=CONFIG, autoload=False, plugins=[("echo", echo)]
+        out_dir=out,
+        run_id="r",
+        config=CONFIG,
+        autoload=False,
+        plugins=[("echo", echo)],
+        resume=True,
     )
     echo.bus = session.bus
     with session as run:
@@ -245,6 +250,7 @@ def test_a_resume_that_fails_leaves_every_file_as_it_was(tmp_path: Path) -> None
         config=CONFIG,
         autoload=False,
         plugins=[("interrupts", Interrupts())],
+        resume=True,
     )
     with pytest.raises(KeyboardInterrupt):
         session.start()

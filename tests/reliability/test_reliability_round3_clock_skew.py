@@ -74,6 +74,7 @@ def session(
         clock=lambda: true() + S,
         wall_clock=lambda: W + true(),
         background_writer=False,
+        resume=True,  # (a second segment continues the run)
     ) as run:
         yield run
 
@@ -426,7 +427,9 @@ def test_a_worker_process_3s_ahead_is_flagged_and_its_spans_stay_in_their_window
 ) -> None:
     ahead, right = Worker("engine0", 3 * S), Worker("engine1", 0)
     try:
-        with RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False) as run:
+        with RunSession(
+            out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True
+        ) as run:
             for it in range(3):
                 run.bus.iteration_started(it)
                 for worker in (ahead, right):

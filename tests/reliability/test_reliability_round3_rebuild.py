@@ -35,7 +35,7 @@ def test_the_rebuilt_files_are_in_place_only_once_they_hold_as_much(tmp_path: Pa
     run_dir = log.parent
     before = _counts(run_dir)
     session = RunSession(
-        out_dir=tmp_path, run_id="r", config=SCRIPTED_CONFIG, autoload=False
+        out_dir=tmp_path, run_id="r", config=SCRIPTED_CONFIG, autoload=False, resume=True
     ).start()
     try:
         # Right after the resume: the old files, or rebuilds at least as long.
@@ -63,7 +63,7 @@ CHILD = textwrap.dedent(
     from twinkle.testing import SCRIPTED_CONFIG
 
     session = RunSession(out_dir=sys.argv[1], run_id="r", config=SCRIPTED_CONFIG,
-                         autoload=False).start()
+                         autoload=False, resume=True).start()
     print("started", flush=True)
     i = session.resumed.next_iteration
     while True:

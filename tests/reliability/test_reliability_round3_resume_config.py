@@ -106,7 +106,7 @@ def test_a_changed_phase_definition_is_refused_naming_the_key_both_values_and_th
     run_dir = tmp_path / "r"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     other = {**CONFIG, "phases": {"rollout": ["generate"], "train": ["train.fwd"]}}
-    session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False)
+    session = RunSession(out_dir=tmp_path, run_id="r", config=other, autoload=False, resume=True)
     with pytest.raises(ResumeConfigError) as caught:
         session.start()
     message = str(caught.value)
@@ -137,7 +137,7 @@ def test_every_key_that_shapes_the_figures_is_refused_by_name(
 ) -> None:
     segment(tmp_path, CONFIG)
     session = RunSession(
-        out_dir=tmp_path, run_id="r", config={**CONFIG, key: value}, autoload=False
+        out_dir=tmp_path, run_id="r", config={**CONFIG, key: value}, autoload=False, resume=True
     )
     with pytest.raises(ResumeConfigError, match=rf"at \['{key}'\] \({key}: "):
         session.start()
@@ -175,7 +175,7 @@ def test_the_demo_rerun_with_another_iterations_resumes_its_run(
 ) -> None:
     out = ["--out", str(tmp_path)]
     assert main([*DEMO, *out, "--iterations", "2"]) == 0
-    assert main([*DEMO, *out, "--iterations", "3"]) == 0, capsys.readouterr().err
+    assert main([*DEMO, *out, "--iterations", "3", "--resume"]) == 0, capsys.readouterr().err
     run_dir = tmp_path / "d"
     summary = summary_of(run_dir)
     assert summary["status"] == "ok" and summary["iterations"] == 5
@@ -193,7 +193,7 @@ def test_the_demo_refuses_other_phases_saying_which_options_the_run_had(
     out = ["--out", str(tmp_path)]
     assert main([*DEMO, *out, "--iterations", "1"]) == 0
     capsys.readouterr()
-    assert main([*DEMO, *out, "--iterations", "1", "--train-workers", "2"]) == 2
+    assert main([*DEMO, *out, "--iterations", "1", "--train-workers", "2", "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twinkle: error: run 'd' cannot resume with this configuration")
     assert "at ['phases'] (phases: " in err

@@ -67,8 +67,8 @@ def test_a_second_session_in_the_same_process_is_refused(tmp_path: Path) -> None
     with RunSession(out_dir=tmp_path, run_id="r", autoload=False):
         with pytest.raises(RunDirInUseError, match=rf"in use by pid {os.getpid()}"):
             RunSession(out_dir=tmp_path, run_id="r", autoload=False).start()
-    # Given back at the finish: the next session resumes the run.
-    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as again:
+    # Given back at the finish: the next session resumes the run (asked to: it was ok).
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False, resume=True) as again:
         assert again.resumed is not None
 
 

@@ -222,7 +222,11 @@ def test_files_are_0644_and_directories_0755(tmp_path: Path, umask_022: None) ->
         f.write(b'{"type": "torn')  # a crash: the reopen below moves it to a sidecar
     # A restart resumes the run (same configuration), repairing the torn tail first.
     with RunSession(
-        out_dir=tmp_path / "runs" / "deep", run_id="modes", config=CONFIG, autoload=False
+        out_dir=tmp_path / "runs" / "deep",
+        run_id="modes",
+        config=CONFIG,
+        autoload=False,
+        resume=True,
     ):
         pass
     replay(scripted_run(tmp_path / "src", run_id="again"), tmp_path / "replayed" / "x")

@@ -119,6 +119,7 @@ def test_a_resumed_segment_that_fails_ends_its_mlflow_run_failed(tmp_path: Path)
             config=SCRIPTED_CONFIG,
             autoload=False,
             plugins=[("mlflow", MlflowSink())],
+            resume=True,
         ) as run,
     ):
         run.bus.iteration_started(1)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from twinkle.errors import InvalidArgumentError, ResumeConfigError
+from twinkle.errors import FinishedRunError, InvalidArgumentError, ResumeConfigError
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
 
 __all__ = [
@@ -114,6 +114,12 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PLUGIN",
         help="stop if this observer plugin cannot set up (else it is left out and the run "
         "goes on; repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue run --run-id even though it finished ok (without it, a run that "
+        "finished ok is refused; one that crashed or ended in error is continued)",
     )
     p.add_argument(
         "--backend-timeout",
@@ -346,6 +352,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
             blocked=args.block,
             required_plugins=args.require_plugin,
             backend_timeout_s=args.backend_timeout,
+            resume=True if args.resume else None,
             vllm_python=args.vllm_python,
         )
     except BaseException as exc:
@@ -354,6 +361,11 @@ def run_demo_command(args: argparse.Namespace) -> int:
             bar.close()
         if isinstance(exc, ResumeConfigError):
             raise exc.with_fix(_resume_fix(exc)) from exc
+        if isinstance(exc, FinishedRunError):
+            raise exc.with_fix(
+                "pass --resume to continue it (--iterations more), or give --run-id a new "
+                "id (or none) for a new run"
+            ) from exc
         raise
     if bar is not None:
         bar.close()

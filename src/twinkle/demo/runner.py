@@ -284,12 +284,15 @@ def run_demo(
     blocked: Iterable[str] = (),
     required_plugins: Iterable[str] = (),
     backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
+    resume: bool | None = None,
     vllm_python: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
     """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false.
 
     ``vllm_python``: the interpreter of the vLLM engines (``cfg.engine == "vllm"``;
-    default :func:`twinkle.demo.hf.default_vllm_python`)."""
+    default :func:`twinkle.demo.hf.default_vllm_python`). ``resume``: as
+    :class:`~twinkle.run.RunSession`'s (a run ``run_id`` that finished ok is continued
+    only with ``True``)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
     config = observer_config(cfg, DEMO_DEVICES)
@@ -303,6 +306,7 @@ def run_demo(
         blocked=blocked,
         required_plugins=required_plugins if cfg.observers else (),
         backend_timeout_s=backend_timeout_s,
+        resume=resume,
     )
     results: list[IterationResult] = []
     kept: list[tuple[Trajectory, ...]] = []

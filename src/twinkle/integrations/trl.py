@@ -78,7 +78,12 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
     ) from exc
 
 from twinkle.checks import key_problem, plain_number, short_repr
-from twinkle.errors import InvalidArgumentError, ResumeConfigError, TwinkleError
+from twinkle.errors import (
+    FinishedRunError,
+    InvalidArgumentError,
+    ResumeConfigError,
+    TwinkleError,
+)
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
 from twinkle.run import RunSession, RunState
@@ -102,6 +107,7 @@ _SESSION_OPTIONS = frozenset(
         "slow_call_s",
         "required_plugins",
         "backend_timeout_s",
+        "resume",
     }
 )
 _ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
@@ -151,7 +157,11 @@ class TwinkleCallback(TrainerCallback):
     :param out_dir: where ``<run_id>/`` is written (``None``: no files).
     :param run_id: the run's name; default a fresh one per ``train()`` call. A run id
         whose directory already holds a run resumes it (iterations and optimizer steps
-        continue from where it stopped); its configuration may change only
+        continue from where it stopped) when that run did not finish ok (a job killed
+        or pre-empted), or when ``train(resume_from_checkpoint=...)`` restores a step
+        (also a run that finished ok: more ``max_steps``), or with ``resume=True`` (a
+        session option, as ``RunSession``'s); a ``train()`` from step 0 on a run that
+        finished ok is refused, naming these. Its configuration may change only
         ``total_steps`` (a larger ``max_steps``) and ``x_`` keys.
     :param config: the observers' business definitions; default :func:`observer_config`
         for the trainer (plus ``x_trl``: the trainer's class and world size).
@@ -320,12 +330,23 @@ class _ObservedRun:
                 total_steps=max(0, int(state.max_steps)),
             )
             config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
+        options = dict(owner._session_options)
+        # A train() resumed from a checkpoint (its step restored before training begins)
+        # asks to continue the run, also one that finished ok (more max_steps).
+        options.setdefault("resume", True if state.global_step > 0 else None)
         try:
             self.session = RunSession(
-                out_dir=owner.out_dir, run_id=owner.run_id, config=config, **owner._session_options
+                out_dir=owner.out_dir, run_id=owner.run_id, config=config, **options
             ).start()
         except ResumeConfigError as exc:
             raise exc.with_fix(_resume_fix(owner, exc)) from exc
+        except FinishedRunError as exc:
+            raise exc.with_fix(
+                "train(resume_from_checkpoint=...) continues it (or pass "
+                "TwinkleCallback(resume=True)); pass another run_id (TwinkleCallback(run_id="
+                f"...) other than {exc.run_id!r}, or another out_dir) to observe this "
+                "training as a new run"
+            ) from exc
         self.bus = self.session.bus
         self.recorder = self.session.recorder
         resumed = self.session.resumed

@@ -44,6 +44,7 @@ from twinkle.checks import caller_source
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import (
     ConfigError,
+    FinishedRunError,
     InvalidArgumentError,
     ReporterError,
     ResumeConfigError,
@@ -159,6 +160,13 @@ class RunSession:
     :param backend_timeout_s: a plugin's record backend runs on a thread of its own; one
         call of it (open, write, flush, close) that takes longer cuts it off (the run's
         own files never wait for it; ``backends`` in the summary says what each did).
+    :param resume: what to do when the run directory already holds the run's log.
+        ``None`` (the default): continue it only if its last segment did not finish
+        ``ok`` (it crashed, was killed, or ended in ``error``: a restarted job recovers);
+        a run that finished ``ok`` is refused (:class:`~twinkle.errors.FinishedRunError`,
+        before anything is written), so the same command run twice never silently makes
+        one longer run. ``True``: continue it whatever its last status (a job asked for
+        more steps). ``False``: never continue a run; a directory holding one is refused.
 
     A session publishes only between :meth:`start` and :meth:`finish` (else
     :class:`~twinkle.errors.TwinkleError`), in the process that started it: a forked
@@ -183,7 +191,14 @@ class RunSession:
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
         required_plugins: Iterable[str] = (),
         backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
+        resume: bool | None = None,
     ) -> None:
+        if resume is not None and not isinstance(resume, bool):
+            raise InvalidArgumentError(
+                f"resume must be True, False or None (continue only a run that did not "
+                f"finish ok), got {resume!r:.100}"
+            )
+        self._resume_asked = resume
         if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
             raise InvalidArgumentError(
                 f"out_dir must be a directory path (str or os.PathLike) or None (no files), "
@@ -407,6 +422,7 @@ class RunSession:
         return scan
 
     def _check_resumable(self, scan: _Scan) -> None:
+        self._check_resume_asked(scan)
         if self._shift is None:
             raise TwinkleError(
                 f"run directory {str(self.out_dir)!r} got an event log after this session "
@@ -416,6 +432,32 @@ class RunSession:
         behind = scan.last_ns - self._clock() + 1
         if behind > 0:  # the wall clock went back between the segments
             self._shift[0] += behind
+
+    def _check_resume_asked(self, scan: _Scan) -> None:
+        """:class:`~twinkle.errors.FinishedRunError` when this session may not continue
+        the run the directory holds (see ``resume`` in the class docstring)."""
+        asked, finished = self._resume_asked, scan.finished
+        if asked is True or (asked is None and (finished is None or finished.status != "ok")):
+            return
+        where = str(self.out_dir)
+        if asked is False:
+            problem = (
+                f"run {self.run_id!r} already has a log in {where!r} ({scan.segments} "
+                "segment(s)) and resume=False does not continue a run"
+            )
+        else:
+            last = "none" if scan.last_iteration is None else str(scan.last_iteration)
+            problem = (
+                f"run {self.run_id!r} in {where!r} finished ok (segment {scan.segments - 1}, "
+                f"last iteration {last}, {scan.optimizer_steps} optimizer step(s)); "
+                "running it again would silently make one longer run of both"
+            )
+        raise FinishedRunError(
+            problem,
+            "pass RunSession(resume=True) to continue it (numbering on from "
+            "session.resumed), or another run_id (or out_dir) for a new run",
+            run_id=self.run_id,
+        )
 
     def _check_resumed_config(self, started: RunStarted) -> None:
         """This session's configuration may differ from the run's only where a resume may
