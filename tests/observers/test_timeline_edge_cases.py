@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 from test_scripted_run import manual_session  # the same manual-clock session
+from test_timeline import _ms, _values  # (the records, read as there)
 
 from twinkle.events import IterationStarted, RunFinished, RunStarted, SpanBatch
 from twinkle.observers import Timeline
@@ -54,22 +55,6 @@ def _s(name: str, start_ms: int, end_ms: int, tid: int, **attrs: Any) -> Span:
 
 def _over(start_ms: int, end_ms: int, tid: int) -> Span:
     return _s("twinkle.observe", start_ms, end_ms, tid, event="samples")
-
-
-def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(x) for x in (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()]
-
-
-def _values(run_dir: Path, kind: str, scope: str) -> dict[int, dict[str, Any]]:
-    return {
-        r["iteration"]: r["values"]
-        for r in _records(run_dir)
-        if r["kind"] == kind and r["scope"] == scope
-    }
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 9)
 
 
 def _replays_byte_for_byte(run_dir: Path, out: Path) -> None:
