@@ -10,13 +10,14 @@ Every figure is read from the run's own outputs, never recomputed differently:
   idle, overhead, each phase, generation running while training runs);
 * memory: each worker's peak (host and device) over its readings in ``events.jsonl``.
 
+The plots (``--plots``) are drawn in :mod:`twinkle.report._plots`.
+
 The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo's
 ``grpo.reward_mean``, TRL's ``trl.reward``), or the ``NAME.KEY`` given.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import mmap
 import os
@@ -29,11 +30,12 @@ import msgspec
 import orjson
 
 from twinkle.checks import SafeName, explain, printable
-from twinkle.errors import InvalidArgumentError, ReporterError
+from twinkle.errors import InvalidArgumentError
 from twinkle.events import MemoryReadings, RunStarted, Status
 from twinkle.metric import convert_bytes
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
-from twinkle.reporting import ReplacingFile, read_jsonl
+from twinkle.report._plots import PLOTS, time_parts, write_plots
+from twinkle.reporting import read_jsonl
 from twinkle.run import SUMMARY_FILE, iter_events
 
 __all__ = [
@@ -470,138 +472,3 @@ def _text(lines: list[str]) -> str:
     sequence in a log is shown, never obeyed by the terminal. (printable() leaves the
     table's cells, escaped already, as they are.)"""
     return "\n".join(printable(line) for line in lines)
-
-
-# -- plots ------------------------------------------------------------------------------
-
-PLOTS = ("throughput.png", "time.png", "memory.png", "reward.png")
-
-
-def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str, float]:
-    """One iteration's window cut into parts that add up to its wall clock: generation
-    alone, training alone, both at once, other busy time, idle (without a streaming
-    pair: busy and idle)."""
-    wall = row.get("window_wall_seconds") or 0.0
-    busy = row.get("window_busy_seconds") or 0.0
-    idle = row.get("window_idle_seconds") or max(0.0, wall - busy)
-    phases = row.get("window_phase_seconds") or {}
-    overlap = row.get("window_overlap_generation_training_seconds")
-    if pair is None or overlap is None:
-        return {"busy": busy, "idle": idle}
-    gen, train = phases.get(pair[0]) or 0.0, phases.get(pair[1]) or 0.0
-    union = gen + train - overlap
-    return {
-        f"{pair[0]} alone": gen - overlap,
-        f"{pair[1]} alone": train - overlap,
-        f"{pair[0]} and {pair[1]} at once": overlap,
-        "other busy": max(0.0, busy - union),
-        "idle": idle,
-    }
-
-
-def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
-    matplotlib's Agg canvas: tokens/s/device per iteration with the run window's line;
-    each iteration's window cut into generation, training, both at once, other busy
-    time and idle; each worker's peak memory; the reward when there is one.
-
-    No symbolic link is written through: ``out_dir`` itself being one, or a plot's
-    file, is refused (:class:`~twinkle.errors.InvalidArgumentError`); each file is
-    written whole (:class:`~twinkle.reporting.ReplacingFile`)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise InvalidArgumentError(
-            "--plots needs matplotlib: pip install 'twinkle[report]'"
-        ) from exc
-    out = _plots_dir(out_dir)
-    rows = report["iterations"]
-    its = [r["iteration"] for r in rows]
-    title = f"run {report['run_id']}"
-    written: list[Path] = []
-
-    def save(fig: Any, name: str) -> None:
-        FigureCanvasAgg(fig)
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=100)
-        _write_whole(out / name, png.getvalue())
-        written.append(out / name)
-
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    ax.plot(its, [r.get("tokens_per_s_per_device") for r in rows], marker=".", label="iteration")
-    window = report["window"].get("tokens_per_s_per_device")
-    if window is not None:
-        ax.axhline(window, color="black", linestyle="--", label=f"run window ({window:,.0f})")
-    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
-    ax.legend()
-    save(fig, "throughput.png")
-
-    pair = report.get("streaming")
-    timed = [r for r in rows if "window_wall_seconds" in r]  # (iterations with a window)
-    stacks = [time_parts(r, None if pair is None else tuple(pair)) for r in timed]
-    parts = list(dict.fromkeys(part for stack in stacks for part in stack))
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    bottom = [0.0] * len(timed)
-    for part in parts:
-        heights = [stack.get(part, 0.0) for stack in stacks]
-        ax.bar([r["iteration"] for r in timed], heights, bottom=bottom, label=part, width=0.9)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set(title=f"{title}: each iteration's window", xlabel="iteration", ylabel="seconds")
-    ax.legend(fontsize="small")
-    save(fig, "time.png")
-
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    workers = list(report["memory_peak_bytes"])
-    fields = sorted({f for peaks in report["memory_peak_bytes"].values() for f in peaks})
-    width = 0.8 / max(1, len(fields))
-    for k, field in enumerate(fields):
-        values = [
-            convert_bytes(report["memory_peak_bytes"][w].get(field, 0), "MiB") for w in workers
-        ]
-        ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
-    ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
-    ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")
-    if fields:  # (a run without memory readings: an empty plot, no legend)
-        ax.legend(fontsize="small")
-    save(fig, "memory.png")
-
-    rewards = [(r["iteration"], r["reward"]) for r in rows if r.get("reward") is not None]
-    if rewards:
-        fig = Figure(figsize=(8, 4.5))
-        ax = fig.add_subplot()
-        ax.plot([i for i, _ in rewards], [v for _, v in rewards], marker=".")
-        ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
-        save(fig, "reward.png")
-    return written
-
-
-def _plots_dir(out_dir: str | os.PathLike[str]) -> Path:
-    """The plots' directory (made, with its parents, by the first plot written); refused
-    when it is a symbolic link (like a run directory: what it points at is not what the
-    command was given) or not a directory."""
-    out = Path(out_dir)
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        what = "a symbolic link" if out.is_symlink() else "not a directory"
-        raise InvalidArgumentError(
-            f"--plots {str(out)!r} is {what}: plots are written into a directory of "
-            "their own, never through a link; give a directory's real path, or a new one"
-        )
-    return out
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all, never through a symlink planted there."""
-    try:
-        out = ReplacingFile(path)
-    except ReporterError as exc:
-        raise InvalidArgumentError(f"--plots: {exc}") from None
-    try:
-        out.write(data)
-    except BaseException:
-        out.discard()
-        raise
-    out.commit()
