@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from twinkle.observers import ObserverConfig
 from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
-from twinkle.observers.timeline import IterationData, measure_window
+from twinkle.observers._measure import IterationData, measure_window
 
 interval_st = st.tuples(st.integers(-20, 60), st.integers(-20, 60))
 intervals_st = st.lists(interval_st, max_size=12)

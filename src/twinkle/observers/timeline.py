@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -46,7 +46,15 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import OVERHEAD_SPAN, RunContext, StashKey, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
+from twinkle.observers._measure import (
+    Attributed,
+    AttributedTiming,
+    IterationData,
+    Piece,
+    WindowTiming,
+    measure_window,
+    thread_key,
+)
 from twinkle.observers.placement import SkewLedger, place_batch
 from twinkle.perf import ClockAnchor
 
@@ -61,223 +69,6 @@ __all__ = [
     "timeline_for",
     "WindowTiming",
 ]
-
-# (phase or None, start_ns, end_ns, thread_id) of a span on the run's timeline
-_Piece = tuple[str | None, int, int, int]
-# (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute) of a
-# span attributed to an iteration (or, until the first boundary, to the set-up)
-_Attributed = tuple[str | None, int, int, str | None, int, bool]
-
-
-class WindowTiming(msgspec.Struct, frozen=True):
-    """Wall-clock accounting of one stretch of the timeline, in integer nanoseconds.
-
-    Like the other values the timeline hands out per iteration, a frozen :mod:`msgspec`
-    struct: building one costs a tenth of a frozen dataclass.
-
-    ``phase_ns``: union of each phase's spans clipped to the window; ``phase_logical_ns``:
-    that union less the overhead on the same threads; ``busy_ns``: union of all phases;
-    ``idle_ns`` = wall - busy; ``overlap_ns[(p, q)]`` = |p ∩ q|; ``overhead_ns``: union of
-    twinkle's own spans; ``span_ns``: every span's clipped duration added (phase or not).
-    """
-
-    wall_ns: int
-    overhead_ns: int
-    busy_ns: int
-    span_ns: int
-    phase_ns: dict[str, int]
-    phase_logical_ns: dict[str, int]
-    overlap_ns: dict[tuple[str, str], int]
-
-    @property
-    def logical_ns(self) -> int:
-        return self.wall_ns - self.overhead_ns
-
-    @property
-    def idle_ns(self) -> int:
-        return self.wall_ns - self.busy_ns
-
-    @classmethod
-    def empty(cls, config: ObserverConfig) -> WindowTiming:
-        zero = dict.fromkeys(config.phases, 0)
-        return cls(0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0))
-
-    def __add__(self, other: WindowTiming) -> WindowTiming:
-        return WindowTiming(
-            self.wall_ns + other.wall_ns,
-            self.overhead_ns + other.overhead_ns,
-            self.busy_ns + other.busy_ns,
-            self.span_ns + other.span_ns,
-            {p: v + other.phase_ns[p] for p, v in self.phase_ns.items()},
-            {p: v + other.phase_logical_ns[p] for p, v in self.phase_logical_ns.items()},
-            {k: v + other.overlap_ns[k] for k, v in self.overlap_ns.items()},
-        )
-
-
-def _thread_key(pid: int, thread_id: int) -> int:
-    """One int per (process, thread): the thread ident in the low 64 bits."""
-    return (pid << 64) | thread_id
-
-
-def _by_thread(overhead: list[tuple[int, int, int]], lo: int, hi: int) -> dict[int, list[Interval]]:
-    """The overhead in ``[lo, hi)`` per thread, clipped and merged."""
-    by_thread: dict[int, list[Interval]] = {}
-    for s, e, tid in overhead:
-        if e > lo and s < hi:
-            iv = (s if s > lo else lo, e if e < hi else hi)
-            ivs = by_thread.get(tid)
-            if ivs is None:
-                by_thread[tid] = [iv]
-            else:
-                ivs.append(iv)
-    return {tid: merge(ivs) for tid, ivs in by_thread.items()}
-
-
-def _union_and_logical(
-    threads: dict[int, list[Interval]], holes: dict[int, list[Interval]]
-) -> tuple[list[Interval], int]:
-    """A phase's spans (per thread): their union, merged, and its logical time: the union
-    over threads of each thread's spans less the overhead on that thread (an observer
-    running on another thread did not stall the phase)."""
-    if len(threads) == 1:  # the common case: the union is the thread's own
-        [(tid, ivs)] = threads.items()
-        union = merge(ivs)
-        hole = holes.get(tid)
-        return union, length(subtract(union, hole) if hole else union)
-    kept: list[Interval] = []
-    for tid, ivs in threads.items():
-        hole = holes.get(tid)
-        kept.extend(subtract(merge(ivs), hole) if hole else ivs)
-    return merge(iv for ivs in threads.values() for iv in ivs), union_ns(kept)
-
-
-def _union_of(lists: dict[Any, list[Interval]]) -> int:
-    """Length of the union of merged lists (one list: its own length)."""
-    if len(lists) <= 1:
-        return sum(map(length, lists.values()))
-    return union_ns(iv for ivs in lists.values() for iv in ivs)
-
-
-def measure_window(
-    lo: int,
-    hi: int,
-    spans: list[_Piece],
-    overhead: list[tuple[int, int, int]],
-    config: ObserverConfig,
-) -> WindowTiming:
-    """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it."""
-    holes = _by_thread(overhead, lo, hi)
-    # phase -> thread -> its spans clipped to the window (phases without spans absent)
-    by_phase: dict[str, dict[int, list[Interval]]] = {}
-    span_ns = 0
-    for phase, start, end, tid in spans:
-        if end <= lo or start >= hi:
-            continue
-        s = start if start > lo else lo
-        e = end if end < hi else hi
-        span_ns += e - s
-        if phase is not None:
-            threads = by_phase.get(phase)
-            if threads is None:
-                by_phase[phase] = {tid: [(s, e)]}
-            elif tid in threads:
-                threads[tid].append((s, e))
-            else:
-                threads[tid] = [(s, e)]
-    phase_ns = dict.fromkeys(config.phases, 0)
-    logical = dict(phase_ns)
-    merged: dict[str, list[Interval]] = {}
-    for phase, threads in by_phase.items():
-        merged[phase], logical[phase] = _union_and_logical(threads, holes)
-        phase_ns[phase] = length(merged[phase])
-    overlap_ns = dict.fromkeys(config.pairs, 0)
-    if len(merged) > 1:
-        for p, q in config.pairs:
-            if p in merged and q in merged:
-                overlap_ns[p, q] = length(intersect(merged[p], merged[q]))
-    return WindowTiming(
-        wall_ns=hi - lo,
-        overhead_ns=_union_of(holes),
-        busy_ns=_union_of(merged),
-        span_ns=span_ns,
-        phase_ns=phase_ns,
-        phase_logical_ns=logical,
-        overlap_ns=overlap_ns,
-    )
-
-
-class AttributedTiming(msgspec.Struct, frozen=True):
-    """The work done for one iteration wherever it ran, in integer nanoseconds.
-
-    ``phase_sum_ns`` adds span durations (nested/concurrent spans counted each time);
-    ``phase_union_ns`` is their union; ``phase_logical_ns`` the union less the overhead on
-    the threads the spans ran on; ``span_ns`` adds every attributed span's duration.
-    """
-
-    phase_sum_ns: dict[str, int]
-    phase_union_ns: dict[str, int]
-    phase_logical_ns: dict[str, int]
-    phase_spans: dict[str, int]
-    spans: int
-    span_ns: int
-    errors: int
-
-
-@dataclass(slots=True)
-class IterationData:
-    """Everything attributed to one iteration, until it is finalised."""
-
-    iteration: int
-    #: (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute)
-    spans: list[_Attributed] = field(default_factory=list)
-    samples: dict[str, list[int]] = field(default_factory=dict)
-    groups: dict[str, int] = field(default_factory=dict)
-    steps: int = 0
-    step: int = 0
-    wall_ns: int = 0
-
-    def attributed(
-        self, config: ObserverConfig, overhead: list[tuple[int, int, int]]
-    ) -> AttributedTiming:
-        """The attributed view; ``overhead`` holds (start_ns, end_ns, thread_id) of
-        twinkle's own work (only the threads a phase's spans ran on are deducted)."""
-        # phase -> thread -> its spans (phases without spans absent)
-        by_phase: dict[str, dict[int, list[Interval]]] = {}
-        sums = dict.fromkeys(config.phases, 0)
-        counts = dict(sums)
-        errors = span_ns = 0
-        for phase, start, end, error, tid, _ in self.spans:
-            if error is not None:
-                errors += 1
-            span_ns += end - start
-            if phase is not None:
-                threads = by_phase.get(phase)
-                if threads is None:
-                    by_phase[phase] = {tid: [(start, end)]}
-                elif tid in threads:
-                    threads[tid].append((start, end))
-                else:
-                    threads[tid] = [(start, end)]
-                sums[phase] += end - start
-                counts[phase] += 1
-        unions = dict.fromkeys(config.phases, 0)
-        logical = dict(unions)
-        if by_phase:
-            ivs = [iv for threads in by_phase.values() for tivs in threads.values() for iv in tivs]
-            # Only the overhead within the phases' spans can be deducted from them.
-            holes = _by_thread(overhead, min(ivs)[0], max(e for _, e in ivs))
-            for phase, threads in by_phase.items():
-                union, logical[phase] = _union_and_logical(threads, holes)
-                unions[phase] = length(union)
-        return AttributedTiming(
-            phase_sum_ns=sums,
-            phase_union_ns=unions,
-            phase_logical_ns=logical,
-            phase_spans=counts,
-            spans=len(self.spans),
-            span_ns=span_ns,
-            errors=errors,
-        )
 
 
 class Finished(msgspec.Struct, frozen=True):
@@ -330,7 +121,7 @@ class Timeline:
         self.boundaries = 0
         #: end of the last finalised window: time before it is in no more window
         self.horizon: int | None = None
-        self.pieces: list[_Piece] = []
+        self.pieces: list[Piece] = []
         self.overhead: list[tuple[int, int, int]] = []
         #: the start of the newest finalised window: overhead is kept from there on (or
         #: from an earlier start of a span attributed to an iteration not finalised), for
@@ -340,7 +131,7 @@ class Timeline:
         #: is the newest: the first boundary may still fall before one's start and take
         #: it for its iteration (:meth:`_split_newest`); never more than the set-up's
         #: pieces, which its window view holds until then anyway
-        self._setup_spans: list[_Attributed] = []
+        self._setup_spans: list[Attributed] = []
         self.open: dict[int, IterationData] = {}  # started, not finalised
         self.future: dict[int, IterationData] = {}  # observed, not (yet) started
         #: the newest finalised iteration: one at or below it that is not open is late
@@ -472,7 +263,7 @@ class Timeline:
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
             # A thread is one of its process's: idents of two processes may coincide.
-            thread = _thread_key(span.pid, span.thread_id)
+            thread = thread_key(span.pid, span.thread_id)
             if span.name == OVERHEAD_SPAN:
                 overhead.append((start, end, thread))
                 continue
@@ -558,7 +349,7 @@ class Timeline:
                 return window
         return self.windows[0] if self.windows else None
 
-    def _split_newest(self, at_ns: int) -> list[_Attributed]:
+    def _split_newest(self, at_ns: int) -> list[Attributed]:
         """The spans without an iteration attribute that the newest window took by their
         start before its end was known, but that start at or after its end ``at_ns`` (a
         boundary or the finish): removed from it, for what follows. A set-up window's
@@ -566,7 +357,7 @@ class Timeline:
         if not self.windows:
             return []
         newest = self.windows[-1]
-        after: list[_Attributed] = []
+        after: list[Attributed] = []
         if newest.iteration is None:
             pending, self._setup_spans = self._setup_spans, []
             for span in pending:
@@ -576,7 +367,7 @@ class Timeline:
                     self._place("setup", span[2] - span[1])
             return after
         data = self.open[newest.iteration]
-        keep: list[_Attributed] = []
+        keep: list[Attributed] = []
         for span in data.spans:
             if not span[5] and span[1] >= at_ns:
                 after.append(span)
