@@ -104,7 +104,7 @@ def test_timing_table_matches_records(records: list[dict[str, Any]]) -> None:
 
 def test_phase_table_matches_records(records: list[dict[str, Any]]) -> None:
     assert doc_tables()["<phase>"] == _keys(records, "rollout", "iteration")
-    assert _keys(records, "rollout", "window") == doc_tables()["<phase>"] - {"groups"}
+    assert _keys(records, "rollout", "window") == doc_tables()["<phase>/window"]
 
 
 def test_iteration_and_run_tables_match_records(records: list[dict[str, Any]]) -> None:

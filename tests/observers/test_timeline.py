@@ -193,7 +193,8 @@ def test_run_figures_are_true_unions_and_overlaps(run_dir: Path) -> None:
     assert run["generation_hidden_seconds"] == 45
     assert run["generation_hidden_share"] == 45 / 179
     assert (run["overhead_seconds"], run["logical_seconds"]) == (6, 264)
-    assert (run["active_wall_seconds"], run["active_logical_seconds"]) == (268, 262)
+    # from the first phase span (2) to the loop's end (the finish, 260): no tear-down
+    assert (run["active_wall_seconds"], run["active_logical_seconds"]) == (258, 252)
     assert (run["setup_busy_seconds"], run["setup_idle_seconds"]) == (8, 2)
     assert (run["late_spans"], run["late_seconds"]) == (1, 20)
     assert run["iterations"] == 3
@@ -236,11 +237,49 @@ def test_throughput_uses_attributed_phase_time_and_the_active_run(run_dir: Path)
     run = _values(run_dir, "run", "run")[2]
     # every generated token, iteration 5's included, over the active logical seconds
     assert run["tokens"] == 152
-    assert run["tokens_per_s_per_device"] == pytest.approx(152 / (0.262 * 3), rel=1e-15)
+    assert run["tokens_per_s_per_device"] == pytest.approx(152 / (0.252 * 3), rel=1e-15)
     phase = {r["kind"]: r["values"] for r in _records(run_dir) if r["scope"] == "window"}
     assert phase["rollout"]["seconds"] == 0.177  # Σ window rollout logical: 8+85+68+10+6
     assert phase["train"]["seconds"] == 0.116
     assert phase["train"]["tokens"] == 52
+
+
+def test_set_up_loop_and_tear_down_partition_the_run(run_dir: Path) -> None:
+    run = {k: _ms(v) for k, v in _values(run_dir, "timing", "run")[2].items()}
+    # set-up [0, 10), the loop [10, 260) (the three windows), tear-down [260, 270)
+    assert (run["setup_wall_seconds"], run["loop_wall_seconds"]) == (10, 250)
+    assert run["teardown_wall_seconds"] == 10
+    for part in ("wall", "busy", "idle", "overhead"):
+        assert run[f"{part}_seconds"] == pytest.approx(
+            run[f"setup_{part}_seconds"]
+            + run[f"loop_{part}_seconds"]
+            + run[f"teardown_{part}_seconds"],
+            abs=1e-9,
+        ), part
+    # busy in the loop: windows 0-2 busy 90 + 100 + 55, idle 0 + 0 + 5 (250-255 in window 2)
+    assert (run["loop_busy_seconds"], run["loop_idle_seconds"]) == (245, 5)
+    assert (run["teardown_busy_seconds"], run["teardown_idle_seconds"]) == (10, 0)
+
+
+def test_warm_up_and_drain_are_flagged_and_left_out_of_the_steady_state(run_dir: Path) -> None:
+    timing = _values(run_dir, "timing", "iteration")
+    flags = {
+        r["iteration"]: r["attrs"]["window_flags"]
+        for r in _records(run_dir)
+        if r["kind"] == "timing" and r["scope"] == "iteration"
+    }
+    assert flags == {0: ["warmup"], 1: [], 2: ["drain"]}
+    assert [timing[i]["window_steady"] for i in range(3)] == [0, 1, 0]
+    assert [_values(run_dir, "iteration", "iteration")[i]["steady"] for i in range(3)] == [0, 1, 0]
+    run = _values(run_dir, "run", "run")[2]
+    # iteration 1 alone: 15 rollout tokens over its window, 100 ms less 2 ms of overhead
+    assert run["steady_iterations"] == 1
+    assert (run["steady_tokens"], run["steady_seconds"]) == (15, 0.098)
+    assert run["steady_tokens_per_s_per_device"] == 15 / (0.098 * 3)
+    phase = {r["kind"]: r["values"] for r in _records(run_dir) if r["scope"] == "window"}
+    # its rollouts (35-90 on B, 40-120 on C: 85 ms) on 2 devices; its training (120-160)
+    assert phase["rollout"]["steady_tokens_per_s_per_device"] == 15 / (0.085 * 2)
+    assert phase["train"]["steady_tokens_per_s_per_device"] == 15 / 0.040
 
 
 def test_webui_file_has_one_line_per_iteration_and_integer_bytes(run_dir: Path) -> None:

@@ -7,8 +7,10 @@ The demo is the caller, so it defines the business semantics:
 * phases: ``rollout`` = the engines' ``generate`` and ``reward`` spans; ``train`` =
   advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
   step; ``publish`` = writing a weight version (vLLM) and loading it on the engines;
-  ``startup`` = starting the engines (vLLM: ``engine.start``, before the first
-  iteration, so the run window and its throughput include the engines' start-up);
+  ``startup`` = starting the engines or workers (vLLM: ``engine.start``; Ray and DDP:
+  ``workers.start``), ``shutdown`` = stopping the workers (``workers.stop``): the
+  run's ``lifecycle`` phases, busy in the set-up and tear-down windows and never in an
+  iteration or the run's throughput;
 * the device denominators are the devices each phase really ran on: the trainer and
   every engine run on this host's CPU (the demo places nothing on an accelerator), so
   each phase and the run window count the host as one device, whatever accelerators
@@ -84,16 +86,22 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
     model: dict[str, Any] = {}
     if cfg.engine == "vllm":
         phases["publish"] = ["weights.write", "weights.load"]
-        # Starting the engines is the run's work too: busy, not idle, in the set-up; and
-        # the run window (its throughput) opens with it.
+        # Starting the engines is the run's work too: busy, not idle, in the set-up (a
+        # lifecycle phase: not the loop's, so not in the run window's time).
         phases["startup"] = ["engine.start"]
         model = {"x_model": dataclasses.asdict(TinyLlamaSpec())}  # d_model etc. are unused
     if cfg.backend == "ray" or cfg.train_workers > 1:
         # Starting and stopping the workers is the run's work too (busy, not idle).
         phases["startup"] = ["workers.start"]
         phases["shutdown"] = ["workers.stop"]
+    lifecycle = {
+        role: [name]
+        for role, name in (("setup", "startup"), ("teardown", "shutdown"))
+        if name in phases
+    }
     return {
         "phases": phases,
+        **({"lifecycle": lifecycle} if lifecycle else {}),
         "throughput": {
             "rollout": {"samples": "rollout", "devices": devices},
             "train": {"samples": "train", "devices": devices},

@@ -9,6 +9,7 @@ that a replay rebuilds identical observers. Its shape::
                      "train":   {"samples": "train",   "devices": 1}},
       "window": {"samples": "rollout", "devices": 2},
       "streaming": {"generation": "rollout", "training": "train"},
+      "lifecycle": {"setup": ["startup"], "teardown": ["shutdown"]},
       "finalise_lag": 1,
       "clock_skew": {"ahead_s": 0.01, "behind_s": 1.0},
       "total_steps": 10
@@ -21,6 +22,10 @@ that a replay rebuilds identical observers. Its shape::
   tokens, divided by the iterations' logical seconds and ``devices``.
 * ``streaming``: which phase is generation and which is training, for the share of
   generation running while training runs (optional).
+* ``lifecycle``: the phases that start the run's workers (``setup``) and stop them
+  (``teardown``), not the loop's work: they never open the run's active time, and a
+  tear-down phase span starting after the last boundary ends the loop there, so
+  stopping the workers lands in the tear-down window, not the last iteration (optional).
 * ``finalise_lag``: iteration ``i``'s records are written when iteration ``i + 1 + lag``
   starts (or the run finishes), so spans that close up to ``lag`` windows after their
   window still reach its figures (default 1; see docs/metrics.md).
@@ -106,6 +111,45 @@ def _tag(where: str, value: Any) -> str:
     return value
 
 
+def _lifecycle(
+    raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher], streaming: tuple[str, str] | None
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The set-up and tear-down phases of ``config.lifecycle`` (none without one)."""
+    spec = raw.get("lifecycle")
+    if spec is None:
+        return frozenset(), frozenset()
+    example = '{"setup": ["startup"], "teardown": ["shutdown"]}'
+    if not isinstance(spec, Mapping) or not set(spec) <= {"setup", "teardown"}:
+        raise ConfigError(
+            f"config.lifecycle must be an object with keys 'setup' and/or 'teardown', "
+            f"each a list of phases, got {spec!r:.200}; e.g. {example}"
+        )
+    found: dict[str, frozenset[str]] = {}
+    for key in ("setup", "teardown"):
+        names = spec.get(key, [])
+        if isinstance(names, str) or not isinstance(names, list | tuple):
+            raise ConfigError(f"config.lifecycle.{key} must be a list of phases, got {names!r}")
+        for name in names:
+            if name not in phases:
+                raise ConfigError(
+                    f"config.lifecycle.{key} names {name!r}, not a phase of config.phases "
+                    f"({sorted(phases)})"
+                )
+            if streaming is not None and name in streaming:
+                raise ConfigError(
+                    f"config.lifecycle.{key} names {name!r}, the streaming "
+                    "generation or training phase: the loop's work, not starting or "
+                    "stopping the workers"
+                )
+        found[key] = frozenset(names)
+    both = found["setup"] & found["teardown"]
+    if both:
+        raise ConfigError(
+            f"config.lifecycle names {sorted(both)} both a set-up and a tear-down phase"
+        )
+    return found["setup"], found["teardown"]
+
+
 def _streaming(raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher]) -> tuple[str, str] | None:
     spec = raw.get("streaming")
     if spec is None:
@@ -184,6 +228,9 @@ class ObserverConfig:
     streaming: tuple[str, str] | None = None
     finalise_lag: int = 1
     clock_skew: ClockSkewTolerance = field(default_factory=ClockSkewTolerance)
+    #: the phases that start the workers (``lifecycle.setup``) and that stop them
+    setup_phases: frozenset[str] = frozenset()
+    teardown_phases: frozenset[str] = frozenset()
     #: every pair of phases, in config order (the pairwise overlaps reported)
     pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
@@ -210,6 +257,7 @@ class ObserverConfig:
             "streaming",
             "finalise_lag",
             "clock_skew",
+            "lifecycle",
         }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
@@ -258,14 +306,16 @@ class ObserverConfig:
                 f"config.finalise_lag must be an int in [0, 64] (iterations a window's "
                 f"records wait for late spans), got {lag!r}"
             )
+        streaming = _streaming(raw, phases)
         return cls(
             phases,
             throughput,
             window,
             total_steps,
-            _streaming(raw, phases),
+            streaming,
             lag,
             ClockSkewTolerance.parse(raw),
+            *_lifecycle(raw, phases, streaming),
         )
 
     def phase_of(self, span_name: str) -> str | None:
@@ -282,3 +332,12 @@ class ObserverConfig:
                 break
         cache[span_name] = found
         return found
+
+    def is_loop_work(self, phase: str | None) -> bool:
+        """Whether ``phase`` is the loop's work: a phase, and not one that starts or
+        stops the workers (``lifecycle``)."""
+        return (
+            phase is not None
+            and phase not in self.setup_phases
+            and phase not in self.teardown_phases
+        )

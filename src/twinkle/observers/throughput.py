@@ -7,8 +7,10 @@ of that tag over the phase's *attributed* logical seconds) and one ``iteration``
 (effective tokens over the iteration's *window* logical seconds). At the finish, per
 phase a ``window`` record (every sample of the tag over the phase's true union on the
 run's timeline, less overhead) and one ``run`` record (every effective token over the
-run's *active* logical seconds: from the first phase span or boundary to the end, so
-rollouts before the first boundary count in time as in tokens). Every rate is a ratio
+run's *active* logical seconds: from the first span of the loop's work or the first
+boundary to the loop's end, so rollouts before the first boundary count in time as in
+tokens). Both also hold the **steady state** (``steady_*``): the same figure over the
+iterations whose window is not flagged warm-up, drain or partial. Every rate is a ratio
 of totals (:class:`~twinkle.metric.ThroughputMetric`), never a mean of rates.
 """
 
@@ -30,6 +32,9 @@ from twinkle.reporting import MetricRecord, RunTotals, make_record
 __all__ = ["ThroughputObserver"]
 
 _NS = 1e9
+#: the steady-state keys (``steady_<key>``) of the run and phase window records
+_STEADY_KEYS = ("tokens", "seconds", "tokens_per_s", "tokens_per_s_per_device")
+_WINDOW = ""  # the run window's steady-state metric, beside the phases'
 
 
 class ThroughputObserver:
@@ -48,6 +53,9 @@ class ThroughputObserver:
         #: the run's windows, computed once at the finish (records and summary share them)
         self.run_window: dict[str, int | float] = {}
         self.phase_windows: dict[str, dict[str, int | float]] = {}
+        #: the steady-state iterations' tokens and seconds: per phase, and the window's
+        self.steady: dict[str, ThroughputMetric] = {}
+        self.steady_iterations = 0
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -93,8 +101,15 @@ class ThroughputObserver:
             "wall_ns": event.wall_ns,
             "monotonic_ns": event.monotonic_ns,
         }
-        self.phase_windows = self._phase_windows(run)
-        self.run_window = self._run_window(run)
+        self.phase_windows = {
+            phase: {**values, **self._steady_values(phase)}
+            for phase, values in self._phase_windows(run).items()
+        }
+        self.run_window = {
+            **self._run_window(run),
+            "steady_iterations": self.steady_iterations,
+            **self._steady_values(_WINDOW),
+        }
         for phase, values in self.phase_windows.items():
             records.append(make_record(kind=phase, scope="window", values=values, **common))
         run_values: dict[str, int | float] = {
@@ -134,6 +149,22 @@ class ThroughputObserver:
             config.window.samples, active_ns, config.window.devices
         ).calculate()
 
+    def _steady_values(self, name: str) -> dict[str, int | float]:
+        """``steady_<key>`` of the steady-state iterations (seconds 0 and rates
+        undefined when there were none)."""
+        metric = self.steady.get(name)
+        if metric is None:
+            metric = ThroughputMetric()
+            metric.accumulate(lengths=(), seconds=0.0, devices=1)
+        values = metric.calculate()
+        return {f"steady_{key}": values[key] for key in _STEADY_KEYS}
+
+    def _add_steady(self, name: str, lengths: Any, seconds: float, devices: float) -> None:
+        metric = self.steady.get(name)
+        if metric is None:
+            metric = self.steady[name] = ThroughputMetric()
+        metric.accumulate(lengths=lengths, seconds=seconds, devices=devices)
+
     def _emit(self, finished: list[Finished], monotonic_ns: int) -> list[MetricRecord]:
         config = self.timeline.config
         window = config.window
@@ -153,21 +184,24 @@ class ThroughputObserver:
             }
             samples = data.samples
             attributed = done.attributed.phase_logical_ns
+            steady = done.steady
+            self.steady_iterations += steady
             for phase, spec in config.throughput.items():
-                values = batch(
-                    lengths=samples.get(spec.samples, ()),
-                    seconds=attributed[phase] / _NS,
-                    devices=spec.devices,
-                )
+                lengths, seconds = samples.get(spec.samples, ()), attributed[phase] / _NS
+                values = batch(lengths=lengths, seconds=seconds, devices=spec.devices)
                 values["groups"] = data.groups.get(spec.samples, 0)
                 records.append(make_record(kind=phase, values=values, **common))
+                if steady:
+                    self._add_steady(phase, lengths, seconds, spec.devices)
             if window is not None:
-                seconds = done.window.logical_ns / _NS
-                values = batch(
-                    lengths=samples.get(window.samples, ()), seconds=seconds, devices=window.devices
-                )
+                lengths, seconds = samples.get(window.samples, ()), done.window.logical_ns / _NS
+                values = batch(lengths=lengths, seconds=seconds, devices=window.devices)
                 values["window_logical_seconds"] = seconds
-                records.append(make_record(kind="iteration", values=values, **common))
+                values["steady"] = int(steady)
+                attrs = {"window_flags": list(done.flags)}
+                records.append(make_record(kind="iteration", values=values, attrs=attrs, **common))
+                if steady:
+                    self._add_steady(_WINDOW, lengths, seconds, window.devices)
         return records
 
     def _counts(self) -> RunTotals:

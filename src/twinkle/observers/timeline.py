@@ -71,24 +71,40 @@ __all__ = [
 ]
 
 
+#: why an iteration's window is not the loop's steady state (docs/metrics.md)
+WARMUP, DRAIN, PARTIAL = "warmup", "drain", "partial"
+
+
 class Finished(msgspec.Struct, frozen=True):
-    """An iteration handed out when it is finalised: its data and both views."""
+    """An iteration handed out when it is finalised: its data, both views and its
+    window's flags: ``warmup`` (the first of its segment: the pipeline filling), ``drain``
+    (the last of a segment that finished ``ok``: nothing left to overlap) or ``partial``
+    (the last of one that did not: cut short); none in the steady state."""
 
     data: IterationData
     attributed: AttributedTiming
     window: WindowTiming
+    flags: tuple[str, ...] = ()
+
+    @property
+    def steady(self) -> bool:
+        return not self.flags
 
 
 class RunTiming(msgspec.Struct, frozen=True):
     """The run-level figures: the sum of every window, set-up and tear-down included.
 
-    ``active`` starts at the first phase span or the first boundary, whichever is first
-    (the time the run's tokens took, rollouts before the first boundary included).
-    ``late_ns`` sums the time of late spans before the horizon (in no window).
+    ``total`` = ``setup`` + ``loop`` (every iteration's window) + ``teardown``, to the
+    nanosecond. ``active`` starts at the first span of the loop's work (a phase that is
+    not a ``lifecycle`` one) or the first boundary, whichever is first, and ends with the
+    loop (the time the run's tokens took, rollouts before the first boundary included;
+    starting and stopping the workers, and the tear-down, left out). ``late_ns`` sums the
+    time of late spans before the horizon (in no window).
     """
 
     total: WindowTiming
     setup: WindowTiming
+    loop: WindowTiming
     teardown: WindowTiming
     active_wall_ns: int
     active_overhead_ns: int
@@ -104,6 +120,7 @@ class _Window:
     start_ns: int
     end_ns: int | None = None
     closed_at: int = 0  # the number of the boundary that closed it (1 = the first)
+    flags: tuple[str, ...] = ()  # an iteration's: WARMUP, DRAIN or PARTIAL
 
 
 class Timeline:
@@ -142,6 +159,7 @@ class Timeline:
         self.run: RunTiming | None = None
         self._totals = WindowTiming.empty(self.config)
         self._setup = self._before_work = WindowTiming.empty(self.config)
+        self._loop = WindowTiming.empty(self.config)
         self._first_work_ns: int | None = None
         self._setup_open = False  # a set-up window (of the run or a resumed segment) is
         self._tail_ns: int | None = None  # the end of the last segment's tear-down
@@ -168,7 +186,7 @@ class Timeline:
         self.anchor = event.anchor
         self.skew = SkewLedger(self.config.clock_skew)
         self._totals = self._setup = self._before_work = WindowTiming.empty(self.config)
-        self._teardown = WindowTiming.empty(self.config)
+        self._loop = self._teardown = WindowTiming.empty(self.config)
         self._setup_open = True
         self.windows.append(_Window(None, event.monotonic_ns))
 
@@ -204,7 +222,10 @@ class Timeline:
         data = self.future.pop(event.iteration, None) or IterationData(event.iteration)
         data.spans.extend(starting_here)
         self.open[event.iteration] = data
-        self.windows.append(_Window(event.iteration, event.monotonic_ns))
+        # The first iteration of a segment follows its set-up window: warm-up.
+        first = bool(self.windows) and self.windows[-1].iteration is None
+        flags = (WARMUP,) if first else ()
+        self.windows.append(_Window(event.iteration, event.monotonic_ns, flags=flags))
         lag = self.config.finalise_lag
         done: list[Finished] = []
         while len(self.windows) > 1 and self.boundaries - self.windows[0].closed_at >= lag:
@@ -216,11 +237,15 @@ class Timeline:
         """Every iteration still open, finalised at the run's end (also kept in
         :attr:`finished`), and the run figures (:attr:`run`)."""
         end = event.monotonic_ns
-        # A span without an iteration attribute that starts at or after the finish
+        loop_end = self._loop_end(end)
+        # A span without an iteration attribute that starts at or after the loop's end
         # belongs to the tear-down, not to the last iteration (or the set-up).
-        for span in self._split_newest(end):
+        for span in self._split_newest(loop_end):
             self._place("teardown", span[2] - span[1])
-        self._close_window(end, event.wall_ns)
+        newest = self.windows[-1] if self.windows else None
+        if newest is not None and newest.iteration is not None:
+            newest.flags += (DRAIN if event.status == "ok" else PARTIAL,)
+        self._close_window(loop_end, event.wall_ns - (end - loop_end))
         done: list[Finished] = []
         while self.windows:
             done.extend(self._finalise(self.windows.popleft()))
@@ -239,9 +264,12 @@ class Timeline:
         self.run = RunTiming(
             total=self._totals,
             setup=self._setup,
+            loop=self._loop,
             teardown=self._teardown,
-            active_wall_ns=self._totals.wall_ns - self._before_work.wall_ns,
-            active_overhead_ns=self._totals.overhead_ns - self._before_work.overhead_ns,
+            active_wall_ns=self._setup.wall_ns - self._before_work.wall_ns + self._loop.wall_ns,
+            active_overhead_ns=(
+                self._setup.overhead_ns - self._before_work.overhead_ns + self._loop.overhead_ns
+            ),
             late_spans=self.late_spans,
             late_ns=self.late_ns,
         )
@@ -275,7 +303,7 @@ class Timeline:
             if horizon is None or end > horizon:
                 clipped = start if horizon is None else max(start, horizon)
                 self.pieces.append((phase, clipped, end, thread))
-            if phase is not None and self._setup_open:
+            if self._setup_open and self.config.is_loop_work(phase):
                 first = self._first_work_ns
                 self._first_work_ns = start if first is None else min(first, start)
             self._attribute(span.attrs.get("iteration"), phase, start, end, span, thread=thread)
@@ -338,6 +366,17 @@ class Timeline:
         if data is None:
             data = self.future[iteration] = IterationData(iteration)
         return data
+
+    def _loop_end(self, finish_ns: int) -> int:
+        """Where the loop ends: the finish, or earlier the start of the first span of a
+        tear-down phase (``lifecycle.teardown``: stopping the workers) that starts in
+        the last iteration's window."""
+        teardown = self.config.teardown_phases
+        if not teardown or not self.windows or self.windows[-1].iteration is None:
+            return finish_ns
+        lo = self.windows[-1].start_ns
+        starts = [s for phase, s, _, _ in self.pieces if phase in teardown and lo <= s < finish_ns]
+        return min(starts, default=finish_ns)
 
     def _window_at(self, start: int) -> _Window | None:
         """The window not yet finalised that holds ``start`` (the set-up window also
@@ -418,10 +457,12 @@ class Timeline:
             data = self.open.pop(window.iteration)
             upto = self.finalised_upto
             self.finalised_upto = window.iteration if upto is None else max(upto, window.iteration)
+            self._loop = self._loop + timing
             entry = self.where["iterations"]
             entry[0] += len(data.spans)
             entry[1] += sum([span[2] - span[1] for span in data.spans])
-            out.append(Finished(data, data.attributed(self.config, self.overhead), timing))
+            attributed = data.attributed(self.config, self.overhead)
+            out.append(Finished(data, attributed, timing, window.flags))
         self._prune_overhead()
         return out
 

@@ -126,7 +126,8 @@ def attributed_values(t: AttributedTiming, keys: AttributedKeys) -> dict[str, in
 
 
 def _edge_values(t: WindowTiming, name: str) -> dict[str, int | float]:
-    """The set-up or tear-down window's wall, overhead, busy and idle seconds."""
+    """The set-up windows', the loop's or the tear-down windows' wall, overhead, busy
+    and idle seconds."""
     return {
         f"{name}_wall_seconds": t.wall_ns / _NS,
         f"{name}_overhead_seconds": t.overhead_ns / _NS,
@@ -142,6 +143,7 @@ def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[
         "active_wall_seconds": run.active_wall_ns / _NS,
         "active_logical_seconds": (run.active_wall_ns - run.active_overhead_ns) / _NS,
         **_edge_values(run.setup, "setup"),
+        **_edge_values(run.loop, "loop"),
         **_edge_values(run.teardown, "teardown"),
         "late_spans": run.late_spans,
         "late_seconds": run.late_ns / _NS,
@@ -212,6 +214,7 @@ class TimingObserver:
         for done in finished:
             self.iterations += 1
             values = window_values(done.window, self.window_keys)
+            values["window_steady"] = int(done.steady)
             values.update(attributed_values(done.attributed, self.attributed_keys))
             records.append(
                 make_record(
@@ -223,6 +226,7 @@ class TimingObserver:
                     wall_ns=done.data.wall_ns,
                     monotonic_ns=monotonic_ns,
                     values=values,
+                    attrs={"window_flags": list(done.flags)},
                 )
             )
         return records
