@@ -61,6 +61,9 @@ class Recompute:
         started = events[0]
         cfg = started["config"]
         self.phases: dict[str, list[str]] = cfg["phases"]
+        lifecycle = cfg.get("lifecycle") or {}
+        self.teardown_phases = set(lifecycle.get("teardown", []))
+        self.lifecycle = set(lifecycle.get("setup", [])) | self.teardown_phases
         self.pairs = [(p, q) for i, p in enumerate(self.phases) for q in list(self.phases)[i + 1 :]]
         lag = cfg.get("finalise_lag", 1)
         self.boundaries: list[tuple[int, int]] = []  # (iteration, monotonic_ns)
@@ -99,6 +102,7 @@ class Recompute:
             elif kind == "run_finished":
                 self.finish = ev["monotonic_ns"]
                 self.finish_pos = pos
+                self.status = ev["status"]
         self.run_start = started["monotonic_ns"]
 
     def phase(self, name: str) -> str | None:
@@ -137,8 +141,28 @@ class Recompute:
             "overlap": {(p, q): both(by[p], by[q]) for p, q in self.pairs},
         }
 
+    def loop_end(self) -> int:
+        """The finish, or the start of the first span of a tear-down phase (stopping
+        the workers) that starts in the last iteration's window."""
+        last = self.boundaries[-1][1]
+        starts = [
+            s
+            for pos, ph, s, _, _ in self.pieces
+            if pos < self.finish_pos and ph in self.teardown_phases and last <= s < self.finish
+        ]
+        return min([self.finish, *starts])
+
+    def flags(self) -> dict[int, list[str]]:
+        """Each iteration's window flags: the first warm-up, the last drain (partial when
+        the run did not finish ok)."""
+        its = [it for it, _ in self.boundaries]
+        out: dict[int, list[str]] = {it: [] for it in its}
+        out[its[0]].append("warmup")
+        out[its[-1]].append("drain" if self.status == "ok" else "partial")
+        return out
+
     def windows(self) -> list[dict[str, Any]]:
-        ends = [b for _, b in self.boundaries[1:]] + [self.finish]
+        ends = [b for _, b in self.boundaries[1:]] + [self.loop_end()]
         return [
             self.measure(b, end, self.finalised_at.get(k + 1, self.finish_pos))
             for k, ((_, b), end) in enumerate(zip(self.boundaries, ends, strict=True))
@@ -150,13 +174,17 @@ class Recompute:
         starts = [s for p, _, s, _, _ in self.pieces if p < before]
         starts += [s for p, s, _, _ in self.over if p < before]
         lo = min([self.run_start, *starts])
-        work = [s for p, ph, s, _, _ in self.pieces if p < before and ph is not None]
+        work = [
+            s
+            for p, ph, s, _, _ in self.pieces
+            if p < before and ph is not None and ph not in self.lifecycle
+        ]
         active_from = min([first_boundary, *work])
         return self.measure(lo, first_boundary, before), active_from
 
     def teardown(self) -> dict[str, Any]:
         end = max([self.finish, *(e for _, _, _, e, _ in self.pieces)])
-        return self.measure(self.finish, end, self.finish_pos + 1)
+        return self.measure(self.loop_end(), end, self.finish_pos + 1)
 
 
 def shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
@@ -275,8 +303,14 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     assert run["busy_seconds"] == _s(total["busy"])
     assert run["overhead_seconds"] == _s(total["overhead"])
     assert run["idle_seconds"] == _s(total["wall"] - total["busy"])
-    assert run["setup_wall_seconds"] == _s(setup["wall"])
-    assert run["teardown_wall_seconds"] == _s(teardown["wall"])
+    for name, part in (("setup", setup), ("teardown", teardown)):
+        assert run[f"{name}_wall_seconds"] == _s(part["wall"])
+        assert run[f"{name}_busy_seconds"] == _s(part["busy"])
+    loop = {k: sum(w[k] for w in windows) for k in ("wall", "overhead", "busy")}
+    assert run["loop_wall_seconds"] == _s(loop["wall"])
+    assert run["loop_busy_seconds"] == _s(loop["busy"])
+    assert run["loop_idle_seconds"] == _s(loop["wall"] - loop["busy"])
+    assert run["loop_overhead_seconds"] == _s(loop["overhead"])
     assert run["late_seconds"] == _s(rc.late_ns)
     # every span's duration: in a window (clipped) or late
     assert total["span"] + rc.late_ns == sum(s["end_ns"] - s["start_ns"] for s in rc.spans)
@@ -291,25 +325,39 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     assert run["generation_hidden_seconds"] == _s(hidden)
     assert run["generation_hidden_share"] == hidden / generation
     # throughput: the iteration's tokens over its window's logical seconds; the run's
-    # every generated token over the active logical seconds (from the first phase span)
+    # every generated token over the active logical seconds (from the first span of
+    # the loop's work to the loop's end)
     lead_in = rc.measure(active_from, rc.boundaries[0][1], rc.finish_pos)
     active_ns = (lead_in["wall"] - lead_in["overhead"]) + sum(
-        p["wall"] - p["overhead"] for p in [*windows, teardown]
+        p["wall"] - p["overhead"] for p in windows
     )
     assert run["active_logical_seconds"] == _s(active_ns)
-    it_records = {r["iteration"]: r["values"] for r in records if r["kind"] == "iteration"}
+    it_records = {r["iteration"]: r for r in records if r["kind"] == "iteration"}
+    flags = rc.flags()
+    steady_tokens = steady_ns = 0
     for (it, _), w in zip(rc.boundaries, windows, strict=True):
         tokens = sum(rc.samples.get((it, "rollout"), []))
-        assert it_records[it]["tokens"] == tokens
+        values = it_records[it]["values"]
+        assert values["tokens"] == tokens
         seconds = _s(w["wall"] - w["overhead"])
-        assert it_records[it]["tokens_per_s_per_device"] == pytest.approx(
-            tokens / seconds, rel=1e-15
-        )
+        assert values["tokens_per_s_per_device"] == pytest.approx(tokens / seconds, rel=1e-15)
+        assert it_records[it]["attrs"]["window_flags"] == flags[it]
+        assert values["steady"] == timing[it]["window_steady"] == int(not flags[it])
+        if not flags[it]:
+            steady_tokens += tokens
+            steady_ns += w["wall"] - w["overhead"]
     (window,) = [r["values"] for r in records if r["kind"] == "run"]
     tokens = sum(sum(v) for (_, tag), v in rc.samples.items() if tag == "rollout")
     assert window["tokens"] == tokens
     assert window["seconds"] == _s(active_ns)
     assert window["tokens_per_s_per_device"] == pytest.approx(tokens / _s(active_ns), rel=1e-15)
+    assert window["steady_iterations"] == sum(not f for f in flags.values())
+    assert window["steady_tokens"] == steady_tokens
+    assert window["steady_seconds"] == pytest.approx(_s(steady_ns), rel=1e-15)
+    if steady_ns:
+        assert window["steady_tokens_per_s"] == pytest.approx(
+            steady_tokens / _s(steady_ns), rel=1e-15
+        )
     phase_windows = {r["kind"]: r["values"] for r in records if r["scope"] == "window"}
     rollout_logical = sum(p["logical"]["rollout"] for p in parts)
     assert phase_windows["rollout"]["seconds"] == _s(rollout_logical)

@@ -87,12 +87,24 @@ def test_the_text_shows_the_table_and_the_runs_figures(runs: tuple[Path, Path]) 
     text = format_report(report)
     lines = text.splitlines()
     header = next(line for line in lines if line.lstrip().startswith("iter"))
-    assert header.split()[:3] == ["iter", "tokens", "tok/s/dev"] and "reward" in header
-    first = report["iterations"][0]
-    assert any(line.split()[:2] == ["0", f"{first['tokens']:,}"] for line in lines)
+    assert header.split()[:4] == ["iter", "flag", "tokens", "tok/s/dev"] and "reward" in header
+    assert "rollout tok/s/dev" in header and "train tok/s/dev" in header
+    first, middle, last = report["iterations"]
+    assert any(line.split()[:3] == ["0", "warm-up", f"{first['tokens']:,}"] for line in lines)
+    assert any(line.split()[:2] == ["1", f"{middle['tokens']:,}"] for line in lines)
+    assert any(line.split()[:3] == ["2", "drain", f"{last['tokens']:,}"] for line in lines)
+    # the steady state leads (iteration 1 alone), the whole loop follows
+    steady = report["window"]["steady_tokens_per_s_per_device"]
+    assert steady == middle["tokens_per_s_per_device"]
+    assert text.index(f"steady state        {steady:,.0f} tokens/s/device over 1 of 3") < (
+        text.index("whole loop          ")
+    )
+    rollout = report["phase_windows"]["rollout"]["steady_tokens_per_s_per_device"]
+    assert f"rollout {rollout:,.0f}, train " in text
     tps = report["window"]["tokens_per_s_per_device"]
-    assert f"window throughput   {tps:,.0f} tokens/s/device" in text
+    assert f"whole loop          {tps:,.0f} tokens/s/device over all 3 iterations" in text
     assert "reward (grpo.reward_mean)" in text and "peak memory" in text
+    assert "columns (docs/metrics.md, 'Report columns'):" in text  # the legend
 
 
 def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
@@ -121,10 +133,11 @@ def test_concurrency_is_never_called_a_saving_and_a_saving_only_where_measured(
     # it (B: 1,250): streaming gave 1,250 / 1,000 = 1.25x, measured.
     a, b = copy.deepcopy(overlapped), copy.deepcopy(overlapped)
     a["seconds"]["generation_hidden_share"] = 0.0
-    a["window"]["tokens_per_s_per_device"] = 1000.0
-    b["window"]["tokens_per_s_per_device"] = 1250.0
+    a["window"]["steady_tokens_per_s_per_device"] = 1000.0
+    b["window"]["steady_tokens_per_s_per_device"] = 1250.0
     assert streaming_effect(a, b) == {
         "overlapped": "b",
+        "figure": "steady state",
         "tokens_per_s_per_device_with_overlap": 1250.0,
         "tokens_per_s_per_device_without": 1000.0,
         "throughput_ratio": 1.25,
@@ -132,7 +145,7 @@ def test_concurrency_is_never_called_a_saving_and_a_saving_only_where_measured(
     assert streaming_effect(b, a)["overlapped"] == "a"  # type: ignore[index]
     assert (
         "streaming, measured: B overlapped generation with training, A did not; B's "
-        "window throughput is 1.250x A's" in format_compare(a, b)
+        "steady state throughput is 1.250x A's" in format_compare(a, b)
     )
     assert "streaming, measured" not in format_compare(b, b)
 
@@ -141,7 +154,7 @@ def test_the_command_prints_text_or_json(
     runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["report", str(runs[0])]) == 0
-    assert "window throughput" in capsys.readouterr().out
+    assert "steady state" in capsys.readouterr().out
     assert main(["report", str(runs[0]), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((runs[0] / "summary.json").read_text())
@@ -236,3 +249,52 @@ def test_runs_compare_on_the_highest_peak_and_their_named_reward(
     peak = max(p["host_peak_rss_bytes"] for p in a["memory_peak_bytes"].values())
     assert rows["host_peak_rss_bytes_max_over_workers"]["a"] == peak
     assert rows["grpo.reward_mean_last"]["ratio"] is not None
+
+
+def test_without_a_steady_state_on_either_side_streaming_compares_the_whole_loops(
+    runs: tuple[Path, Path],
+) -> None:
+    a, b = copy.deepcopy(load_report(runs[0])), copy.deepcopy(load_report(runs[0]))
+    a["seconds"]["generation_hidden_share"] = 0.0
+    a["window"]["steady_tokens_per_s_per_device"] = None  # (too few iterations)
+    a["window"]["tokens_per_s_per_device"], b["window"]["tokens_per_s_per_device"] = 800.0, 1000.0
+    effect = streaming_effect(a, b)
+    assert effect is not None
+    assert (effect["figure"], effect["throughput_ratio"]) == ("whole loop", 1.25)
+
+
+def test_every_printed_partition_adds_up_to_its_printed_total(runs: tuple[Path, Path]) -> None:
+    """On a real demo run: wall, busy, idle and twinkle's own seconds are each set-up +
+    loop + tear-down, in summary.json (to the float) and as printed (to the digit)."""
+    run = runs[1]
+    seconds = json.loads((run / "summary.json").read_text())["seconds"]
+    for total in ("wall", "busy", "idle", "overhead"):
+        parts = [seconds[f"{p}_{total}_seconds"] for p in ("setup", "loop", "teardown")]
+        assert sum(parts) == pytest.approx(seconds[f"{total}_seconds"], abs=1e-9), total
+    assert seconds["busy_seconds"] + seconds["idle_seconds"] == pytest.approx(
+        seconds["wall_seconds"], abs=1e-9
+    )
+    text = format_report(load_report(run))
+    shown = [line for line in text.splitlines() if " s = set-up " in line]
+    assert len(shown) == 4
+    for line in shown:
+        total, rest = line.split(" s = set-up ")
+        parts = [rest.split(" + loop ")[0], *rest.split(" + loop ")[1].split(" + tear-down ")]
+        value = lambda x: round(float(x) * 1000)  # noqa: E731 (milliseconds, exact)
+        assert sum(map(value, parts)) == value(total.split()[-1]), line
+
+
+@pytest.mark.parametrize(
+    ("total", "parts", "shown"),
+    [
+        # 0.0004 + 0.0004 + 0.0004 = 0.0012: floors 0 + 0 + 0, one millisecond left over
+        (0.0012, [0.0004, 0.0004, 0.0004], ["0.001", "0.001", "0.000", "0.000"]),
+        # 1.2345 + 2.3456 + 0.42 = 4.0001: each rounded alone, 1.235 + 2.346 + 0.420 = 4.001
+        (4.0001, [1.2345, 2.3456, 0.42], ["4.000", "1.234", "2.346", "0.420"]),
+        (9.702, [1.288, 8.414, 0.0], ["9.702", "1.288", "8.414", "0.000"]),
+    ],
+)
+def test_parts_are_shown_so_they_add_up(total: float, parts: list[float], shown: list[str]) -> None:
+    from twinkle.report._text import split_exactly
+
+    assert split_exactly(total, parts) == shown

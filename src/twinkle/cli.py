@@ -257,8 +257,9 @@ def _demo(args: argparse.Namespace) -> int:
     if args.run_id is not None:
         safe_name(args.run_id, "--run-id")  # before anything heavy starts
     from twinkle.demo.cli import run_demo_command
+    from twinkle.report import format_report, load_report
 
-    return run_demo_command(args)
+    return run_demo_command(args, lambda run_dir: format_report(load_report(run_dir)))
 
 
 def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:

@@ -104,7 +104,7 @@ def test_the_run_is_ok_with_the_five_files_and_nothing_left_running(demo: Demo) 
     assert sorted(p.name for p in demo.run_dir.iterdir() if not p.name.startswith(".")) == sorted(
         FILES
     )
-    assert "run r: ok" in demo.stdout and "window throughput" in demo.stdout
+    assert "run r: ok" in demo.stdout and "steady state" in demo.stdout
     assert demo.summary["counts"]["optimizer_updates"]["final"] == ITERATIONS * 4
     assert demo.summary["records_dropped"] == 0
     assert sum(demo.summary["observer_failures"].values()) == 0

@@ -1,4 +1,5 @@
-"""``twinkle demo``: options, progress bar, per-iteration table and the run summary."""
+"""``twinkle demo``: options, progress bar, then the run's report (the same table and
+figures as ``twinkle report``) and what the demo did."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from twinkle.errors import FinishedRunError, InvalidArgumentError, ResumeConfigError
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
@@ -19,7 +19,6 @@ __all__ = [
     "add_demo_arguments",
     "demo_run_dir",
     "format_summary",
-    "format_table",
     "make_out_dir",
     "run_demo_command",
 ]
@@ -131,96 +130,31 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def format_table(records: list[dict[str, Any]]) -> str:
-    """Per-iteration table, computed from the raw records (nothing re-measured).
-
-    ``gen s``/``train s``: the work done for the iteration (attributed view); ``window
-    s``, ``overlap s`` (generation while training), ``idle s`` and ``overhead``: the wall
-    clock from this iteration's boundary to the next (window view)."""
-    by: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in records:
-        if r["scope"] == "iteration":
-            by[(r["kind"], r["iteration"])] = r["values"]
-    iterations = sorted({it for kind, it in by if kind == "timing"})
-    nan = float("nan")
-    head = (
-        f"{'iter':>4} {'reward':>7} {'loss':>8} {'tokens':>7} {'gen s':>7} {'train s':>7} "
-        f"{'window s':>8} {'overlap s':>9} {'idle s':>7} {'overhead':>8} {'tok/s/dev':>10}"
-    )
-    lines = [head, "-" * len(head)]
-    for it in iterations:
-        t = by[("timing", it)]
-        g = by.get(("grpo", it), {})
-        w = by.get(("iteration", it), {})
-        lines.append(
-            f"{it:>4} {g.get('reward_mean', nan):>7.3f} {g.get('loss', nan):>8.4f} "
-            f"{w.get('tokens', 0):>7} {t.get('attributed_rollout_seconds', 0.0):>7.3f} "
-            f"{t.get('attributed_train_seconds', 0.0):>7.3f} {t['window_wall_seconds']:>8.3f} "
-            f"{t.get('window_overlap_rollout_train_seconds', 0.0):>9.3f} "
-            f"{t['window_idle_seconds']:>7.3f} {t['window_overhead_seconds'] * 1e3:>6.2f}ms "
-            f"{_num(w.get('tokens_per_s_per_device')):>10}"
-        )
-    return "\n".join(lines)
-
-
-def _num(x: Any) -> str:
-    return "n/a" if x is None else f"{x:,.0f}"
-
-
-def _f3(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _pct(x: Any) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def format_summary(summary: dict[str, Any]) -> str:
-    """The run summary for humans (summary.json holds the numbers)."""
+    """What the demo did, for humans: its counts and its run's health (the run's figures
+    are the report's, printed before it; summary.json holds the numbers)."""
     counts = summary.get("counts", {})
 
     def c(key: str) -> Any:  # n/a: the observer that counts it was blocked
         value = counts.get(key, {}).get("final")
         return "n/a" if value is None else value
 
-    window = summary.get("window", {})
-    grpo = summary.get("scalars", {}).get("grpo", {}).get("reward_mean", {})
-    secs = summary.get("seconds", {})
     late = summary.get("spans", {}).get("window", {}).get("late", {})
-    lines = [
-        f"run {summary['run_id']}: {summary['status']}",
-        f"  generation groups       {c('groups_rollout')}",
-        f"  samples generated       {c('samples_rollout')}",
-        f"  training sample visits  {c('samples_train')}",
-        f"  optimizer updates       {c('optimizer_updates')}",
-        f"  records dropped         {summary.get('records_dropped')}",
-        f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
-        f"  window throughput       {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"({window.get('tokens', 'n/a')} tokens / {window.get('seconds', 0.0):.2f} active "
-        "logical s)",
-        f"  run wall clock          {secs.get('wall_seconds', 0.0):.2f} s: set-up "
-        f"{secs.get('setup_wall_seconds', 0.0):.2f}, busy {secs.get('busy_seconds', 0.0):.2f}, "
-        f"idle {secs.get('idle_seconds', 0.0):.2f}, observer overhead "
-        f"{secs.get('overhead_seconds', 0.0):.3f}",
-        f"  phase seconds (union)   rollout {secs.get('rollout_seconds', 0.0):.2f}, "
-        f"train {secs.get('train_seconds', 0.0):.2f}, publish "
-        f"{secs.get('publish_seconds', 0.0):.2f}",
-        f"  gen. with training      {secs.get('generation_hidden_seconds', 0.0):.2f} s "
-        f"({_pct(secs.get('generation_hidden_share'))} of generation ran while training ran: "
-        "concurrency, not a saving)",
-        f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
-        "outside their windows)",
-        (
-            f"  reward mean             {_f3(grpo['first'])} (iteration "
-            f"{grpo.get('first_iteration')}) -> {_f3(grpo['last'])} (iteration "
-            f"{grpo.get('last_iteration')})"
-            if "first" in grpo and "last" in grpo
-            else "  reward mean             n/a (no grpo scalars: is scalars blocked?)"
-        ),
-        f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
-        "(start-up included)",
-    ]
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            f"run {summary['run_id']}: {summary['status']}",
+            f"  generation groups       {c('groups_rollout')}",
+            f"  samples generated       {c('samples_rollout')}",
+            f"  training sample visits  {c('samples_train')}",
+            f"  optimizer updates       {c('optimizer_updates')}",
+            f"  records dropped         {summary.get('records_dropped')}",
+            f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
+            f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
+            "outside their windows)",
+            f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
+            "(the process's, interpreter start-up included)",
+        ]
+    )
 
 
 def _kind(path: Path) -> str:
@@ -298,8 +232,9 @@ def _resume_fix(exc: ResumeConfigError) -> str:
     )
 
 
-def run_demo_command(args: argparse.Namespace) -> int:
-    """Run the demo from parsed arguments; prints the table and the summary."""
+def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) -> int:
+    """Run the demo from parsed arguments; prints ``show_run(run_dir)`` (the run's
+    report: ``twinkle report``'s table and figures) and what the demo did."""
     from twinkle.demo.config import DemoConfig
 
     cfg = DemoConfig(
@@ -377,12 +312,11 @@ def run_demo_command(args: argparse.Namespace) -> int:
             f"{last.reward_mean:.3f}"
         )
         return 0
-    raw = Path(result.run_dir) / RAW_FILE
-    if raw.is_file():
-        records = [orjson.loads(line) for line in raw.read_bytes().splitlines()]
-        print(format_table(records))
+    run_dir = Path(result.run_dir)
+    if (run_dir / RAW_FILE).is_file():
+        print(show_run(run_dir))
     else:
-        print(f"(no per-iteration table: the run wrote no {RAW_FILE}; is metrics_raw blocked?)")
+        print(f"(no report: the run wrote no {RAW_FILE}; is metrics_raw blocked?)")
     print()
     print(format_summary(result.summary))
     print(f"  files                   {result.run_dir}/")

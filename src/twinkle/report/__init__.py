@@ -4,10 +4,14 @@
 Every figure is read from the run's own outputs, never recomputed differently:
 
 * per iteration: ``metrics_raw.jsonl``'s ``iteration`` record (tokens, tokens/s/device),
-  its ``timing`` record (the window view: wall, busy, idle, each phase, the overlap of
-  generation and training; the attributed view of each phase) and the reward scalar;
-* the run: ``summary.json``'s ``window`` (throughput) and ``seconds`` (wall, busy,
-  idle, overhead, each phase, generation running while training runs);
+  each throughput phase's record (its tokens/s/device over the time its work took), its
+  ``timing`` record (the window's flags; the window view: wall, busy, idle, each phase,
+  the overlap of generation and training; the attributed view of each phase) and the
+  reward scalar;
+* the run: ``summary.json``'s ``window`` (the steady state and the whole loop's
+  throughput), ``phase_windows`` (each phase's) and ``seconds`` (wall, busy, idle and
+  overhead, each as set-up + loop + tear-down; each phase; generation running while
+  training runs);
 * memory: each worker's peak (host and device) over its readings in ``events.jsonl``.
 
 The plots (``--plots``) are drawn in :mod:`twinkle.report._plots`.
@@ -18,23 +22,23 @@ The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 import orjson
 
-from twinkle.checks import SafeName, explain, printable
+from twinkle.checks import SafeName, explain
 from twinkle.errors import InvalidArgumentError
 from twinkle.events import MemoryReadings, RunStarted, Status
-from twinkle.metric import convert_bytes
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
+from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._plots import PLOTS, time_parts, write_plots
+from twinkle.report._text import format_compare, format_report
 from twinkle.reporting import read_jsonl
 from twinkle.run import SUMMARY_FILE, iter_events
 
@@ -53,7 +57,6 @@ __all__ = [
 
 RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
-_PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
 #: the largest summary.json read: a run's is a few KiB (a thousand scalars, some hundred
 #: KiB); past this it is not a summary twinkle wrote, and reading it could exhaust memory
 SUMMARY_MAX_BYTES: Final = 64 * 1024 * 1024
@@ -97,6 +100,7 @@ class _Summary(msgspec.Struct, frozen=True):
     status: Status
     segments: list[_Segment]
     window: dict[str, int | float | None] = {}
+    phase_windows: dict[str, dict[str, int | float | None]] = {}
     seconds: dict[str, int | float | None] = {}
 
 
@@ -213,6 +217,10 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     records = list(read_jsonl(run / RECORDS_FILE))
     config = first_event.config
     phases = list(config.get("phases", {}))
+    lifecycle = config.get("lifecycle") or {}
+    # The lifecycle phases run in the set-up and tear-down, never in an iteration.
+    loop_phases = [p for p in phases if not any(p in names for names in lifecycle.values())]
+    throughput = [p for p in config.get("throughput", {}) if p in phases]
     streaming = config.get("streaming") or {}
     pair = (streaming.get("generation"), streaming.get("training"))
     # The caller's scalars: every record of a kind the built-in observers do not make.
@@ -228,7 +236,11 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         if r["kind"] == "iteration":
             row["tokens"] = values.get("tokens")
             row["tokens_per_s_per_device"] = values.get("tokens_per_s_per_device")
+        elif r["kind"] in throughput:
+            per_phase = row.setdefault("phase_tokens_per_s_per_device", {})
+            per_phase[r["kind"]] = values.get("tokens_per_s_per_device")
         elif r["kind"] == "timing":
+            row["window_flags"] = list(r["attrs"].get("window_flags", []))
             for key in ("wall", "busy", "idle", "overhead"):
                 row[f"window_{key}_seconds"] = values.get(f"window_{key}_seconds")
             row["window_phase_seconds"] = {p: values.get(f"window_{p}_seconds") for p in phases}
@@ -248,15 +260,26 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         "run_dir": str(run),
         "status": summary.status,
         "phases": phases,
+        "loop_phases": loop_phases,
+        "throughput_phases": throughput,
         "streaming": None if None in pair else list(pair),
         "reward": None if reward_at is None else ".".join(reward_at),
         "iterations": [by_it[i] for i in sorted(by_it)],
         "window": dict(summary.window),
+        "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
         "seconds": {
             "wall": seconds.get("wall_seconds"),
             "busy": seconds.get("busy_seconds"),
             "idle": seconds.get("idle_seconds"),
             "overhead": seconds.get("overhead_seconds"),
+            # each of the four as set-up + loop + tear-down (they add up to it)
+            "parts": {
+                total: {
+                    part: seconds.get(f"{part}_{total}_seconds")
+                    for part in ("setup", "loop", "teardown")
+                }
+                for total in ("wall", "busy", "idle", "overhead")
+            },
             "phases": {p: seconds.get(f"{p}_seconds") for p in phases},
             "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
             "generation_hidden_share": seconds.get("generation_hidden_share"),
@@ -274,201 +297,8 @@ def _memory_peaks(events: Iterable[Any]) -> dict[str, dict[str, int]]:
             continue
         for reading in event.readings:
             mine = peaks.setdefault(reading.worker_id, {})
-            for field in _PEAKS:
+            for field in PEAKS:
                 value = getattr(reading, field)
                 if value is not None and value > mine.get(field, -1):
                     mine[field] = value
     return {worker: peaks[worker] for worker in sorted(peaks)}
-
-
-# -- two runs ---------------------------------------------------------------------------
-
-
-def _figures(report: Mapping[str, Any]) -> dict[str, float | None]:
-    """The run-level figures two runs are compared on, by name."""
-    window, seconds = report["window"], report["seconds"]
-    out: dict[str, float | None] = {
-        "tokens": window.get("tokens"),
-        "tokens_per_s_per_device": window.get("tokens_per_s_per_device"),
-        "active_logical_seconds": window.get("seconds"),
-        "wall_seconds": seconds["wall"],
-        "busy_seconds": seconds["busy"],
-        "idle_seconds": seconds["idle"],
-        "overhead_seconds": seconds["overhead"],
-        "generation_hidden_share": seconds["generation_hidden_share"],
-    }
-    for phase, value in seconds["phases"].items():
-        out[f"{phase}_seconds"] = value
-    rewards = [row["reward"] for row in report["iterations"] if row.get("reward") is not None]
-    if rewards:  # named: two runs' different rewards are two rows, never one ratio
-        out[f"{report['reward']}_last"] = rewards[-1]
-    # Workers are named per run (hostname:pid): the runs compare on the highest peak.
-    for field in _PEAKS:
-        values = [p[field] for p in report["memory_peak_bytes"].values() if field in p]
-        if values:
-            out[f"{field}_max_over_workers"] = max(values)
-    return out
-
-
-def streaming_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What overlapping generation with training did to throughput, where two runs
-    measure it: exactly one of them overlapped (its ``generation_hidden_share`` > 0, the
-    other's 0 or none). ``overlapped``: ``"a"`` or ``"b"``; ``throughput_ratio``: the
-    overlapping run's window tokens/s/device over the other's (None without both).
-    None when the two runs do not measure it (both overlapped, or neither)."""
-    share_a = a["seconds"]["generation_hidden_share"] or 0.0
-    share_b = b["seconds"]["generation_hidden_share"] or 0.0
-    if (share_a > 0) == (share_b > 0):
-        return None
-    overlapped, other = (b, a) if share_b > 0 else (a, b)
-    with_, without = (
-        overlapped["window"].get("tokens_per_s_per_device"),
-        other["window"].get("tokens_per_s_per_device"),
-    )
-    ratio = with_ / without if isinstance(with_, int | float) and without else None
-    return {
-        "overlapped": "b" if share_b > 0 else "a",
-        "tokens_per_s_per_device_with_overlap": with_,
-        "tokens_per_s_per_device_without": without,
-        "throughput_ratio": ratio,
-    }
-
-
-def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Figure by figure: A's, B's and B / A (None where either lacks it or A is 0)."""
-    fa, fb = _figures(a), _figures(b)
-    rows = []
-    for name in [*fa, *(n for n in fb if n not in fa)]:
-        va, vb = fa.get(name), fb.get(name)
-        ratio = None
-        if isinstance(va, int | float) and isinstance(vb, int | float) and va != 0:
-            ratio = vb / va
-        rows.append({"figure": name, "a": va, "b": vb, "ratio": ratio})
-    return rows
-
-
-# -- text -------------------------------------------------------------------------------
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
-        return f"{value:,.0f}"
-    return f"{value:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> list[str]:
-    """Right-aligned columns (the first left-aligned when it holds ``names``), each
-    cell :func:`~twinkle.checks.printable` (as it will be shown: the widths fit)."""
-    header = [printable(h) for h in header]
-    rows = [[printable(c) for c in r] for r in rows]
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if names and i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    head = line(header)
-    return [head, "-" * len(head), *(line(r) for r in rows)]
-
-
-def format_report(report: Mapping[str, Any]) -> str:
-    """The report as text: the per-iteration table, then the run's figures."""
-    phases = report["phases"]
-    header = ["iter", "tokens", "tok/s/dev", "wall s", "busy s", "idle s"]
-    header += [f"{p} s" for p in phases]
-    header += [f"attr {p} s" for p in phases]
-    has_overlap = report.get("streaming") is not None
-    if has_overlap:
-        header.append("{}&{} s".format(*report["streaming"]))
-    if report["reward"]:
-        header.append("reward")
-    rows = []
-    for r in report["iterations"]:
-        row = [
-            str(r["iteration"]),
-            _num(r.get("tokens")),
-            _num(r.get("tokens_per_s_per_device")),
-            _num(r.get("window_wall_seconds")),
-            _num(r.get("window_busy_seconds")),
-            _num(r.get("window_idle_seconds")),
-        ]
-        row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
-        row += [_num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
-        if has_overlap:
-            row.append(_num(r.get("window_overlap_generation_training_seconds")))
-        if report["reward"]:
-            row.append(_num(r.get("reward")))
-        rows.append(row)
-    window, seconds = report["window"], report["seconds"]
-    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
-    lines += _table(header, rows)
-    lines += [
-        "",
-        f"window throughput   {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"({_num(window.get('tokens'))} tokens / {_num(window.get('seconds'))} active logical s)",
-        f"wall clock          {_num(seconds['wall'])} s: busy {_num(seconds['busy'])}, idle "
-        f"{_num(seconds['idle'])}, twinkle's own {_num(seconds['overhead'])}",
-        "phase seconds       " + ", ".join(f"{p} {_num(v)}" for p, v in seconds["phases"].items()),
-    ]
-    if seconds["generation_hidden_share"] is not None:
-        lines.append(
-            f"gen. with training  {_num(seconds['generation_hidden_seconds'])} s "
-            f"({100 * seconds['generation_hidden_share']:.1f}% of generation ran while "
-            "training ran: concurrency, not a saving)"
-        )
-    rewards = [
-        (r["iteration"], r["reward"]) for r in report["iterations"] if r.get("reward") is not None
-    ]
-    if rewards:
-        lines.append(
-            f"reward ({report['reward']})  {_num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
-            f"{_num(rewards[-1][1])} (iteration {rewards[-1][0]})"
-        )
-    for worker, peaks in report["memory_peak_bytes"].items():
-        shown = ", ".join(
-            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
-            for k, v in peaks.items()
-        )
-        lines.append(f"peak memory         {worker}: {shown}")
-    return _text(lines)
-
-
-def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    """Two runs side by side, each figure with B / A."""
-    rows = [
-        [
-            r["figure"],
-            _num(r["a"]),
-            _num(r["b"]),
-            "-" if r["ratio"] is None else f"{r['ratio']:.3f}x",
-        ]
-        for r in compare(a, b)
-    ]
-    lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
-    lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
-    effect = streaming_effect(a, b)
-    if effect is not None:
-        ratio = effect["throughput_ratio"]
-        with_, without = ("B", "A") if effect["overlapped"] == "b" else ("A", "B")
-        lines += [
-            "",
-            f"streaming, measured: {with_} overlapped generation with training, {without} did "
-            f"not; {with_}'s window throughput is "
-            + ("-" if ratio is None else f"{ratio:.3f}x")
-            + f" {without}'s (same work assumed: check the tokens above)",
-        ]
-    return _text(lines)
-
-
-def _text(lines: list[str]) -> str:
-    """The lines as the report's text, every string of the run's files in them (worker
-    ids, scalar and phase names) with its control characters escaped: an escape
-    sequence in a log is shown, never obeyed by the terminal. (printable() leaves the
-    table's cells, escaped already, as they are.)"""
-    return "\n".join(printable(line) for line in lines)

@@ -41,7 +41,8 @@ def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str
 
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
-    matplotlib's Agg canvas: tokens/s/device per iteration with the run window's line;
+    matplotlib's Agg canvas: tokens/s/device per iteration (warm-up, drain and partial
+    windows marked) and per phase, with the steady state's and the whole loop's lines;
     each iteration's window cut into generation, training, both at once, other busy
     time and idle; each worker's peak memory; the reward when there is one.
 
@@ -57,7 +58,6 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         ) from exc
     out = _plots_dir(out_dir)
     rows = report["iterations"]
-    its = [r["iteration"] for r in rows]
     title = f"run {report['run_id']}"
     written: list[Path] = []
 
@@ -69,13 +69,7 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         written.append(out / name)
 
     fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    ax.plot(its, [r.get("tokens_per_s_per_device") for r in rows], marker=".", label="iteration")
-    window = report["window"].get("tokens_per_s_per_device")
-    if window is not None:
-        ax.axhline(window, color="black", linestyle="--", label=f"run window ({window:,.0f})")
-    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
-    ax.legend()
+    _throughput(fig.add_subplot(), report, title)
     save(fig, "throughput.png")
 
     pair = report.get("streaming")
@@ -117,6 +111,38 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
         save(fig, "reward.png")
     return written
+
+
+def _throughput(ax: Any, report: Mapping[str, Any], title: str) -> None:
+    """Tokens/s/device per iteration (flagged windows hollow: not the steady state),
+    each throughput phase's (over the time its work took), the steady state's line and
+    the whole loop's."""
+    rows = report["iterations"]
+    its = [r["iteration"] for r in rows]
+    line = ax.plot(its, [r.get("tokens_per_s_per_device") for r in rows], label="iteration (its window)")[0]
+    flagged = [r for r in rows if r.get("window_flags")]
+    if flagged:
+        ax.plot(
+            [r["iteration"] for r in flagged],
+            [r.get("tokens_per_s_per_device") for r in flagged],
+            linestyle="none",
+            marker="o",
+            markerfacecolor="none",
+            color=line.get_color(),
+            label="warm-up, drain or partial (not steady)",
+        )
+    for phase in report.get("throughput_phases", []):
+        values = [r.get("phase_tokens_per_s_per_device", {}).get(phase) for r in rows]
+        ax.plot(its, values, linewidth=0.8, alpha=0.7, label=f"{phase} (its work's time)")
+    window = report["window"]
+    steady = window.get("steady_tokens_per_s_per_device")
+    if steady is not None:
+        ax.axhline(steady, color="black", label=f"steady state ({steady:,.0f})")
+    loop = window.get("tokens_per_s_per_device")
+    if loop is not None:
+        ax.axhline(loop, color="grey", linestyle="--", label=f"whole loop ({loop:,.0f})")
+    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
+    ax.legend(fontsize="small")
 
 
 def _plots_dir(out_dir: str | os.PathLike[str]) -> Path:

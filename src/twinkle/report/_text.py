@@ -1,0 +1,237 @@
+"""The report as text: the per-iteration table, the run's figures and a legend (one
+vocabulary, docs/metrics.md "Report columns"), and two runs side by side."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from twinkle.checks import printable
+from twinkle.metric import convert_bytes
+from twinkle.report._compare import compare, streaming_effect
+
+__all__ = ["LEGEND", "FLAG_NAMES", "format_compare", "format_report", "split_exactly"]
+
+#: how the table names each window flag (``attrs.window_flags``)
+FLAG_NAMES = {"warmup": "warm-up", "drain": "drain", "partial": "partial"}
+
+LEGEND = (
+    "columns (docs/metrics.md, 'Report columns'):",
+    "  flag               warm-up (a segment's first), drain (its last), partial (cut short):"
+    " left out of the steady state",
+    "  tok/s/dev          the iteration's tokens over its window's logical seconds (window view)",
+    "  <phase> tok/s/dev  the phase's tokens over the time its work took (attributed view)",
+    "  wall/busy/idle s   its window, from its boundary to the next (window view)",
+    "  <phase> s          the phase's union within the window (window view)",
+    "  attr <phase> s     the phase's work done for the iteration, wherever it ran (attributed)",
+    "  <gen>&<train> s    generation and training at once within the window (window view)",
+)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def split_exactly(total: float, parts: Sequence[float], digits: int = 3) -> list[str]:
+    """``total`` and its ``parts`` (which add up to it) shown with ``digits`` decimals so
+    that the shown parts add up to the shown total: each part is its value rounded down
+    and the units left over go to the parts with the largest remainders (each shown part
+    is within one unit of its value)."""
+    unit = Fraction(1, 10**digits)
+    whole = round(Fraction(total) / unit)
+    exact = [Fraction(p) / unit for p in parts]
+    shown = [math.floor(x) for x in exact]
+    left = whole - sum(shown)
+    by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - shown[i], reverse=True)
+    if left >= 0:
+        for i in by_remainder[:left]:
+            shown[i] += 1
+    else:  # (the parts' floats add up to a hair over the total)
+        for i in by_remainder[left:]:
+            shown[i] -= 1
+    scale = 10**digits
+    return [
+        f"{'-' if n < 0 else ''}{abs(n) // scale}.{abs(n) % scale:0{digits}d}"
+        for n in (whole, *shown)
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> list[str]:
+    """Right-aligned columns (the first left-aligned when it holds ``names``), each
+    cell :func:`~twinkle.checks.printable` (as it will be shown: the widths fit)."""
+    header = [printable(h) for h in header]
+    rows = [[printable(c) for c in r] for r in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if names and i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    head = line(header)
+    return [head, "-" * len(head), *(line(r) for r in rows)]
+
+
+def _iteration_table(report: Mapping[str, Any]) -> list[str]:
+    phases, rated = report["loop_phases"], report["throughput_phases"]
+    header = ["iter", "flag", "tokens", "tok/s/dev"]
+    header += [f"{p} tok/s/dev" for p in rated]
+    header += ["wall s", "busy s", "idle s"]
+    header += [f"{p} s" for p in phases]
+    header += [f"attr {p} s" for p in phases]
+    has_overlap = report.get("streaming") is not None
+    if has_overlap:
+        header.append("{}&{} s".format(*report["streaming"]))
+    if report["reward"]:
+        header.append("reward")
+    rows = []
+    for r in report["iterations"]:
+        flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
+        row = [
+            str(r["iteration"]),
+            flags,
+            _num(r.get("tokens")),
+            _num(r.get("tokens_per_s_per_device")),
+        ]
+        row += [_num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
+        row += [_num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
+        row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
+        row += [_num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
+        if has_overlap:
+            row.append(_num(r.get("window_overlap_generation_training_seconds")))
+        if report["reward"]:
+            row.append(_num(r.get("reward")))
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
+    """The steady state first, with each phase's; then the whole loop's."""
+    window, iterations = report["window"], len(report["iterations"])
+    steady = window.get("steady_iterations") or 0
+    if steady:
+        lines = [
+            f"steady state        {_num(window.get('steady_tokens_per_s_per_device'))} "
+            f"tokens/s/device over {steady} of {iterations} iterations (warm-up, drain and "
+            f"partial left out): {_num(window.get('steady_tokens'))} tokens / "
+            f"{_num(window.get('steady_seconds'))} logical s"
+        ]
+        per_phase = [
+            f"{p} {_num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
+            for p in report["throughput_phases"]
+        ]
+        if per_phase:
+            lines.append(
+                "  per phase         "
+                + ", ".join(per_phase)
+                + " tokens/s/device (steady state, over the time each phase's work took)"
+            )
+    else:
+        lines = [
+            "steady state        n/a: no iteration outside warm-up, drain and partial "
+            "(a segment needs 3 iterations or more)"
+        ]
+    lines.append(
+        f"whole loop          {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
+        f"over all {iterations} iterations: {_num(window.get('tokens'))} tokens / "
+        f"{_num(window.get('seconds'))} active logical s"
+    )
+    return lines
+
+
+def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
+    """Wall, busy, idle and twinkle's own seconds, each as set-up + loop + tear-down
+    (shown so that the parts add up to the total shown)."""
+    names = {"wall": "wall clock (all-in)", "busy": "  busy", "idle": "  idle"}
+    names["overhead"] = "  twinkle's own"
+    lines = []
+    for key, name in names.items():
+        total, parts = seconds.get(key), seconds.get("parts", {}).get(key, {})
+        values = [parts.get(p) for p in ("setup", "loop", "teardown")]
+        if total is None or None in values:
+            lines.append(f"{name:<20}{_num(total)} s")
+            continue
+        t, setup, loop, teardown = split_exactly(total, values)
+        lines.append(f"{name:<20}{t} s = set-up {setup} + loop {loop} + tear-down {teardown}")
+    return lines
+
+
+def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
+    """The report as text: the per-iteration table, the run's figures (the steady state
+    first) and, with ``legend``, what each column shows."""
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
+    lines += _iteration_table(report)
+    seconds = report["seconds"]
+    lines += ["", *_throughput_lines(report), *_time_lines(seconds)]
+    lines.append(
+        "phase seconds       "
+        + ", ".join(f"{p} {_num(v)}" for p, v in seconds["phases"].items())
+        + " (each phase's union over the run)"
+    )
+    if seconds["generation_hidden_share"] is not None:
+        lines.append(
+            f"gen. with training  {_num(seconds['generation_hidden_seconds'])} s "
+            f"({100 * seconds['generation_hidden_share']:.1f}% of generation ran while "
+            "training ran: concurrency, not a saving)"
+        )
+    rewards = [
+        (r["iteration"], r["reward"]) for r in report["iterations"] if r.get("reward") is not None
+    ]
+    if rewards:
+        lines.append(
+            f"reward ({report['reward']})  {_num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
+            f"{_num(rewards[-1][1])} (iteration {rewards[-1][0]})"
+        )
+    for worker, peaks in report["memory_peak_bytes"].items():
+        shown = ", ".join(
+            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
+            for k, v in peaks.items()
+        )
+        lines.append(f"peak memory         {worker}: {shown}")
+    if legend:
+        lines += ["", *LEGEND]
+    return _text(lines)
+
+
+def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """Two runs side by side, each figure with B / A."""
+    rows = [
+        [
+            r["figure"],
+            _num(r["a"]),
+            _num(r["b"]),
+            "-" if r["ratio"] is None else f"{r['ratio']:.3f}x",
+        ]
+        for r in compare(a, b)
+    ]
+    lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
+    lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
+    effect = streaming_effect(a, b)
+    if effect is not None:
+        ratio = effect["throughput_ratio"]
+        with_, without = ("B", "A") if effect["overlapped"] == "b" else ("A", "B")
+        lines += [
+            "",
+            f"streaming, measured: {with_} overlapped generation with training, {without} did "
+            f"not; {with_}'s {effect['figure']} throughput is "
+            + ("-" if ratio is None else f"{ratio:.3f}x")
+            + f" {without}'s (same work assumed: check the tokens above)",
+        ]
+    return _text(lines)
+
+
+def _text(lines: list[str]) -> str:
+    """The lines as the report's text, every string of the run's files in them (worker
+    ids, scalar and phase names) with its control characters escaped: an escape
+    sequence in a log is shown, never obeyed by the terminal. (printable() leaves the
+    table's cells, escaped already, as they are.)"""
+    return "\n".join(printable(line) for line in lines)
