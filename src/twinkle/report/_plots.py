@@ -119,7 +119,9 @@ def _throughput(ax: Any, report: Mapping[str, Any], title: str) -> None:
     the whole loop's."""
     rows = report["iterations"]
     its = [r["iteration"] for r in rows]
-    line = ax.plot(its, [r.get("tokens_per_s_per_device") for r in rows], label="iteration (its window)")[0]
+    line = ax.plot(
+        its, [r.get("tokens_per_s_per_device") for r in rows], label="iteration (its window)"
+    )[0]
     flagged = [r for r in rows if r.get("window_flags")]
     if flagged:
         ax.plot(
