@@ -66,8 +66,8 @@ BOUNDARIES_MS = [40, 90, 120, 150]
 FINISH_MS = 200
 
 
-def _run(out_dir: Path, *, status: str = "ok") -> Path:
-    run, clock = manual_session(out_dir, "steady", CONFIG)
+def _run(out_dir: Path, *, status: str = "ok", config: dict[str, Any] | None = None) -> Path:
+    run, clock = manual_session(out_dir, "steady", CONFIG if config is None else config)
     bus = run.bus
     published: set[int] = set()
 

@@ -196,7 +196,7 @@ def test_the_demo_refuses_other_phases_saying_which_options_the_run_had(
     assert main([*DEMO, *out, "--iterations", "1", "--train-workers", "2", "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twinkle: error: run 'd' cannot resume with this configuration")
-    assert "at ['phases'] (phases: " in err
+    assert "at ['lifecycle', 'phases', 'placement'] (lifecycle: (not set) -> " in err
     assert "resume run 'd' with the options it was started with (--engine torch " in err
     assert "--backend local --train-workers 1)" in err
     assert "give --run-id a new id to start a new run" in err

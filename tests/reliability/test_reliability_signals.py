@@ -151,7 +151,7 @@ def test_demo_signalled_after_its_run_finished_says_the_run_had_finished(tmp_pat
         f"twinkle: interrupted by SIGTERM: the run had finished (ok); its files are in "
         f"{tmp_path / 'r'}/"
     ], err
-    assert "Traceback" not in err and printed.startswith(b"iter  reward")
+    assert "Traceback" not in err and printed.startswith(b"run r (ok): ")
     assert json.loads(summary.read_text())["status"] == "ok"
 
 

@@ -136,16 +136,17 @@ class RayEngine:
     """The driver's handle on one engine actor: what the loop and the driver's publisher
     call on an engine (``rollout``, ``load_weights``, ``close``)."""
 
-    def __init__(self, ray: Any, actor: Any, name: str, stash: ReportStash) -> None:
+    def __init__(self, ray: Any, actor: Any, name: str, run: RunSession) -> None:
         self._ray = ray
         self._actor = actor
-        self._stash = stash
-        self._run = stash.run
+        self._run = run
         self.name = name
 
     def rollout(self, iteration: int) -> RolloutBatch:
         batch, report = _get(self._ray, self._actor.rollout.remote(iteration), self.name)
-        self._stash.receive(report, iteration)
+        # Its reading was taken as the rollout ended: in the window it arrives in (with
+        # streaming, the one before the iteration's), so it is placed by its time.
+        self._run.receive(report, iteration=None)
         return batch  # type: ignore[no-any-return]
 
     def load_weights(self, version: int, state: Any) -> str:
@@ -261,7 +262,7 @@ def ray_workers(
             }
             trainer = RayTrainer(ray, actors[0], stash, on_step)
             engines = [
-                RayEngine(ray, actor, name, stash)
+                RayEngine(ray, actor, name, run)
                 for name, actor in zip(names[1:], actors[1:], strict=True)
             ]
             initial = trainer.state()

@@ -11,11 +11,13 @@ The demo is the caller, so it defines the business semantics:
   ``workers.start``), ``shutdown`` = stopping the workers (``workers.stop``): the
   run's ``lifecycle`` phases, busy in the set-up and tear-down windows and never in an
   iteration or the run's throughput;
-* the device denominators are the devices each phase really ran on: the trainer and
-  every engine run on this host's CPU (the demo places nothing on an accelerator), so
-  each phase and the run window count the host as one device, whatever accelerators
-  the :class:`~twinkle.cluster.LocalCluster` reports (those are recorded in the config
-  as ``x_cluster``, not divided by);
+* the device denominators come from the placement (``config.placement``): every
+  engine and the trainer (or each rank, or each Ray actor) states the device it used,
+  and all of them use this host's CPU (``cpu:<hostname>``: the demo places nothing on
+  an accelerator), so each phase and the run window divide by that one device, shared
+  by every worker, and the summary's ``placement`` and the report say so, whatever
+  accelerators the :class:`~twinkle.cluster.LocalCluster` reports (those are recorded
+  in the config as ``x_cluster``, not divided by);
 * streaming: generation is ``rollout``, training is ``train`` (the share of generation
   running while training runs).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
 import threading
 import time
@@ -67,8 +70,19 @@ class DemoResult:
     wall_seconds: float
 
 
-#: The devices the demo's phases run on: the host's CPU, counted as one device.
-DEMO_DEVICES = 1
+def _placement(cfg: DemoConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
+    """Which device each worker used and which phases it ran: every worker runs on this
+    host's CPU, one device whatever the workers' number (they share its cores)."""
+    cpu = {"device_type": "cpu", "devices": [f"cpu:{socket.gethostname()}"]}
+    lifecycle = [p for p in ("startup", "shutdown") if p in phases]
+    trainers = (
+        ["trainer"] if cfg.train_workers == 1 else [f"rank{r}" for r in range(cfg.train_workers)]
+    )
+    trainer_phases = ["train", *(["publish"] if cfg.engine == "vllm" else []), *lifecycle]
+    placement = {name: {**cpu, "phases": trainer_phases} for name in trainers}
+    for i in range(cfg.engines):
+        placement[f"engine{i}"] = {**cpu, "phases": ["rollout", "publish", *lifecycle]}
+    return placement
 
 
 def _cluster(cfg: DemoConfig) -> dict[str, Any]:
@@ -76,7 +90,7 @@ def _cluster(cfg: DemoConfig) -> dict[str, Any]:
     return resources.resources().to_dict()
 
 
-def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
+def observer_config(cfg: DemoConfig) -> dict[str, Any]:
     """The business definitions the observers apply (travels in ``run_started``)."""
     phases: dict[str, list[str]] = {
         "rollout": ["generate", "reward"],
@@ -102,11 +116,9 @@ def observer_config(cfg: DemoConfig, devices: int) -> dict[str, Any]:
     return {
         "phases": phases,
         **({"lifecycle": lifecycle} if lifecycle else {}),
-        "throughput": {
-            "rollout": {"samples": "rollout", "devices": devices},
-            "train": {"samples": "train", "devices": devices},
-        },
-        "window": {"samples": "rollout", "devices": devices},
+        "placement": _placement(cfg, phases),
+        "throughput": {"rollout": {"samples": "rollout"}, "train": {"samples": "train"}},
+        "window": {"samples": "rollout"},
         "streaming": {"generation": "rollout", "training": "train"},
         "total_steps": cfg.iterations * _steps_per_iteration(cfg),
         "x_demo": {**cfg.to_dict(), "lr": cfg.learning_rate},  # the lr used
@@ -261,7 +273,9 @@ def _vllm_rig(
                 )
             with bus.own_work("engine_memory"):
                 readings = rig.engine_memory()
-            bus.memory(readings, iteration=iteration)
+            # Read now, once the iteration's rollouts are in: with streaming, in the
+            # window before the iteration's; the reading is placed by its time.
+            bus.memory(readings, iteration=None)
 
         def totals() -> dict[str, int]:
             try:
@@ -303,7 +317,7 @@ def run_demo(
     only with ``True``)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
-    config = observer_config(cfg, DEMO_DEVICES)
+    config = observer_config(cfg)
     config["x_cluster"] = _cluster(cfg)
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,

@@ -17,7 +17,11 @@ that a replay rebuilds identical observers. Its shape::
 
 * ``phases``: phase name -> span names forming it (``"prefix*"`` matches a prefix).
 * ``throughput``: per phase, which sample tag counts its tokens and the device
-  denominator of that phase (the physical devices it ran on).
+  denominator of that phase (the physical devices it ran on; without one, counted from
+  ``placement``).
+* ``placement``: the devices each worker used and the phases it ran
+  (:mod:`twinkle.observers._devices`): a phase's denominator is the distinct devices of
+  the workers that ran it, the window's those of every worker (optional).
 * ``window``: the run-level window: the sample tag whose tokens count as effective
   tokens, divided by the iterations' logical seconds and ``devices``.
 * ``streaming``: which phase is generation and which is training, for the share of
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.errors import ConfigError
+from twinkle.observers._devices import WorkerDevices, count_devices, parse_placement
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -100,9 +105,28 @@ class PhaseThroughput:
 def _devices(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise ConfigError(
-            f"{where}.devices must be a positive, finite number of physical devices, got {value!r}"
+            f"{where}.devices must be a positive, finite number of physical devices, got "
+            f"{value!r} (or leave it out and list the workers' devices in config.placement)"
         )
     return float(value)
+
+
+def _denominator(
+    where: str, value: Any, workers: Mapping[str, WorkerDevices], phase: str | None
+) -> tuple[float, str]:
+    """A device denominator and where it came from: the caller's count (``config``),
+    else the distinct devices of the placement's workers that ran ``phase`` (every
+    worker for the run window, ``phase`` None)."""
+    if value is not None or not workers:
+        return _devices(where, value), "config"
+    ran = [w for w in workers.values() if phase is None or phase in w.phases]
+    if not ran:
+        raise ConfigError(
+            f"{where} gives no devices and no worker of config.placement ran phase "
+            f"{phase!r}: add {phase!r} to the phases of the workers that ran it, or give "
+            f"{where}.devices"
+        )
+    return float(count_devices(ran)), "placement"
 
 
 def _tag(where: str, value: Any) -> str:
@@ -231,6 +255,11 @@ class ObserverConfig:
     #: the phases that start the workers (``lifecycle.setup``) and that stop them
     setup_phases: frozenset[str] = frozenset()
     teardown_phases: frozenset[str] = frozenset()
+    #: the devices each worker used (``config.placement``; {} without one)
+    placement: dict[str, WorkerDevices] = field(default_factory=dict)
+    #: where each denominator came from, ``"config"`` or ``"placement"`` (the window's
+    #: under None, each throughput phase's under its name)
+    device_sources: dict[str | None, str] = field(default_factory=dict)
     #: every pair of phases, in config order (the pairwise overlaps reported)
     pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
@@ -258,6 +287,7 @@ class ObserverConfig:
             "finalise_lag",
             "clock_skew",
             "lifecycle",
+            "placement",
         }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
@@ -272,6 +302,8 @@ class ObserverConfig:
         if not isinstance(phases_raw, Mapping):
             raise ConfigError(f"config.phases must be an object, got {phases_raw!r}")
         phases = {str(k): SpanMatcher.parse(k, v) for k, v in phases_raw.items()}
+        workers = parse_placement(raw, phases)
+        sources: dict[str | None, str] = {}
         tp_raw = raw.get("throughput", {})
         if not isinstance(tp_raw, Mapping):
             raise ConfigError(f"config.throughput must be an object, got {tp_raw!r}")
@@ -285,18 +317,17 @@ class ObserverConfig:
                 )
             if not isinstance(spec, Mapping):
                 raise ConfigError(f"{where} must be an object, got {spec!r}")
-            throughput[phase] = PhaseThroughput(
-                _tag(where, spec.get("samples")), _devices(where, spec.get("devices"))
-            )
+            devices, sources[phase] = _denominator(where, spec.get("devices"), workers, phase)
+            throughput[phase] = PhaseThroughput(_tag(where, spec.get("samples")), devices)
         window_raw = raw.get("window")
         window = None
         if window_raw is not None:
             if not isinstance(window_raw, Mapping):
                 raise ConfigError(f"config.window must be an object, got {window_raw!r}")
-            window = PhaseThroughput(
-                _tag("config.window", window_raw.get("samples")),
-                _devices("config.window", window_raw.get("devices")),
+            devices, sources[None] = _denominator(
+                "config.window", window_raw.get("devices"), workers, None
             )
+            window = PhaseThroughput(_tag("config.window", window_raw.get("samples")), devices)
         total_steps = raw.get("total_steps", 0)
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0:
             raise ConfigError(f"config.total_steps must be a non-negative int, got {total_steps!r}")
@@ -316,6 +347,8 @@ class ObserverConfig:
             lag,
             ClockSkewTolerance.parse(raw),
             *_lifecycle(raw, phases, streaming),
+            workers,
+            sources,
         )
 
     def phase_of(self, span_name: str) -> str | None:

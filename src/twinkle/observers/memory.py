@@ -1,37 +1,56 @@
-"""Memory observer: per-worker raw readings reduced across workers.
+"""Memory observer: per-worker raw readings reduced across workers, one record per
+iteration's window.
 
-Each :class:`~twinkle.events.MemoryReadings` event gives one ``memory`` record (scope
-``iteration``): for every field, max/min/mean/sum over the workers' latest readings in
-bytes, how many workers reported it, and (in ``attrs``) which worker holds the max.
-The summary keeps the run's highest reading of every field and its worker. Peaks are
-the allocator's lifetime peaks as read; nothing here resets them. A record's step is
-the optimizer steps seen so far, as the run's timeline counts them.
+A reading belongs to the iteration its event names, or, when it names none, to the
+iteration whose window holds the event's time (one in the set-up window belongs to
+none). When an iteration is finalised (with its timing and throughput records), one
+``memory`` record (scope ``iteration``) reduces each worker's latest reading of it: for
+every field, max/min/mean/sum in bytes, how many workers reported it, and (in
+``attrs``) which worker holds the max. So a record never holds another window's
+readings, nor a part of its own: the flat file's line of an iteration is the reduction
+of every worker that reported in it. A reading for an iteration already finalised (or
+one that never starts) is *late*: in no record, counted in the summary. The summary
+keeps the run's highest reading of every field and its worker, every reading included.
+Peaks are the allocator's lifetime peaks as read; nothing here resets them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from twinkle.events import MemoryReadings, RunStarted
+from twinkle.events import IterationStarted, MemoryReadings, RunFinished, RunStarted
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import MEMORY_FIELDS, memory_report
-from twinkle.observers.timeline import Timeline, timeline_for
+from twinkle.observers.timeline import Finished, Timeline, timeline_for
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["MemoryObserver"]
 
 
+@dataclass(slots=True)
+class _Window:
+    """An iteration's readings so far: each worker's latest, and the newest event's
+    times (the record's)."""
+
+    latest: dict[str, MemoryReading] = field(default_factory=dict)
+    readings: int = 0
+    wall_ns: int = 0
+    monotonic_ns: int = 0
+
+
 class MemoryObserver:
-    """Reduces memory readings; a deterministic function of the events."""
+    """Reduces memory readings per iteration; a deterministic function of the events."""
 
     def __init__(self) -> None:
         self.run_id = ""
-        #: the run's timeline: its step (optimizer steps so far) is each record's step
+        #: the run's timeline: which window a reading falls in, and when it is finalised
         self.timeline = Timeline()
-        self.iteration = 0
+        self.pending: dict[int, _Window] = {}
         self.peaks: dict[str, tuple[int, str]] = {}
         self.readings = 0
+        self.late = 0
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -42,42 +61,77 @@ class MemoryObserver:
         self.run_id = event.run_id
 
     @hookimpl
-    def twinkle_memory(self, event: MemoryReadings) -> list[MetricRecord]:
+    def twinkle_memory(self, event: MemoryReadings) -> None:
         if not event.readings:
-            return []
-        if event.iteration is not None:
-            self.iteration = event.iteration
-        peaks = self.peaks
-        latest: dict[str, MemoryReading] = {}
+            return
+        self.readings += len(event.readings)
+        self._peaks(event.readings)
+        tl = self.timeline
+        iteration = event.iteration
+        if iteration is None:
+            iteration = tl.iteration_at(event.monotonic_ns)
+            if iteration is None:  # the set-up's (or a finalised window's): no record
+                return
+        elif tl.is_finalised(iteration):
+            self.late += len(event.readings)
+            return
+        window = self.pending.get(iteration)
+        if window is None:
+            window = self.pending[iteration] = _Window()
         for reading in event.readings:
-            worker = reading.worker_id
-            latest[worker] = reading
+            window.latest[reading.worker_id] = reading
+        window.readings += len(event.readings)
+        window.wall_ns, window.monotonic_ns = event.wall_ns, event.monotonic_ns
+
+    def _peaks(self, readings: tuple[MemoryReading, ...]) -> None:
+        peaks = self.peaks
+        for reading in readings:
             for name in MEMORY_FIELDS:
                 value = getattr(reading, name)
                 if value is not None:
                     peak = peaks.get(name)
                     if peak is None or value > peak[0]:
-                        peaks[name] = (value, worker)
-        self.readings += len(event.readings)
-        report = memory_report(list(latest.values()), unit="B")
-        return [
-            make_record(
-                kind="memory",
-                scope="iteration",
-                run_id=self.run_id,
-                step=self.timeline.step,
-                iteration=self.iteration,
-                wall_ns=event.wall_ns,
-                monotonic_ns=event.monotonic_ns,
-                values=report.values,
-                attrs={**report.attrs, "workers": sorted(latest)},
+                        peaks[name] = (value, reading.worker_id)
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
+        return self._emit(self.timeline.finished)
+
+    @hookimpl
+    def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
+        records = self._emit(self.timeline.finished)
+        # Readings of iterations that never started: in no window's record.
+        self.late += sum(w.readings for w in self.pending.values())
+        self.pending = {}
+        return records
+
+    def _emit(self, finished: list[Finished]) -> list[MetricRecord]:
+        records = []
+        for done in finished:
+            window = self.pending.pop(done.data.iteration, None)
+            if window is None:
+                continue
+            report = memory_report(list(window.latest.values()), unit="B")
+            records.append(
+                make_record(
+                    kind="memory",
+                    scope="iteration",
+                    run_id=self.run_id,
+                    step=done.data.step,
+                    iteration=done.data.iteration,
+                    wall_ns=window.wall_ns,
+                    monotonic_ns=window.monotonic_ns,
+                    values=report.values,
+                    attrs={**report.attrs, "workers": sorted(window.latest)},
+                )
             )
-        ]
+        return records
 
     @hookimpl
     def twinkle_summary(self) -> dict[str, Any]:
         return {
             "memory_readings": self.readings,
+            "memory_late_readings": self.late,
             "memory_max": {
                 name: {"bytes": value, "worker": worker}
                 for name, (value, worker) in sorted(self.peaks.items())

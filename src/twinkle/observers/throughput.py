@@ -26,6 +26,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import ThroughputMetric
+from twinkle.observers._devices import placement_summary
 from twinkle.observers.timeline import Finished, RunTiming, Timeline, timeline_for
 from twinkle.reporting import MetricRecord, RunTotals, make_record
 
@@ -225,7 +226,19 @@ class ThroughputObserver:
             "counts": self._counts().calibrate(event.terminal_totals),
             "late_samples": self.timeline.late_samples,
             "missing_sample_tags": self._missing_tags(),
+            "placement": self._placement(),
         }
+
+    def _placement(self) -> dict[str, Any]:
+        """The workers' devices and each denominator with where it came from."""
+        config = self.timeline.config
+        sources = config.device_sources
+        window = config.window
+        return placement_summary(
+            config.placement,
+            None if window is None else (window.devices, sources[None]),
+            {p: (spec.devices, sources[p]) for p, spec in config.throughput.items()},
+        )
 
     def _missing_tags(self) -> dict[str, str]:
         """Each sample tag the configuration counts that no samples event carried (its

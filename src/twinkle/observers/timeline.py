@@ -378,6 +378,18 @@ class Timeline:
         starts = [s for phase, s, _, _ in self.pieces if phase in teardown and lo <= s < finish_ns]
         return min(starts, default=finish_ns)
 
+    def iteration_at(self, at_ns: int) -> int | None:
+        """The iteration whose window, not yet finalised, holds ``at_ns`` (None: the
+        set-up's, a finalised window's, or no window)."""
+        window = self._window_at(at_ns)
+        return None if window is None else window.iteration
+
+    def is_finalised(self, iteration: int) -> bool:
+        """Whether ``iteration``'s records were written (at or below the newest
+        finalised iteration and not open: a later observation of it is late)."""
+        upto = self.finalised_upto
+        return upto is not None and iteration <= upto and iteration not in self.open
+
     def _window_at(self, start: int) -> _Window | None:
         """The window not yet finalised that holds ``start`` (the set-up window also
         takes what started before it); None when that window is finalised."""

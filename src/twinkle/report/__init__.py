@@ -9,7 +9,8 @@ Every figure is read from the run's own outputs, never recomputed differently:
   the overlap of generation and training; the attributed view of each phase) and the
   reward scalar;
 * the run: ``summary.json``'s ``window`` (the steady state and the whole loop's
-  throughput), ``phase_windows`` (each phase's) and ``seconds`` (wall, busy, idle and
+  throughput), ``phase_windows`` (each phase's), ``placement`` (the device
+  denominators and the workers' devices) and ``seconds`` (wall, busy, idle and
   overhead, each as set-up + loop + tear-down; each phase; generation running while
   training runs);
 * memory: each worker's peak (host and device) over its readings in ``events.jsonl``.
@@ -101,6 +102,7 @@ class _Summary(msgspec.Struct, frozen=True):
     segments: list[_Segment]
     window: dict[str, int | float | None] = {}
     phase_windows: dict[str, dict[str, int | float | None]] = {}
+    placement: dict[str, Any] = {}
     seconds: dict[str, int | float | None] = {}
 
 
@@ -267,6 +269,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         "iterations": [by_it[i] for i in sorted(by_it)],
         "window": dict(summary.window),
         "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
+        "placement": dict(summary.placement),
         "seconds": {
             "wall": seconds.get("wall_seconds"),
             "busy": seconds.get("busy_seconds"),

@@ -40,6 +40,13 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
+def _count(value: Any) -> str:
+    """A device count: whole numbers without decimals."""
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value):,}"
+    return _num(value)
+
+
 def split_exactly(total: float, parts: Sequence[float], digits: int = 3) -> list[str]:
     """``total`` and its ``parts`` (which add up to it) shown with ``digits`` decimals so
     that the shown parts add up to the shown total: each part is its value rounded down
@@ -148,6 +155,35 @@ def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _device_lines(placement: Mapping[str, Any]) -> list[str]:
+    """What every tokens/s/device divides by, where that came from, and which workers
+    used each device (the placement's)."""
+    counts = [("run", placement.get("window"))]
+    counts += list(placement.get("phases", {}).items())
+    shown = [(name, d) for name, d in counts if d]
+    if not shown:
+        return []
+    sources = {d["from"] for _, d in shown}
+    where = (
+        "from the placement"
+        if sources == {"placement"}
+        else "given in the configuration"
+        if sources == {"config"}
+        else "placement or configuration, as the summary's placement says"
+    )
+    lines = [
+        "devices             "
+        + ", ".join(f"{name} {_count(d['devices'])}" for name, d in shown)
+        + f" (the denominators of tokens/s/device; {where})"
+    ]
+    users: dict[str, list[str]] = {}
+    for worker, w in placement.get("workers", {}).items():
+        for device in w["devices"] or [f"{w['count']} unnamed"]:
+            users.setdefault(f"{device} ({w['device_type']})", []).append(worker)
+    lines += [f"  {device:<18}used by {', '.join(names)}" for device, names in users.items()]
+    return lines
+
+
 def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
     """Wall, busy, idle and twinkle's own seconds, each as set-up + loop + tear-down
     (shown so that the parts add up to the total shown)."""
@@ -171,7 +207,8 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
     lines += _iteration_table(report)
     seconds = report["seconds"]
-    lines += ["", *_throughput_lines(report), *_time_lines(seconds)]
+    lines += ["", *_throughput_lines(report), *_device_lines(report.get("placement") or {})]
+    lines += _time_lines(seconds)
     lines.append(
         "phase seconds       "
         + ", ".join(f"{p} {_num(v)}" for p, v in seconds["phases"].items())
