@@ -51,9 +51,12 @@ from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.engines import VllmHttpError
+from twinkle.errors import TwinkleError
+from twinkle.events import OptimizerStep
+from twinkle.observers import EVENTS_FILE
 from twinkle.perf import MemoryReading
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
-from twinkle.run import RunSession
+from twinkle.run import RunSession, iter_events
 
 __all__ = ["DemoResult", "observer_config", "run_demo"]
 
@@ -90,8 +93,25 @@ def _cluster(cfg: DemoConfig) -> dict[str, Any]:
     return resources.resources().to_dict()
 
 
-def observer_config(cfg: DemoConfig) -> dict[str, Any]:
-    """The business definitions the observers apply (travels in ``run_started``)."""
+def _steps_taken(out_dir: str | os.PathLike[str] | None, run_id: str | None) -> int:
+    """The optimizer steps the run ``run_id`` took already, when this demo continues it
+    (0 for a new run; a log that cannot be read is the session's to refuse)."""
+    if out_dir is None or run_id is None:
+        return 0
+    log = Path(out_dir) / run_id / EVENTS_FILE
+    steps = 0
+    if log.is_file():
+        with contextlib.suppress(TwinkleError):
+            for event in iter_events(log):
+                if isinstance(event, OptimizerStep):
+                    steps = max(steps, event.step)
+    return steps
+
+
+def observer_config(cfg: DemoConfig, steps_taken: int = 0) -> dict[str, Any]:
+    """The business definitions the observers apply (travels in ``run_started``);
+    ``total_steps`` plans the whole run: the ``steps_taken`` by the segments before
+    this one (a continued run) and this one's iterations'."""
     phases: dict[str, list[str]] = {
         "rollout": ["generate", "reward"],
         "train": ["advantage", "old_logprobs", "ref_logprobs", "train.*"],
@@ -120,7 +140,7 @@ def observer_config(cfg: DemoConfig) -> dict[str, Any]:
         "throughput": {"rollout": {"samples": "rollout"}, "train": {"samples": "train"}},
         "window": {"samples": "rollout"},
         "streaming": {"generation": "rollout", "training": "train"},
-        "total_steps": cfg.iterations * _steps_per_iteration(cfg),
+        "total_steps": steps_taken + cfg.iterations * _steps_per_iteration(cfg),
         "x_demo": {**cfg.to_dict(), "lr": cfg.learning_rate},  # the lr used
         **model,
     }
@@ -317,7 +337,7 @@ def run_demo(
     only with ``True``)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
-    config = observer_config(cfg)
+    config = observer_config(cfg, _steps_taken(out_dir if cfg.observers else None, run_id))
     config["x_cluster"] = _cluster(cfg)
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,

@@ -57,6 +57,10 @@ class ThroughputObserver:
         #: the steady-state iterations' tokens and seconds: per phase, and the window's
         self.steady: dict[str, ThroughputMetric] = {}
         self.steady_iterations = 0
+        #: per finished segment: the counts accumulated in it and its producers'
+        #: terminal totals (a resumed run calibrates each segment against its own)
+        self.segments: list[tuple[dict[str, int | float], dict[str, int | float]]] = []
+        self._counted: dict[str, int | float] = {}  # the counts when the segment began
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -92,6 +96,12 @@ class ThroughputObserver:
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
         tl = self.timeline
         records = self._emit(tl.finished, event.monotonic_ns)
+        counted = self._counts().totals()
+        before = self._counted
+        self.segments.append(
+            ({k: v - before.get(k, 0) for k, v in counted.items()}, dict(event.terminal_totals))
+        )
+        self._counted = counted
         run = tl.run
         if run is None:
             return records
@@ -223,7 +233,7 @@ class ThroughputObserver:
         return {
             "window": self.run_window,
             "phase_windows": self.phase_windows,
-            "counts": self._counts().calibrate(event.terminal_totals),
+            "counts": self._calibrated(),
             "late_samples": self.timeline.late_samples,
             "missing_sample_tags": self._missing_tags(),
             "placement": self._placement(),
@@ -239,6 +249,27 @@ class ThroughputObserver:
             None if window is None else (window.devices, sources[None]),
             {p: (spec.devices, sources[p]) for p, spec in config.throughput.items()},
         )
+
+    def _calibrated(self) -> dict[str, dict[str, int | float | None]]:
+        """The counters, each segment's calibrated against its own terminal totals and
+        summed: ``accumulated`` from the events; ``terminal`` the segments' terminal
+        totals added (None when no segment gave one); ``final`` each segment's terminal
+        total where it gave one, else its accumulated count, added; ``discrepancy`` the
+        segments' ``terminal - accumulated`` added where they gave one."""
+        out: dict[str, dict[str, int | float | None]] = {}
+        for counted, terminal in self.segments:
+            totals = RunTotals()
+            for key, value in counted.items():
+                totals.add(key, value)
+            for key, entry in totals.calibrate(terminal).items():
+                into = out.setdefault(
+                    key, {"accumulated": 0, "terminal": None, "final": 0, "discrepancy": None}
+                )
+                for name, part in entry.items():
+                    if part is not None:
+                        now = into[name]
+                        into[name] = part if now is None else now + part
+        return dict(sorted(out.items()))
 
     def _missing_tags(self) -> dict[str, str]:
         """Each sample tag the configuration counts that no samples event carried (its

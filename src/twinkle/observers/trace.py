@@ -13,6 +13,7 @@ from twinkle.events import (
     Event,
     IterationStarted,
     MemoryReadings,
+    RunResumed,
     RunStarted,
     SpanBatch,
     WeightsPublished,
@@ -39,7 +40,8 @@ class TraceSink:
     processes moved through their clock anchors, or a skewed worker's by their arrival,
     as the timeline places them: :mod:`~twinkle.observers.placement`). Iteration starts
     are instant events on the run process's ``iterations`` track, weight publishes
-    slices on its ``weights`` track.
+    slices on its ``weights`` track; a segment's resume (``segment 1 resumed``) an instant
+    event across every track.
 
     **Tracks.** Every process is named (the run's by its run id, a worker's by its span
     source). A thread's track is named by the role of the spans it carries, decided
@@ -141,6 +143,11 @@ class TraceSink:
             self._batches.put(event)
 
     @hookimpl
+    def twinkle_run_resumed(self, event: RunResumed) -> None:
+        if self._batches is not None:
+            self._batches.put(event)
+
+    @hookimpl
     def twinkle_run_finished(self) -> None:
         self._finished = True
 
@@ -219,26 +226,22 @@ class TraceSink:
                 f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
             )
 
+    def _marker(self, name: str, at_ns: int, lines: list[bytes], scope: str = "t") -> None:
+        """An instant event on the run process's ``iterations`` track (``scope`` "g":
+        a line across every track, as a segment's start and end are)."""
+        pid = self._origin.pid if self._origin else 0
+        track = self._track(pid, ITERATIONS_TRACK, at_ns, at_ns)
+        marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
+        lines.append(orjson.dumps({**marker, "ts": self._us(at_ns)}))
+
     def _event_lines(self, event: Event, lines: list[bytes]) -> None:
         """Append ``event``'s trace lines to ``lines``."""
         if isinstance(event, SpanBatch):
             self._span_lines(event, lines)
         elif isinstance(event, IterationStarted):
-            pid = self._origin.pid if self._origin else 0
-            ts = self._us(event.monotonic_ns)
-            track = self._track(pid, ITERATIONS_TRACK, event.monotonic_ns, event.monotonic_ns)
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": f"iteration {event.iteration}",
-                        "ph": "i",
-                        "s": "t",
-                        "pid": pid,
-                        "tid": track.tid,
-                        "ts": ts,
-                    }
-                )
-            )
+            self._marker(f"iteration {event.iteration}", event.monotonic_ns, lines)
+        elif isinstance(event, RunResumed):
+            self._marker(f"segment {event.segment} resumed", event.monotonic_ns, lines, "g")
         elif isinstance(event, WeightsPublished):
             pid = self._origin.pid if self._origin else 0
             ts = self._us(event.start_ns)

@@ -35,7 +35,7 @@ import orjson
 
 from twinkle.checks import SafeName, explain
 from twinkle.errors import InvalidArgumentError
-from twinkle.events import MemoryReadings, RunStarted, Status
+from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted, Status
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._plots import PLOTS, time_parts, write_plots
@@ -257,7 +257,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
     seconds = summary.seconds
-    return {
+    report: dict[str, Any] = {
         "run_id": summary.run_id,
         "run_dir": str(run),
         "status": summary.status,
@@ -287,15 +287,31 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
             "generation_hidden_share": seconds.get("generation_hidden_share"),
         },
-        "memory_peak_bytes": _memory_peaks(events),
     }
+    peaks, segments = _from_log(events, summary.segments)
+    for segment in segments:  # each iteration's segment (the first: 0)
+        first, last = segment["first_iteration"], segment["last_iteration"]
+        for it in () if first is None else range(first, last + 1):
+            if it in by_it:
+                by_it[it]["segment"] = segment["segment"]
+    report["memory_peak_bytes"] = peaks
+    report["segments"] = segments
+    return report
 
 
-def _memory_peaks(events: Iterable[Any]) -> dict[str, dict[str, int]]:
-    """Each worker's highest reading of each peak field (fields it never reported are
-    left out)."""
+def _from_log(
+    events: Iterable[Any], listed: list[_Segment]
+) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
+    """From the rest of the log: each worker's highest reading of each peak field
+    (fields it never reported are left out), and each segment of the run with its first
+    and last iteration and its status (the summary's)."""
     peaks: dict[str, dict[str, int]] = {}
+    segments: list[dict[str, Any]] = [{"segment": 0, "iterations": []}]
     for event in events:
+        if isinstance(event, RunResumed):
+            segments.append({"segment": event.segment, "iterations": []})
+        elif isinstance(event, IterationStarted):
+            segments[-1]["iterations"].append(event.iteration)
         if not isinstance(event, MemoryReadings):
             continue
         for reading in event.readings:
@@ -304,4 +320,13 @@ def _memory_peaks(events: Iterable[Any]) -> dict[str, dict[str, int]]:
                 value = getattr(reading, field)
                 if value is not None and value > mine.get(field, -1):
                     mine[field] = value
-    return {worker: peaks[worker] for worker in sorted(peaks)}
+    status = {s.segment: s.status for s in listed}
+    return {worker: peaks[worker] for worker in sorted(peaks)}, [
+        {
+            "segment": s["segment"],
+            "first_iteration": min(s["iterations"], default=None),
+            "last_iteration": max(s["iterations"], default=None),
+            "status": status.get(s["segment"]),
+        }
+        for s in segments
+    ]

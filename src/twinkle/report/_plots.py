@@ -42,7 +42,8 @@ def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
     matplotlib's Agg canvas: tokens/s/device per iteration (warm-up, drain and partial
-    windows marked) and per phase, with the steady state's and the whole loop's lines;
+    windows marked) and per phase, with the steady state's and the whole loop's lines
+    (and where each resumed segment starts);
     each iteration's window cut into generation, training, both at once, other busy
     time and idle; each worker's peak memory; the reward when there is one.
 
@@ -143,6 +144,10 @@ def _throughput(ax: Any, report: Mapping[str, Any], title: str) -> None:
     loop = window.get("tokens_per_s_per_device")
     if loop is not None:
         ax.axhline(loop, color="grey", linestyle="--", label=f"whole loop ({loop:,.0f})")
+    starts = [s["first_iteration"] for s in report.get("segments", [])[1:]]
+    for k, first in enumerate(x for x in starts if x is not None):
+        label = "a segment starts (resumed)" if k == 0 else None
+        ax.axvline(first - 0.5, color="red", linestyle=":", label=label)
     ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
     ax.legend(fontsize="small")
 

@@ -19,6 +19,7 @@ FLAG_NAMES = {"warmup": "warm-up", "drain": "drain", "partial": "partial"}
 
 LEGEND = (
     "columns (docs/metrics.md, 'Report columns'):",
+    "  seg                the segment (a resumed run's process) the iteration ran in",
     "  flag               warm-up (a segment's first), drain (its last), partial (cut short):"
     " left out of the steady state",
     "  tok/s/dev          the iteration's tokens over its window's logical seconds (window view)",
@@ -90,7 +91,8 @@ def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> 
 
 def _iteration_table(report: Mapping[str, Any]) -> list[str]:
     phases, rated = report["loop_phases"], report["throughput_phases"]
-    header = ["iter", "flag", "tokens", "tok/s/dev"]
+    segmented = len(report.get("segments", ())) > 1
+    header = ["iter", *(["seg"] if segmented else []), "flag", "tokens", "tok/s/dev"]
     header += [f"{p} tok/s/dev" for p in rated]
     header += ["wall s", "busy s", "idle s"]
     header += [f"{p} s" for p in phases]
@@ -103,12 +105,8 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
     rows = []
     for r in report["iterations"]:
         flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
-        row = [
-            str(r["iteration"]),
-            flags,
-            _num(r.get("tokens")),
-            _num(r.get("tokens_per_s_per_device")),
-        ]
+        row = [str(r["iteration"]), *([str(r.get("segment", "-"))] if segmented else [])]
+        row += [flags, _num(r.get("tokens")), _num(r.get("tokens_per_s_per_device"))]
         row += [_num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
         row += [_num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
         row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
@@ -119,6 +117,12 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
             row.append(_num(r.get("reward")))
         rows.append(row)
     return _table(header, rows)
+
+
+def _segment(s: Mapping[str, Any]) -> str:
+    first, last = s["first_iteration"], s["last_iteration"]
+    span = "no iteration" if first is None else f"iterations {first}-{last}"
+    return f"{s['segment']}: {span} ({s['status'] or 'unfinished'})"
 
 
 def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
@@ -206,6 +210,9 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     first) and, with ``legend``, what each column shows."""
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
     lines += _iteration_table(report)
+    segments = report.get("segments", [])
+    if len(segments) > 1:
+        lines += ["", "segments            " + ", ".join(map(_segment, segments))]
     seconds = report["seconds"]
     lines += ["", *_throughput_lines(report), *_device_lines(report.get("placement") or {})]
     lines += _time_lines(seconds)

@@ -73,9 +73,7 @@ def build_summary(
         status=event.status,
         error=event.error,
         records_dropped=event.records_dropped,
-        process_wall_seconds=(
-            None if event.process_wall_ns is None else event.process_wall_ns / 1e9
-        ),
+        process_wall_seconds=_process_wall(event, segments or []),
         segments=_segments(segments or []),
         backends=_backends(segments[-1]) if segments else {},
         plugins_left_out=_left_out(segments[-1]) if segments else {},
@@ -84,6 +82,14 @@ def build_summary(
         observer_slow_calls=dict(sorted(event.observer_slow_calls.items())),
     )
     return summary
+
+
+def _process_wall(event: RunFinished, segments: list[Segment]) -> float | None:
+    """Every segment's process wall time added (a killed one's is unknown: left out;
+    None when no segment's is known)."""
+    ends = [s.finish for s in segments] if segments else [event]
+    known = [e.process_wall_ns for e in ends if e is not None and e.process_wall_ns is not None]
+    return sum(known) / 1e9 if known else None
 
 
 def _segments(segments: list[Segment]) -> list[dict[str, Any]]:
@@ -103,6 +109,10 @@ def _segment(segment: Segment, before: Segment | None) -> dict[str, Any]:
         "finished_unix_s": None if end is None else end.wall_ns / 1e9,
         "status": None if end is None else end.status,
         "error": None if end is None else end.error,
+        "process_wall_seconds": (
+            None if end is None or end.process_wall_ns is None else end.process_wall_ns / 1e9
+        ),
+        "terminal_totals": {} if end is None else dict(sorted(end.terminal_totals.items())),
         "backends": _backends(segment),
         "plugins_left_out": _left_out(segment),
     }
