@@ -37,9 +37,10 @@ def test_demo_with_any_builtin_blocked_prints_its_summary_or_one_line(
     assert "None" not in captured.out
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["observer_failures"] == {}
-    if blocked == "metrics_raw":
-        assert not (tmp_path / "r" / "metrics_raw.jsonl").exists()
-        assert "(no per-iteration table: the run wrote no metrics_raw.jsonl" in captured.out
+    if blocked in ("metrics_raw", "events"):
+        missing = {"metrics_raw": "metrics_raw.jsonl", "events": "events.jsonl"}[blocked]
+        assert not (tmp_path / "r" / missing).exists()
+        assert f"(no report: the run wrote no {missing}; is {blocked} blocked?)" in captured.out
     else:
         assert "tok/s/dev" in captured.out
 

@@ -180,10 +180,11 @@ def test_the_demo_rerun_with_another_iterations_resumes_its_run(
     summary = summary_of(run_dir)
     assert summary["status"] == "ok" and summary["iterations"] == 5
     first, second = summary["segments"]
-    assert (first["total_steps"], second["total_steps"]) == (2, 3)
-    assert second["config_changes"]["total_steps"] == 3
+    # the whole run's plan: the 2 steps taken, then 3 more
+    assert (first["total_steps"], second["total_steps"]) == (2, 5)
+    assert second["config_changes"]["total_steps"] == 5
     assert second["config_changes"]["x_demo"]["iterations"] == 3
-    assert {r["total_steps"] for r in lines(run_dir / "metrics.jsonl")} == {3}
+    assert {r["total_steps"] for r in lines(run_dir / "metrics.jsonl")} == {5}
     assert_replay_identical(run_dir, tmp_path / "replayed")
 
 

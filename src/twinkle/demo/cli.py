@@ -24,6 +24,8 @@ __all__ = [
 ]
 
 RAW_FILE = "metrics_raw.jsonl"
+#: the files the run's report reads besides summary.json, with the observer that writes each
+_REPORTED = ((RAW_FILE, "metrics_raw"), ("events.jsonl", "events"))
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -313,10 +315,11 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         )
         return 0
     run_dir = Path(result.run_dir)
-    if (run_dir / RAW_FILE).is_file():
-        print(show_run(run_dir))
+    missing = [(f, name) for f, name in _REPORTED if not (run_dir / f).is_file()]
+    if missing:
+        print(f"(no report: the run wrote no {missing[0][0]}; is {missing[0][1]} blocked?)")
     else:
-        print(f"(no report: the run wrote no {RAW_FILE}; is metrics_raw blocked?)")
+        print(show_run(run_dir))
     print()
     print(format_summary(result.summary))
     print(f"  files                   {result.run_dir}/")
