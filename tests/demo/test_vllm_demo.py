@@ -129,6 +129,19 @@ def test_the_engines_started_concurrently(demo: Demo) -> None:
     assert seconds["setup_busy_seconds"] >= seconds["startup_seconds"]
 
 
+def test_stopping_the_engines_is_tear_down_not_the_last_iteration(demo: Demo) -> None:
+    stops = demo.spans("engine.shutdown")
+    assert sorted(s["attrs"]["engine"] for s in stops) == ENGINES
+    (run,) = demo.of("run_started")
+    assert run["config"]["lifecycle"] == {"setup": ["startup"], "teardown": ["shutdown"]}
+    seconds = demo.summary["seconds"]
+    assert seconds["shutdown_seconds"] > 0
+    assert seconds["teardown_busy_seconds"] >= seconds["shutdown_seconds"]
+    records = _lines(demo.run_dir / "metrics_raw.jsonl")
+    windows = [r["values"] for r in records if (r["kind"], r["scope"]) == ("timing", "iteration")]
+    assert all(w["window_shutdown_seconds"] == 0 for w in windows)
+
+
 def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
     figures: dict[int, dict[str, dict[str, float]]] = defaultdict(dict)
     for e in demo.of("scalars"):

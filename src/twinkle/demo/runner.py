@@ -8,7 +8,8 @@ The demo is the caller, so it defines the business semantics:
   advantage, old/ref log-probs and every micro-batch's forward/backward and optimizer
   step; ``publish`` = writing a weight version (vLLM) and loading it on the engines;
   ``startup`` = starting the engines or workers (vLLM: ``engine.start``; Ray and DDP:
-  ``workers.start``), ``shutdown`` = stopping the workers (``workers.stop``): the
+  ``workers.start``), ``shutdown`` = stopping them (vLLM: ``engine.shutdown``; Ray
+  and DDP: ``workers.stop``): the
   run's ``lifecycle`` phases, busy in the set-up and tear-down windows and never in an
   iteration or the run's throughput;
 * the device denominators come from the placement (``config.placement``): every
@@ -123,6 +124,7 @@ def observer_config(cfg: DemoConfig, steps_taken: int = 0) -> dict[str, Any]:
         # Starting the engines is the run's work too: busy, not idle, in the set-up (a
         # lifecycle phase: not the loop's, so not in the run window's time).
         phases["startup"] = ["engine.start"]
+        phases["shutdown"] = ["engine.shutdown"]  # (the pool stops the servers)
         model = {"x_model": dataclasses.asdict(TinyLlamaSpec())}  # d_model etc. are unused
     if cfg.backend == "ray" or cfg.train_workers > 1:
         # Starting and stopping the workers is the run's work too (busy, not idle).
