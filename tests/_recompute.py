@@ -61,6 +61,7 @@ class Recompute:
         started = events[0]
         cfg = started["config"]
         self.phases: dict[str, list[str]] = cfg["phases"]
+        self.streaming: dict[str, str] = cfg.get("streaming") or {}
         lifecycle = cfg.get("lifecycle") or {}
         self.teardown_phases = set(lifecycle.get("teardown", []))
         self.lifecycle = set(lifecycle.get("setup", [])) | self.teardown_phases
@@ -131,7 +132,9 @@ class Recompute:
                 kept += minus(mine, [(s, e) for s, e, t in over if t == tid])
             logical[ph] = length(kept)
         busy = length([iv for ivs in by.values() for iv in ivs])
+        overhead = [(s, e) for s, e, _ in over]
         return {
+            "path": self.path(hi - lo, by, overhead),
             "wall": hi - lo,
             "overhead": length([(s, e) for s, e, _ in over]),
             "busy": busy,
@@ -140,6 +143,35 @@ class Recompute:
             "logical": logical,
             "overlap": {(p, q): both(by[p], by[q]) for p, q in self.pairs},
         }
+
+    def path(self, wall: int, by: dict[str, list[Iv]], overhead: list[Iv]) -> dict[str, int]:
+        """The window's critical path: the busier side's work first (the engines'
+        generation and publish, or the trainer's training), then the other side's, other
+        phases, overhead, idle."""
+        out = dict.fromkeys(("training", "publish", "generation", "other", "overhead"), 0)
+        sides = {k: self.streaming.get(k) for k in ("training", "publish", "generation")}
+        if "training" not in self.streaming:
+            order: list[str] = []
+        else:
+            engines = by[sides["generation"]] + (by[sides["publish"]] if sides["publish"] else [])
+            trainer_busier = length(engines) <= length(by[sides["training"]])
+            order = (
+                ["training", "publish", "generation"]
+                if trainer_busier
+                else ["generation", "publish", "training"]
+            )
+        seen: list[Iv] = []
+        for kind in order:
+            ivs = by[sides[kind]] if sides[kind] else []
+            out[kind] = length(minus(ivs, seen))
+            seen += ivs
+        named = {p for p in sides.values() if p}
+        others = [iv for ph, ivs in by.items() if ph not in named for iv in ivs]
+        out["other"] = length(minus(others, seen))
+        seen += others
+        out["overhead"] = length(minus(overhead, seen))
+        out["idle"] = wall - sum(out.values())
+        return out
 
     def loop_end(self) -> int:
         """The finish, or the start of the first span of a tear-down phase (stopping
@@ -294,6 +326,8 @@ def check_run(run_dir: Path) -> dict[str, Any]:
             assert t[f"window_{ph}_logical_seconds"] == _s(w["logical"][ph]), (it, ph)
         for p, q in rc.pairs:
             assert t[f"window_overlap_{p}_{q}_seconds"] == _s(w["overlap"][(p, q)])
+        for kind, ns in w["path"].items():
+            assert t[f"window_path_{kind}_seconds"] == _s(ns), (it, kind)
     setup, active_from = rc.setup()
     teardown = rc.teardown()
     parts = [setup, *windows, teardown]

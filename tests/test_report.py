@@ -87,12 +87,16 @@ def test_the_text_shows_the_table_and_the_runs_figures(runs: tuple[Path, Path]) 
     text = format_report(report)
     lines = text.splitlines()
     header = next(line for line in lines if line.lstrip().startswith("iter"))
-    assert header.split()[:4] == ["iter", "flag", "tokens", "tok/s/dev"] and "reward" in header
+    assert header.split()[:5] == ["iter", "flag", "limit", "tokens", "tok/s/dev"]
+    assert "reward" in header
     assert "rollout tok/s/dev" in header and "train tok/s/dev" in header
     first, middle, last = report["iterations"]
-    assert any(line.split()[:3] == ["0", "warm-up", f"{first['tokens']:,}"] for line in lines)
-    assert any(line.split()[:2] == ["1", f"{middle['tokens']:,}"] for line in lines)
-    assert any(line.split()[:3] == ["2", "drain", f"{last['tokens']:,}"] for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line[:4].strip().isdigit()}
+    limits = {"train", "gen", "publish", "mixed", "-"}
+    assert rows["0"][1] == "warm-up" and rows["0"][2] in limits
+    assert rows["0"][3] == f"{first['tokens']:,}"
+    assert rows["1"][1] in limits and rows["1"][2] == f"{middle['tokens']:,}"  # no flag
+    assert rows["2"][1] == "drain" and rows["2"][3] == f"{last['tokens']:,}"
     # the steady state leads (iteration 1 alone), the whole loop follows
     steady = report["window"]["steady_tokens_per_s_per_device"]
     assert steady == middle["tokens_per_s_per_device"]

@@ -89,6 +89,9 @@ def _generic(keys: set[str], phases: list[str]) -> set[str]:
     out = set()
     for key in keys:
         generic = re.sub(r"overlap_([a-z]+)_([a-z]+)_", "overlap_<p>_<q>_", key)
+        generic = re.sub(
+            r"path_(training|generation|publish|other|overhead|idle)_", "path_<kind>_", generic
+        )
         for phase in phases:
             generic = re.sub(rf"(^|_){phase}_", r"\1<phase>_", generic)
         out.add(generic)

@@ -152,6 +152,15 @@ def test_window_view_clips_every_span_whichever_iteration_it_serves(run_dir: Pat
         "window_overlap_rollout_train_seconds": 35,
         "window_overlap_rollout_publish_seconds": 10,
         "window_overlap_train_publish_seconds": 0,
+        # the engines (rollout 85) were busier than the trainer (train 40): the path runs
+        # through generation, then the training it did not cover ([30, 35)); publish is
+        # no streaming phase here (other), and lies inside the rollouts
+        "window_path_training_seconds": 5,
+        "window_path_publish_seconds": 0,
+        "window_path_generation_seconds": 85,
+        "window_path_other_seconds": 0,
+        "window_path_overhead_seconds": 0,
+        "window_path_idle_seconds": 0,
     }
     assert (w1["window_rollout_seconds"], w1["window_rollout_logical_seconds"]) == (70, 68)
     assert (w1["window_overlap_rollout_train_seconds"], w1["window_publish_seconds"]) == (10, 5)

@@ -102,6 +102,27 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="generate only with the newest weights (no streaming)",
     )
+    scenario = p.add_argument_group(
+        "scenario knobs", "make one side slower on purpose, to see what twinkle says limits the run"
+    )
+    for side, what in (
+        ("generation", "every engine's generation"),
+        ("training", "the trainer"),
+        ("publish", "every engine's weight load"),
+    ):
+        scenario.add_argument(
+            f"--slow-{side}",
+            type=float,
+            default=1.0,
+            metavar="K",
+            help=f"{what} K times slower (default 1)",
+        )
+    scenario.add_argument(
+        "--slow-engine",
+        default=None,
+        metavar="NAME:K",
+        help="one engine K times slower than the others, a straggler (e.g. engine1:4)",
+    )
     p.add_argument(
         "--no-observers",
         action="store_true",
@@ -253,6 +274,10 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         engine=args.engine,
         backend=args.backend,
         train_workers=args.train_workers,
+        slow_generation=args.slow_generation,
+        slow_training=args.slow_training,
+        slow_publish=args.slow_publish,
+        slow_engine=args.slow_engine,
     )
     if cfg.engine == "vllm":  # said now, before anything is created
         from twinkle.demo.hf import check_vllm_python

@@ -55,6 +55,13 @@ class DemoConfig:
     # >1: the trainer is that many torch.distributed ranks (DDP over gloo, this process
     # rank 0: twinkle.demo.ddp)
     train_workers: int = 1
+    # Scenario knobs (twinkle.demo.scenario): make one side k times slower on purpose,
+    # each by sleeping (k - 1) times its measured time inside its own span.
+    slow_generation: float = 1.0
+    slow_training: float = 1.0
+    slow_publish: float = 1.0
+    #: "engine1:4": that engine alone generates 4 times slower (a straggler)
+    slow_engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -72,6 +79,7 @@ class DemoConfig:
                 f"backend 'ray' runs the torch demo's engines and trainer as Ray actors; "
                 f"engine {self.engine!r} is not available there: use --engine torch"
             )
+        self._check_scenario()
         if self.engine == "vllm":
             shaped = {
                 k: getattr(self, k) for k in _DECODER_SHAPE if getattr(self, k) != _DEFAULTS[k]
@@ -124,6 +132,43 @@ class DemoConfig:
             raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+
+    def _check_scenario(self) -> None:
+        for name in ("slow_generation", "slow_training", "slow_publish"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 1 <= value <= 100
+            ):
+                raise ConfigError(
+                    f"{name} must be a number in [1, 100] (a slowdown), got {value!r}"
+                )
+        if self.slow_engine is not None:
+            self.slow_engine_factor(f"engine{self.engines - 1}")  # (checks it)
+        knobs = [f.name for f in fields(self) if f.name.startswith("slow_")]
+        if self.engine == "vllm" and any(getattr(self, k) != _DEFAULTS[k] for k in knobs):
+            raise ConfigError(
+                "the scenario knobs (--slow-*) slow the torch demo's engines and trainer; "
+                "the vLLM demo has none: use --engine torch"
+            )
+
+    def slow_engine_factor(self, engine: str) -> float:
+        """How many times slower ``engine`` generates than the others (``slow_engine``)."""
+        if self.slow_engine is None:
+            return 1.0
+        name, _, factor = self.slow_engine.rpartition(":")
+        engines = [f"engine{i}" for i in range(self.engines)]
+        try:
+            value = float(factor)
+        except ValueError:
+            value = 0.0
+        if name not in engines or not 1 <= value <= 100:
+            raise ConfigError(
+                f"slow_engine must be NAME:FACTOR with NAME one of {', '.join(engines)} and "
+                f"FACTOR in [1, 100], got {self.slow_engine!r}; e.g. engine1:4"
+            )
+        return value if name == engine else 1.0
 
     @property
     def learning_rate(self) -> float:

@@ -17,6 +17,7 @@ import torch
 
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.model import TinyDecoder
+from twinkle.demo.scenario import slowed
 from twinkle.demo.task import DIGITS, EOS, PAD, VOCAB, make_prompts, max_response_tokens, reward
 from twinkle.perf import TimeRecorder
 
@@ -142,7 +143,8 @@ class RolloutEngine:
         span = self.recorder.span(
             "generate", iteration=iteration, engine=self.name, version=version
         )
-        with span:
+        slowdown = cfg.slow_generation * cfg.slow_engine_factor(self.name)
+        with span, slowed(slowdown):
             responses = self._generate(prompts, iteration)
         figures = self._engine_figures(iteration)
         first_group = self.index * self._per_engine()
@@ -196,7 +198,8 @@ class TorchEngine(RolloutEngine):
         """Copy ``state`` into this engine's model once no pending rollout needs the old
         weights; returns the engine's name as the acknowledgement."""
         self.wait_until_unneeded(version)
-        with self._cond, self.recorder.span("weights.load", engine=self.name, version=version):
+        span = self.recorder.span("weights.load", engine=self.name, version=version)
+        with self._cond, span, slowed(self.config.slow_publish):
             self.model.load_state_dict(state)  # a real copy into our own tensors
         self.loaded(version)
         return self.name

@@ -141,7 +141,7 @@ def observer_config(cfg: DemoConfig, steps_taken: int = 0) -> dict[str, Any]:
         "placement": _placement(cfg, phases),
         "throughput": {"rollout": {"samples": "rollout"}, "train": {"samples": "train"}},
         "window": {"samples": "rollout"},
-        "streaming": {"generation": "rollout", "training": "train"},
+        "streaming": {"generation": "rollout", "training": "train", "publish": "publish"},
         "total_steps": steps_taken + cfg.iterations * _steps_per_iteration(cfg),
         "x_demo": {**cfg.to_dict(), "lr": cfg.learning_rate},  # the lr used
         **model,

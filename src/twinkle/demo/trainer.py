@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -152,6 +153,15 @@ class GRPOTrainer:
     # -- one iteration ------------------------------------------------------------------
 
     def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
+        started = time.perf_counter()
+        result = self._train_iteration(iteration, trajs)
+        factor = self.config.slow_training
+        if factor > 1:  # the scenario knob: a trainer `factor` times slower
+            with self.recorder.span("train.slowdown", iteration=iteration):
+                time.sleep((factor - 1) * (time.perf_counter() - started))
+        return result
+
+    def _train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
         cfg = self.config
         rec = self.recorder
         with rec.span("advantage", iteration=iteration):

@@ -142,7 +142,7 @@ def observer_config(
         phases["reward"] = [f"{trainer}._calculate_rewards"]
         phases["publish"] = [f"{trainer}.sync_weights"]  # with use_vllm: weights to vLLM
         throughput["rollout"] = {"samples": "rollout", "devices": devices}
-        config["streaming"] = {"generation": "rollout", "training": "train"}
+        config["streaming"] = {"generation": "rollout", "training": "train", "publish": "publish"}
     phases["train"] = ["train.step", "train.optimizer"]
     phases["step"] = ["step"]
     throughput["train"] = {"samples": "train", "devices": devices}

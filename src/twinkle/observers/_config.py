@@ -24,8 +24,9 @@ that a replay rebuilds identical observers. Its shape::
   the workers that ran it, the window's those of every worker (optional).
 * ``window``: the run-level window: the sample tag whose tokens count as effective
   tokens, divided by the iterations' logical seconds and ``devices``.
-* ``streaming``: which phase is generation and which is training, for the share of
-  generation running while training runs (optional).
+* ``streaming``: which phase is generation and which is training (and, optionally,
+  which moves weights to the engines: ``publish``), for the share of generation
+  running while training runs and for what limits the run (optional).
 * ``lifecycle``: the phases that start the run's workers (``setup``) and stop them
   (``teardown``), not the loop's work: they never open the run's active time, and a
   tear-down phase span starting after the last boundary ends the loop there, so
@@ -178,20 +179,32 @@ def _streaming(raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher]) -> tup
     spec = raw.get("streaming")
     if spec is None:
         return None
-    if not isinstance(spec, Mapping) or set(spec) != {"generation", "training"}:
+    keys = set(spec) if isinstance(spec, Mapping) else set()
+    if not isinstance(spec, Mapping) or not {"generation", "training"} <= keys <= _STREAMING:
         raise ConfigError(
             f"config.streaming must be an object with keys 'generation' and 'training' "
-            f'naming phases, got {spec!r}; e.g. {{"generation": "rollout", "training": "train"}}'
+            f"(and optionally 'publish') naming phases, got {spec!r}; e.g. "
+            '{"generation": "rollout", "training": "train", "publish": "publish"}'
         )
-    for key in ("generation", "training"):
+    for key in sorted(keys):
         if spec[key] not in phases:
             raise ConfigError(
                 f"config.streaming.{key} is {spec[key]!r}, not a phase of config.phases "
                 f"({sorted(phases)})"
             )
-    if spec["generation"] == spec["training"]:
-        raise ConfigError("config.streaming must name two different phases")
+    if len({spec[k] for k in keys}) != len(keys):
+        raise ConfigError(f"config.streaming must name different phases, got {spec!r}")
     return str(spec["generation"]), str(spec["training"])
+
+
+#: the keys of config.streaming
+_STREAMING = frozenset({"generation", "training", "publish"})
+
+
+def _publish(raw: Mapping[str, Any]) -> str | None:
+    """The phase that moves weights to the engines (``streaming.publish``), or None."""
+    spec = raw.get("streaming")
+    return None if spec is None or spec.get("publish") is None else str(spec["publish"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +268,8 @@ class ObserverConfig:
     #: the phases that start the workers (``lifecycle.setup``) and that stop them
     setup_phases: frozenset[str] = frozenset()
     teardown_phases: frozenset[str] = frozenset()
+    #: the phase that moves weights to the engines (``streaming.publish``), or None
+    publish: str | None = None
     #: the devices each worker used (``config.placement``; {} without one)
     placement: dict[str, WorkerDevices] = field(default_factory=dict)
     #: where each denominator came from, ``"config"`` or ``"placement"`` (the window's
@@ -347,6 +362,7 @@ class ObserverConfig:
             lag,
             ClockSkewTolerance.parse(raw),
             *_lifecycle(raw, phases, streaming),
+            _publish(raw),
             workers,
             sources,
         )

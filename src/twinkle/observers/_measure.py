@@ -15,11 +15,13 @@ from twinkle.observers._config import ObserverConfig
 from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
 
 __all__ = [
+    "PATH_KINDS",
     "Attributed",
     "AttributedTiming",
     "IterationData",
     "Piece",
     "WindowTiming",
+    "critical_path",
     "measure_window",
     "thread_key",
 ]
@@ -40,7 +42,9 @@ class WindowTiming(msgspec.Struct, frozen=True):
     ``phase_ns``: union of each phase's spans clipped to the window; ``phase_logical_ns``:
     that union less the overhead on the same threads; ``busy_ns``: union of all phases;
     ``idle_ns`` = wall - busy; ``overlap_ns[(p, q)]`` = |p ∩ q|; ``overhead_ns``: union of
-    twinkle's own spans; ``span_ns``: every span's clipped duration added (phase or not).
+    twinkle's own spans; ``span_ns``: every span's clipped duration added (phase or not);
+    ``path_ns``: the window's wall cut by what was running at each instant, in the
+    order of :data:`PATH_KINDS` (see :func:`critical_path`): they add up to ``wall_ns``.
     """
 
     wall_ns: int
@@ -50,6 +54,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
     phase_ns: dict[str, int]
     phase_logical_ns: dict[str, int]
     overlap_ns: dict[tuple[str, str], int]
+    path_ns: dict[str, int]
 
     @property
     def logical_ns(self) -> int:
@@ -62,7 +67,8 @@ class WindowTiming(msgspec.Struct, frozen=True):
     @classmethod
     def empty(cls, config: ObserverConfig) -> WindowTiming:
         zero = dict.fromkeys(config.phases, 0)
-        return cls(0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0))
+        path = dict.fromkeys(PATH_KINDS, 0)
+        return cls(0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0), path)
 
     def __add__(self, other: WindowTiming) -> WindowTiming:
         return WindowTiming(
@@ -73,6 +79,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
             {p: v + other.phase_ns[p] for p, v in self.phase_ns.items()},
             {p: v + other.phase_logical_ns[p] for p, v in self.phase_logical_ns.items()},
             {k: v + other.overlap_ns[k] for k, v in self.overlap_ns.items()},
+            {k: v + other.path_ns[k] for k, v in self.path_ns.items()},
         )
 
 
@@ -165,7 +172,50 @@ def measure_window(
         phase_ns=phase_ns,
         phase_logical_ns=logical,
         overlap_ns=overlap_ns,
+        path_ns=critical_path(hi - lo, merged, holes, config),
     )
+
+
+#: what the critical path passes through, in the order it is taken (docs/metrics.md,
+#: "What limits the run")
+PATH_KINDS = ("training", "publish", "generation", "other", "overhead", "idle")
+
+
+def critical_path(
+    wall_ns: int,
+    merged: dict[str, list[Interval]],
+    holes: dict[int, list[Interval]],
+    config: ObserverConfig,
+) -> dict[str, int]:
+    """A window's wall cut by what its length waited on: at each instant the first that
+    runs of the busier side's work (the trainer's training, or the engines' generation
+    and weight loads: the side whose union covers more of the window, which the other
+    side waits for), then the other side's, then another phase, twinkle's own work,
+    else idle. ``merged``: each phase's merged spans in the window; ``holes``: the
+    overhead per thread. Without a streaming configuration nothing is known to be
+    training or generation: every phase is ``other``."""
+    roles: list[tuple[str, str | None]] = []
+    if config.streaming is not None:
+        generation, training = config.streaming
+        trainer = [("training", training)]
+        engines = [("generation", generation), ("publish", config.publish)]
+        engine_ivs = [iv for _, p in engines if p is not None for iv in merged.get(p, [])]
+        if length(merge(engine_ivs)) > length(merged.get(training, [])):
+            roles = [*engines, *trainer]
+        else:
+            roles = [*trainer, *reversed(engines)]
+    named = {phase for _, phase in roles if phase is not None}
+    others = merge(iv for p, ivs in merged.items() if p not in named for iv in ivs)
+    overhead = merge(iv for ivs in holes.values() for iv in ivs)
+    parts = [(kind, merged.get(p, []) if p else []) for kind, p in roles]
+    parts += [("other", others), ("overhead", overhead)]
+    path = dict.fromkeys(PATH_KINDS, 0)
+    covered: list[Interval] = []
+    for kind, ivs in parts:
+        path[kind] = length(subtract(ivs, covered) if covered else ivs)
+        covered = merge([*covered, *ivs])
+    path["idle"] = wall_ns - sum(path.values())
+    return path
 
 
 class AttributedTiming(msgspec.Struct, frozen=True):

@@ -18,6 +18,7 @@ from typing import Any
 from twinkle.events import IterationStarted, RunFinished, RunStarted
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
+from twinkle.observers._limits import LimitsLedger, path_values
 from twinkle.observers.timeline import (
     AttributedTiming,
     Finished,
@@ -169,6 +170,9 @@ class TimingObserver:
         self.run_id = ""
         self.iterations = 0
         self.run_seconds: dict[str, int | float] = {}
+        #: each window's verdict, the steady state's timing: what limits the run
+        self.limits = LimitsLedger()
+        self.limits_summary: dict[str, Any] = {}
         # The per-iteration record's keys, spelled once the config is known.
         self.window_keys = WindowKeys.of(self.timeline.config, "window_")
         self.attributed_keys: AttributedKeys = ()
@@ -195,6 +199,10 @@ class TimingObserver:
         if tl.run is None:
             return records
         self.run_seconds = run_values(tl.run, tl.config, self.iterations)
+        self.run_seconds.update(path_values(tl.run.loop, "loop_"))
+        if self.limits.steady is not None:
+            self.run_seconds.update(path_values(self.limits.steady, "steady_"))
+        self.limits_summary = self.limits.summary(tl.run.loop, tl.config)
         records.append(
             make_record(
                 kind="timing",
@@ -215,6 +223,8 @@ class TimingObserver:
             self.iterations += 1
             values = window_values(done.window, self.window_keys)
             values["window_steady"] = int(done.steady)
+            values.update(path_values(done.window, "window_"))
+            found = self.limits.add(done.window, done.steady, self.timeline.config)
             values.update(attributed_values(done.attributed, self.attributed_keys))
             records.append(
                 make_record(
@@ -226,7 +236,7 @@ class TimingObserver:
                     wall_ns=done.data.wall_ns,
                     monotonic_ns=monotonic_ns,
                     values=values,
-                    attrs={"window_flags": list(done.flags)},
+                    attrs={"window_flags": list(done.flags), "window_verdict": found},
                 )
             )
         return records
@@ -250,4 +260,5 @@ class TimingObserver:
             "unstarted_iterations": unstarted,
             "finalise_lag": tl.config.finalise_lag,
             "clock_skew": tl.skew.summary(),
+            "limits": self.limits_summary,
         }

@@ -8,6 +8,8 @@ Every figure is read from the run's own outputs, never recomputed differently:
   ``timing`` record (the window's flags; the window view: wall, busy, idle, each phase,
   the overlap of generation and training; the attributed view of each phase) and the
   reward scalar;
+* what limits the run: ``summary.json``'s ``limits`` (the verdict, its evidence, what a
+  twice-as-fast side would save) and each window's verdict and critical path;
 * the run: ``summary.json``'s ``window`` (the steady state and the whole loop's
   throughput), ``phase_windows`` (each phase's), ``placement`` (the device
   denominators and the workers' devices) and ``seconds`` (wall, busy, idle and
@@ -103,6 +105,7 @@ class _Summary(msgspec.Struct, frozen=True):
     window: dict[str, int | float | None] = {}
     phase_windows: dict[str, dict[str, int | float | None]] = {}
     placement: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
     seconds: dict[str, int | float | None] = {}
 
 
@@ -243,6 +246,12 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             per_phase[r["kind"]] = values.get("tokens_per_s_per_device")
         elif r["kind"] == "timing":
             row["window_flags"] = list(r["attrs"].get("window_flags", []))
+            row["window_verdict"] = r["attrs"].get("window_verdict")
+            row["window_path_seconds"] = {
+                k.removeprefix("window_path_").removesuffix("_seconds"): v
+                for k, v in values.items()
+                if k.startswith("window_path_")
+            }
             for key in ("wall", "busy", "idle", "overhead"):
                 row[f"window_{key}_seconds"] = values.get(f"window_{key}_seconds")
             row["window_phase_seconds"] = {p: values.get(f"window_{p}_seconds") for p in phases}
@@ -270,6 +279,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         "window": dict(summary.window),
         "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
         "placement": dict(summary.placement),
+        "limits": dict(summary.limits),
         "seconds": {
             "wall": seconds.get("wall_seconds"),
             "busy": seconds.get("busy_seconds"),

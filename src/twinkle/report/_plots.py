@@ -14,7 +14,10 @@ from twinkle.reporting import ReplacingFile
 
 __all__ = ["PLOTS", "time_parts", "write_plots"]
 
-PLOTS = ("throughput.png", "time.png", "memory.png", "reward.png")
+PLOTS = ("limits.png", "throughput.png", "time.png", "memory.png", "reward.png")
+
+#: the critical path's kinds, bottom to top
+_PATH_KINDS = ("training", "generation", "publish", "other", "overhead", "idle")
 
 
 def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str, float]:
@@ -41,7 +44,8 @@ def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str
 
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
-    matplotlib's Agg canvas: tokens/s/device per iteration (warm-up, drain and partial
+    matplotlib's Agg canvas: each window's critical path stacked by kind, titled with
+    the run's verdict; tokens/s/device per iteration (warm-up, drain and partial
     windows marked) and per phase, with the steady state's and the whole loop's lines
     (and where each resumed segment starts);
     each iteration's window cut into generation, training, both at once, other busy
@@ -68,6 +72,10 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         fig.savefig(png, format="png", dpi=100)
         _write_whole(out / name, png.getvalue())
         written.append(out / name)
+
+    fig = Figure(figsize=(8, 4.5))
+    _limits(fig.add_subplot(), report, title)
+    save(fig, "limits.png")
 
     fig = Figure(figsize=(8, 4.5))
     _throughput(fig.add_subplot(), report, title)
@@ -112,6 +120,27 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
         save(fig, "reward.png")
     return written
+
+
+def _limits(ax: Any, report: Mapping[str, Any], title: str) -> None:
+    """Each window's critical path stacked by kind (what its length waited on), titled
+    with the run's verdict."""
+    rows = [r for r in report["iterations"] if r.get("window_path_seconds")]
+    its = [r["iteration"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for kind in _PATH_KINDS:
+        heights = [r["window_path_seconds"].get(kind) or 0.0 for r in rows]
+        if any(heights):
+            ax.bar(its, heights, bottom=bottom, label=kind, width=0.9)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    verdict = (report.get("limits") or {}).get("verdict", "not known")
+    ax.set(
+        title=f"{title}: critical path per window ({verdict})",
+        xlabel="iteration",
+        ylabel="seconds",
+    )
+    if rows:
+        ax.legend(fontsize="small")
 
 
 def _throughput(ax: Any, report: Mapping[str, Any], title: str) -> None:

@@ -14,12 +14,21 @@ from twinkle.report._compare import compare, streaming_effect
 
 __all__ = ["LEGEND", "FLAG_NAMES", "format_compare", "format_report", "split_exactly"]
 
+#: how the table names each window's verdict (``attrs.window_verdict``)
+VERDICT_NAMES = {
+    "training-bound": "train",
+    "generation-bound": "gen",
+    "publish-bound": "publish",
+    "mixed": "mixed",
+    "abstain": "-",
+}
 #: how the table names each window flag (``attrs.window_flags``)
 FLAG_NAMES = {"warmup": "warm-up", "drain": "drain", "partial": "partial"}
 
 LEGEND = (
     "columns (docs/metrics.md, 'Report columns'):",
     "  seg                the segment (a resumed run's process) the iteration ran in",
+    "  limit              what bounds the window: train, gen, publish, mixed, - (no verdict)",
     "  flag               warm-up (a segment's first), drain (its last), partial (cut short):"
     " left out of the steady state",
     "  tok/s/dev          the iteration's tokens over its window's logical seconds (window view)",
@@ -92,7 +101,7 @@ def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> 
 def _iteration_table(report: Mapping[str, Any]) -> list[str]:
     phases, rated = report["loop_phases"], report["throughput_phases"]
     segmented = len(report.get("segments", ())) > 1
-    header = ["iter", *(["seg"] if segmented else []), "flag", "tokens", "tok/s/dev"]
+    header = ["iter", *(["seg"] if segmented else []), "flag", "limit", "tokens", "tok/s/dev"]
     header += [f"{p} tok/s/dev" for p in rated]
     header += ["wall s", "busy s", "idle s"]
     header += [f"{p} s" for p in phases]
@@ -106,7 +115,8 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
     for r in report["iterations"]:
         flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
         row = [str(r["iteration"]), *([str(r.get("segment", "-"))] if segmented else [])]
-        row += [flags, _num(r.get("tokens")), _num(r.get("tokens_per_s_per_device"))]
+        limit = VERDICT_NAMES.get(r.get("window_verdict") or "", "-")
+        row += [flags, limit, _num(r.get("tokens")), _num(r.get("tokens_per_s_per_device"))]
         row += [_num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
         row += [_num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
         row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
@@ -117,6 +127,54 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
             row.append(_num(r.get("reward")))
         rows.append(row)
     return _table(header, rows)
+
+
+def limits_lines(report: Mapping[str, Any]) -> list[str]:
+    """ "What limits this run": the verdict on the steady state in plain words, each
+    window's verdict counted, the critical path, how busy each side was, and at most
+    what a twice-as-fast side would save."""
+    limits = report.get("limits") or {}
+    if not limits:
+        return ["What limits this run: not known (the run's summary has no limits)"]
+    windows = limits.get("windows", {})
+    counted = ", ".join(
+        f"{n} {name}" for name, n in sorted(windows.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    total = sum(windows.values())
+    path = limits.get("path_seconds", {})
+    shares = limits.get("path_shares", {})
+    shown = [k for k in _PATH_ORDER if path.get(k) or k in ("training", "generation")]
+    lines = [
+        f"What limits this run ({limits['over']}, docs/metrics.md 'What limits the run')",
+        f"  verdict           {limits['verdict']}: {limits['reason']}",
+        f"  windows           {counted} (of {total})",
+        "  critical path     "
+        + ", ".join(f"{k} {_num(path[k])} s ({_pct(shares.get(k))})" for k in shown),
+    ]
+    busy = limits.get("busy_shares", {})
+    if busy:
+        lines.append(
+            "  busy              "
+            + ", ".join(f"{side} ran {_pct(share)}" for side, share in busy.items())
+            + " of it"
+        )
+    faster = limits.get("twice_as_fast", {})
+    if faster:
+        lines.append(
+            "  if 2x faster      "
+            + "; ".join(
+                f"{side}: at most {_pct(v.get('share'))} shorter" for side, v in faster.items()
+            )
+        )
+    return lines
+
+
+#: the critical path's kinds, as docs/metrics.md orders them
+_PATH_ORDER = ("training", "generation", "publish", "other", "overhead", "idle")
+
+
+def _pct(share: Any) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _segment(s: Mapping[str, Any]) -> str:
@@ -209,6 +267,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     """The report as text: the per-iteration table, the run's figures (the steady state
     first) and, with ``legend``, what each column shows."""
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
+    lines += [*limits_lines(report), ""]
     lines += _iteration_table(report)
     segments = report.get("segments", [])
     if len(segments) > 1:

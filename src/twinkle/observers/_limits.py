@@ -1,0 +1,128 @@
+"""What limits the run: each window's critical path (measured with the window,
+:func:`~twinkle.observers._measure.critical_path`), a verdict per window and for the
+steady state by one documented rule, and at most what a twice-as-fast side would save
+(docs/metrics.md, "What limits the run")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.observers._config import ObserverConfig
+from twinkle.observers._measure import PATH_KINDS, WindowTiming
+
+__all__ = ["BOUND_SHARE", "MARGIN", "LimitsLedger", "path_values", "verdict"]
+
+#: a side is the bound when it holds at least this share of the critical path ...
+BOUND_SHARE = 0.5
+#: ... and leads the next side by at least this much (shares of the path)
+MARGIN = 0.2
+#: the sides a verdict can name, as the critical path's kinds
+SIDES = ("training", "generation", "publish")
+
+_NS = 1e9
+
+
+def path_values(t: WindowTiming, prefix: str) -> dict[str, int | float]:
+    """``<prefix>path_<kind>_seconds`` of a stretch of the timeline, in PATH_KINDS order."""
+    return {f"{prefix}path_{kind}_seconds": t.path_ns[kind] / _NS for kind in PATH_KINDS}
+
+
+def verdict(path_ns: Mapping[str, int], config: ObserverConfig) -> tuple[str, str]:
+    """The verdict on a critical path and why, by the rule of docs/metrics.md: the side
+    (training, generation, publish) holding at least :data:`BOUND_SHARE` of the path
+    and leading the next by :data:`MARGIN` bounds it (``training-bound``...); ``mixed``
+    when none does; ``abstain`` when the sides cannot be told apart (no
+    ``config.streaming``), when the path holds no time, or when most of it is none of
+    the three (other phases, twinkle's own work, idle)."""
+    if config.streaming is None:
+        return "abstain", "no config.streaming: generation and training cannot be told apart"
+    wall = sum(path_ns.values())
+    if wall <= 0:
+        return "abstain", "the window holds no time"
+    shares = sorted(((path_ns[s] / wall, s) for s in SIDES), reverse=True)
+    (first, side), (second, runner_up) = shares[0], shares[1]
+    if sum(share for share, _ in shares) < BOUND_SHARE:
+        rest = 1 - sum(share for share, _ in shares)
+        return "abstain", (
+            f"{rest:.0%} of the critical path is neither training, generation nor publish "
+            "(other phases, twinkle's own work or idle)"
+        )
+    if first >= BOUND_SHARE and first - second >= MARGIN:
+        return f"{side}-bound", (
+            f"{side} {first:.0%} of the critical path, {runner_up} next at {second:.0%}"
+        )
+    return "mixed", (
+        f"{side} {first:.0%} and {runner_up} {second:.0%} of the critical path: no side "
+        f"holds {BOUND_SHARE:.0%} with a lead of {MARGIN:.0%}"
+    )
+
+
+class LimitsLedger:
+    """Each window's verdict counted, and the steady-state windows' timing summed, for
+    the run's verdict and what a twice-as-fast side would save."""
+
+    def __init__(self) -> None:
+        self.windows: dict[str, int] = {}
+        self.steady: WindowTiming | None = None
+        self.steady_windows = 0
+
+    def add(self, window: WindowTiming, steady: bool, config: ObserverConfig) -> str:
+        """Count ``window``'s verdict (returned) and, when ``steady``, its timing."""
+        found, _ = verdict(window.path_ns, config)
+        self.windows[found] = self.windows.get(found, 0) + 1
+        if steady:
+            self.steady = window if self.steady is None else self.steady + window
+            self.steady_windows += 1
+        return found
+
+    def summary(self, loop: WindowTiming, config: ObserverConfig) -> dict[str, Any]:
+        """``summary.json``'s ``limits``: the verdict on the steady state (else on the
+        whole loop), its evidence, each window's verdict counted, and at most what a
+        twice-as-fast side would save of that stretch."""
+        basis, over = (self.steady, "steady state") if self.steady is not None else (loop, "loop")
+        found, why = verdict(basis.path_ns, config)
+        wall = basis.wall_ns
+        path = {k: basis.path_ns[k] / _NS for k in PATH_KINDS}
+        return {
+            "verdict": found,
+            "reason": why,
+            "over": over,
+            "windows": dict(sorted(self.windows.items())),
+            "steady_windows": self.steady_windows,
+            "path_seconds": path,
+            "path_shares": {k: basis.path_ns[k] / wall if wall else None for k in PATH_KINDS},
+            "twice_as_fast": _twice_as_fast(basis, config),
+            "busy_shares": _busy_shares(basis, config),
+        }
+
+
+def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[str, float | None]]:
+    """Per side, at most how many seconds (and what share of the stretch) a twice-as-fast
+    side would save: half its time on the critical path (training: all of its time is
+    on the path), no more than its time the path waits on (generation and publish: what
+    ran while nothing of higher rank ran)."""
+    out: dict[str, dict[str, float | None]] = {}
+    if config.streaming is None:
+        return out
+    generation, training = config.streaming
+    phases = {"training": training, "generation": generation, "publish": config.publish}
+    for side, phase in phases.items():
+        if phase is None:
+            continue
+        saved = min(t.path_ns[side], t.phase_ns[phase] // 2)
+        out[side] = {
+            "seconds": saved / _NS,
+            "share": saved / t.wall_ns if t.wall_ns else None,
+        }
+    return out
+
+
+def _busy_shares(t: WindowTiming, config: ObserverConfig) -> dict[str, float | None]:
+    """How much of the stretch training, generation and publish each ran (their unions,
+    overlapping or not)."""
+    if config.streaming is None or not t.wall_ns:
+        return {}
+    generation, training = config.streaming
+    phases = {"training": training, "generation": generation, "publish": config.publish}
+    return {side: t.phase_ns[p] / t.wall_ns for side, p in phases.items() if p is not None}

@@ -1,0 +1,186 @@
+"""What limits the run (issue 28), on a scripted run with a manual clock: each window
+is one case, its critical path and verdict worked out by hand (milliseconds).
+
+Thread A is the trainer, B an engine; boundaries every 100 ms from 0, finish at 600::
+
+    window 0 [0, 100)    train 0-90, generate 0-30        trainer busier: training-bound
+    window 1 [100, 200)  train 100-140, generate 100-195   engines busier: generation-bound
+    window 2 [200, 300)  train 200-230, load 200-270, generate 270-290: publish-bound
+    window 3 [300, 400)  train 300-355, then generate 355-395: 55 % vs 40 %, mixed
+    window 4 [400, 500)  train 400-420, eval 420-490 (no side): abstain
+    window 5 [500, 600)  train 500-560: training-bound (the drain)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from test_scripted_run import manual_session
+
+from _recompute import check_replay
+from twinkle.observers import ObserverConfig
+from twinkle.observers._limits import verdict
+from twinkle.perf import Span
+
+MS = 1_000_000
+A, B = 1, 2
+CONFIG: dict[str, Any] = {
+    "phases": {
+        "rollout": ["generate"],
+        "train": ["train.*"],
+        "publish": ["weights.load"],
+        "eval": ["eval.*"],
+    },
+    "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
+    "window": {"samples": "rollout", "devices": 1},
+    "streaming": {"generation": "rollout", "training": "train", "publish": "publish"},
+}
+
+
+def _s(name: str, start_ms: int, end_ms: int, tid: int) -> Span:
+    return Span(name, start_ms * MS, end_ms * MS, tid, 1, {}, None)
+
+
+SPANS = [
+    _s("train.step", 0, 90, A),
+    _s("generate", 0, 30, B),
+    _s("train.step", 100, 140, A),
+    _s("generate", 100, 195, B),
+    _s("train.step", 200, 230, A),
+    _s("weights.load", 200, 270, B),
+    _s("generate", 270, 290, B),
+    _s("train.step", 300, 355, A),
+    _s("generate", 355, 395, B),
+    _s("train.step", 400, 420, A),
+    _s("eval.run", 420, 490, A),
+    _s("train.step", 500, 560, A),
+]
+#: each window's critical path (ms): training, publish, generation, other, overhead, idle
+PATHS = [
+    (90, 0, 0, 0, 0, 10),
+    (0, 0, 95, 0, 0, 5),
+    (0, 70, 20, 0, 0, 10),
+    (55, 0, 40, 0, 0, 5),
+    (20, 0, 0, 70, 0, 10),
+    (60, 0, 0, 0, 0, 40),
+]
+VERDICTS = [
+    "training-bound",
+    "generation-bound",
+    "publish-bound",
+    "mixed",
+    "abstain",
+    "training-bound",
+]
+KINDS = ("training", "publish", "generation", "other", "overhead", "idle")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run, clock = manual_session(tmp_path_factory.mktemp("limits"), "limits", CONFIG)
+    bus = run.bus
+    for it in range(7):
+        at = it * 100
+        batch = [s for s in SPANS if (at - 100) * MS < s.end_ns <= at * MS]
+        if batch:
+            clock.set(at * MS - 1)
+            bus.publish_spans("main", bus.anchor, batch)
+        clock.set(at * MS)
+        if it < 6:
+            bus.iteration_started(it)
+            bus.samples(iteration=it, phase="rollout", lengths=[10])
+    run.finish()
+    assert run.out_dir is not None
+    return run.out_dir
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()
+    return [orjson.loads(line) for line in lines]
+
+
+def test_each_windows_critical_path_and_verdict(run_dir: Path) -> None:
+    timing = sorted(
+        (r for r in _records(run_dir) if (r["kind"], r["scope"]) == ("timing", "iteration")),
+        key=lambda r: r["iteration"],
+    )
+    paths = [
+        tuple(round(t["values"][f"window_path_{k}_seconds"] * 1e3, 6) for k in KINDS)
+        for t in timing
+    ]
+    assert paths == PATHS
+    assert [t["attrs"]["window_verdict"] for t in timing] == VERDICTS
+    for t in timing:  # the path adds up to the window
+        total = sum(t["values"][f"window_path_{k}_seconds"] for k in KINDS)
+        assert total == pytest.approx(t["values"]["window_wall_seconds"], abs=1e-12)
+
+
+def test_the_runs_verdict_is_the_rule_on_the_steady_state(run_dir: Path) -> None:
+    limits = orjson.loads((run_dir / "summary.json").read_bytes())["limits"]
+    # windows 1-4 (0: warm-up, 5: drain): generation 95+20+40 = 155, training 0+0+55+20
+    # = 75, publish 70, other 70, idle 30 of 400 ms: generation 38.75 % < 50 %: mixed
+    path = {k: round(v * 1e3, 6) for k, v in limits["path_seconds"].items()}
+    assert path == {
+        "training": 75,
+        "publish": 70,
+        "generation": 155,
+        "other": 70,
+        "overhead": 0,
+        "idle": 30,
+    }
+    assert (limits["verdict"], limits["over"], limits["steady_windows"]) == (
+        "mixed",
+        "steady state",
+        4,
+    )
+    assert limits["windows"] == {
+        "abstain": 1,
+        "generation-bound": 1,
+        "mixed": 1,
+        "publish-bound": 1,
+        "training-bound": 2,
+    }
+    # at most half of each side's time, and no more than its time on the path: training
+    # min(75, 145 / 2), generation min(155, 155 / 2), publish min(70, 70 / 2)
+    faster = {k: round(v["seconds"] * 1e3, 6) for k, v in limits["twice_as_fast"].items()}
+    assert faster == {"training": 72.5, "generation": 77.5, "publish": 35}
+    assert limits["twice_as_fast"]["generation"]["share"] == pytest.approx(77.5 / 400)
+    busy = limits["busy_shares"]
+    assert (busy["training"], busy["generation"], busy["publish"]) == (
+        pytest.approx(145 / 400),
+        pytest.approx(155 / 400),
+        pytest.approx(70 / 400),
+    )
+
+
+def test_the_run_record_holds_the_loop_and_steady_paths(run_dir: Path, tmp_path: Path) -> None:
+    (run,) = [
+        r["values"] for r in _records(run_dir) if (r["kind"], r["scope"]) == ("timing", "run")
+    ]
+    loop = {k: round(run[f"loop_path_{k}_seconds"] * 1e3, 6) for k in KINDS}
+    assert loop == {k: sum(p[i] for p in PATHS) for i, k in enumerate(KINDS)}
+    assert round(run["steady_path_generation_seconds"] * 1e3, 6) == 155
+    check_replay(run_dir, tmp_path / "again")
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        # exactly 50 % with a 20-point lead: bound; a hair less lead: mixed
+        ({"training": 50, "generation": 30, "idle": 20}, "training-bound"),
+        ({"training": 50, "generation": 31, "idle": 19}, "mixed"),
+        ({"generation": 49, "publish": 0, "idle": 51}, "abstain"),  # sides under half
+        ({"idle": 0}, "abstain"),  # no time
+    ],
+)
+def test_the_rule_at_its_edges(path: dict[str, int], expected: str) -> None:
+    full = dict.fromkeys(KINDS, 0) | path
+    assert verdict(full, ObserverConfig.parse(CONFIG))[0] == expected
+
+
+def test_without_streaming_the_verdict_abstains_saying_why() -> None:
+    found, why = verdict(dict.fromkeys(KINDS, 10), ObserverConfig.parse({}))
+    assert found == "abstain" and "no config.streaming" in why
