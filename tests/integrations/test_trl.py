@@ -176,6 +176,16 @@ def test_the_figures_recompute_from_the_log(trained: Trained) -> None:
     assert rollout["values"]["tokens"] == window["tokens"]
 
 
+def test_the_run_gets_a_verdict_on_what_limits_it(trained: Trained) -> None:
+    """TRL generates, then trains, on one thread: the critical path is where the time
+    went, and the verdict names a side or says why not."""
+    limits = trained.summary["limits"]
+    assert limits["verdict"] in {"training-bound", "generation-bound", "mixed", "abstain"}
+    assert limits["reason"]
+    assert limits["path_seconds"]["training"] > 0 and limits["path_seconds"]["generation"] > 0
+    assert sum(limits["windows"].values()) == 4
+
+
 def test_replay_gives_the_same_five_files(trained: Trained, tmp_path: Path) -> None:
     replay(trained.run_dir / "events.jsonl", tmp_path / "again")
     for name in FILES:
@@ -375,6 +385,11 @@ def test_the_default_configuration_names_its_phases_and_denominators() -> None:
     assert config["throughput"]["rollout"] == {"samples": "rollout", "devices": 2}
     plain = observer_config(trainer="Trainer", generates=False, devices=1, total_steps=3)
     assert "streaming" not in plain and plain["window"]["samples"] == "train"
+    assert config["streaming"] == {
+        "generation": "rollout",
+        "training": "train",
+        "publish": "publish",
+    }
 
 
 def test_the_example_script_runs(tmp_path: Path) -> None:

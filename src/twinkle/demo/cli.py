@@ -163,6 +163,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         return "n/a" if value is None else value
 
     late = summary.get("spans", {}).get("window", {}).get("late", {})
+    limits = summary.get("limits") or {}
+    verdict = (
+        f"{limits['verdict']}: {limits['reason']}"
+        if "verdict" in limits
+        else "n/a (is timing blocked?)"
+    )
     return "\n".join(
         [
             f"run {summary['run_id']}: {summary['status']}",
@@ -172,6 +178,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  optimizer updates       {c('optimizer_updates')}",
             f"  records dropped         {summary.get('records_dropped')}",
             f"  observer failures       {sum(summary.get('observer_failures', {}).values())}",
+            f"  what limits it          {verdict}",
             f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
             "outside their windows)",
             f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "

@@ -139,10 +139,10 @@ class DemoConfig:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not 1 <= value <= 100
+                or not 1 <= value <= 1000
             ):
                 raise ConfigError(
-                    f"{name} must be a number in [1, 100] (a slowdown), got {value!r}"
+                    f"{name} must be a number in [1, 1000] (a slowdown), got {value!r}"
                 )
         if self.slow_engine is not None:
             self.slow_engine_factor(f"engine{self.engines - 1}")  # (checks it)
@@ -163,10 +163,10 @@ class DemoConfig:
             value = float(factor)
         except ValueError:
             value = 0.0
-        if name not in engines or not 1 <= value <= 100:
+        if name not in engines or not 1 <= value <= 1000:
             raise ConfigError(
                 f"slow_engine must be NAME:FACTOR with NAME one of {', '.join(engines)} and "
-                f"FACTOR in [1, 100], got {self.slow_engine!r}; e.g. engine1:4"
+                f"FACTOR in [1, 1000], got {self.slow_engine!r}; e.g. engine1:4"
             )
         return value if name == engine else 1.0
 

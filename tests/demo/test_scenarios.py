@@ -1,0 +1,63 @@
+"""Real demo runs made slow on one side on purpose (issue 28, the scenario knobs): the
+verdict names that side, with and without streaming, on Ray actors and on DDP ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.runner import run_demo
+from twinkle.errors import ConfigError
+
+SMALL = DemoConfig(iterations=6, prompts_per_iteration=8, completions_per_prompt=8, micro_batch=16)
+
+
+def _verdict(tmp_path: Path, **knobs: Any) -> dict[str, Any]:
+    cfg = dataclasses.replace(SMALL, **knobs)
+    result = run_demo(cfg, out_dir=tmp_path, run_id="s", autoload=False)
+    limits: dict[str, Any] = result.summary["limits"]
+    return limits
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"slow_generation": 6.0}, "generation-bound"),
+        ({"slow_training": 5.0}, "training-bound"),
+        ({"slow_publish": 300.0}, "publish-bound"),
+        ({"slow_engine": "engine1:8"}, "generation-bound"),  # one straggling engine
+        ({"slow_generation": 6.0, "overlap": False}, "generation-bound"),
+        ({"slow_training": 5.0, "overlap": False}, "training-bound"),
+        ({"slow_generation": 6.0, "train_workers": 2}, "generation-bound"),
+    ],
+)
+def test_the_verdict_names_the_slowed_side(
+    knobs: dict[str, Any], expected: str, tmp_path: Path
+) -> None:
+    limits = _verdict(tmp_path, **knobs)
+    assert limits["verdict"] == expected, limits
+    assert limits["over"] == "steady state"
+    assert limits["windows"].get(expected, 0) >= 3, limits["windows"]  # of the 6
+
+
+def test_on_ray_the_verdict_names_the_slowed_side(ray_cluster: Any, tmp_path: Path) -> None:
+    limits = _verdict(tmp_path, backend="ray", slow_training=5.0)
+    assert limits["verdict"] == "training-bound", limits
+
+
+@pytest.mark.parametrize(
+    ("knobs", "match"),
+    [
+        ({"slow_training": 0.5}, r"slow_training must be a number in \[1, 1000\]"),
+        ({"slow_engine": "engine7:2"}, r"slow_engine must be NAME:FACTOR with NAME one of"),
+        ({"slow_engine": "engine1"}, r"e.g. engine1:4"),
+        ({"slow_generation": 2.0, "engine": "vllm"}, r"the vLLM demo has none"),
+    ],
+)
+def test_a_bad_knob_is_refused_by_name(knobs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(SMALL, **knobs)
