@@ -44,6 +44,21 @@ def test_the_verdict_names_the_slowed_side(
     assert limits["windows"].get(expected, 0) >= 3, limits["windows"]  # of the 6
 
 
+def test_a_straggling_engine_is_named_chronic_and_the_others_not(tmp_path: Path) -> None:
+    stragglers = _verdict(tmp_path, slow_engine="engine1:8")["stragglers"]["generation"]
+    engines = stragglers["workers"]
+    assert engines["engine1"]["verdict"] == "chronic", stragglers
+    assert engines["engine1"]["median_ratio_to_peers"] > 4
+    assert engines["engine0"]["verdict"] == "ok"
+    assert stragglers["unit"] == "token"
+
+
+def test_ranks_of_equal_speed_are_no_stragglers(tmp_path: Path) -> None:
+    training = _verdict(tmp_path, train_workers=2)["stragglers"]["training"]
+    assert sorted(training["workers"]) == ["main", "rank1"]  # rank 0 is the run's process
+    assert all(w["verdict"] != "chronic" for w in training["workers"].values()), training
+
+
 def test_on_ray_the_verdict_names_the_slowed_side(ray_cluster: Any, tmp_path: Path) -> None:
     limits = _verdict(tmp_path, backend="ray", slow_training=5.0)
     assert limits["verdict"] == "training-bound", limits

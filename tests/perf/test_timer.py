@@ -646,3 +646,17 @@ def test_span_from_dict_rejects_malformed_data(change: dict[str, Any]) -> None:
     data = {**Span("s", 1, 5, 9, 10, {}, None).to_dict(), **change}
     with pytest.raises(InvalidArgumentError, match="data"):
         Span.from_dict(data)
+
+
+def test_attributes_learned_inside_a_span_are_kept_with_it() -> None:
+    from twinkle.perf import ManualClock, TimeRecorder
+
+    recorder = TimeRecorder(clock=ManualClock(0))
+    with recorder.span("generate", iteration=3) as span:
+        span.set(tokens=120, samples=4)
+        span.set(tokens=128)  # a later value wins
+    with recorder.span("plain") as plain:
+        plain.set(n=1)
+    [first, second] = recorder.drain()
+    assert first.attrs == {"iteration": 3, "tokens": 128, "samples": 4}
+    assert second.attrs == {"n": 1}

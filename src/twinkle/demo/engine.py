@@ -146,6 +146,8 @@ class RolloutEngine:
         slowdown = cfg.slow_generation * cfg.slow_engine_factor(self.name)
         with span, slowed(slowdown):
             responses = self._generate(prompts, iteration)
+            # what it generated, for its seconds per token against its peers'
+            span.set(tokens=sum(len(p) + len(r) for p, r, _ in responses), samples=len(responses))
         figures = self._engine_figures(iteration)
         first_group = self.index * self._per_engine()
         with self.recorder.span("reward", iteration=iteration, engine=self.name):

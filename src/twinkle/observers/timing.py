@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from twinkle.events import IterationStarted, RunFinished, RunStarted
+from twinkle.events import IterationStarted, RunFinished, RunStarted, SpanBatch
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._limits import LimitsLedger, path_values
+from twinkle.observers._stragglers import StragglerLedger
 from twinkle.observers.timeline import (
     AttributedTiming,
     Finished,
@@ -173,6 +174,10 @@ class TimingObserver:
         #: each window's verdict, the steady state's timing: what limits the run
         self.limits = LimitsLedger()
         self.limits_summary: dict[str, Any] = {}
+        #: each side's work per iteration and worker; the iterations of the steady state
+        self.stragglers = StragglerLedger()
+        self.steady: list[int] = []
+        self.all_iterations: list[int] = []
         # The per-iteration record's keys, spelled once the config is known.
         self.window_keys = WindowKeys.of(self.timeline.config, "window_")
         self.attributed_keys: AttributedKeys = ()
@@ -189,6 +194,10 @@ class TimingObserver:
         self.attributed_keys = attributed_keys(config)
 
     @hookimpl
+    def twinkle_spans(self, event: SpanBatch) -> None:
+        self.stragglers.spans(event, self.timeline.config)
+
+    @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
         return self._emit(self.timeline.finished, event.monotonic_ns)
 
@@ -203,6 +212,10 @@ class TimingObserver:
         if self.limits.steady is not None:
             self.run_seconds.update(path_values(self.limits.steady, "steady_"))
         self.limits_summary = self.limits.summary(tl.run.loop, tl.config)
+        # Stragglers over the steady state (every iteration when there is none).
+        self.limits_summary["stragglers"] = self.stragglers.summary(
+            self.steady or self.all_iterations
+        )
         records.append(
             make_record(
                 kind="timing",
@@ -225,6 +238,9 @@ class TimingObserver:
             values["window_steady"] = int(done.steady)
             values.update(path_values(done.window, "window_"))
             found = self.limits.add(done.window, done.steady, self.timeline.config)
+            self.all_iterations.append(done.data.iteration)
+            if done.steady:
+                self.steady.append(done.data.iteration)
             values.update(attributed_values(done.attributed, self.attributed_keys))
             records.append(
                 make_record(

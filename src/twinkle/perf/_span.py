@@ -107,6 +107,12 @@ class SpanContext:
         """The span's name."""
         return self._name
 
+    def set(self, **attrs: Any) -> None:
+        """Add attributes learned inside the block (the tokens a generation produced):
+        they are kept with the span when the block ends. Called after it ended, they
+        go with the span's next use only."""
+        self._attrs = {**self._attrs, **attrs} if self._attrs else attrs
+
     def __enter__(self) -> Self:
         raise NotImplementedError  # pragma: no cover - concrete classes: span_types()
 

@@ -158,6 +158,12 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             + ", ".join(f"{side} ran {_pct(share)}" for side, share in busy.items())
             + " of it"
         )
+    stragglers = limits.get("stragglers") or {}
+    if stragglers:
+        lines.append(
+            "  stragglers        "
+            + "; ".join(_stragglers(side, s) for side, s in stragglers.items())
+        )
     faster = limits.get("twice_as_fast", {})
     if faster:
         lines.append(
@@ -167,6 +173,23 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             )
         )
     return lines
+
+
+def _stragglers(side: str, found: Mapping[str, Any]) -> str:
+    """One side's stragglers in words: the slow workers, or that none was, or why its
+    workers were not compared."""
+    workers = found.get("workers", {})
+    if not workers:
+        why = ", ".join(f"{n} iterations: {r}" for r, n in found.get("abstained", {}).items())
+        return f"{side}: not compared ({why or 'no work seen'})"
+    slow = [
+        f"{name} {w['verdict']} ({w['median_ratio_to_peers']:.1f}x its peers' seconds per "
+        f"{found['unit']}, slow in {w['slow_iterations']} of {w['compared_iterations']} "
+        "iterations)"
+        for name, w in workers.items()
+        if w["verdict"] != "ok"
+    ]
+    return f"{side}: " + (", ".join(slow) if slow else f"none of {', '.join(workers)}")
 
 
 #: the critical path's kinds, as docs/metrics.md orders them

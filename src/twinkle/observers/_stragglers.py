@@ -1,0 +1,147 @@
+"""Stragglers: each engine's and each trainer rank's seconds per unit of work per
+iteration against the median of its peers', chronic or one-off, or an abstention when
+the workloads are not comparable (docs/metrics.md, "Stragglers").
+
+A worker is the ``engine`` attribute of a generation span (else the span's source),
+and the source of a training span (a rank's worker report; the run's own process is
+``main``). Its work on an iteration is its spans of the side's phase whose ``iteration``
+attribute names it: their seconds added, and their units: the ``tokens`` attributes
+added (when every worker's spans carry some, on every iteration compared), else the
+spans counted (requests, micro-batches).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinkle.events import SpanBatch
+from twinkle.observers._config import ObserverConfig
+
+__all__ = ["SLOW", "StragglerLedger"]
+
+#: a worker is slow on an iteration at this many times its peers' median seconds per unit
+SLOW = 1.5
+#: ... and chronic when slow on at least this share of the iterations compared (3 or more)
+CHRONIC_SHARE = 0.5
+CHRONIC_MIN = 3
+#: workloads are comparable when each worker's units lie within this factor of the median
+COMPARABLE = 2.0
+
+
+@dataclass(slots=True)
+class _Work:
+    """One worker's work on one iteration: seconds, tokens, spans, spans with tokens."""
+
+    ns: int = 0
+    tokens: int = 0
+    spans: int = 0
+    with_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Verdicts:
+    """One worker's record over the iterations compared."""
+
+    compared: int = 0
+    slow: int = 0
+    ratios: list[float] = field(default_factory=list)
+    ns: int = 0
+    units: int = 0
+
+
+class StragglerLedger:
+    """Collects the sides' work per iteration and worker from span batches."""
+
+    def __init__(self) -> None:
+        #: side -> iteration -> worker -> work
+        self.work: dict[str, dict[int, dict[str, _Work]]] = {"generation": {}, "training": {}}
+
+    def spans(self, event: SpanBatch, config: ObserverConfig) -> None:
+        if config.streaming is None:
+            return
+        generation, training = config.streaming
+        sides = {generation: "generation", training: "training"}
+        for span in event.spans:
+            side = sides.get(config.phase_of(span.name) or "")
+            iteration = span.attrs.get("iteration") if side else None
+            if side is None or not isinstance(iteration, int) or isinstance(iteration, bool):
+                continue
+            worker = event.source
+            engine = span.attrs.get("engine")
+            if side == "generation" and isinstance(engine, str) and engine:
+                worker = engine
+            work = self.work[side].setdefault(iteration, {}).setdefault(worker, _Work())
+            work.ns += span.end_ns - span.start_ns
+            work.spans += 1
+            tokens = span.attrs.get("tokens")
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+                work.tokens += tokens
+                work.with_tokens += 1
+
+    def summary(self, iterations: Iterable[int]) -> dict[str, Any]:
+        """``summary.json``'s ``stragglers``: per side, over ``iterations`` (the steady
+        state's), each worker's seconds per unit and how often it was slow."""
+        chosen = set(iterations)
+        return {side: _side(by_it, chosen) for side, by_it in self.work.items()}
+
+
+def _side(by_iteration: dict[int, dict[str, _Work]], iterations: set[int]) -> dict[str, Any]:
+    chosen = sorted(iterations & by_iteration.keys())
+    # Tokens when each worker's spans carry some on every iteration, else spans: one
+    # unit throughout.
+    tokens = all(w.with_tokens for it in chosen for w in by_iteration[it].values())
+    unit = "token" if tokens else "span"
+    verdicts: dict[str, _Verdicts] = {}
+    abstained: dict[str, int] = {}
+    for it in chosen:
+        workers = by_iteration[it]
+        units, why = _units(workers, tokens)
+        if units is None:
+            abstained[why] = abstained.get(why, 0) + 1
+            continue
+        rates = {w: workers[w].ns / units[w] for w in workers}
+        for name, rate in rates.items():
+            peers = statistics.median([r for w, r in rates.items() if w != name])
+            if not peers:
+                continue  # (its peers took no time: nothing to compare with)
+            record = verdicts.setdefault(name, _Verdicts())
+            ratio = rate / peers
+            record.compared += 1
+            record.slow += ratio >= SLOW
+            record.ratios.append(ratio)
+            record.ns += workers[name].ns
+            record.units += units[name]
+    return {
+        "unit": unit if verdicts else None,
+        "iterations_compared": max((v.compared for v in verdicts.values()), default=0),
+        "abstained": dict(sorted(abstained.items())),
+        "workers": {name: _worker(v, unit) for name, v in sorted(verdicts.items())},
+    }
+
+
+def _units(workers: dict[str, _Work], tokens: bool) -> tuple[dict[str, int] | None, str]:
+    """Each worker's units on one iteration, or None and why they are not comparable."""
+    if len(workers) < 2:
+        return None, "fewer than two workers did this side's work"
+    units = {name: (w.tokens if tokens else w.spans) for name, w in workers.items()}
+    middle = statistics.median(units.values())
+    if not middle or any(
+        not middle / COMPARABLE <= u <= middle * COMPARABLE for u in units.values()
+    ):
+        what = "tokens" if tokens else "spans"
+        return None, f"a worker's {what} lay beyond {COMPARABLE:g}x the median: not comparable"
+    return units, ""
+
+
+def _worker(v: _Verdicts, unit: str) -> dict[str, Any]:
+    chronic = v.compared >= CHRONIC_MIN and v.slow >= CHRONIC_SHARE * v.compared
+    return {
+        f"seconds_per_{unit}": v.ns / 1e9 / v.units if v.units else None,
+        "median_ratio_to_peers": statistics.median(v.ratios),
+        "slow_iterations": v.slow,
+        "compared_iterations": v.compared,
+        "verdict": "chronic" if chronic else "one-off" if v.slow else "ok",
+    }

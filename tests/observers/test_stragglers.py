@@ -1,0 +1,89 @@
+"""Stragglers (issue 28), on a scripted run with a manual clock: each engine's seconds
+per token against its peers' median, worked out by hand.
+
+Three engines generate 100 tokens each per iteration; iterations 0-5, so 1-4 are the
+steady state (0 warm-up, 5 drain). Generation times (ms)::
+
+    iteration   e0   e1   e2
+    1           10   10   30     e2: 3.0x its peers' median (0.1 ms/token): slow
+    2           10   40   30     e1: 4 / median(1, 3) = 2.0x: slow; e2: 3 / 2.5 = 1.2x
+    3           10   10   30     e2: 3.0x: slow
+    4           10   10   30     e2 generates 300 tokens, 3x the median 100: not comparable
+
+e2 is slow in 2 of the 3 iterations compared: chronic; e1 in 1: one-off. The trainer
+is one worker (the run's own process): its side is not compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from test_scripted_run import manual_session
+
+from twinkle.perf import Span
+
+MS = 1_000_000
+CONFIG: dict[str, Any] = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {"rollout": {"samples": "rollout", "devices": 3}},
+    "window": {"samples": "rollout", "devices": 3},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
+TIMES = {1: (10, 10, 30), 2: (10, 40, 30), 3: (10, 10, 30), 4: (10, 10, 30)}
+
+
+def _spans(it: int) -> list[Span]:
+    at = it * 100
+    times = TIMES.get(it, (10, 10, 10))
+    out = [Span("train.step", at * MS, (at + 50) * MS, 1, 1, {"iteration": it}, None)]
+    for e, ms in enumerate(times):
+        tokens = 300 if (it, e) == (4, 2) else 100
+        attrs = {"iteration": it, "engine": f"e{e}", "tokens": tokens}
+        out.append(Span("generate", at * MS, (at + ms) * MS, 10 + e, 1, attrs, None))
+    return out
+
+
+@pytest.fixture(scope="module")
+def stragglers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run, clock = manual_session(tmp_path_factory.mktemp("stragglers"), "s", CONFIG)
+    for it in range(6):
+        clock.set(it * 100 * MS)
+        run.bus.iteration_started(it)
+        clock.set((it * 100 + 99) * MS)
+        run.bus.publish_spans("main", run.bus.anchor, _spans(it))
+    clock.set(600 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    summary = orjson.loads((run.out_dir / "summary.json").read_bytes())
+    return summary["limits"]["stragglers"]  # type: ignore[no-any-return]
+
+
+def test_a_chronic_straggler_and_a_one_off_are_told_apart(stragglers: dict[str, Any]) -> None:
+    generation = stragglers["generation"]
+    assert generation["unit"] == "token"
+    assert generation["iterations_compared"] == 3
+    workers = generation["workers"]
+    assert workers["e2"]["verdict"] == "chronic"
+    assert (workers["e2"]["slow_iterations"], workers["e2"]["compared_iterations"]) == (2, 3)
+    assert workers["e2"]["median_ratio_to_peers"] == pytest.approx(3.0)
+    assert workers["e2"]["seconds_per_token"] == pytest.approx(0.090 / 300)
+    assert workers["e1"]["verdict"] == "one-off"
+    assert workers["e1"]["median_ratio_to_peers"] == pytest.approx(0.5)
+    assert workers["e0"]["verdict"] == "ok" and workers["e0"]["slow_iterations"] == 0
+
+
+def test_an_iteration_whose_workloads_differ_is_not_compared(stragglers: dict[str, Any]) -> None:
+    assert stragglers["generation"]["abstained"] == {
+        "a worker's tokens lay beyond 2x the median: not comparable": 1
+    }
+
+
+def test_a_side_with_one_worker_is_not_compared_saying_why(stragglers: dict[str, Any]) -> None:
+    assert stragglers["training"] == {
+        "unit": None,
+        "iterations_compared": 0,
+        "abstained": {"fewer than two workers did this side's work": 4},
+        "workers": {},
+    }
