@@ -327,7 +327,9 @@ def test_a_scalar_named_like_the_observers_records_is_refused_naming_it(
 def test_the_reserved_kinds_are_every_kind_the_built_in_observers_make(tmp_path: Path) -> None:
     log = scripted_run(tmp_path, autoload=False)
     made = {r["kind"] for r in read_jsonl(log.parent / "metrics_raw.jsonl")} - {"grpo"}
-    assert made == ObserverConfig.parse(SCRIPTED_CONFIG).record_kinds()
+    # (``driver`` records come of the StreamingDriver's snapshots, which this run has
+    # not: tests/observers/test_driver_health.py makes them)
+    assert made | {"driver"} == ObserverConfig.parse(SCRIPTED_CONFIG).record_kinds()
 
 
 def test_without_the_built_in_observers_every_scalar_name_is_free(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: the kinds of the built-in observers' records, besides one per throughput phase
-BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run"})
+BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run", "driver"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ spans counted (requests, micro-batches).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,12 +51,62 @@ class _Verdicts:
     units: int = 0
 
 
-class StragglerLedger:
-    """Collects the sides' work per iteration and worker from span batches."""
+class _Side:
+    """One side's comparisons so far: per worker its record, and why iterations were
+    not compared (counted)."""
 
     def __init__(self) -> None:
-        #: side -> iteration -> worker -> work
+        self.verdicts: dict[str, _Verdicts] = {}
+        self.abstained: dict[str, int] = {}
+        self.units: set[str] = set()
+
+    def compare(self, workers: dict[str, _Work]) -> None:
+        """Fold one iteration's work in: each worker against its peers' median."""
+        tokens = all(w.with_tokens for w in workers.values())
+        units, why = _units(workers, tokens)
+        if units is None:
+            self.abstained[why] = self.abstained.get(why, 0) + 1
+            return
+        self.units.add("token" if tokens else "span")
+        rates = {w: workers[w].ns / units[w] for w in workers}
+        for name, rate in rates.items():
+            peers = statistics.median([r for w, r in rates.items() if w != name])
+            if not peers:
+                continue  # (its peers took no time: nothing to compare with)
+            record = self.verdicts.setdefault(name, _Verdicts())
+            ratio = rate / peers
+            record.compared += 1
+            record.slow += ratio >= SLOW
+            record.ratios.append(ratio)
+            record.ns += workers[name].ns
+            record.units += units[name]
+
+    def summary(self) -> dict[str, Any]:
+        # One unit named: tokens when every iteration compared had them, else spans.
+        unit = None if not self.units else "token" if self.units == {"token"} else "span"
+        return {
+            "unit": unit,
+            "iterations_compared": max((v.compared for v in self.verdicts.values()), default=0),
+            "abstained": dict(sorted(self.abstained.items())),
+            "workers": {
+                name: _worker(v, unit or "span") for name, v in sorted(self.verdicts.items())
+            },
+        }
+
+
+class StragglerLedger:
+    """Collects each side's work per iteration and worker from span batches, and folds
+    an iteration in when it is finalised (its work then forgotten: memory grows with
+    the workers, not the run). A span arriving after its iteration was finalised is not
+    counted."""
+
+    def __init__(self) -> None:
+        #: side -> iteration -> worker -> work, for the iterations not finalised yet
         self.work: dict[str, dict[int, dict[str, _Work]]] = {"generation": {}, "training": {}}
+        #: per side: over the steady state, and over every iteration
+        self.steady = {side: _Side() for side in self.work}
+        self.every = {side: _Side() for side in self.work}
+        self.finalised: int | None = None
 
     def spans(self, event: SpanBatch, config: ObserverConfig) -> None:
         if config.streaming is None:
@@ -69,6 +118,8 @@ class StragglerLedger:
             iteration = span.attrs.get("iteration") if side else None
             if side is None or not isinstance(iteration, int) or isinstance(iteration, bool):
                 continue
+            if self.finalised is not None and iteration <= self.finalised:
+                continue  # late: its iteration was compared already
             worker = event.source
             engine = span.attrs.get("engine")
             if side == "generation" and isinstance(engine, str) and engine:
@@ -81,45 +132,28 @@ class StragglerLedger:
                 work.tokens += tokens
                 work.with_tokens += 1
 
-    def summary(self, iterations: Iterable[int]) -> dict[str, Any]:
-        """``summary.json``'s ``stragglers``: per side, over ``iterations`` (the steady
-        state's), each worker's seconds per unit and how often it was slow."""
-        chosen = set(iterations)
-        return {side: _side(by_it, chosen) for side, by_it in self.work.items()}
+    def finalise(self, iteration: int, steady: bool) -> None:
+        """Compare ``iteration``'s workers (its window finalised), then forget them."""
+        self.finalised = iteration if self.finalised is None else max(self.finalised, iteration)
+        for side, by_iteration in self.work.items():
+            workers = by_iteration.pop(iteration, None)
+            if workers is None:
+                continue
+            self.every[side].compare(workers)
+            if steady:
+                self.steady[side].compare(workers)
 
-
-def _side(by_iteration: dict[int, dict[str, _Work]], iterations: set[int]) -> dict[str, Any]:
-    chosen = sorted(iterations & by_iteration.keys())
-    # Tokens when each worker's spans carry some on every iteration, else spans: one
-    # unit throughout.
-    tokens = all(w.with_tokens for it in chosen for w in by_iteration[it].values())
-    unit = "token" if tokens else "span"
-    verdicts: dict[str, _Verdicts] = {}
-    abstained: dict[str, int] = {}
-    for it in chosen:
-        workers = by_iteration[it]
-        units, why = _units(workers, tokens)
-        if units is None:
-            abstained[why] = abstained.get(why, 0) + 1
-            continue
-        rates = {w: workers[w].ns / units[w] for w in workers}
-        for name, rate in rates.items():
-            peers = statistics.median([r for w, r in rates.items() if w != name])
-            if not peers:
-                continue  # (its peers took no time: nothing to compare with)
-            record = verdicts.setdefault(name, _Verdicts())
-            ratio = rate / peers
-            record.compared += 1
-            record.slow += ratio >= SLOW
-            record.ratios.append(ratio)
-            record.ns += workers[name].ns
-            record.units += units[name]
-    return {
-        "unit": unit if verdicts else None,
-        "iterations_compared": max((v.compared for v in verdicts.values()), default=0),
-        "abstained": dict(sorted(abstained.items())),
-        "workers": {name: _worker(v, unit) for name, v in sorted(verdicts.items())},
-    }
+    def summary(self) -> dict[str, Any]:
+        """``summary.json``'s ``stragglers``: per side, over the steady state (every
+        iteration when no steady iteration had work to compare), each worker's seconds
+        per unit and how often it was slow."""
+        out: dict[str, Any] = {}
+        for side in self.work:
+            chosen = self.steady[side]
+            if not chosen.verdicts and not chosen.abstained:
+                chosen = self.every[side]
+            out[side] = chosen.summary()
+        return out
 
 
 def _units(workers: dict[str, _Work], tokens: bool) -> tuple[dict[str, int] | None, str]:

@@ -15,9 +15,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from twinkle.events import IterationStarted, RunFinished, RunStarted, SpanBatch
+from twinkle.events import (
+    IterationStarted,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    Snapshot,
+    SpanBatch,
+)
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
+from twinkle.observers._driver_health import DriverLedger
 from twinkle.observers._limits import LimitsLedger, path_values
 from twinkle.observers._stragglers import StragglerLedger
 from twinkle.observers.timeline import (
@@ -174,10 +182,10 @@ class TimingObserver:
         #: each window's verdict, the steady state's timing: what limits the run
         self.limits = LimitsLedger()
         self.limits_summary: dict[str, Any] = {}
-        #: each side's work per iteration and worker; the iterations of the steady state
+        #: each side's workers compared per iteration
         self.stragglers = StragglerLedger()
-        self.steady: list[int] = []
-        self.all_iterations: list[int] = []
+        #: the streaming driver's snapshots by window
+        self.driver = DriverLedger()
         # The per-iteration record's keys, spelled once the config is known.
         self.window_keys = WindowKeys.of(self.timeline.config, "window_")
         self.attributed_keys: AttributedKeys = ()
@@ -192,6 +200,14 @@ class TimingObserver:
         config = self.timeline.config
         self.window_keys = WindowKeys.of(config, "window_")
         self.attributed_keys = attributed_keys(config)
+
+    @hookimpl
+    def twinkle_run_resumed(self, event: RunResumed) -> None:
+        self.driver.resumed()
+
+    @hookimpl
+    def twinkle_snapshot(self, event: Snapshot) -> None:
+        self.driver.snapshot(event.state, self.timeline.iteration_at(event.monotonic_ns))
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
@@ -213,9 +229,8 @@ class TimingObserver:
             self.run_seconds.update(path_values(self.limits.steady, "steady_"))
         self.limits_summary = self.limits.summary(tl.run.loop, tl.config)
         # Stragglers over the steady state (every iteration when there is none).
-        self.limits_summary["stragglers"] = self.stragglers.summary(
-            self.steady or self.all_iterations
-        )
+        self.limits_summary["stragglers"] = self.stragglers.summary()
+        self.limits_summary["driver"] = self.driver.summary()
         records.append(
             make_record(
                 kind="timing",
@@ -238,9 +253,7 @@ class TimingObserver:
             values["window_steady"] = int(done.steady)
             values.update(path_values(done.window, "window_"))
             found = self.limits.add(done.window, done.steady, self.timeline.config)
-            self.all_iterations.append(done.data.iteration)
-            if done.steady:
-                self.steady.append(done.data.iteration)
+            self.stragglers.finalise(done.data.iteration, done.steady)
             values.update(attributed_values(done.attributed, self.attributed_keys))
             records.append(
                 make_record(
@@ -255,6 +268,20 @@ class TimingObserver:
                     attrs={"window_flags": list(done.flags), "window_verdict": found},
                 )
             )
+            driver = self.driver.values(done.data.iteration)
+            if driver is not None:
+                records.append(
+                    make_record(
+                        kind="driver",
+                        scope="iteration",
+                        run_id=self.run_id,
+                        step=done.data.step,
+                        iteration=done.data.iteration,
+                        wall_ns=done.data.wall_ns,
+                        monotonic_ns=monotonic_ns,
+                        values=driver,
+                    )
+                )
         return records
 
     @hookimpl

@@ -164,6 +164,16 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             "  stragglers        "
             + "; ".join(_stragglers(side, s) for side, s in stragglers.items())
         )
+    driver = limits.get("driver") or {}
+    if driver:
+        blocked = sum(driver["engines_blocked_seconds"].values())
+        never = driver["never_trained"]
+        lines.append(
+            f"  driver            the trainer waited {_num(driver['trainer_wait_seconds'])} s "
+            f"for rollouts; engines blocked on a full buffer {_num(blocked)} s; "
+            f"{driver['produced']} batches produced, {driver['consumed']} trained, "
+            f"{never['dropped']} dropped as stale, {never['left_in_buffer']} left at the end"
+        )
     faster = limits.get("twice_as_fast", {})
     if faster:
         lines.append(

@@ -1,0 +1,120 @@
+"""The driver's health per window (issue 28, waits and async health), from its
+snapshots on a manual clock, worked out by hand. Boundaries at 10, 100 and 200 ms, the
+finish at 300; snapshots (cumulative, as the StreamingDriver's state):
+
+    at    produced consumed dropped buffered  wait   e0 idle  e1 idle  version
+    5       2        0        0       2       0.000   0.000    0.000     0    (set-up)
+    50      4        2        0       2       0.030   0.010    0.000     1    window 0
+    90      5        2        0       3       0.030   0.020    0.005     1    window 0
+    250     8        6        1       1       0.050   0.020    0.015     3    window 2
+
+Window 0 changes from the set-up's; window 1 has no snapshot (no record); window 2
+changes from window 0's last.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from test_scripted_run import manual_session
+
+from twinkle.observers._driver_health import DRIVER_KEYS
+
+MS = 1_000_000
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+CONFIG: dict[str, Any] = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
+SNAPSHOTS = [
+    (5, 2, 0, 0, 2, 0.0, 0.0, 0.0, 0),
+    (50, 4, 2, 0, 2, 0.03, 0.01, 0.0, 1),
+    (90, 5, 2, 0, 3, 0.03, 0.02, 0.005, 1),
+    (250, 8, 6, 1, 1, 0.05, 0.02, 0.015, 3),
+]
+
+
+def _state(row: tuple[Any, ...]) -> dict[str, Any]:
+    _, produced, consumed, dropped, buffered, wait, idle0, idle1, version = row
+    return {
+        "version": version,
+        "produced": produced,
+        "consumed": consumed,
+        "dropped": dropped,
+        "buffered": buffered,
+        "trainer_wait_seconds": wait,
+        "producers": {
+            "e0": {"idle_seconds": idle0, "state": "producing"},
+            "e1": {"idle_seconds": idle1, "state": "producing"},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run, clock = manual_session(tmp_path_factory.mktemp("driver"), "d", CONFIG)
+    events = [(row[0], "snapshot", row) for row in SNAPSHOTS]
+    events += [(at, "boundary", i) for i, at in enumerate([10, 100, 200])]
+    events.append((260, "caller", None))  # the caller's own snapshot: not read
+    for at, what, arg in sorted(events, key=lambda e: e[0]):
+        clock.set(at * MS)
+        if what == "boundary":
+            run.bus.iteration_started(arg)
+        elif what == "snapshot":
+            run.bus.snapshot(_state(arg))
+        else:
+            run.bus.snapshot({"version": 99})
+    clock.set(300 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    return run.out_dir
+
+
+def test_each_window_gets_the_change_of_the_drivers_state(run_dir: Path) -> None:
+    lines = (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()
+    driver = {
+        r["iteration"]: r["values"] for r in map(orjson.loads, lines) if r["kind"] == "driver"
+    }
+    assert sorted(driver) == [0, 2]  # window 1 had no snapshot
+    assert driver[0] == {
+        "trainer_wait_seconds": 0.03,
+        "engines_blocked_seconds": pytest.approx(0.025),
+        "produced": 3,
+        "consumed": 2,
+        "dropped": 0,
+        "buffered": 3,
+        "buffered_max": 3,
+        "version": 1,
+    }
+    assert driver[2] == {
+        "trainer_wait_seconds": pytest.approx(0.02),
+        "engines_blocked_seconds": pytest.approx(0.01),
+        "produced": 3,
+        "consumed": 4,
+        "dropped": 1,
+        "buffered": 1,
+        "buffered_max": 1,
+        "version": 3,
+    }
+
+
+def test_the_summary_gives_the_runs_totals_and_what_was_never_trained(run_dir: Path) -> None:
+    limits = orjson.loads((run_dir / "summary.json").read_bytes())["limits"]
+    assert limits["driver"] == {
+        "trainer_wait_seconds": 0.05,
+        "engines_blocked_seconds": {"e0": 0.02, "e1": 0.015},
+        "produced": 8,
+        "consumed": 6,
+        "never_trained": {"dropped": 1, "left_in_buffer": 1},
+    }
+
+
+def test_the_driver_table_of_the_docs_names_every_key() -> None:
+    text = DOC.read_text()
+    table = text[text.index("### kind `driver`") :]
+    table = table[: table.index("\n## ")]
+    assert tuple(re.findall(r"^\| `([^`]+)` \|", table, re.M)) == DRIVER_KEYS
