@@ -184,3 +184,24 @@ def test_the_rule_at_its_edges(path: dict[str, int], expected: str) -> None:
 def test_without_streaming_the_verdict_abstains_saying_why() -> None:
     found, why = verdict(dict.fromkeys(KINDS, 10), ObserverConfig.parse({}))
     assert found == "abstain" and "no config.streaming" in why
+
+
+def test_the_trace_draws_each_windows_critical_path(run_dir: Path) -> None:
+    trace = orjson.loads((run_dir / "trace.json").read_bytes())
+    path = [e for e in trace if e.get("cat") == "critical path"]
+    # window 2 [200, 300): publish 200-270, generation 270-290, idle 290-300
+    window2 = [
+        (e["name"], e["ts"] / 1e3, e["dur"] / 1e3) for e in path if 200 <= e["ts"] / 1e3 < 300
+    ]
+    assert window2 == [("publish", 200, 70), ("generation", 270, 20), ("idle", 290, 10)]
+    # every window's slices tile it: 600 ms in all, by kind as the records say
+    by_kind: dict[str, float] = {}
+    for e in path:
+        by_kind[e["name"]] = by_kind.get(e["name"], 0) + e["dur"] / 1e3
+    assert sum(by_kind.values()) == pytest.approx(600)
+    assert by_kind["generation"] == pytest.approx(sum(p[2] for p in PATHS))
+    (track,) = {e["tid"] for e in path}
+    names = [
+        e["args"]["name"] for e in trace if e.get("name") == "thread_name" and e["tid"] == track
+    ]
+    assert names == ["critical path"]

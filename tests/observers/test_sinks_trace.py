@@ -184,7 +184,7 @@ def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path):
     _check_trace_rules(trace)
     log = [orjson.loads(line) for line in (run_dir / "events.jsonl").read_bytes().splitlines()]
     spans = [s for e in log if e["type"] == "spans" for s in e["spans"]]
-    slices = [e for e in trace if e["ph"] == "X" and e["cat"] != "weights"]
+    slices = [e for e in trace if e["ph"] == "X" and e["cat"] not in ("weights", "critical path")]
     assert len(slices) == len(spans)
     named = {e["pid"] for e in trace if e["name"] == "process_name"}
     assert {e["pid"] for e in slices} <= named
@@ -304,7 +304,14 @@ def test_a_training_thread_whose_first_span_is_an_engines_is_named_the_trainer(t
     # e0's threads by the engine they serve; twinkle's work overlapping the trainer's
     # spans (on a lane of the trainer's thread) by twinkle's source
     assert {"trainer", "e0", "iterations", "weights"} <= set(labels)
-    assert set(labels) <= {"trainer", "e0", "iterations", "weights", "twinkle.observers"}
+    assert set(labels) <= {
+        "trainer",
+        "e0",
+        "iterations",
+        "weights",
+        "twinkle.observers",
+        "critical path",
+    }
     for event in trace:
         if event["ph"] == "X" and event["cat"] == "main" and event["name"] != "weights.load":
             expected = "e0" if event["name"] == "generate" else "trainer"

@@ -55,6 +55,9 @@ class WindowTiming(msgspec.Struct, frozen=True):
     phase_logical_ns: dict[str, int]
     overlap_ns: dict[tuple[str, str], int]
     path_ns: dict[str, int]
+    #: the critical path's stretches as (kind, start_ns, end_ns), in time order: one
+    #: window's (for the trace); a sum of windows has none
+    path_slices: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def logical_ns(self) -> int:
@@ -159,6 +162,7 @@ def measure_window(
     for phase, threads in by_phase.items():
         merged[phase], logical[phase] = _union_and_logical(threads, holes)
         phase_ns[phase] = length(merged[phase])
+    path, slices = critical_path(lo, hi, merged, holes, config)
     overlap_ns = dict.fromkeys(config.pairs, 0)
     if len(merged) > 1:
         for p, q in config.pairs:
@@ -172,7 +176,8 @@ def measure_window(
         phase_ns=phase_ns,
         phase_logical_ns=logical,
         overlap_ns=overlap_ns,
-        path_ns=critical_path(hi - lo, merged, holes, config),
+        path_ns=path,
+        path_slices=slices,
     )
 
 
@@ -182,18 +187,20 @@ PATH_KINDS = ("training", "publish", "generation", "other", "overhead", "idle")
 
 
 def critical_path(
-    wall_ns: int,
+    lo: int,
+    hi: int,
     merged: dict[str, list[Interval]],
     holes: dict[int, list[Interval]],
     config: ObserverConfig,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], tuple[tuple[str, int, int], ...]]:
     """A window's wall cut by what its length waited on: at each instant the first that
     runs of the busier side's work (the trainer's training, or the engines' generation
     and weight loads: the side whose union covers more of the window, which the other
     side waits for), then the other side's, then another phase, twinkle's own work,
     else idle. ``merged``: each phase's merged spans in the window; ``holes``: the
     overhead per thread. Without a streaming configuration nothing is known to be
-    training or generation: every phase is ``other``."""
+    training or generation: every phase is ``other``. Returns the seconds per kind (in
+    :data:`PATH_KINDS` order) and the stretches, in time order."""
     roles: list[tuple[str, str | None]] = []
     if config.streaming is not None:
         generation, training = config.streaming
@@ -210,12 +217,17 @@ def critical_path(
     parts = [(kind, merged.get(p, []) if p else []) for kind, p in roles]
     parts += [("other", others), ("overhead", overhead)]
     path = dict.fromkeys(PATH_KINDS, 0)
+    slices: list[tuple[str, int, int]] = []
     covered: list[Interval] = []
     for kind, ivs in parts:
-        path[kind] = length(subtract(ivs, covered) if covered else ivs)
+        exposed = subtract(ivs, covered) if covered else ivs
+        path[kind] = length(exposed)
+        slices += [(kind, s, e) for s, e in exposed]
         covered = merge([*covered, *ivs])
-    path["idle"] = wall_ns - sum(path.values())
-    return path
+    idle = subtract([(lo, hi)], covered) if hi > lo else []
+    slices += [("idle", s, e) for s, e in idle]
+    path["idle"] = (hi - lo) - sum(path.values())
+    return path, tuple(sorted(slices, key=lambda x: (x[1], x[2])))
 
 
 class AttributedTiming(msgspec.Struct, frozen=True):

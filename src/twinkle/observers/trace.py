@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import final
+from typing import ClassVar, final
 
 import orjson
 
@@ -22,6 +23,7 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import convert_bytes
 from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
 from twinkle.observers.placement import place_batch
+from twinkle.observers.timeline import TIMELINE
 from twinkle.perf import ClockAnchor
 from twinkle.reporting import (
     BatchWriter,
@@ -115,10 +117,12 @@ class TraceSink:
         self._sends: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._loads: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._arrows = 0  # arrows written (the last one's id)
-        self._batches: BatchWriter[Event] | None = None
+        self._batches: BatchWriter[Event | _PathSlices] | None = None
+        self._context: RunContext | None = None  # (its stash holds the run's timeline)
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
+        self._context = context
         if context.out_dir is not None:
             self.path = context.out_dir / TRACE_FILE
             self._out = ReplacingFile(self.path)
@@ -150,6 +154,17 @@ class TraceSink:
     @hookimpl
     def twinkle_run_finished(self) -> None:
         self._finished = True
+        self._put_path()
+
+    def _put_path(self) -> None:
+        """The critical path of the windows the timeline just finalised (none when no
+        timeline observer runs), for its track."""
+        timeline = None if self._context is None else self._context.stash.get(TIMELINE)
+        if self._batches is None or timeline is None:
+            return
+        for done in timeline.finished:
+            if done.window.path_slices:
+                self._batches.put(_PathSlices(done.window.path_slices))
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
@@ -160,6 +175,7 @@ class TraceSink:
     def twinkle_iteration_started(self, event: IterationStarted) -> None:
         if self._batches is not None:
             self._batches.put(event)
+            self._put_path()
 
     @hookimpl
     def twinkle_weights_published(self, event: WeightsPublished) -> None:
@@ -205,7 +221,7 @@ class TraceSink:
 
     # -- the writer's side -----------------------------------------------------------------
 
-    def _write_events(self, events: list[Event]) -> None:
+    def _write_events(self, events: list[Event | _PathSlices]) -> None:
         lines: list[bytes] = []
         failed: list[str] = []
         for event in events:
@@ -226,6 +242,18 @@ class TraceSink:
                 f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
             )
 
+    def _path_lines(self, path: _PathSlices, lines: list[bytes]) -> None:
+        """A window's critical path: a slice per stretch on the ``critical path`` track."""
+        pid = self._origin.pid if self._origin else 0
+        for kind, start, end in path.slices:
+            track = self._track(pid, PATH_TRACK, start, end)
+            slice_ = {"name": kind, "ph": "X", "cat": "critical path", "pid": pid}
+            lines.append(
+                orjson.dumps(
+                    {**slice_, "tid": track.tid, "ts": self._us(start), "dur": (end - start) / 1e3}
+                )
+            )
+
     def _marker(self, name: str, at_ns: int, lines: list[bytes], scope: str = "t") -> None:
         """An instant event on the run process's ``iterations`` track (``scope`` "g":
         a line across every track, as a segment's start and end are)."""
@@ -234,9 +262,11 @@ class TraceSink:
         marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
         lines.append(orjson.dumps({**marker, "ts": self._us(at_ns)}))
 
-    def _event_lines(self, event: Event, lines: list[bytes]) -> None:
+    def _event_lines(self, event: Event | _PathSlices, lines: list[bytes]) -> None:
         """Append ``event``'s trace lines to ``lines``."""
-        if isinstance(event, SpanBatch):
+        if isinstance(event, _PathSlices):
+            self._path_lines(event, lines)
+        elif isinstance(event, SpanBatch):
             self._span_lines(event, lines)
         elif isinstance(event, IterationStarted):
             self._marker(f"iteration {event.iteration}", event.monotonic_ns, lines)
@@ -449,9 +479,21 @@ class TraceSink:
         )
 
 
-#: the marker tracks of the run's process: iteration starts, weight publishes
+#: the marker tracks of the run's process: iteration starts, weight publishes, what each
+#: window's length waited on
 ITERATIONS_TRACK = "iterations"
 WEIGHTS_TRACK = "weights"
+PATH_TRACK = "critical path"
+
+
+@dataclass(frozen=True, slots=True)
+class _PathSlices:
+    """A finalised window's critical path, queued for the trace like an event."""
+
+    TYPE: ClassVar[str] = "critical path"
+    slices: tuple[tuple[str, int, int], ...]
+
+
 #: the name of a track carrying the run's training phase
 TRAINER_TRACK = "trainer"
 #: arrow ends remembered while they wait for their other end (per side)
