@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, final
 
 import orjson
 
@@ -22,6 +20,16 @@ from twinkle.events import (
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import convert_bytes
 from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
+from twinkle.observers._trace_tracks import (
+    ARROW_MEMORY,
+    ITERATIONS_TRACK,
+    PATH_TRACK,
+    WEIGHTS_TRACK,
+    PathSlices,
+    Track,
+    nest,
+    training_phase,
+)
 from twinkle.observers.placement import place_batch
 from twinkle.observers.timeline import TIMELINE
 from twinkle.perf import ClockAnchor
@@ -110,14 +118,14 @@ class TraceSink:
         # (start, end), in order
         self._lanes: dict[tuple[int, int | str], list[list[tuple[int, int]]]] = {}
         # per (pid, thread or marker track, lane), in order of first use
-        self._tracks: dict[tuple[int, int | str, int], _Track] = {}
+        self._tracks: dict[tuple[int, int | str, int], Track] = {}
         self._last_tid: dict[int, int] = {}  # per pid: the last track id given
         # the ends of weight arrows waiting for the other end, by (version, engine):
         # (pid, tid, ts) of a publish, of a load
         self._sends: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._loads: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._arrows = 0  # arrows written (the last one's id)
-        self._batches: BatchWriter[Event | _PathSlices] | None = None
+        self._batches: BatchWriter[Event | PathSlices] | None = None
         self._context: RunContext | None = None  # (its stash holds the run's timeline)
 
     @hookimpl
@@ -164,7 +172,7 @@ class TraceSink:
             return
         for done in timeline.finished:
             if done.window.path_slices:
-                self._batches.put(_PathSlices(done.window.path_slices))
+                self._batches.put(PathSlices(done.window.path_slices))
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
@@ -221,7 +229,7 @@ class TraceSink:
 
     # -- the writer's side -----------------------------------------------------------------
 
-    def _write_events(self, events: list[Event | _PathSlices]) -> None:
+    def _write_events(self, events: list[Event | PathSlices]) -> None:
         lines: list[bytes] = []
         failed: list[str] = []
         for event in events:
@@ -242,7 +250,7 @@ class TraceSink:
                 f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
             )
 
-    def _path_lines(self, path: _PathSlices, lines: list[bytes]) -> None:
+    def _path_lines(self, path: PathSlices, lines: list[bytes]) -> None:
         """A window's critical path: a slice per stretch on the ``critical path`` track."""
         pid = self._origin.pid if self._origin else 0
         for kind, start, end in path.slices:
@@ -262,9 +270,9 @@ class TraceSink:
         marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
         lines.append(orjson.dumps({**marker, "ts": self._us(at_ns)}))
 
-    def _event_lines(self, event: Event | _PathSlices, lines: list[bytes]) -> None:
+    def _event_lines(self, event: Event | PathSlices, lines: list[bytes]) -> None:
         """Append ``event``'s trace lines to ``lines``."""
-        if isinstance(event, _PathSlices):
+        if isinstance(event, PathSlices):
             self._path_lines(event, lines)
         elif isinstance(event, SpanBatch):
             self._span_lines(event, lines)
@@ -321,7 +329,7 @@ class TraceSink:
                 # The run refuses such a config at its start (the timeline names the key);
                 # a trace of it names tracks by engine and source only.
                 self._config = None
-            self._training = _training_phase(self._config)
+            self._training = training_phase(self._config)
             lines.append(
                 orjson.dumps(
                     {
@@ -440,13 +448,13 @@ class TraceSink:
             )
         )
 
-    def _track(self, pid: int, thread: int | str, start: int, end: int) -> _Track:
+    def _track(self, pid: int, thread: int | str, start: int, end: int) -> Track:
         """The track an interval ``[start, end)`` of ``thread`` (a thread ident, or a
         marker track's name) in process ``pid`` is drawn on: the thread's, or a lane of
         it when the interval overlaps one there without nesting. A new track gets the
         process's next track id (its name is written at close)."""
         lanes = self._lanes.setdefault((pid, thread), [])
-        number = next((i for i, tops in enumerate(lanes) if _nest(tops, start, end)), None)
+        number = next((i for i, tops in enumerate(lanes) if nest(tops, start, end)), None)
         if number is None:
             number = len(lanes)
             lanes.append([(start, end)])
@@ -455,10 +463,10 @@ class TraceSink:
         if track is None:
             tid = self._last_tid[pid] = self._last_tid.get(pid, 0) + 1
             if isinstance(thread, str):  # a marker track: named by what it shows
-                track = _Track(tid, thread, f"lane {number}" if number else None)
+                track = Track(tid, thread, f"lane {number}" if number else None)
             else:
                 where = f"thread {thread}, lane {number}" if number else f"thread {thread}"
-                track = _Track(tid, None, where)
+                track = Track(tid, None, where)
             self._tracks[key] = track
         return track
 
@@ -477,87 +485,3 @@ class TraceSink:
             + b",\n"
             for (pid, _, _), track in self._tracks.items()
         )
-
-
-#: the marker tracks of the run's process: iteration starts, weight publishes, what each
-#: window's length waited on
-ITERATIONS_TRACK = "iterations"
-WEIGHTS_TRACK = "weights"
-PATH_TRACK = "critical path"
-
-
-@dataclass(frozen=True, slots=True)
-class _PathSlices:
-    """A finalised window's critical path, queued for the trace like an event."""
-
-    TYPE: ClassVar[str] = "critical path"
-    slices: tuple[tuple[str, int, int], ...]
-
-
-#: the name of a track carrying the run's training phase
-TRAINER_TRACK = "trainer"
-#: arrow ends remembered while they wait for their other end (per side)
-ARROW_MEMORY = 4096
-
-
-def _training_phase(config: ObserverConfig | None) -> str | None:
-    """The run's training phase: ``streaming.training``, else a phase named ``train``."""
-    if config is None:
-        return None
-    if config.streaming is not None:
-        return config.streaming[1]
-    return "train" if "train" in config.phases else None
-
-
-@final
-class _Track:
-    """One track of the trace and what it has carried so far (its name follows from
-    that at close: :class:`TraceSink`, "Tracks")."""
-
-    __slots__ = ("label", "own", "roles", "tid", "trainer", "where")
-
-    def __init__(self, tid: int, label: str | None, where: str | None) -> None:
-        self.tid = tid
-        self.label = label  # a marker track's fixed name
-        self.where = where  # "thread N", "thread N, lane k", "lane k" or None
-        self.trainer = False  # carried a span of the run's training phase
-        self.roles: dict[str, int] = {}  # the caller's spans per role, in order seen
-        self.own: str | None = None  # the source of twinkle's first span here
-
-    def title(self) -> str:
-        if self.label is not None:
-            label = self.label
-        elif self.trainer:
-            label = TRAINER_TRACK
-        elif self.roles:
-            label = max(self.roles, key=self.roles.__getitem__)  # a tie: the first seen
-        else:
-            label = self.own or "spans"
-        return label if self.where is None else f"{label} ({self.where})"
-
-
-#: outermost spans remembered per lane (a span reaching back past them is not checked)
-LANE_MEMORY = 512
-
-
-def _nest(tops: list[tuple[int, int]], start: int, end: int) -> bool:
-    """Put the span ``[start, end)`` on the lane whose outermost spans are ``tops``
-    (disjoint, in time order) when it nests with all of them, and say whether it did.
-
-    Spans of one thread arrive in the order they closed, so a newcomer either lies
-    inside the last outermost span, or after the spans it does not enclose: it must
-    enclose every outermost span it reaches back into, never start in the middle of
-    one. Amortised O(1): the spans it encloses leave the list for it."""
-    if tops and end < tops[-1][1]:  # closed before the last: only inside it is safe
-        last_start, last_end = tops[-1]
-        return last_start <= start and end <= last_end
-    first = len(tops)
-    while first and tops[first - 1][1] > start:
-        first -= 1
-    if first < len(tops) and tops[first][0] < start:
-        return False  # it starts in the middle of a span it does not enclose
-    del tops[first:]
-    tops.append((start, end))
-    if len(tops) > LANE_MEMORY:
-        del tops[: len(tops) - LANE_MEMORY]
-    return True
