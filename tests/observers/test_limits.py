@@ -171,6 +171,7 @@ def test_the_run_record_holds_the_loop_and_steady_paths(run_dir: Path, tmp_path:
     [
         # exactly 50 % with a 20-point lead: bound; a hair less lead: mixed
         ({"training": 50, "generation": 30, "idle": 20}, "training-bound"),
+        ({"training": 6, "generation": 4}, "training-bound"),  # 0.6 - 0.4 in floats < 0.2
         ({"training": 50, "generation": 31, "idle": 19}, "mixed"),
         ({"generation": 49, "publish": 0, "idle": 51}, "abstain"),  # sides under half
         ({"idle": 0}, "abstain"),  # no time

@@ -66,14 +66,25 @@ BOUNDARIES_MS = [40, 90, 120, 150]
 FINISH_MS = 200
 
 
-def _run(out_dir: Path, *, status: str = "ok", config: dict[str, Any] | None = None) -> Path:
+def _run(
+    out_dir: Path,
+    *,
+    status: str = "ok",
+    config: dict[str, Any] | None = None,
+    spans: list[Span] = SPANS,
+    late: tuple[str, ...] = (),
+) -> Path:
+    """The scripted run; spans named in ``late`` are sent only at the finish."""
     run, clock = manual_session(out_dir, "steady", CONFIG if config is None else config)
     bus = run.bus
     published: set[int] = set()
 
     def publish_until(t_ms: int) -> None:
-        batch = [s for i, s in enumerate(SPANS) if s.end_ns <= t_ms * MS and i not in published]
-        published.update(i for i, s in enumerate(SPANS) if s.end_ns <= t_ms * MS)
+        due = {i for i, s in enumerate(spans) if s.end_ns <= t_ms * MS}
+        if t_ms < FINISH_MS:
+            due = {i for i in due if spans[i].name not in late}
+        batch = [s for i, s in enumerate(spans) if i in due and i not in published]
+        published.update(due)
         if batch:
             clock.set(t_ms * MS - 1)
             bus.publish_spans("main", bus.anchor, batch)
@@ -195,3 +206,26 @@ def test_a_run_that_ends_in_error_marks_its_last_window_partial(tmp_path: Path) 
 def test_a_bad_lifecycle_is_refused_by_name(lifecycle: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         ObserverConfig.parse({**CONFIG, "lifecycle": lifecycle})
+
+
+def test_without_a_window_the_steady_state_still_has_its_seconds(tmp_path: Path) -> None:
+    config = {k: v for k, v in CONFIG.items() if k != "window"}
+    run_dir = _run(tmp_path, config=config)
+    run = _one(run_dir, "run", "run")
+    # iterations 1 and 2: their windows' 30 + 30 ms, no tokens counted
+    assert (run["steady_iterations"], run["steady_seconds"], run["steady_tokens"]) == (2, 0.06, 0)
+
+
+def test_a_tear_down_span_sent_late_still_ends_the_loop_where_it_started(tmp_path: Path) -> None:
+    """With finalise_lag 0 the horizon is the last window's start: a workers.stop that
+    started before the last boundary, sent after it, must not end the loop there."""
+    early_stop = [s for s in SPANS if s.name != "workers.stop"]
+    early_stop.append(_s("workers.stop", 145, 155, A))  # across the last boundary (150)
+    config = {**CONFIG, "finalise_lag": 0}
+    run_dir = _run(tmp_path, config=config, spans=early_stop, late=("workers.stop",))
+    timing = {
+        r["iteration"]: r["values"]
+        for r in _records(run_dir)
+        if (r["kind"], r["scope"]) == ("timing", "iteration")
+    }
+    assert round(timing[3]["window_wall_seconds"] * 1e3, 6) == 50  # [150, 200): the finish

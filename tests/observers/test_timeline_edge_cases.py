@@ -296,3 +296,42 @@ def test_overhead_kept_for_late_spans_stays_bounded(lag: int) -> None:
     # one overhead span a window: the finalise_lag + 2 newest windows' (the newest
     # finalised one, for late spans of the open iterations, and those not finalised)
     assert kept == [lag + 2, lag + 2]
+
+
+def test_a_resumed_segments_active_time_starts_no_earlier_than_its_set_up() -> None:
+    """A worker span of a resumed segment placed before the previous segment's tail
+    (95 ms, the tail at 100) is clipped there, and so is where its work starts: the
+    segment's set-up before its first work is 0 ms, not -5 ms (which would grow the
+    active time)."""
+    from twinkle.events import IterationStarted, RunFinished, RunResumed, RunStarted, SpanBatch
+    from twinkle.observers.timeline import Timeline
+    from twinkle.perf import ClockAnchor, Span
+
+    ms, wall = 1_000_000, 1_700_000_000_000_000_000
+    anchor = ClockAnchor(0, wall, 1, "h")
+    config = {"phases": {"rollout": ["generate"]}}
+
+    def batch(start: int, end: int) -> SpanBatch:
+        span = Span("generate", start * ms, end * ms, 1, 1, {}, None)
+        return SpanBatch(
+            "r", end * ms, wall + end * ms, source="main", anchor=anchor, spans=(span,)
+        )
+
+    tl = Timeline()
+    tl.run_started(RunStarted("r", 0, wall, anchor=anchor, config=config))
+    tl.iteration_started(IterationStarted("r", 10 * ms, wall + 10 * ms, iteration=0))
+    tl.spans(batch(10, 100))
+    tl.run_finished(RunFinished("r", 100 * ms, wall + 100 * ms))
+    tl.run_resumed(
+        RunResumed("r", 101 * ms, wall + 101 * ms, anchor=anchor, segment=1, config=config)
+    )
+    tl.spans(batch(95, 120))
+    tl.iteration_started(IterationStarted("r", 130 * ms, wall + 130 * ms, iteration=1))
+    tl.spans(batch(130, 200))
+    tl.run_finished(RunFinished("r", 200 * ms, wall + 200 * ms))
+    run = tl.run
+    assert run is not None
+    # set-up 0-10 and 100-130 (40), the loop 10-100 and 130-200 (160); before the first
+    # work: 0-10 only
+    assert (run.setup.wall_ns, run.loop.wall_ns) == (40 * ms, 160 * ms)
+    assert run.active_wall_ns == 190 * ms

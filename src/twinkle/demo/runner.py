@@ -14,7 +14,7 @@ The demo is the caller, so it defines the business semantics:
   iteration or the run's throughput;
 * the device denominators come from the placement (``config.placement``): every
   engine and the trainer (or each rank, or each Ray actor) states the device it used,
-  and all of them use this host's CPU (``cpu:<hostname>``: the demo places nothing on
+  and all of them use this host's CPU (``host-cpu``: the demo places nothing on
   an accelerator), so each phase and the run window divide by that one device, shared
   by every worker, and the summary's ``placement`` and the report say so, whatever
   accelerators the :class:`~twinkle.cluster.LocalCluster` reports (those are recorded
@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import sys
 import threading
 import time
@@ -77,7 +76,9 @@ class DemoResult:
 def _placement(cfg: DemoConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
     """Which device each worker used and which phases it ran: every worker runs on this
     host's CPU, one device whatever the workers' number (they share its cores)."""
-    cpu = {"device_type": "cpu", "devices": [f"cpu:{socket.gethostname()}"]}
+    # (named without the host: a run resumed on another host keeps its configuration;
+    # x_cluster records the host's resources)
+    cpu = {"device_type": "cpu", "devices": ["host-cpu"]}
     lifecycle = [p for p in ("startup", "shutdown") if p in phases]
     trainers = (
         ["trainer"] if cfg.train_workers == 1 else [f"rank{r}" for r in range(cfg.train_workers)]

@@ -6,6 +6,7 @@ steady state by one documented rule, and at most what a twice-as-fast side would
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 from twinkle.observers._config import ObserverConfig
@@ -14,9 +15,10 @@ from twinkle.observers._measure import PATH_KINDS, WindowTiming
 __all__ = ["BOUND_SHARE", "MARGIN", "LimitsLedger", "path_values", "verdict"]
 
 #: a side is the bound when it holds at least this share of the critical path ...
-BOUND_SHARE = 0.5
-#: ... and leads the next side by at least this much (shares of the path)
-MARGIN = 0.2
+BOUND_SHARE = Fraction(1, 2)
+#: ... and leads the next side by at least this much (shares of the path); exact
+#: fractions of integer nanoseconds, so 60 % against 40 % is a lead of 20 points
+MARGIN = Fraction(1, 5)
 #: the sides a verdict can name, as the critical path's kinds
 SIDES = ("training", "generation", "publish")
 
@@ -40,21 +42,23 @@ def verdict(path_ns: Mapping[str, int], config: ObserverConfig) -> tuple[str, st
     wall = sum(path_ns.values())
     if wall <= 0:
         return "abstain", "the window holds no time"
-    shares = sorted(((path_ns[s] / wall, s) for s in SIDES), reverse=True)
+    # (ties: the sides' order; shares as exact fractions of integer nanoseconds)
+    shares = sorted(((Fraction(path_ns[s], wall), s) for s in SIDES), key=lambda x: -x[0])
     (first, side), (second, runner_up) = shares[0], shares[1]
-    if sum(share for share, _ in shares) < BOUND_SHARE:
-        rest = 1 - sum(share for share, _ in shares)
+    sides = sum(share for share, _ in shares)
+    if sides < BOUND_SHARE:
         return "abstain", (
-            f"{rest:.0%} of the critical path is neither training, generation nor publish "
-            "(other phases, twinkle's own work or idle)"
+            f"{float(1 - sides):.0%} of the critical path is neither training, generation "
+            "nor publish (other phases, twinkle's own work or idle)"
         )
     if first >= BOUND_SHARE and first - second >= MARGIN:
         return f"{side}-bound", (
-            f"{side} {first:.0%} of the critical path, {runner_up} next at {second:.0%}"
+            f"{side} {float(first):.0%} of the critical path, {runner_up} next at "
+            f"{float(second):.0%}"
         )
     return "mixed", (
-        f"{side} {first:.0%} and {runner_up} {second:.0%} of the critical path: no side "
-        f"holds {BOUND_SHARE:.0%} with a lead of {MARGIN:.0%}"
+        f"{side} {float(first):.0%} and {runner_up} {float(second):.0%} of the critical "
+        f"path: no side holds {float(BOUND_SHARE):.0%} with a lead of {float(MARGIN):.0%}"
     )
 
 

@@ -6,8 +6,8 @@ A worker is the ``engine`` attribute of a generation span (else the span's sourc
 and the source of a training span (a rank's worker report; the run's own process is
 ``main``). Its work on an iteration is its spans of the side's phase whose ``iteration``
 attribute names it: their seconds added, and their units: the ``tokens`` attributes
-added (when every worker's spans carry some, on every iteration compared), else the
-spans counted (requests, micro-batches).
+added (when every worker's spans carry some on that iteration), else the spans counted
+(requests, micro-batches).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class _Verdicts:
     compared: int = 0
     slow: int = 0
     ratios: list[float] = field(default_factory=list)
-    ns: int = 0
-    units: int = 0
+    #: per unit ("token", "span"): [nanoseconds, units] over the iterations measured so
+    ns_units: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _Side:
@@ -67,7 +67,8 @@ class _Side:
         if units is None:
             self.abstained[why] = self.abstained.get(why, 0) + 1
             return
-        self.units.add("token" if tokens else "span")
+        unit = "token" if tokens else "span"
+        self.units.add(unit)
         rates = {w: workers[w].ns / units[w] for w in workers}
         for name, rate in rates.items():
             peers = statistics.median([r for w, r in rates.items() if w != name])
@@ -78,19 +79,18 @@ class _Side:
             record.compared += 1
             record.slow += ratio >= SLOW
             record.ratios.append(ratio)
-            record.ns += workers[name].ns
-            record.units += units[name]
+            totals = record.ns_units.setdefault(unit, [0, 0])
+            totals[0] += workers[name].ns
+            totals[1] += units[name]
 
     def summary(self) -> dict[str, Any]:
-        # One unit named: tokens when every iteration compared had them, else spans.
-        unit = None if not self.units else "token" if self.units == {"token"} else "span"
+        # The unit of every iteration compared; "mixed" when some had tokens and some not.
+        unit = None if not self.units else min(self.units) if len(self.units) == 1 else "mixed"
         return {
             "unit": unit,
             "iterations_compared": max((v.compared for v in self.verdicts.values()), default=0),
             "abstained": dict(sorted(self.abstained.items())),
-            "workers": {
-                name: _worker(v, unit or "span") for name, v in sorted(self.verdicts.items())
-            },
+            "workers": {name: _worker(v) for name, v in sorted(self.verdicts.items())},
         }
 
 
@@ -170,10 +170,14 @@ def _units(workers: dict[str, _Work], tokens: bool) -> tuple[dict[str, int] | No
     return units, ""
 
 
-def _worker(v: _Verdicts, unit: str) -> dict[str, Any]:
+def _worker(v: _Verdicts) -> dict[str, Any]:
     chronic = v.compared >= CHRONIC_MIN and v.slow >= CHRONIC_SHARE * v.compared
     return {
-        f"seconds_per_{unit}": v.ns / 1e9 / v.units if v.units else None,
+        # per unit, over the iterations measured in it
+        **{
+            f"seconds_per_{unit}": ns / 1e9 / units if units else None
+            for unit, (ns, units) in sorted(v.ns_units.items())
+        },
         "median_ratio_to_peers": statistics.median(v.ratios),
         "slow_iterations": v.slow,
         "compared_iterations": v.compared,

@@ -213,6 +213,8 @@ class ThroughputObserver:
                 records.append(make_record(kind="iteration", values=values, attrs=attrs, **common))
                 if steady:
                     self._add_steady(_WINDOW, lengths, seconds, window.devices)
+            elif steady:  # no window configured: the seconds alone, as the run's figure
+                self._add_steady(_WINDOW, (), done.window.logical_ns / _NS, 1)
         return records
 
     def _counts(self) -> RunTotals:

@@ -161,6 +161,9 @@ class Timeline:
         self._setup = self._before_work = WindowTiming.empty(self.config)
         self._loop = WindowTiming.empty(self.config)
         self._first_work_ns: int | None = None
+        #: where spans of a tear-down phase started (as sent, not clipped), since the
+        #: newest boundary: the first of them in the last window ends the loop
+        self._teardown_starts: list[int] = []
         self._setup_open = False  # a set-up window (of the run or a resumed segment) is
         self._tail_ns: int | None = None  # the end of the last segment's tear-down
         self._floor: int | None = None  # a resumed segment's set-up starts no earlier
@@ -219,6 +222,8 @@ class Timeline:
         starting_here = self._split_newest(event.monotonic_ns)
         self._close_window(event.monotonic_ns, event.wall_ns)
         self.boundaries += 1
+        # Only a tear-down span starting in the last window can end the loop.
+        self._teardown_starts = [s for s in self._teardown_starts if s >= event.monotonic_ns]
         data = self.future.pop(event.iteration, None) or IterationData(event.iteration)
         data.spans.extend(starting_here)
         self.open[event.iteration] = data
@@ -301,11 +306,16 @@ class Timeline:
                 self.late_spans += 1
                 self.late_ns += min(end, horizon) - start
             if horizon is None or end > horizon:
-                clipped = start if horizon is None else max(start, horizon)
-                self.pieces.append((phase, clipped, end, thread))
+                self.pieces.append(
+                    (phase, start if horizon is None else max(start, horizon), end, thread)
+                )
             if self._setup_open and self.config.is_loop_work(phase):
+                # (its start as placed in the windows: never before the set-up's floor)
+                placed = start if horizon is None else max(start, horizon)
                 first = self._first_work_ns
-                self._first_work_ns = start if first is None else min(first, start)
+                self._first_work_ns = placed if first is None else min(first, placed)
+            if phase is not None and phase in self.config.teardown_phases:
+                self._teardown_starts.append(start)
             self._attribute(span.attrs.get("iteration"), phase, start, end, span, thread=thread)
 
     def _attribute(
@@ -371,12 +381,11 @@ class Timeline:
         """Where the loop ends: the finish, or earlier the start of the first span of a
         tear-down phase (``lifecycle.teardown``: stopping the workers) that starts in
         the last iteration's window."""
-        teardown = self.config.teardown_phases
-        if not teardown or not self.windows or self.windows[-1].iteration is None:
+        starts, self._teardown_starts = self._teardown_starts, []
+        if not self.windows or self.windows[-1].iteration is None:
             return finish_ns
         lo = self.windows[-1].start_ns
-        starts = [s for phase, s, _, _ in self.pieces if phase in teardown and lo <= s < finish_ns]
-        return min(starts, default=finish_ns)
+        return min((s for s in starts if lo <= s < finish_ns), default=finish_ns)
 
     def iteration_at(self, at_ns: int) -> int | None:
         """The iteration whose window, not yet finalised, holds ``at_ns`` (None: the

@@ -134,7 +134,7 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     window's verdict counted, the critical path, how busy each side was, and at most
     what a twice-as-fast side would save."""
     limits = report.get("limits") or {}
-    if not limits:
+    if "verdict" not in limits:
         return ["What limits this run: not known (the run's summary has no limits)"]
     windows = limits.get("windows", {})
     counted = ", ".join(
@@ -145,8 +145,8 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     shares = limits.get("path_shares", {})
     shown = [k for k in _PATH_ORDER if path.get(k) or k in ("training", "generation")]
     lines = [
-        f"What limits this run ({limits['over']}, docs/metrics.md 'What limits the run')",
-        f"  verdict           {limits['verdict']}: {limits['reason']}",
+        f"What limits this run ({limits.get('over', '-')}, docs/metrics.md 'What limits the run')",
+        f"  verdict           {limits['verdict']}: {limits.get('reason', '-')}",
         f"  windows           {counted} (of {total})",
         "  critical path     "
         + ", ".join(f"{k} {_num(path[k])} s ({_pct(shares.get(k))})" for k in shown),
@@ -166,13 +166,14 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
         )
     driver = limits.get("driver") or {}
     if driver:
-        blocked = sum(driver["engines_blocked_seconds"].values())
-        never = driver["never_trained"]
+        blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
+        never = driver.get("never_trained") or {}
         lines.append(
-            f"  driver            the trainer waited {_num(driver['trainer_wait_seconds'])} s "
+            f"  driver            the trainer waited {_num(driver.get('trainer_wait_seconds'))} s "
             f"for rollouts; engines blocked on a full buffer {_num(blocked)} s; "
-            f"{driver['produced']} batches produced, {driver['consumed']} trained, "
-            f"{never['dropped']} dropped as stale, {never['left_in_buffer']} left at the end"
+            f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
+            f"trained, {never.get('dropped', '-')} dropped as stale, "
+            f"{never.get('left_in_buffer', '-')} left at the end"
         )
     faster = limits.get("twice_as_fast", {})
     if faster:
@@ -193,11 +194,11 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
         why = ", ".join(f"{n} iterations: {r}" for r, n in found.get("abstained", {}).items())
         return f"{side}: not compared ({why or 'no work seen'})"
     slow = [
-        f"{name} {w['verdict']} ({w['median_ratio_to_peers']:.1f}x its peers' seconds per "
-        f"{found['unit']}, slow in {w['slow_iterations']} of {w['compared_iterations']} "
-        "iterations)"
+        f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
+        f"seconds per {found.get('unit')}, slow in {w.get('slow_iterations')} of "
+        f"{w.get('compared_iterations')} iterations)"
         for name, w in workers.items()
-        if w["verdict"] != "ok"
+        if w.get("verdict") != "ok"
     ]
     return f"{side}: " + (", ".join(slow) if slow else f"none of {', '.join(workers)}")
 
