@@ -89,6 +89,8 @@ def test_each_window_gets_the_change_of_the_drivers_state(run_dir: Path) -> None
         "buffered": 3,
         "buffered_max": 3,
         "version": 1,
+        "policy_age_mean": None,  # (no generation span said its version)
+        "policy_age_max": None,
     }
     assert driver[2] == {
         "trainer_wait_seconds": pytest.approx(0.02),
@@ -99,6 +101,8 @@ def test_each_window_gets_the_change_of_the_drivers_state(run_dir: Path) -> None
         "buffered": 1,
         "buffered_max": 1,
         "version": 3,
+        "policy_age_mean": None,
+        "policy_age_max": None,
     }
 
 
@@ -118,3 +122,54 @@ def test_the_driver_table_of_the_docs_names_every_key() -> None:
     table = text[text.index("### kind `driver`") :]
     table = table[: table.index("\n## ")]
     assert tuple(re.findall(r"^\| `([^`]+)` \|", table, re.M)) == DRIVER_KEYS
+
+
+def test_waits_and_policy_ages_from_the_spans(tmp_path: Path) -> None:
+    """Iterations 0-3 (1 and 2 steady). Generation spans say the version they used:
+    iteration 1 two spans of versions 0 and 1 (ages 1 and 0), iteration 2 one of
+    version 1 (age 1): the steady state's mean age 2/3, max 1, over 3 spans. Waits:
+    the trainer's wait.rollout 5 + 7 ms, engine e0's wait.weights 3 ms."""
+    from twinkle.perf import Span
+
+    def span(name: str, at: int, ms: int, **attrs: Any) -> Span:
+        return Span(name, at * MS, (at + ms) * MS, 1, 1, attrs, None)
+
+    spans = {
+        0: [span("generate", 1, 5, iteration=0, version=0)],
+        1: [
+            span("generate", 101, 5, iteration=1, version=0, engine="e0"),
+            span("generate", 101, 5, iteration=1, version=1, engine="e1"),
+            span("wait.rollout", 110, 5),
+        ],
+        2: [
+            span("generate", 201, 5, iteration=2, version=1),
+            span("wait.rollout", 210, 7),
+            span("wait.weights", 220, 3, engine="e0"),
+        ],
+        3: [span("generate", 301, 5, iteration=3, version=2)],
+    }
+    run, clock = manual_session(tmp_path, "ages", CONFIG)
+    for it in range(4):
+        clock.set(it * 100 * MS)
+        run.bus.iteration_started(it)
+        clock.set((it * 100 + 99) * MS)
+        run.bus.publish_spans("main", run.bus.anchor, spans[it])
+    clock.set(400 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    summary = orjson.loads((run.out_dir / "summary.json").read_bytes())
+    limits = summary["limits"]
+    assert limits["policy_age"] == {
+        "mean": pytest.approx(2 / 3),
+        "max": 1,
+        "spans": 3,
+        "over": "steady state",
+    }
+    assert limits["waits"] == {"wait.rollout": {"main": 0.012}, "wait.weights": {"e0": 0.003}}
+    lines = (run.out_dir / "metrics_raw.jsonl").read_bytes().splitlines()
+    ages = {
+        r["iteration"]: (r["values"]["policy_age_mean"], r["values"]["policy_age_max"])
+        for r in map(orjson.loads, lines)
+        if r["kind"] == "driver"
+    }
+    assert ages == {0: (0.0, 0), 1: (0.5, 1), 2: (1.0, 1), 3: (1.0, 1)}

@@ -129,8 +129,10 @@ class RolloutEngine:
         cfg = self.config
         need = self._required_version(iteration)
         with self._cond:
-            while self.version < need and not self._closed:
-                self._cond.wait(0.05)
+            if self.version < need and not self._closed:  # the staleness bound holds it
+                with self.recorder.span("wait.weights", engine=self.name, version=need):
+                    while self.version < need and not self._closed:
+                        self._cond.wait(0.05)
             if self._closed:
                 raise RuntimeError(f"engine {self.name} closed")
             if self.version != need:

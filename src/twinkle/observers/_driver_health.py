@@ -26,6 +26,8 @@ DRIVER_KEYS = (
     "buffered",
     "buffered_max",
     "version",
+    "policy_age_mean",
+    "policy_age_max",
 )
 
 

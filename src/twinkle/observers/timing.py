@@ -25,9 +25,10 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._driver_health import DriverLedger
+from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger
 from twinkle.observers._limits import LimitsLedger, path_values
 from twinkle.observers._stragglers import StragglerLedger
+from twinkle.observers._waits import PolicyAges, WaitLedger
 from twinkle.observers.timeline import (
     AttributedTiming,
     Finished,
@@ -184,8 +185,10 @@ class TimingObserver:
         self.limits_summary: dict[str, Any] = {}
         #: each side's workers compared per iteration
         self.stragglers = StragglerLedger()
-        #: the streaming driver's snapshots by window
+        #: the streaming driver's snapshots by window; the wait.* spans; policy ages
         self.driver = DriverLedger()
+        self.waits = WaitLedger()
+        self.ages = PolicyAges()
         # The per-iteration record's keys, spelled once the config is known.
         self.window_keys = WindowKeys.of(self.timeline.config, "window_")
         self.attributed_keys: AttributedKeys = ()
@@ -211,7 +214,10 @@ class TimingObserver:
 
     @hookimpl
     def twinkle_spans(self, event: SpanBatch) -> None:
-        self.stragglers.spans(event, self.timeline.config)
+        config = self.timeline.config
+        self.stragglers.spans(event, config)
+        self.waits.spans(event)
+        self.ages.spans(event, config)
 
     @hookimpl
     def twinkle_iteration_started(self, event: IterationStarted) -> list[MetricRecord]:
@@ -231,6 +237,8 @@ class TimingObserver:
         # Stragglers over the steady state (every iteration when there is none).
         self.limits_summary["stragglers"] = self.stragglers.summary()
         self.limits_summary["driver"] = self.driver.summary()
+        self.limits_summary["waits"] = self.waits.summary()
+        self.limits_summary["policy_age"] = self.ages.summary()
         records.append(
             make_record(
                 kind="timing",
@@ -268,8 +276,13 @@ class TimingObserver:
                     attrs={"window_flags": list(done.flags), "window_verdict": found},
                 )
             )
+            ages = self.ages.finalise(done.data.iteration, done.steady)
             driver = self.driver.values(done.data.iteration)
-            if driver is not None:
+            if driver is not None or ages is not None:
+                # (what is not known, nan: written as null and named in attrs.nonfinite)
+                health: dict[str, int | float] = dict.fromkeys(DRIVER_KEYS, math.nan)
+                health.update(driver or {})
+                health.update(ages or {})
                 records.append(
                     make_record(
                         kind="driver",
@@ -279,7 +292,7 @@ class TimingObserver:
                         iteration=done.data.iteration,
                         wall_ns=done.data.wall_ns,
                         monotonic_ns=monotonic_ns,
-                        values=driver,
+                        values=health,
                     )
                 )
         return records

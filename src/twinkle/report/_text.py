@@ -175,6 +175,21 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             f"trained, {never.get('dropped', '-')} dropped as stale, "
             f"{never.get('left_in_buffer', '-')} left at the end"
         )
+    waits = limits.get("waits") or {}
+    if waits:
+        lines.append(
+            "  waits             "
+            + "; ".join(
+                f"{name} " + ", ".join(f"{w} {_num(s)} s" for w, s in by_worker.items())
+                for name, by_worker in waits.items()
+            )
+        )
+    age = limits.get("policy_age") or {}
+    if age:
+        lines.append(
+            f"  policy age        mean {_num(age.get('mean'))}, max {age.get('max')} versions "
+            f"behind the policy trained ({age.get('spans')} generation spans)"
+        )
     faster = limits.get("twice_as_fast", {})
     if faster:
         lines.append(
