@@ -142,6 +142,21 @@ def test_stopping_the_engines_is_tear_down_not_the_last_iteration(demo: Demo) ->
     assert all(w["window_shutdown_seconds"] == 0 for w in windows)
 
 
+def test_the_run_gets_a_verdict_and_its_critical_path_adds_up(demo: Demo) -> None:
+    limits = demo.summary["limits"]
+    assert limits["verdict"] in {"training-bound", "generation-bound", "publish-bound", "mixed"}
+    assert limits["path_seconds"]["generation"] > 0
+    records = _lines(demo.run_dir / "metrics_raw.jsonl")
+    for r in records:
+        if (r["kind"], r["scope"]) == ("timing", "iteration"):
+            values = r["values"]
+            path = sum(v for k, v in values.items() if k.startswith("window_path_"))
+            assert path == pytest.approx(values["window_wall_seconds"], abs=1e-9)
+            assert r["attrs"]["window_verdict"]
+    # the engines' generate spans carry their tokens: the engines are compared
+    assert demo.summary["limits"]["stragglers"]["generation"]["unit"] in ("token", "span")
+
+
 def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
     figures: dict[int, dict[str, dict[str, float]]] = defaultdict(dict)
     for e in demo.of("scalars"):
