@@ -233,7 +233,7 @@ def test_plots_are_written_whole_and_writable_by_their_owner_alone(tmp_path: Pat
     report = load_report(finished(tmp_path))
     with umask(0):
         written = write_plots(report, tmp_path / "new" / "plots")
-    assert [p.name for p in written] == ["throughput.png", "time.png", "memory.png"]
+    assert [p.name for p in written] == ["limits.png", "throughput.png", "time.png", "memory.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
     assert sorted(p.name for p in (tmp_path / "new" / "plots").iterdir()) == sorted(
         p.name for p in written
