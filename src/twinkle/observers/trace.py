@@ -156,6 +156,9 @@ class TraceSink:
 
     @hookimpl
     def twinkle_run_resumed(self, event: RunResumed) -> None:
+        # A segment begins: the trace is whole again only once it finishes (a resume
+        # interrupted while its log is re-fed leaves the trace there was).
+        self._finished = False
         if self._batches is not None:
             self._batches.put(event)
 
