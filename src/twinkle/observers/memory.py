@@ -70,7 +70,9 @@ class MemoryObserver:
         iteration = event.iteration
         if iteration is None:
             iteration = tl.iteration_at(event.monotonic_ns)
-            if iteration is None:  # the set-up's (or a finalised window's): no record
+            if iteration is None:  # the set-up's, or a finalised window's (late)
+                if tl.horizon is not None and event.monotonic_ns < tl.horizon:
+                    self.late += len(event.readings)
                 return
         elif tl.is_finalised(iteration):
             self.late += len(event.readings)
