@@ -263,19 +263,8 @@ class TimingObserver:
             found = self.limits.add(done.window, done.steady, self.timeline.config)
             self.stragglers.finalise(done.data.iteration, done.steady)
             values.update(attributed_values(done.attributed, self.attributed_keys))
-            records.append(
-                make_record(
-                    kind="timing",
-                    scope="iteration",
-                    run_id=self.run_id,
-                    step=done.data.step,
-                    iteration=done.data.iteration,
-                    wall_ns=done.data.wall_ns,
-                    monotonic_ns=monotonic_ns,
-                    values=values,
-                    attrs={"window_flags": list(done.flags), "window_verdict": found},
-                )
-            )
+            attrs = {"window_flags": list(done.flags), "window_verdict": found}
+            records.append(self._record("timing", done, monotonic_ns, values, attrs))
             ages = self.ages.finalise(done.data.iteration, done.steady)
             driver = self.driver.values(done.data.iteration)
             if driver is not None or ages is not None:
@@ -283,19 +272,29 @@ class TimingObserver:
                 health: dict[str, int | float] = dict.fromkeys(DRIVER_KEYS, math.nan)
                 health.update(driver or {})
                 health.update(ages or {})
-                records.append(
-                    make_record(
-                        kind="driver",
-                        scope="iteration",
-                        run_id=self.run_id,
-                        step=done.data.step,
-                        iteration=done.data.iteration,
-                        wall_ns=done.data.wall_ns,
-                        monotonic_ns=monotonic_ns,
-                        values=health,
-                    )
-                )
+                records.append(self._record("driver", done, monotonic_ns, health))
         return records
+
+    def _record(
+        self,
+        kind: str,
+        done: Finished,
+        monotonic_ns: int,
+        values: dict[str, int | float],
+        attrs: dict[str, Any] | None = None,
+    ) -> MetricRecord:
+        """An iteration's record (written when ``done`` was finalised)."""
+        return make_record(
+            kind=kind,
+            scope="iteration",
+            run_id=self.run_id,
+            step=done.data.step,
+            iteration=done.data.iteration,
+            wall_ns=done.data.wall_ns,
+            monotonic_ns=monotonic_ns,
+            values=values,
+            attrs=attrs,
+        )
 
     @hookimpl
     def twinkle_summary(self) -> dict[str, Any]:
