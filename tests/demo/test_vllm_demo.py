@@ -222,11 +222,10 @@ def test_weights_are_published_once_every_engine_reloaded_and_rollouts_use_their
 def test_every_engine_process_has_memory_readings_each_iteration(demo: Demo) -> None:
     # The engines are read once an iteration's rollouts are in (with streaming, in the
     # window before the iteration's): one event per iteration, placed by its time.
-    engine_events = [
-        e
-        for e in demo.of("memory")
-        if any(r["worker_id"].startswith("engine") for r in e["readings"])
-    ]
+    def of_engines(e: dict[str, Any]) -> bool:
+        return any(r["worker_id"].split(":")[0] in ENGINES for r in e["readings"])
+
+    engine_events = [e for e in demo.of("memory") if of_engines(e)]
     assert len(engine_events) == ITERATIONS
     readings = 0
     for e in demo.of("memory"):
