@@ -254,14 +254,23 @@ class TraceSink:
             )
 
     def _path_lines(self, path: PathSlices, lines: list[bytes]) -> None:
-        """A window's critical path: a slice per stretch on the ``critical path`` track."""
+        """A window's critical path: a slice per stretch on the ``critical path`` track
+        (the stretches tile the windows, so they share one lane)."""
         pid = self._origin.pid if self._origin else 0
+        first = path.slices[0]
+        tid = self._track(pid, PATH_TRACK, first[1], first[2]).tid
         for kind, start, end in path.slices:
-            track = self._track(pid, PATH_TRACK, start, end)
-            slice_ = {"name": kind, "ph": "X", "cat": "critical path", "pid": pid}
             lines.append(
                 orjson.dumps(
-                    {**slice_, "tid": track.tid, "ts": self._us(start), "dur": (end - start) / 1e3}
+                    {
+                        "name": kind,
+                        "ph": "X",
+                        "cat": "critical path",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": self._us(start),
+                        "dur": (end - start) / 1e3,
+                    }
                 )
             )
 
