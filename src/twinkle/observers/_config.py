@@ -49,7 +49,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.errors import ConfigError
-from twinkle.observers._devices import WorkerDevices, count_devices, parse_placement
+from twinkle.observers._devices import (
+    WorkerDevices,
+    count_devices,
+    parse_placement,
+    phase_list,
+)
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -151,15 +156,8 @@ def _lifecycle(
         )
     found: dict[str, frozenset[str]] = {}
     for key in ("setup", "teardown"):
-        names = spec.get(key, [])
-        if isinstance(names, str) or not isinstance(names, list | tuple):
-            raise ConfigError(f"config.lifecycle.{key} must be a list of phases, got {names!r}")
+        names = phase_list(f"config.lifecycle.{key}", spec.get(key, []), phases)
         for name in names:
-            if name not in phases:
-                raise ConfigError(
-                    f"config.lifecycle.{key} names {name!r}, not a phase of config.phases "
-                    f"({sorted(phases)})"
-                )
             if streaming is not None and name in streaming:
                 raise ConfigError(
                     f"config.lifecycle.{key} names {name!r}, the streaming "

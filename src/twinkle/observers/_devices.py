@@ -23,7 +23,7 @@ from typing import Any
 
 from twinkle.errors import ConfigError
 
-__all__ = ["WorkerDevices", "count_devices", "parse_placement", "placement_summary"]
+__all__ = ["WorkerDevices", "count_devices", "parse_placement", "phase_list", "placement_summary"]
 
 _EXAMPLE = '{"engine0": {"phases": ["rollout"], "device_type": "cuda", "devices": ["cuda:0"]}}'
 
@@ -53,6 +53,22 @@ def _text(where: str, value: Any) -> str:
     return value
 
 
+def phase_list(
+    where: str, value: Any, phases: Mapping[str, Any], *, empty: bool = True
+) -> tuple[str, ...]:
+    """``value`` checked to be a list of phases of ``config.phases`` (non-empty unless
+    ``empty``); :class:`ConfigError` names ``where`` and the phase that is not one."""
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not (empty or value):
+        what = "a list" if empty else "a non-empty list"
+        raise ConfigError(f"{where} must be {what} of phases, got {value!r:.100}")
+    for name in value:
+        if name not in phases:
+            raise ConfigError(
+                f"{where} names {name!r:.100}, not a phase of config.phases ({sorted(phases)})"
+            )
+    return tuple(value)
+
+
 def _worker(where: str, spec: Any, phases: Mapping[str, Any]) -> WorkerDevices:
     if not isinstance(spec, Mapping) or not set(spec) <= {
         "phases",
@@ -64,15 +80,7 @@ def _worker(where: str, spec: Any, phases: Mapping[str, Any]) -> WorkerDevices:
             f"{where} must be an object with keys 'phases', 'device_type' and 'devices' "
             f"(names) or 'count', got {spec!r:.200}; e.g. {_EXAMPLE}"
         )
-    ran = spec.get("phases")
-    if isinstance(ran, str) or not isinstance(ran, list | tuple) or not ran:
-        raise ConfigError(f"{where}.phases must be a non-empty list of phases, got {ran!r:.100}")
-    for phase in ran:
-        if phase not in phases:
-            raise ConfigError(
-                f"{where}.phases names {phase!r:.100}, not a phase of config.phases "
-                f"({sorted(phases)})"
-            )
+    ran = phase_list(f"{where}.phases", spec.get("phases"), phases, empty=False)
     names = spec.get("devices", [])
     if isinstance(names, str) or not isinstance(names, list | tuple):
         raise ConfigError(f"{where}.devices must be a list of device names, got {names!r:.100}")
