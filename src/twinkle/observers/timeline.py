@@ -305,13 +305,12 @@ class Timeline:
                 # Its time before the horizon is in windows already written: late.
                 self.late_spans += 1
                 self.late_ns += min(end, horizon) - start
+            # its start as placed in the windows: never before the horizon (a resumed
+            # segment's set-up floor included)
+            placed = start if horizon is None else max(start, horizon)
             if horizon is None or end > horizon:
-                self.pieces.append(
-                    (phase, start if horizon is None else max(start, horizon), end, thread)
-                )
+                self.pieces.append((phase, placed, end, thread))
             if self._setup_open and self.config.is_loop_work(phase):
-                # (its start as placed in the windows: never before the set-up's floor)
-                placed = start if horizon is None else max(start, horizon)
                 first = self._first_work_ns
                 self._first_work_ns = placed if first is None else min(first, placed)
             if phase is not None and phase in self.config.teardown_phases:
