@@ -70,6 +70,8 @@ class Recompute:
         self.boundaries: list[tuple[int, int]] = []  # (iteration, monotonic_ns)
         self.pieces: list[tuple[int, str | None, int, int, Any]] = []  # (pos, phase, s, e, tid)
         self.over: list[tuple[int, int, int, Any]] = []  # (pos, s, e, tid)
+        # (pos, worker, wait name or None, s, e): the worker is the engine, else the source
+        self.by_worker: list[tuple[int, str, str | None, int, int]] = []
         self.late_ns = 0
         self.spans: list[dict[str, Any]] = []
         self.samples: dict[tuple[int, str], list[int]] = {}
@@ -98,6 +100,9 @@ class Recompute:
                     if horizon is None or end > horizon:
                         piece_start = start if horizon is None else max(start, horizon)
                         self.pieces.append((pos, self.phase(s["name"]), piece_start, end, tid))
+                        worker = s["attrs"].get("engine") or ev["source"]
+                        wait = s["name"] if s["name"].startswith("wait.") else None
+                        self.by_worker.append((pos, worker, wait, piece_start, end))
             elif kind == "samples":
                 self.samples.setdefault((ev["iteration"], ev["phase"]), []).extend(ev["lengths"])
             elif kind == "run_finished":
@@ -191,6 +196,28 @@ class Recompute:
         out: dict[int, list[str]] = {it: [] for it in its}
         out[its[0]].append("warmup")
         out[its[-1]].append("drain" if self.status == "ok" else "partial")
+        return out
+
+    def waits(self) -> list[tuple[dict[str, int], dict[str, int]]]:
+        """Per window: each worker's unaccounted ns (the workers seen in it or before),
+        and each wait name's ns (per worker a union, then added)."""
+        ends = [b for _, b in self.boundaries[1:]] + [self.loop_end()]
+        seen: set[str] = set()
+        out = []
+        for k, ((_, lo), hi) in enumerate(zip(self.boundaries, ends, strict=True)):
+            before = self.finalised_at.get(k + 1, self.finish_pos)
+            mine = [
+                (w, name, max(s, lo), min(e, hi))
+                for p, w, name, s, e in self.by_worker
+                if p < before and e > lo and s < hi
+            ]
+            seen |= {w for w, _, _, _ in mine}
+            covered = {w: length(merged([(s, e) for v, _, s, e in mine if v == w])) for w in seen}
+            waits: dict[str, int] = {}
+            for name, w in {(n, w) for w, n, _, _ in mine if n is not None}:
+                ivs = [(s, e) for v, n, s, e in mine if v == w and n == name]
+                waits[name] = waits.get(name, 0) + length(merged(ivs))
+            out.append(({w: hi - lo - ns for w, ns in covered.items()}, waits))
         return out
 
     def windows(self) -> list[dict[str, Any]]:
@@ -328,6 +355,7 @@ def check_run(run_dir: Path) -> dict[str, Any]:
             assert t[f"window_overlap_{p}_{q}_seconds"] == _s(w["overlap"][(p, q)])
         for kind, ns in w["path"].items():
             assert t[f"window_path_{kind}_seconds"] == _s(ns), (it, kind)
+    check_waits(rc, records)
     setup, active_from = rc.setup()
     teardown = rc.teardown()
     parts = [setup, *windows, teardown]
@@ -399,6 +427,30 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     expected = skew_summary(events)
     assert {k: skew[k] for k in expected} == expected
     return run
+
+
+def check_waits(rc: Recompute, records: list[dict[str, Any]]) -> None:
+    """Each window's ``waits`` record: the workers' unaccounted time reduced, the waits."""
+    waits = {r["iteration"]: r for r in records if r["kind"] == "waits"}
+    names: set[str] = set()
+    for (it, _), (unaccounted, by_name) in zip(rc.boundaries, rc.waits(), strict=True):
+        names |= set(by_name)
+        if not unaccounted:
+            assert it not in waits
+            continue
+        values, attrs = waits[it]["values"], waits[it]["attrs"]
+        most = max(unaccounted.values())
+        assert values["unaccounted_seconds_max"] == _s(most)
+        assert values["unaccounted_seconds_min"] == _s(min(unaccounted.values()))
+        assert values["unaccounted_seconds_mean"] == pytest.approx(
+            _s(sum(unaccounted.values())) / len(unaccounted), rel=1e-15
+        )
+        assert values["unaccounted_workers"] == len(unaccounted)
+        assert attrs["unaccounted_argmax_worker"] == min(
+            w for w, ns in unaccounted.items() if ns == most
+        )
+        for name in names:
+            assert values[f"{name}_seconds"] == _s(by_name.get(name, 0)), (it, name)
 
 
 FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")

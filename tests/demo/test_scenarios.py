@@ -23,25 +23,35 @@ def _verdict(tmp_path: Path, **knobs: Any) -> dict[str, Any]:
     return limits
 
 
+# With streaming, the side that is not slowed waits for the other most of the time:
+# the trainer for rollouts, the engines for the weights they are due.
+TRAINER_WAITS = ("wait.rollout", ["main"])
+ENGINES_WAIT = ("wait.weights", ["engine0", "engine1"])
+
+
 @pytest.mark.parametrize(
-    ("knobs", "expected"),
+    ("knobs", "expected", "waiting"),
     [
-        ({"slow_generation": 6.0}, "generation-bound"),
-        ({"slow_training": 5.0}, "training-bound"),
-        ({"slow_publish": 300.0}, "publish-bound"),
-        ({"slow_engine": "engine1:8"}, "generation-bound"),  # one straggling engine
-        ({"slow_generation": 6.0, "overlap": False}, "generation-bound"),
-        ({"slow_training": 5.0, "overlap": False}, "training-bound"),
-        ({"slow_generation": 6.0, "train_workers": 2}, "generation-bound"),
+        ({"slow_generation": 6.0}, "generation-bound", TRAINER_WAITS),
+        ({"slow_training": 5.0}, "training-bound", ENGINES_WAIT),
+        ({"slow_publish": 300.0}, "publish-bound", None),
+        ({"slow_engine": "engine1:8"}, "generation-bound", TRAINER_WAITS),  # one straggler
+        ({"slow_generation": 6.0, "overlap": False}, "generation-bound", None),
+        ({"slow_training": 5.0, "overlap": False}, "training-bound", None),
+        ({"slow_generation": 6.0, "train_workers": 2}, "generation-bound", TRAINER_WAITS),
     ],
 )
 def test_the_verdict_names_the_slowed_side(
-    knobs: dict[str, Any], expected: str, tmp_path: Path
+    knobs: dict[str, Any], expected: str, waiting: tuple[str, list[str]] | None, tmp_path: Path
 ) -> None:
     limits = _verdict(tmp_path, **knobs)
     assert limits["verdict"] == expected, limits
     assert limits["over"] == "steady state"
     assert limits["windows"].get(expected, 0) >= 3, limits["windows"]  # of the 6
+    if waiting is not None:
+        name, workers = waiting
+        waits = limits["workers"]["waits"][name]
+        assert all(waits[w]["share"] > 0.3 for w in workers), limits["workers"]
 
 
 def test_a_straggling_engine_is_named_chronic_and_the_others_not(tmp_path: Path) -> None:

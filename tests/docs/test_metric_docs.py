@@ -121,6 +121,11 @@ def test_memory_table_matches_records(records: list[dict[str, Any]]) -> None:
     assert documented == _keys(records, "memory", "iteration")
 
 
+def test_waits_table_matches_records(records: list[dict[str, Any]]) -> None:
+    # (the scripted run has no wait.* span: tests/observers/test_workers.py has them)
+    assert doc_tables()["waits"] - {"<wait>_seconds"} == _keys(records, "waits", "iteration")
+
+
 def test_scalars_records_carry_the_callers_values(records: list[dict[str, Any]]) -> None:
     assert _keys(records, "grpo", "iteration") == {"reward_mean"}
 

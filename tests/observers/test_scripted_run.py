@@ -194,6 +194,7 @@ def test_seq_is_strictly_increasing_and_records_are_complete(run_dir: Path) -> N
         ("timing", "run"),
         ("train", "iteration"),
         ("train", "window"),
+        ("waits", "iteration"),
     ]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DRIVER_KEYS", "DriverLedger"]
+__all__ = ["DRIVER_KEYS", "DriverLedger", "never_trained"]
 
 #: the cumulative counts a window's figure is the change of
 _COUNTS = ("produced", "consumed", "dropped")
@@ -108,8 +108,8 @@ class DriverLedger:
 
     def summary(self) -> dict[str, Any]:
         """The run's totals from the last snapshot (empty without any): the trainer's
-        wait, each engine's time blocked on a full buffer, and the items never trained
-        (dropped as stale, or left in the buffer at the end)."""
+        wait, each engine's time blocked on a full buffer, the items produced, consumed,
+        dropped as stale and left in the buffer at the end."""
         last = self.last
         if last is None:
             return {}
@@ -120,5 +120,29 @@ class DriverLedger:
             },
             "produced": last["produced"],
             "consumed": last["consumed"],
-            "never_trained": {"dropped": last["dropped"], "left_in_buffer": last["buffered"]},
+            "dropped": last["dropped"],
+            "left_in_buffer": last["buffered"],
         }
+
+
+def never_trained(
+    driver: Mapping[str, Any], unstarted: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Work done that no training used: the driver's items dropped as stale and left in
+    its buffer (None without its snapshots: its items are opaque, their tokens not
+    known), and the iterations observed but never started: how many, their spans'
+    seconds, their samples and tokens per tag added."""
+    samples: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for data in unstarted.values():
+        for tag, n in data["samples"].items():
+            samples[tag] = samples.get(tag, 0) + n
+            tokens[tag] = tokens.get(tag, 0) + data["tokens"][tag]
+    return {
+        "dropped": driver.get("dropped"),
+        "left_in_buffer": driver.get("left_in_buffer"),
+        "unstarted_iterations": len(unstarted),
+        "unstarted_span_seconds": sum(d["span_seconds"] for d in unstarted.values()),
+        "unstarted_samples": dict(sorted(samples.items())),
+        "unstarted_tokens": dict(sorted(tokens.items())),
+    }

@@ -1,10 +1,10 @@
-"""Waits and policy age, from the spans' names and attributes (docs/metrics.md, "Waits
-and policy age").
+"""Policy age, from the generation spans' attributes (docs/metrics.md, "Policy age and
+work never trained"), and what names a wait (:data:`WAIT_PREFIX`; waits are measured
+in :mod:`twinkle.observers._workers`).
 
 * A span named ``wait.<what>`` is a wait: the demo's trainer ``wait.rollout`` (for a
   batch), an engine's ``wait.weights`` (held by the staleness bound until the weights
-  it is due arrive). Their seconds are added per name and worker (the span's ``engine``
-  attribute, else its source).
+  it is due arrive).
 * A generation span with ``iteration`` and ``version`` attributes says which weights
   made that iteration's rollouts: its policy age is ``iteration - version``, the
   versions the weights lagged behind the policy being trained (the StreamingDriver
@@ -19,36 +19,13 @@ from typing import Any
 from twinkle.events import SpanBatch
 from twinkle.observers._config import ObserverConfig
 
-__all__ = ["PolicyAges", "WaitLedger", "WAIT_PREFIX"]
+__all__ = ["PolicyAges", "WAIT_PREFIX"]
 
 WAIT_PREFIX = "wait."
 
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-class WaitLedger:
-    """Every ``wait.*`` span's seconds, per name and worker."""
-
-    def __init__(self) -> None:
-        self.ns: dict[str, dict[str, int]] = {}
-
-    def spans(self, event: SpanBatch) -> None:
-        for span in event.spans:
-            if not span.name.startswith(WAIT_PREFIX):
-                continue
-            engine = span.attrs.get("engine")
-            worker = engine if isinstance(engine, str) and engine else event.source
-            by_worker = self.ns.setdefault(span.name, {})
-            by_worker[worker] = by_worker.get(worker, 0) + span.end_ns - span.start_ns
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per wait, per worker, its seconds (names and workers sorted)."""
-        return {
-            name: {w: ns / 1e9 for w, ns in sorted(by_worker.items())}
-            for name, by_worker in sorted(self.ns.items())
-        }
 
 
 @dataclass(slots=True)

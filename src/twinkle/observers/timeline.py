@@ -55,6 +55,8 @@ from twinkle.observers._measure import (
     measure_window,
     thread_key,
 )
+from twinkle.observers._waits import WAIT_PREFIX
+from twinkle.observers._workers import WorkerPiece, WorkerTiming, measure_workers
 from twinkle.observers.placement import SkewLedger, place_batch
 from twinkle.perf import ClockAnchor
 
@@ -84,6 +86,7 @@ class Finished(msgspec.Struct, frozen=True):
     data: IterationData
     attributed: AttributedTiming
     window: WindowTiming
+    workers: WorkerTiming
     flags: tuple[str, ...] = ()
 
     @property
@@ -139,6 +142,8 @@ class Timeline:
         #: end of the last finalised window: time before it is in no more window
         self.horizon: int | None = None
         self.pieces: list[Piece] = []
+        #: every span's worker and wait name, kept as long as its piece would be
+        self.worker_pieces: list[WorkerPiece] = []
         self.overhead: list[tuple[int, int, int]] = []
         #: the start of the newest finalised window: overhead is kept from there on (or
         #: from an earlier start of a span attributed to an iteration not finalised), for
@@ -210,6 +215,7 @@ class Timeline:
         # one (the segment's set-up would otherwise reach back over the gap).
         start = event.monotonic_ns
         self.pieces = [p for p in self.pieces if p[1] >= start]
+        self.worker_pieces = [p for p in self.worker_pieces if p[2] >= start]
         self.overhead = [iv for iv in self.overhead if iv[0] >= start]
         self.windows.append(_Window(None, start))
 
@@ -260,7 +266,7 @@ class Timeline:
         teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
         self._totals = self._totals + teardown
         self._teardown = self._teardown + teardown  # every segment's
-        self.pieces, self.overhead = [], []
+        self.pieces, self.overhead, self.worker_pieces = [], [], []
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
             for span in data.spans:
@@ -288,9 +294,11 @@ class Timeline:
         phase_of = self.config.phase_of
         overhead = self.overhead
         horizon = self.horizon  # moves only when a window is finalised
-        counts = self.sources.get(event.source)
+        workers = self.worker_pieces
+        source = event.source
+        counts = self.sources.get(source)
         if counts is None:
-            counts = self.sources[event.source] = [0, 0]
+            counts = self.sources[source] = [0, 0]
         counts[0] += len(event.spans)
         counts[1] += event.dropped
         for span in event.spans:
@@ -310,6 +318,12 @@ class Timeline:
             placed = start if horizon is None else max(start, horizon)
             if horizon is None or end > horizon:
                 self.pieces.append((phase, placed, end, thread))
+                engine = span.attrs.get("engine")
+                name = span.name
+                worker = engine if isinstance(engine, str) and engine else source
+                workers.append(
+                    (worker, name if name.startswith(WAIT_PREFIX) else None, placed, end)
+                )
             if self._setup_open and self.config.is_loop_work(phase):
                 first = self._first_work_ns
                 self._first_work_ns = placed if first is None else min(first, placed)
@@ -482,7 +496,9 @@ class Timeline:
             entry[0] += len(data.spans)
             entry[1] += sum([span[2] - span[1] for span in data.spans])
             attributed = data.attributed(self.config, self.overhead)
-            out.append(Finished(data, attributed, timing, window.flags))
+            workers = measure_workers(start, end, self.worker_pieces)
+            out.append(Finished(data, attributed, timing, workers, window.flags))
+        self.worker_pieces = [p for p in self.worker_pieces if p[3] > end]
         self._prune_overhead()
         return out
 

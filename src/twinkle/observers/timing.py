@@ -25,10 +25,11 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger
+from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger, never_trained
 from twinkle.observers._limits import LimitsLedger, path_values
 from twinkle.observers._stragglers import StragglerLedger
-from twinkle.observers._waits import PolicyAges, WaitLedger
+from twinkle.observers._waits import PolicyAges
+from twinkle.observers._workers import WorkerLedger
 from twinkle.observers.timeline import (
     AttributedTiming,
     Finished,
@@ -185,10 +186,11 @@ class TimingObserver:
         self.limits_summary: dict[str, Any] = {}
         #: each side's workers compared per iteration
         self.stragglers = StragglerLedger()
-        #: the streaming driver's snapshots by window; the wait.* spans; policy ages
+        #: the streaming driver's snapshots by window; policy ages
         self.driver = DriverLedger()
-        self.waits = WaitLedger()
         self.ages = PolicyAges()
+        #: each worker's time no span covers and its waits, per window
+        self.workers = WorkerLedger()
         # The per-iteration record's keys, spelled once the config is known.
         self.window_keys = WindowKeys.of(self.timeline.config, "window_")
         self.attributed_keys: AttributedKeys = ()
@@ -207,6 +209,7 @@ class TimingObserver:
     @hookimpl
     def twinkle_run_resumed(self, event: RunResumed) -> None:
         self.driver.resumed()
+        self.workers.resumed()
 
     @hookimpl
     def twinkle_snapshot(self, event: Snapshot) -> None:
@@ -216,7 +219,6 @@ class TimingObserver:
     def twinkle_spans(self, event: SpanBatch) -> None:
         config = self.timeline.config
         self.stragglers.spans(event, config)
-        self.waits.spans(event)
         self.ages.spans(event, config)
 
     @hookimpl
@@ -237,8 +239,11 @@ class TimingObserver:
         # Stragglers over the steady state (every iteration when there is none).
         self.limits_summary["stragglers"] = self.stragglers.summary()
         self.limits_summary["driver"] = self.driver.summary()
-        self.limits_summary["waits"] = self.waits.summary()
         self.limits_summary["policy_age"] = self.ages.summary()
+        self.limits_summary["workers"] = self.workers.summary()
+        self.limits_summary["never_trained"] = never_trained(
+            self.limits_summary["driver"], _unstarted(tl)
+        )
         records.append(
             make_record(
                 kind="timing",
@@ -265,6 +270,9 @@ class TimingObserver:
             values.update(attributed_values(done.attributed, self.attributed_keys))
             attrs = {"window_flags": list(done.flags), "window_verdict": found}
             records.append(self._record("timing", done, monotonic_ns, values, attrs))
+            waits = self.workers.window(done.window.wall_ns, done.workers, done.steady)
+            if waits is not None:
+                records.append(self._record("waits", done, monotonic_ns, *waits))
             ages = self.ages.finalise(done.data.iteration, done.steady)
             driver = self.driver.values(done.data.iteration)
             if driver is not None or ages is not None:
@@ -299,21 +307,26 @@ class TimingObserver:
     @hookimpl
     def twinkle_summary(self) -> dict[str, Any]:
         tl = self.timeline
-        unstarted = {
-            str(it): {
-                "spans": len(data.spans),
-                "span_seconds": sum(s[2] - s[1] for s in data.spans) / _NS,
-                "samples": {tag: len(v) for tag, v in sorted(data.samples.items())},
-                "tokens": {tag: sum(v) for tag, v in sorted(data.samples.items())},
-            }
-            for it, data in sorted(tl.unstarted.items())
-        }
         return {
             "iterations": self.iterations,
             "seconds": self.run_seconds,
             "spans": tl.accounting(),
-            "unstarted_iterations": unstarted,
+            "unstarted_iterations": _unstarted(tl),
             "finalise_lag": tl.config.finalise_lag,
             "clock_skew": tl.skew.summary(),
             "limits": self.limits_summary,
         }
+
+
+def _unstarted(tl: Timeline) -> dict[str, dict[str, Any]]:
+    """Per iteration observed but never started: its spans, their seconds, and its
+    samples and tokens per tag."""
+    return {
+        str(it): {
+            "spans": len(data.spans),
+            "span_seconds": sum(s[2] - s[1] for s in data.spans) / _NS,
+            "samples": {tag: len(v) for tag, v in sorted(data.samples.items())},
+            "tokens": {tag: sum(v) for tag, v in sorted(data.samples.items())},
+        }
+        for it, data in sorted(tl.unstarted.items())
+    }

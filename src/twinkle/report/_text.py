@@ -167,22 +167,27 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     driver = limits.get("driver") or {}
     if driver:
         blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
-        never = driver.get("never_trained") or {}
         lines.append(
             f"  driver            the trainer waited {_num(driver.get('trainer_wait_seconds'))} s "
             f"for rollouts; engines blocked on a full buffer {_num(blocked)} s; "
             f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
-            f"trained, {never.get('dropped', '-')} dropped as stale, "
-            f"{never.get('left_in_buffer', '-')} left at the end"
+            f"trained, {driver.get('dropped', '-')} dropped as stale, "
+            f"{driver.get('left_in_buffer', '-')} left at the end"
         )
-    waits = limits.get("waits") or {}
-    if waits:
+    never = limits.get("never_trained") or {}
+    if never.get("unstarted_iterations"):
+        tokens = ", ".join(f"{_num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
         lines.append(
-            "  waits             "
-            + "; ".join(
-                f"{name} " + ", ".join(f"{w} {_num(s)} s" for w, s in by_worker.items())
-                for name, by_worker in waits.items()
-            )
+            f"  never trained     {never['unstarted_iterations']} iterations observed but never "
+            f"started: {_num(never['unstarted_span_seconds'])} s of spans"
+            + (f", tokens {tokens}" if tokens else "")
+        )
+    workers = limits.get("workers") or {}
+    for name, by_worker in (workers.get("waits") or {}).items():
+        lines.append(f"  {name:<17} " + _most(by_worker) + " of their windows waiting")
+    if workers.get("unaccounted"):
+        lines.append(
+            "  unaccounted       " + _most(workers["unaccounted"]) + " of their windows: no span"
         )
     age = limits.get("policy_age") or {}
     if age:
@@ -199,6 +204,13 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             )
         )
     return lines
+
+
+def _most(workers: Mapping[str, Mapping[str, Any]], shown: int = 3) -> str:
+    """The ``shown`` workers with the most seconds, each with its share."""
+    top = sorted(workers.items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
+    words = [f"{w} {_num(v['seconds'])} s ({_pct(v.get('share'))})" for w, v in top[:shown]]
+    return ", ".join(words) + (f" and {len(top) - shown} more" if len(top) > shown else "")
 
 
 def _stragglers(side: str, found: Mapping[str, Any]) -> str:
