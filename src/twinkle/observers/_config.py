@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: the kinds of the built-in observers' records, besides one per throughput phase
-BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run", "driver"})
+BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run", "driver", "waits"})
 
 
 @dataclass(frozen=True, slots=True)
