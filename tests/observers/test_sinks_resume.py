@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from twinkle.errors import ReporterError
-from twinkle.events import Event, IterationStarted, RunResumed, RunStarted, SpanBatch
+from twinkle.events import Event, IterationStarted, RunFinished, RunResumed, RunStarted, SpanBatch
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink, RawRecordsSink, TraceSink, WebUISink
 from twinkle.perf import ClockAnchor, Span
@@ -147,7 +147,7 @@ def test_the_trace_is_rebuilt_whole_when_a_run_resumes(tmp_path: Path) -> None:
                 sink.twinkle_iteration_started(event)
             elif isinstance(event, SpanBatch):
                 sink.twinkle_spans(event)
-        sink.twinkle_run_finished()
+        sink.twinkle_run_finished(RunFinished(RUN, 10**12, 9))
         sink.twinkle_unconfigure()
         return (out_dir / "trace.json").read_bytes()
 

@@ -16,6 +16,7 @@ from twinkle.errors import WriteError
 from twinkle.events import (
     EngineAck,
     IterationStarted,
+    RunFinished,
     RunStarted,
     SpanBatch,
     WeightsPublished,
@@ -48,7 +49,9 @@ def _feed(sink: TraceSink, n: int) -> None:
     for i in range(n):
         sink.twinkle_spans(_batch(i, error="ValueError" if i == 1 else None))
         sink.twinkle_iteration_started(IterationStarted(RUN, 1_010_000 + 10_000 * i, 9, i))
-    sink.twinkle_run_finished()  # a trace is put in place once the run finished
+    sink.twinkle_run_finished(
+        RunFinished(RUN, 10**12, 9)
+    )  # a trace is put in place once the run finished
 
 
 def _writer_threads() -> list[threading.Thread]:
@@ -113,7 +116,7 @@ def test_a_trace_whose_write_failed_is_never_put_in_place(tmp_path, monkeypatch)
 
     def half_then_enospc(self, data):
         calls.append(len(data))
-        if len(calls) == 2:  # the first batch after the head: half of it, then a fault
+        if len(calls) == 1:  # the first batch after the head: half of it, then a fault
             real_write(self, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(self, data)
@@ -160,7 +163,7 @@ def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_
         Span("half", 1_050_000, 1_150_000, 11, 7, {}, None),  # half over "outer"
     )
     sink.twinkle_spans(SpanBatch(RUN, 1, 2, "main", ANCHOR, spans))
-    sink.twinkle_run_finished()
+    sink.twinkle_run_finished(RunFinished(RUN, 10**12, 9))
     sink.twinkle_unconfigure()
     trace = _trace(tmp_path / "trace.json")
     tids = {e["name"]: e["tid"] for e in trace if e["ph"] == "X"}
@@ -413,7 +416,7 @@ def test_a_thread_with_twinkles_spans_only_is_named_twinkles_and_arrows_wait_for
     sink.twinkle_spans(SpanBatch(RUN, 1_020_000, 7, "main", ANCHOR, spans))
     own = (Span("twinkle.observe", 1_020_000, 1_021_000, 23, 7, {}, None),)
     sink.twinkle_spans(SpanBatch(RUN, 1_030_000, 8, "twinkle.observers", ANCHOR, own))
-    sink.twinkle_run_finished()
+    sink.twinkle_run_finished(RunFinished(RUN, 10**12, 9))
     sink.twinkle_unconfigure()
     trace = _trace(tmp_path / "trace.json")
     _check_arrows(trace)
@@ -452,7 +455,7 @@ def test_arrow_ends_waiting_for_their_other_end_are_bounded(tmp_path, monkeypatc
         for v in (1, 4)
     )
     sink.twinkle_spans(SpanBatch(RUN, 1_200_000, 7, "main", ANCHOR, loads))
-    sink.twinkle_run_finished()
+    sink.twinkle_run_finished(RunFinished(RUN, 10**12, 9))
     sink.twinkle_unconfigure()
     trace = _trace(tmp_path / "trace.json")
     _check_arrows(trace)

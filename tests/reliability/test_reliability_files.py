@@ -32,7 +32,7 @@ from _scripted import CONFIG, scripted_run
 
 import twinkle.reporting.jsonl as jsonl_mod
 from twinkle.errors import RecordError, ReporterError, TwinkleError
-from twinkle.events import SpanBatch, event_from_dict
+from twinkle.events import RunFinished, SpanBatch, event_from_dict
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EventLogSink, TraceSink
 from twinkle.perf import ClockAnchor, ManualClock, Span
@@ -290,7 +290,7 @@ def test_trace_json_is_replaced_whole_at_close_and_a_crash_keeps_the_previous_on
     for _ in range(20):
         sink.twinkle_spans(_spans(50))
     assert (run_dir / "trace.json").read_bytes() == previous
-    sink.twinkle_run_finished()
+    sink.twinkle_run_finished(RunFinished("tr", 10**12, 9))
     sink.twinkle_unconfigure()
     trace = orjson.loads((run_dir / "trace.json").read_bytes())
     assert trace[0]["name"] == "process_name" and trace[-1]["name"] == "end"
@@ -336,7 +336,7 @@ def test_the_trace_is_fsynced_before_its_rename(
     from twinkle.events import RunStarted
 
     sink.twinkle_run_started(RunStarted("tr", 1_000_000, 5, ANCHOR))
-    sink.twinkle_run_finished()
+    sink.twinkle_run_finished(RunFinished("tr", 10**12, 9))
     sink.twinkle_unconfigure()
     kinds = [(kind, Path(what.split(" -> ")[-1]).name) for kind, what in calls]
     tmp_name = Path(calls[0][1]).name

@@ -12,6 +12,7 @@ that a replay rebuilds identical observers. Its shape::
       "lifecycle": {"setup": ["startup"], "teardown": ["shutdown"]},
       "finalise_lag": 1,
       "clock_skew": {"ahead_s": 0.01, "behind_s": 1.0},
+      "trace": {"budget_mb": 200},
       "total_steps": 10
     }
 
@@ -38,6 +39,9 @@ that a replay rebuilds identical observers. Its shape::
   before (``behind_s``) its arrival, as the clock anchors place it, before the worker's
   clock is taken to be skewed and its spans are placed by the arrival instead (default
   0.01 s and 1 s; see docs/metrics.md).
+* ``trace``: ``budget_mb``, the most ``trace.json`` may hold of the run's windows, in
+  10⁶ bytes (default 200: under chrome://tracing's 256 MB at any run length; null: no
+  budget, every span; see :mod:`twinkle.observers._trace_budget`).
 * ``total_steps``: the planned optimizer steps (the WebUI flat file shows it).
 """
 
@@ -62,9 +66,13 @@ __all__ = [
     "ObserverConfig",
     "PhaseThroughput",
     "SpanMatcher",
+    "TRACE_BUDGET_MB",
 ]
 
 #: the kinds of the built-in observers' records, besides one per throughput phase
+#: ``config.trace.budget_mb`` when not given
+TRACE_BUDGET_MB = 200
+
 BUILTIN_KINDS = frozenset({"timing", "memory", "iteration", "run", "driver", "waits"})
 
 
@@ -199,6 +207,25 @@ def _streaming(raw: Mapping[str, Any], phases: Mapping[str, SpanMatcher]) -> tup
 _STREAMING = frozenset({"generation", "training", "publish"})
 
 
+def _trace_budget(raw: Mapping[str, Any]) -> int | None:
+    """``config.trace.budget_mb`` in bytes (None: no budget)."""
+    trace = raw.get("trace", {})
+    if not isinstance(trace, Mapping) or any(k != "budget_mb" for k in trace):
+        raise ConfigError(
+            f"config.trace must be an object with the one key budget_mb, got {trace!r}; "
+            'e.g. {"budget_mb": 200}'
+        )
+    mb = trace.get("budget_mb", TRACE_BUDGET_MB)
+    if mb is None:
+        return None
+    if isinstance(mb, bool) or not isinstance(mb, int | float) or not 1 <= mb <= 10**6:
+        raise ConfigError(
+            f"config.trace.budget_mb must be a number in [1, 1000000] (10⁶ bytes) or null "
+            f"(no budget), got {mb!r}"
+        )
+    return int(mb * 10**6)
+
+
 def _publish(raw: Mapping[str, Any]) -> str | None:
     """The phase that moves weights to the engines (``streaming.publish``), or None."""
     spec = raw.get("streaming")
@@ -270,6 +297,8 @@ class ObserverConfig:
     publish: str | None = None
     #: the devices each worker used (``config.placement``; {} without one)
     placement: dict[str, WorkerDevices] = field(default_factory=dict)
+    #: the most bytes ``trace.json`` may hold of the run's windows (None: no budget)
+    trace_budget_bytes: int | None = TRACE_BUDGET_MB * 10**6
     #: where each denominator came from, ``"config"`` or ``"placement"`` (the window's
     #: under None, each throughput phase's under its name)
     device_sources: dict[str | None, str] = field(default_factory=dict)
@@ -301,6 +330,7 @@ class ObserverConfig:
             "clock_skew",
             "lifecycle",
             "placement",
+            "trace",
         }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
@@ -362,6 +392,7 @@ class ObserverConfig:
             *_lifecycle(raw, phases, streaming),
             _publish(raw),
             workers,
+            _trace_budget(raw),
             sources,
         )
 

@@ -1,4 +1,5 @@
-"""The built-in trace sink: ``trace.json``, a Chrome/Perfetto trace of every span."""
+"""The built-in trace sink: ``trace.json``, a Chrome/Perfetto trace of the run's spans
+within a size budget."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from twinkle.events import (
     Event,
     IterationStarted,
     MemoryReadings,
+    RunFinished,
     RunResumed,
     RunStarted,
     SpanBatch,
@@ -19,7 +21,8 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import convert_bytes
-from twinkle.observers._config import ClockSkewTolerance, ObserverConfig
+from twinkle.observers._config import TRACE_BUDGET_MB, ClockSkewTolerance, ObserverConfig
+from twinkle.observers._trace_budget import TraceBudget
 from twinkle.observers._trace_tracks import (
     ARROW_MEMORY,
     ITERATIONS_TRACK,
@@ -79,6 +82,11 @@ class TraceSink:
     its id is a number (Perfetto reads a string id as hex). Memory readings are counter
     tracks (MiB) in the process that took them.
 
+    **Budget.** The windows' lines go through a
+    :class:`~twinkle.observers._trace_budget.TraceBudget` (``config.trace.budget_mb``):
+    a long run's trace shows its tail and its notable windows in full, older ones in
+    outline or not at all, and ends with a ``trace_budget`` line saying what it left out.
+
     The hooks only hand their (immutable) events to a
     :class:`~twinkle.reporting.BatchWriter`, whose thread formats and writes them in
     order, so the publishing thread neither formats a span nor waits on the disk; at most
@@ -125,6 +133,8 @@ class TraceSink:
         self._sends: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._loads: dict[tuple[int, str], tuple[int, int, float]] = {}
         self._arrows = 0  # arrows written (the last one's id)
+        #: which windows the trace shows in full, in outline, or leaves out
+        self._budget = TraceBudget(TRACE_BUDGET_MB * 10**6)
         self._batches: BatchWriter[Event | PathSlices] | None = None
         self._context: RunContext | None = None  # (its stash holds the run's timeline)
 
@@ -163,9 +173,11 @@ class TraceSink:
             self._batches.put(event)
 
     @hookimpl
-    def twinkle_run_finished(self) -> None:
+    def twinkle_run_finished(self, event: RunFinished) -> None:
         self._finished = True
         self._put_path()
+        if self._batches is not None:
+            self._batches.put(event)
 
     def _put_path(self) -> None:
         """The critical path of the windows the timeline just finalised (none when no
@@ -216,9 +228,10 @@ class TraceSink:
                 )
             if out is not None and self._finished:
                 try:
-                    # The tracks' names last: only now is every span of the run known
-                    # (viewers read metadata wherever it is in the file).
-                    out.write(self._track_names() + self._END)
+                    # The tail the budget held, what it left out; the tracks' names last:
+                    # only now is every span of the run known (viewers read metadata
+                    # wherever it is in the file).
+                    out.write(self._tail() + self._track_names() + self._END)
                 except OSError as exc:
                     out.discard()
                     raise WriteError(
@@ -240,6 +253,7 @@ class TraceSink:
                 self._event_lines(event, lines)
             except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
                 failed.append(f"{event.TYPE!r}: {exc}")
+        lines += self._budget.ready()
         if lines and self._out is not None and self._broken is None:
             lines.append(b"")  # every line ends with ",\n"
             try:
@@ -253,50 +267,57 @@ class TraceSink:
                 f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
             )
 
-    def _path_lines(self, path: PathSlices, lines: list[bytes]) -> None:
+    def _path_lines(self, path: PathSlices) -> None:
         """A window's critical path: a slice per stretch on the ``critical path`` track
         (the stretches tile the windows, so they share one lane)."""
         pid = self._origin.pid if self._origin else 0
         first = path.slices[0]
         tid = self._track(pid, PATH_TRACK, first[1], first[2]).tid
         for kind, start, end in path.slices:
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": kind,
-                        "ph": "X",
-                        "cat": "critical path",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": self._us(start),
-                        "dur": (end - start) / 1e3,
-                    }
-                )
+            line = orjson.dumps(
+                {
+                    "name": kind,
+                    "ph": "X",
+                    "cat": "critical path",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": self._us(start),
+                    "dur": (end - start) / 1e3,
+                }
             )
+            self._budget.add(start, line, outline=True)
 
-    def _marker(self, name: str, at_ns: int, lines: list[bytes], scope: str = "t") -> None:
+    def _marker(self, name: str, at_ns: int, scope: str = "t") -> bytes:
         """An instant event on the run process's ``iterations`` track (``scope`` "g":
         a line across every track, as a segment's start and end are)."""
         pid = self._origin.pid if self._origin else 0
         track = self._track(pid, ITERATIONS_TRACK, at_ns, at_ns)
         marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
-        lines.append(orjson.dumps({**marker, "ts": self._us(at_ns)}))
+        return orjson.dumps({**marker, "ts": self._us(at_ns)})
 
     def _event_lines(self, event: Event | PathSlices, lines: list[bytes]) -> None:
-        """Append ``event``'s trace lines to ``lines``."""
+        """Append ``event``'s run-level trace lines to ``lines``; hand its windows'
+        lines to the budget."""
+        budget = self._budget
         if isinstance(event, PathSlices):
-            self._path_lines(event, lines)
+            self._path_lines(event)
         elif isinstance(event, SpanBatch):
             self._span_lines(event, lines)
         elif isinstance(event, IterationStarted):
-            self._marker(f"iteration {event.iteration}", event.monotonic_ns, lines)
+            at = event.monotonic_ns
+            budget.open(at, iteration=True)
+            budget.add(at, self._marker(f"iteration {event.iteration}", at), outline=True)
         elif isinstance(event, RunResumed):
-            self._marker(f"segment {event.segment} resumed", event.monotonic_ns, lines, "g")
+            budget.open(event.monotonic_ns, iteration=False)
+            lines.append(self._marker(f"segment {event.segment} resumed", event.monotonic_ns, "g"))
+        elif isinstance(event, RunFinished):
+            budget.segment_finished(event.monotonic_ns)
         elif isinstance(event, WeightsPublished):
             pid = self._origin.pid if self._origin else 0
             ts = self._us(event.start_ns)
             track = self._track(pid, WEIGHTS_TRACK, event.start_ns, event.end_ns)
-            lines.append(
+            budget.add(
+                event.start_ns,
                 orjson.dumps(
                     {
                         "name": f"weights v{event.version}",
@@ -308,10 +329,11 @@ class TraceSink:
                         "dur": (event.end_ns - event.start_ns) / 1000.0,
                         "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
                     }
-                )
+                ),
+                outline=True,
             )
             for ack in event.acks:  # an arrow from the publish to each engine's load
-                self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True, lines)
+                self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True)
         elif isinstance(event, MemoryReadings):
             ts = self._us(event.monotonic_ns)
             for r in event.readings:
@@ -320,18 +342,8 @@ class TraceSink:
                     mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
                 if r.device_reserved_bytes is not None:
                     mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
-                lines.append(
-                    orjson.dumps(
-                        {
-                            "name": f"memory {r.worker_id}",
-                            "ph": "C",
-                            "pid": r.pid,
-                            "tid": 0,
-                            "ts": ts,
-                            "args": mib,
-                        }
-                    )
-                )
+                line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": r.pid, "tid": 0}
+                budget.add(event.monotonic_ns, orjson.dumps({**line, "ts": ts, "args": mib}))
         elif isinstance(event, RunStarted):
             self._origin = event.anchor
             self._skew = ClockSkewTolerance.parse(event.config)
@@ -342,6 +354,10 @@ class TraceSink:
                 # a trace of it names tracks by engine and source only.
                 self._config = None
             self._training = training_phase(self._config)
+            self._budget = TraceBudget(
+                TRACE_BUDGET_MB * 10**6 if self._config is None else self._config.trace_budget_bytes
+            )
+            self._budget.open(event.monotonic_ns, iteration=False)
             lines.append(
                 orjson.dumps(
                     {
@@ -388,20 +404,19 @@ class TraceSink:
                     track.roles[role] = track.roles.get(role, 0) + 1
             args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
             ts = (span.start_ns + offset) / 1000.0
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": span.name,
-                        "cat": source,
-                        "ph": "X",
-                        "pid": pid,
-                        "tid": track.tid,
-                        "ts": ts,
-                        "dur": (span.end_ns - span.start_ns) / 1000.0,
-                        "args": args,
-                    }
-                )
+            line = orjson.dumps(
+                {
+                    "name": span.name,
+                    "cat": source,
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": track.tid,
+                    "ts": ts,
+                    "dur": (span.end_ns - span.start_ns) / 1000.0,
+                    "args": args,
+                }
             )
+            self._budget.add(span.start_ns + offset + origin, line, span=True)
             version = span.attrs.get("version")
             if (
                 span.name == "weights.load"
@@ -409,14 +424,13 @@ class TraceSink:
                 and type(version) is int
                 and version >= 0
             ):  # the end of the publish's arrow to this engine
-                self._arrow_end((version, engine), (pid, track.tid, ts), False, lines)
+                self._arrow_end((version, engine), (pid, track.tid, ts), False)
 
     def _arrow_end(
         self,
         key: tuple[int, str],
         end: tuple[int, int, float],
         send: bool,
-        lines: list[bytes],
     ) -> None:
         """One end of the arrow of weight version ``key[0]`` to engine ``key[1]``: the
         publish's (``send``) or the engine's load. The arrow is written once both ends
@@ -432,33 +446,14 @@ class TraceSink:
             return
         start, finish = (end, match) if send else (match, end)
         self._arrows += 1
-        lines.append(
-            orjson.dumps(
-                {
-                    "name": "weights",
-                    "cat": "weights",
-                    "ph": "s",
-                    "id": self._arrows,
-                    "pid": start[0],
-                    "tid": start[1],
-                    "ts": start[2],
-                }
-            )
-        )
-        lines.append(
-            orjson.dumps(
-                {
-                    "name": "weights",
-                    "cat": "weights",
-                    "ph": "f",
-                    "bp": "e",
-                    "id": self._arrows,
-                    "pid": finish[0],
-                    "tid": finish[1],
-                    "ts": finish[2],
-                }
-            )
-        )
+        arrow = {"name": "weights", "cat": "weights", "id": self._arrows}
+        # (both ends in the window of its start: the budget keeps or drops them together)
+        at = round(start[2] * 1000) + (self._origin.monotonic_ns if self._origin else 0)
+        for end_line in (
+            {**arrow, "ph": "s", "pid": start[0], "tid": start[1], "ts": start[2]},
+            {**arrow, "ph": "f", "bp": "e", "pid": finish[0], "tid": finish[1], "ts": finish[2]},
+        ):
+            self._budget.add(at, orjson.dumps(end_line))
 
     def _track(self, pid: int, thread: int | str, start: int, end: int) -> Track:
         """The track an interval ``[start, end)`` of ``thread`` (a thread ident, or a
@@ -481,6 +476,15 @@ class TraceSink:
                 track = Track(tid, None, where)
             self._tracks[key] = track
         return track
+
+    def _tail(self) -> bytes:
+        """The windows the budget still holds, and a ``trace_budget`` metadata line:
+        what the trace shows of the run's windows and what it left out (each ending
+        ``,\n``)."""
+        pid = self._origin.pid if self._origin else 0
+        lines = self._budget.finish()
+        note = {"name": "trace_budget", "ph": "M", "pid": pid, "args": self._budget.note()}
+        return b"".join(line + b",\n" for line in [*lines, orjson.dumps(note)])
 
     def _track_names(self) -> bytes:
         """A ``thread_name`` line (each ending ``,\\n``) per track, in order of first use."""

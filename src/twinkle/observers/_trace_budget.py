@@ -1,0 +1,214 @@
+"""The trace's size budget: which windows ``trace.json`` shows in full, which only in
+outline, and which it leaves out (docs/metrics.md, "The trace and its budget").
+
+The trace's lines are held per window of the run (a segment's set-up, then each
+iteration's, by the time a line starts) until the window is decided:
+
+* the newest windows are held while their lines fit in a quarter of the budget: at
+  the end they are written in full (the tail: what a run did last);
+* an older window is written in full when it is *notable* (a segment's set-up, its
+  first :data:`FIRST_WINDOWS` iterations, the last iteration before it finished, or a
+  *slow* one: its wall clock at least :data:`SLOW_FACTOR` times the median of the
+  iteration windows before it, once :data:`SLOW_AFTER` were) while the notable windows
+  fit in half the budget;
+* any other window keeps its outline (its iteration marker, weight publishes and
+  critical path, not its spans, memory counters and arrows) while the outlines fit in
+  an eighth; past that, it is left out.
+
+Lines arriving for a window already decided follow its fate. The held lines are
+bounded by the tail's budget (one window larger than that is decided at once), so the
+sink's memory is too. Without a budget (``config.trace.budget_mb`` null) every line is
+written as it comes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FIRST_WINDOWS", "SLOW_AFTER", "SLOW_FACTOR", "TraceBudget"]
+
+#: iterations of each segment written in full (the pipeline filling)
+FIRST_WINDOWS = 3
+#: a window this many times the median wall clock of the ones before it is slow...
+SLOW_FACTOR = 2
+#: ...once this many came before it
+SLOW_AFTER = 3
+
+
+class Fate(enum.IntEnum):
+    LEFT_OUT = 0
+    OUTLINE = 1
+    FULL = 2
+
+
+@dataclass(slots=True)
+class _Window:
+    start_ns: int
+    notable: bool
+    iteration: bool  # an iteration's (not a set-up's)
+    end_ns: int | None = None
+    outline: list[bytes] = field(default_factory=list)
+    detail: list[bytes] = field(default_factory=list)
+    spans: int = 0
+    outline_bytes: int = 0
+    detail_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.outline_bytes + self.detail_bytes
+
+
+class TraceBudget:
+    """Holds the trace's lines per window and hands out those to write (see the module
+    doc); ``budget_bytes`` None writes every line at once."""
+
+    def __init__(self, budget_bytes: int | None) -> None:
+        self.budget = budget_bytes
+        self._starts: list[int] = []  # every window's start, in order
+        self._fates = bytearray()  # per window decided: its Fate
+        self._held: deque[tuple[int, _Window]] = deque()  # (index, window), oldest first
+        self._held_bytes = 0
+        self._walls: list[int] = []  # every closed iteration window's wall clock, sorted
+        self._segment_iterations = 0
+        self._ready: list[bytes] = []  # lines to write
+        self.used = {Fate.FULL: 0, Fate.OUTLINE: 0}  # bytes written by windows' fates
+        self.windows = dict.fromkeys(Fate, 0)
+        self.spans_left_out = 0
+        self.lines_left_out = 0
+
+    # -- the windows -------------------------------------------------------------------
+
+    def open(self, at_ns: int, *, iteration: bool) -> None:
+        """A window opens at ``at_ns``: an iteration's, or a segment's set-up."""
+        if self.budget is None:
+            self.windows[Fate.FULL] += 1
+            return
+        if self._starts:
+            at_ns = max(at_ns, self._starts[-1])  # (never before the last: by time order)
+        self._close_newest(at_ns)
+        if iteration:
+            self._segment_iterations += 1
+        else:
+            self._segment_iterations = 0
+        notable = not iteration or self._segment_iterations <= FIRST_WINDOWS
+        self._starts.append(at_ns)
+        self._fates.append(Fate.FULL)  # (until decided: held)
+        self._held.append((len(self._starts) - 1, _Window(at_ns, notable, iteration)))
+        self._decide_over_budget(keep_newest=True)
+
+    def segment_finished(self, at_ns: int) -> None:
+        """The segment finished at ``at_ns``: its last window is notable."""
+        if self._held:
+            newest = self._held[-1][1]
+            newest.notable = True
+            self._close_newest(at_ns)
+
+    def _close_newest(self, end_ns: int) -> None:
+        if not self._held:
+            return
+        window = self._held[-1][1]
+        if window.end_ns is None:
+            window.end_ns = max(end_ns, window.start_ns)
+            if window.iteration:
+                self._check_slow(window)
+
+    def _check_slow(self, window: _Window) -> None:
+        wall = (window.end_ns or window.start_ns) - window.start_ns
+        walls = self._walls
+        if len(walls) >= SLOW_AFTER and wall >= SLOW_FACTOR * walls[(len(walls) - 1) // 2]:
+            window.notable = True
+        bisect.insort(walls, wall)
+
+    # -- the lines ---------------------------------------------------------------------
+
+    def add(self, at_ns: int, line: bytes, *, outline: bool = False, span: bool = False) -> None:
+        """A line of the trace, in the window holding ``at_ns`` (an ``outline`` line:
+        a marker, a weight publish, a critical-path slice; a ``span``'s line counts as
+        one when left out)."""
+        if self.budget is None or not self._starts:  # (no window yet: nothing holds it)
+            self._ready.append(line)
+            return
+        # (a line before the first window's start is the first window's)
+        index = max(bisect.bisect_right(self._starts, at_ns) - 1, 0)
+        first_held = self._held[0][0] if self._held else len(self._starts)
+        if index >= first_held:
+            window = self._held[index - first_held][1]
+            if outline:
+                window.outline.append(line)
+                window.outline_bytes += len(line) + 2
+            else:
+                window.detail.append(line)
+                window.detail_bytes += len(line) + 2
+                window.spans += span
+            self._held_bytes += len(line) + 2
+            self._decide_over_budget(keep_newest=True)
+            return
+        fate = self._fates[index]
+        if fate == Fate.FULL or (fate == Fate.OUTLINE and outline):
+            self._ready.append(line)
+            self.used[Fate(fate)] += len(line) + 2
+        else:
+            self.lines_left_out += 1
+            self.spans_left_out += span
+
+    def ready(self) -> list[bytes]:
+        """The lines decided since the last call, to write now."""
+        out, self._ready = self._ready, []
+        return out
+
+    def finish(self) -> list[bytes]:
+        """Everything still held: the tail, in full (older windows decided as usual
+        while it is over its budget)."""
+        if self.budget is not None:
+            self._decide_over_budget(keep_newest=False)
+            while self._held:
+                self._write(*self._held.popleft(), Fate.FULL)
+        return self.ready()
+
+    def note(self) -> dict[str, Any]:
+        """What the trace left out, for its ``args``."""
+        return {
+            "budget_bytes": self.budget,
+            "windows_in_full": self.windows[Fate.FULL],
+            "windows_in_outline": self.windows[Fate.OUTLINE],
+            "windows_left_out": self.windows[Fate.LEFT_OUT],
+            "spans_left_out": self.spans_left_out,
+            "lines_left_out": self.lines_left_out,
+        }
+
+    # -- deciding ----------------------------------------------------------------------
+
+    def _decide_over_budget(self, *, keep_newest: bool) -> None:
+        tail = (self.budget or 0) // 4
+        while self._held and self._held_bytes > tail and (len(self._held) > 1 or not keep_newest):
+            index, window = self._held.popleft()
+            self._write(index, window, self._fate(window))
+
+    def _fate(self, window: _Window) -> Fate:
+        budget = self.budget or 0
+        if window.notable and self.used[Fate.FULL] + window.size <= budget // 2:
+            return Fate.FULL
+        if self.used[Fate.OUTLINE] + window.outline_bytes <= budget // 8:
+            return Fate.OUTLINE
+        return Fate.LEFT_OUT
+
+    def _write(self, index: int, window: _Window, fate: Fate) -> None:
+        self._held_bytes -= window.size
+        self._fates[index] = fate
+        self.windows[fate] += 1
+        if fate == Fate.LEFT_OUT:
+            self.lines_left_out += len(window.outline) + len(window.detail)
+            self.spans_left_out += window.spans
+            return
+        self._ready += window.outline
+        if fate == Fate.FULL:
+            self._ready += window.detail
+            self.used[Fate.FULL] += window.size
+        else:
+            self.lines_left_out += len(window.detail)
+            self.spans_left_out += window.spans
+            self.used[Fate.OUTLINE] += window.outline_bytes
