@@ -32,6 +32,7 @@ MODULES = [
     "bench.bench_trl",
     "bench.bench_remote",
     "bench.bench_sinks",
+    "bench.bench_scale",
 ]
 # Run only when an --only names them: real vLLM servers cost minutes (make bench-vllm).
 ON_REQUEST = ["bench.bench_vllm_startup", "bench.bench_vllm_demo"]

@@ -1,0 +1,330 @@
+"""One driver observing 512 GPUs: what each iteration costs and what the run's length
+does to restart, replay, report and the trace (issue 29's scenario).
+
+The scenario: 64 engines and 448 trainer ranks, each sending one
+:class:`~twinkle.perf.WorkerReport` per 30-second iteration with 50 spans and a memory
+reading, received by one :class:`~twinkle.run.RunSession` on a manual clock (the
+reports are built untimed). It runs at growing lengths; for each:
+
+* ``scale.driver``: the caller's CPU per worker report in ``receive()``
+  (``time.thread_time``; twinkle's writer threads are not in it), against the goal
+  100 µs + 5 µs per span;
+* ``scale.bytes``: each output file's bytes per iteration, and ``events.jsonl``'s per
+  span (goal 60 B);
+* ``scale.resume``: a resumed session's ``start()`` on the finished log (it re-feeds
+  the log), extrapolated to a 10⁶-event log (goal 5 s);
+* ``scale.replay``: events per second of ``twinkle replay``, against ``orjson.loads``
+  of each line (the floor; goals 50k events/s and 6x the floor);
+* ``scale.report``: ``twinkle report --json`` in a child process: wall time and peak
+  RSS (goals 2 min and 1 GiB at three days);
+* ``scale.trace``: ``trace.json``'s size at each length under the scenario's budget
+  (``config.trace.budget_mb``, small here so that the run passes it).
+
+Lengths grow linearly in the log; a figure at three days (8,640 iterations) is the line
+through the two longest runs, extended. ``--smoke`` runs 8 workers of 5 spans.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import orjson
+
+from bench._harness import Row
+from twinkle.perf import ManualClock, Span, WorkerReport
+from twinkle.perf.stats import MemoryReading
+from twinkle.run import RunSession, replay
+
+ENGINES, RANKS, SPANS = 64, 448, 50
+ITERATION_NS = 30 * 10**9
+DAYS_3 = 8_640  # 30-second iterations in three days
+BUDGET_MB = 16  # the scenario's trace budget: passed within a few iterations
+BASE_WALL = 1_700_000_000 * 10**9
+CONFIG = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {"rollout": {"samples": "rollout", "devices": ENGINES}},
+    "window": {"samples": "rollout", "devices": ENGINES + RANKS},
+    "streaming": {"generation": "rollout", "training": "train"},
+    "trace": {"budget_mb": BUDGET_MB},
+}
+GOAL_REPORT_US, GOAL_SPAN_US = 100.0, 5.0
+GOAL_SPAN_BYTES = 60
+GOAL_RESUME_S = 5.0
+GOAL_REPLAY_EVENTS_S, GOAL_REPLAY_FLOOR = 50_000, 6.0
+GOAL_REPORT_S, GOAL_REPORT_BYTES = 120.0, 2**30
+FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "trace.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    iterations: int
+    events: int
+    spans: int
+    driver_ns: int  # the caller's CPU in receive(), all reports
+    reports: int
+    sizes: dict[str, int]
+    resume_s: float
+    replay_s: float
+    floor_s: float
+    report_s: float
+    report_rss: int
+
+
+def _workers(engines: int, ranks: int) -> list[str]:
+    return [f"engine{i}" for i in range(engines)] + [f"rank{i}" for i in range(1, ranks + 1)]
+
+
+def _report(worker: str, index: int, anchor: object, it: int, spans: int) -> WorkerReport:
+    """One worker's iteration: ``spans`` back-to-back spans in the first 20 s."""
+    engine = worker.startswith("engine")
+    step = 20 * 10**9 // spans
+    start = it * ITERATION_NS
+    pid = 10_000 + index
+    made = tuple(
+        Span(
+            "generate" if engine else ("train.forward", "train.backward")[k % 2],
+            start + k * step,
+            start + (k + 1) * step - 1000,
+            1,
+            pid,
+            {"iteration": it, "engine": worker} if engine else {"iteration": it, "micro": k},
+            None,
+        )
+        for k in range(spans)
+    )
+    host = f"node{index // 8}"
+    reading = MemoryReading(
+        worker, index, pid, host, "cuda:0", 2**33, 2**33, 2**34, 2**34, 2**35, 2**35
+    )
+    mine = msgspec.structs.replace(anchor, pid=pid, hostname=host)  # (the run's clocks)
+    return WorkerReport(worker, mine, made, (reading,))
+
+
+def _drive(out: Path, iterations: int, workers: list[str], spans: int) -> tuple[int, int]:
+    """The run; returns the caller's CPU ns in receive() and the reports received."""
+    clock = ManualClock(0)
+    cpu = reports = 0
+    with RunSession(
+        out_dir=out,
+        run_id="scale",
+        config=CONFIG,
+        clock=clock,
+        wall_clock=lambda: BASE_WALL + clock(),
+        autoload=False,
+    ) as run:
+        for it in range(iterations):
+            clock.set(it * ITERATION_NS)
+            run.bus.iteration_started(it)
+            clock.set(it * ITERATION_NS + 25 * 10**9)
+            batch = [_report(w, i, run.bus.anchor, it, spans) for i, w in enumerate(workers)]
+            t0 = time.thread_time_ns()
+            for report in batch:
+                run.receive(report)
+            cpu += time.thread_time_ns() - t0
+            reports += len(batch)
+        clock.set(iterations * ITERATION_NS)
+    return cpu, reports
+
+
+def _resume_s(run_dir: Path, iterations: int) -> float:
+    """A resumed session's start() on a copy of the finished run."""
+    copy = run_dir.parent / "resumed"
+    shutil.copytree(run_dir, copy / "scale")
+    clock = ManualClock(iterations * ITERATION_NS + 1)
+    session = RunSession(
+        out_dir=copy,
+        run_id="scale",
+        config=CONFIG,
+        clock=clock,
+        wall_clock=lambda: BASE_WALL + clock(),
+        autoload=False,
+        resume=True,
+    )
+    t0 = time.perf_counter()
+    session.start()
+    took = time.perf_counter() - t0
+    session.finish()
+    shutil.rmtree(copy)
+    return took
+
+
+def _report_cost(run_dir: Path) -> tuple[float, int]:
+    """``twinkle report --json`` in a child: its wall seconds and peak RSS bytes."""
+    code = (
+        "import contextlib, io, resource, sys\n"
+        "from twinkle.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['report', sys.argv[1], '--json'])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        "sys.exit(rc)\n"
+    )
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True
+    )
+    return time.perf_counter() - t0, int(done.stdout.split()[-1])
+
+
+def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
+    with tempfile.TemporaryDirectory(prefix="twinkle-bench-scale-") as tmp:
+        base = Path(tmp)
+        cpu, reports = _drive(base / "runs", iterations, workers, spans)
+        run_dir = base / "runs" / "scale"
+        log = run_dir / "events.jsonl"
+        lines = log.read_bytes().splitlines()
+        t0 = time.perf_counter()
+        for line in lines:
+            orjson.loads(line)
+        floor = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        replay(log, base / "replayed")
+        replay_s = time.perf_counter() - t0
+        report_s, report_rss = _report_cost(run_dir)
+        return Measured(
+            iterations=iterations,
+            events=len(lines),
+            spans=iterations * len(workers) * spans,
+            driver_ns=cpu,
+            reports=reports,
+            sizes={name: os.path.getsize(run_dir / name) for name in FILES},
+            resume_s=_resume_s(run_dir, iterations),
+            replay_s=replay_s,
+            floor_s=floor,
+            report_s=report_s,
+            report_rss=report_rss,
+        )
+
+
+def _extend(field: str, a: Measured, b: Measured, x: float, along: str = "iterations") -> float:
+    """The line through the two runs' ``field`` against their ``along``, at ``x``."""
+    ya, yb = getattr(a, field), getattr(b, field)
+    xa, xb = getattr(a, along), getattr(b, along)
+    return float(yb + (yb - ya) / (xb - xa) * (x - xb))
+
+
+def run(smoke: bool) -> list[Row]:
+    engines, ranks, spans = (4, 4, 5) if smoke else (ENGINES, RANKS, SPANS)
+    lengths = (2, 4) if smoke else (4, 8, 16)
+    workers = _workers(engines, ranks)
+    found = [_measure(n, workers, spans) for n in lengths]
+    return _rows(found, len(workers), spans, smoke)
+
+
+def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[Row]:
+    rows: list[Row] = []
+    scenario = f"{workers} workers x {spans} spans, 30 s iterations"
+
+    def goal(ok: bool) -> bool | None:
+        return None if smoke else ok
+
+    per_report_goal = GOAL_REPORT_US + GOAL_SPAN_US * spans
+    for m in found:
+        per_report = m.driver_ns / m.reports / 1e3
+        rows.append(
+            Row(
+                "scale.driver",
+                f"receive() of a worker report, {m.iterations} iterations ({scenario})",
+                per_report,
+                "us",
+                target=f"<= {per_report_goal:,.0f} us (100 + 5 per span)",
+                met=goal(per_report <= per_report_goal),
+                note=f"{m.driver_ns / m.iterations / 1e9:.2f} s of the caller's CPU per iteration",
+            )
+        )
+    a, b = found[-2], found[-1]
+    for name in FILES:
+        growth = (b.sizes[name] - a.sizes[name]) / (b.iterations - a.iterations)
+        at_3_days = b.sizes[name] + growth * (DAYS_3 - b.iterations)
+        row = Row(
+            "scale.bytes",
+            f"{name}: bytes per iteration ({a.iterations} -> {b.iterations} iterations)",
+            growth,
+            "B",
+            note=f"{at_3_days / 1e9:,.2f} GB at 3 days if it grows so",
+        )
+        if name == "trace.json":
+            budget = BUDGET_MB * 10**6
+            sizes = ", ".join(f"{m.sizes[name] / 1e6:.1f} MB" for m in found)
+            row = Row(
+                "scale.trace",
+                f"trace.json at {', '.join(str(m.iterations) for m in found)} iterations",
+                b.sizes[name] / 1e6,
+                "MB",
+                target=f"<= the budget ({BUDGET_MB} MB here; 200 by default)",
+                met=goal(all(m.sizes[name] <= budget for m in found)),
+                note=f"{sizes}: flat once the budget binds",
+            )
+        rows.append(row)
+    per_span = (b.sizes["events.jsonl"] - a.sizes["events.jsonl"]) / (b.spans - a.spans)
+    rows.append(
+        Row(
+            "scale.bytes",
+            "events.jsonl: bytes per span",
+            per_span,
+            "B",
+            target=f"<= {GOAL_SPAN_BYTES} B",
+            met=goal(per_span <= GOAL_SPAN_BYTES),
+        )
+    )
+    million = _extend("resume_s", a, b, 10**6, along="events")
+    rows.append(
+        Row(
+            "scale.resume",
+            f"resume a run of {b.events:,} events (start() re-feeds the log)",
+            b.resume_s,
+            "s",
+            target=f"<= {GOAL_RESUME_S:g} s at 10^6 events",
+            met=goal(million <= GOAL_RESUME_S),
+            note=f"{a.resume_s:.2f} s at {a.events:,} events; {million:,.0f} s at 10^6 events, "
+            f"{_extend('resume_s', a, b, DAYS_3) / 3600:,.1f} h "
+            "at 3 days",
+        )
+    )
+    rate = b.events / b.replay_s
+    rows.append(
+        Row(
+            "scale.replay",
+            f"replay of {b.events:,} events",
+            rate,
+            "events/s",
+            ratio=b.replay_s / b.floor_s,
+            baseline="orjson.loads of each line",
+            target=f">= {GOAL_REPLAY_EVENTS_S:,} events/s, <= {GOAL_REPLAY_FLOOR:g}x",
+            met=goal(rate >= GOAL_REPLAY_EVENTS_S and b.replay_s / b.floor_s <= GOAL_REPLAY_FLOOR),
+            note=f"{_extend('replay_s', a, b, DAYS_3) / 3600:,.1f} h at 3 days",
+        )
+    )
+    report_s = _extend("report_s", a, b, DAYS_3)
+    report_rss = _extend("report_rss", a, b, DAYS_3)
+    rows.append(
+        Row(
+            "scale.report",
+            f"twinkle report --json of {b.iterations} iterations: wall",
+            b.report_s,
+            "s",
+            target=f"<= {GOAL_REPORT_S:g} s at 3 days",
+            met=goal(report_s <= GOAL_REPORT_S),
+            note=f"{report_s / 60:,.1f} min at 3 days",
+        )
+    )
+    rows.append(
+        Row(
+            "scale.report",
+            f"twinkle report --json of {b.iterations} iterations: peak RSS",
+            b.report_rss / 2**20,
+            "MiB",
+            target="<= 1 GiB at 3 days",
+            met=goal(report_rss <= GOAL_REPORT_BYTES),
+            note=f"{a.report_rss / 2**20:,.0f} MiB at {a.iterations} iterations; "
+            f"{report_rss / 2**30:,.1f} GiB at 3 days",
+        )
+    )
+    return rows
