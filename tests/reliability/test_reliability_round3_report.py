@@ -144,6 +144,55 @@ def test_only_a_whole_run_resumed_line_counts_as_a_segment(tmp_path: Path) -> No
     assert report["status"] == "ok" and len(report["iterations"]) == 2
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 23, 40, 41, 64, 1 << 20])
+def test_segments_are_counted_alike_whatever_the_chunks_the_log_is_read_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """The log is searched a chunk at a time: a run_resumed line split across chunks at
+    any byte counts once, the same bytes in a value none, a torn last line none."""
+    import twinkle.report as report_module
+
+    lines = [
+        b'{"seq":0,"type":"run_started","config":{"x":{"type":"run_resumed"}}}\n',
+        b'{"seq":5,"a":{"type":"run_resumed"}}\n',  # near a line's start, not its type
+        b'{"seq":1,"type":"run_resumed","segment":1}\n',
+        b'{"type":"run_resumed","segment":2}\n',
+        b'{"seq":3,"type":"spans","note":"{\\"seq\\":4,\\"type\\":\\"run_resumed\\""}\n',
+        b'{"seq":40,"type":"run_resumed","segment":3}\n',
+        b'{"seq":41,"type":"run_resumed","mono',  # torn
+    ]
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"".join(lines))
+    monkeypatch.setattr(report_module, "_CHUNK", chunk)
+    assert report_module._logged_segments(log) == 4
+    log.write_bytes(b"".join(lines[:-1]))
+    assert report_module._logged_segments(log) == 4
+    log.write_bytes(b"")
+    assert report_module._logged_segments(log) == 0
+
+
+def test_the_report_reads_peaks_and_segments_from_the_summary_as_the_log_gives_them(
+    tmp_path: Path,
+) -> None:
+    """A summary has each worker's peaks and each segment's iterations: the report
+    takes them there instead of reading the log, and gives what the log gives (a
+    summary from before them still reports, from the log)."""
+    finished(tmp_path)
+    run_dir = finished(tmp_path)  # a second segment
+    report = load_report(run_dir)
+    assert [(s["first_iteration"], s["last_iteration"]) for s in report["segments"]] == [
+        (0, 1),
+        (2, 3),
+    ]
+    assert report["memory_peak_bytes"]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    del summary["memory_peaks"]
+    for segment in summary["segments"]:
+        del segment["first_iteration"], segment["last_iteration"]
+    (run_dir / "summary.json").write_bytes(orjson.dumps(summary))
+    assert load_report(run_dir) == report
+
+
 # -- summary.json: its shape and its size ------------------------------------------------
 
 

@@ -4,7 +4,7 @@ read), timing, throughput, memory, scalars, and the sinks (raw records, WebUI fl
 event log, trace)."""
 
 from twinkle.observers._config import BUILTIN_KINDS, ClockSkewTolerance, ObserverConfig
-from twinkle.observers.memory import MemoryObserver
+from twinkle.observers.memory import PEAK_FIELDS, MemoryObserver
 from twinkle.observers.scalars import ScalarsObserver
 from twinkle.observers.sinks import (
     EVENTS_FILE,
@@ -24,6 +24,7 @@ __all__ = [
     "BUILTIN_KINDS",
     "ClockSkewTolerance",
     "EVENTS_FILE",
+    "PEAK_FIELDS",
     "RAW_FILE",
     "TIMELINE",
     "TRACE_FILE",

@@ -26,7 +26,11 @@ from twinkle.observers.timeline import Finished, Timeline, timeline_for
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord, make_record
 
-__all__ = ["MemoryObserver"]
+#: the fields of a reading that are peaks: ``summary.json`` ``memory_peaks`` gives each
+#: worker's highest
+PEAK_FIELDS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+
+__all__ = ["PEAK_FIELDS", "MemoryObserver"]
 
 
 @dataclass(slots=True)
@@ -49,6 +53,8 @@ class MemoryObserver:
         self.timeline = Timeline()
         self.pending: dict[int, _Window] = {}
         self.peaks: dict[str, tuple[int, str]] = {}
+        #: per worker, its highest reading of each peak field it reported
+        self.worker_peaks: dict[str, dict[str, int]] = {}
         self.readings = 0
         self.late = 0
 
@@ -88,6 +94,13 @@ class MemoryObserver:
     def _peaks(self, readings: tuple[MemoryReading, ...]) -> None:
         peaks = self.peaks
         for reading in readings:
+            mine = self.worker_peaks.get(reading.worker_id)
+            if mine is None:
+                mine = self.worker_peaks[reading.worker_id] = {}
+            for name in PEAK_FIELDS:
+                value = getattr(reading, name)
+                if value is not None and value > mine.get(name, -1):
+                    mine[name] = value
             for name in MEMORY_FIELDS:
                 value = getattr(reading, name)
                 if value is not None:
@@ -138,4 +151,5 @@ class MemoryObserver:
                 name: {"bytes": value, "worker": worker}
                 for name, (value, worker) in sorted(self.peaks.items())
             },
+            "memory_peaks": {w: self.worker_peaks[w] for w in sorted(self.worker_peaks)},
         }

@@ -15,7 +15,13 @@ Every figure is read from the run's own outputs, never recomputed differently:
   denominators and the workers' devices) and ``seconds`` (wall, busy, idle and
   overhead, each as set-up + loop + tear-down; each phase; generation running while
   training runs);
-* memory: each worker's peak (host and device) over its readings in ``events.jsonl``.
+* memory: each worker's peak (host and device) over its readings: ``summary.json``'s
+  ``memory_peaks`` (a summary written before it had them: the readings in
+  ``events.jsonl``).
+
+Nothing is read whole but ``summary.json``: the records are read line by line and the
+log's segments are counted in chunks, so a report of days of 512 workers needs the
+memory of its table, not of its log.
 
 The plots (``--plots``) are drawn in :mod:`twinkle.report._plots`.
 
@@ -25,7 +31,6 @@ The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from collections.abc import Iterable
@@ -93,6 +98,8 @@ class _Segment(msgspec.Struct, frozen=True):
 
     segment: int
     status: Status | None
+    first_iteration: int | None = None
+    last_iteration: int | None = None
 
 
 class _Summary(msgspec.Struct, frozen=True):
@@ -107,6 +114,8 @@ class _Summary(msgspec.Struct, frozen=True):
     placement: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     seconds: dict[str, int | float | None] = {}
+    #: each worker's peaks (None: a summary from before it had them)
+    memory_peaks: dict[str, dict[str, int]] | None = None
 
 
 def _read_summary(run: Path) -> _Summary:
@@ -141,25 +150,47 @@ _LINE_HEAD: Final = re.compile(rb'\{(?:"seq":\d{1,20},)?')
 _HEAD_MAX: Final = 32  # the most bytes between a line's start and its type
 
 
+#: the log is searched this many bytes at a time
+_CHUNK: Final = 1 << 20
+
+
 def _logged_segments(log: Path) -> int:
     """How many segments the log holds: 1 + its ``run_resumed`` lines, found by a byte
-    search instead of parsing the log (a gigabyte takes about half a second). Strings in
-    a line have their quotes escaped, so the pattern right at a line's start is the
-    event's own type, never a value; a torn last line (no newline) is no event."""
+    search instead of parsing the log (a gigabyte takes about half a second), a chunk
+    at a time. Strings in a line have their quotes escaped, so the pattern right at a
+    line's start is the event's own type, never a value; a torn last line (no newline)
+    is no event."""
+    keep = _HEAD_MAX + len(_RESUMED)  # a chunk's end the next one searches again
+    segments = 0
+    last_match = last_newline = -1  # where in the file
+    offset, text = 0, b""  # the file offset of text[0]; the bytes searched
     with log.open("rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
-            segments, at = 1, text.find(_RESUMED)
+        while chunk := f.read(_CHUNK):
+            segments = segments or 1
+            done = max(len(text) - keep, 0)  # bytes of text searched already
+            text = text[done:] + chunk
+            offset += done
+            newline = text.rfind(b"\n")
+            if newline != -1:
+                last_newline = offset + newline
+            at = text.find(_RESUMED, max(len(text) - len(chunk) - keep, 0))
             while at != -1:
-                low = max(0, at - _HEAD_MAX)
-                newline = text.rfind(b"\n", low, at)
-                if newline != -1 or low == 0:  # (else too far from a line's start)
-                    head = text[newline + 1 : at]
-                    if _LINE_HEAD.fullmatch(head) and text.find(b"\n", at) != -1:
-                        segments += 1
+                if offset + at > last_match and _at_line_start(text, at, offset == 0):
+                    segments += 1
+                    last_match = offset + at
                 at = text.find(_RESUMED, at + 1)
-    return segments
+    # (a match on the torn last line is no event)
+    return segments - (last_match > last_newline)
+
+
+def _at_line_start(text: bytes, at: int, file_start: bool) -> bool:
+    """Whether the pattern at ``at`` is a line's type: what comes before it on its line
+    is the line's head (``{`` and its ``seq``)."""
+    low = max(0, at - _HEAD_MAX)
+    newline = text.rfind(b"\n", low, at)
+    if newline == -1 and not (low == 0 and file_start):
+        return False  # too far from a line's start
+    return _LINE_HEAD.fullmatch(text[newline + 1 : at]) is not None
 
 
 def _check_covered(run: Path, summary: _Summary, first: RunStarted) -> None:
@@ -298,7 +329,10 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             "generation_hidden_share": seconds.get("generation_hidden_share"),
         },
     }
-    peaks, segments = _from_log(events, summary.segments)
+    if summary.memory_peaks is None:  # (a summary from before it had them)
+        peaks, segments = _from_log(events, summary.segments)
+    else:
+        peaks, segments = summary.memory_peaks, _segments(summary.segments)
     for segment in segments:  # each iteration's segment (the first: 0)
         first, last = segment["first_iteration"], segment["last_iteration"]
         for it in () if first is None else range(first, last + 1):
@@ -307,6 +341,18 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     report["memory_peak_bytes"] = peaks
     report["segments"] = segments
     return report
+
+
+def _segments(listed: list[_Segment]) -> list[dict[str, Any]]:
+    return [
+        {
+            "segment": s.segment,
+            "first_iteration": s.first_iteration,
+            "last_iteration": s.last_iteration,
+            "status": s.status,
+        }
+        for s in listed
+    ]
 
 
 def _from_log(

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from twinkle.observers import PEAK_FIELDS
+
 __all__ = ["PEAKS", "compare", "streaming_effect"]
 
 #: the memory fields whose highest reading the report shows per worker
-PEAKS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+PEAKS = PEAK_FIELDS
 
 
 def _figures(report: Mapping[str, Any]) -> dict[str, float | None]:

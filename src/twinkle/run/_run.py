@@ -349,7 +349,12 @@ class Run:
             order.boundary(event, "run_finished")
             self.segments[-1].finish = cast(RunFinished, event)
         elif kind is IterationStarted:
+            iteration = cast(IterationStarted, event).iteration
             order.iteration(cast(IterationStarted, event), self.run_id)
+            segment = self.segments[-1]
+            if segment.first_iteration is None:
+                segment.first_iteration = iteration
+            segment.last_iteration = iteration
         elif kind is OptimizerStep:
             order.step(cast(OptimizerStep, event), self.run_id)
 

@@ -47,6 +47,9 @@ class Segment:
     start: RunStarted | RunResumed
     finish: RunFinished | None = None
     backends: BackendsClosed | None = None
+    #: the first and the last iteration that started in it (None: none did)
+    first_iteration: int | None = None
+    last_iteration: int | None = None
 
     @property
     def number(self) -> int:
@@ -103,6 +106,8 @@ def _segment(segment: Segment, before: Segment | None) -> dict[str, Any]:
     return {
         **_segment_config(start, None if before is None else before.start),
         "segment": segment.number,
+        "first_iteration": segment.first_iteration,
+        "last_iteration": segment.last_iteration,
         "pid": start.anchor.pid,
         "hostname": start.anchor.hostname,
         "started_unix_s": start.wall_ns / 1e9,
