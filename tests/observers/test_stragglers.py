@@ -16,12 +16,16 @@ is one worker (the run's own process): its side is not compared.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_scripted_run import manual_session
 
+from twinkle.observers._stragglers import _peer_medians
 from twinkle.perf import Span
 
 MS = 1_000_000
@@ -86,4 +90,12 @@ def test_a_side_with_one_worker_is_not_compared_saying_why(stragglers: dict[str,
         "iterations_compared": 0,
         "abstained": {"fewer than two workers did this side's work": 4},
         "workers": {},
+    }
+
+
+@given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=2, max_size=40))
+def test_each_workers_peer_median_is_the_median_of_the_others(rates: list[float]) -> None:
+    by_worker = {f"w{i}": r for i, r in enumerate(rates)}
+    assert _peer_medians(by_worker) == {
+        w: statistics.median([r for v, r in by_worker.items() if v != w]) for w in by_worker
     }

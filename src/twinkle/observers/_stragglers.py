@@ -13,6 +13,7 @@ added (when every worker's spans carry some on that iteration), else the spans c
 from __future__ import annotations
 
 import statistics
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,7 @@ class _Verdicts:
 
     compared: int = 0
     slow: int = 0
-    ratios: list[float] = field(default_factory=list)
+    ratios: array[float] = field(default_factory=lambda: array("d"))  # (8 bytes each)
     #: per unit ("token", "span"): [nanoseconds, units] over the iterations measured so
     ns_units: dict[str, list[int]] = field(default_factory=dict)
 
@@ -70,8 +71,8 @@ class _Side:
         unit = "token" if tokens else "span"
         self.units.add(unit)
         rates = {w: workers[w].ns / units[w] for w in workers}
-        for name, rate in rates.items():
-            peers = statistics.median([r for w, r in rates.items() if w != name])
+        for name, peers in _peer_medians(rates).items():
+            rate = rates[name]
             if not peers:
                 continue  # (its peers took no time: nothing to compare with)
             record = self.verdicts.setdefault(name, _Verdicts())
@@ -92,6 +93,24 @@ class _Side:
             "abstained": dict(sorted(self.abstained.items())),
             "workers": {name: _worker(v) for name, v in sorted(self.verdicts.items())},
         }
+
+
+def _peer_medians(rates: dict[str, float]) -> dict[str, float]:
+    """Per worker, the median of the others' rates (as :func:`statistics.median` gives
+    it), from one sort: without the worker at sorted place ``i``, the others' ``k``-th
+    smallest is the ``k``-th of the whole, or the ``k + 1``-th from ``i`` on."""
+    ordered = sorted(rates, key=rates.__getitem__)
+    values = [rates[w] for w in ordered]
+    n = len(values) - 1  # the peers of each
+
+    def nth(k: int, i: int) -> float:
+        return values[k if k < i else k + 1]
+
+    medians = {}
+    for i, name in enumerate(ordered):
+        mid = n // 2
+        medians[name] = nth(mid, i) if n % 2 else (nth(mid - 1, i) + nth(mid, i)) / 2
+    return medians
 
 
 class StragglerLedger:

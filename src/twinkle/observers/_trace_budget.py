@@ -132,8 +132,11 @@ class TraceBudget:
         if self.budget is None or not self._starts:  # (no window yet: nothing holds it)
             self._ready.append(line)
             return
-        # (a line before the first window's start is the first window's)
-        index = max(bisect.bisect_right(self._starts, at_ns) - 1, 0)
+        starts = self._starts
+        if at_ns >= starts[-1]:  # the newest window's: most lines
+            index = len(starts) - 1
+        else:  # (a line before the first window's start is the first window's)
+            index = max(bisect.bisect_right(starts, at_ns) - 1, 0)
         first_held = self._held[0][0] if self._held else len(self._starts)
         if index >= first_held:
             window = self._held[index - first_held][1]

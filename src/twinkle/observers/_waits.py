@@ -50,9 +50,11 @@ class PolicyAges:
             return
         generation = config.streaming[0]
         for span in event.spans:
+            if config.phase_of(span.name) != generation:
+                continue
             iteration = _int(span.attrs.get("iteration"))
             version = _int(span.attrs.get("version"))
-            if iteration is None or version is None or config.phase_of(span.name) != generation:
+            if iteration is None or version is None:
                 continue
             if self.finalised is not None and iteration <= self.finalised:
                 continue  # late: its iteration's record is written

@@ -460,10 +460,13 @@ class TraceSink:
         marker track's name) in process ``pid`` is drawn on: the thread's, or a lane of
         it when the interval overlaps one there without nesting. A new track gets the
         process's next track id (its name is written at close)."""
-        lanes = self._lanes.setdefault((pid, thread), [])
-        number = next((i for i, tops in enumerate(lanes) if nest(tops, start, end)), None)
-        if number is None:
-            number = len(lanes)
+        lanes = self._lanes.get((pid, thread))
+        if lanes is None:
+            lanes = self._lanes[(pid, thread)] = []
+        number = 0  # the first lane it nests in (a loop: this runs once per span)
+        while number < len(lanes) and not nest(lanes[number], start, end):
+            number += 1
+        if number == len(lanes):
             lanes.append([(start, end)])
         key = (pid, thread, number)
         track = self._tracks.get(key)
