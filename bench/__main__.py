@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in failed:
             print(f"- {r.benchmark}: {r.subject} ({r.target})")
     if args.doc is not None:
-        update_doc(args.doc, machine, table, rows)
+        update_doc(args.doc, machine, rows)
     return 0
 
 
@@ -101,14 +101,25 @@ def _targets(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def update_doc(path: Path, machine: list[str], table: str, rows: list[Row]) -> None:
-    """Replace the generated sections of ``path`` (figures stay verbatim, never retyped)."""
+#: sections of the doc of their own (``<!-- NAME:start -->``): the machine and table of
+#: the benchmarks whose name starts with the prefix (``--only scale --doc`` writes it alone)
+OWN_SECTIONS = {"scale": "scale."}
+
+
+def update_doc(path: Path, machine: list[str], rows: list[Row]) -> None:
+    """Replace the generated sections of ``path`` (figures stay verbatim, never retyped):
+    the machine, table and targets of the rows, and each section of its own
+    (:data:`OWN_SECTIONS`) that has rows; the main ones only when some rows are theirs."""
     text = path.read_text(encoding="utf-8")
-    sections = {
-        "machine": "```text\n" + "\n".join(machine) + "\n```",
-        "table": table,
-        "summary": _targets(rows),
-    }
+    block = "```text\n" + "\n".join(machine) + "\n```"
+    sections: dict[str, str] = {}
+    for name, prefix in OWN_SECTIONS.items():
+        own = [r for r in rows if r.benchmark.startswith(prefix)]
+        rows = [r for r in rows if not r.benchmark.startswith(prefix)]
+        if own:
+            sections[name] = block + "\n\n" + format_table(own)
+    if rows:
+        sections |= {"machine": block, "table": format_table(rows), "summary": _targets(rows)}
     for name, body in sections.items():
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.DOTALL)
         if not pattern.search(text):

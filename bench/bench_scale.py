@@ -206,10 +206,11 @@ def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
 
 
 def _extend(field: str, a: Measured, b: Measured, x: float, along: str = "iterations") -> float:
-    """The line through the two runs' ``field`` against their ``along``, at ``x``."""
+    """The line through the two runs' ``field`` against their ``along``, at ``x`` (never
+    below the longer run's: a longer run costs no less, whatever the noise says)."""
     ya, yb = getattr(a, field), getattr(b, field)
     xa, xb = getattr(a, along), getattr(b, along)
-    return float(yb + (yb - ya) / (xb - xa) * (x - xb))
+    return float(max(yb, yb + (yb - ya) / (xb - xa) * (x - xb)))
 
 
 def run(smoke: bool) -> list[Row]:
