@@ -131,19 +131,30 @@ class StragglerLedger:
         if config.streaming is None:
             return
         generation, training = config.streaming
-        sides = {generation: "generation", training: "training"}
+        phase_of, finalised, source = config.phase_of, self.finalised, event.source
         for span in event.spans:
-            side = sides.get(config.phase_of(span.name) or "")
-            iteration = span.attrs.get("iteration") if side else None
-            if side is None or not isinstance(iteration, int) or isinstance(iteration, bool):
+            phase = phase_of(span.name)
+            if phase == generation:
+                side = "generation"
+            elif phase == training:
+                side = "training"
+            else:
                 continue
-            if self.finalised is not None and iteration <= self.finalised:
-                continue  # late: its iteration was compared already
-            worker = event.source
-            engine = span.attrs.get("engine")
-            if side == "generation" and isinstance(engine, str) and engine:
-                worker = engine
-            work = self.work[side].setdefault(iteration, {}).setdefault(worker, _Work())
+            attrs = span.attrs
+            iteration = attrs.get("iteration")
+            if type(iteration) is not int or (finalised is not None and iteration <= finalised):
+                continue  # (none, or late: its iteration was compared already)
+            worker = source
+            if side == "generation":
+                engine = attrs.get("engine")
+                if isinstance(engine, str) and engine:
+                    worker = engine
+            by_worker = self.work[side].get(iteration)
+            if by_worker is None:
+                by_worker = self.work[side][iteration] = {}
+            work = by_worker.get(worker)
+            if work is None:
+                work = by_worker[worker] = _Work()
             work.ns += span.end_ns - span.start_ns
             work.spans += 1
             tokens = span.attrs.get("tokens")
