@@ -27,6 +27,14 @@ EXPECTED = {
     "bench.bench_trl": ["trl.grpo"],
     "bench.bench_remote": ["remote.span", "remote.iteration"],
     "bench.bench_sinks": ["sinks.tensorboard", "sinks.wandb", "sinks.mlflow"],
+    "bench.bench_scale": [
+        "scale.driver",
+        "scale.bytes",
+        "scale.trace",
+        "scale.resume",
+        "scale.replay",
+        "scale.report",
+    ],
 }
 
 
