@@ -96,6 +96,45 @@ def test_a_replayed_trace_is_written_inline_and_equals_the_live_one(tmp_path):
     ).read_bytes()
 
 
+@pytest.mark.parametrize("budget_mb", [None, 200])
+def test_a_trace_is_the_same_however_its_writer_batched_the_events(tmp_path, budget_mb):
+    """A writer hands the sink whatever came since its last turn: one event, or many.
+    Each event's lines (a new process's name among them, mid-run) keep their place."""
+    config = {"trace": {"budget_mb": budget_mb}}
+    other = ClockAnchor(monotonic_ns=1_000_000, wall_ns=5, pid=8, hostname="node1")
+    events: list = [RunStarted(RUN, 1_000_000, 5, ANCHOR, config)]
+    for i in range(6):
+        events.append(IterationStarted(RUN, 1_000_000 + 10_000 * i, 9, i))
+        events.append(_batch(i))
+        if i == 3:  # a process first seen mid-run, in the middle of a batch
+            spans = (Span("gen", 1_031_000, 1_032_000, 3, 8, {}, None),)
+            events.append(SpanBatch(RUN, 1, 2, "engine", other, spans))
+    events.append(RunFinished(RUN, 1_070_000, 9))
+    traces = []
+    for batched in (False, True):
+        out = tmp_path / str(batched)
+        sink = TraceSink()
+        sink.twinkle_configure(RunContext(run_id=RUN, out_dir=out, config=config, replay=True))
+        if batched:
+            sink._write_events(events)
+            sink._finished = True
+        else:
+            hooks = {
+                RunStarted: sink.twinkle_run_started,
+                IterationStarted: sink.twinkle_iteration_started,
+                SpanBatch: sink.twinkle_spans,
+                RunFinished: sink.twinkle_run_finished,
+            }
+            for event in events:
+                hooks[type(event)](event)
+        sink.twinkle_unconfigure()
+        traces.append((out / "trace.json").read_bytes())
+    assert traces[0] == traces[1]
+    trace = orjson.loads(traces[0])
+    named = [i for i, e in enumerate(trace) if e["name"] == "process_name" and e["pid"] == 8]
+    assert named and named[0] < [e["name"] for e in trace].index("gen")
+
+
 def test_without_an_output_directory_nothing_is_started_or_written(tmp_path):
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=None, config={}))

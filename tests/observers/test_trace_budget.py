@@ -26,18 +26,21 @@ def _line(name: str) -> bytes:
 
 
 def test_the_budget_keeps_the_tail_the_notable_windows_and_outlines_while_they_fit() -> None:
-    """Budget 800 B: the tail 200 (two windows of 100), notable windows 400, outlines
+    """Budget 800 B: the tail 200 (two windows of 100), windows in full 400, outlines
     100. Each iteration window has an outline line and a detail line (50 B each), the
     set-up one detail line. Windows open every 10 ns, but iteration 5 lasts 40: slow
-    (the median of the four before is 10, and 40 >= 2 x 10).
+    (the lower median of the four before is 10, and 40 >= 2 x 10).
 
-        window   notable           decided when held > 200   fate
-        S        set-up            at it2's detail          full (50 of 400)
-        it1-3    first three       at it3-it5               full (350)
-        it4      -                 at it6                   outline (50 of 100)
-        it5      slow              at it7: 450 > 400         outline (100)
-        it6-8    -                 at it8-it10              left out (outlines full)
-        it9-10   it10: the last    at the end: the tail      full
+        window   notable         decided when held > 200   in full so far   fate
+        S        set-up          at it2's detail: 250      0 + 50           full
+        it1-3    first three     at it3-it5's outline      150, 250, 350    full
+        it4      -               at it6's: 350 + 250 held  > 400            outline (50)
+        it5      slow            at it7's: 350 + 100       > 400            outline (100)
+        it6-8    -               at it8-it10's             outlines full    left out
+        it9-10   it10: the last  at the end: the tail                       full
+
+    Late lines: one in it5 (in outline) of its detail is left out, of its outline too
+    (the outlines' 100 B are taken); one in it1 (in full) is written (400 of 400).
     """
     budget = TraceBudget(800)
     budget.open(0, iteration=False)
@@ -50,7 +53,9 @@ def test_the_budget_keeps_the_tail_the_notable_windows_and_outlines_while_they_f
     budget.segment_finished(140)
     written = budget.ready()
     budget.add(55, _line("late d"), span=True)  # in it5 (outline): left out
-    budget.add(56, _line("late o"), outline=True)  # its outline: written
+    budget.add(56, _line("late o"), outline=True)  # its outline: no room left
+    budget.add(12, _line("late 1"), span=True)  # in it1 (full): 400 of 400
+    budget.add(13, _line("late 1'"), span=True)  # 450 of 400: left out
     written += budget.finish()
     names = [line.decode().strip() for line in written]
     assert names == [
@@ -58,7 +63,7 @@ def test_the_budget_keeps_the_tail_the_notable_windows_and_outlines_while_they_f
         *(f"it{i} {k}" for i in (1, 2, 3) for k in "od"),
         "it4 o",
         "it5 o",
-        "late o",
+        "late 1",
         *(f"it{i} {k}" for i in (9, 10) for k in "od"),
     ]
     assert budget.note() == {
@@ -66,9 +71,25 @@ def test_the_budget_keeps_the_tail_the_notable_windows_and_outlines_while_they_f
         "windows_in_full": 6,
         "windows_in_outline": 2,
         "windows_left_out": 3,
-        "spans_left_out": 6,  # it4-it8's details and the late one
-        "lines_left_out": 9,  # those, and it6-it8's outlines
+        "spans_left_out": 7,  # it4-it8's details, late d and late 1'
+        "lines_left_out": 11,  # those, it6-it8's outlines and late o
     }
+
+
+def test_a_run_within_half_its_budget_is_written_whole() -> None:
+    """Budget 800: 40 ordinary windows of one 10 B line (12 with its ",\n": 480 B
+    in all) would pass half of it; 33 windows (396 B) do not: every window in full,
+    though the held ones passed the tail's 200 B at the 17th."""
+    for windows, whole in ((33, True), (40, False)):
+        budget = TraceBudget(800)
+        for i in range(windows):
+            budget.open(i * 10, iteration=True)
+            budget.add(i * 10, b"0123456789", span=True)
+        budget.segment_finished(windows * 10)
+        written = budget.ready() + budget.finish()
+        assert (len(written) == windows) is whole
+        assert (budget.note()["windows_in_full"] == windows) is whole
+        assert sum(len(line) + 2 for line in written) <= 7 * 800 // 8
 
 
 def test_without_a_budget_every_line_is_written_as_it_comes() -> None:
@@ -83,14 +104,39 @@ def test_without_a_budget_every_line_is_written_as_it_comes() -> None:
 
 
 def test_one_window_larger_than_the_tail_is_decided_at_once() -> None:
-    budget = TraceBudget(800)  # tail 200
+    """Budget 800 (tail 200, in full 400): the newest window's fifth 50 B line takes
+    the held lines past 200: it is decided while open, in full (the first iteration),
+    and its later lines are written while the windows in full fit: three more."""
+    budget = TraceBudget(800)
     budget.open(0, iteration=False)
     budget.open(10, iteration=True)
-    for k in range(5):  # 250 B in the newest window: held (it may yet be the tail)
+    for k in range(4):  # 200 B: held (it may yet be the tail)
         budget.add(11, _line(f"d{k}"), span=True)
     assert budget.ready() == []
-    budget.open(20, iteration=True)  # now it is not the newest: decided, in full
+    budget.add(11, _line("d4"), span=True)
     assert len(budget.ready()) == 5
+    for k in range(5, 9):
+        budget.add(12, _line(f"d{k}"), span=True)
+    assert [line.strip() for line in budget.ready()] == [b"d5", b"d6", b"d7"]
+    budget.open(20, iteration=True)  # the window closes, decided: nothing held
+    assert budget.finish() == []
+    assert budget.note()["windows_in_full"] == 3  # the set-up, it1 and it2 (the tail)
+    assert budget.note()["spans_left_out"] == 1
+
+
+def test_the_lower_median_of_walls_marks_slow_windows() -> None:
+    """Walls 10, 10, 30 (the first three: notable anyway), then 15 (the lower median of
+    10, 10, 30 is 10: 15 < 20, not slow), 20 (of 10, 10, 15, 30 the lower median is 10:
+    20 >= 20, slow; the upper, 15, would not make it so) and 29 (of 10, 10, 15, 20, 30:
+    15, and 29 < 30: not slow)."""
+    budget = TraceBudget(10**9)
+    at = 0
+    for wall in (10, 10, 30, 15, 20, 29):
+        budget.open(at, iteration=True)
+        at += wall
+    budget.open(at, iteration=True)  # (closes the last)
+    held = [window for _, window in budget._held]
+    assert [w.notable for w in held] == [True, True, True, False, True, False, False]
 
 
 @pytest.mark.parametrize(

@@ -6,25 +6,30 @@ iteration's, by the time a line starts) until the window is decided:
 
 * the newest windows are held while their lines fit in a quarter of the budget: at
   the end they are written in full (the tail: what a run did last);
-* an older window is written in full when it is *notable* (a segment's set-up, its
-  first :data:`FIRST_WINDOWS` iterations, the last iteration before it finished, or a
-  *slow* one: its wall clock at least :data:`SLOW_FACTOR` times the median of the
-  iteration windows before it, once :data:`SLOW_AFTER` were) while the notable windows
-  fit in half the budget;
-* any other window keeps its outline (its iteration marker, weight publishes and
-  critical path, not its spans, memory counters and arrows) while the outlines fit in
-  an eighth; past that, it is left out.
+* once the held lines pass that quarter, the oldest held window is decided. It is
+  written in full when it is *notable* (a segment's set-up, its first
+  :data:`FIRST_WINDOWS` iterations, the last iteration before it finished, or a *slow*
+  one: its wall clock at least :data:`SLOW_FACTOR` times the lower median of the
+  iteration windows before it, once :data:`SLOW_AFTER` were) while the windows in full
+  fit in half the budget, or when it is any other window while the windows in full and
+  the held ones fit in half (so a run whose trace fits in half its budget is written
+  whole, and a long one keeps a quarter for its notable windows);
+* else it keeps its outline (its iteration marker, weight publishes and critical path,
+  not its spans, memory counters and arrows) while the outlines fit in an eighth; past
+  that, it is left out.
 
-Lines arriving for a window already decided follow its fate. The held lines are
-bounded by the tail's budget (one window larger than that is decided at once), so the
-sink's memory is too. Without a budget (``config.trace.budget_mb`` null) every line is
-written as it comes.
+A line arriving for a window already decided follows its fate while its share of the
+budget holds it, else is left out. The held lines are bounded by the tail's quarter
+(a window larger than that alone is decided at once, while still open), so the
+sink's memory is too. Without a budget (``config.trace.budget_mb`` null) every line
+is written as it comes.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +67,31 @@ class _Window:
         return self.outline_bytes + self.detail_bytes
 
 
+class _LowerMedian:
+    """The lower median of the values added so far, each added in O(log n): the lower
+    half in a max-heap (negated), the upper half in a min-heap."""
+
+    def __init__(self) -> None:
+        self._low: list[int] = []  # negated; never shorter than the upper half
+        self._high: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._low) + len(self._high)
+
+    def value(self) -> int:
+        return -self._low[0]
+
+    def add(self, value: int) -> None:
+        if self._low and value > -self._low[0]:
+            heapq.heappush(self._high, value)
+        else:
+            heapq.heappush(self._low, -value)
+        if len(self._high) > len(self._low):
+            heapq.heappush(self._low, -heapq.heappop(self._high))
+        elif len(self._low) > len(self._high) + 1:
+            heapq.heappush(self._high, -heapq.heappop(self._low))
+
+
 class TraceBudget:
     """Holds the trace's lines per window and hands out those to write (see the module
     doc); ``budget_bytes`` None writes every line at once."""
@@ -72,7 +102,8 @@ class TraceBudget:
         self._fates = bytearray()  # per window decided: its Fate
         self._held: deque[tuple[int, _Window]] = deque()  # (index, window), oldest first
         self._held_bytes = 0
-        self._walls: list[int] = []  # every closed iteration window's wall clock, sorted
+        self._newest: _Window | None = None  # (held or, when alone too large, decided)
+        self._walls = _LowerMedian()  # of every closed iteration window's wall clock
         self._segment_iterations = 0
         self._ready: list[bytes] = []  # lines to write
         self.used = {Fate.FULL: 0, Fate.OUTLINE: 0}  # bytes written by windows' fates
@@ -97,31 +128,28 @@ class TraceBudget:
         notable = not iteration or self._segment_iterations <= FIRST_WINDOWS
         self._starts.append(at_ns)
         self._fates.append(Fate.FULL)  # (until decided: held)
-        self._held.append((len(self._starts) - 1, _Window(at_ns, notable, iteration)))
-        self._decide_over_budget(keep_newest=True)
+        self._newest = _Window(at_ns, notable, iteration)
+        self._held.append((len(self._starts) - 1, self._newest))
+        self._decide_over_budget()
 
     def segment_finished(self, at_ns: int) -> None:
-        """The segment finished at ``at_ns``: its last window is notable."""
-        if self._held:
-            newest = self._held[-1][1]
-            newest.notable = True
+        """The segment finished at ``at_ns``: its last window is notable (if still
+        held)."""
+        if self._newest is not None:
+            self._newest.notable = True
             self._close_newest(at_ns)
 
     def _close_newest(self, end_ns: int) -> None:
-        if not self._held:
+        window = self._newest
+        if window is None or window.end_ns is not None:
             return
-        window = self._held[-1][1]
-        if window.end_ns is None:
-            window.end_ns = max(end_ns, window.start_ns)
-            if window.iteration:
-                self._check_slow(window)
-
-    def _check_slow(self, window: _Window) -> None:
-        wall = (window.end_ns or window.start_ns) - window.start_ns
-        walls = self._walls
-        if len(walls) >= SLOW_AFTER and wall >= SLOW_FACTOR * walls[(len(walls) - 1) // 2]:
-            window.notable = True
-        bisect.insort(walls, wall)
+        window.end_ns = max(end_ns, window.start_ns)
+        if window.iteration:
+            wall = window.end_ns - window.start_ns
+            walls = self._walls
+            if len(walls) >= SLOW_AFTER and wall >= SLOW_FACTOR * walls.value():
+                window.notable = True
+            walls.add(wall)
 
     # -- the lines ---------------------------------------------------------------------
 
@@ -148,12 +176,14 @@ class TraceBudget:
                 window.detail_bytes += len(line) + 2
                 window.spans += span
             self._held_bytes += len(line) + 2
-            self._decide_over_budget(keep_newest=True)
+            self._decide_over_budget()
             return
-        fate = self._fates[index]
-        if fate == Fate.FULL or (fate == Fate.OUTLINE and outline):
+        fate = Fate(self._fates[index])
+        if fate == Fate.OUTLINE and not outline:
+            fate = Fate.LEFT_OUT
+        if fate != Fate.LEFT_OUT and self.used[fate] + len(line) + 2 <= self._cap(fate):
             self._ready.append(line)
-            self.used[Fate(fate)] += len(line) + 2
+            self.used[fate] += len(line) + 2
         else:
             self.lines_left_out += 1
             self.spans_left_out += span
@@ -167,7 +197,6 @@ class TraceBudget:
         """Everything still held: the tail, in full (older windows decided as usual
         while it is over its budget)."""
         if self.budget is not None:
-            self._decide_over_budget(keep_newest=False)
             while self._held:
                 self._write(*self._held.popleft(), Fate.FULL)
         return self.ready()
@@ -185,17 +214,24 @@ class TraceBudget:
 
     # -- deciding ----------------------------------------------------------------------
 
-    def _decide_over_budget(self, *, keep_newest: bool) -> None:
+    def _decide_over_budget(self) -> None:
         tail = (self.budget or 0) // 4
-        while self._held and self._held_bytes > tail and (len(self._held) > 1 or not keep_newest):
-            index, window = self._held.popleft()
-            self._write(index, window, self._fate(window))
+        while self._held_bytes > tail:
+            index, window = self._held[0]
+            fate = self._fate(window)
+            self._held.popleft()  # (after the fate: the ones held count for it)
+            self._write(index, window, fate)
+
+    def _cap(self, fate: Fate) -> int:
+        """The bytes the windows of ``fate`` may take: half the budget in full, an
+        eighth in outline."""
+        return (self.budget or 0) // (2 if fate == Fate.FULL else 8)
 
     def _fate(self, window: _Window) -> Fate:
-        budget = self.budget or 0
-        if window.notable and self.used[Fate.FULL] + window.size <= budget // 2:
+        full = self.used[Fate.FULL] + (window.size if window.notable else self._held_bytes)
+        if full <= self._cap(Fate.FULL):
             return Fate.FULL
-        if self.used[Fate.OUTLINE] + window.outline_bytes <= budget // 8:
+        if self.used[Fate.OUTLINE] + window.outline_bytes <= self._cap(Fate.OUTLINE):
             return Fate.OUTLINE
         return Fate.LEFT_OUT
 
@@ -206,12 +242,13 @@ class TraceBudget:
         if fate == Fate.LEFT_OUT:
             self.lines_left_out += len(window.outline) + len(window.detail)
             self.spans_left_out += window.spans
-            return
-        self._ready += window.outline
-        if fate == Fate.FULL:
-            self._ready += window.detail
-            self.used[Fate.FULL] += window.size
         else:
-            self.lines_left_out += len(window.detail)
-            self.spans_left_out += window.spans
-            self.used[Fate.OUTLINE] += window.outline_bytes
+            self._ready += window.outline
+            if fate == Fate.FULL:
+                self._ready += window.detail
+                self.used[Fate.FULL] += window.size
+            else:
+                self.lines_left_out += len(window.detail)
+                self.spans_left_out += window.spans
+                self.used[Fate.OUTLINE] += window.outline_bytes
+        window.outline, window.detail = [], []  # (written or left out: not held)

@@ -253,7 +253,9 @@ class TraceSink:
                 self._event_lines(event, lines)
             except TypeError as exc:  # orjson's JSONEncodeError: a value that is not JSON
                 failed.append(f"{event.TYPE!r}: {exc}")
-        lines += self._budget.ready()
+            # each event's own lines, then those it decided: the same order however the
+            # events are batched (live or in replay)
+            lines += self._budget.ready()
         if lines and self._out is not None and self._broken is None:
             lines.append(b"")  # every line ends with ",\n"
             try:
