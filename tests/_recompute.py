@@ -100,7 +100,9 @@ class Recompute:
                     if horizon is None or end > horizon:
                         piece_start = start if horizon is None else max(start, horizon)
                         self.pieces.append((pos, self.phase(s["name"]), piece_start, end, tid))
-                        worker = s["attrs"].get("engine") or ev["source"]
+                        engine = s["attrs"].get("engine")
+                        named = isinstance(engine, str) and engine != ""
+                        worker = engine if named else ev["source"]
                         wait = s["name"] if s["name"].startswith("wait.") else None
                         self.by_worker.append((pos, worker, wait, piece_start, end))
             elif kind == "samples":

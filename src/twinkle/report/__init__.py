@@ -19,9 +19,10 @@ Every figure is read from the run's own outputs, never recomputed differently:
   ``memory_peaks`` (a summary written before it had them: the readings in
   ``events.jsonl``).
 
-Nothing is read whole but ``summary.json``: the records are read line by line and the
-log's segments are counted in chunks, so a report of days of 512 workers needs the
-memory of its table, not of its log.
+The log is never read whole: its first event, then its segments counted in chunks.
+``summary.json`` and the records (a few per iteration, whatever the workers: the
+table's rows) are, so a report of days of 512 workers needs the memory of its table,
+not of its log.
 
 The plots (``--plots``) are drawn in :mod:`twinkle.report._plots`.
 
@@ -173,7 +174,9 @@ def _logged_segments(log: Path) -> int:
             newline = text.rfind(b"\n")
             if newline != -1:
                 last_newline = offset + newline
-            at = text.find(_RESUMED, max(len(text) - len(chunk) - keep, 0))
+            # from text's start: the kept tail (a match across the seam) and the chunk
+            # (a match found twice is counted once: last_match)
+            at = text.find(_RESUMED, 0)
             while at != -1:
                 if offset + at > last_match and _at_line_start(text, at, offset == 0):
                     segments += 1
