@@ -4,6 +4,9 @@
 * :class:`ThroughputMetric` — window tokens/s and tokens/s/device as ratios of totals.
 * :class:`LengthHistogram` — exact, deterministic, mergeable length distribution.
 * :func:`memory_metrics` and friends — cross-worker memory reduction in binary units.
+* :func:`model_shape`, :func:`forward_flops`, :func:`training_flops`,
+  :func:`generation_flops` — model FLOPs from a configuration (:mod:`.flops`).
+* :func:`device_peak` — a device's dense peak FLOP rate by its name (:mod:`.peaks`).
 
 Persistence lives in :mod:`twinkle.reporting`, which is not imported here.
 """
@@ -11,6 +14,13 @@ Persistence lives in :mod:`twinkle.reporting`, which is not imported here.
 from __future__ import annotations
 
 from twinkle.metric.base import Metric
+from twinkle.metric.flops import (
+    ModelShape,
+    forward_flops,
+    generation_flops,
+    model_shape,
+    training_flops,
+)
 from twinkle.metric.histogram import LengthHistogram
 from twinkle.metric.memory import (
     BINARY_UNITS,
@@ -23,6 +33,7 @@ from twinkle.metric.memory import (
     memory_report,
     reduce_readings,
 )
+from twinkle.metric.peaks import Peak, device_peak
 from twinkle.metric.throughput import THROUGHPUT_KEYS, ThroughputMetric
 
 __all__ = [
@@ -32,11 +43,18 @@ __all__ = [
     "LengthHistogram",
     "MemoryMetrics",
     "Metric",
+    "ModelShape",
+    "Peak",
     "Reduction",
     "ThroughputMetric",
     "convert_bytes",
+    "device_peak",
+    "forward_flops",
     "gather_readings",
+    "generation_flops",
     "memory_metrics",
     "memory_report",
+    "model_shape",
     "reduce_readings",
+    "training_flops",
 ]

@@ -1,0 +1,239 @@
+"""Model FLOPs from a model's configuration: what a forward pass, a training step and a
+generation cost in floating-point operations (docs/metrics.md, "Model FLOPs").
+
+Pure arithmetic on the configuration's numbers (a transformers config object or its
+``to_dict()``); nothing here imports torch. A matrix product of ``m x k`` by ``k x n``
+is ``2·m·k·n`` FLOPs (a multiply and an add per term). Counted, per layer and token:
+
+* the linear layers: attention's projections (Qwen3-Next and Qwen3.5 gate their
+  attention output: their query projection is twice as wide), the MLP's three matrices
+  (gate, up, down: SwiGLU and GeGLU alike), a mixture of experts' router, its
+  ``num_experts_per_tok`` active experts and its shared expert with its gate;
+* the attention scores and their use on the values, ``4·heads·head_dim`` per key a
+  query sees: a causal sequence's token at position ``i`` (from 1) sees ``i`` keys, a
+  sliding-window layer's at most its window;
+* a linear-attention layer (the gated delta rule of Qwen3-Next and Qwen3.5): its
+  projections, its depthwise convolution (``2·channels·kernel``) and its recurrence in
+  the recurrent form, ``6·head_k_dim·head_v_dim`` per value head (read the state with
+  the key, write the correction, read it with the query);
+* the LM head, ``2·hidden·vocab`` for each token whose logits are computed.
+
+Not counted: the embedding lookup (a gather, no arithmetic), norms, activations,
+rotary embeddings, softmax and residual adds (elementwise: under 1 % of a layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from twinkle.errors import InvalidArgumentError
+
+__all__ = [
+    "FAMILIES",
+    "FORMULA",
+    "ModelShape",
+    "forward_flops",
+    "generation_flops",
+    "model_shape",
+    "training_flops",
+]
+
+#: the name of the formulas here, carried by every figure made with them
+FORMULA = "twinkle-analytic-1"
+
+#: the model types read, by family
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "llama": ("llama", "mistral", "qwen2", "qwen3", "gemma"),
+    "moe": ("qwen2_moe", "qwen3_moe"),
+    "hybrid": ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+}
+_GATED_ATTENTION = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+_WRAPPERS = {"qwen3_5": "text_config", "qwen3_5_moe": "text_config"}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The numbers of a decoder-only model that its FLOPs depend on."""
+
+    model_type: str
+    hidden: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    #: per layer: "full_attention", "sliding_attention" or "linear_attention"
+    layer_types: tuple[str, ...]
+    #: per layer: the MLP's per-token FLOPs
+    mlp: tuple[int, ...]
+    sliding_window: int | None = None
+    gated_attention: bool = False
+    #: the linear-attention layers' (key heads, value heads, head k dim, head v dim, kernel)
+    linear: tuple[int, int, int, int, int] | None = None
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_types)
+
+    def linear_per_token(self) -> dict[str, int]:
+        """Each counted term that every token pays (no attention scores), in FLOPs."""
+        d, hd = self.hidden, self.head_dim
+        q_out = self.heads * hd * (2 if self.gated_attention else 1)
+        attention = 2 * d * (q_out + 2 * self.kv_heads * hd) + 2 * self.heads * hd * d
+        full = sum(t != "linear_attention" for t in self.layer_types)
+        terms = {"attention_projections": full * attention, "mlp": sum(self.mlp)}
+        if self.linear is not None:
+            k_heads, v_heads, k_dim, v_dim, kernel = self.linear
+            key, value = k_heads * k_dim, v_heads * v_dim
+            # in: q, k, v and the output gate z; b and a (one each per value head); out
+            projections = 2 * d * (2 * key + 2 * value + 2 * v_heads) + 2 * value * d
+            convolution = 2 * (2 * key + value) * kernel
+            recurrence = 6 * v_heads * k_dim * v_dim
+            count = self.layers - full
+            terms["linear_attention_projections"] = count * projections
+            terms["linear_attention_convolution"] = count * convolution
+            terms["linear_attention_recurrence"] = count * recurrence
+        return terms
+
+    def attention_flops(self, length: int) -> int:
+        """The attention scores and their values of one causal sequence of ``length``."""
+        full = length * (length + 1) // 2  # keys seen, added over the positions
+        per_key = 4 * self.heads * self.head_dim
+        total = 0
+        for kind in self.layer_types:
+            if kind == "full_attention":
+                total += per_key * full
+            elif kind == "sliding_attention":
+                window = self.sliding_window or length
+                capped = min(window, length)
+                # positions 1..w see themselves and those before, the rest w keys each
+                total += per_key * (capped * (capped + 1) // 2 + (length - capped) * window)
+        return total
+
+    @property
+    def lm_head(self) -> int:
+        """The LM head's FLOPs per token whose logits are computed."""
+        return 2 * self.hidden * self.vocab
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def model_shape(config: Any) -> ModelShape:
+    """The :class:`ModelShape` of a transformers configuration (object or dict); a model
+    type it does not know is refused by name (pass measured FLOPs instead)."""
+    model_type = _get(config, "model_type")
+    if model_type in _WRAPPERS:
+        config = _get(config, _WRAPPERS[model_type])
+        model_type = _get(config, "model_type")
+    known = [t for types in FAMILIES.values() for t in types]
+    if model_type not in known:
+        raise InvalidArgumentError(
+            f"no FLOPs formula for model type {model_type!r} (known: {', '.join(known)}); "
+            "count its FLOPs per token another way (torch.utils.flop_counter."
+            "FlopCounterMode on one forward pass) and pass that figure"
+        )
+    d = int(_get(config, "hidden_size"))
+    heads = int(_get(config, "num_attention_heads"))
+    layers = int(_get(config, "num_hidden_layers"))
+    head_dim = _get(config, "head_dim") or d // heads
+    types = _get(config, "layer_types")
+    window = _get(config, "sliding_window")
+    if model_type == "qwen2" and not _get(config, "use_sliding_window", False):
+        window = None
+    if types is None:
+        types = ["sliding_attention" if window else "full_attention"] * layers
+    linear = None
+    if "linear_attention" in types:
+        linear = tuple(
+            int(_get(config, f"linear_{key}"))
+            for key in (
+                "num_key_heads",
+                "num_value_heads",
+                "key_head_dim",
+                "value_head_dim",
+                "conv_kernel_dim",
+            )
+        )
+    return ModelShape(
+        model_type=model_type,
+        hidden=d,
+        vocab=int(_get(config, "vocab_size")),
+        heads=heads,
+        kv_heads=int(_get(config, "num_key_value_heads") or heads),
+        head_dim=int(head_dim),
+        layer_types=tuple(types),
+        mlp=tuple(_mlp_flops(config, d, layer) for layer in range(layers)),
+        sliding_window=int(window) if window else None,
+        gated_attention=bool(_get(config, "attn_output_gate", model_type in _GATED_ATTENTION)),
+        linear=linear,  # type: ignore[arg-type]
+    )
+
+
+def _mlp_flops(config: Any, d: int, layer: int) -> int:
+    """One token's MLP FLOPs in ``layer``: dense, or the router, the active experts and
+    the shared expert (with its one-output gate) of a mixture of experts."""
+    experts = int(_get(config, "num_experts", 0) or 0)
+    step = int(_get(config, "decoder_sparse_step", 1) or 1)
+    sparse = (
+        experts > 0
+        and layer not in (_get(config, "mlp_only_layers") or ())
+        and (layer + 1) % step == 0
+    )
+    if not sparse:
+        return 2 * 3 * d * int(_get(config, "intermediate_size"))
+    active = int(_get(config, "num_experts_per_tok"))
+    flops = 2 * d * experts + active * 2 * 3 * d * int(_get(config, "moe_intermediate_size"))
+    shared = int(_get(config, "shared_expert_intermediate_size", 0) or 0)
+    if shared:
+        flops += 2 * 3 * d * shared + 2 * d
+    return flops
+
+
+def _lengths(name: str, lengths: Sequence[int]) -> list[int]:
+    out = list(lengths)
+    if any(type(n) is not int or n < 0 for n in out):
+        raise InvalidArgumentError(f"{name} must be non-negative ints, got {out[:5]!r}")
+    return out
+
+
+def forward_flops(shape: ModelShape, lengths: Sequence[int], *, logits: str = "all") -> int:
+    """One forward pass over sequences of ``lengths`` (each causal, on its own), with the
+    LM head on every token (``logits="all"``, as training computes them) or none."""
+    tokens = _lengths("lengths", lengths)
+    per_token = sum(shape.linear_per_token().values())
+    head = shape.lm_head if logits == "all" else 0
+    return sum(n * (per_token + head) + shape.attention_flops(n) for n in tokens)
+
+
+def training_flops(shape: ModelShape, lengths: Sequence[int], *, recompute: bool = False) -> int:
+    """A training step over sequences of ``lengths``: the forward pass and the backward
+    pass (twice the forward: the gradients of the inputs and of the weights). With
+    activation recomputation the forward runs twice: the figure is then hardware FLOPs
+    (HFU), not model FLOPs."""
+    return (4 if recompute else 3) * forward_flops(shape, lengths)
+
+
+def generation_flops(
+    shape: ModelShape, prompt_lengths: Sequence[int], completion_lengths: Sequence[int]
+) -> int:
+    """Generating completions: each sequence's prefill of its prompt and its decode, one
+    token at a time against the growing KV cache, so every position ``i`` of prompt and
+    completion sees ``i`` keys; the LM head runs once per completion token (a prompt's
+    last position makes the first). A prefix cache's savings are not taken off."""
+    prompts = _lengths("prompt_lengths", prompt_lengths)
+    completions = _lengths("completion_lengths", completion_lengths)
+    if len(prompts) != len(completions):
+        raise InvalidArgumentError(
+            f"{len(prompts)} prompt lengths for {len(completions)} completion lengths: "
+            "give one prompt length per completion"
+        )
+    per_token = sum(shape.linear_per_token().values())
+    return sum(
+        (p + c) * per_token + shape.attention_flops(p + c) + c * shape.lm_head
+        for p, c in zip(prompts, completions, strict=True)
+    )
