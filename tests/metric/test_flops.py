@@ -208,3 +208,32 @@ def test_unknown_models_and_bad_lengths_are_refused_by_name():
         forward_flops(shape, [3, -1])
     with pytest.raises(InvalidArgumentError, match="2 prompt lengths for 1 completion"):
         generation_flops(shape, [3, 4], [2])
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [
+        ("qwen3_next", {}),
+        ("qwen3_5", {"full_attention_interval": 2}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2}),
+        ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+        ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3}),
+        ("qwen2_moe", {"use_sliding_window": False, "sliding_window": 8}),
+        ("mistral", {"sliding_window": 8}),
+    ],
+)
+def test_a_config_json_without_layer_types_gets_the_layers_transformers_builds(family, extra):
+    """A config.json read as a dict may lack ``layer_types``: they are derived as the
+    transformers config derives them (its object has them: the two shapes agree)."""
+    base = _configs()[family].to_dict()
+    base.pop("layer_types", None)
+    config = type(_configs()[family])(**{**base, **extra})
+    as_dict = {**config.to_dict(), **extra}  # (as config.json would carry them)
+    as_dict.pop("layer_types", None)
+    assert model_shape(as_dict) == model_shape(config)
+
+
+def test_lengths_may_be_numpy_ints():
+    np = pytest.importorskip("numpy")
+    shape = model_shape(_configs()["llama"])
+    assert forward_flops(shape, np.array([3, 5])) == forward_flops(shape, [3, 5])

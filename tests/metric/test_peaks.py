@@ -28,6 +28,8 @@ T = 10**12
         ("NVIDIA GB200", "bfloat16", "NVIDIA GB200", 2500),
         ("AMD Instinct MI300X", "bfloat16", "AMD Instinct MI300X", 1307.4),
         ("NVIDIA H100 80GB HBM3", "float8_e4m3fn", "NVIDIA H100 SXM", 1979),
+        ("AMD Instinct MI300X", "torch.float8_e4m3fnuz", "AMD Instinct MI300X", 2614.9),
+        ("NVIDIA H100 94GB NVL", "bfloat16", "NVIDIA H100 NVL", 835.5),
     ],
 )
 def test_reported_names_get_their_dense_peak_and_its_source(reported, dtype, device, tflops):
@@ -50,6 +52,7 @@ def test_the_sparse_datasheet_figure_is_never_the_peak():
         ("cpu", "float32", "'cpu' is not in twinkle's table"),
         ("NVIDIA A100-SXM4-80GB", "float8", "NVIDIA A100 has no float8 rate"),
         ("NVIDIA GH100", "bfloat16", "'NVIDIA GH100' is not in"),  # no H100 inside a word
+        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bfloat16", "is a MIG slice"),
     ],
 )
 def test_an_unknown_device_or_type_gets_no_peak_and_why(reported, dtype, why):

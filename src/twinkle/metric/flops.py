@@ -24,6 +24,7 @@ rotary embeddings, softmax and residual adds (elementwise: under 1 % of a layer)
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,12 +142,7 @@ def model_shape(config: Any) -> ModelShape:
     heads = int(_get(config, "num_attention_heads"))
     layers = int(_get(config, "num_hidden_layers"))
     head_dim = _get(config, "head_dim") or d // heads
-    types = _get(config, "layer_types")
-    window = _get(config, "sliding_window")
-    if model_type == "qwen2" and not _get(config, "use_sliding_window", False):
-        window = None
-    if types is None:
-        types = ["sliding_attention" if window else "full_attention"] * layers
+    types, window = _layer_types(config, model_type, layers)
     linear = None
     if "linear_attention" in types:
         linear = tuple(
@@ -169,9 +165,35 @@ def model_shape(config: Any) -> ModelShape:
         layer_types=tuple(types),
         mlp=tuple(_mlp_flops(config, d, layer) for layer in range(layers)),
         sliding_window=int(window) if window else None,
-        gated_attention=bool(_get(config, "attn_output_gate", model_type in _GATED_ATTENTION)),
+        gated_attention=model_type in _GATED_ATTENTION,  # (transformers always gates them)
         linear=linear,  # type: ignore[arg-type]
     )
+
+
+def _layer_types(config: Any, model_type: str, layers: int) -> tuple[list[str], int | None]:
+    """Each layer's attention and the sliding window: ``layer_types`` when the
+    configuration has them, else as transformers derives them for the model type."""
+    window = _get(config, "sliding_window") or None  # (Qwen2-MoE's "none" is 0)
+    if model_type.startswith("qwen") and not _get(config, "use_sliding_window", False):
+        window = None
+    types = _get(config, "layer_types")
+    if types is not None:
+        return list(types), window
+    if model_type in FAMILIES["hybrid"]:
+        interval = int(_get(config, "full_attention_interval", 4))
+        every = ["linear_attention"] * (interval - 1) + ["full_attention"]
+        return [every[i % interval] for i in range(layers)], window
+    below = int(_get(config, "max_window_layers", 28))
+    sliding: list[bool]
+    if window is None:
+        sliding = [False] * layers
+    elif model_type in ("qwen2", "qwen3"):
+        sliding = [i >= below for i in range(layers)]
+    elif model_type == "qwen2_moe":
+        sliding = [bool((i + 1) % 2) and i < below for i in range(layers)]
+    else:  # Mistral, Qwen3-MoE: every layer
+        sliding = [True] * layers
+    return ["sliding_attention" if s else "full_attention" for s in sliding], window
 
 
 def _mlp_flops(config: Any, d: int, layer: int) -> int:
@@ -179,10 +201,9 @@ def _mlp_flops(config: Any, d: int, layer: int) -> int:
     the shared expert (with its one-output gate) of a mixture of experts."""
     experts = int(_get(config, "num_experts", 0) or 0)
     step = int(_get(config, "decoder_sparse_step", 1) or 1)
-    sparse = (
-        experts > 0
-        and layer not in (_get(config, "mlp_only_layers") or ())
-        and (layer + 1) % step == 0
+    sparse = experts > 0 and (
+        _get(config, "model_type") == "qwen3_5_moe_text"  # (every layer: no other keys)
+        or (layer not in (_get(config, "mlp_only_layers") or ()) and (layer + 1) % step == 0)
     )
     if not sparse:
         return 2 * 3 * d * int(_get(config, "intermediate_size"))
@@ -195,9 +216,12 @@ def _mlp_flops(config: Any, d: int, layer: int) -> int:
 
 
 def _lengths(name: str, lengths: Sequence[int]) -> list[int]:
-    out = list(lengths)
-    if any(type(n) is not int or n < 0 for n in out):
-        raise InvalidArgumentError(f"{name} must be non-negative ints, got {out[:5]!r}")
+    try:
+        out = [operator.index(n) for n in lengths]  # (numpy's and torch's ints too)
+    except TypeError:
+        out = [-1]
+    if any(n < 0 for n in out):
+        raise InvalidArgumentError(f"{name} must be non-negative ints, got {list(lengths)[:5]!r}")
     return out
 
 

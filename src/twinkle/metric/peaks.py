@@ -20,7 +20,8 @@ __all__ = ["DTYPES", "Peak", "device_peak"]
 DTYPES = ("float8", "bfloat16", "float16", "tf32", "float32")
 _ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
             "float": "float32", "fp8": "float8", "float8_e4m3fn": "float8",
-            "float8_e5m2": "float8"}  # fmt: skip
+            "float8_e5m2": "float8", "float8_e4m3fnuz": "float8",
+            "float8_e5m2fnuz": "float8"}  # fmt: skip
 
 _NVIDIA_H100 = "https://www.nvidia.com/en-us/data-center/h100/ (datasheet)"
 _NVIDIA_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (datasheet)"
@@ -49,10 +50,15 @@ _HOPPER_NVL = _rates(3341 / 2, 1671 / 2, 835 / 2, 60)
 
 #: (device, a pattern its reported name matches, in this order, rates, source)
 _TABLE: tuple[tuple[str, str, dict[str, float], str], ...] = (
-    ("NVIDIA H200 NVL", r"\bh200 nvl\b", _HOPPER_NVL, _NVIDIA_H200),
+    ("NVIDIA H200 NVL", r"\bh200\b.*\bnvl\b", _HOPPER_NVL, _NVIDIA_H200),
     ("NVIDIA H200 SXM", r"\bh200\b", _HOPPER_SXM, _NVIDIA_H200),
-    ("NVIDIA H100 NVL", r"\bh100 nvl\b", _HOPPER_NVL, _NVIDIA_H100),
-    ("NVIDIA H100 PCIe", r"\bh100 pcie\b", _rates(3026 / 2, 1513 / 2, 756 / 2, 51), _NVIDIA_H100),
+    ("NVIDIA H100 NVL", r"\bh100\b.*\bnvl\b", _HOPPER_NVL, _NVIDIA_H100),
+    (
+        "NVIDIA H100 PCIe",
+        r"\bh100\b.*\bpcie\b",
+        _rates(3026 / 2, 1513 / 2, 756 / 2, 51),
+        _NVIDIA_H100,
+    ),
     # (an SXM H100 reports its memory: "NVIDIA H100 80GB HBM3")
     ("NVIDIA H100 SXM", r"\bh100\b", _HOPPER_SXM, _NVIDIA_H100),
     # SXM4 and PCIe, 40 and 80 GB: one rate
@@ -89,6 +95,16 @@ def device_peak(reported_name: str, dtype: str) -> Peak:
     kind = str(dtype).removeprefix("torch.")
     kind = _ALIASES.get(kind, kind)
     name = _normal(reported_name)
+    if re.search(r"\bmig\b", name):
+        return Peak(
+            reported_name,
+            kind,
+            None,
+            reason=(
+                f"{reported_name!r} is a MIG slice: a fraction of the device's compute "
+                "that its name does not say; pass the slice's peak"
+            ),
+        )
     for device, pattern, rates, source in _TABLE:
         if re.search(pattern, name):
             rate = rates.get(kind)
