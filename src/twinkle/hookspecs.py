@@ -128,6 +128,11 @@ class RunContext:
     n for its n-th resume. The logged events fed again may hold the ``run_resumed`` of
     earlier segments: the new segment begins at the ``run_resumed`` whose ``segment`` is
     this one.
+
+    ``checkpoint`` is set when a resume starts from the checkpoint an earlier segment
+    left (only when every observer is twinkle's own): its first ``checkpoint.events``
+    logged events are not fed again (twinkle's observers get their state back, its sinks
+    continue their files), only the rest of the ``resumed_events``. None otherwise.
     """
 
     run_id: str
@@ -137,6 +142,7 @@ class RunContext:
     stash: Stash = field(default_factory=Stash, compare=False, repr=False)
     resumed_events: int = 0
     segment: int = 0
+    checkpoint: Any = field(default=None, compare=False, repr=False)
 
 
 @hookspec

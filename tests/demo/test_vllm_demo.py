@@ -102,7 +102,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
 def test_the_run_is_ok_with_the_five_files_and_nothing_left_running(demo: Demo) -> None:
     assert demo.summary["status"] == "ok", demo.summary["error"]
     assert sorted(p.name for p in demo.run_dir.iterdir() if not p.name.startswith(".")) == sorted(
-        FILES
+        (*FILES, "checkpoint.bin")  # (a finished segment's: a resume starts from it)
     )
     assert "run r: ok" in demo.stdout and "steady state" in demo.stdout
     assert demo.summary["counts"]["optimizer_updates"]["final"] == ITERATIONS * 4

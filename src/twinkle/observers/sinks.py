@@ -99,6 +99,8 @@ class _FileBackendSink:
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
         self._rebuilding = (new, path, _count_lines(path))
         self._segment = context.segment
+        if context.checkpoint is not None:  # the lines the checkpoint covers, as they are
+            _copy_head(path, new, context.checkpoint.files[self.FILE].size)
         return self._open(new, context)
 
     @hookimpl
@@ -134,6 +136,19 @@ class _FileBackendSink:
             rebuilding[0].unlink(missing_ok=True)
 
 
+def _copy_head(source: Path, target: Path, size: int) -> None:
+    """``target`` made to hold the first ``size`` bytes of ``source``."""
+    with source.open("rb") as src, target.open("wb") as dst:
+        while size > 0 and (chunk := src.read(min(size, 1 << 20))):
+            dst.write(chunk)
+            size -= len(chunk)
+    if size:
+        raise ReporterError(
+            f"{str(source)!r} is shorter than the checkpoint it resumes from says: "
+            "it changed while the run resumed; start the run again"
+        )
+
+
 def _count_lines(path: Path) -> int:
     """The complete lines of ``path`` (0 when there is no such file)."""
     try:
@@ -148,6 +163,12 @@ def _count_lines(path: Path) -> int:
         ) from exc
 
 
+def _appends(context: RunContext) -> bool:
+    """Whether a record file is appended to: a new run's, or a resume's from a
+    checkpoint (its new file begins with the lines the checkpoint covers)."""
+    return context.resumed_events == 0 or context.checkpoint is not None
+
+
 class RawRecordsSink(_FileBackendSink):
     """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``
     (rebuilt whole when the run resumes)."""
@@ -155,7 +176,7 @@ class RawRecordsSink(_FileBackendSink):
     FILE = RAW_FILE
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
-        return JsonlBackend(path, append=context.resumed_events == 0)
+        return JsonlBackend(path, append=_appends(context))
 
 
 class WebUISink(_FileBackendSink):
@@ -172,7 +193,7 @@ class WebUISink(_FileBackendSink):
             path,
             total_steps=config.total_steps,
             hold=config.finalise_lag + 2,
-            append=context.resumed_events == 0,
+            append=_appends(context),
         )
 
 
@@ -254,6 +275,11 @@ class EventLogSink:
         self.failure: ReporterError | None = None
 
     @property
+    def logged(self) -> int:
+        """The events the log holds: the next line's ``seq`` (once its writer wrote them)."""
+        return self._seq
+
+    @property
     def stats(self) -> WriterStats | None:
         """The event-log writer's counters (batches), None when no log is written."""
         return None if self._batches is None else self._batches.stats
@@ -282,7 +308,9 @@ class EventLogSink:
         except BaseException:
             writer.close()
             raise
-        self._skip = self._resumed = context.resumed_events
+        # (from a checkpoint, only the events after it are fed again)
+        restored = 0 if context.checkpoint is None else context.checkpoint.events
+        self._skip = self._resumed = context.resumed_events - restored
         self._live = not context.replay
         self.writer = writer
         self._batches = BatchWriter(

@@ -4,11 +4,12 @@ within a size budget."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from twinkle.checks import OWN_SOURCE_PREFIX
-from twinkle.errors import ConfigError, RecordError, WriteError
+from twinkle.errors import ConfigError, RecordError, ReporterError, WriteError
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -137,6 +138,7 @@ class TraceSink:
         self._budget = TraceBudget(TRACE_BUDGET_MB * 10**6)
         self._batches: BatchWriter[Event | PathSlices] | None = None
         self._context: RunContext | None = None  # (its stash holds the run's timeline)
+        self._written = 0  # bytes written into the file so far (its tail not yet)
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -146,6 +148,7 @@ class TraceSink:
             self._out = ReplacingFile(self.path)
             try:
                 self._out.write(self._HEAD)
+                self._written = len(self._HEAD)
                 self._batches = BatchWriter(
                     self._write_events,
                     name=f"trace {str(self.path)!r}",
@@ -243,6 +246,38 @@ class TraceSink:
             elif out is not None:
                 out.discard()  # the run never finished (its start failed): keep what was
 
+    # -- checkpoints -----------------------------------------------------------------------
+
+    #: what a checkpoint does not carry: the file, its writer, the run's frame
+    _RUNTIME = frozenset({"path", "_out", "_finished", "_broken", "_batches", "_context"})
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What the trace holds so far (once its writer wrote every event: at a
+        segment's end, before its tail), for a checkpoint; ``_written`` bytes of the
+        file are the part before the tail, which a resume copies back."""
+        if self._batches is not None:
+            self._batches.flush()  # (its writer thread has turned every event into lines)
+        return {k: v for k, v in vars(self).items() if k not in self._RUNTIME}
+
+    def restore(self, state: dict[str, Any], trace: Path) -> None:
+        """Take ``state`` back, and the first ``state["_written"]`` bytes of ``trace``
+        (the file the checkpoint's segment put in place) into the new file."""
+        if self._out is None:
+            vars(self).update(state)
+            return
+        with trace.open("rb") as f:
+            f.seek(len(self._HEAD))  # (written at configure)
+            left = state["_written"] - len(self._HEAD)
+            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+                self._out.write(chunk)
+                left -= len(chunk)
+        if left:
+            raise ReporterError(
+                f"{str(trace)!r} is shorter than the checkpoint it resumes from says: it "
+                "changed while the run resumed; start the run again"
+            )
+        vars(self).update(state)
+
     # -- the writer's side -----------------------------------------------------------------
 
     def _write_events(self, events: list[Event | PathSlices]) -> None:
@@ -258,8 +293,10 @@ class TraceSink:
             lines += self._budget.ready()
         if lines and self._out is not None and self._broken is None:
             lines.append(b"")  # every line ends with ",\n"
+            data = b",\n".join(lines)
             try:
-                self._out.write(b",\n".join(lines))  # one (buffered) write per batch
+                self._out.write(data)  # one (buffered) write per batch
+                self._written += len(data)
             except OSError as exc:
                 self._broken = exc  # part of the batch may be in: never commit this file
                 raise

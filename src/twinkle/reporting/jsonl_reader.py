@@ -81,8 +81,11 @@ class JsonlReader(Iterator[dict[str, Any]]):
         allow_torn_tail: bool = False,
         *,
         fragments: bool = True,
+        start: tuple[int, int] = (0, 0),
     ) -> None:
         self.path = path
+        #: where reading begins: (a byte offset at a line's start, the lines before it)
+        self._start = start
         self.on_error = on_error
         self.allow_torn_tail = allow_torn_tail
         self.skipped = 0
@@ -190,8 +193,9 @@ class JsonlReader(Iterator[dict[str, Any]]):
         limit = _max_line()
         with f:
             readline = f.readline
-            offset = 0
-            lineno = 0
+            offset, lineno = self._start
+            if offset:
+                f.seek(offset)
             while line := readline(limit + 1):  # bounded: never more than the limit
                 lineno += 1
                 start = offset
@@ -219,6 +223,7 @@ def read_jsonl(
     *,
     on_error: Literal["raise", "skip"] = "raise",
     allow_torn_tail: bool = False,
+    start: tuple[int, int] = (0, 0),
 ) -> JsonlReader:
     """Iterate the JSON objects of a JSONL file, lazily, in file order.
 
@@ -233,9 +238,10 @@ def read_jsonl(
     of a co-appender killed while writing it, byte for byte (its offset, length and
     sha256): that one is passed over, logged and listed in ``fragment_lines``. A missing
     file raises :class:`~twinkle.errors.ReporterError` when iteration starts.
+    ``start`` = (byte offset, lines before it) begins at a line's start, numbering on.
     """
     if on_error not in ("raise", "skip"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
-    return JsonlReader(Path(path), on_error, bool(allow_torn_tail))
+    return JsonlReader(Path(path), on_error, bool(allow_torn_tail), start=start)

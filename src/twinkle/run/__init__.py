@@ -1,6 +1,7 @@
 """The run lifecycle: :class:`Run` (one run's observers and outputs), fed live by a
 :class:`RunSession` or from a log by :func:`replay`."""
 
+from twinkle.run._checkpoint import CHECKPOINT_FILE
 from twinkle.run._config import check_config
 from twinkle.run._replay import ReplayResult, iter_events, replay
 from twinkle.run._run import Run, RunState
@@ -9,6 +10,7 @@ from twinkle.run._signals import SignalGuard, SignalInterrupt, finish_on_signals
 from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = [
+    "CHECKPOINT_FILE",
     "SUMMARY_FILE",
     "ReplayResult",
     "Resumed",

@@ -93,14 +93,19 @@ class _EventLog(Iterator[Event]):
     run accepted the event, so that what is wrong with an event itself, a second
     ``run_started`` say, is said first)."""
 
-    def __init__(self, path: Path, *, defer_seq: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, defer_seq: bool = False, after: tuple[int, int] | None = None
+    ) -> None:
         self.path = path
-        self._reader = read_jsonl(path, allow_torn_tail=True)
+        offset, events = after or (0, 0)
+        # (after a checkpoint: its lines are numbered as its events, seq'd by the writer)
+        self._reader = read_jsonl(path, allow_torn_tail=True, start=(offset, events))
         self._defer_seq = defer_seq
         self._seq: object = _NOTHING  # the seq of the line read last, until checked
         self._seq_line = 0
-        self._count = 0  # events checked so far: the next line's seq
-        self._numbered_at: int | None = None  # line number of the first line with a seq
+        self._count = events  # events checked so far: the next line's seq
+        # line number of the first line with a seq
+        self._numbered_at: int | None = 1 if after else None
 
     @property
     def torn_line(self) -> int | None:
@@ -201,13 +206,16 @@ def _log_path(events: str | os.PathLike[str]) -> Path:
     return path
 
 
-def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
+def iter_events(
+    path: str | os.PathLike[str], *, after: tuple[int, int] | None = None
+) -> Iterator[Event]:
     """The events of a log (a path to ``events.jsonl`` or its run directory), in order; a
     malformed line, or one whose ``seq`` is not its place in the file, raises
     :class:`ReplayError` naming the file and line number. A torn last line (no newline,
     not a JSON object: a crash stopped its write) is passed over and logged; see
-    :func:`replay`."""
-    return _EventLog(_log_path(path))
+    :func:`replay`. ``after`` = (byte offset, events before it): only the events from
+    that line on (a checkpoint's tail)."""
+    return _EventLog(_log_path(path), after=after)
 
 
 class _Staging:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
+import pickle
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, cast, final
 
 import pluggy
@@ -37,7 +40,14 @@ from twinkle.events import (
     read_back,
 )
 from twinkle.hookspecs import RunContext
-from twinkle.observers import EventLogSink
+from twinkle.observers import (
+    EVENTS_FILE,
+    RAW_FILE,
+    TIMELINE,
+    TRACE_FILE,
+    WEBUI_FILE,
+    EventLogSink,
+)
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
     Dispatcher,
@@ -54,6 +64,14 @@ from twinkle.reporting import (
     check_backend_timeout,
     make_dirs,
 )
+from twinkle.run._checkpoint import (
+    Checkpoint,
+    mark,
+    observers_of,
+    restore_observers,
+    snapshot_observers,
+)
+from twinkle.run._checkpoint import write as write_checkpoint
 from twinkle.run._config import (
     RESUMABLE_CONFIG,
     check_config,
@@ -68,6 +86,8 @@ from twinkle.run._summary import (
 )
 
 __all__ = ["Run", "RunState"]
+
+_log = logging.getLogger("twinkle.run")
 
 
 class RunState(enum.Enum):
@@ -180,6 +200,8 @@ class Run:
                 self.pm, slow_call_s=self._slow_call_s, required=self._required
             )
             calls.configure(self.context)
+            if self.context.checkpoint is not None:
+                self._restore(self.context.checkpoint)
             names, backends = self._backends(calls.make_backends(self.context))
             self.reporter = MetricsReporter(
                 backends, run_id=self.run_id, background=self._background, names=names
@@ -192,6 +214,74 @@ class Run:
             self.state = RunState.FAILED
             self.close()
             raise
+
+    def restore_order(self, order: tuple[Any, ...]) -> None:
+        """The order checks' state as a checkpoint left it."""
+        self._order.last_boundary, self._order.last_iteration, self._order.last_step = order
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """The run as the checkpoint left it: its segments, its order, its observers'
+        failures, each observer's state."""
+        state = checkpoint.state()
+        self.segments = state["segments"]
+        self.restore_order(state["order"])
+        assert self.calls is not None
+        self.calls.failures.update(state["failures"])
+        restore_observers(self.pm, state["observers"], self.context)
+
+    def _snapshot(self) -> tuple[bytes, int] | None:
+        """The run's state for a checkpoint (once the observers saw every event of the
+        segment, before the outputs close), pickled, and the bytes of the trace before
+        its tail; None when a checkpoint cannot hold it (no run directory, a replay, a
+        plugin that is not twinkle's) or taking it failed (logged: the run goes on)."""
+        if self.context.out_dir is None or self.context.replay or self.calls is None:
+            return None
+        if observers_of(self.pm) is None:
+            return None
+        order = self._order
+        try:
+            observers = snapshot_observers(self.pm)
+            state = {
+                "segments": self.segments,
+                "order": (order.last_boundary, order.last_iteration, order.last_step),
+                "failures": dict(self.calls.failures),
+                "observers": observers,
+            }
+            trace = next(s["_written"] for s in observers.values() if "_written" in s)
+            return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), trace
+        except Exception as exc:  # (whatever pickling or a sink's flush raises)
+            _log.warning(
+                "run %r: no checkpoint taken (%s); a resume re-reads the log", self.run_id, exc
+            )
+            return None
+
+    def _checkpoint(self, out: Path, snapshot: tuple[bytes, int]) -> Checkpoint:
+        """The checkpoint of the closed segment's ``snapshot``: where its files stand."""
+        payload, trace = snapshot
+        log = next(p for p in self.pm.get_plugins() if isinstance(p, EventLogSink))
+        files = {
+            EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, log.logged)
+        }
+        for name in (RAW_FILE, WEBUI_FILE):
+            files[name] = mark(out / name, (out / name).stat().st_size, _count_lines(out / name))
+        files[TRACE_FILE] = mark(out / TRACE_FILE, trace, 0)
+        finish = self.segments[-1].finish
+        backends = self.segments[-1].backends
+        assert finish is not None
+        timeline = self.context.stash.get(TIMELINE)
+        last = max(finish.monotonic_ns, timeline.latest_ns if timeline is not None else 0)
+        if backends is not None:
+            last = max(last, backends.monotonic_ns)
+        scan = {
+            "segments": len(self.segments),
+            "last_ns": last,
+            "last_wall_ns": (backends or finish).wall_ns,
+            "last_iteration": self._order.last_iteration,
+            "optimizer_steps": self._order.last_step,
+        }
+        names = observers_of(self.pm)
+        assert names is not None
+        return Checkpoint(self.run_id, log.logged, files, scan, names, payload)
 
     def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
@@ -398,6 +488,7 @@ class Run:
             if self.dispatcher is not None:
                 self.dispatcher.flush()  # every observer has seen run_finished
             summary = build_summary(self.finished, self.calls, self.segments)
+            snapshot = self._snapshot()
             self.state = RunState.FINISHED
         except BaseException:
             self.close()
@@ -407,6 +498,7 @@ class Run:
             self.close()
             _raise_event_log_failure(self.pm)
         except BaseException as exc:
+            snapshot = None  # (outputs that did not close are no state to resume from)
             # Records or the log may not be durable: the summary must not say "ok".
             summary["status"] = "error"
             closing = f"closing the run's outputs failed: {type(exc).__name__}: {exc}"
@@ -417,7 +509,23 @@ class Run:
             out = self.context.out_dir
             if out is not None:
                 write_summary(out / SUMMARY_FILE, summary)
+        if snapshot is not None:
+            self._write_checkpoint(snapshot)
         return summary
+
+    def _write_checkpoint(self, snapshot: tuple[bytes, int]) -> None:
+        """The checkpoint of the segment that just finished: its state, and where the
+        log, the record files and the trace (its part before the tail) stand. A
+        checkpoint that cannot be written is logged and left out: a resume then feeds
+        the whole log again."""
+        out = self.context.out_dir
+        assert out is not None and self.finished is not None
+        try:
+            write_checkpoint(out, self._checkpoint(out, snapshot))
+        except (OSError, TwinkleError) as exc:
+            _log.warning(
+                "run %r: no checkpoint written (%s); a resume re-reads the log", self.run_id, exc
+            )
 
     def close(self) -> None:
         """Flush and close the reporter, let every plugin close its files, free the
@@ -445,6 +553,11 @@ class Run:
                     calls.call("twinkle_unconfigure", context=self.context)
             finally:
                 self.pm.release()  # also when the start failed before configuring
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def _raise_event_log_failure(pm: pluggy.PluginManager) -> None:

@@ -32,12 +32,13 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
+import orjson
 import pluggy
 
 from twinkle.checks import caller_source
@@ -78,6 +79,8 @@ from twinkle.plugins import (
     make_plugin_manager,
 )
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter, make_dirs, sync_dir
+from twinkle.run._checkpoint import NO_CHECKPOINT, Checkpoint, observers_of
+from twinkle.run._checkpoint import load as load_checkpoint
 from twinkle.run._config import (
     RESUMABLE_CONFIG,
     check_config,
@@ -102,7 +105,9 @@ class Resumed:
     where the earlier segments stopped — a restarted trainer continues from
     :attr:`next_iteration` and step ``optimizer_steps + 1`` (iterations and steps only
     go forward); ``previous_status`` is the previous segment's status, None when it
-    stopped without finishing (it is then closed with an ``error`` status).
+    stopped without finishing (it is then closed with an ``error`` status);
+    ``restored_events`` the first of ``events`` that the run's checkpoint stood for
+    (the observers were fed only the rest).
     """
 
     segment: int
@@ -110,6 +115,8 @@ class Resumed:
     last_iteration: int | None
     optimizer_steps: int
     previous_status: Status | None
+    #: the events whose effect came back from the run's checkpoint (not fed again)
+    restored_events: int = 0
 
     @property
     def next_iteration(self) -> int:
@@ -229,6 +236,7 @@ class RunSession:
         self._created = False  # whether start() made the run directory
         #: set by start() when the run directory held a log: what it found there
         self.resumed: Resumed | None = None
+        self._checkpoint: Checkpoint | None = None  # the one a resume starts from
         # A log already here is a run to resume: this session's clock continues its
         # timeline (decided now, as the recorders read the clock from the start).
         self._shift: list[int] | None = None
@@ -302,7 +310,10 @@ class RunSession:
             if scan is not None:
                 self._check_resumable(scan)
                 self.run.context = dataclasses.replace(
-                    self.run.context, resumed_events=scan.events, segment=scan.segments
+                    self.run.context,
+                    resumed_events=scan.events,
+                    segment=scan.segments,
+                    checkpoint=self._checkpoint,
                 )
                 self.context = self.run.context
             self.run.start()
@@ -392,16 +403,21 @@ class RunSession:
 
     def _scan(self, log: Path) -> _Scan | None:
         """Check the log through a run without observers (the lifecycle and order checks
-        the resumed run will apply, so feeding it again cannot fail half-way)."""
+        the resumed run will apply, so feeding it again cannot fail half-way): the events
+        after the run's checkpoint when it has one this resume can use
+        (:attr:`_checkpoint`), else all of them."""
         checker = Run(
             make_plugin_manager(autoload=False, builtins=False),
             RunContext(self.run_id, None, {}, replay=True),
             background=False,
         )
+        checkpoint = self._checkpoint = self._usable_checkpoint(log.parent)
         scan: _Scan | None = None
         checker.start()
         try:
-            for event in iter_events(log):
+            if checkpoint is not None:
+                scan = _scan_of(checkpoint, checker)
+            for event in _logged(log, checkpoint):
                 if scan is None:
                     if not isinstance(event, RunStarted) or event.run_id != self.run_id:
                         raise ConfigError(
@@ -420,6 +436,29 @@ class RunSession:
         finally:
             checker.close()
         return scan
+
+    def _usable_checkpoint(self, out: Path) -> Checkpoint | None:
+        """The run's checkpoint when this resume can start from it, else None (why not is
+        logged: the whole log is fed again, as without one)."""
+        names = observers_of(self.run.pm)
+        found: Checkpoint | str = (
+            "an observer plugin that is not twinkle's is loaded (a plugin rebuilds its "
+            "outputs from every event it sees)"
+            if names is None
+            else load_checkpoint(out, self.run_id, names)
+        )
+        if isinstance(found, Checkpoint):
+            last = found.state()["segments"][-1].start.config
+            if _canonical(last) != _canonical(self.run.context.config):
+                found = (
+                    "this session's configuration differs from the one the checkpoint's "
+                    "segment ran with (every output is rebuilt under the new one)"
+                )
+        if isinstance(found, str):
+            level = logging.INFO if found == NO_CHECKPOINT else logging.WARNING
+            log.log(level, "run %r resumes from its whole log: %s", self.run_id, found)
+            return None
+        return found
 
     def _check_resumable(self, scan: _Scan) -> None:
         self._check_resume_asked(scan)
@@ -493,9 +532,10 @@ class RunSession:
         # already (they published it the first time): the bus drops it until the run
         # goes on, and the event log skips exactly the events fed again.
         self.bus.bind(_logged_already)
+        checkpoint = self._checkpoint
         try:
-            count = 0
-            for event in iter_events(out / EVENTS_FILE):
+            count = 0 if checkpoint is None else checkpoint.events
+            for event in _logged(out / EVENTS_FILE, checkpoint):
                 if count == scan.events:
                     break  # only what the scan checked
                 self.run.submit(event)
@@ -529,6 +569,7 @@ class RunSession:
             last_iteration=scan.last_iteration,
             optimizer_steps=scan.optimizer_steps,
             previous_status=None if scan.finished is None else scan.finished.status,
+            restored_events=0 if checkpoint is None else checkpoint.events,
         )
         self.bus.run_resumed(
             segment,
@@ -767,6 +808,38 @@ def _check_flags(*, autoload: object, **flags: object) -> None:
 def _logged_already(event: Any) -> None:
     """The bus's receiver while a resumed run's logged events go by again."""
     log.debug("dropped %s published while resuming: the log holds it", event.TYPE)
+
+
+def _logged(log: Path, checkpoint: Checkpoint | None) -> Iterator[Any]:
+    """The log's events: after ``checkpoint``'s when there is one, else all."""
+    if checkpoint is None:
+        return iter_events(log)
+    return iter_events(log, after=(checkpoint.files[EVENTS_FILE].size, checkpoint.events))
+
+
+def _scan_of(checkpoint: Checkpoint, checker: Run) -> _Scan:
+    """The scan of the events ``checkpoint`` stands for (its figures), and ``checker``
+    given its segments and order, to check the events after them."""
+    state, figures = checkpoint.state(), checkpoint.scan
+    segments = state["segments"]
+    checker.segments = [dataclasses.replace(s) for s in segments]  # (its own: it adds)
+    checker.restore_order(state["order"])
+    started = segments[0].start
+    return _Scan(
+        started,
+        events=checkpoint.events,
+        segments=figures["segments"],
+        finished=segments[-1].finish,
+        last_ns=figures["last_ns"],
+        last_wall_ns=figures["last_wall_ns"],
+        last_iteration=figures["last_iteration"],
+        optimizer_steps=figures["optimizer_steps"],
+        clock_skew=ClockSkewTolerance.parse(started.config),
+    )
+
+
+def _canonical(config: Any) -> bytes:
+    return orjson.dumps(read_back(config), option=orjson.OPT_SORT_KEYS)
 
 
 def _note(scan: _Scan, event: Any) -> None:

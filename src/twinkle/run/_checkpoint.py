@@ -1,0 +1,300 @@
+"""Checkpoints: the observers' state at the end of a segment, so that a resume feeds
+them only the log's tail (docs/metrics.md, "Resuming from a checkpoint").
+
+A segment that finishes writes ``checkpoint.bin`` beside its log, last (after the
+summary), durably: a JSON header line, then the state, pickled. The header says what
+the state covers: the log's first ``events`` events (``log_bytes`` bytes), the record
+files' and the trace's first bytes and lines, and a digest of the last bytes of each,
+so that a resume can tell the files still begin as they did.
+
+A resume uses it only when everything agrees: the same format, the same twinkle code
+(a digest of its sources) and Python, the same run, the same observers (twinkle's
+own only: a plugin rebuilds its outputs from the events it sees), the state's digest,
+and each file's length and digest. Anything else, it says why and feeds the whole log
+again, as a resume without a checkpoint does: never a wrong figure. The state is read
+by an unpickler that only makes twinkle's classes and plain Python values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+import twinkle
+from twinkle.hookspecs import RunContext
+from twinkle.observers import (
+    TIMELINE,
+    TRACE_FILE,
+    EventLogSink,
+    RawRecordsSink,
+    TimelineObserver,
+    TraceSink,
+    WebUISink,
+)
+from twinkle.plugins import is_builtin_observer
+from twinkle.reporting import ReplacingFile
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "NO_CHECKPOINT",
+    "Checkpoint",
+    "FileMark",
+    "code_digest",
+    "load",
+    "mark",
+    "observers_of",
+    "restore_observers",
+    "snapshot_observers",
+    "write",
+]
+
+CHECKPOINT_FILE: Final = "checkpoint.bin"
+NO_CHECKPOINT: Final = "the run has no checkpoint"
+FORMAT: Final = 1
+#: the bytes of a file's end that its digest covers
+TAIL_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FileMark:
+    """Where a file stood when the checkpoint was taken: its first ``size`` bytes (``lines``
+    lines) and the digest of the last :data:`TAIL_BYTES` of them."""
+
+    size: int
+    lines: int
+    tail: str
+
+    def matches(self, path: Path) -> str | None:
+        """None when ``path`` still begins so, else why not."""
+        try:
+            with path.open("rb") as f:
+                have = os.fstat(f.fileno()).st_size
+                if have < self.size:
+                    return f"{path.name} holds {have} bytes, fewer than its {self.size}"
+                f.seek(max(0, self.size - TAIL_BYTES))
+                tail = f.read(self.size - max(0, self.size - TAIL_BYTES))
+        except OSError as exc:
+            return f"cannot read {path.name} ({exc.strerror or exc})"
+        if hashlib.sha256(tail).hexdigest() != self.tail:
+            return f"{path.name} no longer begins with the bytes the checkpoint covers"
+        return None
+
+
+def mark(path: Path, size: int, lines: int) -> FileMark:
+    """The :class:`FileMark` of ``path``'s first ``size`` bytes (``lines`` lines)."""
+    with path.open("rb") as f:
+        f.seek(max(0, size - TAIL_BYTES))
+        tail = f.read(size - max(0, size - TAIL_BYTES))
+    return FileMark(size, lines, hashlib.sha256(tail).hexdigest())
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """What a segment's end left for the next resume: the events it covers and where the
+    files stood (``files`` by name: the log, the record files, the trace's part before
+    its tail), the scan's figures (:class:`~twinkle.run._session._Scan`'s), the names of
+    the observers whose state it holds, and the state (``payload``, pickled)."""
+
+    run_id: str
+    events: int
+    files: dict[str, FileMark]
+    scan: dict[str, Any]
+    observers: list[str]
+    payload: bytes = field(repr=False)
+
+    _state: dict[str, Any] | None = field(default=None, repr=False)
+
+    def state(self) -> dict[str, Any]:
+        """The pickled state, made by :class:`_Unpickler` (once: a caller that changes
+        what it holds copies it first)."""
+        if self._state is None:
+            self._state = _Unpickler(io.BytesIO(self.payload)).load()
+        return self._state
+
+
+def observers_of(pm: Any) -> list[str] | None:
+    """The names of the run's observers, sorted, when a checkpoint can hold them all
+    (twinkle's own), else None: a plugin rebuilds its outputs from the events it sees."""
+    named = sorted(pm.list_name_plugin(), key=lambda item: item[0])
+    if not all(is_builtin_observer(plugin) for _, plugin in named):
+        return None
+    return [name for name, _ in named]
+
+
+#: the sinks whose files carry their state (the checkpoint marks where they stood)
+_FILE_SINKS = (EventLogSink, RawRecordsSink, WebUISink)
+
+
+def snapshot_observers(pm: Any) -> dict[str, Any]:
+    """Each observer's state (the trace's without its file; the file sinks' none)."""
+    states: dict[str, Any] = {}
+    for name, plugin in pm.list_name_plugin():
+        if isinstance(plugin, _FILE_SINKS):
+            continue
+        states[name] = (
+            plugin.checkpoint_state() if isinstance(plugin, TraceSink) else dict(vars(plugin))
+        )
+    return states
+
+
+def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> None:
+    """Give each configured observer its state back (the trace its file's first part).
+    The run's timeline (in its stash, shared by the observers) is the one configure
+    made, given the checkpoint's state: every observer's reference to the checkpoint's
+    is turned into one to it."""
+    live = context.stash[TIMELINE]
+    saved = next(
+        (state["timeline"] for name, state in states.items()
+         if isinstance(pm.get_plugin(name), TimelineObserver)),
+        None,
+    )  # fmt: skip
+    if saved is not None:
+        vars(live).update(vars(saved))
+    for name, saved_state in states.items():
+        plugin = pm.get_plugin(name)
+        state = {k: live if saved is not None and v is saved else v for k, v in saved_state.items()}
+        if isinstance(plugin, TraceSink):
+            assert context.out_dir is not None
+            plugin.restore(state, context.out_dir / TRACE_FILE)
+        else:
+            vars(plugin).update(state)
+
+
+@cache
+def code_digest() -> str:
+    """A digest of the sources of the installed twinkle: a checkpoint is read back only
+    by the code that wrote it (the state's shape is that code's)."""
+    root = Path(twinkle.__file__).parent
+    digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def write(out_dir: Path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` into ``out_dir`` durably (a whole file or the old one)."""
+    header = {
+        "format": FORMAT,
+        "code": code_digest(),
+        "run_id": checkpoint.run_id,
+        "events": checkpoint.events,
+        "files": {name: [m.size, m.lines, m.tail] for name, m in sorted(checkpoint.files.items())},
+        "scan": checkpoint.scan,
+        "observers": checkpoint.observers,
+        "payload_bytes": len(checkpoint.payload),
+        "payload_sha256": hashlib.sha256(checkpoint.payload).hexdigest(),
+    }
+    out = ReplacingFile(out_dir / CHECKPOINT_FILE)  # synced, then renamed into place
+    try:
+        out.write(orjson.dumps(header) + b"\n" + checkpoint.payload)
+    except BaseException:
+        out.discard()
+        raise
+    out.commit()
+
+
+def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
+    """The checkpoint in ``out_dir`` when it can serve this resume (the run's id, its
+    observers' names, every file as it marks it), else why not."""
+    path = out_dir / CHECKPOINT_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return NO_CHECKPOINT
+    except OSError as exc:
+        return f"cannot read {CHECKPOINT_FILE} ({exc.strerror or exc})"
+    head, _, payload = data.partition(b"\n")
+    try:
+        header = orjson.loads(head)
+        checkpoint = Checkpoint(
+            run_id=header["run_id"],
+            events=int(header["events"]),
+            files={name: FileMark(*mark) for name, mark in header["files"].items()},
+            scan=dict(header["scan"]),
+            observers=list(header["observers"]),
+            payload=payload,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return f"{CHECKPOINT_FILE} is not a checkpoint twinkle wrote (its header is unreadable)"
+    why = _disagreement(header, checkpoint, run_id, observers)
+    if why is None:
+        for name, file_mark in sorted(checkpoint.files.items()):
+            why = file_mark.matches(out_dir / name)
+            if why is not None:
+                break
+    if why is None:
+        try:
+            checkpoint.state()
+        except Exception as exc:  # (whatever a bad pickle raises)
+            why = f"its state cannot be read back ({type(exc).__name__}: {exc})"
+    return checkpoint if why is None else why
+
+
+def _disagreement(
+    header: dict[str, Any], checkpoint: Checkpoint, run_id: str, observers: list[str]
+) -> str | None:
+    if header.get("format") != FORMAT or header.get("code") != code_digest():
+        return "it was written by another twinkle (or Python) than this one"
+    if checkpoint.run_id != run_id:
+        return f"it is run {checkpoint.run_id!r}'s, not {run_id!r}'s"
+    if checkpoint.observers != observers:
+        return (
+            f"it holds the state of observers {checkpoint.observers}, and this run has {observers}"
+        )
+    payload = checkpoint.payload
+    if len(payload) != header.get("payload_bytes") or hashlib.sha256(
+        payload
+    ).hexdigest() != header.get("payload_sha256"):
+        return f"{CHECKPOINT_FILE} is cut or changed (its state's digest differs)"
+    return None
+
+
+#: the modules whose classes a checkpoint's state holds: twinkle's values (events,
+#: metrics, the observers' ledgers, clocks, segments), never its I/O
+_TWINKLE: Final = (
+    "twinkle.events.",
+    "twinkle.metric.",
+    "twinkle.observers.",
+    "twinkle.perf.",
+    "twinkle.run._summary",
+    "twinkle.reporting.isolated",
+)
+#: the classes outside twinkle it may hold
+_PLAIN: Final = {
+    ("builtins", name) for name in ("set", "frozenset", "bytearray", "complex", "slice", "range")
+} | {
+    ("collections", "deque"),
+    ("collections", "Counter"),
+    ("collections", "OrderedDict"),
+    ("collections", "defaultdict"),
+    ("array", "array"),
+    ("array", "_array_reconstructor"),
+    ("copyreg", "_reconstructor"),
+    ("fractions", "Fraction"),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Makes the classes of twinkle's values and plain Python values only (no function,
+    no class of another package, none of twinkle's that does I/O): a checkpoint is
+    data, never code, and a file planted in a run directory must not run anything."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PLAIN:
+            return super().find_class(module, name)
+        if module.startswith(_TWINKLE):
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(
+            f"a checkpoint holds only twinkle's values, not {module}.{name}"
+        )

@@ -1,0 +1,225 @@
+"""Checkpoints: a segment that finishes leaves its observers' state; the next resume
+feeds only the log's tail and writes what a resume from the whole log writes, byte for
+byte. A checkpoint that does not fit (cut, changed, another config, another code, a
+plugin) is passed over, saying why, and the whole log is fed again: never a wrong
+figure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from _scripted import CONFIG, segment
+from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
+
+from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
+
+OUTPUTS = ("events.jsonl", *DERIVED)
+HOUR = 3600 * 10**9
+
+
+def _outputs(run_dir: Path) -> dict[str, object]:
+    """The run's files, but for what the last session's record backends handled (the
+    records they wrote: a resume from a checkpoint writes only the new ones, its other
+    records are the lines it copied) in its ``backends_closed`` and the summary."""
+    files: dict[str, object] = {name: (run_dir / name).read_bytes() for name in OUTPUTS}
+    log = [orjson.loads(line) for line in (run_dir / "events.jsonl").read_bytes().splitlines()]
+    summary = orjson.loads(files["summary.json"])  # type: ignore[arg-type]
+    closed = [e["backends"] for e in log if e["type"] == "backends_closed"]
+    for health in (*closed, summary["backends"]):
+        for backend in health.values():
+            del backend["records"], backend["records_written"]
+    files["events.jsonl"] = log
+    files["summary.json"] = {k: v for k, v in summary.items() if k != "segments"}
+    files["segments"] = [
+        {k: v for k, v in s.items() if k != "backends"} for s in summary["segments"]
+    ]
+    return files
+
+
+def _twins(tmp_path: Path) -> tuple[Path, Path]:
+    """A finished first segment, in two copies: ``with`` keeps its checkpoint,
+    ``without`` has none (a resume there feeds the whole log)."""
+    segment(tmp_path / "with", iterations=3, wall_offset_ns=0)
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    return tmp_path / "with", tmp_path / "without"
+
+
+def test_a_resume_from_the_checkpoint_writes_what_a_whole_log_resume_writes(
+    tmp_path: Path,
+) -> None:
+    with_, without = _twins(tmp_path)
+    logged = len((with_ / "r" / "events.jsonl").read_bytes().splitlines())
+    for k in (1, 2):  # two restarts: the second's checkpoint is the first restart's
+        (without / "r" / CHECKPOINT_FILE).unlink(missing_ok=True)
+        a = segment(with_, iterations=3, wall_offset_ns=k * HOUR)
+        b = segment(without, iterations=3, wall_offset_ns=k * HOUR)
+        assert a.resumed is not None and b.resumed is not None
+        assert a.resumed.restored_events == a.resumed.events == logged
+        assert b.resumed.restored_events == 0 and b.resumed.events == logged
+        assert _outputs(with_ / "r") == _outputs(without / "r")
+        logged = len((with_ / "r" / "events.jsonl").read_bytes().splitlines())
+    assert_replay_identical(with_ / "r", tmp_path)
+
+
+def _killed_segment(out: Path) -> None:
+    """A process resumes run ``r`` in ``out`` and is killed outright mid-segment."""
+    script = textwrap.dedent(
+        f"""
+        import time
+        from twinkle.run import RunSession
+        with RunSession(out_dir={str(out)!r}, run_id="r", config={CONFIG!r},
+                        autoload=False, resume=True) as run:
+            first = run.resumed.next_iteration
+            for i in range(first, first + 1000):
+                run.bus.iteration_started(i)
+                with run.recorder.span("generate", iteration=i):
+                    time.sleep(0.001)
+                run.bus.samples(iteration=i, phase="rollout", lengths=[5], groups=1)
+                if i == first + 3:
+                    print("ready", flush=True)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+
+
+def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Path) -> None:
+    """The checkpoint is the finished segment's; the killed one after it is in the
+    log's tail: fed again, closed as an error, and the run goes on."""
+    segment(tmp_path / "with", iterations=3, wall_offset_ns=0)
+    _killed_segment(tmp_path / "with")
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    for out in (tmp_path / "with", tmp_path / "without"):
+        segment(out, iterations=2, wall_offset_ns=HOUR)
+    assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
+    summary = orjson.loads((tmp_path / "with" / "r" / "summary.json").read_bytes())
+    assert [s["status"] for s in summary["segments"]] == ["ok", "error", "ok"]
+    assert_replay_identical(tmp_path / "with" / "r", tmp_path)
+
+
+def _cut_payload(run_dir: Path) -> None:
+    path = run_dir / CHECKPOINT_FILE
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _garbage(run_dir: Path) -> None:
+    (run_dir / CHECKPOINT_FILE).write_bytes(b"not a checkpoint\n\x00\x01")
+
+
+def _other_code(run_dir: Path) -> None:
+    path = run_dir / CHECKPOINT_FILE
+    head, _, payload = path.read_bytes().partition(b"\n")
+    header = orjson.loads(head)
+    header["code"] = "0" * 64
+    path.write_bytes(orjson.dumps(header) + b"\n" + payload)
+
+
+def _planted_code(run_dir: Path) -> None:
+    """A pickle that would run a command, under a header that vouches for it."""
+    path = run_dir / CHECKPOINT_FILE
+    head, _, _ = path.read_bytes().partition(b"\n")
+    header = orjson.loads(head)
+    payload = pickle.dumps(os.system)
+    import hashlib
+
+    header["payload_bytes"] = len(payload)
+    header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    path.write_bytes(orjson.dumps(header) + b"\n" + payload)
+
+
+def _changed_trace(run_dir: Path) -> None:
+    path = run_dir / "trace.json"
+    data = bytearray(path.read_bytes())
+    data[40] = ord(" ") if data[40] != ord(" ") else ord("\t")
+    path.write_bytes(bytes(data))
+
+
+def _cut_records(run_dir: Path) -> None:
+    path = run_dir / "metrics_raw.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]))
+
+
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (_cut_payload, "cut or changed"),
+        (_garbage, "not a checkpoint twinkle wrote"),
+        (_other_code, "written by another twinkle"),
+        (_planted_code, "cannot be read back (UnpicklingError: a checkpoint holds only twinkle"),
+        (_changed_trace, "trace.json no longer begins with the bytes"),
+        (_cut_records, "metrics_raw.jsonl holds"),
+    ],
+)
+def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    spoil: Callable[[Path], None],
+    why: str,
+) -> None:
+    with_, without = _twins(tmp_path)
+    spoil(with_ / "r")
+    if spoil in (_changed_trace, _cut_records):  # (the run's files: both copies alike)
+        spoil(without / "r")
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        a = segment(with_, iterations=2, wall_offset_ns=HOUR)
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert any(why in r.getMessage() and "whole log" in r.getMessage() for r in caplog.records)
+    segment(without, iterations=2, wall_offset_ns=HOUR)
+    assert _outputs(with_ / "r") == _outputs(without / "r")
+
+
+def test_a_changed_configuration_rebuilds_every_output_from_the_whole_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_, _ = _twins(tmp_path)
+    more = {**CONFIG, "total_steps": 99}  # (a resume may change the plan)
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        a = segment(with_, more, iterations=1, wall_offset_ns=HOUR)
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert any("configuration differs" in r.getMessage() for r in caplog.records)
+    webui = [orjson.loads(x) for x in (with_ / "r" / "metrics.jsonl").read_bytes().splitlines()]
+    assert {line["total_steps"] for line in webui} == {99}
+
+
+def test_a_run_with_a_plugin_writes_no_checkpoint_and_resumes_from_its_log(
+    tmp_path: Path,
+) -> None:
+    """A plugin rebuilds its outputs from the events it sees: a run that has one is fed
+    the whole log again."""
+    echo_segment(tmp_path, 2)
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    again = echo_segment(tmp_path, 2)
+    assert again.resumed is not None and again.resumed.restored_events == 0
+    assert_replay_identical(tmp_path / "r", tmp_path)
+
+
+def test_the_unpickler_makes_twinkles_values_only() -> None:
+    import io
+
+    with pytest.raises(
+        pickle.UnpicklingError, match=r"holds only twinkle.s values, not (posix|os)\.system"
+    ):
+        _Unpickler(io.BytesIO(pickle.dumps(os.system))).load()
+    plain = {"a": [1, 2.5, None], "b": {3}, "c": (b"x",)}
+    assert _Unpickler(io.BytesIO(pickle.dumps(plain))).load() == plain
