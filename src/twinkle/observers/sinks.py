@@ -81,8 +81,8 @@ class _FileBackendSink:
 
     def __init__(self) -> None:
         self._backend: JsonlFileBackend | None = None
-        # on resume: (new file, the file, the lines the file holds)
-        self._rebuilding: tuple[Path, Path, int] | None = None
+        # on resume: (new file, the file, the lines the file holds, the new file's head's)
+        self._rebuilding: tuple[Path, Path, int, int] | None = None
         self._segment = 0  # the segment this session begins
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
@@ -97,10 +97,13 @@ class _FileBackendSink:
             stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
             # the run directory: no live process is writing one)
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-        self._rebuilding = (new, path, _count_lines(path))
-        self._segment = context.segment
+        head = 0
         if context.checkpoint is not None:  # the lines the checkpoint covers, as they are
-            _copy_head(path, new, context.checkpoint.files[self.FILE].size)
+            mark = context.checkpoint.files[self.FILE]
+            _copy_head(path, new, mark.size)
+            head = mark.lines
+        self._rebuilding = (new, path, _count_lines(path), head)
+        self._segment = context.segment
         return self._open(new, context)
 
     @hookimpl
@@ -121,9 +124,9 @@ class _FileBackendSink:
         if self._rebuilding is None or event.segment != self._segment:
             return  # (an earlier segment's, fed again: the rebuild is not complete)
         rebuilding, self._rebuilding = self._rebuilding, None
-        _, path, lines = rebuilding
+        _, path, lines, head = rebuilding
         if self._backend is not None:
-            self._backend.replace_when_complete(path, lines)
+            self._backend.replace_when_complete(path, lines, held=head)
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:

@@ -72,6 +72,7 @@ class JsonlFileBackend(Backend):
         self.name = f"{type(self).__name__}({str(self._writer.path)!r})"
         # (the file to replace, the lines it holds); set by another thread, read here
         self._replacing: tuple[Path, int] | None = None
+        self._held_before = 0  # lines the file held before this backend wrote (a head)
         self._replace_error: str | None = None
 
     @property
@@ -106,11 +107,13 @@ class JsonlFileBackend(Backend):
         self._writer.close()
         self._replace_if_complete(at_close=True)
 
-    def replace_when_complete(self, target: StrPath, lines: int) -> None:
+    def replace_when_complete(self, target: StrPath, lines: int, *, held: int = 0) -> None:
         """Put this backend's file in ``target``'s place (which holds ``lines`` lines)
-        once it holds at least as many, every one of them fsynced; at the latest when
-        it is closed (it is then complete: the run wrote it whole). Safe to call from
-        another thread than the writing one."""
+        once it holds at least as many (``held`` of them there before this backend wrote
+        any: a resume's copied head), every one of them fsynced; at the latest when it is
+        closed (it is then complete: the run wrote it whole). Safe to call from another
+        thread than the writing one."""
+        self._held_before = held
         self._replacing = (Path(target), lines)
 
     @property
@@ -125,7 +128,7 @@ class JsonlFileBackend(Backend):
         if pending is None:
             return
         target, lines = pending
-        held = self._writer.lines_written
+        held = self._held_before + self._writer.lines_written
         if held < lines and not at_close:
             return
         if held < lines:
