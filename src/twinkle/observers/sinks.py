@@ -97,12 +97,12 @@ class _FileBackendSink:
             stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
             # the run directory: no live process is writing one)
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-        head = 0
+        head = size = 0
         if context.checkpoint is not None:  # the lines the checkpoint covers, as they are
             mark = context.checkpoint.files[self.FILE]
             _copy_head(path, new, mark.size)
-            head = mark.lines
-        self._rebuilding = (new, path, _count_lines(path), head)
+            head, size = mark.lines, mark.size
+        self._rebuilding = (new, path, head + _count_lines(path, size), head)
         self._segment = context.segment
         return self._open(new, context)
 
@@ -140,22 +140,31 @@ class _FileBackendSink:
 
 
 def _copy_head(source: Path, target: Path, size: int) -> None:
-    """``target`` made to hold the first ``size`` bytes of ``source``."""
+    """``target`` made to hold the first ``size`` bytes of ``source`` (copied by the
+    kernel where it can)."""
     with source.open("rb") as src, target.open("wb") as dst:
-        while size > 0 and (chunk := src.read(min(size, 1 << 20))):
-            dst.write(chunk)
-            size -= len(chunk)
-    if size:
+        left = size
+        try:
+            while left > 0 and (n := os.copy_file_range(src.fileno(), dst.fileno(), left)):
+                left -= n
+        except OSError:  # (a file system or kernel without it: by hand)
+            src.seek(size - left)
+            while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+                dst.write(chunk)
+                left -= len(chunk)
+    if left:
         raise ReporterError(
             f"{str(source)!r} is shorter than the checkpoint it resumes from says: "
             "it changed while the run resumed; start the run again"
         )
 
 
-def _count_lines(path: Path) -> int:
-    """The complete lines of ``path`` (0 when there is no such file)."""
+def _count_lines(path: Path, start: int = 0) -> int:
+    """The complete lines of ``path`` from byte ``start`` on (0 when there is no such
+    file)."""
     try:
         with path.open("rb") as file:
+            file.seek(start)
             return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(1 << 20), b""))
     except FileNotFoundError:
         return 0
