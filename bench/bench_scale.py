@@ -36,10 +36,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import orjson
 
+import twinkle.run._run as run_module
 from bench._harness import Row
 from twinkle.perf import ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
@@ -240,12 +242,49 @@ def _light_resumes(smoke: bool) -> list[tuple[int, float]]:
     return found
 
 
+def _checkpoint_cost(workers: list[str], spans: int, iterations: int) -> list[float]:
+    """The seconds of each checkpoint a running segment takes (on the dispatching
+    thread: here the caller's), taken every 2,000 events instead of every
+    ``CHECKPOINT_EVERY``."""
+    took: list[float] = []
+    settled = run_module.Run._settled
+
+    def timed(self: run_module.Run, event: Any) -> None:
+        t0, before = time.perf_counter(), self._checkpointed
+        settled(self, event)
+        if self._checkpointed != before:
+            took.append(time.perf_counter() - t0)
+
+    every, run_module.CHECKPOINT_EVERY = run_module.CHECKPOINT_EVERY, 2000
+    run_module.Run._settled = timed  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="twinkle-bench-checkpoint-") as tmp:
+            _drive(Path(tmp) / "runs", iterations, workers, spans)
+    finally:
+        run_module.CHECKPOINT_EVERY = every
+        run_module.Run._settled = settled  # type: ignore[method-assign]
+    return took
+
+
 def run(smoke: bool) -> list[Row]:
     engines, ranks, spans = (4, 4, 5) if smoke else (ENGINES, RANKS, SPANS)
     lengths = (2, 4) if smoke else (4, 8, 16)
     workers = _workers(engines, ranks)
     found = [_measure(n, workers, spans) for n in lengths]
     rows = _rows(found, len(workers), spans, smoke)
+    took = _checkpoint_cost(workers, spans, lengths[-1])
+    if took:
+        rows.append(
+            Row(
+                "scale.resume",
+                f"a running segment's checkpoint ({len(workers)} workers x {spans} spans)",
+                max(took),
+                "s",
+                note=f"{len(took)} taken, {min(took):.2f}-{max(took):.2f} s each, on the "
+                f"thread dispatching the boundary; one every {run_module.CHECKPOINT_EVERY:,} "
+                "events",
+            )
+        )
     (ea, sa), (eb, sb) = _light_resumes(smoke)
     million = max(sb, sb + (sb - sa) / (eb - ea) * (10**6 - eb))
     rows.insert(

@@ -76,15 +76,19 @@ def test_a_resume_from_the_checkpoint_writes_what_a_whole_log_resume_writes(
     assert_replay_identical(with_ / "r", tmp_path)
 
 
-def _killed_segment(out: Path) -> None:
-    """A process resumes run ``r`` in ``out`` and is killed outright mid-segment."""
+def _killed_segment(out: Path, every: int = 10**9) -> None:
+    """A process runs (or resumes) run ``r`` in ``out``, taking a checkpoint at the
+    first iteration boundary after every ``every`` events, and is killed outright
+    mid-segment."""
     script = textwrap.dedent(
         f"""
         import time
+        import twinkle.run._run
         from twinkle.run import RunSession
+        twinkle.run._run.CHECKPOINT_EVERY = {every}
         with RunSession(out_dir={str(out)!r}, run_id="r", config={CONFIG!r},
                         autoload=False, resume=True) as run:
-            first = run.resumed.next_iteration
+            first = run.resumed.next_iteration if run.resumed else 0
             for i in range(first, first + 1000):
                 run.bus.iteration_started(i)
                 with run.recorder.span("generate", iteration=i):
@@ -116,6 +120,30 @@ def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Pat
     assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
     summary = orjson.loads((tmp_path / "with" / "r" / "summary.json").read_bytes())
     assert [s["status"] for s in summary["segments"]] == ["ok", "error", "ok"]
+    assert_replay_identical(tmp_path / "with" / "r", tmp_path)
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_segment_killed_outright_resumes_from_its_own_last_checkpoint(
+    tmp_path: Path, resumed: bool
+) -> None:
+    """A running segment takes a checkpoint every few events (here 20): killed outright,
+    its restart feeds only the events since the last one. Its record files then are a
+    first segment's own, or (``resumed``) a rebuild's temporary ones, and its trace the
+    killed process's temporary file: a resume copies their heads from there."""
+    if resumed:
+        segment(tmp_path / "with", iterations=2, wall_offset_ns=0)
+    _killed_segment(tmp_path / "with", every=20)
+    marked = orjson.loads((tmp_path / "with" / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    assert marked["files"]["trace.json"][3].endswith(".tmp")  # the killed process's
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR)
+    b = segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR)
+    assert a.resumed is not None and b.resumed is not None
+    assert 0 < a.resumed.restored_events == marked["events"] < a.resumed.events
+    assert a.resumed.events - marked["events"] < 40  # the tail: since the last checkpoint
+    assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
     assert_replay_identical(tmp_path / "with" / "r", tmp_path)
 
 

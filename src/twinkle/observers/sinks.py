@@ -11,6 +11,7 @@ import glob
 import logging
 import os
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -81,8 +82,8 @@ class _FileBackendSink:
 
     def __init__(self) -> None:
         self._backend: JsonlFileBackend | None = None
-        # on resume: (new file, the file, the lines the file holds, the new file's head's)
-        self._rebuilding: tuple[Path, Path, int, int] | None = None
+        # on resume: (new file, the file, the lines the file holds)
+        self._rebuilding: tuple[Path, Path, int] | None = None
         self._segment = 0  # the segment this session begins
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
@@ -93,18 +94,41 @@ class _FileBackendSink:
         path = context.out_dir / self.FILE
         if context.resumed_events == 0:
             return self._open(path, context)
+        # The file a checkpoint marks, opened before the stale files go (a killed
+        # segment's rebuild may be it)
+        source = None
+        if context.checkpoint is not None:
+            source = (path.parent / context.checkpoint.files[self.FILE].path).open("rb")
         for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
             stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
             # the run directory: no live process is writing one)
         new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-        head = size = 0
-        if context.checkpoint is not None:  # the lines the checkpoint covers, as they are
+        head = 0
+        lines = _count_lines(path)
+        if source is not None:  # the lines the checkpoint covers, as they are
             mark = context.checkpoint.files[self.FILE]
-            _copy_head(path, new, mark.size)
-            head, size = mark.lines, mark.size
-        self._rebuilding = (new, path, head + _count_lines(path, size), head)
+            with source:
+                _copy_head(source, new, mark.size)
+            head = mark.lines
+        self._rebuilding = (new, path, lines)
         self._segment = context.segment
-        return self._open(new, context)
+        backend = self._open(new, context)
+        backend.held_before = head
+        return backend
+
+    def head(self) -> tuple[Path, int]:
+        """The file the records go to now and the lines it holds (once the reporter
+        handed them over: a checkpoint marks them)."""
+        backend = self._backend
+        assert backend is not None
+        return backend.writer.path, backend.held_lines
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What the sink holds back from its file, for a checkpoint (none)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take :meth:`checkpoint_state` back into the new file's backend."""
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
@@ -124,9 +148,9 @@ class _FileBackendSink:
         if self._rebuilding is None or event.segment != self._segment:
             return  # (an earlier segment's, fed again: the rebuild is not complete)
         rebuilding, self._rebuilding = self._rebuilding, None
-        _, path, lines, head = rebuilding
+        _, path, lines = rebuilding
         if self._backend is not None:
-            self._backend.replace_when_complete(path, lines, held=head)
+            self._backend.replace_when_complete(path, lines)
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
@@ -139,22 +163,22 @@ class _FileBackendSink:
             rebuilding[0].unlink(missing_ok=True)
 
 
-def _copy_head(source: Path, target: Path, size: int) -> None:
+def _copy_head(source: BinaryIO, target: Path, size: int) -> None:
     """``target`` made to hold the first ``size`` bytes of ``source`` (copied by the
     kernel where it can)."""
-    with source.open("rb") as src, target.open("wb") as dst:
+    with target.open("wb") as dst:
         left = size
         try:
-            while left > 0 and (n := os.copy_file_range(src.fileno(), dst.fileno(), left)):
+            while left > 0 and (n := os.copy_file_range(source.fileno(), dst.fileno(), left)):
                 left -= n
         except OSError:  # (a file system or kernel without it: by hand)
-            src.seek(size - left)
-            while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+            source.seek(size - left)
+            while left > 0 and (chunk := source.read(min(left, 1 << 20))):
                 dst.write(chunk)
                 left -= len(chunk)
     if left:
         raise ReporterError(
-            f"{str(source)!r} is shorter than the checkpoint it resumes from says: "
+            f"{source.name!r} is shorter than the checkpoint it resumes from says: "
             "it changed while the run resumed; start the run again"
         )
 
@@ -197,6 +221,17 @@ class WebUISink(_FileBackendSink):
     the run resumes, like ``metrics_raw.jsonl``."""
 
     FILE = WEBUI_FILE
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The newest iterations' lines, held back for more records."""
+        backend = self._backend
+        assert isinstance(backend, WebUIFlatBackend)
+        return backend.open_lines()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        backend = self._backend
+        assert isinstance(backend, WebUIFlatBackend)
+        backend.reopen_lines(state)
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         config = ObserverConfig.parse(context.config)
@@ -289,6 +324,14 @@ class EventLogSink:
     @property
     def logged(self) -> int:
         """The events the log holds: the next line's ``seq`` (once its writer wrote them)."""
+        return self._seq
+
+    def sync_point(self) -> int:
+        """Hand the pending events to the writer and wait until it wrote them (not
+        fsynced); the events the log then holds."""
+        self.flush()
+        if self._batches is not None:
+            self._batches.flush()
         return self._seq
 
     @property

@@ -4,7 +4,7 @@ within a size budget."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -145,10 +145,24 @@ class TraceSink:
         self._context = context
         if context.out_dir is not None:
             self.path = context.out_dir / TRACE_FILE
-            self._out = ReplacingFile(self.path)
+            # The trace a checkpoint marks (a killed segment's unfinished one, maybe),
+            # opened before the new file's opening removes what dead writers left
+            head = None
+            if context.checkpoint is not None:
+                head = (context.out_dir / context.checkpoint.files[TRACE_FILE].path).open("rb")
             try:
-                self._out.write(self._HEAD)
-                self._written = len(self._HEAD)
+                self._out = ReplacingFile(self.path)
+            except BaseException:
+                if head is not None:
+                    head.close()
+                raise
+            try:
+                if head is None:
+                    self._out.write(self._HEAD)
+                    self._written = len(self._HEAD)
+                else:
+                    with head:
+                        self._written = self._copy(head, context.checkpoint.files[TRACE_FILE].size)
                 self._batches = BatchWriter(
                     self._write_events,
                     name=f"trace {str(self.path)!r}",
@@ -252,31 +266,48 @@ class TraceSink:
     _RUNTIME = frozenset({"path", "_out", "_finished", "_broken", "_batches", "_context"})
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """What the trace holds so far (once its writer wrote every event: at a
-        segment's end, before its tail), for a checkpoint; ``_written`` bytes of the
-        file are the part before the tail, which a resume copies back."""
+        """What the trace holds so far (its writer has turned every event into lines),
+        for a checkpoint."""
         if self._batches is not None:
-            self._batches.flush()  # (its writer thread has turned every event into lines)
+            self._batches.flush()
         return {k: v for k, v in vars(self).items() if k not in self._RUNTIME}
 
-    def restore(self, state: dict[str, Any], trace: Path) -> None:
-        """Take ``state`` back, and the first ``state["_written"]`` bytes of ``trace``
-        (the file the checkpoint's segment put in place) into the new file."""
-        if self._out is None:
-            vars(self).update(state)
-            return
-        with trace.open("rb") as f:
-            f.seek(len(self._HEAD))  # (written at configure)
-            left = state["_written"] - len(self._HEAD)
-            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-                self._out.write(chunk)
-                left -= len(chunk)
+    def head(self) -> tuple[Path, int]:
+        """The file the trace is written to now (its temporary file while the run
+        runs, ``trace.json`` once it was put in place) and its bytes before the tail,
+        handed to the OS: what a checkpoint marks."""
+        if self._batches is not None:
+            self._batches.flush()
+        out = self._out
+        if out is not None and not out.closed:
+            out.flush()
+            return out.tmp, self._written
+        assert self.path is not None
+        return self.path, self._written
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take :meth:`checkpoint_state` back (the file's head was copied at configure)."""
+        written = self._written
+        vars(self).update(state)
+        if written != self._written:
+            raise ReporterError(
+                f"the trace's head holds {written} bytes, its checkpoint says "
+                f"{self._written}: start the run again"
+            )
+
+    def _copy(self, head: BinaryIO, size: int) -> int:
+        """Copy the first ``size`` bytes of ``head`` into the new file."""
+        assert self._out is not None
+        left = size
+        while left > 0 and (chunk := head.read(min(left, 1 << 20))):
+            self._out.write(chunk)
+            left -= len(chunk)
         if left:
             raise ReporterError(
-                f"{str(trace)!r} is shorter than the checkpoint it resumes from says: it "
+                f"{head.name!r} is shorter than the checkpoint it resumes from says: it "
                 "changed while the run resumed; start the run again"
             )
-        vars(self).update(state)
+        return size
 
     # -- the writer's side -----------------------------------------------------------------
 

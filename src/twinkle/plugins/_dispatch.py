@@ -369,6 +369,7 @@ class Dispatcher:
         "calls",
         "events",
         "report",
+        "settled",
     )
 
     def __init__(
@@ -391,6 +392,9 @@ class Dispatcher:
         }
         self._event_hook = bool(calls.plan("twinkle_event"))
         self._pending: deque[Event] = deque()
+        #: called on the dispatching thread after an event, once what its hooks
+        #: published was dispatched too (the run's checkpoints)
+        self.settled: Callable[[Event], None] | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._thread: BatchWriter[Event] | None = None
@@ -444,7 +448,7 @@ class Dispatcher:
             self._owner = _get_ident()
             try:
                 while pending:
-                    self._dispatch(pending.popleft())
+                    self._dispatch_settled(pending.popleft())
             finally:
                 self._owner = None
 
@@ -460,7 +464,12 @@ class Dispatcher:
         for event in events:
             pending.append(event)
             while pending:
-                self._dispatch(pending.popleft())
+                self._dispatch_settled(pending.popleft())
+
+    def _dispatch_settled(self, event: Event) -> None:
+        self._dispatch(event)
+        if self.settled is not None and not self._pending:
+            self.settled(event)
 
     def flush(self) -> None:
         """Wait until every event submitted so far was dispatched (a no-op inline)."""

@@ -72,7 +72,8 @@ class JsonlFileBackend(Backend):
         self.name = f"{type(self).__name__}({str(self._writer.path)!r})"
         # (the file to replace, the lines it holds); set by another thread, read here
         self._replacing: tuple[Path, int] | None = None
-        self._held_before = 0  # lines the file held before this backend wrote (a head)
+        #: lines the file held before this backend wrote any (a resume's copied head)
+        self.held_before = 0
         self._replace_error: str | None = None
 
     @property
@@ -82,6 +83,12 @@ class JsonlFileBackend(Backend):
     @property
     def writer(self) -> JsonlWriter:
         return self._writer
+
+    @property
+    def held_lines(self) -> int:
+        """The lines its file holds: those it held before this backend wrote (a copied
+        head) and those it wrote."""
+        return self.held_before + self._writer.lines_written
 
     @property
     def recovery(self) -> TornLineRecovery | None:
@@ -107,13 +114,11 @@ class JsonlFileBackend(Backend):
         self._writer.close()
         self._replace_if_complete(at_close=True)
 
-    def replace_when_complete(self, target: StrPath, lines: int, *, held: int = 0) -> None:
+    def replace_when_complete(self, target: StrPath, lines: int) -> None:
         """Put this backend's file in ``target``'s place (which holds ``lines`` lines)
-        once it holds at least as many (``held`` of them there before this backend wrote
-        any: a resume's copied head), every one of them fsynced; at the latest when it is
-        closed (it is then complete: the run wrote it whole). Safe to call from another
-        thread than the writing one."""
-        self._held_before = held
+        once it holds at least as many (:attr:`held_lines`), every one of them fsynced;
+        at the latest when it is closed (it is then complete: the run wrote it whole).
+        Safe to call from another thread than the writing one."""
         self._replacing = (Path(target), lines)
 
     @property
@@ -128,7 +133,7 @@ class JsonlFileBackend(Backend):
         if pending is None:
             return
         target, lines = pending
-        held = self._held_before + self._writer.lines_written
+        held = self.held_lines
         if held < lines and not at_close:
             return
         if held < lines:

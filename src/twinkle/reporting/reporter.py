@@ -176,6 +176,12 @@ class MetricsReporter:
             raise error
         return stamped
 
+    def wait_delivered(self) -> None:
+        """Wait until every record reported so far was handed to the backends (what a
+        backend holds back, it still holds: a checkpoint takes it as state)."""
+        if not self.closed:
+            self._writer.flush()
+
     def flush(self) -> None:
         """Wait until every record reported so far was handed to the backends, then flush
         them. Raises :class:`~twinkle.errors.WriteError` if records stay unwritten (they

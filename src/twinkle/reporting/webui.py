@@ -69,6 +69,16 @@ class WebUIFlatBackend(JsonlFileBackend):
         self._open: dict[int, tuple[int, int, dict[str, int | float]]] = {}
         self._newest: int | None = None
 
+    def open_lines(self) -> dict[str, Any]:
+        """The lines held open (the newest iterations'), for a checkpoint."""
+        return {"open": {it: (step, wall, dict(m)) for it, (step, wall, m) in self._open.items()},
+                "newest": self._newest}  # fmt: skip
+
+    def reopen_lines(self, state: dict[str, Any]) -> None:
+        """Hold open the lines :meth:`open_lines` gave (a resume from a checkpoint)."""
+        self._open = dict(state["open"])
+        self._newest = state["newest"]
+
     def _write_lines(self, records: Sequence[MetricRecord]) -> None:
         for record in records:
             if record.scope != "iteration":

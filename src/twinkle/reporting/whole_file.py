@@ -87,6 +87,12 @@ class ReplacingFile:
             raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
         self._file.write(data)
 
+    def flush(self) -> None:
+        """Hand what was written to the temporary file (no fsync): a checkpoint marks
+        how much of it there is."""
+        if self._file is not None:
+            self._file.flush()
+
     def commit(self) -> None:
         """Flush, fsync, rename over ``path``, fsync the directory. On failure the
         temporary file is removed, the previous ``path`` is kept and

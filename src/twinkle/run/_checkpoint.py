@@ -1,8 +1,10 @@
-"""Checkpoints: the observers' state at the end of a segment, so that a resume feeds
-them only the log's tail (docs/metrics.md, "Resuming from a checkpoint").
+"""Checkpoints: the observers' state, so that a resume feeds them only the log's tail
+(docs/metrics.md, "Resuming from a checkpoint").
 
-A segment that finishes writes ``checkpoint.bin`` beside its log, last (after the
-summary), durably: a JSON header line, then the state, pickled. The header says what
+A running segment writes ``checkpoint.bin`` beside its log at an iteration boundary
+every :data:`~twinkle.run._run.CHECKPOINT_EVERY` events, and a segment that finishes
+once more at its end, last (after the summary), each durably: a JSON header line, then
+the state, pickled. The header says what
 the state covers: the log's first ``events`` events (``log_bytes`` bytes), the record
 files' and the trace's first bytes and lines, and a digest of the last bytes of each,
 so that a resume can tell the files still begin as they did.
@@ -33,7 +35,6 @@ import twinkle
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     TIMELINE,
-    TRACE_FILE,
     EventLogSink,
     RawRecordsSink,
     TimelineObserver,
@@ -67,11 +68,14 @@ TAIL_BYTES: Final = 64 * 1024
 @dataclass(frozen=True, slots=True)
 class FileMark:
     """Where a file stood when the checkpoint was taken: its first ``size`` bytes (``lines``
-    lines) and the digest of the last :data:`TAIL_BYTES` of them."""
+    lines), the digest of the last :data:`TAIL_BYTES` of them, and the name of the file
+    in the run directory that held them (a running segment's trace and rebuilt record
+    files are temporary files beside their final names)."""
 
     size: int
     lines: int
     tail: str
+    path: str
 
     def matches(self, path: Path) -> str | None:
         """None when ``path`` still begins so, else why not."""
@@ -94,7 +98,9 @@ def mark(path: Path, size: int, lines: int) -> FileMark:
     with path.open("rb") as f:
         f.seek(max(0, size - TAIL_BYTES))
         tail = f.read(size - max(0, size - TAIL_BYTES))
-    return FileMark(size, lines, hashlib.sha256(tail).hexdigest())
+    if len(tail) != size - max(0, size - TAIL_BYTES):
+        raise OSError(f"{path.name} holds fewer than {size} bytes")
+    return FileMark(size, lines, hashlib.sha256(tail).hexdigest(), path.name)
 
 
 @dataclass(slots=True)
@@ -130,19 +136,19 @@ def observers_of(pm: Any) -> list[str] | None:
     return [name for name, _ in named]
 
 
-#: the sinks whose files carry their state (the checkpoint marks where they stood)
-_FILE_SINKS = (EventLogSink, RawRecordsSink, WebUISink)
+#: the sinks whose state is what they hold back from their files
+_SINKS = (RawRecordsSink, WebUISink, TraceSink)
 
 
 def snapshot_observers(pm: Any) -> dict[str, Any]:
-    """Each observer's state (the trace's without its file; the file sinks' none)."""
+    """Each observer's state (the sinks': what they hold back from their files; the
+    event log's none: its file is all of it)."""
     states: dict[str, Any] = {}
     for name, plugin in pm.list_name_plugin():
-        if isinstance(plugin, _FILE_SINKS):
-            continue
-        states[name] = (
-            plugin.checkpoint_state() if isinstance(plugin, TraceSink) else dict(vars(plugin))
-        )
+        if isinstance(plugin, _SINKS):
+            states[name] = plugin.checkpoint_state()
+        elif not isinstance(plugin, EventLogSink):
+            states[name] = dict(vars(plugin))
     return states
 
 
@@ -162,9 +168,8 @@ def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> N
     for name, saved_state in states.items():
         plugin = pm.get_plugin(name)
         state = {k: live if saved is not None and v is saved else v for k, v in saved_state.items()}
-        if isinstance(plugin, TraceSink):
-            assert context.out_dir is not None
-            plugin.restore(state, context.out_dir / TRACE_FILE)
+        if isinstance(plugin, _SINKS):
+            plugin.restore(state)
         else:
             vars(plugin).update(state)
 
@@ -187,7 +192,9 @@ def write(out_dir: Path, checkpoint: Checkpoint) -> None:
         "code": code_digest(),
         "run_id": checkpoint.run_id,
         "events": checkpoint.events,
-        "files": {name: [m.size, m.lines, m.tail] for name, m in sorted(checkpoint.files.items())},
+        "files": {
+            name: [m.size, m.lines, m.tail, m.path] for name, m in sorted(checkpoint.files.items())
+        },
         "scan": checkpoint.scan,
         "observers": checkpoint.observers,
         "payload_bytes": len(checkpoint.payload),
@@ -227,8 +234,11 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
         return f"{CHECKPOINT_FILE} is not a checkpoint twinkle wrote (its header is unreadable)"
     why = _disagreement(header, checkpoint, run_id, observers)
     if why is None:
-        for name, file_mark in sorted(checkpoint.files.items()):
-            why = file_mark.matches(out_dir / name)
+        for _, file_mark in sorted(checkpoint.files.items()):
+            if Path(file_mark.path).name != file_mark.path:
+                why = f"it names {file_mark.path!r}, not a file of the run directory"
+            else:
+                why = file_mark.matches(out_dir / file_mark.path)
             if why is not None:
                 break
     if why is None:

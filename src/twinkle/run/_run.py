@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast, final
+from typing import Any, TypeVar, cast, final
 
 import pluggy
 
@@ -47,6 +47,9 @@ from twinkle.observers import (
     TRACE_FILE,
     WEBUI_FILE,
     EventLogSink,
+    RawRecordsSink,
+    TraceSink,
+    WebUISink,
 )
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
@@ -66,6 +69,7 @@ from twinkle.reporting import (
 )
 from twinkle.run._checkpoint import (
     Checkpoint,
+    FileMark,
     mark,
     observers_of,
     restore_observers,
@@ -85,9 +89,15 @@ from twinkle.run._summary import (
     write_summary,
 )
 
-__all__ = ["Run", "RunState"]
+__all__ = ["CHECKPOINT_EVERY", "Run", "RunState"]
 
 _log = logging.getLogger("twinkle.run")
+
+#: a running segment's checkpoint is taken at the first iteration boundary after this
+#: many events since the last (docs/metrics.md, "Resuming from a checkpoint")
+CHECKPOINT_EVERY = 20_000
+
+_S = TypeVar("_S")
 
 
 class RunState(enum.Enum):
@@ -122,6 +132,7 @@ class Run:
         "_backend_timeout_s",
         "_background",
         "_background_dispatch",
+        "_checkpointed",
         "_closed",
         "_order",
         "_receivers",
@@ -172,6 +183,7 @@ class Run:
         self._order = _Order()
         self._receivers: list[EventBus] = []
         self._closed = False
+        self._checkpointed = 0  # events dispatched when the last checkpoint was taken
 
     @property
     def started(self) -> bool:
@@ -210,6 +222,8 @@ class Run:
             self.dispatcher = Dispatcher(
                 calls, self.reporter.report, background=self._background_dispatch
             )
+            if self._checkpoints():
+                self.dispatcher.settled = self._settled
         except BaseException:
             self.state = RunState.FAILED
             self.close()
@@ -229,36 +243,56 @@ class Run:
         self.calls.failures.update(state["failures"])
         restore_observers(self.pm, state["observers"], self.context)
 
-    def _snapshot(self) -> tuple[bytes, int] | None:
-        """The run's state for a checkpoint (once the observers saw every event of the
-        segment, before the outputs close), pickled, and the bytes of the trace before
-        its tail; None when a checkpoint cannot hold it (no run directory, a replay, a
-        plugin that is not twinkle's) or taking it failed (logged: the run goes on)."""
-        if self.context.out_dir is None or self.context.replay or self.calls is None:
-            return None
-        if observers_of(self.pm) is None:
-            return None
+    def _state(self, *, closing: bool) -> bytes:
+        """The run's state, pickled: its segments, order and observers' failures, and
+        each observer's state (``closing``: the segment's outputs close next, and the
+        WebUI file's open lines go into the file, not into the state)."""
+        assert self.calls is not None
+        observers = snapshot_observers(self.pm)
+        if closing:
+            for name, plugin in self.pm.list_name_plugin():
+                if isinstance(plugin, WebUISink):
+                    observers[name] = {**observers[name], "open": {}}
         order = self._order
+        state = {
+            "segments": self.segments,
+            "order": (order.last_boundary, order.last_iteration, order.last_step),
+            "failures": dict(self.calls.failures),
+            "observers": observers,
+        }
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _checkpoints(self) -> bool:
+        """Whether this run leaves checkpoints: a live run's with a run directory whose
+        observers are all twinkle's."""
+        return (
+            self.context.out_dir is not None
+            and not self.context.replay
+            and observers_of(self.pm) is not None
+        )
+
+    def _snapshot(self) -> tuple[bytes, int] | None:
+        """The state for the segment's checkpoint (the observers saw every event, the
+        outputs are still open) and the trace's bytes before its tail; None when the
+        run leaves no checkpoints or taking it failed (logged: the run goes on)."""
+        if not self._checkpoints():
+            return None
         try:
-            observers = snapshot_observers(self.pm)
-            state = {
-                "segments": self.segments,
-                "order": (order.last_boundary, order.last_iteration, order.last_step),
-                "failures": dict(self.calls.failures),
-                "observers": observers,
-            }
-            trace = next(s["_written"] for s in observers.values() if "_written" in s)
-            return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), trace
+            payload = self._state(closing=True)
+            return payload, self._sink(TraceSink).head()[1]
         except Exception as exc:  # (whatever pickling or a sink's flush raises)
             _log.warning(
                 "run %r: no checkpoint taken (%s); a resume re-reads the log", self.run_id, exc
             )
             return None
 
+    def _sink(self, kind: type[_S]) -> _S:
+        return next(p for p in self.pm.get_plugins() if isinstance(p, kind))
+
     def _checkpoint(self, out: Path, snapshot: tuple[bytes, int]) -> Checkpoint:
         """The checkpoint of the closed segment's ``snapshot``: where its files stand."""
         payload, trace = snapshot
-        log = next(p for p in self.pm.get_plugins() if isinstance(p, EventLogSink))
+        log = self._sink(EventLogSink)
         files = {
             EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, log.logged)
         }
@@ -268,20 +302,68 @@ class Run:
         finish = self.segments[-1].finish
         backends = self.segments[-1].backends
         assert finish is not None
-        timeline = self.context.stash.get(TIMELINE)
-        last = max(finish.monotonic_ns, timeline.latest_ns if timeline is not None else 0)
+        last = max(finish.monotonic_ns, self._latest_ns())
         if backends is not None:
             last = max(last, backends.monotonic_ns)
+        return self._made(log.logged, files, last, (backends or finish).wall_ns, payload)
+
+    def _latest_ns(self) -> int:
+        timeline = self.context.stash.get(TIMELINE)
+        return 0 if timeline is None else timeline.latest_ns
+
+    def _made(
+        self,
+        events: int,
+        files: dict[str, FileMark],
+        last_ns: int,
+        last_wall_ns: int,
+        payload: bytes,
+    ) -> Checkpoint:
         scan = {
             "segments": len(self.segments),
-            "last_ns": last,
-            "last_wall_ns": (backends or finish).wall_ns,
+            "last_ns": last_ns,
+            "last_wall_ns": last_wall_ns,
             "last_iteration": self._order.last_iteration,
             "optimizer_steps": self._order.last_step,
         }
         names = observers_of(self.pm)
         assert names is not None
-        return Checkpoint(self.run_id, log.logged, files, scan, names, payload)
+        return Checkpoint(self.run_id, events, files, scan, names, payload)
+
+    def _settled(self, event: Event) -> None:
+        """After an iteration's boundary (dispatched, with what its hooks published), a
+        checkpoint of the running segment once :data:`CHECKPOINT_EVERY` events went by
+        since the last: a segment killed outright resumes from it."""
+        dispatcher = self.dispatcher
+        if type(event) is not IterationStarted or dispatcher is None:
+            return
+        if dispatcher.events - self._checkpointed < CHECKPOINT_EVERY:
+            return
+        self._checkpointed = dispatcher.events
+        out = self.context.out_dir
+        assert out is not None and self.reporter is not None
+        try:
+            logged = self._sink(EventLogSink).sync_point()
+            self.reporter.wait_delivered()
+            payload = self._state(closing=False)
+            files = {
+                EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, logged)
+            }
+            for sink in (self._sink(RawRecordsSink), self._sink(WebUISink)):
+                path, lines = sink.head()
+                files[sink.FILE] = mark(path, path.stat().st_size, lines)
+            path, size = self._sink(TraceSink).head()
+            files[TRACE_FILE] = mark(path, size, 0)
+            last = max(event.monotonic_ns, self._latest_ns())
+            write_checkpoint(out, self._made(logged, files, last, event.wall_ns, payload))
+        except Exception as exc:  # (a checkpoint is never worth the run)
+            _log.warning(
+                "run %r: no checkpoint at iteration %s (%s); a resume re-reads the log "
+                "since the last one",
+                self.run_id,
+                getattr(event, "iteration", "?"),
+                exc,
+            )
 
     def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
