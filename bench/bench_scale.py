@@ -13,8 +13,9 @@ reports are built untimed). It runs at growing lengths; for each:
   span (goal 60 B);
 * ``scale.resume``: a resumed session's ``start()`` on the finished run: from its
   checkpoint, at 10⁴ and 10⁵ events of a light run (goals: within 2x, 5 s at 10⁶
-  extrapolated) and on the scenario's run; and without one (as after a kill: the
-  whole log is fed again), extrapolated to 10⁶ events and three days;
+  extrapolated) and on the scenario's run; without one (the whole log fed again, as
+  for a run with a plugin of its own), extrapolated to 10⁶ events and three days; and
+  each checkpoint a running segment takes;
 * ``scale.replay``: events per second of ``twinkle replay``, against ``orjson.loads``
   of each line (the floor; goals 50k events/s and 6x the floor);
 * ``scale.report``: ``twinkle report --json`` in a child process: wall time and peak
@@ -373,8 +374,8 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
     rows.append(
         Row(
             "scale.resume",
-            f"resume a run of {b.events:,} events without a checkpoint (after a kill: "
-            "start() re-feeds the log)",
+            f"resume a run of {b.events:,} events without a checkpoint (start() feeds the "
+            "whole log again: a run with a plugin of its own)",
             b.refeed_s,
             "s",
             note=f"{a.refeed_s:.2f} s at {a.events:,} events; {refeed:,.0f} s at 10^6 events, "
