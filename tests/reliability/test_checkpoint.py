@@ -23,6 +23,9 @@ import pytest
 from _scripted import CONFIG, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
+import twinkle.run._run as run_module
+from twinkle.reporting import JsonlWriter
+from twinkle.run import RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
 
 OUTPUTS = ("events.jsonl", *DERIVED)
@@ -141,7 +144,7 @@ def test_a_segment_killed_outright_resumes_from_its_own_last_checkpoint(
     a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR)
     b = segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR)
     assert a.resumed is not None and b.resumed is not None
-    assert 0 < a.resumed.restored_events == marked["events"] < a.resumed.events
+    assert 0 < a.resumed.restored_events == marked["events"] <= a.resumed.events
     assert a.resumed.events - marked["events"] < 40  # the tail: since the last checkpoint
     assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
     assert_replay_identical(tmp_path / "with" / "r", tmp_path)
@@ -244,9 +247,50 @@ def test_a_run_with_a_plugin_writes_no_checkpoint_and_resumes_from_its_log(
     assert_replay_identical(tmp_path / "r", tmp_path)
 
 
+def test_no_checkpoint_is_taken_while_a_resume_feeds_the_log_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints start once the logged events went by again: one taken among them
+    would say the whole log was seen."""
+    segment(tmp_path, iterations=30, wall_offset_ns=0)
+    (tmp_path / "r" / CHECKPOINT_FILE).unlink()
+    monkeypatch.setattr(run_module, "CHECKPOINT_EVERY", 5)
+    session = RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True)
+    session.start()
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    session.finish()
+    assert (tmp_path / "r" / CHECKPOINT_FILE).exists()
+
+
+def test_with_background_dispatch_a_checkpoint_is_taken_at_the_end_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch thread lags the order the publishers check: a running segment's
+    state and order would not be at one event."""
+    monkeypatch.setattr(run_module, "CHECKPOINT_EVERY", 5)
+    with RunSession(
+        out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, background_dispatch=True
+    ) as run:
+        for i in range(20):
+            run.bus.iteration_started(i)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[5], groups=1)
+        run.run.dispatcher.flush()  # type: ignore[union-attr]
+        assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    assert (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    again = segment(tmp_path, iterations=1, wall_offset_ns=HOUR)
+    assert again.resumed is not None and again.resumed.restored_events == again.resumed.events
+
+
 def test_the_unpickler_makes_twinkles_values_only() -> None:
     import io
 
+    # a class a twinkle module imports is not that module's (a file handler truncates)
+    planted = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x17twinkle.observers.sinks"
+    planted += b"\x94\x8c\x13logging.FileHandler\x94\x93\x94."
+    with pytest.raises(pickle.UnpicklingError, match=r"not twinkle\.observers\.sinks\.logging"):
+        _Unpickler(io.BytesIO(planted)).load()
+    with pytest.raises(pickle.UnpicklingError, match="JsonlWriter"):
+        _Unpickler(io.BytesIO(pickle.dumps(JsonlWriter))).load()
     with pytest.raises(
         pickle.UnpicklingError, match=r"holds only twinkle.s values, not (posix|os)\.system"
     ):

@@ -30,7 +30,7 @@ from twinkle.events import SpanBatch
 from twinkle.observers._config import ClockSkewTolerance
 from twinkle.perf import ClockAnchor
 
-__all__ = ["Placement", "SkewLedger", "place_batch"]
+__all__ = ["LatestTime", "Placement", "SkewLedger", "place_batch"]
 
 log = logging.getLogger("twinkle.observers")
 _NS = 1e9
@@ -152,3 +152,23 @@ class SkewLedger:
                 for source, entry in sorted(self.workers.items())
             },
         }
+
+
+class LatestTime:
+    """The latest time a run's events reach on its clock (a span batch's: its spans'
+    ends, placed), and the wall clock of the event that reached it (the later of two
+    that tie): where a resumed segment's clock continues from."""
+
+    __slots__ = ("anchor", "ns", "tolerance", "wall_ns")
+
+    def __init__(self, anchor: ClockAnchor | None, tolerance: ClockSkewTolerance) -> None:
+        self.anchor, self.tolerance = anchor, tolerance
+        self.ns = self.wall_ns = 0
+
+    def note(self, event: Any) -> None:
+        end = event.monotonic_ns
+        if type(event) is SpanBatch and event.spans:
+            shift = place_batch(event, self.anchor, self.tolerance).shift_ns
+            end = max(end, max(s.end_ns for s in event.spans) + shift)
+        if end >= self.ns:
+            self.ns, self.wall_ns = end, event.wall_ns

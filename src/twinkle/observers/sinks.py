@@ -7,6 +7,7 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -99,28 +100,30 @@ class _FileBackendSink:
         source = None
         if context.checkpoint is not None:
             source = (path.parent / context.checkpoint.files[self.FILE].path).open("rb")
-        for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
-            stale.unlink(missing_ok=True)  # a resume killed before its rename (we hold
-            # the run directory: no live process is writing one)
-        new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-        head = 0
-        lines = _count_lines(path)
-        if source is not None:  # the lines the checkpoint covers, as they are
-            mark = context.checkpoint.files[self.FILE]
-            with source:
+        with source or contextlib.nullcontext():
+            for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
+                stale.unlink(missing_ok=True)  # a resume killed before its rename (we
+                # hold the run directory: no live process is writing one)
+            new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
+            head = 0
+            lines = _count_lines(path)
+            if source is not None:  # the lines the checkpoint covers, as they are
+                mark = context.checkpoint.files[self.FILE]
                 _copy_head(source, new, mark.size)
-            head = mark.lines
+                head = mark.lines
         self._rebuilding = (new, path, lines)
         self._segment = context.segment
         backend = self._open(new, context)
         backend.held_before = head
         return backend
 
-    def head(self) -> tuple[Path, int]:
+    def head(self) -> tuple[Path, int] | None:
         """The file the records go to now and the lines it holds (once the reporter
-        handed them over: a checkpoint marks them)."""
+        handed them over: a checkpoint marks them); None when lines a failed write left
+        in memory are in neither."""
         backend = self._backend
-        assert backend is not None
+        if backend is None or backend.writer.unwritten_records:
+            return None
         return backend.writer.path, backend.held_lines
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -168,10 +171,13 @@ def _copy_head(source: BinaryIO, target: Path, size: int) -> None:
     kernel where it can)."""
     with target.open("wb") as dst:
         left = size
+        copy_range = getattr(os, "copy_file_range", None)  # (Linux's)
         try:
-            while left > 0 and (n := os.copy_file_range(source.fileno(), dst.fileno(), left)):
+            if copy_range is None:
+                raise OSError("no copy_file_range")
+            while left > 0 and (n := copy_range(source.fileno(), dst.fileno(), left)):
                 left -= n
-        except OSError:  # (a file system or kernel without it: by hand)
+        except OSError:  # (a file system, kernel or platform without it: by hand)
             source.seek(size - left)
             while left > 0 and (chunk := source.read(min(left, 1 << 20))):
                 dst.write(chunk)
@@ -326,12 +332,19 @@ class EventLogSink:
         """The events the log holds: the next line's ``seq`` (once its writer wrote them)."""
         return self._seq
 
-    def sync_point(self) -> int:
+    def sync_point(self) -> int | None:
         """Hand the pending events to the writer and wait until it wrote them (not
-        fsynced); the events the log then holds."""
-        self.flush()
-        if self._batches is not None:
-            self._batches.flush()
+        fsynced); the events the log then holds, or None when a write failed or left
+        lines in memory (its error stays for the run to see)."""
+        if self._batches is None or self.writer is None or self._skip:
+            return None  # (no log, or events fed again still to come)
+        if not self._batches.settle():
+            return None
+        batch = self._take_pending()
+        if batch:
+            self._batches.put(batch)
+        if not self._batches.settle() or self.writer.unwritten_records:
+            return None
         return self._seq
 
     @property

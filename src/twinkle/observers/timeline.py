@@ -174,9 +174,6 @@ class Timeline:
         self._floor: int | None = None  # a resumed segment's set-up starts no earlier
         self._teardown = WindowTiming.empty(self.config)
         self.late_spans = self.late_ns = 0
-        #: the latest end of a span as placed on the run's clock (a resume continues
-        #: the clock after it)
-        self.latest_ns = 0
         self.late_samples = 0
         #: per span source: [spans received, spans it could not ship]
         self.sources: dict[str, list[int]] = {}
@@ -294,8 +291,6 @@ class Timeline:
         placement = place_batch(event, self.anchor, self.config.clock_skew)
         self.skew.note(event, placement)
         shift = placement.shift_ns
-        if event.spans:
-            self.latest_ns = max(self.latest_ns, max(s.end_ns for s in event.spans) + shift)
         phase_of = self.config.phase_of
         overhead = self.overhead
         horizon = self.horizon  # moves only when a window is finalised

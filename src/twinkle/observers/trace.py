@@ -266,24 +266,22 @@ class TraceSink:
     _RUNTIME = frozenset({"path", "_out", "_finished", "_broken", "_batches", "_context"})
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """What the trace holds so far (its writer has turned every event into lines),
-        for a checkpoint."""
-        if self._batches is not None:
-            self._batches.flush()
+        """What the trace holds so far, for a checkpoint (taken after :meth:`head`: its
+        writer has turned every event into lines)."""
         return {k: v for k, v in vars(self).items() if k not in self._RUNTIME}
 
-    def head(self) -> tuple[Path, int]:
+    def head(self) -> tuple[Path, int] | None:
         """The file the trace is written to now (its temporary file while the run
-        runs, ``trace.json`` once it was put in place) and its bytes before the tail,
-        handed to the OS: what a checkpoint marks."""
-        if self._batches is not None:
-            self._batches.flush()
+        runs) and its bytes before the tail, handed to the OS once its writer turned
+        every event into lines: what a checkpoint marks. None when there is none, or a
+        write or an event failed (its error stays for the run to see)."""
         out = self._out
-        if out is not None and not out.closed:
-            out.flush()
-            return out.tmp, self._written
-        assert self.path is not None
-        return self.path, self._written
+        if out is None or out.closed or self._broken is not None or self._batches is None:
+            return None
+        if not self._batches.settle():
+            return None
+        out.flush()
+        return out.tmp, self._written
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take :meth:`checkpoint_state` back (the file's head was copied at configure)."""

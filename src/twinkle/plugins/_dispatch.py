@@ -369,6 +369,7 @@ class Dispatcher:
         "calls",
         "events",
         "report",
+        "seen",
         "settled",
     )
 
@@ -395,6 +396,8 @@ class Dispatcher:
         #: called on the dispatching thread after an event, once what its hooks
         #: published was dispatched too (the run's checkpoints)
         self.settled: Callable[[Event], None] | None = None
+        #: called with each event before its hooks (what the run notes of every event)
+        self.seen: Callable[[Event], None] | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._thread: BatchWriter[Event] | None = None
@@ -453,6 +456,11 @@ class Dispatcher:
                 self._owner = None
 
     @property
+    def idle(self) -> bool:
+        """Whether no event waits to be dispatched inline."""
+        return not self._pending
+
+    @property
     def dispatching_here(self) -> bool:
         """Whether the calling thread is dispatching now (an observer publishing)."""
         return self._owner == _get_ident()
@@ -483,6 +491,8 @@ class Dispatcher:
 
     def _dispatch(self, event: Event) -> None:
         self.events += 1
+        if self.seen is not None:
+            self.seen(event)
         calls = self.calls
         monitored = calls.monitored
         hook = self._hooks[type(event)]

@@ -176,11 +176,11 @@ class MetricsReporter:
             raise error
         return stamped
 
-    def wait_delivered(self) -> None:
+    def wait_delivered(self) -> bool:
         """Wait until every record reported so far was handed to the backends (what a
-        backend holds back, it still holds: a checkpoint takes it as state)."""
-        if not self.closed:
-            self._writer.flush()
+        backend holds back, it still holds: a checkpoint takes it as state); False when
+        a delivery failed (its error stays for the next call to raise)."""
+        return not self.closed and self._writer.settle()
 
     def flush(self) -> None:
         """Wait until every record reported so far was handed to the backends, then flush

@@ -222,6 +222,25 @@ class BatchWriter(Generic[T]):
         self._raise_held()
         return True
 
+    def settle(self) -> bool:
+        """Wait until every item put so far was delivered, as :meth:`flush` does, but
+        leave a held error for the caller's next call: True when every delivery went
+        through (nothing failed, nothing is held), False otherwise."""
+        with self._lock:
+            if self._state is not _OPEN:
+                return False
+            self._refuse_on_writer_thread("settle()")
+            target = self._accepted
+            if self._thread is not None:
+                while self._delivered < target and self._state is _OPEN:
+                    self._urgent = True
+                    self._wakeup.notify()
+                    self._progress.wait()
+        if self._thread is None:
+            self._drain()
+        with self._lock:
+            return self._state is _OPEN and self._error is None
+
     def flush(self) -> None:
         """Wait until every item put so far was delivered; raise a held error.
 

@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 CHECKPOINT_FILE: Final = "checkpoint.bin"
+#: the files a checkpoint marks
+MARKED: Final = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "trace.json")
 NO_CHECKPOINT: Final = "the run has no checkpoint"
 FORMAT: Final = 1
 #: the bytes of a file's end that its digest covers
@@ -230,6 +232,8 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
             observers=list(header["observers"]),
             payload=payload,
         )
+        if sorted(checkpoint.files) != sorted(MARKED):
+            raise ValueError("files")
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return f"{CHECKPOINT_FILE} is not a checkpoint twinkle wrote (its header is unreadable)"
     why = _disagreement(header, checkpoint, run_id, observers)
@@ -301,9 +305,10 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _PLAIN:
             return super().find_class(module, name)
-        if module.startswith(_TWINKLE):
+        if module.startswith(_TWINKLE) and name.isidentifier():  # (no dotted path)
             found = super().find_class(module, name)
-            if isinstance(found, type):
+            # a class of that module itself, not one it imported (logging's, io's...)
+            if isinstance(found, type) and found.__module__ == module:
                 return found
         raise pickle.UnpicklingError(
             f"a checkpoint holds only twinkle's values, not {module}.{name}"

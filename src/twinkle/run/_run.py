@@ -43,14 +43,15 @@ from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     EVENTS_FILE,
     RAW_FILE,
-    TIMELINE,
     TRACE_FILE,
     WEBUI_FILE,
+    ClockSkewTolerance,
     EventLogSink,
     RawRecordsSink,
     TraceSink,
     WebUISink,
 )
+from twinkle.observers.placement import LatestTime
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
     Dispatcher,
@@ -134,6 +135,7 @@ class Run:
         "_background_dispatch",
         "_checkpointed",
         "_closed",
+        "_latest",
         "_order",
         "_receivers",
         "_required",
@@ -184,6 +186,7 @@ class Run:
         self._receivers: list[EventBus] = []
         self._closed = False
         self._checkpointed = 0  # events dispatched when the last checkpoint was taken
+        self._latest: LatestTime | None = None  # (of the dispatched events: checkpoints)
 
     @property
     def started(self) -> bool:
@@ -223,7 +226,7 @@ class Run:
                 calls, self.reporter.report, background=self._background_dispatch
             )
             if self._checkpoints():
-                self.dispatcher.settled = self._settled
+                self.dispatcher.seen = self._seen
         except BaseException:
             self.state = RunState.FAILED
             self.close()
@@ -239,6 +242,10 @@ class Run:
         state = checkpoint.state()
         self.segments = state["segments"]
         self.restore_order(state["order"])
+        started = self.segments[0].start
+        latest = LatestTime(started.anchor, ClockSkewTolerance.parse(started.config))
+        latest.ns, latest.wall_ns = checkpoint.scan["last_ns"], checkpoint.scan["last_wall_ns"]
+        self._latest = latest
         assert self.calls is not None
         self.calls.failures.update(state["failures"])
         restore_observers(self.pm, state["observers"], self.context)
@@ -264,23 +271,51 @@ class Run:
 
     def _checkpoints(self) -> bool:
         """Whether this run leaves checkpoints: a live run's with a run directory whose
-        observers are all twinkle's."""
+        observers are all twinkle's, its four sinks among them."""
         return (
             self.context.out_dir is not None
             and not self.context.replay
             and observers_of(self.pm) is not None
+            and all(
+                any(isinstance(p, kind) for p in self.pm.get_plugins())
+                for kind in (EventLogSink, RawRecordsSink, WebUISink, TraceSink)
+            )
         )
 
-    def _snapshot(self) -> tuple[bytes, int] | None:
+    def _seen(self, event: Event) -> None:
+        """Note the latest time the run's events reach (from its run_started on)."""
+        latest = self._latest
+        if latest is None:
+            if type(event) is not RunStarted:
+                return
+            tolerance = ClockSkewTolerance.parse(event.config)
+            latest = self._latest = LatestTime(event.anchor, tolerance)
+        latest.note(event)
+
+    def arm_checkpoints(self) -> None:
+        """From now on (once a resume fed the logged events again), take a running
+        segment's checkpoints (:meth:`_settled`): with inline dispatch only, where the
+        run's order is the dispatched events' (the dispatch thread lags the checks)."""
+        dispatcher = self.dispatcher
+        if dispatcher is not None and not dispatcher.background and self._checkpoints():
+            self._checkpointed = dispatcher.events
+            dispatcher.settled = self._settled
+
+    def _snapshot(self) -> tuple[bytes, int, int] | None:
         """The state for the segment's checkpoint (the observers saw every event, the
-        outputs are still open) and the trace's bytes before its tail; None when the
-        run leaves no checkpoints or taking it failed (logged: the run goes on)."""
+        outputs are still open), the trace's bytes before its tail and the events
+        logged; None when the run leaves no checkpoints, a write failed, or taking it
+        failed (logged: the run goes on)."""
         if not self._checkpoints():
             return None
         try:
-            payload = self._state(closing=True)
-            return payload, self._sink(TraceSink).head()[1]
-        except Exception as exc:  # (whatever pickling or a sink's flush raises)
+            with self._order.lock:  # (no event checked meanwhile)
+                logged = self._sink(EventLogSink).sync_point()
+                trace = self._sink(TraceSink).head()
+                if logged is None or trace is None:
+                    return None  # (the failed write is the run's to report)
+                return self._state(closing=True), trace[1], logged
+        except Exception as exc:  # (whatever pickling raises)
             _log.warning(
                 "run %r: no checkpoint taken (%s); a resume re-reads the log", self.run_id, exc
             )
@@ -289,40 +324,28 @@ class Run:
     def _sink(self, kind: type[_S]) -> _S:
         return next(p for p in self.pm.get_plugins() if isinstance(p, kind))
 
-    def _checkpoint(self, out: Path, snapshot: tuple[bytes, int]) -> Checkpoint:
-        """The checkpoint of the closed segment's ``snapshot``: where its files stand."""
-        payload, trace = snapshot
+    def _checkpoint(self, out: Path, snapshot: tuple[bytes, int, int]) -> Checkpoint | None:
+        """The checkpoint of the closed segment's ``snapshot``: where its files stand
+        (None when events went by after the snapshot: the state lacks them)."""
+        payload, trace, logged = snapshot
         log = self._sink(EventLogSink)
+        if log.logged != logged:
+            return None
         files = {
             EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, log.logged)
         }
         for name in (RAW_FILE, WEBUI_FILE):
             files[name] = mark(out / name, (out / name).stat().st_size, _count_lines(out / name))
         files[TRACE_FILE] = mark(out / TRACE_FILE, trace, 0)
-        finish = self.segments[-1].finish
-        backends = self.segments[-1].backends
-        assert finish is not None
-        last = max(finish.monotonic_ns, self._latest_ns())
-        if backends is not None:
-            last = max(last, backends.monotonic_ns)
-        return self._made(log.logged, files, last, (backends or finish).wall_ns, payload)
+        return self._made(log.logged, files, payload)
 
-    def _latest_ns(self) -> int:
-        timeline = self.context.stash.get(TIMELINE)
-        return 0 if timeline is None else timeline.latest_ns
-
-    def _made(
-        self,
-        events: int,
-        files: dict[str, FileMark],
-        last_ns: int,
-        last_wall_ns: int,
-        payload: bytes,
-    ) -> Checkpoint:
+    def _made(self, events: int, files: dict[str, FileMark], payload: bytes) -> Checkpoint:
+        latest = self._latest
+        assert latest is not None
         scan = {
             "segments": len(self.segments),
-            "last_ns": last_ns,
-            "last_wall_ns": last_wall_ns,
+            "last_ns": latest.ns,
+            "last_wall_ns": latest.wall_ns,
             "last_iteration": self._order.last_iteration,
             "optimizer_steps": self._order.last_step,
         }
@@ -333,29 +356,19 @@ class Run:
     def _settled(self, event: Event) -> None:
         """After an iteration's boundary (dispatched, with what its hooks published), a
         checkpoint of the running segment once :data:`CHECKPOINT_EVERY` events went by
-        since the last: a segment killed outright resumes from it."""
+        since the last: a segment killed outright resumes from it. Taken holding the
+        order's lock with nothing left to dispatch, so the state, the order and the
+        files are all at the same event."""
         dispatcher = self.dispatcher
         if type(event) is not IterationStarted or dispatcher is None:
             return
         if dispatcher.events - self._checkpointed < CHECKPOINT_EVERY:
             return
-        self._checkpointed = dispatcher.events
-        out = self.context.out_dir
-        assert out is not None and self.reporter is not None
         try:
-            logged = self._sink(EventLogSink).sync_point()
-            self.reporter.wait_delivered()
-            payload = self._state(closing=False)
-            files = {
-                EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, logged)
-            }
-            for sink in (self._sink(RawRecordsSink), self._sink(WebUISink)):
-                path, lines = sink.head()
-                files[sink.FILE] = mark(path, path.stat().st_size, lines)
-            path, size = self._sink(TraceSink).head()
-            files[TRACE_FILE] = mark(path, size, 0)
-            last = max(event.monotonic_ns, self._latest_ns())
-            write_checkpoint(out, self._made(logged, files, last, event.wall_ns, payload))
+            with self._order.lock:
+                if dispatcher.idle:
+                    self._checkpointed = dispatcher.events
+                    self._checkpoint_running(event)
         except Exception as exc:  # (a checkpoint is never worth the run)
             _log.warning(
                 "run %r: no checkpoint at iteration %s (%s); a resume re-reads the log "
@@ -364,6 +377,26 @@ class Run:
                 getattr(event, "iteration", "?"),
                 exc,
             )
+
+    def _checkpoint_running(self, event: Event) -> None:
+        """Write the running segment's checkpoint at ``event``, unless a write failed
+        (its error is the run's to report) or left lines in memory."""
+        out = self.context.out_dir
+        assert out is not None and self.reporter is not None
+        logged = self._sink(EventLogSink).sync_point()
+        if logged is None or not self.reporter.wait_delivered():
+            return
+        raw, webui = self._sink(RawRecordsSink).head(), self._sink(WebUISink).head()
+        trace = self._sink(TraceSink).head()
+        if trace is None or raw is None or webui is None:
+            return
+        payload = self._state(closing=False)
+        log = out / EVENTS_FILE
+        files = {EVENTS_FILE: mark(log, log.stat().st_size, logged)}
+        for name, (path, lines) in ((RAW_FILE, raw), (WEBUI_FILE, webui)):
+            files[name] = mark(path, path.stat().st_size, lines)
+        files[TRACE_FILE] = mark(trace[0], trace[1], 0)
+        write_checkpoint(out, self._made(logged, files, payload))
 
     def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
@@ -595,7 +628,7 @@ class Run:
             self._write_checkpoint(snapshot)
         return summary
 
-    def _write_checkpoint(self, snapshot: tuple[bytes, int]) -> None:
+    def _write_checkpoint(self, snapshot: tuple[bytes, int, int]) -> None:
         """The checkpoint of the segment that just finished: its state, and where the
         log, the record files and the trace (its part before the tail) stand. A
         checkpoint that cannot be written is logged and left out: a resume then feeds
@@ -603,7 +636,9 @@ class Run:
         out = self.context.out_dir
         assert out is not None and self.finished is not None
         try:
-            write_checkpoint(out, self._checkpoint(out, snapshot))
+            checkpoint = self._checkpoint(out, snapshot)
+            if checkpoint is not None:
+                write_checkpoint(out, checkpoint)
         except (OSError, TwinkleError) as exc:
             _log.warning(
                 "run %r: no checkpoint written (%s); a resume re-reads the log", self.run_id, exc

@@ -59,7 +59,6 @@ from twinkle.events import (
     RunFinished,
     RunResumed,
     RunStarted,
-    SpanBatch,
     Status,
     read_back,
     validate_event,
@@ -67,7 +66,7 @@ from twinkle.events import (
 from twinkle.hookspecs import RunContext
 from twinkle.locks import RunDirLock
 from twinkle.observers import ClockSkewTolerance, ObserverConfig, ScalarsObserver
-from twinkle.observers.placement import place_batch
+from twinkle.observers.placement import LatestTime
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import MemoryReading, memory_stats
@@ -131,8 +130,11 @@ class _Scan:
     events: int = 0
     segments: int = 1
     finished: RunFinished | None = None
-    last_ns: int = 0
-    last_wall_ns: int = 0
+    #: the latest time the events reach on the run's clock (spans as the timeline
+    #: places them), set from ``started`` and ``clock_skew`` when the scan begins
+    latest: LatestTime = dataclasses.field(
+        default_factory=lambda: LatestTime(None, ClockSkewTolerance())
+    )
     last_iteration: int | None = None
     optimizer_steps: int = 0
     #: the run's, so the scan places worker spans where the timeline does
@@ -332,6 +334,7 @@ class RunSession:
                 # (background dispatch) the event log has written the segment's first
                 # event through before start() returns: a kill now leaves a log to resume
                 self.run.dispatcher.flush()
+            self.run.arm_checkpoints()  # (the logged events fed again: none in between)
         except BaseException:
             try:
                 self.run.close()  # FAILED: it never finished
@@ -425,7 +428,8 @@ class RunSession:
                             f"event is {event.TYPE!r} of run {event.run_id!r}): move it "
                             "away or choose another run id"
                         )
-                    scan = _Scan(event, clock_skew=ClockSkewTolerance.parse(event.config))
+                    skew = ClockSkewTolerance.parse(event.config)
+                    scan = _Scan(event, latest=LatestTime(event.anchor, skew), clock_skew=skew)
                     checker.context = dataclasses.replace(checker.context, config=event.config)
                 checker.submit(event)
                 _note(scan, event)
@@ -449,7 +453,7 @@ class RunSession:
         )
         if isinstance(found, Checkpoint):
             last = found.state()["segments"][-1].start.config
-            if _canonical(last) != _canonical(self.run.context.config):
+            if _canonical(last) != _canonical(self.run.context.config):  # (plain JSON data)
                 found = (
                     "this session's configuration differs from the one the checkpoint's "
                     "segment ran with (every output is rebuilt under the new one)"
@@ -468,7 +472,7 @@ class RunSession:
                 "was made; make the session again to resume it"
             )
         self._check_resumed_config(scan.started)
-        behind = scan.last_ns - self._clock() + 1
+        behind = scan.latest.ns - self._clock() + 1
         if behind > 0:  # the wall clock went back between the segments
             self._shift[0] += behind
 
@@ -554,8 +558,8 @@ class RunSession:
             self.run.submit(
                 RunFinished(
                     self.run_id,
-                    scan.last_ns,
-                    scan.last_wall_ns,
+                    scan.latest.ns,
+                    scan.latest.wall_ns,
                     status="error",
                     error=(
                         f"segment {segment - 1} stopped without finishing (its process "
@@ -825,16 +829,18 @@ def _scan_of(checkpoint: Checkpoint, checker: Run) -> _Scan:
     checker.segments = [dataclasses.replace(s) for s in segments]  # (its own: it adds)
     checker.restore_order(state["order"])
     started = segments[0].start
+    skew = ClockSkewTolerance.parse(started.config)
+    latest = LatestTime(started.anchor, skew)
+    latest.ns, latest.wall_ns = figures["last_ns"], figures["last_wall_ns"]
     return _Scan(
         started,
         events=checkpoint.events,
         segments=figures["segments"],
         finished=segments[-1].finish,
-        last_ns=figures["last_ns"],
-        last_wall_ns=figures["last_wall_ns"],
+        latest=latest,
         last_iteration=figures["last_iteration"],
         optimizer_steps=figures["optimizer_steps"],
-        clock_skew=ClockSkewTolerance.parse(started.config),
+        clock_skew=skew,
     )
 
 
@@ -846,14 +852,9 @@ def _note(scan: _Scan, event: Any) -> None:
     """Fold one checked event of an existing log into its scan."""
     scan.events += 1
     kind = type(event)
-    end = event.monotonic_ns
-    if kind is SpanBatch:
-        # Where the timeline puts them: a skewed worker's spans must not carry its clock
-        # into the next segment's (through the resumed clock's start).
-        shift = place_batch(event, scan.started.anchor, scan.clock_skew).shift_ns
-        end = max([end, *(s.end_ns + shift for s in event.spans)])
-    if end >= scan.last_ns:
-        scan.last_ns, scan.last_wall_ns = end, event.wall_ns
+    # (spans where the timeline puts them: a skewed worker's must not carry its clock
+    # into the next segment's, through the resumed clock's start)
+    scan.latest.note(event)
     if kind is IterationStarted:
         scan.last_iteration = event.iteration
     elif kind is OptimizerStep:
