@@ -3,6 +3,10 @@ crash, bad-input and fuzz tests cut and corrupt."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +84,17 @@ def segment(
         if fail:
             raise RuntimeError("the trainer broke")
     return session
+
+
+def killed_when_ready(script: str) -> int:
+    """Run ``script`` in a child process and kill it outright (SIGKILL) 0.2 s after it
+    prints ``ready``; its pid."""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    return child.pid

@@ -10,17 +10,13 @@ import logging
 import os
 import pickle
 import shutil
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
-from _scripted import CONFIG, segment
+from _scripted import CONFIG, killed_when_ready, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
 import twinkle.run._run as run_module
@@ -101,14 +97,7 @@ def _killed_segment(out: Path, every: int = 10**9) -> None:
                     print("ready", flush=True)
         """
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(0.2)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+    killed_when_ready(script)
 
 
 def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Path) -> None:

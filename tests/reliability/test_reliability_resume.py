@@ -5,17 +5,13 @@ covers every segment."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG, segment
+from _scripted import CONFIG, killed_when_ready, segment
 
 from twinkle.errors import ConfigError, RecordError
 from twinkle.events import OptimizerStep
@@ -99,14 +95,7 @@ def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: P
                     print("ready", flush=True)
         """
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(0.2)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+    pid = killed_when_ready(script)
     run_dir = tmp_path / "r"
     assert not (run_dir / "summary.json").exists()
     # The dead process's lock is reclaimed; the run resumes after its last iteration.
@@ -119,7 +108,7 @@ def test_a_crashed_segment_is_closed_as_an_error_and_the_run_goes_on(tmp_path: P
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     first, second = summary["segments"]
     assert first["status"] == "error" and "stopped without finishing" in first["error"]
-    assert first["pid"] == child.pid and second["pid"] == os.getpid()
+    assert first["pid"] == pid and second["pid"] == os.getpid()
     assert summary["status"] == "ok"
     logged = [e for e in lines(run_dir / "events.jsonl") if e["type"] == "samples"]
     assert summary["counts"]["samples_rollout"]["accumulated"] == len(logged) >= start

@@ -169,6 +169,29 @@ def test_an_exception_in_deliver_is_raised_once_at_the_next_call_after_accepting
     assert w.stats.delivered == 3  # item 1 was handed to deliver (which failed it)
 
 
+def test_settle_waits_like_flush_and_leaves_a_held_error_for_the_next_call():
+    """A checkpoint asks whether everything went through without taking the error from
+    the run that must report it."""
+    sink = Sink()
+
+    def deliver(batch: list[int]) -> None:
+        if 1 in batch:
+            raise OSError("disk said no")
+        sink(batch)
+
+    w = writer(deliver, background=True, wake_at=100)
+    w.put(0)
+    assert w.settle() is True and sink.items == [0]  # (waited: delivered)
+    w.put(1)
+    assert w.settle() is False  # the delivery failed: held
+    assert w.settle() is False  # still held
+    with pytest.raises(OSError, match="disk said no"):
+        w.flush()  # the error reaches the next call that raises
+    assert w.settle() is True
+    w.close()
+    assert w.settle() is False  # (closed: nothing settles any more)
+
+
 def test_a_held_error_is_raised_by_put_after_the_item_was_accepted():
     fail = threading.Event()
     fail.set()

@@ -229,17 +229,21 @@ class BatchWriter(Generic[T]):
         with self._lock:
             if self._state is not _OPEN:
                 return False
-            self._refuse_on_writer_thread("settle()")
-            target = self._accepted
-            if self._thread is not None:
-                while self._delivered < target and self._state is _OPEN:
-                    self._urgent = True
-                    self._wakeup.notify()
-                    self._progress.wait()
+            self._wait_delivered("settle()")
         if self._thread is None:
             self._drain()
         with self._lock:
             return self._state is _OPEN and self._error is None
+
+    def _wait_delivered(self, call: str) -> None:
+        """(Lock held) wait until the thread delivered every item put so far."""
+        self._refuse_on_writer_thread(call)
+        target = self._accepted
+        if self._thread is not None:
+            while self._delivered < target and self._state is _OPEN:
+                self._urgent = True
+                self._wakeup.notify()
+                self._progress.wait()
 
     def flush(self) -> None:
         """Wait until every item put so far was delivered; raise a held error.
@@ -250,13 +254,7 @@ class BatchWriter(Generic[T]):
         with self._lock:
             if self._state in (_CLOSING, _CLOSED):
                 return
-            self._refuse_on_writer_thread("flush()")
-            target = self._accepted
-            if self._thread is not None:
-                while self._delivered < target and self._state is _OPEN:
-                    self._urgent = True
-                    self._wakeup.notify()
-                    self._progress.wait()
+            self._wait_delivered("flush()")
             if self._state is _FAILED or self._state is _CUT_OFF:
                 raise ReporterError(self._refusal())
         if self._thread is None:
