@@ -106,11 +106,15 @@ class _FileBackendSink:
                 # hold the run directory: no live process is writing one)
             new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
             head = 0
-            lines = _count_lines(path)
+            lines = None
             if source is not None:  # the lines the checkpoint covers, as they are
                 mark = context.checkpoint.files[self.FILE]
                 _copy_head(source, new, mark.size)
                 head = mark.lines
+                if mark.path == path.name:  # (the file itself: count only what follows)
+                    lines = head + _count_lines(path, mark.size)
+            if lines is None:
+                lines = _count_lines(path)
         self._rebuilding = (new, path, lines)
         self._segment = context.segment
         backend = self._open(new, context)
