@@ -88,7 +88,7 @@ def test_two_demos_on_one_run_id_do_not_interleave(tmp_path: Path) -> None:
     """Two `twinkle demo` processes on one run id: one runs, the other is refused with
     a clear error and a non-zero exit, and the run's files stay valid."""
     args = [sys.executable, "-m", "twinkle.cli", "demo", "--out", str(tmp_path)]
-    args += ["--run-id", "same", "--iterations", "6"]
+    args += ["--run-id", "same", "--iterations", "40"]  # (still running when the second asks)
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (tmp_path / "same" / "events.jsonl").exists() and time.monotonic() < deadline:

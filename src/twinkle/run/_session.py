@@ -239,6 +239,7 @@ class RunSession:
         #: set by start() when the run directory held a log: what it found there
         self.resumed: Resumed | None = None
         self._checkpoint: Checkpoint | None = None  # the one a resume starts from
+        self._whole_log_why: str | None = None  # why a resume cannot start from one
         # A log already here is a run to resume: this session's clock continues its
         # timeline (decided now, as the recorders read the clock from the start).
         self._shift: list[int] | None = None
@@ -443,7 +444,8 @@ class RunSession:
 
     def _usable_checkpoint(self, out: Path) -> Checkpoint | None:
         """The run's checkpoint when this resume can start from it, else None (why not is
-        logged: the whole log is fed again, as without one)."""
+        kept in :attr:`_whole_log_why`, logged once the resume goes on: the whole log is
+        fed again, as without one)."""
         names = observers_of(self.run.pm)
         found: Checkpoint | str = (
             "an observer plugin that is not twinkle's is loaded (a plugin rebuilds its "
@@ -459,8 +461,7 @@ class RunSession:
                     "segment ran with (every output is rebuilt under the new one)"
                 )
         if isinstance(found, str):
-            level = logging.INFO if found == NO_CHECKPOINT else logging.WARNING
-            log.log(level, "run %r resumes from its whole log: %s", self.run_id, found)
+            self._whole_log_why = found
             return None
         return found
 
@@ -537,6 +538,10 @@ class RunSession:
         # goes on, and the event log skips exactly the events fed again.
         self.bus.bind(_logged_already)
         checkpoint = self._checkpoint
+        why = self._whole_log_why
+        if checkpoint is None and why is not None:
+            level = logging.INFO if why == NO_CHECKPOINT else logging.WARNING
+            log.log(level, "run %r resumes from its whole log: %s", self.run_id, why)
         try:
             count = 0 if checkpoint is None else checkpoint.events
             for event in _logged(out / EVENTS_FILE, checkpoint):
