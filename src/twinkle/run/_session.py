@@ -32,13 +32,12 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-import orjson
 import pluggy
 
 from twinkle.checks import caller_source
@@ -54,10 +53,7 @@ from twinkle.errors import (
 from twinkle.events import (
     OVERHEAD_SOURCE,
     EventBus,
-    IterationStarted,
-    OptimizerStep,
     RunFinished,
-    RunResumed,
     RunStarted,
     Status,
     read_back,
@@ -88,6 +84,7 @@ from twinkle.run._config import (
 )
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run, RunState
+from twinkle.run._scan import Scan, canonical_config, logged_events, note, scan_of
 from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
@@ -120,25 +117,6 @@ class Resumed:
     @property
     def next_iteration(self) -> int:
         return 0 if self.last_iteration is None else self.last_iteration + 1
-
-
-@dataclass(slots=True)
-class _Scan:
-    """The first pass over an existing log (before anything is opened or written)."""
-
-    started: RunStarted
-    events: int = 0
-    segments: int = 1
-    finished: RunFinished | None = None
-    #: the latest time the events reach on the run's clock (spans as the timeline
-    #: places them), set from ``started`` and ``clock_skew`` when the scan begins
-    latest: LatestTime = dataclasses.field(
-        default_factory=lambda: LatestTime(None, ClockSkewTolerance())
-    )
-    last_iteration: int | None = None
-    optimizer_steps: int = 0
-    #: the run's, so the scan places worker spans where the timeline does
-    clock_skew: ClockSkewTolerance = dataclasses.field(default_factory=ClockSkewTolerance)
 
 
 def new_run_id(wall_ns: int) -> str:
@@ -372,7 +350,7 @@ class RunSession:
             return None
         return first.anchor if isinstance(first, RunStarted) else None
 
-    def _take_directory(self) -> _Scan | None:
+    def _take_directory(self) -> Scan | None:
         """Create and lock the run directory; scan the log it holds (None: none)."""
         out, lock = self.out_dir, self._dir_lock
         if out is None or lock is None:
@@ -405,7 +383,7 @@ class RunSession:
             lock.release()
             raise
 
-    def _scan(self, log: Path) -> _Scan | None:
+    def _scan(self, log: Path) -> Scan | None:
         """Check the log through a run without observers (the lifecycle and order checks
         the resumed run will apply, so feeding it again cannot fail half-way): the events
         after the run's checkpoint when it has one this resume can use
@@ -416,12 +394,12 @@ class RunSession:
             background=False,
         )
         checkpoint = self._checkpoint = self._usable_checkpoint(log.parent)
-        scan: _Scan | None = None
+        scan: Scan | None = None
         checker.start()
         try:
             if checkpoint is not None:
-                scan = _scan_of(checkpoint, checker)
-            for event in _logged(log, checkpoint):
+                scan = scan_of(checkpoint, checker)
+            for event in logged_events(log, checkpoint):
                 if scan is None:
                     if not isinstance(event, RunStarted) or event.run_id != self.run_id:
                         raise ConfigError(
@@ -430,10 +408,10 @@ class RunSession:
                             "away or choose another run id"
                         )
                     skew = ClockSkewTolerance.parse(event.config)
-                    scan = _Scan(event, latest=LatestTime(event.anchor, skew), clock_skew=skew)
+                    scan = Scan(event, latest=LatestTime(event.anchor, skew))
                     checker.context = dataclasses.replace(checker.context, config=event.config)
                 checker.submit(event)
-                _note(scan, event)
+                note(scan, event)
         except TwinkleError as exc:
             raise ConfigError(
                 f"cannot resume run {self.run_id!r} from {str(log)!r}: {exc}"
@@ -455,7 +433,9 @@ class RunSession:
         )
         if isinstance(found, Checkpoint):
             last = found.state()["segments"][-1].start.config
-            if _canonical(last) != _canonical(self.run.context.config):  # (plain JSON data)
+            if canonical_config(last) != canonical_config(
+                self.run.context.config
+            ):  # (plain JSON data)
                 found = (
                     "this session's configuration differs from the one the checkpoint's "
                     "segment ran with (every output is rebuilt under the new one)"
@@ -465,7 +445,7 @@ class RunSession:
             return None
         return found
 
-    def _check_resumable(self, scan: _Scan) -> None:
+    def _check_resumable(self, scan: Scan) -> None:
         self._check_resume_asked(scan)
         if self._shift is None:
             raise TwinkleError(
@@ -477,7 +457,7 @@ class RunSession:
         if behind > 0:  # the wall clock went back between the segments
             self._shift[0] += behind
 
-    def _check_resume_asked(self, scan: _Scan) -> None:
+    def _check_resume_asked(self, scan: Scan) -> None:
         """:class:`~twinkle.errors.FinishedRunError` when this session may not continue
         the run the directory holds (see ``resume`` in the class docstring)."""
         asked, finished = self._resume_asked, scan.finished
@@ -528,7 +508,7 @@ class RunSession:
             given=given,
         )
 
-    def _resume(self, scan: _Scan) -> None:
+    def _resume(self, scan: Scan) -> None:
         """Feed the logged events to the observers again, close a segment that stopped
         without finishing, then begin the new segment."""
         out = self.out_dir
@@ -544,7 +524,7 @@ class RunSession:
             log.log(level, "run %r resumes from its whole log: %s", self.run_id, why)
         try:
             count = 0 if checkpoint is None else checkpoint.events
-            for event in _logged(out / EVENTS_FILE, checkpoint):
+            for event in logged_events(out / EVENTS_FILE, checkpoint):
                 if count == scan.events:
                     break  # only what the scan checked
                 self.run.submit(event)
@@ -817,58 +797,6 @@ def _check_flags(*, autoload: object, **flags: object) -> None:
 def _logged_already(event: Any) -> None:
     """The bus's receiver while a resumed run's logged events go by again."""
     log.debug("dropped %s published while resuming: the log holds it", event.TYPE)
-
-
-def _logged(log: Path, checkpoint: Checkpoint | None) -> Iterator[Any]:
-    """The log's events: after ``checkpoint``'s when there is one, else all."""
-    if checkpoint is None:
-        return iter_events(log)
-    return iter_events(log, after=(checkpoint.files[EVENTS_FILE].size, checkpoint.events))
-
-
-def _scan_of(checkpoint: Checkpoint, checker: Run) -> _Scan:
-    """The scan of the events ``checkpoint`` stands for (its figures), and ``checker``
-    given its segments and order, to check the events after them."""
-    state, figures = checkpoint.state(), checkpoint.scan
-    segments = state["segments"]
-    checker.segments = [dataclasses.replace(s) for s in segments]  # (its own: it adds)
-    checker.restore_order(state["order"])
-    started = segments[0].start
-    skew = ClockSkewTolerance.parse(started.config)
-    latest = LatestTime(started.anchor, skew)
-    latest.ns, latest.wall_ns = figures["last_ns"], figures["last_wall_ns"]
-    return _Scan(
-        started,
-        events=checkpoint.events,
-        segments=figures["segments"],
-        finished=segments[-1].finish,
-        latest=latest,
-        last_iteration=figures["last_iteration"],
-        optimizer_steps=figures["optimizer_steps"],
-        clock_skew=skew,
-    )
-
-
-def _canonical(config: Any) -> bytes:
-    return orjson.dumps(read_back(config), option=orjson.OPT_SORT_KEYS)
-
-
-def _note(scan: _Scan, event: Any) -> None:
-    """Fold one checked event of an existing log into its scan."""
-    scan.events += 1
-    kind = type(event)
-    # (spans where the timeline puts them: a skewed worker's must not carry its clock
-    # into the next segment's, through the resumed clock's start)
-    scan.latest.note(event)
-    if kind is IterationStarted:
-        scan.last_iteration = event.iteration
-    elif kind is OptimizerStep:
-        scan.optimizer_steps = event.step
-    elif kind is RunFinished:
-        scan.finished = event
-    elif kind is RunResumed:
-        scan.finished = None
-        scan.segments += 1
 
 
 def _continuing(clock: Clock, wall_clock: Clock, origin: ClockAnchor) -> tuple[Clock, list[int]]:
