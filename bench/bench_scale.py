@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 import orjson
 
-import twinkle.run._run as run_module
+import twinkle.run._checkpointing as run_module
 from bench._harness import Row
 from twinkle.perf import ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
@@ -248,22 +248,22 @@ def _checkpoint_cost(workers: list[str], spans: int, iterations: int) -> list[fl
     thread: here the caller's), taken every 2,000 events instead of every
     ``CHECKPOINT_EVERY``."""
     took: list[float] = []
-    settled = run_module.Run._settled
+    settled = run_module.RunCheckpoints.settled
 
-    def timed(self: run_module.Run, event: Any) -> None:
-        t0, before = time.perf_counter(), self._checkpointed
+    def timed(self: run_module.RunCheckpoints, event: Any) -> None:
+        t0, before = time.perf_counter(), self.taken_at
         settled(self, event)
-        if self._checkpointed != before:
+        if self.taken_at != before:
             took.append(time.perf_counter() - t0)
 
     every, run_module.CHECKPOINT_EVERY = run_module.CHECKPOINT_EVERY, 2000
-    run_module.Run._settled = timed  # type: ignore[method-assign]
+    run_module.RunCheckpoints.settled = timed  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory(prefix="twinkle-bench-checkpoint-") as tmp:
             _drive(Path(tmp) / "runs", iterations, workers, spans)
     finally:
         run_module.CHECKPOINT_EVERY = every
-        run_module.Run._settled = settled  # type: ignore[method-assign]
+        run_module.RunCheckpoints.settled = settled  # type: ignore[method-assign]
     return took
 
 

@@ -19,7 +19,7 @@ import pytest
 from _scripted import CONFIG, killed_when_ready, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
-import twinkle.run._run as run_module
+import twinkle.run._checkpointing as run_module
 from twinkle.reporting import JsonlWriter
 from twinkle.run import RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
@@ -82,9 +82,9 @@ def _killed_segment(out: Path, every: int = 10**9) -> None:
     script = textwrap.dedent(
         f"""
         import time
-        import twinkle.run._run
+        import twinkle.run._checkpointing
         from twinkle.run import RunSession
-        twinkle.run._run.CHECKPOINT_EVERY = {every}
+        twinkle.run._checkpointing.CHECKPOINT_EVERY = {every}
         with RunSession(out_dir={str(out)!r}, run_id="r", config={CONFIG!r},
                         autoload=False, resume=True) as run:
             first = run.resumed.next_iteration if run.resumed else 0

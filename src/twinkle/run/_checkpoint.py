@@ -2,7 +2,7 @@
 (docs/metrics.md, "Resuming from a checkpoint").
 
 A running segment writes ``checkpoint.bin`` beside its log at an iteration boundary
-every :data:`~twinkle.run._run.CHECKPOINT_EVERY` events, and a segment that finishes
+every :data:`~twinkle.run._checkpointing.CHECKPOINT_EVERY` events, and a segment that finishes
 once more at its end, last (after the summary), each durably: a JSON header line, then
 the state, pickled. The header says what
 the state covers: the log's first ``events`` events (``log_bytes`` bytes), the record

@@ -12,12 +12,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, TypeVar, cast, final
+from typing import Any, cast, final
 
 import pluggy
 
@@ -41,17 +39,8 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
-    EVENTS_FILE,
-    RAW_FILE,
-    TRACE_FILE,
-    WEBUI_FILE,
-    ClockSkewTolerance,
     EventLogSink,
-    RawRecordsSink,
-    TraceSink,
-    WebUISink,
 )
-from twinkle.observers.placement import LatestTime
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
     Dispatcher,
@@ -70,13 +59,8 @@ from twinkle.reporting import (
 )
 from twinkle.run._checkpoint import (
     Checkpoint,
-    FileMark,
-    mark,
-    observers_of,
-    restore_observers,
-    snapshot_observers,
 )
-from twinkle.run._checkpoint import write as write_checkpoint
+from twinkle.run._checkpointing import RunCheckpoints
 from twinkle.run._config import (
     RESUMABLE_CONFIG,
     check_config,
@@ -90,15 +74,9 @@ from twinkle.run._summary import (
     write_summary,
 )
 
-__all__ = ["CHECKPOINT_EVERY", "Run", "RunState"]
+__all__ = ["Run", "RunState"]
 
 _log = logging.getLogger("twinkle.run")
-
-#: a running segment's checkpoint is taken at the first iteration boundary after this
-#: many events since the last (docs/metrics.md, "Resuming from a checkpoint")
-CHECKPOINT_EVERY = 20_000
-
-_S = TypeVar("_S")
 
 
 class RunState(enum.Enum):
@@ -133,14 +111,13 @@ class Run:
         "_backend_timeout_s",
         "_background",
         "_background_dispatch",
-        "_checkpointed",
         "_closed",
-        "_latest",
         "_order",
         "_receivers",
         "_required",
         "_slow_call_s",
         "calls",
+        "checkpoints",
         "context",
         "dispatcher",
         "pm",
@@ -185,8 +162,8 @@ class Run:
         self._order = _Order()
         self._receivers: list[EventBus] = []
         self._closed = False
-        self._checkpointed = 0  # events dispatched when the last checkpoint was taken
-        self._latest: LatestTime | None = None  # (of the dispatched events: checkpoints)
+        #: the checkpoints it takes (docs/metrics.md, "Resuming from a checkpoint")
+        self.checkpoints = RunCheckpoints(self)
 
     @property
     def started(self) -> bool:
@@ -225,8 +202,8 @@ class Run:
             self.dispatcher = Dispatcher(
                 calls, self.reporter.report, background=self._background_dispatch
             )
-            if self._checkpoints():
-                self.dispatcher.seen = self._seen
+            if self.checkpoints.enabled:
+                self.dispatcher.seen = self.checkpoints.seen
         except BaseException:
             self.state = RunState.FAILED
             self.close()
@@ -236,167 +213,22 @@ class Run:
         """The order checks' state as a checkpoint left it."""
         self._order.last_boundary, self._order.last_iteration, self._order.last_step = order
 
+    @property
+    def order(self) -> _Order:
+        """The order the run's events keep (its checkpoints take it, under its lock)."""
+        return self._order
+
     def _restore(self, checkpoint: Checkpoint) -> None:
-        """The run as the checkpoint left it: its segments, its order, its observers'
-        failures, each observer's state."""
+        """The run as the checkpoint left it: its segments and order, then the rest
+        (:meth:`RunCheckpoints.restore`)."""
         state = checkpoint.state()
         self.segments = state["segments"]
         self.restore_order(state["order"])
-        started = self.segments[0].start
-        latest = LatestTime(started.anchor, ClockSkewTolerance.parse(started.config))
-        latest.ns, latest.wall_ns = checkpoint.scan["last_ns"], checkpoint.scan["last_wall_ns"]
-        self._latest = latest
-        assert self.calls is not None
-        self.calls.failures.update(state["failures"])
-        restore_observers(self.pm, state["observers"], self.context)
-
-    def _state(self, *, closing: bool) -> bytes:
-        """The run's state, pickled: its segments, order and observers' failures, and
-        each observer's state (``closing``: the segment's outputs close next, and the
-        WebUI file's open lines go into the file, not into the state)."""
-        assert self.calls is not None
-        observers = snapshot_observers(self.pm)
-        if closing:
-            for name, plugin in self.pm.list_name_plugin():
-                if isinstance(plugin, WebUISink):
-                    observers[name] = {**observers[name], "open": {}}
-        order = self._order
-        state = {
-            "segments": self.segments,
-            "order": (order.last_boundary, order.last_iteration, order.last_step),
-            "failures": dict(self.calls.failures),
-            "observers": observers,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def _checkpoints(self) -> bool:
-        """Whether this run leaves checkpoints: a live run's with a run directory whose
-        observers are all twinkle's, its four sinks among them."""
-        return (
-            self.context.out_dir is not None
-            and not self.context.replay
-            and observers_of(self.pm) is not None
-            and all(
-                any(isinstance(p, kind) for p in self.pm.get_plugins())
-                for kind in (EventLogSink, RawRecordsSink, WebUISink, TraceSink)
-            )
-        )
-
-    def _seen(self, event: Event) -> None:
-        """Note the latest time the run's events reach (from its run_started on)."""
-        latest = self._latest
-        if latest is None:
-            if type(event) is not RunStarted:
-                return
-            tolerance = ClockSkewTolerance.parse(event.config)
-            latest = self._latest = LatestTime(event.anchor, tolerance)
-        latest.note(event)
+        self.checkpoints.restore(checkpoint)
 
     def arm_checkpoints(self) -> None:
-        """From now on (once a resume fed the logged events again), take a running
-        segment's checkpoints (:meth:`_settled`): with inline dispatch only, where the
-        run's order is the dispatched events' (the dispatch thread lags the checks)."""
-        dispatcher = self.dispatcher
-        if dispatcher is not None and not dispatcher.background and self._checkpoints():
-            self._checkpointed = dispatcher.events
-            dispatcher.settled = self._settled
-
-    def _snapshot(self) -> tuple[bytes, int, int] | None:
-        """The state for the segment's checkpoint (the observers saw every event, the
-        outputs are still open), the trace's bytes before its tail and the events
-        logged; None when the run leaves no checkpoints, a write failed, or taking it
-        failed (logged: the run goes on)."""
-        if not self._checkpoints():
-            return None
-        try:
-            with self._order.lock:  # (no event checked meanwhile)
-                logged = self._sink(EventLogSink).sync_point()
-                trace = self._sink(TraceSink).head()
-                if logged is None or trace is None:
-                    return None  # (the failed write is the run's to report)
-                return self._state(closing=True), trace[1], logged
-        except Exception as exc:  # (whatever pickling raises)
-            _log.warning(
-                "run %r: no checkpoint taken (%s); a resume re-reads the log", self.run_id, exc
-            )
-            return None
-
-    def _sink(self, kind: type[_S]) -> _S:
-        return next(p for p in self.pm.get_plugins() if isinstance(p, kind))
-
-    def _checkpoint(self, out: Path, snapshot: tuple[bytes, int, int]) -> Checkpoint | None:
-        """The checkpoint of the closed segment's ``snapshot``: where its files stand
-        (None when events went by after the snapshot: the state lacks them)."""
-        payload, trace, logged = snapshot
-        log = self._sink(EventLogSink)
-        if log.logged != logged:
-            return None
-        files = {
-            EVENTS_FILE: mark(out / EVENTS_FILE, (out / EVENTS_FILE).stat().st_size, log.logged)
-        }
-        for name in (RAW_FILE, WEBUI_FILE):
-            files[name] = mark(out / name, (out / name).stat().st_size, _count_lines(out / name))
-        files[TRACE_FILE] = mark(out / TRACE_FILE, trace, 0)
-        return self._made(log.logged, files, payload)
-
-    def _made(self, events: int, files: dict[str, FileMark], payload: bytes) -> Checkpoint:
-        latest = self._latest
-        assert latest is not None
-        scan = {
-            "segments": len(self.segments),
-            "last_ns": latest.ns,
-            "last_wall_ns": latest.wall_ns,
-            "last_iteration": self._order.last_iteration,
-            "optimizer_steps": self._order.last_step,
-        }
-        names = observers_of(self.pm)
-        assert names is not None
-        return Checkpoint(self.run_id, events, files, scan, names, payload)
-
-    def _settled(self, event: Event) -> None:
-        """After an iteration's boundary (dispatched, with what its hooks published), a
-        checkpoint of the running segment once :data:`CHECKPOINT_EVERY` events went by
-        since the last: a segment killed outright resumes from it. Taken holding the
-        order's lock with nothing left to dispatch, so the state, the order and the
-        files are all at the same event."""
-        dispatcher = self.dispatcher
-        if type(event) is not IterationStarted or dispatcher is None:
-            return
-        if dispatcher.events - self._checkpointed < CHECKPOINT_EVERY:
-            return
-        try:
-            with self._order.lock:
-                if dispatcher.idle:
-                    self._checkpointed = dispatcher.events
-                    self._checkpoint_running(event)
-        except Exception as exc:  # (a checkpoint is never worth the run)
-            _log.warning(
-                "run %r: no checkpoint at iteration %s (%s); a resume re-reads the log "
-                "since the last one",
-                self.run_id,
-                getattr(event, "iteration", "?"),
-                exc,
-            )
-
-    def _checkpoint_running(self, event: Event) -> None:
-        """Write the running segment's checkpoint at ``event``, unless a write failed
-        (its error is the run's to report) or left lines in memory."""
-        out = self.context.out_dir
-        assert out is not None and self.reporter is not None
-        logged = self._sink(EventLogSink).sync_point()
-        if logged is None or not self.reporter.wait_delivered():
-            return
-        raw, webui = self._sink(RawRecordsSink).head(), self._sink(WebUISink).head()
-        trace = self._sink(TraceSink).head()
-        if trace is None or raw is None or webui is None:
-            return
-        payload = self._state(closing=False)
-        log = out / EVENTS_FILE
-        files = {EVENTS_FILE: mark(log, log.stat().st_size, logged)}
-        for name, (path, lines) in ((RAW_FILE, raw), (WEBUI_FILE, webui)):
-            files[name] = mark(path, path.stat().st_size, lines)
-        files[TRACE_FILE] = mark(trace[0], trace[1], 0)
-        write_checkpoint(out, self._made(logged, files, payload))
+        """Take a running segment's checkpoints from now on (:meth:`RunCheckpoints.arm`)."""
+        self.checkpoints.arm()
 
     def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
@@ -603,7 +435,7 @@ class Run:
             if self.dispatcher is not None:
                 self.dispatcher.flush()  # every observer has seen run_finished
             summary = build_summary(self.finished, self.calls, self.segments)
-            snapshot = self._snapshot()
+            snapshot = self.checkpoints.snapshot()
             self.state = RunState.FINISHED
         except BaseException:
             self.close()
@@ -625,24 +457,8 @@ class Run:
             if out is not None:
                 write_summary(out / SUMMARY_FILE, summary)
         if snapshot is not None:
-            self._write_checkpoint(snapshot)
+            self.checkpoints.write(snapshot)
         return summary
-
-    def _write_checkpoint(self, snapshot: tuple[bytes, int, int]) -> None:
-        """The checkpoint of the segment that just finished: its state, and where the
-        log, the record files and the trace (its part before the tail) stand. A
-        checkpoint that cannot be written is logged and left out: a resume then feeds
-        the whole log again."""
-        out = self.context.out_dir
-        assert out is not None and self.finished is not None
-        try:
-            checkpoint = self._checkpoint(out, snapshot)
-            if checkpoint is not None:
-                write_checkpoint(out, checkpoint)
-        except (OSError, TwinkleError) as exc:
-            _log.warning(
-                "run %r: no checkpoint written (%s); a resume re-reads the log", self.run_id, exc
-            )
 
     def close(self) -> None:
         """Flush and close the reporter, let every plugin close its files, free the
@@ -670,11 +486,6 @@ class Run:
                     calls.call("twinkle_unconfigure", context=self.context)
             finally:
                 self.pm.release()  # also when the start failed before configuring
-
-
-def _count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def _raise_event_log_failure(pm: pluggy.PluginManager) -> None:
