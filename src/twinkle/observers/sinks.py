@@ -1,5 +1,6 @@
-"""Built-in sinks: the raw records, the WebUI flat file and the event log (the trace's is
-in :mod:`twinkle.observers.trace`; its names are re-exported here).
+"""Built-in sinks: the event log here; the record files' (the raw records, the WebUI flat
+file) in :mod:`twinkle.observers._record_sinks` and the trace's in
+:mod:`twinkle.observers.trace`, their names re-exported here.
 
 Sinks write what the run produced; they compute nothing. Every JSONL file goes through
 the one :class:`~twinkle.reporting.JsonlWriter`.
@@ -7,12 +8,7 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import logging
-import os
-from pathlib import Path
-from typing import Any, BinaryIO
 
 import msgspec
 
@@ -27,17 +23,13 @@ from twinkle.events import (
     dumps_event,
 )
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.observers._config import ObserverConfig
 from twinkle.observers._held_log import HeldLog, refuse_outputs_without_log
+from twinkle.observers._record_sinks import RAW_FILE, WEBUI_FILE, RawRecordsSink, WebUISink
 from twinkle.observers.trace import TRACE_FILE, TraceSink
 from twinkle.perf import Span
 from twinkle.reporting import (
-    Backend,
     BatchWriter,
-    JsonlBackend,
-    JsonlFileBackend,
     JsonlWriter,
-    WebUIFlatBackend,
     WriterStats,
 )
 
@@ -54,204 +46,10 @@ __all__ = [
 ]
 
 EVENTS_FILE = "events.jsonl"
-RAW_FILE = "metrics_raw.jsonl"
-WEBUI_FILE = "metrics.jsonl"
 #: the first key of every event-log line: the line's 0-based number in its file
 SEQ_KEY = "seq"
 
 _log = logging.getLogger("twinkle.observers")
-
-
-class _FileBackendSink:
-    """A sink of one record file: its backend is opened at configure, so that a file
-    that cannot be opened (a directory, a symlink, no permission) fails the run's start
-    with a :class:`~twinkle.errors.ReporterError` naming it, and handed to the run's
-    reporter (which closes it).
-
-    A resumed run (``RunContext.resumed_events > 0``) writes the file again, whole (the
-    observers see the logged events again first): into a new file beside it
-    (``.<name>.resume.<pid>.tmp``). Once ``run_resumed`` begins the new segment
-    (``RunContext.segment``: not an earlier segment's ``run_resumed``, fed again), the
-    new file takes the old one's place as soon as it holds at least as many lines,
-    fsynced (:meth:`~twinkle.reporting.JsonlFileBackend.replace_when_complete`): the
-    records of the logged events may still be on their way to it, and the WebUI file
-    holds its newest lines back. So a resume that fails before the new segment (a log it
-    cannot read, Ctrl-C) leaves the file as it was, and one killed at any moment after
-    leaves it, or a file holding at least as much, in place: never fewer records."""
-
-    FILE = ""
-
-    def __init__(self) -> None:
-        self._backend: JsonlFileBackend | None = None
-        # on resume: (new file, the file, the lines the file holds)
-        self._rebuilding: tuple[Path, Path, int] | None = None
-        self._segment = 0  # the segment this session begins
-
-    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
-        raise NotImplementedError  # pragma: no cover - each sink opens its file
-
-    def _open_for(self, context: RunContext) -> JsonlFileBackend:
-        assert context.out_dir is not None
-        path = context.out_dir / self.FILE
-        if context.resumed_events == 0:
-            return self._open(path, context)
-        # The file a checkpoint marks, opened before the stale files go (a killed
-        # segment's rebuild may be it)
-        source = None
-        if context.checkpoint is not None:
-            source = (path.parent / context.checkpoint.files[self.FILE].path).open("rb")
-        with source or contextlib.nullcontext():
-            for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
-                stale.unlink(missing_ok=True)  # a resume killed before its rename (we
-                # hold the run directory: no live process is writing one)
-            new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
-            head = 0
-            lines = None
-            if source is not None:  # the lines the checkpoint covers, as they are
-                mark = context.checkpoint.files[self.FILE]
-                _copy_head(source, new, mark.size)
-                head = mark.lines
-                if mark.path == path.name:  # (the file itself: count only what follows)
-                    lines = head + _count_lines(path, mark.size)
-            if lines is None:
-                lines = _count_lines(path)
-        self._rebuilding = (new, path, lines)
-        self._segment = context.segment
-        backend = self._open(new, context)
-        backend.held_before = head
-        return backend
-
-    def head(self) -> tuple[Path, int] | None:
-        """The file the records go to now and the lines it holds (once the reporter
-        handed them over: a checkpoint marks them); None when lines a failed write left
-        in memory are in neither."""
-        backend = self._backend
-        if backend is None or backend.writer.unwritten_records:
-            return None
-        return backend.writer.path, backend.held_lines
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What the sink holds back from its file, for a checkpoint (none)."""
-        return {}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Take :meth:`checkpoint_state` back into the new file's backend."""
-
-    @hookimpl
-    def twinkle_configure(self, context: RunContext) -> None:
-        if context.out_dir is not None:
-            self._backend = self._open_for(context)
-
-    @hookimpl
-    def twinkle_make_backends(self, context: RunContext) -> list[Backend] | None:
-        if context.out_dir is None:
-            return None
-        if self._backend is None:
-            self._backend = self._open_for(context)
-        return [self._backend]
-
-    @hookimpl
-    def twinkle_run_resumed(self, event: RunResumed) -> None:
-        if self._rebuilding is None or event.segment != self._segment:
-            return  # (an earlier segment's, fed again: the rebuild is not complete)
-        rebuilding, self._rebuilding = self._rebuilding, None
-        _, path, lines = rebuilding
-        if self._backend is not None:
-            self._backend.replace_when_complete(path, lines)
-
-    @hookimpl
-    def twinkle_unconfigure(self) -> None:
-        backend, self._backend = self._backend, None
-        # The reporter closed it, unless the run failed to start before it had one.
-        if backend is not None and not backend.writer.closed:
-            backend.close()
-        rebuilding, self._rebuilding = self._rebuilding, None
-        if rebuilding is not None:  # the resume failed: the file stays as it was
-            rebuilding[0].unlink(missing_ok=True)
-
-
-def _copy_head(source: BinaryIO, target: Path, size: int) -> None:
-    """``target`` made to hold the first ``size`` bytes of ``source`` (copied by the
-    kernel where it can)."""
-    with target.open("wb") as dst:
-        left = size
-        copy_range = getattr(os, "copy_file_range", None)  # (Linux's)
-        try:
-            if copy_range is None:
-                raise OSError("no copy_file_range")
-            while left > 0 and (n := copy_range(source.fileno(), dst.fileno(), left)):
-                left -= n
-        except OSError:  # (a file system, kernel or platform without it: by hand)
-            source.seek(size - left)
-            while left > 0 and (chunk := source.read(min(left, 1 << 20))):
-                dst.write(chunk)
-                left -= len(chunk)
-    if left:
-        raise ReporterError(
-            f"{source.name!r} is shorter than the checkpoint it resumes from says: "
-            "it changed while the run resumed; start the run again"
-        )
-
-
-def _count_lines(path: Path, start: int = 0) -> int:
-    """The complete lines of ``path`` from byte ``start`` on (0 when there is no such
-    file)."""
-    try:
-        with path.open("rb") as file:
-            file.seek(start)
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise ReporterError(
-            f"cannot read {str(path)!r} to rebuild it ({exc.strerror or exc}): make it a "
-            "readable file, or move it away (replay rebuilds it)"
-        ) from exc
-
-
-def _appends(context: RunContext) -> bool:
-    """Whether a record file is appended to: a new run's, or a resume's from a
-    checkpoint (its new file begins with the lines the checkpoint covers)."""
-    return context.resumed_events == 0 or context.checkpoint is not None
-
-
-class RawRecordsSink(_FileBackendSink):
-    """Every record, as written by the run's reporter, in ``metrics_raw.jsonl``
-    (rebuilt whole when the run resumes)."""
-
-    FILE = RAW_FILE
-
-    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
-        return JsonlBackend(path, append=_appends(context))
-
-
-class WebUISink(_FileBackendSink):
-    """One flat numeric object per iteration in ``metrics.jsonl`` (``ts``, ``step``,
-    ``total_steps``, ``iteration``, then ``<kind>/<key>`` values); rebuilt whole when
-    the run resumes, like ``metrics_raw.jsonl``."""
-
-    FILE = WEBUI_FILE
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The newest iterations' lines, held back for more records."""
-        backend = self._backend
-        assert isinstance(backend, WebUIFlatBackend)
-        return backend.open_lines()
-
-    def restore(self, state: dict[str, Any]) -> None:
-        backend = self._backend
-        assert isinstance(backend, WebUIFlatBackend)
-        backend.reopen_lines(state)
-
-    def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
-        config = ObserverConfig.parse(context.config)
-        # An iteration's timing and throughput come lag + 1 boundaries after it began.
-        return WebUIFlatBackend(
-            path,
-            total_steps=config.total_steps,
-            hold=config.finalise_lag + 2,
-            append=_appends(context),
-        )
 
 
 class EventLogSink:
