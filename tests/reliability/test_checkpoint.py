@@ -20,6 +20,8 @@ from _scripted import CONFIG, killed_when_ready, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
 import twinkle.run._checkpointing as run_module
+from twinkle.errors import ReporterError
+from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
 from twinkle.run import RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
@@ -211,17 +213,40 @@ def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(
     assert _outputs(with_ / "r") == _outputs(without / "r")
 
 
-def test_a_changed_configuration_rebuilds_every_output_from_the_whole_log(
+def test_a_resume_that_plans_more_steps_starts_from_the_checkpoint(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with_, _ = _twins(tmp_path)
-    more = {**CONFIG, "total_steps": 99}  # (a resume may change the plan)
-    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
-        a = segment(with_, more, iterations=1, wall_offset_ns=HOUR)
-    assert a.resumed is not None and a.resumed.restored_events == 0
-    assert any("configuration differs" in r.getMessage() for r in caplog.records)
+    """A resume may change ``total_steps`` and the caller's ``x_`` keys: the checkpoint
+    serves it, and the copied WebUI lines carry the new plan, as a whole-log resume
+    writes them."""
+    with_, without = _twins(tmp_path)
+    more = {**CONFIG, "total_steps": 99, "x_note": "longer"}
+    with caplog.at_level(logging.WARNING):
+        a = segment(with_, more, iterations=2, wall_offset_ns=HOUR)
+    assert not caplog.records
+    b = segment(without, more, iterations=2, wall_offset_ns=HOUR)
+    assert a.resumed is not None and a.resumed.restored_events == a.resumed.events > 0
+    assert _outputs(with_ / "r") == _outputs(without / "r")
     webui = [orjson.loads(x) for x in (with_ / "r" / "metrics.jsonl").read_bytes().splitlines()]
-    assert {line["total_steps"] for line in webui} == {99}
+    assert len(webui) == 5 and {line["total_steps"] for line in webui} == {99}
+    assert b.resumed is not None and b.resumed.restored_events == 0
+
+
+def test_only_twinkles_webui_lines_are_given_a_new_plan(tmp_path: Path) -> None:
+    """The copied head's lines get the new ``total_steps`` and keep every other byte;
+    a line twinkle did not write (the checkpoint's mark covers only the file's last
+    64 KiB) fails the resume naming the file, the line and the fix."""
+    good = b'{"ts":1.5,"step":2,"total_steps":10,"iteration":0,"a/b":0.1}\n'
+    source = tmp_path / "metrics.jsonl"
+    source.write_bytes(good * 2 + b'{"ts":2.5,"step":3}\n')
+    with source.open("rb") as f:
+        _copy_replanned(f, tmp_path / "new", 2 * len(good), 123)
+    assert (tmp_path / "new").read_bytes() == good.replace(b":10,", b":123,") * 2
+    source.write_bytes(good + good.replace(b'"ts":', b'"ts" :'))
+    with source.open("rb") as f, pytest.raises(ReporterError) as caught:
+        _copy_replanned(f, tmp_path / "new", source.stat().st_size, 123)
+    assert "metrics.jsonl' line 2 is not a line twinkle wrote" in str(caught.value)
+    assert "move checkpoint.bin out of the run directory" in str(caught.value)
 
 
 def test_a_run_with_a_plugin_writes_no_checkpoint_and_resumes_from_its_log(

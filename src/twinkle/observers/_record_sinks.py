@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,7 +70,7 @@ class _FileBackendSink:
             lines = None
             if source is not None:  # the lines the checkpoint covers, as they are
                 mark = context.checkpoint.files[self.FILE]
-                _copy_head(source, new, mark.size)
+                self._copy_head(source, new, mark.size, context)
                 head = mark.lines
                 if mark.path == path.name:  # (the file itself: count only what follows)
                     lines = head + _count_lines(path, mark.size)
@@ -80,6 +81,11 @@ class _FileBackendSink:
         backend = self._open(new, context)
         backend.held_before = head
         return backend
+
+    def _copy_head(self, source: BinaryIO, target: Path, size: int, context: RunContext) -> None:
+        """``target`` made to hold the lines of ``source`` a checkpoint covers (its first
+        ``size`` bytes), as the records of this session's configuration would be."""
+        _copy_head(source, target, size)
 
     def head(self) -> tuple[Path, int] | None:
         """The file the records go to now and the lines it holds (once the reporter
@@ -153,6 +159,37 @@ def _copy_head(source: BinaryIO, target: Path, size: int) -> None:
         )
 
 
+#: the beginning of a WebUI line (:class:`~twinkle.reporting.WebUIFlatBackend`'s), up to
+#: its ``total_steps`` value
+_PLAN = re.compile(rb'\{"ts":[^,]*,"step":-?[0-9]+,"total_steps":([0-9]+)[,}]')
+
+
+def _copy_replanned(source: BinaryIO, target: Path, size: int, total_steps: int) -> None:
+    """``target`` made to hold the first ``size`` bytes of the WebUI file ``source`` with
+    each line's ``total_steps`` value made ``total_steps`` (every other byte as it is)."""
+    plan = str(total_steps).encode()
+    source.seek(0)
+    left = size
+    with target.open("wb") as dst:
+        for number, line in enumerate(source, 1):
+            if left <= 0:
+                break
+            left -= len(line)
+            found = _PLAN.match(line)
+            if left < 0 or not line.endswith(b"\n") or found is None:
+                raise ReporterError(
+                    f"{source.name!r} line {number} is not a line twinkle wrote (or the "
+                    "file changed while the run resumed): move checkpoint.bin out of the "
+                    "run directory to rebuild every output from the event log"
+                )
+            dst.write(line[: found.start(1)] + plan + line[found.end(1) :])
+    if left > 0:
+        raise ReporterError(
+            f"{source.name!r} is shorter than the checkpoint it resumes from says: it "
+            "changed while the run resumed; start the run again"
+        )
+
+
 def _count_lines(path: Path, start: int = 0) -> int:
     """The complete lines of ``path`` from byte ``start`` on (0 when there is no such
     file)."""
@@ -202,6 +239,17 @@ class WebUISink(_FileBackendSink):
         backend = self._backend
         assert isinstance(backend, WebUIFlatBackend)
         backend.reopen_lines(state)
+
+    def _copy_head(self, source: BinaryIO, target: Path, size: int, context: RunContext) -> None:
+        """As a record file's, but a resume that plans another ``total_steps`` than the
+        checkpoint's segment did gives the copied lines the new plan (as a resume from the
+        whole log writes them: every line carries the newest)."""
+        total_steps = ObserverConfig.parse(context.config).total_steps
+        before = ObserverConfig.parse(context.checkpoint.segment_config()).total_steps
+        if total_steps == before:
+            _copy_head(source, target, size)
+        else:
+            _copy_replanned(source, target, size, total_steps)
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         config = ObserverConfig.parse(context.config)

@@ -24,6 +24,7 @@ import io
 import os
 import pickle
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -127,6 +128,11 @@ class Checkpoint:
         if self._state is None:
             self._state = _Unpickler(io.BytesIO(self.payload)).load()
         return self._state
+
+    def segment_config(self) -> Mapping[str, Any]:
+        """The configuration of the segment the checkpoint was taken in."""
+        config: Mapping[str, Any] = self.state()["segments"][-1].start.config
+        return config
 
 
 def observers_of(pm: Any) -> list[str] | None:

@@ -24,10 +24,11 @@ from twinkle.observers import ClockSkewTolerance
 from twinkle.observers.placement import LatestTime
 from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.run._checkpoint import Checkpoint
+from twinkle.run._config import resumable_key
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run
 
-__all__ = ["Scan", "canonical_config", "logged_events", "note", "scan_of"]
+__all__ = ["Scan", "fixed_config", "logged_events", "note", "scan_of"]
 
 
 @dataclass(slots=True)
@@ -73,9 +74,11 @@ def scan_of(checkpoint: Checkpoint, checker: Run) -> Scan:
     )
 
 
-def canonical_config(config: Any) -> bytes:
-    """``config`` as comparable bytes (plain JSON data, keys sorted)."""
-    return orjson.dumps(read_back(config), option=orjson.OPT_SORT_KEYS)
+def fixed_config(config: Any) -> bytes:
+    """``config`` but for the keys a resume may change (:func:`resumable_key`), as
+    comparable bytes (plain JSON data, keys sorted)."""
+    fixed = {k: v for k, v in read_back(config).items() if not resumable_key(k)}
+    return orjson.dumps(fixed, option=orjson.OPT_SORT_KEYS)
 
 
 def note(scan: Scan, event: Any) -> None:

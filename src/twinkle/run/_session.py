@@ -84,7 +84,7 @@ from twinkle.run._config import (
 )
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run, RunState
-from twinkle.run._scan import Scan, canonical_config, logged_events, note, scan_of
+from twinkle.run._scan import Scan, fixed_config, logged_events, note, scan_of
 from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
@@ -431,15 +431,13 @@ class RunSession:
             if names is None
             else load_checkpoint(out, self.run_id, names)
         )
-        if isinstance(found, Checkpoint):
-            last = found.state()["segments"][-1].start.config
-            if canonical_config(last) != canonical_config(
-                self.run.context.config
-            ):  # (plain JSON data)
-                found = (
-                    "this session's configuration differs from the one the checkpoint's "
-                    "segment ran with (every output is rebuilt under the new one)"
-                )
+        if isinstance(found, Checkpoint) and fixed_config(found.segment_config()) != fixed_config(
+            self.run.context.config
+        ):
+            found = (
+                "this session's configuration differs from the one the checkpoint's "
+                "segment ran with (every output is rebuilt under the new one)"
+            )
         if isinstance(found, str):
             self._whole_log_why = found
             return None
