@@ -233,12 +233,12 @@ LIGHT = (2, 14, 4)
 
 def _light_resumes(smoke: bool) -> list[tuple[int, float]]:
     """(events, seconds) of a resume from the checkpoint of a light run (16 workers of
-    4 spans: 17 events per iteration) about 10^4, 10^5 and 10^6 events long (the last
-    takes ~5 minutes to run)."""
+    4 spans and a memory reading each: 34 events per iteration) about 10^4, 10^5 and
+    10^6 events long (the last takes ~3 minutes to run)."""
     engines, ranks, spans = LIGHT
     workers = _workers(engines, ranks)
     found = []
-    for iterations in (60, 600) if smoke else (600, 6_000, 60_000):
+    for iterations in (30, 300) if smoke else (300, 3_000, 30_000):
         with tempfile.TemporaryDirectory(prefix="twinkle-bench-resume-") as tmp:
             _drive(Path(tmp) / "runs", iterations, workers, spans)
             run_dir = Path(tmp) / "runs" / "scale"

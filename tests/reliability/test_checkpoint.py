@@ -63,10 +63,14 @@ def test_a_resume_from_the_checkpoint_writes_what_a_whole_log_resume_writes(
 ) -> None:
     with_, without = _twins(tmp_path)
     logged = len((with_ / "r" / "events.jsonl").read_bytes().splitlines())
+    records = [with_ / "r" / name for name in ("metrics_raw.jsonl", "metrics.jsonl")]
+    inodes = [path.stat().st_ino for path in records]
     for k in (1, 2):  # two restarts: the second's checkpoint is the first restart's
         (without / "r" / CHECKPOINT_FILE).unlink(missing_ok=True)
         with caplog.at_level(logging.WARNING):
             a = segment(with_, iterations=3, wall_offset_ns=k * HOUR)
+        # (each file held just the checkpoint's lines: the new ones were appended to it)
+        assert [path.stat().st_ino for path in records] == inodes
         assert not caplog.records, "the record files' copied heads count as lines they hold"
         b = segment(without, iterations=3, wall_offset_ns=k * HOUR)
         assert a.resumed is not None and b.resumed is not None
@@ -221,10 +225,13 @@ def test_a_resume_that_plans_more_steps_starts_from_the_checkpoint(
     writes them."""
     with_, without = _twins(tmp_path)
     more = {**CONFIG, "total_steps": 99, "x_note": "longer"}
+    inodes = [(with_ / "r" / name).stat().st_ino for name in ("metrics_raw.jsonl", "metrics.jsonl")]
     with caplog.at_level(logging.WARNING):
         a = segment(with_, more, iterations=2, wall_offset_ns=HOUR)
     assert not caplog.records
     b = segment(without, more, iterations=2, wall_offset_ns=HOUR)
+    assert inodes[0] == (with_ / "r" / "metrics_raw.jsonl").stat().st_ino  # (appended)
+    assert inodes[1] != (with_ / "r" / "metrics.jsonl").stat().st_ino  # (lines rewritten)
     assert a.resumed is not None and a.resumed.restored_events == a.resumed.events > 0
     assert _outputs(with_ / "r") == _outputs(without / "r")
     webui = [orjson.loads(x) for x in (with_ / "r" / "metrics.jsonl").read_bytes().splitlines()]

@@ -38,7 +38,13 @@ class _FileBackendSink:
     records of the logged events may still be on their way to it, and the WebUI file
     holds its newest lines back. So a resume that fails before the new segment (a log it
     cannot read, Ctrl-C) leaves the file as it was, and one killed at any moment after
-    leaves it, or a file holding at least as much, in place: never fewer records."""
+    leaves it, or a file holding at least as much, in place: never fewer records.
+
+    A resume from a checkpoint (``RunContext.checkpoint``) begins the new file with the
+    lines the checkpoint covers, copied (a WebUI file's with the new ``total_steps``
+    when the resume changed it). When the file holds those lines and nothing after them
+    (a segment that finished, or was killed before writing more), and they stay as
+    they are, the new records are appended to the file itself: nothing is copied."""
 
     FILE = ""
 
@@ -56,21 +62,28 @@ class _FileBackendSink:
         path = context.out_dir / self.FILE
         if context.resumed_events == 0:
             return self._open(path, context)
+        mark = None if context.checkpoint is None else context.checkpoint.files[self.FILE]
+        plan = None if mark is None else self._new_plan(context)
+        if mark is not None and plan is None and _holds_just(path, mark):
+            # The file is the checkpoint's lines, as this session writes them: the new
+            # records follow them in it (nothing copied, nothing to replace)
+            _remove_stale(path)
+            backend = self._open(path, context)
+            backend.held_before = mark.lines
+            return backend
         # The file a checkpoint marks, opened before the stale files go (a killed
         # segment's rebuild may be it)
-        source = None
-        if context.checkpoint is not None:
-            source = (path.parent / context.checkpoint.files[self.FILE].path).open("rb")
+        source = None if mark is None else (path.parent / mark.path).open("rb")
         with source or contextlib.nullcontext():
-            for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
-                stale.unlink(missing_ok=True)  # a resume killed before its rename (we
-                # hold the run directory: no live process is writing one)
+            _remove_stale(path)
             new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
             head = 0
             lines = None
-            if source is not None:  # the lines the checkpoint covers, as they are
-                mark = context.checkpoint.files[self.FILE]
-                self._copy_head(source, new, mark.size, context)
+            if source is not None and mark is not None:  # the lines the checkpoint covers
+                if plan is None:
+                    _copy_head(source, new, mark.size)
+                else:
+                    _copy_replanned(source, new, mark.size, plan)
                 head = mark.lines
                 if mark.path == path.name:  # (the file itself: count only what follows)
                     lines = head + _count_lines(path, mark.size)
@@ -82,10 +95,10 @@ class _FileBackendSink:
         backend.held_before = head
         return backend
 
-    def _copy_head(self, source: BinaryIO, target: Path, size: int, context: RunContext) -> None:
-        """``target`` made to hold the lines of ``source`` a checkpoint covers (its first
-        ``size`` bytes), as the records of this session's configuration would be."""
-        _copy_head(source, target, size)
+    def _new_plan(self, context: RunContext) -> int | None:
+        """The ``total_steps`` the lines a checkpoint covers get in this session, when
+        they carry one and it changed (None: they stay as they are)."""
+        return None
 
     def head(self) -> tuple[Path, int] | None:
         """The file the records go to now and the lines it holds (once the reporter
@@ -134,6 +147,22 @@ class _FileBackendSink:
         rebuilding, self._rebuilding = self._rebuilding, None
         if rebuilding is not None:  # the resume failed: the file stays as it was
             rebuilding[0].unlink(missing_ok=True)
+
+
+def _holds_just(path: Path, mark: Any) -> bool:
+    """Whether ``path`` is the file a checkpoint's ``mark`` names and holds nothing after
+    the lines it covers."""
+    try:
+        return bool(mark.path == path.name and path.stat().st_size == mark.size)
+    except FileNotFoundError:
+        return False
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove the new files of resumes killed before their rename (the run directory is
+    this process's: no live process is writing one)."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.resume.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def _copy_head(source: BinaryIO, target: Path, size: int) -> None:
@@ -240,16 +269,13 @@ class WebUISink(_FileBackendSink):
         assert isinstance(backend, WebUIFlatBackend)
         backend.reopen_lines(state)
 
-    def _copy_head(self, source: BinaryIO, target: Path, size: int, context: RunContext) -> None:
-        """As a record file's, but a resume that plans another ``total_steps`` than the
-        checkpoint's segment did gives the copied lines the new plan (as a resume from the
-        whole log writes them: every line carries the newest)."""
+    def _new_plan(self, context: RunContext) -> int | None:
+        """A resume that plans another ``total_steps`` than the checkpoint's segment did
+        gives the copied lines the new plan (as a resume from the whole log writes them:
+        every line carries the newest)."""
         total_steps = ObserverConfig.parse(context.config).total_steps
         before = ObserverConfig.parse(context.checkpoint.segment_config()).total_steps
-        if total_steps == before:
-            _copy_head(source, target, size)
-        else:
-            _copy_replanned(source, target, size, total_steps)
+        return None if total_steps == before else total_steps
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
         config = ObserverConfig.parse(context.config)

@@ -116,8 +116,9 @@ def _peer_medians(rates: dict[str, float]) -> dict[str, float]:
 class StragglerLedger:
     """Collects each side's work per iteration and worker from span batches, and folds
     an iteration in when it is finalised (its work then forgotten: memory grows with
-    the workers, not the run). A span arriving after its iteration was finalised is not
-    counted."""
+    the workers, and by 8 bytes per worker and iteration compared, the ratios whose
+    exact median is reported). A span arriving after its iteration was finalised is
+    not counted."""
 
     def __init__(self) -> None:
         #: side -> iteration -> worker -> work, for the iterations not finalised yet

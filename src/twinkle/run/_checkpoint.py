@@ -19,6 +19,7 @@ by an unpickler that only makes twinkle's classes and plain Python values.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import os
@@ -126,7 +127,13 @@ class Checkpoint:
         """The pickled state, made by :class:`_Unpickler` (once: a caller that changes
         what it holds copies it first)."""
         if self._state is None:
-            self._state = _Unpickler(io.BytesIO(self.payload)).load()
+            collecting = gc.isenabled()
+            gc.disable()  # (the collector would walk the objects made so far, again and again)
+            try:
+                self._state = _Unpickler(io.BytesIO(self.payload)).load()
+            finally:
+                if collecting:
+                    gc.enable()
         return self._state
 
     def segment_config(self) -> Mapping[str, Any]:
