@@ -35,6 +35,7 @@ BUILTINS = {
     "metrics_raw",
     "scalars",
     "throughput",
+    "mfu",
     "timing",
     "trace",
     "webui",

@@ -23,6 +23,7 @@ BUILTINS = frozenset(
         "metrics_raw",
         "scalars",
         "throughput",
+        "mfu",
         "timeline",
         "timing",
         "trace",

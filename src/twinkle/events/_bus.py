@@ -388,9 +388,16 @@ class EventBus:
         return event
 
     def samples(
-        self, *, iteration: int, phase: str, lengths: Iterable[int], groups: int = 0
+        self,
+        *,
+        iteration: int,
+        phase: str,
+        lengths: Iterable[int],
+        groups: int = 0,
+        prompt_lengths: Iterable[int] = (),
     ) -> SamplesObserved:
-        """Publish the caller's samples of ``iteration`` tagged with ``phase``."""
+        """Publish the caller's samples of ``iteration`` tagged with ``phase``
+        (``prompt_lengths``: each sample's prompt tokens, counted in its length too)."""
         with self.own_work(SamplesObserved.TYPE):
             mono, wall = self._times()
             event = self._send(
@@ -402,6 +409,9 @@ class EventBus:
                     phase,
                     _items(SamplesObserved, "lengths", lengths, "token lengths (ints)"),
                     groups,
+                    _items(
+                        SamplesObserved, "prompt_lengths", prompt_lengths, "token lengths (ints)"
+                    ),
                 )
             )
         return event

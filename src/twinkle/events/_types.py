@@ -258,12 +258,31 @@ class SamplesObserved(Event, tag="samples", frozen=True):
     """The caller's business observation: samples of ``iteration`` with their token
     lengths (caller-defined: e.g. prompt + response tokens), tagged with a phase name.
 
-    ``groups`` counts the generation groups these samples form (0 when not grouped)."""
+    ``groups`` counts the generation groups these samples form (0 when not grouped);
+    ``prompt_lengths``, when given, the prompt's tokens of each sample (one per length,
+    none longer than it: what generation's FLOPs need to tell prefill from decode)."""
 
     iteration: Count
     phase: NonEmpty
     lengths: tuple[Tokens, ...]
     groups: Count = 0
+    prompt_lengths: tuple[Tokens, ...] = ()
+
+    def __post_init__(self) -> None:
+        prompts, lengths = self.prompt_lengths, self.lengths
+        if not prompts:
+            return
+        if len(prompts) != len(lengths):
+            raise RecordError(
+                f"samples.prompt_lengths has {len(prompts)} entries for {len(lengths)} "
+                "lengths: give one prompt length per sample (or none)"
+            )
+        for i, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
+            if type(prompt) is int and type(length) is int and prompt > length:
+                raise RecordError(
+                    f"samples.prompt_lengths[{i}] = {prompt} is longer than its sample "
+                    f"(lengths[{i}] = {length}): a length counts the prompt's tokens too"
+                )
 
 
 @_event

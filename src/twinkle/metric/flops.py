@@ -117,6 +117,87 @@ class ModelShape:
         """The LM head's FLOPs per token whose logits are computed."""
         return 2 * self.hidden * self.vocab
 
+    def to_dict(self) -> dict[str, Any]:
+        """The shape as plain JSON data (a run's ``config.mfu.model``)."""
+        return {
+            "model_type": self.model_type,
+            "hidden": self.hidden,
+            "vocab": self.vocab,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "layer_types": list(self.layer_types),
+            "mlp": list(self.mlp),
+            "sliding_window": self.sliding_window,
+            "gated_attention": self.gated_attention,
+            "linear": None if self.linear is None else list(self.linear),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "model") -> ModelShape:
+        """The shape :meth:`to_dict` gave, checked; :class:`InvalidArgumentError` names
+        ``where`` and the key that is wrong."""
+        if not isinstance(data, Mapping) or set(data) != set(_SHAPE_KEYS):
+            raise InvalidArgumentError(
+                f"{where} must be an object with keys {', '.join(_SHAPE_KEYS)} (a model "
+                f"shape: twinkle.metric.model_shape(config).to_dict()), got {data!r:.200}"
+            )
+
+        def count(key: str, value: Any) -> int:
+            if type(value) is not int or value < 0:
+                raise InvalidArgumentError(f"{where}.{key} must be an int >= 0, got {value!r:.100}")
+            return value
+
+        types = data["layer_types"]
+        if not isinstance(types, list | tuple) or not set(types) <= set(_LAYER_TYPES):
+            raise InvalidArgumentError(
+                f"{where}.layer_types must be a list of {', '.join(_LAYER_TYPES)}, "
+                f"got {types!r:.200}"
+            )
+        mlp, linear, window = data["mlp"], data["linear"], data["sliding_window"]
+        if not isinstance(mlp, list | tuple) or len(mlp) != len(types):
+            raise InvalidArgumentError(
+                f"{where}.mlp must list one int per layer ({len(types)}), got {mlp!r:.200}"
+            )
+        if ("linear_attention" in types) != (linear is not None) or (
+            linear is not None and (not isinstance(linear, list | tuple) or len(linear) != 5)
+        ):
+            raise InvalidArgumentError(
+                f"{where}.linear must be the linear-attention layers' [key heads, value "
+                "heads, head k dim, head v dim, kernel] when there are such layers, else "
+                f"null; got {linear!r:.200}"
+            )
+        if type(data["gated_attention"]) is not bool or not isinstance(data["model_type"], str):
+            raise InvalidArgumentError(
+                f"{where}.gated_attention must be true or false and {where}.model_type a string"
+            )
+        return cls(
+            model_type=data["model_type"],
+            **{key: count(key, data[key]) for key in ("hidden", "vocab", "heads", "kv_heads")},
+            head_dim=count("head_dim", data["head_dim"]),
+            layer_types=tuple(types),
+            mlp=tuple(count("mlp", n) for n in mlp),
+            sliding_window=None if window is None else count("sliding_window", window),
+            gated_attention=data["gated_attention"],
+            linear=None if linear is None else tuple(count("linear", n) for n in linear),  # type: ignore[arg-type]
+        )
+
+
+_SHAPE_KEYS = (
+    "model_type",
+    "hidden",
+    "vocab",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "layer_types",
+    "mlp",
+    "sliding_window",
+    "gated_attention",
+    "linear",
+)
+_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
     if isinstance(config, Mapping):

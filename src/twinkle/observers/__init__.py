@@ -5,6 +5,7 @@ event log, trace)."""
 
 from twinkle.observers._config import BUILTIN_KINDS, ClockSkewTolerance, ObserverConfig
 from twinkle.observers.memory import PEAK_FIELDS, MemoryObserver
+from twinkle.observers.mfu import MfuObserver
 from twinkle.observers.scalars import ScalarsObserver
 from twinkle.observers.sinks import (
     EVENTS_FILE,
@@ -34,6 +35,7 @@ __all__ = [
     "ObserverConfig",
     "RawRecordsSink",
     "ScalarsObserver",
+    "MfuObserver",
     "ThroughputObserver",
     "Timeline",
     "TimelineObserver",

@@ -43,6 +43,8 @@ that a replay rebuilds identical observers. Its shape::
   10⁶ bytes (default 200: under chrome://tracing's 256 MB at any run length; null: no
   budget, every span; see :mod:`twinkle.observers._trace_budget`).
 * ``total_steps``: the planned optimizer steps (the WebUI flat file shows it).
+* ``mfu``: the model, dtype and device (or peak) that model FLOPs utilisation needs
+  (:mod:`twinkle.observers._mfu_config`; optional).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from twinkle.observers._devices import (
     parse_placement,
     phase_list,
 )
+from twinkle.observers._mfu_config import MfuConfig
 
 __all__ = [
     "BUILTIN_KINDS",
@@ -302,6 +305,8 @@ class ObserverConfig:
     #: where each denominator came from, ``"config"`` or ``"placement"`` (the window's
     #: under None, each throughput phase's under its name)
     device_sources: dict[str | None, str] = field(default_factory=dict)
+    #: what model FLOPs utilisation needs (``config.mfu``), or None
+    mfu: MfuConfig | None = None
     #: every pair of phases, in config order (the pairwise overlaps reported)
     pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
@@ -314,8 +319,10 @@ class ObserverConfig:
 
     def record_kinds(self) -> frozenset[str]:
         """The kinds of every record the built-in observers make under this
-        configuration: :data:`BUILTIN_KINDS` and the throughput phases."""
-        return BUILTIN_KINDS | frozenset(self.throughput)
+        configuration: :data:`BUILTIN_KINDS`, the throughput phases and, with
+        ``config.mfu``, ``mfu``."""
+        mfu = frozenset() if self.mfu is None else frozenset({"mfu"})
+        return BUILTIN_KINDS | frozenset(self.throughput) | mfu
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ObserverConfig:
@@ -331,6 +338,7 @@ class ObserverConfig:
             "lifecycle",
             "placement",
             "trace",
+            "mfu",
         }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
@@ -394,6 +402,7 @@ class ObserverConfig:
             workers,
             _trace_budget(raw),
             sources,
+            MfuConfig.parse(raw.get("mfu"), throughput, streaming),
         )
 
     def phase_of(self, span_name: str) -> str | None:

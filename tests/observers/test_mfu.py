@@ -1,0 +1,223 @@
+"""Model FLOPs utilisation (docs/metrics.md, "Model FLOPs utilisation"), worked by hand.
+
+The model: one full-attention layer, hidden 4, 2 heads of 2 (2 KV heads), an MLP of
+intermediate size 8, a vocabulary of 10. Per token: attention projections
+2·4·(4 + 2·2·2) + 2·2·2·4 = 128, the MLP 2·3·4·8 = 192 (320 in all), the LM head
+2·4·10 = 80; attention scores 4·2·2 = 16 per key seen.
+
+* training a sample of 3 tokens: 3 · (3·(320 + 80) + 16·(1+2+3)) = 3 · 1296 = 3888; of 4:
+  3 · (4·400 + 16·10) = 5280; the iteration's [3, 4]: 9168 FLOPs;
+* generating 3 tokens from a 1-token prompt: 3·320 + 16·6 + 2·80 = 1216; 4 from 2:
+  4·320 + 16·10 + 2·80 = 1600; the iteration's: 2816 FLOPs.
+
+Each iteration generates for 1 ms and trains for 2 ms on one device each: 2,816,000 and
+4,584,000 FLOP/s per device; against a peak of 10^7 FLOP/s, MFU 0.2816 and 0.4584.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from twinkle.errors import ConfigError, RecordError
+from twinkle.metric import ModelShape, forward_flops, generation_flops, model_shape
+from twinkle.observers import ObserverConfig
+from twinkle.observers.mfu import OVER_PEAK, SampleFlops
+from twinkle.perf import ManualClock
+from twinkle.run import RunSession, replay
+
+SHAPE = ModelShape(
+    model_type="llama",
+    hidden=4,
+    vocab=10,
+    heads=2,
+    kv_heads=2,
+    head_dim=2,
+    layer_types=("full_attention",),
+    mlp=(192,),
+)
+MS = 1_000_000
+
+
+def _config(**mfu: Any) -> dict[str, Any]:
+    return {
+        "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "throughput": {
+            "rollout": {"samples": "rollout", "devices": 1},
+            "train": {"samples": "train", "devices": 1},
+        },
+        "streaming": {"generation": "rollout", "training": "train"},
+        "mfu": {"model": SHAPE.to_dict(), "dtype": "bfloat16", "peak_flops": 1e7, **mfu},
+    }
+
+
+def _run(out: Path, config: dict[str, Any], iterations: int = 4) -> Path:
+    clock = ManualClock(10**9)
+    with RunSession(
+        out_dir=out,
+        run_id="r",
+        config=config,
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000 * 10**9 + clock(),
+        autoload=True,
+        background_writer=False,
+    ) as run:
+        for i in range(iterations):
+            run.bus.iteration_started(i)
+            with run.recorder.span("generate", iteration=i):
+                clock.advance(1 * MS)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[3, 4], prompt_lengths=[1, 2])
+            with run.recorder.span("train.fwd"):
+                clock.advance(2 * MS)
+            run.bus.samples(iteration=i, phase="train", lengths=[3, 4])
+            run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+    return out / "r"
+
+
+def _records(run_dir: Path, scope: str = "iteration") -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines]
+    return [r for r in records if r["kind"] == "mfu" and r["scope"] == scope]
+
+
+def test_a_samples_flops_are_the_formulas_sums() -> None:
+    hybrid = model_shape(
+        {
+            "model_type": "qwen3_5_text",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_hidden_layers": 4,
+            "intermediate_size": 96,
+            "vocab_size": 100,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 4,
+        }
+    )
+    sliding = model_shape(
+        {
+            "model_type": "mistral",
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "intermediate_size": 64,
+            "vocab_size": 50,
+            "sliding_window": 3,
+        }
+    )
+    for shape in (SHAPE, hybrid, sliding):
+        flops = SampleFlops(shape, recompute=False)
+        for n in (1, 2, 5, 17):
+            assert flops.training(n) == 3 * forward_flops(shape, [n])
+            for p in (0, 1, n):
+                assert flops.generation(n, p) == generation_flops(shape, [p], [n - p])
+        assert SampleFlops(shape, recompute=True).training(5) == 4 * forward_flops(shape, [5])
+    assert ModelShape.from_dict(hybrid.to_dict()) == hybrid
+
+
+def test_each_iteration_has_its_phases_flops_and_mfu(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, _config())
+    records = _records(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    values = records[1]["values"]
+    assert values["rollout_flops"] == 2816 and values["train_flops"] == 9168
+    assert values["rollout_tokens"] == 7 and values["train_flops_per_token"] == 9168 / 7
+    assert values["rollout_device_seconds"] == 0.001 and values["train_device_seconds"] == 0.002
+    assert values["rollout_flops_per_s_per_device"] == pytest.approx(2_816_000, rel=1e-12)
+    assert values["rollout_mfu"] == pytest.approx(0.2816, rel=1e-12)
+    assert values["train_mfu"] == pytest.approx(0.4584, rel=1e-12)
+    attrs = records[1]["attrs"]
+    assert attrs["formula"] == "twinkle-analytic-1" and attrs["dtype"] == "bfloat16"
+    assert attrs["peak_flops_per_s"] == 1e7 and attrs["peak_source"].startswith("given")
+    (run,) = _records(run_dir, "run")
+    # every iteration's FLOPs over the phase's 4 x 2 ms; the steady state: iterations 1-2
+    assert run["values"]["train_flops"] == 4 * 9168
+    assert run["values"]["train_mfu"] == pytest.approx(0.4584, rel=1e-12)
+    assert run["values"]["steady_train_flops"] == 2 * 9168
+    assert run["values"]["steady_train_device_seconds"] == pytest.approx(0.004, rel=1e-12)
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())["mfu"]
+    assert summary["model"]["linear_flops_per_token"] == {"attention_projections": 128, "mlp": 192}
+    assert summary["model"]["lm_head_flops_per_token"] == 80
+    assert summary["phases"] == {
+        "rollout": {"work": "generation", "figure": "mfu"},
+        "train": {"work": "training", "figure": "mfu"},
+    }
+    replay(run_dir / "events.jsonl", tmp_path / "replayed")
+    for name in ("metrics_raw.jsonl", "summary.json"):
+        assert (tmp_path / "replayed" / name).read_bytes() == (run_dir / name).read_bytes()
+
+
+def test_a_share_over_the_peak_is_not_called_mfu(tmp_path: Path) -> None:
+    values = _records(_run(tmp_path, _config(peak_flops=1e6), iterations=2))[0]
+    assert "train_mfu" not in values["values"] and "rollout_mfu" not in values["values"]
+    assert values["values"]["train_implied_mfu"] == pytest.approx(4.584, rel=1e-12)
+    assert values["attrs"]["over_peak"] == {
+        "rollout_implied_mfu": OVER_PEAK,
+        "train_implied_mfu": OVER_PEAK,
+    }
+
+
+def test_recomputed_activations_make_training_hardware_flops(tmp_path: Path) -> None:
+    values = _records(_run(tmp_path, _config(recompute=True), iterations=2))[0]["values"]
+    assert values["train_flops"] == 4 * 9168 // 3 and "train_mfu" not in values
+    assert values["train_hfu"] == pytest.approx(12224 / 0.002 / 1e7, rel=1e-12)
+    assert values["rollout_mfu"] == pytest.approx(0.2816, rel=1e-12)
+
+
+def test_an_unknown_device_gives_flops_and_no_mfu_saying_why(tmp_path: Path) -> None:
+    config = _config(device="Acme Tensor Engine 9")
+    del config["mfu"]["peak_flops"]
+    record = _records(_run(tmp_path, config, iterations=2))[0]
+    assert record["values"]["train_flops"] == 9168
+    assert not [k for k in record["values"] if k.endswith(("mfu", "hfu"))]
+    assert "'Acme Tensor Engine 9' is not in twinkle's table" in record["attrs"]["abstained"]
+    assert record["attrs"]["peak_flops_per_s"] is None
+
+
+def test_a_known_device_gives_its_datasheet_peak(tmp_path: Path) -> None:
+    config = _config(device="NVIDIA H200")
+    del config["mfu"]["peak_flops"]
+    record = _records(_run(tmp_path, config, iterations=2))[0]
+    assert record["attrs"]["peak_flops_per_s"] == 989.5e12
+    assert "nvidia.com" in record["attrs"]["peak_source"]
+    assert record["values"]["train_mfu"] == pytest.approx(9168 / 0.002 / 989.5e12, rel=1e-12)
+
+
+def test_a_model_without_a_formula_abstains_in_the_summary(tmp_path: Path) -> None:
+    config = _config(model={"model_type": "gpt2"})
+    run_dir = _run(tmp_path, config, iterations=2)
+    assert _records(run_dir) == []
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())["mfu"]
+    assert "config.mfu.model must be an object with keys" in summary["abstained"]
+
+
+@pytest.mark.parametrize(
+    ("mfu", "match"),
+    [
+        ({"training": "eval"}, "config.mfu.training is phase 'eval', which has no"),
+        ({"peak_flops": None}, "config.mfu needs the device"),
+        ({"peak_flops": 0}, "peak_flops must be a number > 0"),
+        ({"peak_flops": None, "device": "x", "peak_source": "y"}, "give both"),
+        ({"dtype": ""}, "config.mfu.dtype must be a non-empty string"),
+        ({"recompute": 1}, "recompute must be true or false"),
+        ({"peak": 1}, "config.mfu must be an object with keys among"),
+    ],
+)
+def test_a_bad_mfu_configuration_names_the_key(mfu: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ObserverConfig.parse(_config(**mfu))
+
+
+def test_prompt_lengths_are_one_per_sample_and_within_it(tmp_path: Path) -> None:
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
+        with pytest.raises(RecordError, match=r"prompt_lengths\[1\] = 5 is longer"):
+            run.bus.samples(iteration=0, phase="p", lengths=[3, 4], prompt_lengths=[1, 5])
+        with pytest.raises(RecordError, match="has 1 entries for 2 lengths"):
+            run.bus.samples(iteration=0, phase="p", lengths=[3, 4], prompt_lengths=[1])
