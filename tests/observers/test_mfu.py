@@ -221,3 +221,21 @@ def test_prompt_lengths_are_one_per_sample_and_within_it(tmp_path: Path) -> None
             run.bus.samples(iteration=0, phase="p", lengths=[3, 4], prompt_lengths=[1, 5])
         with pytest.raises(RecordError, match="has 1 entries for 2 lengths"):
             run.bus.samples(iteration=0, phase="p", lengths=[3, 4], prompt_lengths=[1])
+
+
+def test_the_report_shows_each_phases_mfu_and_its_peak(tmp_path: Path) -> None:
+    from twinkle.report import format_report, load_report
+
+    lines = format_report(load_report(_run(tmp_path, _config()))).splitlines()
+    header = next(line for line in lines if line.startswith("iter"))
+    assert header.endswith("rollout MFU %  train MFU %")
+    row = next(line for line in lines if line.split()[:1] == ["1"])
+    assert row.split()[-2:] == ["28.2", "45.8"]
+    assert (
+        "MFU                 rollout 28.2% (2.82e+06 FLOP/s/device), train 45.8% "
+        "(4.58e+06 FLOP/s/device) (steady state)" in lines
+    )
+    assert (
+        "  peak              1e+07 FLOP/s per device (the device, bfloat16): given "
+        "(config.mfu.peak_flops)" in lines
+    )

@@ -4,6 +4,7 @@ figures as ``twinkle report``) and what the demo did."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import stat
 import sys
@@ -130,6 +131,15 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--peak-flops",
+        type=_peak_flops,
+        default=None,
+        metavar="FLOPS|measured",
+        help="the CPU's dense peak FLOP/s per device for the run's MFU, or 'measured' (a "
+        "timed matrix product, labelled as measured); without it MFU abstains (no "
+        "datasheet covers a CPU) and the FLOPs are still reported",
+    )
+    p.add_argument(
         "--require-plugin",
         action="append",
         default=[],
@@ -151,6 +161,20 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="cut off a plugin's record backend whose call takes longer (default "
         "%(default)s; the run's own files never wait for it)",
     )
+
+
+def _peak_flops(text: str) -> float | str:
+    if text == "measured":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of FLOP/s > 0 (e.g. 1.2e11) nor 'measured'"
+        )
+    return value
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -323,6 +347,7 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
             backend_timeout_s=args.backend_timeout,
             resume=True if args.resume else None,
             vllm_python=args.vllm_python,
+            peak_flops=args.peak_flops,
         )
     except BaseException as exc:
         if bar is not None:

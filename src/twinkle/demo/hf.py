@@ -121,6 +121,24 @@ class TinyLlamaSpec:
     intermediate_size: int = 256
     max_positions: int = 256  # >= the engines' --max-model-len
 
+    def config_dict(self) -> dict[str, Any]:
+        """The ``LlamaConfig`` keyword arguments of this shape (and ``model_type``)."""
+        return {
+            "model_type": "llama",
+            "vocab_size": VOCAB,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": _HEAD_DIM,
+            "max_position_embeddings": self.max_positions,
+            "bos_token_id": BOS,
+            "eos_token_id": EOS,
+            "pad_token_id": PAD,
+            "tie_word_embeddings": False,  # lm_head is its own tensor
+        }
+
     def __post_init__(self) -> None:
         for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size"):
             if getattr(self, name) < 1:
@@ -179,20 +197,7 @@ def tiny_llama(*, spec: TinyLlamaSpec | None = None, seed: int = 0) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = spec or TinyLlamaSpec()
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
-        head_dim=_HEAD_DIM,
-        max_position_embeddings=spec.max_positions,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        tie_word_embeddings=False,  # lm_head is its own tensor
-    )
+    config = LlamaConfig(**spec.config_dict())
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.float()  # type: ignore[no-untyped-call]  # whatever torch's default dtype is

@@ -48,6 +48,7 @@ from twinkle.cluster import LocalCluster
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
 from twinkle.demo.hf import TinyLlamaSpec
+from twinkle.demo.mfu import demo_mfu, logged_events
 from twinkle.demo.trainer import GRPOTrainer, IterationResult
 from twinkle.driver import Publisher, StreamingDriver, WeightLoader
 from twinkle.engines import VllmHttpError
@@ -331,8 +332,13 @@ def run_demo(
     backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
     resume: bool | None = None,
     vllm_python: str | os.PathLike[str] | None = None,
+    peak_flops: float | str | None = None,
 ) -> DemoResult:
     """Run the tiny GRPO training, fully observed unless ``cfg.observers`` is false.
+
+    ``peak_flops``: the CPU's peak FLOP/s for the run's MFU, or ``"measured"`` (a timed
+    matrix product, labelled so); None: MFU abstains (no datasheet covers a CPU), the
+    FLOPs are still reported.
 
     ``vllm_python``: the interpreter of the vLLM engines (``cfg.engine == "vllm"``;
     default :func:`twinkle.demo.hf.default_vllm_python`). ``resume``: as
@@ -342,6 +348,10 @@ def run_demo(
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
     config = observer_config(cfg, _steps_taken(out_dir if cfg.observers else None, run_id))
     config["x_cluster"] = _cluster(cfg)
+    if cfg.observers:
+        mfu = demo_mfu(cfg, peak_flops, logged_events(out_dir, run_id))
+        if mfu is not None:
+            config["mfu"] = mfu
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,
         run_id=run_id,
@@ -432,6 +442,7 @@ def run_demo(
                             phase="rollout",
                             lengths=lengths,
                             groups=cfg.prompts_per_iteration,
+                            prompt_lengths=[len(t.prompt) for t in trajs],
                         )
                         generated += len(trajs)
                         groups += cfg.prompts_per_iteration

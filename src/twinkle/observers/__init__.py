@@ -1,9 +1,11 @@
 """Built-in observers, registered through the ``twinkle.observers`` entry-point group
 like any third-party plugin: the run's timeline (which the observers computing records
-read), timing, throughput, memory, scalars, and the sinks (raw records, WebUI flat file,
+read), timing, throughput, model FLOPs utilisation (:func:`mfu_config` makes its
+configuration), memory, scalars, and the sinks (raw records, WebUI flat file,
 event log, trace)."""
 
 from twinkle.observers._config import BUILTIN_KINDS, ClockSkewTolerance, ObserverConfig
+from twinkle.observers._mfu_config import mfu_config
 from twinkle.observers.memory import PEAK_FIELDS, MemoryObserver
 from twinkle.observers.mfu import MfuObserver
 from twinkle.observers.scalars import ScalarsObserver
@@ -42,4 +44,5 @@ __all__ = [
     "TimingObserver",
     "TraceSink",
     "WebUISink",
+    "mfu_config",
 ]

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.errors import ConfigError, InvalidArgumentError
-from twinkle.metric import ModelShape, Peak, device_peak
+from twinkle.metric import ModelShape, Peak, device_peak, model_shape
 
-__all__ = ["MfuConfig"]
+__all__ = ["MfuConfig", "mfu_config"]
 
 _KEYS = (
     "model",
@@ -144,3 +144,36 @@ def _phases(
             "config.throughput), or config.streaming"
         )
     return phases
+
+
+def mfu_config(
+    model: Any,
+    *,
+    dtype: str,
+    device: str | None = None,
+    peak_flops: float | None = None,
+    peak_source: str | None = None,
+    recompute: bool = False,
+    training: str | None = None,
+    generation: str | None = None,
+) -> dict[str, Any]:
+    """``config.mfu`` for ``model``: a transformers configuration (object or dict, as
+    :func:`~twinkle.metric.model_shape` reads it) or a
+    :class:`~twinkle.metric.ModelShape`. ``dtype`` (``"bfloat16"``, ``torch.bfloat16``)
+    and ``device`` (``torch.cuda.get_device_name()``) find the peak, or ``peak_flops``
+    (FLOP/s per device, dense) gives it; the phases default to ``config.streaming``'s.
+    A model without a formula raises :class:`~twinkle.errors.InvalidArgumentError`
+    naming its type."""
+    shape = model if isinstance(model, ModelShape) else model_shape(model)
+    section: dict[str, Any] = {"model": shape.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
+    optional = {
+        "device": device,
+        "peak_flops": peak_flops,
+        "peak_source": peak_source,
+        "training": training,
+        "generation": generation,
+    }
+    section.update({k: v for k, v in optional.items() if v is not None})
+    if recompute:
+        section["recompute"] = True
+    return section

@@ -115,6 +115,8 @@ class _Summary(msgspec.Struct, frozen=True):
     placement: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     seconds: dict[str, int | float | None] = {}
+    #: model FLOPs utilisation (``config.mfu``; None: the run had none)
+    mfu: dict[str, Any] | None = None
     #: each worker's peaks (None: a summary from before it had them)
     memory_peaks: dict[str, dict[str, int]] | None = None
 
@@ -263,7 +265,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     streaming = config.get("streaming") or {}
     pair = (streaming.get("generation"), streaming.get("training"))
     # The caller's scalars: every record of a kind the built-in observers do not make.
-    own = BUILTIN_KINDS | set(config.get("throughput", {}))
+    own = BUILTIN_KINDS | set(config.get("throughput", {})) | {"mfu"}
     scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in own]
     reward_at = _reward(scalars, reward)
     by_it: dict[int, dict[str, Any]] = {}
@@ -278,6 +280,8 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         elif r["kind"] in throughput:
             per_phase = row.setdefault("phase_tokens_per_s_per_device", {})
             per_phase[r["kind"]] = values.get("tokens_per_s_per_device")
+        elif r["kind"] == "mfu":
+            row["phase_mfu"] = _utilisation(values)
         elif r["kind"] == "timing":
             row["window_flags"] = list(r["attrs"].get("window_flags", []))
             row["window_verdict"] = r["attrs"].get("window_verdict")
@@ -314,6 +318,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
         "placement": dict(summary.placement),
         "limits": dict(summary.limits),
+        "mfu": summary.mfu,
         "seconds": {
             "wall": seconds.get("wall_seconds"),
             "busy": seconds.get("busy_seconds"),
@@ -344,6 +349,24 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     report["memory_peak_bytes"] = peaks
     report["segments"] = segments
     return report
+
+
+def _utilisation(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per phase of an ``mfu`` record (its ``<phase>_flops`` keys): its ``share`` of the
+    peak (None: no peak), the ``figure`` it is (``mfu``, ``hfu``) and whether it is
+    ``implied`` (over 1: not a utilisation)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in values:
+        if not key.endswith("_flops") or key.startswith("steady_"):
+            continue
+        phase = key.removesuffix("_flops")
+        out[phase] = {"figure": None, "share": None, "implied": False}
+        for figure in ("mfu", "hfu"):
+            for implied in (False, True):
+                name = f"{phase}_{'implied_' if implied else ''}{figure}"
+                if name in values:
+                    out[phase] = {"figure": figure, "share": values[name], "implied": implied}
+    return out
 
 
 def _segments(listed: list[_Segment]) -> list[dict[str, Any]]:

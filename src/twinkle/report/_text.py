@@ -37,6 +37,8 @@ LEGEND = (
     "  <phase> s          the phase's union within the window (window view)",
     "  attr <phase> s     the phase's work done for the iteration, wherever it ran (attributed)",
     "  <gen>&<train> s    generation and training at once within the window (window view)",
+    "  <phase> MFU %      the phase's model FLOP/s per device over the peak (HFU: recomputed"
+    " activations counted); ! over 100%: implied, not a utilisation",
 )
 
 
@@ -109,6 +111,8 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
     has_overlap = report.get("streaming") is not None
     if has_overlap:
         header.append("{}&{} s".format(*report["streaming"]))
+    utilised = _mfu_phases(report)
+    header += [f"{p} {figure.upper()} %" for p, figure in utilised.items()]
     if report["reward"]:
         header.append("reward")
     rows = []
@@ -123,6 +127,7 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
         row += [_num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
         if has_overlap:
             row.append(_num(r.get("window_overlap_generation_training_seconds")))
+        row += [_share(r.get("phase_mfu", {}).get(p)) for p in utilised]
         if report["reward"]:
             row.append(_num(r.get("reward")))
         rows.append(row)
@@ -244,6 +249,67 @@ def _segment(s: Mapping[str, Any]) -> str:
     return f"{s['segment']}: {span} ({s['status'] or 'unfinished'})"
 
 
+def _mfu_phases(report: Mapping[str, Any]) -> dict[str, str]:
+    """The phases with an MFU column and the figure each shows (``mfu``, ``hfu``)."""
+    mfu = report.get("mfu") or {}
+    return {p: d["figure"] for p, d in mfu.get("phases", {}).items()}
+
+
+def _share(found: Mapping[str, Any] | None) -> str:
+    """A share of the peak in per cent; over 100 % marked ``!`` (implied, not MFU)."""
+    if not found or found.get("share") is None:
+        return "-"
+    return f"{100 * found['share']:.1f}" + ("!" if found.get("implied") else "")
+
+
+def _rate(flops_per_s: Any) -> str:
+    if flops_per_s is None:
+        return "-"
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9)):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.3g} {unit}"
+    return f"{flops_per_s:.3g} FLOP/s"
+
+
+def mfu_lines(report: Mapping[str, Any]) -> list[str]:
+    """The run's MFU per phase (steady state, then the whole loop) and its peak, or why
+    there is none."""
+    mfu = report.get("mfu")
+    if not mfu:
+        return []
+    if "phases" not in mfu:
+        return [f"MFU                 n/a: {mfu.get('abstained')}"]
+    run = mfu.get("run", {})
+
+    def figure(prefix: str, phase: str, work: Mapping[str, Any]) -> str:
+        name = f"{prefix}{phase}_"
+        rate = _rate(run.get(name + "flops_per_s_per_device"))
+        share = run.get(name + work["figure"])
+        implied = run.get(f"{name}implied_{work['figure']}")
+        if share is not None:
+            return f"{phase} {100 * share:.1f}% ({rate}/device)"
+        if implied is not None:
+            over = f"implied {100 * implied:.0f}%, not a utilisation"
+            return f"{phase} over the peak: {over} ({rate}/device)"
+        return f"{phase} {rate}/device"
+
+    phases = mfu["phases"].items()
+    names = "/".join(sorted({w["figure"].upper() for _, w in phases}))
+    lines = [
+        f"{names:<20}" + ", ".join(figure("steady_", p, w) for p, w in phases) + " (steady state)",
+        "  whole loop        " + ", ".join(figure("", p, w) for p, w in phases),
+    ]
+    peak = mfu.get("peak_flops_per_s")
+    device = f"{mfu.get('device') or 'the device'}, {mfu.get('dtype')}"
+    if peak is None:
+        lines.append(f"  peak              none for {device}: {mfu.get('abstained')}")
+    else:
+        lines.append(
+            f"  peak              {_rate(peak)} per device ({device}): {mfu.get('peak_source')}"
+        )
+    return lines
+
+
 def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
     """The steady state first, with each phase's; then the whole loop's."""
     window, iterations = report["window"], len(report["iterations"])
@@ -335,6 +401,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
         lines += ["", "segments            " + ", ".join(map(_segment, segments))]
     seconds = report["seconds"]
     lines += ["", *_throughput_lines(report), *_device_lines(report.get("placement") or {})]
+    lines += mfu_lines(report)
     lines += _time_lines(seconds)
     lines.append(
         "phase seconds       "
