@@ -31,6 +31,7 @@ from _recompute import check_run
 from twinkle.demo.hf import tiny_llama, write_tokenizer
 from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.integrations.trl import TwinkleCallback, observer_config
+from twinkle.metric import generation_flops, model_shape, training_flops
 from twinkle.run import replay
 
 FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
@@ -521,3 +522,51 @@ def test_samples_reused_across_steps_count_once_as_rollout_and_per_visit_as_trai
     assert got.summary["counts"]["tokens_rollout"]["discrepancy"] == 0
     assert sum(sum(e["lengths"]) for e in train) == 2 * tokens
     assert Counter(s["name"] for s in got.spans())["generate"] == 2
+
+
+def test_each_phases_flops_recompute_from_the_samples_and_a_cpu_abstains(
+    trained: Trained,
+) -> None:
+    """The model's shape is read from its configuration; each iteration's FLOPs are the
+    formulas' over the samples the log holds; a CPU has no datasheet peak: no MFU, and
+    the reason says how to give one."""
+    mfu = trained.summary["mfu"]
+    # (TRL's GRPOConfig trains in bf16 by default: on the CPU too, under autocast)
+    dtype = "bfloat16" if trained.trainer.args.bf16 else "float32"
+    assert (mfu["model_type"], mfu["dtype"], mfu["device"]) == ("llama", dtype, "cpu")
+    assert "'cpu' is not in twinkle's table" in mfu["abstained"]
+    shape = model_shape(trained.trainer.model.config)
+    samples = trained.of_type("samples")
+    records = [
+        json.loads(x) for x in (trained.run_dir / "metrics_raw.jsonl").read_text().splitlines()
+    ]
+    by_iteration = {
+        r["iteration"]: r for r in records if r["kind"] == "mfu" and r["scope"] == "iteration"
+    }
+    assert sorted(by_iteration) == [0, 1, 2, 3]
+    for iteration, record in by_iteration.items():
+        train = [s for s in samples if s["iteration"] == iteration and s["phase"] == "train"]
+        rollout = [s for s in samples if s["iteration"] == iteration and s["phase"] == "rollout"]
+        lengths = [n for s in train for n in s["lengths"]]
+        recompute = trained.trainer.args.gradient_checkpointing  # (TRL's default: on)
+        assert record["values"]["train_flops"] == training_flops(
+            shape, lengths, recompute=recompute
+        )
+        prompts = [p for s in rollout for p in s["prompt_lengths"]]
+        completions = [n - p for s in rollout for n, p in zip(s["lengths"], s["prompt_lengths"])]
+        assert record["values"]["rollout_flops"] == generation_flops(shape, prompts, completions)
+        assert not [k for k in record["values"] if k.endswith("mfu")]
+
+
+def test_a_given_peak_gives_each_phase_its_mfu(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), peak_flops=1e11)
+    trainer = grpo(tmp_path, tokenizer, callback, steps=2)
+    trainer.train()
+    mfu = _read(trainer, callback, tmp_path / "runs").summary["mfu"]
+    run = mfu["run"]
+    # (activations recomputed, TRL's default: training's FLOPs are the hardware's)
+    assert mfu["recompute"] is True and mfu["phases"]["train"]["figure"] == "hfu"
+    assert run["train_hfu"] == run["train_flops_per_s_per_device"] / 1e11
+    assert 0 < run["rollout_mfu"] == run["rollout_flops_per_s_per_device"] / 1e11 < 1

@@ -84,6 +84,8 @@ from twinkle.errors import (
     ResumeConfigError,
     TwinkleError,
 )
+from twinkle.integrations._trl_config import observer_config, resume_fix, trl_mfu
+from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
 from twinkle.run import RunSession, RunState
@@ -114,43 +116,6 @@ _ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType
 _NO_EXC: _ExcInfo = (None, None, None)
 
 
-def observer_config(
-    *, trainer: str, generates: bool, devices: float, total_steps: int
-) -> dict[str, Any]:
-    """The business definitions of a :class:`TwinkleCallback` run by default.
-
-    :param trainer: the trainer's class name (TRL prefixes its profiling names with it).
-    :param generates: whether the trainer generates its samples (TRL's GRPO and RLOO):
-        then phases ``rollout`` (``generate``), ``reward``
-        (``<trainer>._calculate_rewards``) and ``publish`` (``<trainer>.sync_weights``:
-        TRL sending the weights to its vLLM engines, with ``use_vllm``) exist, and the
-        ``rollout`` samples — prompt + completion tokens, TRL's ``num_tokens`` — are the
-        run window's effective tokens; otherwise the ``train`` samples are.
-    :param devices: the physical devices training uses, every phase's and the window's
-        denominator.
-    :param total_steps: the planned optimizer steps.
-
-    Phases ``train`` (``train.step``, ``train.optimizer``) and ``step`` (``step``: the
-    whole optimizer step, so idle time is what happens between steps: logging,
-    evaluation, checkpoints) always exist.
-    """
-    phases: dict[str, list[str]] = {}
-    throughput: dict[str, dict[str, Any]] = {}
-    config: dict[str, Any] = {"phases": phases, "throughput": throughput}
-    if generates:
-        phases["rollout"] = ["generate"]
-        phases["reward"] = [f"{trainer}._calculate_rewards"]
-        phases["publish"] = [f"{trainer}.sync_weights"]  # with use_vllm: weights to vLLM
-        throughput["rollout"] = {"samples": "rollout", "devices": devices}
-        config["streaming"] = {"generation": "rollout", "training": "train", "publish": "publish"}
-    phases["train"] = ["train.step", "train.optimizer"]
-    phases["step"] = ["step"]
-    throughput["train"] = {"samples": "train", "devices": devices}
-    config["window"] = {"samples": "rollout" if generates else "train", "devices": devices}
-    config["total_steps"] = total_steps
-    return config
-
-
 class TwinkleCallback(TrainerCallback):
     """Observe each ``train()`` call of the trainer holding it as one twinkle run.
 
@@ -169,6 +134,10 @@ class TwinkleCallback(TrainerCallback):
         processes training times the GPUs each drives (``args.world_size x
         max(1, args.n_gpu)``; a CPU process is one device). A vLLM server's GPUs
         (``vllm_mode="server"``) are not the trainer's: count them in ``devices``.
+    :param peak_flops: the dense peak FLOP/s per device of the default configuration's
+        MFU (``config.mfu``, from the model's configuration, dtype and device); default
+        the datasheet's for the device torch names (none for a CPU or an unknown
+        device: MFU abstains, saying why).
     :param memory: read this process's memory at each step's end.
     :param profiling: record TRL's profiling contexts as spans (without them the
         default ``reward`` phase is empty).
@@ -185,6 +154,7 @@ class TwinkleCallback(TrainerCallback):
         run_id: str | None = None,
         config: Mapping[str, Any] | None = None,
         devices: float | None = None,
+        peak_flops: float | None = None,
         memory: bool = True,
         profiling: bool = True,
         **session_options: Any,
@@ -193,7 +163,8 @@ class TwinkleCallback(TrainerCallback):
         if unknown:
             raise InvalidArgumentError(
                 f"TwinkleCallback got unknown option(s) {unknown}; it takes out_dir, run_id, "
-                f"config, devices, memory, profiling and RunSession's {sorted(_SESSION_OPTIONS)}"
+                f"config, devices, peak_flops, memory, profiling and RunSession's "
+                f"{sorted(_SESSION_OPTIONS)}"
             )
         if config is not None and not isinstance(config, Mapping):
             raise InvalidArgumentError(
@@ -210,6 +181,16 @@ class TwinkleCallback(TrainerCallback):
                 f"devices must be a positive, finite number of physical devices or None "
                 f"(the processes training), got {short_repr(devices)}"
             )
+        peak_flops = plain_number(peak_flops)  # type: ignore[assignment]
+        if peak_flops is not None and (
+            isinstance(peak_flops, bool)
+            or not isinstance(peak_flops, int | float)
+            or not 0 < peak_flops < math.inf
+        ):
+            raise InvalidArgumentError(
+                f"peak_flops must be a positive, finite FLOP/s per device or None (the "
+                f"datasheet's), got {short_repr(peak_flops)}"
+            )
         for name, flag in (("memory", memory), ("profiling", profiling)):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
@@ -217,6 +198,7 @@ class TwinkleCallback(TrainerCallback):
         self.run_id = run_id
         self.config = None if config is None else dict(config)
         self.devices = devices
+        self.peak_flops = peak_flops
         self.memory = memory
         self.profiling = profiling
         self._session_options = session_options
@@ -330,6 +312,9 @@ class _ObservedRun:
                 total_steps=max(0, int(state.max_steps)),
             )
             config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
+            mfu = trl_mfu(trainer, generates=self.generates, peak_flops=owner.peak_flops)
+            if mfu is not None:
+                config["mfu"] = mfu
         options = dict(owner._session_options)
         # A train() resumed from a checkpoint (its step restored before training begins)
         # asks to continue the run, also one that finished ok (more max_steps).
@@ -339,7 +324,7 @@ class _ObservedRun:
                 out_dir=owner.out_dir, run_id=owner.run_id, config=config, **options
             ).start()
         except ResumeConfigError as exc:
-            raise exc.with_fix(_resume_fix(owner, exc)) from exc
+            raise exc.with_fix(resume_fix(owner, exc)) from exc
         except FinishedRunError as exc:
             raise exc.with_fix(
                 "train(resume_from_checkpoint=...) continues it (or pass "
@@ -398,7 +383,7 @@ class _ObservedRun:
         if iteration is None:
             return  # (on_step_end without on_step_begin: nothing of this run to close)
         with self.bus.own_work("trl.lengths"):
-            lengths = _plain_lengths(self.length_sums)
+            lengths = plain_lengths(self.length_sums)
         self.length_sums = []
         if lengths:
             self.bus.samples(iteration=iteration, phase="train", lengths=lengths)
@@ -504,7 +489,7 @@ class _ObservedRun:
             batch = original(*args, **kwargs)
             if self.in_training_step and "train.step" not in self.open:
                 with self.bus.own_work("trl.lengths"):
-                    sums = _length_sums(batch)
+                    sums = length_sums(batch)
                 if sums is not None:
                     self.length_sums.append(sums)
                 elif not self.warned_lengths:
@@ -530,7 +515,7 @@ class _ObservedRun:
                 out = original(*args, **kwargs)
             if iteration is not None:
                 with self.bus.own_work("trl.lengths"):
-                    lengths = _rollout_lengths(type(self.trainer).__name__, out)
+                    lengths, prompts = rollout_lengths(type(self.trainer).__name__, out)
                 per_group = getattr(self.trainer, "num_generations", 0) if training else 0
                 groups = len(lengths) // per_group if per_group else 0
                 self.bus.samples(
@@ -538,6 +523,7 @@ class _ObservedRun:
                     phase="rollout" if training else "eval",
                     lengths=lengths,
                     groups=groups if groups * per_group == len(lengths) else 0,
+                    prompt_lengths=prompts,
                 )
             return out
 
@@ -593,41 +579,6 @@ class _ObservedRun:
 _MISSING = object()
 
 
-def _resume_fix(owner: TwinkleCallback, exc: ResumeConfigError) -> str:
-    """What a :class:`TwinkleCallback` user does about a run that cannot resume with
-    the configuration this ``train()`` call gave it."""
-    new_run = (
-        f"or pass another run_id (TwinkleCallback(run_id=...) other than {exc.run_id!r}, "
-        "or another out_dir) to observe this training as a new run"
-    )
-    if owner.config is not None:
-        return (
-            "pass TwinkleCallback(config=...) the configuration the run was started with "
-            f"(changing only total_steps or x_ keys), {new_run}"
-        )
-    window = exc.logged.get("window")
-    devices = window.get("devices") if isinstance(window, Mapping) else None
-    if devices is not None and set(exc.keys) <= {"throughput", "window"}:
-        return (
-            f"the run counted {devices!r} device(s): pass TwinkleCallback(devices={devices!r}) "
-            f"as it was started with, {new_run}"
-        )
-    trl = exc.logged.get("x_trl")
-    trainer = trl.get("trainer") if isinstance(trl, Mapping) else None
-    started = "the trainer the run was started with"
-    if trainer is not None:
-        started = f"the trainer the run was started with ({trainer})"
-    log = "its events.jsonl"
-    if owner.out_dir is not None:
-        log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
-    return (
-        "TwinkleCallback's default configuration follows the trainer's class and the "
-        f"devices: resume with {started} and the same devices, or pass "
-        "TwinkleCallback(config=...) the run's configuration (the config of the "
-        f"run_started line of {log}), {new_run}"
-    )
-
-
 def _trainer_on_stack(callback: TwinkleCallback) -> Any:
     """The ``Trainer`` on the call stack whose callback handler holds ``callback``, or None."""
     frame = sys._getframe(1)
@@ -651,45 +602,3 @@ def _find_trainer(callback: TwinkleCallback) -> Any:
         "holds the callback: pass it in Trainer(callbacks=[...]) (or trainer.add_callback) "
         "and call trainer.train()"
     )
-
-
-def _length_sums(batch: Any) -> Any:
-    """Each sample's tokens in a prepared training batch, not yet read off the device
-    (``_plain_lengths`` reads them at the step's end): prompt + completion mask tokens
-    (TRL), attention-mask tokens, or the ``input_ids`` width; None when unknown."""
-    if not isinstance(batch, Mapping):
-        return None
-    if "prompt_mask" in batch and "completion_mask" in batch:
-        return batch["prompt_mask"].sum(-1) + batch["completion_mask"].sum(-1)
-    mask = batch.get("attention_mask")
-    if mask is not None and getattr(mask, "ndim", 0) == 2:
-        return mask.sum(-1)
-    ids = batch.get("input_ids")
-    if ids is not None and getattr(ids, "ndim", 0) == 2:
-        return [int(ids.shape[1])] * int(ids.shape[0])
-    return None
-
-
-def _plain_lengths(sums: list[Any]) -> list[int]:
-    lengths: list[int] = []
-    for part in sums:
-        lengths.extend(int(n) for n in (part.tolist() if hasattr(part, "tolist") else part))
-    return lengths
-
-
-def _rollout_lengths(trainer: str, out: Any) -> list[int]:
-    """Prompt + completion tokens per completion of ``_generate``'s result, as TRL counts
-    ``num_tokens`` (with a tool mask: the model's own completion tokens)."""
-    try:
-        prompt_ids, completion_ids, tool_mask = out[0], out[1], out[2]
-        if tool_mask is None:
-            pairs = zip(prompt_ids, completion_ids, strict=True)
-            return [len(p) + len(c) for p, c in pairs]
-        return [len(p) + int(sum(m)) for p, m in zip(prompt_ids, tool_mask, strict=True)]
-    except (TypeError, IndexError, KeyError, ValueError) as exc:
-        raise TwinkleError(
-            f"{trainer}._generate returned {short_repr(out)}, not the (prompt_ids, "
-            "completion_ids, tool_mask, ...) of trl 1.16: twinkle.integrations.trl "
-            "supports trl>=1.16,<2 (pass profiling=False and a config without the "
-            "rollout phase to observe other versions' training steps only)"
-        ) from exc

@@ -1,0 +1,124 @@
+"""The default business definitions of a :class:`~twinkle.integrations.trl.TwinkleCallback`
+run (:func:`observer_config`), its ``config.mfu`` from the trainer's model, dtype and
+device (:func:`trl_mfu`), and what to do when a resume's configuration is refused
+(:func:`resume_fix`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.errors import InvalidArgumentError, ResumeConfigError
+from twinkle.metric import model_shape
+from twinkle.observers import mfu_config
+
+__all__ = ["observer_config", "resume_fix", "trl_mfu"]
+
+log = logging.getLogger("twinkle.integrations.trl")
+
+
+def observer_config(
+    *, trainer: str, generates: bool, devices: float, total_steps: int
+) -> dict[str, Any]:
+    """The business definitions of a :class:`TwinkleCallback` run by default.
+
+    :param trainer: the trainer's class name (TRL prefixes its profiling names with it).
+    :param generates: whether the trainer generates its samples (TRL's GRPO and RLOO):
+        then phases ``rollout`` (``generate``), ``reward``
+        (``<trainer>._calculate_rewards``) and ``publish`` (``<trainer>.sync_weights``:
+        TRL sending the weights to its vLLM engines, with ``use_vllm``) exist, and the
+        ``rollout`` samples — prompt + completion tokens, TRL's ``num_tokens`` — are the
+        run window's effective tokens; otherwise the ``train`` samples are.
+    :param devices: the physical devices training uses, every phase's and the window's
+        denominator.
+    :param total_steps: the planned optimizer steps.
+
+    Phases ``train`` (``train.step``, ``train.optimizer``) and ``step`` (``step``: the
+    whole optimizer step, so idle time is what happens between steps: logging,
+    evaluation, checkpoints) always exist.
+    """
+    phases: dict[str, list[str]] = {}
+    throughput: dict[str, dict[str, Any]] = {}
+    config: dict[str, Any] = {"phases": phases, "throughput": throughput}
+    if generates:
+        phases["rollout"] = ["generate"]
+        phases["reward"] = [f"{trainer}._calculate_rewards"]
+        phases["publish"] = [f"{trainer}.sync_weights"]  # with use_vllm: weights to vLLM
+        throughput["rollout"] = {"samples": "rollout", "devices": devices}
+        config["streaming"] = {"generation": "rollout", "training": "train", "publish": "publish"}
+    phases["train"] = ["train.step", "train.optimizer"]
+    phases["step"] = ["step"]
+    throughput["train"] = {"samples": "train", "devices": devices}
+    config["window"] = {"samples": "rollout" if generates else "train", "devices": devices}
+    config["total_steps"] = total_steps
+    return config
+
+
+def trl_mfu(trainer: Any, *, generates: bool, peak_flops: float | None) -> dict[str, Any] | None:
+    """``config.mfu`` for ``trainer``: its model's shape (``model.config``), the dtype its
+    matrix products run in (``bf16``/``fp16`` mixed precision, else the parameters', tf32
+    when allowed), its device as torch names it, activation recomputation
+    (``gradient_checkpointing``: HFU) and the phases ``train`` and (generating) ``rollout``.
+    None, logged, when the model has no FLOPs formula: the run goes on without MFU."""
+    import torch
+
+    model = getattr(trainer, "model", None)
+    try:
+        shape = model_shape(getattr(model, "config", None))
+    except InvalidArgumentError as exc:
+        log.warning("twinkle: this run has no MFU: %s", exc)
+        return None
+    args = trainer.args
+    dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
+    if dtype is None:
+        first = next(iter(model.parameters()), None) if model is not None else None
+        dtype = str(first.dtype if first is not None else torch.get_default_dtype())
+        if dtype == "torch.float32" and torch.backends.cuda.matmul.allow_tf32:
+            dtype = "tf32"
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return mfu_config(
+        shape,
+        dtype=dtype,
+        device=name,
+        peak_flops=peak_flops,
+        recompute=bool(getattr(args, "gradient_checkpointing", False)),
+        training="train",
+        generation="rollout" if generates else None,
+    )
+
+
+def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
+    """What the user of :class:`~twinkle.integrations.trl.TwinkleCallback` ``owner`` does
+    about a run that cannot resume with the configuration this ``train()`` call gave it."""
+    new_run = (
+        f"or pass another run_id (TwinkleCallback(run_id=...) other than {exc.run_id!r}, "
+        "or another out_dir) to observe this training as a new run"
+    )
+    if owner.config is not None:
+        return (
+            "pass TwinkleCallback(config=...) the configuration the run was started with "
+            f"(changing only total_steps or x_ keys), {new_run}"
+        )
+    window = exc.logged.get("window")
+    devices = window.get("devices") if isinstance(window, Mapping) else None
+    if devices is not None and set(exc.keys) <= {"throughput", "window"}:
+        return (
+            f"the run counted {devices!r} device(s): pass TwinkleCallback(devices={devices!r}) "
+            f"as it was started with, {new_run}"
+        )
+    trl = exc.logged.get("x_trl")
+    trainer = trl.get("trainer") if isinstance(trl, Mapping) else None
+    started = "the trainer the run was started with"
+    if trainer is not None:
+        started = f"the trainer the run was started with ({trainer})"
+    log = "its events.jsonl"
+    if owner.out_dir is not None:
+        log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
+    return (
+        "TwinkleCallback's default configuration follows the trainer's class and the "
+        f"devices: resume with {started} and the same devices, or pass "
+        "TwinkleCallback(config=...) the run's configuration (the config of the "
+        f"run_started line of {log}), {new_run}"
+    )
