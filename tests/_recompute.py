@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from twinkle.metric import ModelShape, generation_flops, training_flops
+
 Iv = tuple[int, int]
 
 
@@ -358,6 +360,7 @@ def check_run(run_dir: Path) -> dict[str, Any]:
         for kind, ns in w["path"].items():
             assert t[f"window_path_{kind}_seconds"] == _s(ns), (it, kind)
     check_waits(rc, records)
+    check_mfu(events, records, timing)
     setup, active_from = rc.setup()
     teardown = rc.teardown()
     parts = [setup, *windows, teardown]
@@ -429,6 +432,43 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     expected = skew_summary(events)
     assert {k: skew[k] for k in expected} == expected
     return run
+
+
+def check_mfu(
+    events: list[dict[str, Any]], records: list[dict[str, Any]], timing: dict[int, Any]
+) -> None:
+    """Each ``mfu`` record (with ``config.mfu``): its phases' FLOPs from the log's samples
+    by twinkle.metric's formulas, over the timing record's attributed seconds."""
+    config = events[0]["config"]
+    mfu = config.get("mfu")
+    if mfu is None:
+        assert not [r for r in records if r["kind"] == "mfu"]
+        return
+    shape = ModelShape.from_dict(mfu["model"])
+    streaming = config.get("streaming", {})
+    work = {mfu.get(k, streaming.get(k)): k for k in ("training", "generation")}
+    work.pop(None, None)
+    samples = [e for e in events if e["type"] == "samples"]
+    for r in (r for r in records if r["kind"] == "mfu" and r["scope"] == "iteration"):
+        it = r["iteration"]
+        for phase, kind in work.items():
+            spec = config["throughput"][phase]
+            mine = [e for e in samples if e["iteration"] == it and e["phase"] == spec["samples"]]
+            lengths = [n for e in mine for n in e["lengths"]]
+            if kind == "training":
+                flops = training_flops(shape, lengths, recompute=mfu.get("recompute", False))
+            else:
+                prompts = [
+                    p for e in mine for p in (e["prompt_lengths"] or [0] * len(e["lengths"]))
+                ]
+                flops = generation_flops(shape, prompts, [n - p for n, p in zip(lengths, prompts)])
+            values = r["values"]
+            assert values[f"{phase}_flops"] == float(flops), (it, phase)
+            # the phase's throughput record's device seconds: its attributed seconds
+            key = (phase, "iteration", it)
+            (tp,) = [q for q in records if (q["kind"], q["scope"], q["iteration"]) == key]
+            assert values[f"{phase}_device_seconds"] == tp["values"]["device_seconds"]
+            assert tp["values"]["seconds"] == timing[it][f"attributed_{phase}_seconds"]
 
 
 def check_waits(rc: Recompute, records: list[dict[str, Any]]) -> None:
