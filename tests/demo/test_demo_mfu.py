@@ -13,13 +13,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from twinkle.demo.config import DemoConfig
+from twinkle.demo.hf import tiny_llama
 from twinkle.demo.mfu import tiny_decoder_shape
 from twinkle.demo.model import TinyDecoder
 from twinkle.demo.runner import run_demo
 from twinkle.demo.task import VOCAB
 from twinkle.errors import InvalidArgumentError
+from twinkle.integrations.flops import check_flops, measured_forward_flops, meta_copy
 from twinkle.integrations.peak import measure_peak_flops
-from twinkle.metric import forward_flops
+from twinkle.metric import forward_flops, model_shape
 
 SMALL = DemoConfig(
     iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=5, grad_accum=1
@@ -69,3 +71,20 @@ def test_the_demo_abstains_on_a_cpu_unless_asked_and_a_continued_run_keeps_its_p
     run_demo(SMALL, out_dir=tmp_path, run_id="m", peak_flops="measured", resume=True)
     again = _mfu(tmp_path / "m")  # (the first segment's peak: a resume may not change it)
     assert again["peak_flops_per_s"] == measured["peak_flops_per_s"]
+
+
+def test_a_meta_copy_counts_what_the_model_counts_without_its_weights() -> None:
+    model = tiny_llama(seed=0)
+    ghost = meta_copy(model)
+    assert {p.device.type for p in ghost.parameters()} == {"meta"}
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.zeros(1, 20, dtype=torch.long))
+    assert measured_forward_flops(model, 20) == counter.get_total_flops()
+    check = check_flops(model, model_shape(model.config), 20)
+    assert check["relative_difference"] == 0 and check["analytic"] < check["measured"]
+    decoder = TinyDecoder(VOCAB, 64, 2, 4, max_len=32)
+    shape = tiny_decoder_shape(DemoConfig(d_model=64, layers=2, heads=4))
+    assert check_flops(decoder, shape, 20)["relative_difference"] == 0
+    with pytest.raises(InvalidArgumentError, match="length must be an int >= 1"):
+        measured_forward_flops(decoder, 0)

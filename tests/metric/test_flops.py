@@ -237,3 +237,27 @@ def test_lengths_may_be_numpy_ints():
     np = pytest.importorskip("numpy")
     shape = model_shape(_configs()["llama"])
     assert forward_flops(shape, np.array([3, 5])) == forward_flops(shape, [3, 5])
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_the_measured_path_agrees_on_a_meta_copy(family):
+    """twinkle.integrations.flops counts a meta-device copy: what the real model counts
+    (the attention unmasked), with no weights copied."""
+    from twinkle.integrations.flops import check_flops
+
+    config = _configs()[family]
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    check = check_flops(model, model_shape(config), L)
+    assert check["measured"] == _counted(config)[0]
+    assert check["relative_difference"] == 0
+
+
+def test_a_mixture_of_experts_cannot_be_counted_on_the_meta_device():
+    from twinkle.integrations.flops import measured_forward_flops
+
+    config = _configs()["qwen3_moe"]
+    config._experts_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(InvalidArgumentError, match="cannot run on the meta device"):
+        measured_forward_flops(model, L)
