@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from twinkle.observers import mfu_config
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
@@ -16,6 +17,19 @@ CONFIG = {
     "phases": {"rollout": ["generate"]},
     "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
     "window": {"samples": "rollout", "devices": 1},
+    "mfu": mfu_config(
+        {
+            "model_type": "llama",
+            "hidden_size": 8,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "intermediate_size": 16,
+            "vocab_size": 10,
+        },
+        dtype="bfloat16",
+        device="NVIDIA H100 80GB HBM3",
+        generation="rollout",
+    ),
 }
 
 
