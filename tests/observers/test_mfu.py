@@ -232,10 +232,10 @@ def test_the_report_shows_each_phases_mfu_and_its_peak(tmp_path: Path) -> None:
     row = next(line for line in lines if line.split()[:1] == ["1"])
     assert row.split()[-2:] == ["28.2", "45.8"]
     assert (
-        "MFU                 rollout 28.2% (2.82e+06 FLOP/s/device), train 45.8% "
-        "(4.58e+06 FLOP/s/device) (steady state)" in lines
+        "MFU                 rollout 28.2% (2.82 MFLOP/s/device), train 45.8% "
+        "(4.58 MFLOP/s/device) (steady state)" in lines
     )
     assert (
-        "  peak              1e+07 FLOP/s per device (the device, bfloat16): given "
+        "  peak              10 MFLOP/s per device (the device, bfloat16): given "
         "(config.mfu.peak_flops)" in lines
     )

@@ -265,7 +265,7 @@ def _share(found: Mapping[str, Any] | None) -> str:
 def _rate(flops_per_s: Any) -> str:
     if flops_per_s is None:
         return "-"
-    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9)):
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
         if flops_per_s >= scale:
             return f"{flops_per_s / scale:.3g} {unit}"
     return f"{flops_per_s:.3g} FLOP/s"
@@ -294,12 +294,13 @@ def mfu_lines(report: Mapping[str, Any]) -> list[str]:
         return f"{phase} {rate}/device"
 
     phases = mfu["phases"].items()
+    peak = mfu.get("peak_flops_per_s")
     names = "/".join(sorted({w["figure"].upper() for _, w in phases}))
+    names = names if peak is not None else "model FLOP/s"
     lines = [
         f"{names:<20}" + ", ".join(figure("steady_", p, w) for p, w in phases) + " (steady state)",
         "  whole loop        " + ", ".join(figure("", p, w) for p, w in phases),
     ]
-    peak = mfu.get("peak_flops_per_s")
     device = f"{mfu.get('device') or 'the device'}, {mfu.get('dtype')}"
     if peak is None:
         lines.append(f"  peak              none for {device}: {mfu.get('abstained')}")
