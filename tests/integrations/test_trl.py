@@ -351,6 +351,8 @@ def test_bad_options_are_refused_by_name() -> None:
         TwinkleCallback(autolaod=False)
     with pytest.raises(InvalidArgumentError, match="devices must be a positive"):
         TwinkleCallback(devices=0)
+    with pytest.raises(InvalidArgumentError, match="peak_flops must be a positive, finite FLOP"):
+        TwinkleCallback(peak_flops=float("inf"))
     with pytest.raises(InvalidArgumentError, match="config must be a mapping"):
         TwinkleCallback(config=["phases"])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="memory must be True or False"):

@@ -171,26 +171,10 @@ class TwinkleCallback(TrainerCallback):
                 f"config must be a mapping of the observers' definitions or None (the "
                 f"default, observer_config()), got {short_repr(config)}"
             )
-        devices = plain_number(devices)  # type: ignore[assignment]
-        if devices is not None and (
-            isinstance(devices, bool)
-            or not isinstance(devices, int | float)
-            or not 0 < devices < math.inf
-        ):
-            raise InvalidArgumentError(
-                f"devices must be a positive, finite number of physical devices or None "
-                f"(the processes training), got {short_repr(devices)}"
-            )
-        peak_flops = plain_number(peak_flops)  # type: ignore[assignment]
-        if peak_flops is not None and (
-            isinstance(peak_flops, bool)
-            or not isinstance(peak_flops, int | float)
-            or not 0 < peak_flops < math.inf
-        ):
-            raise InvalidArgumentError(
-                f"peak_flops must be a positive, finite FLOP/s per device or None (the "
-                f"datasheet's), got {short_repr(peak_flops)}"
-            )
+        devices = _positive(
+            "devices", devices, "number of physical devices or None (the processes training)"
+        )
+        peak_flops = _positive("peak_flops", peak_flops, "FLOP/s per device or None")
         for name, flag in (("memory", memory), ("profiling", profiling)):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
@@ -577,6 +561,19 @@ class _ObservedRun:
 
 
 _MISSING = object()
+
+
+def _positive(name: str, value: Any, what: str) -> float | None:
+    """``value`` (a number, numpy's or torch's too) when it is positive and finite, or
+    None; else :class:`InvalidArgumentError` naming ``name``."""
+    value = plain_number(value)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+    ):
+        raise InvalidArgumentError(
+            f"{name} must be a positive, finite {what}, got {short_repr(value)}"
+        )
+    return value
 
 
 def _trainer_on_stack(callback: TwinkleCallback) -> Any:
