@@ -29,7 +29,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from _recompute import check_run
 from twinkle.demo.hf import tiny_llama, write_tokenizer
-from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.errors import InvalidArgumentError, ResumeConfigError, TwinkleError
 from twinkle.integrations.trl import TwinkleCallback, observer_config
 from twinkle.metric import generation_flops, model_shape, training_flops
 from twinkle.run import replay
@@ -572,3 +572,16 @@ def test_a_given_peak_gives_each_phase_its_mfu(
     assert mfu["recompute"] is True and mfu["phases"]["train"]["figure"] == "hfu"
     assert run["train_hfu"] == run["train_flops_per_s_per_device"] / 1e11
     assert 0 < run["rollout_mfu"] == run["rollout_flops_per_s_per_device"] / 1e11 < 1
+
+
+def test_a_resume_that_would_change_the_mfu_says_why_and_what_to_do(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    out = str(tmp_path / "runs")
+    grpo(tmp_path, tokenizer, TwinkleCallback(out_dir=out, run_id="r"), steps=1).train()
+    other = TwinkleCallback(out_dir=out, run_id="r", peak_flops=1e11, resume=True)
+    with pytest.raises(ResumeConfigError) as caught:
+        grpo(tmp_path, tokenizer, other, steps=1).train()
+    assert caught.value.keys == ("mfu",)
+    assert "the run began with MFU for 'cpu'" in str(caught.value)
+    assert "its MFU may not change on resume" in str(caught.value)

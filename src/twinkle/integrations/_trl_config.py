@@ -108,6 +108,20 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
             f"the run counted {devices!r} device(s): pass TwinkleCallback(devices={devices!r}) "
             f"as it was started with, {new_run}"
         )
+    if set(exc.keys) == {"mfu"}:
+        before = exc.logged.get("mfu")
+        began = (
+            "without MFU (an older twinkle)"
+            if before is None
+            else f"with MFU for {before.get('device')!r} in {before.get('dtype')!r} "
+            f"(peak {before.get('peak_flops')!r})"
+        )
+        return (
+            f"the run began {began}, and its MFU may not change on resume (its records "
+            "would mix two peaks): resume on the same device and dtype (and peak_flops), "
+            "or pass TwinkleCallback(config=...) the run's configuration (the config of "
+            f"its run_started line), {new_run}"
+        )
     trl = exc.logged.get("x_trl")
     trainer = trl.get("trainer") if isinstance(trl, Mapping) else None
     started = "the trainer the run was started with"
