@@ -239,3 +239,17 @@ def test_the_report_shows_each_phases_mfu_and_its_peak(tmp_path: Path) -> None:
         "  peak              10 MFLOP/s per device (the device, bfloat16): given "
         "(config.mfu.peak_flops)" in lines
     )
+
+
+def test_without_a_peak_the_report_has_no_mfu_column_and_says_why(tmp_path: Path) -> None:
+    from twinkle.report import format_report, load_report
+
+    config = _config(device="cpu")
+    del config["mfu"]["peak_flops"]
+    lines = format_report(load_report(_run(tmp_path, config))).splitlines()
+    assert "MFU %" not in next(line for line in lines if line.startswith("iter"))
+    assert lines[lines.index(next(x for x in lines if x.startswith("model FLOP/s"))) + 2] == (
+        "  peak              none for cpu, bfloat16: device 'cpu' is not in twinkle's table of "
+        "peaks (H100, H200, A100, L40S, B200, GB200, MI300X); pass its dense peak "
+        "(peak_flops=), from its datasheet without sparsity"
+    )

@@ -250,8 +250,11 @@ def _segment(s: Mapping[str, Any]) -> str:
 
 
 def _mfu_phases(report: Mapping[str, Any]) -> dict[str, str]:
-    """The phases with an MFU column and the figure each shows (``mfu``, ``hfu``)."""
+    """The phases with an MFU column and the figure each shows (``mfu``, ``hfu``): none
+    without a peak (the lines below the table say why)."""
     mfu = report.get("mfu") or {}
+    if mfu.get("peak_flops_per_s") is None:
+        return {}
     return {p: d["figure"] for p, d in mfu.get("phases", {}).items()}
 
 
