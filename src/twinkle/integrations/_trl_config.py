@@ -6,14 +6,16 @@ device (:func:`trl_mfu`), and what to do when a resume's configuration is refuse
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError, ResumeConfigError
 from twinkle.metric import model_shape
 from twinkle.observers import mfu_config
 
-__all__ = ["observer_config", "resume_fix", "trl_mfu"]
+__all__ = ["observer_config", "positive", "resume_fix", "trl_mfu"]
 
 log = logging.getLogger("twinkle.integrations.trl")
 
@@ -136,3 +138,16 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
         "TwinkleCallback(config=...) the run's configuration (the config of the "
         f"run_started line of {log}), {new_run}"
     )
+
+
+def positive(name: str, value: Any, what: str) -> float | None:
+    """``value`` (a number, numpy's or torch's too) when it is positive and finite, or
+    None; else :class:`InvalidArgumentError` naming ``name``."""
+    value = plain_number(value)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+    ):
+        raise InvalidArgumentError(
+            f"{name} must be a positive, finite {what}, got {short_repr(value)}"
+        )
+    return value

@@ -84,7 +84,7 @@ from twinkle.errors import (
     ResumeConfigError,
     TwinkleError,
 )
-from twinkle.integrations._trl_config import observer_config, resume_fix, trl_mfu
+from twinkle.integrations._trl_config import observer_config, positive, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
@@ -171,10 +171,10 @@ class TwinkleCallback(TrainerCallback):
                 f"config must be a mapping of the observers' definitions or None (the "
                 f"default, observer_config()), got {short_repr(config)}"
             )
-        devices = _positive(
+        devices = positive(
             "devices", devices, "number of physical devices or None (the processes training)"
         )
-        peak_flops = _positive("peak_flops", peak_flops, "FLOP/s per device or None")
+        peak_flops = positive("peak_flops", peak_flops, "FLOP/s per device or None")
         for name, flag in (("memory", memory), ("profiling", profiling)):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
@@ -561,19 +561,6 @@ class _ObservedRun:
 
 
 _MISSING = object()
-
-
-def _positive(name: str, value: Any, what: str) -> float | None:
-    """``value`` (a number, numpy's or torch's too) when it is positive and finite, or
-    None; else :class:`InvalidArgumentError` naming ``name``."""
-    value = plain_number(value)
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
-    ):
-        raise InvalidArgumentError(
-            f"{name} must be a positive, finite {what}, got {short_repr(value)}"
-        )
-    return value
 
 
 def _trainer_on_stack(callback: TwinkleCallback) -> Any:
