@@ -20,6 +20,7 @@ from _scripted import CONFIG, killed_when_ready, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
 import twinkle.run._checkpointing as run_module
+import twinkle.run._session as session_module
 from twinkle.errors import ReporterError
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
@@ -143,6 +144,36 @@ def test_a_segment_killed_outright_resumes_from_its_own_last_checkpoint(
     assert a.resumed.events - marked["events"] < 40  # the tail: since the last checkpoint
     assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
     assert_replay_identical(tmp_path / "with" / "r", tmp_path)
+
+
+def test_a_resume_in_place_that_fails_cuts_the_record_files_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment killed just after its checkpoint leaves record files that hold just the
+    lines it covers: a resume appends to them where they are. One that fails before the
+    new segment begins (here Ctrl-C, once the killed segment is closed in the log)
+    leaves them as they were, with no record of the logged tail and no WebUI line it
+    held open, and a later restart resumes the run."""
+    _killed_segment(tmp_path, every=20)
+    run_dir = tmp_path / "r"
+    marked = orjson.loads((run_dir / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    for name in ("metrics_raw.jsonl", "metrics.jsonl"):
+        size, _, _, path = marked["files"][name]
+        assert path == name
+        os.truncate(run_dir / name, size)  # (killed before it wrote more)
+    records = ("metrics_raw.jsonl", "metrics.jsonl")
+    before = {name: (run_dir / name).read_bytes() for name in records}
+
+    def interrupted(**_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_module, "Resumed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True).start()
+    assert {name: (run_dir / name).read_bytes() for name in records} == before
+    monkeypatch.undo()
+    segment(tmp_path, iterations=2, wall_offset_ns=HOUR)
+    assert_replay_identical(run_dir, tmp_path)
 
 
 def _cut_payload(run_dir: Path) -> None:

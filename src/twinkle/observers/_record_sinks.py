@@ -44,7 +44,8 @@ class _FileBackendSink:
     lines the checkpoint covers, copied (a WebUI file's with the new ``total_steps``
     when the resume changed it). When the file holds those lines and nothing after them
     (a segment that finished, or was killed before writing more), and they stay as
-    they are, the new records are appended to the file itself: nothing is copied."""
+    they are, the new records are appended to the file itself: nothing is copied; a
+    resume that fails before the new segment then cuts the file back to those lines."""
 
     FILE = ""
 
@@ -52,6 +53,8 @@ class _FileBackendSink:
         self._backend: JsonlFileBackend | None = None
         # on resume: (new file, the file, the lines the file holds)
         self._rebuilding: tuple[Path, Path, int] | None = None
+        # on resume in place: (the file, the size it had), until the new segment begins
+        self._in_place: tuple[Path, int] | None = None
         self._segment = 0  # the segment this session begins
 
     def _open(self, path: Path, context: RunContext) -> JsonlFileBackend:
@@ -70,6 +73,8 @@ class _FileBackendSink:
             _remove_stale(path)
             backend = self._open(path, context)
             backend.held_before = mark.lines
+            self._in_place = (path, mark.size)
+            self._segment = context.segment
             return backend
         # The file a checkpoint marks, opened before the stale files go (a killed
         # segment's rebuild may be it)
@@ -131,8 +136,11 @@ class _FileBackendSink:
 
     @hookimpl
     def twinkle_run_resumed(self, event: RunResumed) -> None:
-        if self._rebuilding is None or event.segment != self._segment:
-            return  # (an earlier segment's, fed again: the rebuild is not complete)
+        if event.segment != self._segment:
+            return  # (an earlier segment's, fed again: the resume is not complete)
+        self._in_place = None
+        if self._rebuilding is None:
+            return
         rebuilding, self._rebuilding = self._rebuilding, None
         _, path, lines = rebuilding
         if self._backend is not None:
@@ -147,6 +155,9 @@ class _FileBackendSink:
         rebuilding, self._rebuilding = self._rebuilding, None
         if rebuilding is not None:  # the resume failed: the file stays as it was
             rebuilding[0].unlink(missing_ok=True)
+        in_place, self._in_place = self._in_place, None
+        if in_place is not None:  # the resume failed: the file is cut back to the mark
+            os.truncate(*in_place)
 
 
 def _holds_just(path: Path, mark: Any) -> bool:
