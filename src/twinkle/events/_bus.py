@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+import msgspec
+
 from twinkle.checks import OWN_SOURCE_PREFIX, caller_source, value_key
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, RecordError, TwinkleError
@@ -397,7 +399,8 @@ class EventBus:
         prompt_lengths: Iterable[int] = (),
     ) -> SamplesObserved:
         """Publish the caller's samples of ``iteration`` tagged with ``phase``
-        (``prompt_lengths``: each sample's prompt tokens, counted in its length too)."""
+        (``prompt_lengths``: each sample's prompt tokens, counted in its length too; none
+        given, none logged)."""
         with self.own_work(SamplesObserved.TYPE):
             mono, wall = self._times()
             event = self._send(
@@ -411,7 +414,8 @@ class EventBus:
                     groups,
                     _items(
                         SamplesObserved, "prompt_lengths", prompt_lengths, "token lengths (ints)"
-                    ),
+                    )
+                    or msgspec.UNSET,  # (none given: none logged)
                 )
             )
         return event

@@ -260,17 +260,18 @@ class SamplesObserved(Event, tag="samples", frozen=True):
 
     ``groups`` counts the generation groups these samples form (0 when not grouped);
     ``prompt_lengths``, when given, the prompt's tokens of each sample (one per length,
-    none longer than it: what generation's FLOPs need to tell prefill from decode)."""
+    none longer than it: what generation's FLOPs need to tell prefill from decode).
+    Not given, it is left out of the log's line (as logs before it had none)."""
 
     iteration: Count
     phase: NonEmpty
     lengths: tuple[Tokens, ...]
     groups: Count = 0
-    prompt_lengths: tuple[Tokens, ...] = ()
+    prompt_lengths: tuple[Tokens, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         prompts, lengths = self.prompt_lengths, self.lengths
-        if not prompts:
+        if isinstance(prompts, msgspec.UnsetType):
             return
         if len(prompts) != len(lengths):
             raise RecordError(
