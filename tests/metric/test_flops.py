@@ -185,19 +185,30 @@ def test_the_seeds_model_qwen3_5_4b_worked_out_by_hand():
     assert shape.attention_flops(1024) == 68_786_585_600
     assert forward_flops(shape, [1024]) == 1024 * per_token + 68_786_585_600
     assert training_flops(shape, [1024]) == 3 * forward_flops(shape, [1024])
-    assert training_flops(shape, [1024], recompute=True) == 4 * forward_flops(shape, [1024])
+    # recomputed: the layers' forward again, not the LM head's
+    head = 1024 * 1_271_398_400
+    assert (
+        training_flops(shape, [1024], recompute=True)
+        == 4 * (forward_flops(shape, [1024]) - head) + 3 * head
+    )
+    # GRPO's log-probabilities: the LM head on the 768 tokens after a 256-token prompt
+    assert training_flops(shape, [1024], prompt_lengths=[256]) == 3 * (
+        forward_flops(shape, [1024]) - 256 * 1_271_398_400
+    )
 
 
 def test_generation_is_prefill_and_decode_with_the_lm_head_per_completion_token():
-    """Prompt 3, completion 2 of the tiny Llama: 5 positions through every layer (each
-    seeing its 1..5 keys: 15 in all), the LM head on 2 tokens."""
+    """Prompt 3, completion 2 of the tiny Llama: the completion's last token is never
+    fed, so 4 positions go through every layer (each seeing its 1..4 keys: 10 in all),
+    and the LM head runs on 2 tokens. A completion of none is the prompt's prefill."""
     shape = model_shape(_configs()["llama"])
     per_token = sum(shape.linear_per_token().values())
-    keys = 4 * shape.heads * shape.head_dim * 15 * shape.layers
-    assert generation_flops(shape, [3], [2]) == 5 * per_token + keys + 2 * shape.lm_head
+    keys = 4 * shape.heads * shape.head_dim * 10 * shape.layers
+    assert generation_flops(shape, [3], [2]) == 4 * per_token + keys + 2 * shape.lm_head
     assert generation_flops(shape, [3, 3], [2, 0]) == generation_flops(
         shape, [3], [2]
     ) + 3 * per_token + shape.attention_flops(3)
+    assert generation_flops(shape, [0], [1]) == shape.lm_head  # (a lone token: its logits)
 
 
 def test_unknown_models_and_bad_lengths_are_refused_by_name():
@@ -208,6 +219,8 @@ def test_unknown_models_and_bad_lengths_are_refused_by_name():
         forward_flops(shape, [3, -1])
     with pytest.raises(InvalidArgumentError, match="2 prompt lengths for 1 completion"):
         generation_flops(shape, [3, 4], [2])
+    with pytest.raises(InvalidArgumentError, match="1 prompt lengths for 1 sequences: give"):
+        training_flops(shape, [3], prompt_lengths=[4])
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,6 @@ def test_the_sparse_datasheet_figure_is_never_the_peak():
 )
 def test_an_unknown_device_or_type_gets_no_peak_and_why(reported, dtype, why):
     peak = device_peak(reported, dtype)
-    assert peak.flops_per_s is None
+    assert peak.flops_per_s is None and peak.source is None
     assert peak.reason is not None and why in peak.reason
     assert "pass" in peak.reason  # the fix

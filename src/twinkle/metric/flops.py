@@ -149,7 +149,7 @@ class ModelShape:
             return value
 
         types = data["layer_types"]
-        if not isinstance(types, list | tuple) or not set(types) <= set(_LAYER_TYPES):
+        if not isinstance(types, list | tuple) or any(t not in _LAYER_TYPES for t in types):
             raise InvalidArgumentError(
                 f"{where}.layer_types must be a list of {', '.join(_LAYER_TYPES)}, "
                 f"got {types!r:.200}"
@@ -315,21 +315,47 @@ def forward_flops(shape: ModelShape, lengths: Sequence[int], *, logits: str = "a
     return sum(n * (per_token + head) + shape.attention_flops(n) for n in tokens)
 
 
-def training_flops(shape: ModelShape, lengths: Sequence[int], *, recompute: bool = False) -> int:
+def training_flops(
+    shape: ModelShape,
+    lengths: Sequence[int],
+    *,
+    recompute: bool = False,
+    prompt_lengths: Sequence[int] | None = None,
+) -> int:
     """A training step over sequences of ``lengths``: the forward pass and the backward
     pass (twice the forward: the gradients of the inputs and of the weights). With
-    activation recomputation the forward runs twice: the figure is then hardware FLOPs
-    (HFU), not model FLOPs."""
-    return (4 if recompute else 3) * forward_flops(shape, lengths)
+    activation recomputation the decoder layers' forward runs twice (the LM head's
+    once): the figure is then hardware FLOPs (HFU), not model FLOPs. The LM head runs
+    on every token, or with ``prompt_lengths`` on each sequence's tokens after its
+    prompt (as GRPO trainers compute the policy's log-probabilities)."""
+    tokens = _lengths("lengths", lengths)
+    logits = sum(tokens)
+    if prompt_lengths is not None:
+        prompts = _prompts(prompt_lengths, tokens)
+        logits -= sum(prompts)
+    body = forward_flops(shape, tokens, logits="none")
+    return (4 if recompute else 3) * body + 3 * logits * shape.lm_head
+
+
+def _prompts(prompt_lengths: Sequence[int], lengths: list[int]) -> list[int]:
+    prompts = _lengths("prompt_lengths", prompt_lengths)
+    if len(prompts) != len(lengths) or any(p > n for p, n in zip(prompts, lengths, strict=True)):
+        raise InvalidArgumentError(
+            f"{len(prompts)} prompt lengths for {len(lengths)} sequences: give one per "
+            "sequence, none longer than its sequence"
+        )
+    return prompts
 
 
 def generation_flops(
     shape: ModelShape, prompt_lengths: Sequence[int], completion_lengths: Sequence[int]
 ) -> int:
     """Generating completions: each sequence's prefill of its prompt and its decode, one
-    token at a time against the growing KV cache, so every position ``i`` of prompt and
-    completion sees ``i`` keys; the LM head runs once per completion token (a prompt's
-    last position makes the first). A prefix cache's savings are not taken off."""
+    token at a time against the growing KV cache. A completion's last token is never
+    fed back: a prompt of ``P`` and a completion of ``C >= 1`` feed ``P + C - 1``
+    positions, each position ``i`` seeing ``i`` keys; the LM head runs once per
+    completion token (a prompt's last position makes the first). A prefix cache's
+    savings are not taken off."""
     prompts = _lengths("prompt_lengths", prompt_lengths)
     completions = _lengths("completion_lengths", completion_lengths)
     if len(prompts) != len(completions):
@@ -338,7 +364,8 @@ def generation_flops(
             "give one prompt length per completion"
         )
     per_token = sum(shape.linear_per_token().values())
-    return sum(
-        (p + c) * per_token + shape.attention_flops(p + c) + c * shape.lm_head
-        for p, c in zip(prompts, completions, strict=True)
-    )
+    total = 0
+    for p, c in zip(prompts, completions, strict=True):
+        fed = p + c - 1 if c else p
+        total += fed * per_token + shape.attention_flops(fed) + c * shape.lm_head
+    return total

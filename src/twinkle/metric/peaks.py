@@ -74,7 +74,7 @@ _TABLE: tuple[tuple[str, str, dict[str, float], str], ...] = (
 class Peak:
     """A device's dense peak for a data type: ``flops_per_s``, or None with ``reason``
     saying why there is none; ``device`` is the table's name for it, ``source`` where
-    the figure comes from."""
+    the figure comes from (None with no figure)."""
 
     reported_name: str
     dtype: str
@@ -114,9 +114,8 @@ def device_peak(reported_name: str, dtype: str) -> Peak:
                     kind,
                     None,
                     device,
-                    source,
-                    f"{device} has no {kind} rate in its datasheet "
-                    f"(it has {', '.join(rates)}); pass the peak",
+                    reason=f"{device} has no {kind} rate in its datasheet ({source}: it "
+                    f"has {', '.join(rates)}); pass the peak",
                 )
             return Peak(reported_name, kind, rate, device, source)
     return Peak(
