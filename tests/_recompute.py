@@ -455,12 +455,17 @@ def check_mfu(
             spec = config["throughput"][phase]
             mine = [e for e in samples if e["iteration"] == it and e["phase"] == spec["samples"]]
             lengths = [n for e in mine for n in e["lengths"]]
+            # (a sample without prompt lengths: the LM head on each of its tokens)
+            prompts = [p for e in mine for p in e.get("prompt_lengths", [0] * len(e["lengths"]))]
             if kind == "training":
-                flops = training_flops(shape, lengths, recompute=mfu.get("recompute", False))
+                head_on_all = mfu.get("logits", "all") == "all"
+                flops = training_flops(
+                    shape,
+                    lengths,
+                    recompute=mfu.get("recompute", False),
+                    prompt_lengths=None if head_on_all else prompts,
+                )
             else:
-                prompts = [
-                    p for e in mine for p in (e["prompt_lengths"] or [0] * len(e["lengths"]))
-                ]
                 flops = generation_flops(shape, prompts, [n - p for n, p in zip(lengths, prompts)])
             values = r["values"]
             assert values[f"{phase}_flops"] == float(flops), (it, phase)

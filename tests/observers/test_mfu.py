@@ -7,11 +7,12 @@ intermediate size 8, a vocabulary of 10. Per token: attention projections
 
 * training a sample of 3 tokens: 3 · (3·(320 + 80) + 16·(1+2+3)) = 3 · 1296 = 3888; of 4:
   3 · (4·400 + 16·10) = 5280; the iteration's [3, 4]: 9168 FLOPs;
-* generating 3 tokens from a 1-token prompt: 3·320 + 16·6 + 2·80 = 1216; 4 from 2:
-  4·320 + 16·10 + 2·80 = 1600; the iteration's: 2816 FLOPs.
+* generating 2 tokens after a 1-token prompt (length 3): the last token is never fed, 2
+  positions are: 2·320 + 16·(1+2) + 2·80 = 848; 2 after 2 (length 4), 3 positions:
+  3·320 + 16·6 + 2·80 = 1216; the iteration's: 2064 FLOPs.
 
-Each iteration generates for 1 ms and trains for 2 ms on one device each: 2,816,000 and
-4,584,000 FLOP/s per device; against a peak of 10^7 FLOP/s, MFU 0.2816 and 0.4584.
+Each iteration generates for 1 ms and trains for 2 ms on one device each: 2,064,000 and
+4,584,000 FLOP/s per device; against a peak of 10^7 FLOP/s, MFU 0.2064 and 0.4584.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import orjson
 import pytest
 
 from twinkle.errors import ConfigError, RecordError
-from twinkle.metric import ModelShape, forward_flops, generation_flops, model_shape
+from twinkle.metric import (
+    ModelShape,
+    forward_flops,
+    generation_flops,
+    model_shape,
+    training_flops,
+)
 from twinkle.observers import ObserverConfig
 from twinkle.observers.mfu import OVER_PEAK, SampleFlops
 from twinkle.perf import ManualClock
@@ -54,7 +61,14 @@ def _config(**mfu: Any) -> dict[str, Any]:
     }
 
 
-def _run(out: Path, config: dict[str, Any], iterations: int = 4) -> Path:
+def _run(
+    out: Path,
+    config: dict[str, Any],
+    iterations: int = 4,
+    *,
+    train_prompts: tuple[int, ...] = (),
+    blocked: tuple[str, ...] = (),
+) -> Path:
     clock = ManualClock(10**9)
     with RunSession(
         out_dir=out,
@@ -64,6 +78,7 @@ def _run(out: Path, config: dict[str, Any], iterations: int = 4) -> Path:
         wall_clock=lambda: 1_700_000_000 * 10**9 + clock(),
         autoload=True,
         background_writer=False,
+        blocked=list(blocked),
     ) as run:
         for i in range(iterations):
             run.bus.iteration_started(i)
@@ -72,7 +87,9 @@ def _run(out: Path, config: dict[str, Any], iterations: int = 4) -> Path:
             run.bus.samples(iteration=i, phase="rollout", lengths=[3, 4], prompt_lengths=[1, 2])
             with run.recorder.span("train.fwd"):
                 clock.advance(2 * MS)
-            run.bus.samples(iteration=i, phase="train", lengths=[3, 4])
+            run.bus.samples(
+                iteration=i, phase="train", lengths=[3, 4], prompt_lengths=train_prompts
+            )
             run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
     return out / "r"
 
@@ -118,7 +135,12 @@ def test_a_samples_flops_are_the_formulas_sums() -> None:
             assert flops.training(n) == 3 * forward_flops(shape, [n])
             for p in (0, 1, n):
                 assert flops.generation(n, p) == generation_flops(shape, [p], [n - p])
-        assert SampleFlops(shape, recompute=True).training(5) == 4 * forward_flops(shape, [5])
+                assert flops.training(n, p) == training_flops(shape, [n], prompt_lengths=[p])
+        again = SampleFlops(shape, recompute=True)
+        assert again.training(5) == training_flops(shape, [5], recompute=True)
+        assert again.training(5, 2) == training_flops(
+            shape, [5], recompute=True, prompt_lengths=[2]
+        )
     assert ModelShape.from_dict(hybrid.to_dict()) == hybrid
 
 
@@ -127,11 +149,11 @@ def test_each_iteration_has_its_phases_flops_and_mfu(tmp_path: Path) -> None:
     records = _records(run_dir)
     assert [r["iteration"] for r in records] == [0, 1, 2, 3]
     values = records[1]["values"]
-    assert values["rollout_flops"] == 2816 and values["train_flops"] == 9168
+    assert values["rollout_flops"] == 2064 and values["train_flops"] == 9168
     assert values["rollout_tokens"] == 7 and values["train_flops_per_token"] == 9168 / 7
     assert values["rollout_device_seconds"] == 0.001 and values["train_device_seconds"] == 0.002
-    assert values["rollout_flops_per_s_per_device"] == pytest.approx(2_816_000, rel=1e-12)
-    assert values["rollout_mfu"] == pytest.approx(0.2816, rel=1e-12)
+    assert values["rollout_flops_per_s_per_device"] == pytest.approx(2_064_000, rel=1e-12)
+    assert values["rollout_mfu"] == pytest.approx(0.2064, rel=1e-12)
     assert values["train_mfu"] == pytest.approx(0.4584, rel=1e-12)
     attrs = records[1]["attrs"]
     assert attrs["formula"] == "twinkle-analytic-1" and attrs["dtype"] == "bfloat16"
@@ -165,10 +187,30 @@ def test_a_share_over_the_peak_is_not_called_mfu(tmp_path: Path) -> None:
 
 
 def test_recomputed_activations_make_training_hardware_flops(tmp_path: Path) -> None:
+    """The decoder layers' forward runs again, the LM head's does not: of the 9168,
+    the layers' 3·(4·320 + 16·10 + 3·320 + 16·6) = 7488 become 4/3 of it, 9984; the
+    head's 3·7·80 = 1680 stay: 11664."""
     values = _records(_run(tmp_path, _config(recompute=True), iterations=2))[0]["values"]
-    assert values["train_flops"] == 4 * 9168 // 3 and "train_mfu" not in values
-    assert values["train_hfu"] == pytest.approx(12224 / 0.002 / 1e7, rel=1e-12)
-    assert values["rollout_mfu"] == pytest.approx(0.2816, rel=1e-12)
+    assert values["train_flops"] == 11664 and "train_mfu" not in values
+    assert values["train_hfu"] == pytest.approx(11664 / 0.002 / 1e7, rel=1e-12)
+    assert values["rollout_mfu"] == pytest.approx(0.2064, rel=1e-12)
+
+
+def test_completion_logits_put_the_lm_head_on_the_tokens_after_the_prompt(
+    tmp_path: Path,
+) -> None:
+    """``logits: "completion"`` (GRPO's log-probabilities): with prompts of 1 and 2 the
+    head runs on 2 + 2 tokens, not 7: 7488 + 3·4·80 = 8448. Samples without prompt
+    lengths are charged the head on every token, and said to be."""
+    config = _config(logits="completion")
+    values = _records(_run(tmp_path / "a", config, 2, train_prompts=(1, 2)))[0]["values"]
+    assert values["train_flops"] == 8448
+    assert values["train_mfu"] == pytest.approx(0.4224, rel=1e-12)
+    record = _records(_run(tmp_path / "b", config, 2))[0]
+    assert record["values"]["train_flops"] == 9168
+    assert record["attrs"]["samples_without_prompt_lengths"] == {"train": 2}
+    summary = orjson.loads((tmp_path / "a" / "r" / "summary.json").read_bytes())["mfu"]
+    assert summary["logits"] == "completion"
 
 
 def test_an_unknown_device_gives_flops_and_no_mfu_saying_why(tmp_path: Path) -> None:
@@ -207,6 +249,7 @@ def test_a_model_without_a_formula_abstains_in_the_summary(tmp_path: Path) -> No
         ({"peak_flops": None, "device": "x", "peak_source": "y"}, "give both"),
         ({"dtype": ""}, "config.mfu.dtype must be a non-empty string"),
         ({"recompute": 1}, "recompute must be true or false"),
+        ({"logits": "prompt"}, 'config.mfu.logits must be "all"'),
         ({"peak": 1}, "config.mfu must be an object with keys among"),
     ],
 )
@@ -230,9 +273,9 @@ def test_the_report_shows_each_phases_mfu_and_its_peak(tmp_path: Path) -> None:
     header = next(line for line in lines if line.startswith("iter"))
     assert header.endswith("rollout MFU %  train MFU %")
     row = next(line for line in lines if line.split()[:1] == ["1"])
-    assert row.split()[-2:] == ["28.2", "45.8"]
+    assert row.split()[-2:] == ["20.6", "45.8"]
     assert (
-        "MFU                 rollout 28.2% (2.82 MFLOP/s/device), train 45.8% "
+        "MFU                 rollout 20.6% (2.06 MFLOP/s/device), train 45.8% "
         "(4.58 MFLOP/s/device) (steady state)" in lines
     )
     assert (
@@ -253,3 +296,97 @@ def test_without_a_peak_the_report_has_no_mfu_column_and_says_why(tmp_path: Path
         "peaks (H100, H200, A100, L40S, B200, GB200, MI300X); pass its dense peak "
         "(peak_flops=), from its datasheet without sparsity"
     )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {**SHAPE.to_dict(), "layer_types": [["full_attention"]]},  # (unhashable entries)
+        {**SHAPE.to_dict(), "layer_types": [{"kind": "full_attention"}]},
+        {**SHAPE.to_dict(), "mlp": [[192]]},
+    ],
+)
+def test_a_malformed_model_shape_abstains_naming_the_key(tmp_path: Path, model: Any) -> None:
+    run_dir = _run(tmp_path, _config(model=model), iterations=1)
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())["mfu"]
+    assert summary["abstained"].startswith("config.mfu.model.")
+
+
+def test_a_device_without_a_rate_for_the_dtype_has_no_peak_source(tmp_path: Path) -> None:
+    config = _config(device="NVIDIA A100-SXM4-80GB", dtype="float8")
+    del config["mfu"]["peak_flops"]
+    attrs = _records(_run(tmp_path, config, iterations=2))[0]["attrs"]
+    assert attrs["peak_flops_per_s"] is None and attrs["peak_source"] is None
+    assert "NVIDIA A100 has no float8 rate in its datasheet (https://" in attrs["abstained"]
+
+
+def test_samples_of_an_iteration_never_started_are_not_the_next_segments(
+    tmp_path: Path,
+) -> None:
+    """Samples sent ahead for iteration 2, which the segment never starts, count in the
+    run's figures only; the next segment's iteration 2 has its own samples' FLOPs."""
+    clock = ManualClock(10**9)
+
+    def segment(first: int, ahead: bool) -> None:
+        with RunSession(
+            out_dir=tmp_path,
+            run_id="r",
+            config=_config(),
+            clock=clock,
+            wall_clock=lambda: 1_700_000_000 * 10**9 + clock(),
+            autoload=True,
+            background_writer=False,
+            resume=True,
+        ) as run:
+            for i in range(first, first + 2):
+                run.bus.iteration_started(i)
+                with run.recorder.span("train.fwd"):
+                    clock.advance(2 * MS)
+                run.bus.samples(iteration=i, phase="train", lengths=[3, 4])
+            if ahead:
+                run.bus.samples(iteration=first + 2, phase="train", lengths=[3])
+
+    segment(0, ahead=True)
+    segment(2, ahead=False)
+    records = {r["iteration"]: r["values"] for r in _records(tmp_path / "r")}
+    assert records[2]["train_flops"] == records[3]["train_flops"] == 9168
+    run = _records(tmp_path / "r", "run")[-1]  # (each segment's end has one)
+    assert run["values"]["train_flops"] == 4 * 9168 + 3888  # (and the unstarted sample)
+    replay(tmp_path / "r" / "events.jsonl", tmp_path / "replayed")
+    for name in ("metrics_raw.jsonl", "summary.json"):
+        assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "r" / name).read_bytes()
+
+
+def test_without_config_mfu_the_observer_needs_no_timeline_and_mfu_is_a_callers_kind(
+    tmp_path: Path,
+) -> None:
+    """A run without ``config.mfu`` may block the timeline (and what reads it); a
+    caller's scalars named ``mfu`` are the caller's, shown in the report as such."""
+    from twinkle.report import format_report, load_report
+
+    blocked = ("timeline", "timing", "throughput", "memory", "scalars")
+    with RunSession(out_dir=tmp_path / "a", run_id="r", autoload=True, blocked=list(blocked)):
+        pass
+    config = _config()
+    del config["mfu"]
+    with RunSession(out_dir=tmp_path / "b", run_id="r", config=config, autoload=True) as run:
+        for i in range(3):
+            run.bus.iteration_started(i)
+            run.bus.scalars(iteration=i, name="mfu", values={"reward": 0.5 + i})
+    report = load_report(tmp_path / "b" / "r")
+    assert report["reward"] == "mfu.reward"
+    assert [row.get("reward") for row in report["iterations"]] == [0.5, 1.5, 2.5]
+    assert "phase_mfu" not in report["iterations"][0]
+    header = next(x for x in format_report(report).splitlines() if x.startswith("iter"))
+    assert "MFU" not in header
+
+
+def test_samples_without_prompt_lengths_log_no_such_key(tmp_path: Path) -> None:
+    """Logs from before ``prompt_lengths`` have none: a sample without them is logged
+    as they were, so replaying an old log writes it byte for byte."""
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
+        run.bus.samples(iteration=0, phase="p", lengths=[3, 4])
+        run.bus.samples(iteration=0, phase="p", lengths=[3, 4], prompt_lengths=[1, 2])
+    lines = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
+    samples = [orjson.loads(x) for x in lines if b'"type":"samples"' in x]
+    assert "prompt_lengths" not in samples[0] and samples[1]["prompt_lengths"] == [1, 2]

@@ -10,6 +10,8 @@ Its shape::
       "peak_flops": null,          # or the dense peak per device, FLOP/s (wins)
       "peak_source": null,         # with peak_flops: where it comes from
       "recompute": false,          # activation recomputation: training's figure is HFU
+      "logits": "all",             # or "completion": training's LM head runs on the
+                                   # tokens after the prompt only (GRPO's log-probs)
       "training": "train",         # the phases; default: config.streaming's
       "generation": "rollout"
     }
@@ -38,6 +40,7 @@ _KEYS = (
     "peak_flops",
     "peak_source",
     "recompute",
+    "logits",
     "training",
     "generation",
 )
@@ -47,14 +50,15 @@ _KEYS = (
 class MfuConfig:
     """Parsed ``config.mfu``: the model's shape (None: not readable, ``reason`` says
     why), the peak per device (its ``flops_per_s`` None: none, its ``reason`` says why),
-    whether training recomputes activations, and each phase's work (``"training"`` or
-    ``"generation"``)."""
+    whether training recomputes activations, whether its LM head runs on the completion
+    tokens only, and each phase's work (``"training"`` or ``"generation"``)."""
 
     shape: ModelShape | None
     peak: Peak
     recompute: bool
     phases: dict[str, str]
     reason: str | None = None
+    completion_logits: bool = False
 
     @classmethod
     def parse(
@@ -78,7 +82,14 @@ class MfuConfig:
         recompute = raw.get("recompute", False)
         if type(recompute) is not bool:
             raise ConfigError(f"config.mfu.recompute must be true or false, got {recompute!r}")
-        return cls(shape, _peak(raw), recompute, _phases(raw, throughput, streaming), reason)
+        logits = raw.get("logits", "all")
+        if logits not in ("all", "completion"):
+            raise ConfigError(
+                f'config.mfu.logits must be "all" (training computes every token\'s '
+                f'logits) or "completion" (only the completion\'s), got {logits!r:.100}'
+            )
+        phases = _phases(raw, throughput, streaming)
+        return cls(shape, _peak(raw), recompute, phases, reason, logits == "completion")
 
     def abstention(self) -> str | None:
         """Why there is no MFU (no model shape, no peak), or None."""
@@ -154,6 +165,7 @@ def mfu_config(
     peak_flops: float | None = None,
     peak_source: str | None = None,
     recompute: bool = False,
+    logits: str = "all",
     training: str | None = None,
     generation: str | None = None,
 ) -> dict[str, Any]:
@@ -161,7 +173,10 @@ def mfu_config(
     :func:`~twinkle.metric.model_shape` reads it) or a
     :class:`~twinkle.metric.ModelShape`. ``dtype`` (``"bfloat16"``, ``torch.bfloat16``)
     and ``device`` (``torch.cuda.get_device_name()``) find the peak, or ``peak_flops``
-    (FLOP/s per device, dense) gives it; the phases default to ``config.streaming``'s.
+    (FLOP/s per device, dense) gives it; ``recompute``: activation recomputation (the
+    decoder layers' forward runs again in the backward); ``logits="completion"``:
+    training's LM head runs on the completion tokens only (the train samples carry
+    their prompt lengths); the phases default to ``config.streaming``'s.
     A model without a formula raises :class:`~twinkle.errors.InvalidArgumentError`
     naming its type."""
     shape = model if isinstance(model, ModelShape) else model_shape(model)
@@ -176,4 +191,6 @@ def mfu_config(
     section.update({k: v for k, v in optional.items() if v is not None})
     if recompute:
         section["recompute"] = True
+    if logits != "all":
+        section["logits"] = logits
     return section

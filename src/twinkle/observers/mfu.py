@@ -3,8 +3,9 @@ time it had, against the devices' peak (docs/metrics.md, "Model FLOPs utilisatio
 
 With ``config.mfu`` (:mod:`twinkle.observers._mfu_config`), each sample of a training
 or generation phase's tag costs the FLOPs :mod:`twinkle.metric.flops` gives for its
-length (training: forward and backward over the whole sequence; generation: prefill
-and decode, the LM head on the completion's tokens). Per iteration one ``mfu`` record:
+length (training: forward and backward over the whole sequence, the LM head on every
+token or, with ``logits: "completion"``, the completion's; generation: prefill and
+decode, the LM head on the completion's tokens). Per iteration one ``mfu`` record:
 per phase the FLOPs of the iteration's samples over the phase's attributed logical
 seconds times its devices (the throughput record's ``device_seconds``), the FLOP/s per
 device, and their share of the peak. At the finish one ``mfu`` record of scope ``run``:
@@ -41,7 +42,7 @@ OVER_PEAK = (
 
 class SampleFlops:
     """One sample's FLOPs for a model shape, by its length and prompt: the sums of
-    :func:`~twinkle.metric.forward_flops` and :func:`~twinkle.metric.generation_flops`
+    :func:`~twinkle.metric.training_flops` and :func:`~twinkle.metric.generation_flops`
     with each layer's per-token and attention terms added up once."""
 
     def __init__(self, shape: ModelShape, recompute: bool) -> None:
@@ -61,11 +62,14 @@ class SampleFlops:
             total += self.sliding * (c * (c + 1) // 2 + (n - c) * w)
         return self.per_key * total
 
-    def training(self, n: int) -> int:
-        return self.passes * (n * (self.linear + self.head) + self._attention(n))
+    def training(self, n: int, prompt: int = 0) -> int:
+        """Training on ``n`` tokens, the LM head on those after ``prompt``."""
+        return self.passes * (n * self.linear + self._attention(n)) + 3 * (n - prompt) * self.head
 
     def generation(self, n: int, prompt: int) -> int:
-        return n * self.linear + self._attention(n) + (n - prompt) * self.head
+        """Generating ``n - prompt`` tokens after ``prompt``: the last one is never fed."""
+        fed = n - 1 if n > prompt else n
+        return fed * self.linear + self._attention(fed) + (n - prompt) * self.head
 
 
 class _Totals:
@@ -104,7 +108,8 @@ class MfuObserver:
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:
-        self.timeline = timeline_for(context, "mfu")
+        if context.config.get("mfu") is not None:  # (else idle: a timeline not needed)
+            self.timeline = timeline_for(context, "mfu")
 
     @hookimpl
     def twinkle_run_started(self, event: RunStarted) -> None:
@@ -127,14 +132,15 @@ class MfuObserver:
             if throughput[phase].samples != event.phase:
                 continue
             part = _Totals()
-            lengths, prompts = event.lengths, event.prompt_lengths
+            lengths, prompts = event.lengths, event.prompt_lengths or ()
             part.tokens = sum(lengths)
-            if work == "training":
+            cost = flops.generation if work == "generation" else flops.training
+            if work == "training" and not config.completion_logits:
                 part.flops = sum(map(flops.training, lengths))
             elif prompts:
-                part.flops = sum(map(flops.generation, lengths, prompts))
-            else:
-                part.flops = sum(flops.generation(n, 0) for n in lengths)
+                part.flops = sum(map(cost, lengths, prompts))
+            else:  # (the LM head on every token: counted as such, and said)
+                part.flops = sum(cost(n, 0) for n in lengths)
                 part.no_prompt = len(lengths)
             self.run[phase].add(part)
             upto = self.timeline.finalised_upto
@@ -149,6 +155,10 @@ class MfuObserver:
     @hookimpl
     def twinkle_run_finished(self, event: RunFinished) -> list[MetricRecord]:
         records = self._emit(self.timeline.finished, event.monotonic_ns)
+        # Iterations the segment never started are no window's (the timeline's
+        # "unstarted"): their samples count in the run's figures only, and a later
+        # segment that reuses their numbers starts them afresh.
+        self.pending.clear()
         config, run = self.config, self.timeline.run
         if config is None or self.flops is None or run is None:
             return records
@@ -279,6 +289,7 @@ class MfuObserver:
                     "lm_head_flops_per_token": shape.lm_head,
                 },
                 "recompute": config.recompute,
+                "logits": "completion" if config.completion_logits else "all",
                 "phases": {
                     p: {"work": work, "figure": config.key(p)} for p, work in config.phases.items()
                 },

@@ -264,8 +264,10 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     throughput = [p for p in config.get("throughput", {}) if p in phases]
     streaming = config.get("streaming") or {}
     pair = (streaming.get("generation"), streaming.get("training"))
-    # The caller's scalars: every record of a kind the built-in observers do not make.
-    own = BUILTIN_KINDS | set(config.get("throughput", {})) | {"mfu"}
+    # The caller's scalars: every record of a kind the built-in observers do not make
+    # (under this configuration: "mfu" only with config.mfu).
+    mfu_kind = "mfu" if config.get("mfu") is not None else None
+    own = BUILTIN_KINDS | set(config.get("throughput", {})) | {mfu_kind}
     scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in own]
     reward_at = _reward(scalars, reward)
     by_it: dict[int, dict[str, Any]] = {}
@@ -280,7 +282,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         elif r["kind"] in throughput:
             per_phase = row.setdefault("phase_tokens_per_s_per_device", {})
             per_phase[r["kind"]] = values.get("tokens_per_s_per_device")
-        elif r["kind"] == "mfu":
+        elif r["kind"] == mfu_kind:
             row["phase_mfu"] = _utilisation(values)
         elif r["kind"] == "timing":
             row["window_flags"] = list(r["attrs"].get("window_flags", []))
