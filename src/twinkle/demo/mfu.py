@@ -11,7 +11,6 @@ product labelled as measured). A resumed demo keeps the section its run began wi
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,9 @@ from typing import Any
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.task import VOCAB
-from twinkle.errors import TwinkleError
-from twinkle.events import RunStarted, read_back
 from twinkle.metric import ModelShape, model_shape
 from twinkle.observers import EVENTS_FILE, mfu_config
-from twinkle.run import iter_events
+from twinkle.run import started_config
 
 __all__ = ["MEASURED", "demo_mfu", "tiny_decoder_shape"]
 
@@ -52,13 +49,10 @@ def demo_mfu(
     """The demo's ``config.mfu``: a continued run's as its first segment had it (none
     when it had none), else one for ``cfg``'s model on the CPU in float32, with
     ``peak_flops`` (a number, :data:`MEASURED` or None: no peak)."""
-    if logged is not None and logged.is_file():
-        with contextlib.suppress(TwinkleError):  # (the session says what is wrong with it)
-            for event in iter_events(logged):
-                if isinstance(event, RunStarted):
-                    section = read_back(event.config).get("mfu")
-                    return section if isinstance(section, dict) else None
-                break
+    began = None if logged is None else started_config(logged)
+    if began is not None:
+        section = began.get("mfu")
+        return section if isinstance(section, dict) else None
     shape = (
         model_shape(TinyLlamaSpec().config_dict())
         if cfg.engine == "vllm"

@@ -3,7 +3,7 @@
 
 from twinkle.run._checkpoint import CHECKPOINT_FILE
 from twinkle.run._config import check_config
-from twinkle.run._replay import ReplayResult, iter_events, replay
+from twinkle.run._replay import ReplayResult, iter_events, replay, started_config
 from twinkle.run._run import Run, RunState
 from twinkle.run._session import Resumed, RunSession, new_run_id
 from twinkle.run._signals import SignalGuard, SignalInterrupt, finish_on_signals
@@ -24,4 +24,5 @@ __all__ = [
     "iter_events",
     "new_run_id",
     "replay",
+    "started_config",
 ]

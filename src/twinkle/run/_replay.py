@@ -37,7 +37,14 @@ from twinkle.errors import (
     TwinkleError,
     WriteError,
 )
-from twinkle.events import Event, RunFinished, RunResumed, RunStarted, event_from_dict
+from twinkle.events import (
+    Event,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    event_from_dict,
+    read_back,
+)
 from twinkle.hookspecs import RunContext
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
@@ -216,6 +223,16 @@ def iter_events(
     :func:`replay`. ``after`` = (byte offset, events before it): only the events from
     that line on (a checkpoint's tail)."""
     return _EventLog(_log_path(path), after=after)
+
+
+def started_config(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """The configuration the run whose log is at ``path`` (``events.jsonl`` or its run
+    directory) began with, as its ``run_started`` carries it; None when there is no log
+    or its first line is no ``run_started`` (a resume of it says what is wrong)."""
+    with contextlib.suppress(TwinkleError):  # (no log there, or not one to read)
+        for event in iter_events(path):
+            return read_back(event.config) if isinstance(event, RunStarted) else None
+    return None
 
 
 class _Staging:
