@@ -6,6 +6,7 @@ boundaries, the trainer left as it was, failures finishing the run with its reco
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -551,8 +552,11 @@ def test_each_phases_flops_recompute_from_the_samples_and_a_cpu_abstains(
         rollout = [s for s in samples if s["iteration"] == iteration and s["phase"] == "rollout"]
         lengths = [n for s in train for n in s["lengths"]]
         recompute = trained.trainer.args.gradient_checkpointing  # (TRL's default: on)
+        # (GRPO computes the policy's logits on the completion tokens only)
+        train_prompts = [p for s in train for p in s["prompt_lengths"]]
+        assert 0 < sum(train_prompts) < sum(lengths)
         assert record["values"]["train_flops"] == training_flops(
-            shape, lengths, recompute=recompute
+            shape, lengths, recompute=recompute, prompt_lengths=train_prompts
         )
         prompts = [p for s in rollout for p in s["prompt_lengths"]]
         completions = [n - p for s in rollout for n, p in zip(s["lengths"], s["prompt_lengths"])]
@@ -585,3 +589,20 @@ def test_a_resume_that_would_change_the_mfu_says_why_and_what_to_do(
     assert caught.value.keys == ("mfu",)
     assert "the run began with MFU for 'cpu'" in str(caught.value)
     assert "its MFU may not change on resume" in str(caught.value)
+
+
+def test_a_resume_keeps_the_mfu_settings_the_run_began_with(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the callback detects (here gradient checkpointing turned off) may differ in
+    the process that resumes: the run keeps its MFU settings, and says so."""
+    out = str(tmp_path / "runs")
+    grpo(tmp_path, tokenizer, TwinkleCallback(out_dir=out, run_id="r"), steps=1).train()
+    again = TwinkleCallback(out_dir=out, run_id="r", resume=True)
+    with caplog.at_level(logging.WARNING, logger="twinkle.integrations.trl"):
+        grpo(tmp_path, tokenizer, again, steps=1, gradient_checkpointing=False).train()
+    assert "keeps the MFU settings it began with (recompute=True)" in caplog.text
+    assert "this process detects recompute=None" in caplog.text
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert [s["status"] for s in summary["segments"]] == ["ok", "ok"]
+    assert summary["mfu"]["recompute"] is True and summary["mfu"]["logits"] == "completion"

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError, ResumeConfigError
 from twinkle.metric import model_shape
 from twinkle.observers import mfu_config
+from twinkle.run import started_config
 
 __all__ = ["observer_config", "positive", "resume_fix", "trl_mfu"]
 
@@ -57,12 +59,45 @@ def observer_config(
     return config
 
 
-def trl_mfu(trainer: Any, *, generates: bool, peak_flops: float | None) -> dict[str, Any] | None:
+def trl_mfu(trainer: Any, owner: Any, *, generates: bool) -> dict[str, Any] | None:
     """``config.mfu`` for ``trainer``: its model's shape (``model.config``), the dtype its
     matrix products run in (``bf16``/``fp16`` mixed precision, else the parameters', tf32
     when allowed), its device as torch names it, activation recomputation
-    (``gradient_checkpointing``: HFU) and the phases ``train`` and (generating) ``rollout``.
-    None, logged, when the model has no FLOPs formula: the run goes on without MFU."""
+    (``gradient_checkpointing``: HFU) and the phases ``train`` and (generating)
+    ``rollout``; a generating trainer's LM head runs on the completion tokens only
+    (``logits_to_keep``). None, logged, when the model has no FLOPs formula: the run goes
+    on without MFU. ``owner`` (the :class:`TwinkleCallback`) gives the ``peak_flops``
+    and where the run's log is: a run that resumes keeps the section it began with, or
+    none, since its MFU may not change on resume: what this process detects otherwise
+    is logged. A ``peak_flops`` given that the run did not begin with is the caller's to
+    change: the resume is refused, saying why."""
+    peak_flops = owner.peak_flops
+    detected = _detect_mfu(trainer, generates=generates, peak_flops=peak_flops)
+    began = None
+    if owner.out_dir is not None and owner.run_id is not None:
+        began = started_config(Path(owner.out_dir) / owner.run_id)
+    if began is None:
+        return detected
+    section = began.get("mfu")
+    kept: dict[str, Any] = section if isinstance(section, dict) else {}
+    if peak_flops is not None and kept.get("peak_flops") != peak_flops:
+        return detected  # (the session refuses it, naming what the run began with)
+    changed = sorted(
+        k for k in {*kept, *(detected or {})} if kept.get(k) != (detected or {}).get(k)
+    )
+    if detected is not None and changed:
+        log.warning(
+            "twinkle: the resumed run keeps the MFU settings it began with (%s); this "
+            "process detects %s: start a new run (another run_id) to have them",
+            ", ".join(f"{k}={short_repr(kept.get(k))}" for k in changed) if kept else "no MFU",
+            ", ".join(f"{k}={short_repr(detected.get(k))}" for k in changed),
+        )
+    return kept or None
+
+
+def _detect_mfu(
+    trainer: Any, *, generates: bool, peak_flops: float | None
+) -> dict[str, Any] | None:
     import torch
 
     model = getattr(trainer, "model", None)
@@ -86,6 +121,7 @@ def trl_mfu(trainer: Any, *, generates: bool, peak_flops: float | None) -> dict[
         device=name,
         peak_flops=peak_flops,
         recompute=bool(getattr(args, "gradient_checkpointing", False)),
+        logits="completion" if generates else "all",
         training="train",
         generation="rollout" if generates else None,
     )

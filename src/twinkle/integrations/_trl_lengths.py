@@ -1,5 +1,6 @@
-"""How a TRL run's token lengths are read: each training sample's from its prepared
-batch, each completion's (and its prompt's) from ``_generate``'s result."""
+"""How a TRL run's token lengths are read: each training sample's (and its prompt's)
+from its prepared batch, each completion's (and its prompt's) from ``_generate``'s
+result."""
 
 from __future__ import annotations
 
@@ -12,28 +13,41 @@ from twinkle.errors import TwinkleError
 __all__ = ["length_sums", "plain_lengths", "rollout_lengths"]
 
 
-def length_sums(batch: Any) -> Any:
-    """Each sample's tokens in a prepared training batch, not yet read off the device
+def length_sums(batch: Any) -> tuple[Any, Any] | None:
+    """Each sample's tokens in a prepared training batch and, where the batch tells them
+    apart (TRL's prompt and completion masks), its prompt's, not yet read off the device
     (``plain_lengths`` reads them at the step's end): prompt + completion mask tokens
     (TRL), attention-mask tokens, or the ``input_ids`` width; None when unknown."""
     if not isinstance(batch, Mapping):
         return None
     if "prompt_mask" in batch and "completion_mask" in batch:
-        return batch["prompt_mask"].sum(-1) + batch["completion_mask"].sum(-1)
+        prompts = batch["prompt_mask"].sum(-1)
+        return prompts + batch["completion_mask"].sum(-1), prompts
     mask = batch.get("attention_mask")
     if mask is not None and getattr(mask, "ndim", 0) == 2:
-        return mask.sum(-1)
+        return mask.sum(-1), None
     ids = batch.get("input_ids")
     if ids is not None and getattr(ids, "ndim", 0) == 2:
-        return [int(ids.shape[1])] * int(ids.shape[0])
+        return [int(ids.shape[1])] * int(ids.shape[0]), None
     return None
 
 
-def plain_lengths(sums: list[Any]) -> list[int]:
+def plain_lengths(sums: list[tuple[Any, Any]]) -> tuple[list[int], list[int]]:
+    """The samples' lengths of a step's micro-batches (:func:`length_sums`), and their
+    prompts' when every micro-batch gave them (else none)."""
     lengths: list[int] = []
-    for part in sums:
-        lengths.extend(int(n) for n in (part.tolist() if hasattr(part, "tolist") else part))
-    return lengths
+    prompts: list[int] | None = []
+    for part, prompt in sums:
+        lengths.extend(_ints(part))
+        if prompts is not None and prompt is not None:
+            prompts.extend(_ints(prompt))
+        else:
+            prompts = None
+    return lengths, prompts or []
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(n) for n in (values.tolist() if hasattr(values, "tolist") else values)]
 
 
 def rollout_lengths(trainer: str, out: Any) -> tuple[list[int], list[int]]:
