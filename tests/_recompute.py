@@ -456,7 +456,7 @@ def check_mfu(
             mine = [e for e in samples if e["iteration"] == it and e["phase"] == spec["samples"]]
             lengths = [n for e in mine for n in e["lengths"]]
             # (a sample without prompt lengths: the LM head on each of its tokens)
-            prompts = [p for e in mine for p in e.get("prompt_lengths", [0] * len(e["lengths"]))]
+            prompts = [p for e in mine for p in e.get("prompt_lengths") or [0] * len(e["lengths"])]
             if kind == "training":
                 head_on_all = mfu.get("logits", "all") == "all"
                 flops = training_flops(

@@ -602,7 +602,57 @@ def test_a_resume_keeps_the_mfu_settings_the_run_began_with(
     with caplog.at_level(logging.WARNING, logger="twinkle.integrations.trl"):
         grpo(tmp_path, tokenizer, again, steps=1, gradient_checkpointing=False).train()
     assert "keeps the MFU settings it began with (recompute=True)" in caplog.text
-    assert "this process detects recompute=None" in caplog.text
+    assert "this process detects recompute=False" in caplog.text
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
     assert [s["status"] for s in summary["segments"]] == ["ok", "ok"]
     assert summary["mfu"]["recompute"] is True and summary["mfu"]["logits"] == "completion"
+
+
+def test_sft_with_a_completion_only_loss_counts_the_lm_head_on_the_completion(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """TRL's SFT scores only the labelled positions (its fused LM head): a train sample's
+    prompt is its tokens before the first label, and its FLOPs charge the head on the
+    rest. A digit, <s>, <sep> and </s> are a token each: '<s>12<sep>' + '21</s>' is 7
+    tokens after a prompt of 4; '<s>3456<sep>' + '6543</s>' 11 after 6; '<s>7<sep>' +
+    '7</s>' 5 after 3."""
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_dict(
+        {
+            "prompt": ["<s>12<sep>", "<s>3456<sep>", "<s>7<sep>"] * 4,
+            "completion": ["21</s>", "6543</s>", "7</s>"] * 4,
+        }
+    )
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"))
+    trainer = SFTTrainer(
+        model=tiny_llama(seed=1),
+        processing_class=tokenizer,
+        train_dataset=data,
+        args=SFTConfig(
+            output_dir=str(tmp_path / "sft"),
+            per_device_train_batch_size=3,
+            max_steps=2,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        callbacks=[callback],
+    )
+    trainer.train()
+    got = _read(trainer, callback, tmp_path / "runs")
+    train = [e for e in got.of_type("samples") if e["phase"] == "train"]
+    pairs = {(n, p) for e in train for n, p in zip(e["lengths"], e["prompt_lengths"])}
+    assert pairs == {(7, 4), (11, 6), (5, 3)}
+    assert got.summary["mfu"]["logits"] == "completion"
+    shape = model_shape(trainer.model.config)
+    records = [json.loads(x) for x in (got.run_dir / "metrics_raw.jsonl").read_text().splitlines()]
+    for r in (r for r in records if r["kind"] == "mfu" and r["scope"] == "iteration"):
+        mine = [e for e in train if e["iteration"] == r["iteration"]]
+        assert r["values"]["train_flops"] == training_flops(
+            shape,
+            [n for e in mine for n in e["lengths"]],
+            recompute=bool(trainer.args.gradient_checkpointing),
+            prompt_lengths=[p for e in mine for p in e["prompt_lengths"]],
+        )

@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from twinkle.errors import ConfigError, RecordError
+from twinkle.events import dumps_event, event_from_dict
 from twinkle.metric import (
     ModelShape,
     forward_flops,
@@ -323,8 +324,10 @@ def test_a_device_without_a_rate_for_the_dtype_has_no_peak_source(tmp_path: Path
 def test_samples_of_an_iteration_never_started_are_not_the_next_segments(
     tmp_path: Path,
 ) -> None:
-    """Samples sent ahead for iteration 2, which the segment never starts, count in the
-    run's figures only; the next segment's iteration 2 has its own samples' FLOPs."""
+    """A rollout generated ahead for iteration 2, which the segment never starts (a
+    streaming run stopped), is work done in the run: it counts in the run's figures
+    (848 FLOPs: 2 positions fed after a 1-token prompt), not in the next segment's
+    iteration 2, which has only its own samples."""
     clock = ManualClock(10**9)
 
     def segment(first: int, ahead: bool) -> None:
@@ -344,14 +347,19 @@ def test_samples_of_an_iteration_never_started_are_not_the_next_segments(
                     clock.advance(2 * MS)
                 run.bus.samples(iteration=i, phase="train", lengths=[3, 4])
             if ahead:
-                run.bus.samples(iteration=first + 2, phase="train", lengths=[3])
+                with run.recorder.span("generate", iteration=first + 2):
+                    clock.advance(1 * MS)
+                run.bus.samples(
+                    iteration=first + 2, phase="rollout", lengths=[3], prompt_lengths=[1]
+                )
 
     segment(0, ahead=True)
     segment(2, ahead=False)
     records = {r["iteration"]: r["values"] for r in _records(tmp_path / "r")}
     assert records[2]["train_flops"] == records[3]["train_flops"] == 9168
+    assert records[2]["rollout_flops"] == records[3]["rollout_flops"] == 0
     run = _records(tmp_path / "r", "run")[-1]  # (each segment's end has one)
-    assert run["values"]["train_flops"] == 4 * 9168 + 3888  # (and the unstarted sample)
+    assert run["values"]["train_flops"] == 4 * 9168 and run["values"]["rollout_flops"] == 848
     replay(tmp_path / "r" / "events.jsonl", tmp_path / "replayed")
     for name in ("metrics_raw.jsonl", "summary.json"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "r" / name).read_bytes()
@@ -390,3 +398,12 @@ def test_samples_without_prompt_lengths_log_no_such_key(tmp_path: Path) -> None:
     lines = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
     samples = [orjson.loads(x) for x in lines if b'"type":"samples"' in x]
     assert "prompt_lengths" not in samples[0] and samples[1]["prompt_lengths"] == [1, 2]
+    # A line of the twinkle that logged none as [] reads back, and is written so again
+    older = next(x for x in lines if b'"type":"samples"' in x).replace(
+        b',"groups":0}', b',"groups":0,"prompt_lengths":[]}'
+    )
+    assert b'"prompt_lengths":[]' in older
+    data = orjson.loads(older)
+    del data["seq"]  # (the log's, not the event's)
+    event = event_from_dict(data)
+    assert event.prompt_lengths == () and dumps_event(event) == orjson.dumps(data)

@@ -271,8 +271,8 @@ class SamplesObserved(Event, tag="samples", frozen=True):
 
     def __post_init__(self) -> None:
         prompts, lengths = self.prompt_lengths, self.lengths
-        if isinstance(prompts, msgspec.UnsetType):
-            return
+        if isinstance(prompts, msgspec.UnsetType) or not prompts:
+            return  # (none; logs of twinkle 78528b1 to 7490213 wrote [] for none)
         if len(prompts) != len(lengths):
             raise RecordError(
                 f"samples.prompt_lengths has {len(prompts)} entries for {len(lengths)} "

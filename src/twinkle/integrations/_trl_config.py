@@ -17,7 +17,7 @@ from twinkle.metric import model_shape
 from twinkle.observers import mfu_config
 from twinkle.run import started_config
 
-__all__ = ["observer_config", "positive", "resume_fix", "trl_mfu"]
+__all__ = ["fused_head", "observer_config", "positive", "resume_fix", "trl_mfu"]
 
 log = logging.getLogger("twinkle.integrations.trl")
 
@@ -59,13 +59,21 @@ def observer_config(
     return config
 
 
+def fused_head(trainer: Any) -> bool:
+    """Whether ``trainer`` is one of TRL's (or subclasses one): their fused LM head
+    (``fused_lm_head=True``: GRPO, RLOO, SFT, DPO, KTO) scores only the positions with a
+    label on a GPU (elsewhere every position: the figure is then lower than the work),
+    so training's LM head is counted on the completion's tokens."""
+    return any(c.__module__.startswith("trl.") for c in type(trainer).__mro__)
+
+
 def trl_mfu(trainer: Any, owner: Any, *, generates: bool) -> dict[str, Any] | None:
     """``config.mfu`` for ``trainer``: its model's shape (``model.config``), the dtype its
     matrix products run in (``bf16``/``fp16`` mixed precision, else the parameters', tf32
     when allowed), its device as torch names it, activation recomputation
     (``gradient_checkpointing``: HFU) and the phases ``train`` and (generating)
-    ``rollout``; a generating trainer's LM head runs on the completion tokens only
-    (``logits_to_keep``). None, logged, when the model has no FLOPs formula: the run goes
+    ``rollout``; a TRL trainer's LM head runs on the completion tokens only
+    (:func:`fused_head`). None, logged, when the model has no FLOPs formula: the run goes
     on without MFU. ``owner`` (the :class:`TwinkleCallback`) gives the ``peak_flops``
     and where the run's log is: a run that resumes keeps the section it began with, or
     none, since its MFU may not change on resume: what this process detects otherwise
@@ -82,17 +90,23 @@ def trl_mfu(trainer: Any, owner: Any, *, generates: bool) -> dict[str, Any] | No
     kept: dict[str, Any] = section if isinstance(section, dict) else {}
     if peak_flops is not None and kept.get("peak_flops") != peak_flops:
         return detected  # (the session refuses it, naming what the run began with)
-    changed = sorted(
-        k for k in {*kept, *(detected or {})} if kept.get(k) != (detected or {}).get(k)
-    )
-    if detected is not None and changed:
-        log.warning(
-            "twinkle: the resumed run keeps the MFU settings it began with (%s); this "
-            "process detects %s: start a new run (another run_id) to have them",
-            ", ".join(f"{k}={short_repr(kept.get(k))}" for k in changed) if kept else "no MFU",
-            ", ".join(f"{k}={short_repr(detected.get(k))}" for k in changed),
-        )
+    if detected is not None:
+        before, now = {**_UNSAID, **kept}, {**_UNSAID, **detected}
+        changed = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        if changed:
+            log.warning(
+                "twinkle: the resumed run keeps the MFU settings it began with (%s); this "
+                "process detects %s: start a new run (another run_id) to have them",
+                ", ".join(f"{k}={short_repr(before.get(k))}" for k in changed)
+                if kept
+                else "no MFU",
+                ", ".join(f"{k}={short_repr(now.get(k))}" for k in changed),
+            )
     return kept or None
+
+
+#: what mfu_config leaves out of a section when it is so
+_UNSAID = {"recompute": False, "logits": "all"}
 
 
 def _detect_mfu(
@@ -121,7 +135,7 @@ def _detect_mfu(
         device=name,
         peak_flops=peak_flops,
         recompute=bool(getattr(args, "gradient_checkpointing", False)),
-        logits="completion" if generates else "all",
+        logits="completion" if generates or fused_head(trainer) else "all",
         training="train",
         generation="rollout" if generates else None,
     )

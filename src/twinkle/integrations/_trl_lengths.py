@@ -13,11 +13,13 @@ from twinkle.errors import TwinkleError
 __all__ = ["length_sums", "plain_lengths", "rollout_lengths"]
 
 
-def length_sums(batch: Any) -> tuple[Any, Any] | None:
+def length_sums(batch: Any, *, scored_labels: bool = False) -> tuple[Any, Any] | None:
     """Each sample's tokens in a prepared training batch and, where the batch tells them
-    apart (TRL's prompt and completion masks), its prompt's, not yet read off the device
-    (``plain_lengths`` reads them at the step's end): prompt + completion mask tokens
-    (TRL), attention-mask tokens, or the ``input_ids`` width; None when unknown."""
+    apart, its prompt's, not yet read off the device (``plain_lengths`` reads them at the
+    step's end): prompt + completion mask tokens (TRL's GRPO and RLOO), attention-mask
+    tokens, or the ``input_ids`` width; None when unknown. With ``scored_labels`` (TRL's
+    fused LM head, which scores only the positions whose next label is not -100: SFT
+    with a completion-only loss), a sample's tokens before those as its prompt."""
     if not isinstance(batch, Mapping):
         return None
     if "prompt_mask" in batch and "completion_mask" in batch:
@@ -25,7 +27,11 @@ def length_sums(batch: Any) -> tuple[Any, Any] | None:
         return prompts + batch["completion_mask"].sum(-1), prompts
     mask = batch.get("attention_mask")
     if mask is not None and getattr(mask, "ndim", 0) == 2:
-        return mask.sum(-1), None
+        lengths = mask.sum(-1)
+        labels = batch.get("labels") if scored_labels else None
+        if labels is not None and getattr(labels, "shape", None) == mask.shape:
+            return lengths, lengths - (labels[:, 1:] != -100).sum(-1)
+        return lengths, None
     ids = batch.get("input_ids")
     if ids is not None and getattr(ids, "ndim", 0) == 2:
         return [int(ids.shape[1])] * int(ids.shape[0]), None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle.checks import key_problem, plain_number
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError
-from twinkle.integrations._trl_config import observer_config, resume_fix, trl_mfu
+from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
 from twinkle.perf import SpanContext
@@ -50,6 +50,7 @@ class ObservedRun:
         self.owner = owner
         self.trainer = trainer
         self.generates = callable(getattr(trainer, "_generate", None))
+        self.scored_labels = fused_head(trainer)  # (its train samples' prompts: unlabelled)
         config = owner.config
         if config is None:
             devices = owner.devices
@@ -241,7 +242,7 @@ class ObservedRun:
             batch = original(*args, **kwargs)
             if self.in_training_step and "train.step" not in self.open:
                 with self.bus.own_work("trl.lengths"):
-                    sums = length_sums(batch)
+                    sums = length_sums(batch, scored_labels=self.scored_labels)
                 if sums is not None:
                     self.length_sums.append(sums)
                 elif not self.warned_lengths:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,8 @@ from twinkle.observers._config import ObserverConfig
 from twinkle.reporting import Backend, JsonlBackend, JsonlFileBackend, WebUIFlatBackend
 
 __all__ = ["RAW_FILE", "WEBUI_FILE", "RawRecordsSink", "WebUISink"]
+
+log = logging.getLogger("twinkle.observers")
 
 RAW_FILE = "metrics_raw.jsonl"
 WEBUI_FILE = "metrics.jsonl"
@@ -157,7 +160,16 @@ class _FileBackendSink:
             rebuilding[0].unlink(missing_ok=True)
         in_place, self._in_place = self._in_place, None
         if in_place is not None:  # the resume failed: the file is cut back to the mark
-            os.truncate(*in_place)
+            try:
+                os.truncate(*in_place)
+            except OSError as exc:  # (the resume's own error is the one to raise)
+                log.warning(
+                    "cannot cut %s back to the %d bytes its checkpoint covers (%s): the "
+                    "next resume rebuilds it from the event log",
+                    in_place[0],
+                    in_place[1],
+                    exc.strerror or exc,
+                )
 
 
 def _holds_just(path: Path, mark: Any) -> bool:
