@@ -250,18 +250,23 @@ def loads_event(line: bytes | str) -> Event:
     return _frozen(event)
 
 
-_PLAIN = frozenset({str, bool, type(None)})
-_INT64 = range(INT64_MIN, INT64_MAX + 1)
-
-
-def _plain(value: object) -> bool:
-    """A value the log reads back unchanged without a round trip (the common case)."""
-    kind = type(value)
-    return (
-        kind in _PLAIN
-        or (kind is int and value in _INT64)
-        or (kind is float and math.isfinite(value))  # type: ignore[arg-type]
-    )
+def _flat(attrs: Any) -> bool:
+    """Whether ``attrs`` has str keys and only values the log reads back unchanged
+    without a round trip: str, bool, None, 64-bit ints, finite floats (a loop, not a
+    generator over it: it runs per span of every batch)."""
+    for k, v in attrs.items():
+        if type(k) is not str:
+            return False
+        kind = type(v)
+        if kind is str or kind is bool or v is None:
+            continue
+        if kind is int:
+            if INT64_MIN <= v <= INT64_MAX:
+                continue
+            return False
+        if kind is not float or not math.isfinite(v):
+            return False
+    return True
 
 
 def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
@@ -277,7 +282,7 @@ def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
         if type(span) is not Span:
             continue  # validation names it
         attrs = span.attrs
-        if not attrs or all(type(k) is str and _plain(v) for k, v in attrs.items()):
+        if not attrs or _flat(attrs):
             continue  # the common case: flat str, bool, None, 64-bit ints, finite floats
         fixed: dict[str, Any] = {}
         bad: list[str] = []

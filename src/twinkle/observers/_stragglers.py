@@ -150,15 +150,16 @@ class StragglerLedger:
                 engine = attrs.get("engine")
                 if isinstance(engine, str) and engine:
                     worker = engine
-            by_worker = self.work[side].get(iteration)
+            by_iteration = self.work[side]
+            by_worker = by_iteration.get(iteration)
             if by_worker is None:
-                by_worker = self.work[side][iteration] = {}
+                by_worker = by_iteration[iteration] = {}
             work = by_worker.get(worker)
             if work is None:
                 work = by_worker[worker] = _Work()
             work.ns += span.end_ns - span.start_ns
             work.spans += 1
-            tokens = span.attrs.get("tokens")
+            tokens = attrs.get("tokens")
             if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
                 work.tokens += tokens
                 work.with_tokens += 1

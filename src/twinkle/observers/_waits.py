@@ -48,12 +48,13 @@ class PolicyAges:
     def spans(self, event: SpanBatch, config: ObserverConfig) -> None:
         if config.streaming is None:
             return
-        generation = config.streaming[0]
+        generation, phase_of = config.streaming[0], config.phase_of
         for span in event.spans:
-            if config.phase_of(span.name) != generation:
+            if phase_of(span.name) != generation:
                 continue
-            iteration = _int(span.attrs.get("iteration"))
-            version = _int(span.attrs.get("version"))
+            attrs = span.attrs
+            iteration = _int(attrs.get("iteration"))
+            version = _int(attrs.get("version"))
             if iteration is None or version is None:
                 continue
             if self.finalised is not None and iteration <= self.finalised:

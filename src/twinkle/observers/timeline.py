@@ -53,7 +53,6 @@ from twinkle.observers._measure import (
     Piece,
     WindowTiming,
     measure_window,
-    thread_key,
 )
 from twinkle.observers._waits import WAIT_PREFIX
 from twinkle.observers._workers import WorkerPiece, WorkerTiming, measure_workers
@@ -301,35 +300,45 @@ class Timeline:
             counts = self.sources[source] = [0, 0]
         counts[0] += len(event.spans)
         counts[1] += event.dropped
+        # (the loop runs per span of every worker report: what it reads, bound once)
+        pieces, open_ = self.pieces, self.open
+        teardown = self.config.teardown_phases
+        loop_work = self.config.is_loop_work if self._setup_open else None
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
             # A thread is one of its process's: idents of two processes may coincide.
-            thread = thread_key(span.pid, span.thread_id)
-            if span.name == OVERHEAD_SPAN:
+            thread = (span.pid << 64) | span.thread_id  # (thread_key, inlined)
+            name = span.name
+            if name == OVERHEAD_SPAN:
                 overhead.append((start, end, thread))
                 continue
-            phase = phase_of(span.name)
+            phase = phase_of(name)
+            attrs = span.attrs
             if horizon is not None and start < horizon:
                 # Its time before the horizon is in windows already written: late.
                 self.late_spans += 1
                 self.late_ns += min(end, horizon) - start
             # its start as placed in the windows: never before the horizon (a resumed
             # segment's set-up floor included)
-            placed = start if horizon is None else max(start, horizon)
+            placed = start if horizon is None or start >= horizon else horizon
             if horizon is None or end > horizon:
-                self.pieces.append((phase, placed, end, thread))
-                engine = span.attrs.get("engine")
-                name = span.name
+                pieces.append((phase, placed, end, thread))
+                engine = attrs.get("engine")
                 worker = engine if isinstance(engine, str) and engine else source
                 workers.append(
                     (worker, name if name.startswith(WAIT_PREFIX) else None, placed, end)
                 )
-            if self._setup_open and self.config.is_loop_work(phase):
+            if loop_work is not None and loop_work(phase):
                 first = self._first_work_ns
                 self._first_work_ns = placed if first is None else min(first, placed)
-            if phase is not None and phase in self.config.teardown_phases:
+            if phase is not None and phase in teardown:
                 self._teardown_starts.append(start)
-            self._attribute(span.attrs.get("iteration"), phase, start, end, span, thread=thread)
+            attr = attrs.get("iteration")
+            data = open_.get(attr) if type(attr) is int else None  # (the common case)
+            if data is not None:
+                data.spans.append((phase, start, end, span.error, thread, True))
+            else:
+                self._attribute(attr, phase, start, end, span, thread=thread)
 
     def _attribute(
         self, attr: object, phase: str | None, start: int, end: int, span: Any, *, thread: int

@@ -58,7 +58,7 @@ def check_sync(sync: object) -> Barrier | None:
     return cast("Barrier | None", sync)
 
 
-class Span(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Span(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One finished span, as returned by :meth:`TimeRecorder.drain`.
 
     A frozen :mod:`msgspec` struct: building one costs a tenth of a dataclass, and the
