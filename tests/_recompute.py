@@ -400,6 +400,8 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     )
     assert run["active_logical_seconds"] == _s(active_ns)
     it_records = {r["iteration"]: r for r in records if r["kind"] == "iteration"}
+    # the window's devices: the configuration's (the demo and one TRL process: 1)
+    devices = events[0]["config"].get("window", {}).get("devices", 1)
     flags = rc.flags()
     steady_tokens = steady_ns = 0
     for (it, _), w in zip(rc.boundaries, windows, strict=True):
@@ -407,7 +409,9 @@ def check_run(run_dir: Path) -> dict[str, Any]:
         values = it_records[it]["values"]
         assert values["tokens"] == tokens
         seconds = _s(w["wall"] - w["overhead"])
-        assert values["tokens_per_s_per_device"] == pytest.approx(tokens / seconds, rel=1e-15)
+        assert values["tokens_per_s_per_device"] == pytest.approx(
+            tokens / seconds / devices, rel=1e-15
+        )
         assert it_records[it]["attrs"]["window_flags"] == flags[it]
         assert values["steady"] == timing[it]["window_steady"] == int(not flags[it])
         if not flags[it]:
@@ -417,7 +421,9 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     tokens = sum(sum(v) for (_, tag), v in rc.samples.items() if tag == "rollout")
     assert window["tokens"] == tokens
     assert window["seconds"] == _s(active_ns)
-    assert window["tokens_per_s_per_device"] == pytest.approx(tokens / _s(active_ns), rel=1e-15)
+    assert window["tokens_per_s_per_device"] == pytest.approx(
+        tokens / _s(active_ns) / devices, rel=1e-15
+    )
     assert window["steady_iterations"] == sum(not f for f in flags.values())
     assert window["steady_tokens"] == steady_tokens
     assert window["steady_seconds"] == pytest.approx(_s(steady_ns), rel=1e-15)

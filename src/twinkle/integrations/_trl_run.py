@@ -16,7 +16,8 @@ from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError
 from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
-from twinkle.perf import SpanContext
+from twinkle.integrations._trl_ranks import RankBus, RankLink, merged_samples
+from twinkle.perf import SpanContext, WorkerRecorder
 from twinkle.run import RunSession, RunState
 
 if TYPE_CHECKING:
@@ -51,44 +52,15 @@ class ObservedRun:
         self.trainer = trainer
         self.generates = callable(getattr(trainer, "_generate", None))
         self.scored_labels = fused_head(trainer)  # (its train samples' prompts: unlabelled)
-        config = owner.config
-        if config is None:
-            devices = owner.devices
-            if devices is None:  # processes x the GPUs each drives (DataParallel: > 1)
-                devices = trainer.args.world_size * max(1, int(trainer.args.n_gpu))
-            config = observer_config(
-                trainer=name,
-                generates=self.generates,
-                devices=devices,
-                total_steps=max(0, int(state.max_steps)),
-            )
-            config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
-            mfu = trl_mfu(trainer, owner, generates=self.generates)
-            if mfu is not None:
-                config["mfu"] = mfu
-        options = dict(owner._session_options)
-        # A train() resumed from a checkpoint (its step restored before training begins)
-        # asks to continue the run, also one that finished ok (more max_steps).
-        options.setdefault("resume", True if state.global_step > 0 else None)
-        try:
-            self.session = RunSession(
-                out_dir=owner.out_dir, run_id=owner.run_id, config=config, **options
-            ).start()
-        except ResumeConfigError as exc:
-            raise exc.with_fix(resume_fix(owner, exc)) from exc
-        except FinishedRunError as exc:
-            raise exc.with_fix(
-                "train(resume_from_checkpoint=...) continues it (or pass "
-                "TwinkleCallback(resume=True)); pass another run_id (TwinkleCallback(run_id="
-                f"...) other than {exc.run_id!r}, or another out_dir) to observe this "
-                "training as a new run"
-            ) from exc
-        self.bus = self.session.bus
-        self.recorder = self.session.recorder
-        resumed = self.session.resumed
-        self.resumed = resumed is not None
-        self.first_iteration = 0 if resumed is None else resumed.next_iteration
-        self.steps_before = 0 if resumed is None else resumed.optimizer_steps
+        # On several ranks rank 0 holds the run; the others report to it (_trl_ranks).
+        self.rank = int(getattr(trainer.args, "process_index", 0))
+        world = int(trainer.args.world_size)
+        self.link = RankLink(self.rank, world) if world > 1 else None
+        self.session: RunSession | None = None
+        self.worker: WorkerRecorder | None = None
+        lead = self._join(state)
+        self.first_iteration = int(lead["first_iteration"])
+        self.steps_before = int(lead["steps_before"])
         self.start_step = int(state.global_step)
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
@@ -112,8 +84,81 @@ class ObservedRun:
                 self._profiling = True
         except BaseException:
             self._restore()
-            self.session.finish(status="error", error="attaching to the trainer failed")
+            if self.session is not None:
+                self.session.finish(status="error", error="attaching to the trainer failed")
             raise
+
+    def _join(self, state: Any) -> dict[str, Any]:
+        """Begin this rank's part in the run: rank 0 starts the run's session (and tells
+        the other ranks how it began, or why it could not); another rank records for it.
+        Returns how the run began: its first iteration and its optimizer steps before."""
+        if self.rank == 0:
+            try:
+                self.session = self._start(state)
+            except BaseException as exc:
+                if self.link is not None:  # (the other ranks wait to hear how it began)
+                    self.link.join({"error": f"{type(exc).__name__}: {exc}"})
+                raise
+            resumed = self.session.resumed
+            self.resumed = resumed is not None
+            lead = {
+                "first_iteration": 0 if resumed is None else resumed.next_iteration,
+                "steps_before": 0 if resumed is None else resumed.optimizer_steps,
+            }
+            if self.link is not None:
+                self.link.join(lead)
+            self.run_id = self.session.run_id
+            self.bus: Any = self.session.bus if self.link is None else RankBus(self.session.bus)
+            self.recorder = self.session.recorder
+        else:
+            assert self.link is not None
+            lead = self.link.join({})[0]
+            if "error" in lead:
+                raise TwinkleError(f"rank 0 could not start twinkle's run: {lead['error']}")
+            self.resumed = False
+            self.run_id = f"{self.owner.run_id or 'the run'} (rank {self.rank})"
+            self.worker = WorkerRecorder(f"rank{self.rank}", rank=self.rank)
+            self.bus = RankBus(None)
+            self.recorder = self.worker.recorder
+        return lead
+
+    def _start(self, state: Any) -> RunSession:
+        """The run's session (rank 0's), with the default configuration unless the
+        callback was given one."""
+        owner, trainer = self.owner, self.trainer
+        name = type(trainer).__name__
+        config = owner.config
+        if config is None:
+            devices = owner.devices
+            if devices is None:  # processes x the GPUs each drives (DataParallel: > 1)
+                devices = trainer.args.world_size * max(1, int(trainer.args.n_gpu))
+            config = observer_config(
+                trainer=name,
+                generates=self.generates,
+                devices=devices,
+                total_steps=max(0, int(state.max_steps)),
+            )
+            config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
+            mfu = trl_mfu(trainer, owner, generates=self.generates)
+            if mfu is not None:
+                config["mfu"] = mfu
+        options = dict(owner._session_options)
+        # A train() resumed from a checkpoint (its step restored before training begins)
+        # asks to continue the run, also one that finished ok (more max_steps).
+        options.setdefault("resume", True if state.global_step > 0 else None)
+        try:
+            return RunSession(
+                out_dir=owner.out_dir, run_id=owner.run_id, config=config, **options
+            ).start()
+        except ResumeConfigError as exc:
+            raise exc.with_fix(resume_fix(owner, exc)) from exc
+        except FinishedRunError as exc:
+            raise exc.with_fix(
+                "train(resume_from_checkpoint=...) continues it (or pass "
+                "TwinkleCallback(resume=True)); pass another run_id (TwinkleCallback(run_id="
+                f"...) other than {exc.run_id!r}, or another out_dir) to observe this "
+                "training as a new run"
+            ) from exc
 
     # -- the steps --------------------------------------------------------------------
 
@@ -140,10 +185,26 @@ class ObservedRun:
             self.bus.samples(
                 iteration=iteration, phase="train", lengths=lengths, prompt_lengths=prompts
             )
+        if self.link is not None:
+            self._exchange(iteration)
         step = self.steps_before + (int(global_step) - self.start_step)
         self.bus.optimizer_step(iteration=iteration, step=step, samples=len(lengths))
-        if self.owner.memory:
+        if self.owner.memory and self.session is not None:
             self.session.read_memory(iteration=iteration)
+
+    def _exchange(self, iteration: int | None) -> None:
+        """The step's samples of every rank and the other ranks' spans and memory, to
+        rank 0's run (a collective of every rank)."""
+        assert self.link is not None and isinstance(self.bus, RankBus)
+        report = None if self.worker is None else self.worker.report(memory=self.owner.memory)
+        parts = self.link.exchange(self.bus.take(), report)
+        if self.session is None:
+            return
+        for _, got in parts:
+            if got is not None:
+                self.session.receive(got, iteration=iteration)
+        for sample in merged_samples([held for held, _ in parts]):
+            self.session.bus.samples(**sample)
 
     def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
         if self.iteration is None:
@@ -176,14 +237,18 @@ class ObservedRun:
                 self.bad_keys.add(key)
                 log.warning(
                     "run %r: TRL logged %r, whose key %s; that figure is left out",
-                    self.session.run_id,
+                    self.run_id,
                     key,
                     key_problem(key),
                 )
 
     def finish(self, state: Any) -> None:
         self._close_spans(_NO_EXC)
+        if self.link is not None:  # (what the ranks did since the last step: evaluation)
+            self._exchange(self.iteration)
         self._restore()
+        if self.session is None:
+            return
         totals: dict[str, int] | None = None
         if not self.resumed:  # a resumed run's totals cover every segment: TRL's do not
             totals = {"optimizer_updates": int(state.global_step) - self.start_step}
@@ -195,6 +260,10 @@ class ObservedRun:
         """Finish the run as failed (the training raised, or the run was abandoned);
         once: a failure that passes through several wrappers is one."""
         self.owner._failed(self)
+        if self.session is None:  # (another rank: its error is its launcher's to report)
+            self._close_spans(_NO_EXC)
+            self._restore()
+            return
         if self.session.state is not RunState.RUNNING:
             return
         exc_info: _ExcInfo = _NO_EXC
@@ -203,12 +272,15 @@ class ObservedRun:
             error = f"{type(reason).__qualname__}: {reason}"
         else:
             error = reason
+        dead = [] if self.link is None else self.link.dead()
+        if dead and "died" not in error:  # (a collective of the training's own failed)
+            error = f"{', '.join(dead)} died: {error}"
         try:
             self._close_spans(exc_info)
             self._restore()
             self.session.finish(status="error", error=error)
         except Exception:  # the training's own error is the one to see
-            log.exception("run %r: finishing after the failure failed", self.session.run_id)
+            log.exception("run %r: finishing after the failure failed", self.run_id)
 
     # -- the trainer's wrapped methods ---------------------------------------------------
 
@@ -251,7 +323,7 @@ class ObservedRun:
                         "run %r: cannot tell the samples' lengths of a %s batch (no "
                         "prompt/completion masks, attention_mask or input_ids): no train "
                         "samples are recorded",
-                        self.session.run_id,
+                        self.run_id,
                         type(batch).__name__,
                     )
                 self._enter("train.step")
@@ -270,14 +342,24 @@ class ObservedRun:
                 with self.bus.own_work("trl.lengths"):
                     lengths, prompts = rollout_lengths(type(self.trainer).__name__, out)
                 per_group = getattr(self.trainer, "num_generations", 0) if training else 0
-                groups = len(lengths) // per_group if per_group else 0
-                self.bus.samples(
-                    iteration=iteration,
-                    phase="rollout" if training else "eval",
-                    lengths=lengths,
-                    groups=groups if groups * per_group == len(lengths) else 0,
-                    prompt_lengths=prompts,
-                )
+                phase = "rollout" if training else "eval"
+                if self.link is not None:  # (a group may spread over ranks: counted merged)
+                    self.bus.samples(
+                        iteration=iteration,
+                        phase=phase,
+                        lengths=lengths,
+                        prompt_lengths=prompts,
+                        per_group=per_group,
+                    )
+                else:
+                    groups = len(lengths) // per_group if per_group else 0
+                    self.bus.samples(
+                        iteration=iteration,
+                        phase=phase,
+                        lengths=lengths,
+                        groups=groups if groups * per_group == len(lengths) else 0,
+                        prompt_lengths=prompts,
+                    )
             return out
 
         return generate

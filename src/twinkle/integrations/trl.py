@@ -55,7 +55,15 @@ callback handler holds the callback, and wraps that trainer's ``training_step``,
 online trainers) ``_generate`` as instance attributes removed when the run ends.
 TRL's ``profiling_context`` is wrapped in the ``trl`` modules that use it while any run
 is open (:mod:`twinkle.integrations._trl_profiling`); only an observed trainer's
-contexts become spans. One process only: a ``world_size > 1`` run is refused.
+contexts become spans.
+
+On several ranks (``torchrun``, ``accelerate launch``: ``args.world_size > 1``) each
+rank's callback takes part in one run (:mod:`twinkle.integrations._trl_ranks`): rank 0
+writes it; every other rank records its own spans and memory and sends them, with its
+samples, to rank 0 at each step's end (one gather over ``torch.distributed``, which
+every rank reaches at the same step). The run's samples are every rank's; a rank that
+died is named in the run's error. Pass every rank the same options: a ``run_id``,
+or none on every rank (rank 0 names the run).
 """
 
 from __future__ import annotations
@@ -129,7 +137,8 @@ class TwinkleCallback(TrainerCallback):
     :param session_options: passed to :class:`~twinkle.run.RunSession` (``autoload``,
         ``plugins``, ``background_dispatch``, ...).
 
-    :attr:`session` is the run of the ``train()`` call in progress, or of the last one.
+    :attr:`session` is the run of the ``train()`` call in progress, or of the last one
+    (rank 0's: None on the other ranks).
     """
 
     def __init__(
@@ -187,11 +196,6 @@ class TwinkleCallback(TrainerCallback):
             self._claim(trainer)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if args.world_size > 1:
-            raise TwinkleError(
-                f"TwinkleCallback observes one training process; this run has "
-                f"world_size={args.world_size}: train on one process, or remove the callback"
-            )
         trainer = _find_trainer(self)
         self._claim(trainer)  # (before anything of the trainer it observes is touched)
         if self._observed is not None:  # the last train() raised outside a training step

@@ -1,0 +1,184 @@
+"""A TRL run on several ranks (``torchrun``, ``accelerate launch``) observed as one
+twinkle run (docs/scale-out.md, "TRL on several ranks").
+
+Rank 0 holds the run. Every rank's :class:`~twinkle.integrations._trl_run.ObservedRun`
+publishes through a :class:`RankBus`: rank 0's passes everything to the run's bus but
+its samples, which it holds; another rank's holds its samples and drops the rest (its
+spans go to a :class:`~twinkle.perf.WorkerRecorder`). At each step's end, which every
+rank reaches at the same optimizer step, :meth:`RankLink.exchange` gathers each rank's
+held samples and (but rank 0's) its :class:`~twinkle.perf.WorkerReport` to every rank
+in one collective; rank 0 receives the reports and publishes the step's samples of all
+ranks, one event per iteration and phase (the ranks' lengths in rank order).
+
+A rank that died makes the collective fail on the others: rank 0 then names the ranks
+of its host whose processes are gone (their pids were exchanged when the ranks joined),
+in the run's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from twinkle.errors import TwinkleError, WorkerError
+from twinkle.perf import WorkerReport
+from twinkle.perf.dist import all_gather_bytes, all_gather_json, initialised_dist
+
+__all__ = ["RankBus", "RankLink", "merged_samples"]
+
+
+class RankBus:
+    """What an observed ``train()`` publishes through on one rank of several: ``bus``
+    (rank 0's run) for everything but the samples, which are held for the step's
+    exchange; without a bus (another rank), the samples only."""
+
+    def __init__(self, bus: Any) -> None:
+        self._bus = bus
+        self.held: list[dict[str, Any]] = []
+
+    def own_work(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if self._bus is None else self._bus.own_work(name)
+
+    def samples(self, **sample: Any) -> None:
+        self.held.append(sample)
+
+    def take(self) -> list[dict[str, Any]]:
+        """The samples held since the last exchange (as lists: the exchange's JSON)."""
+        held, self.held = self.held, []
+        return [{k: list(v) if k.endswith("lengths") else v for k, v in s.items()} for s in held]
+
+    def iteration_started(self, iteration: int) -> None:
+        if self._bus is not None:
+            self._bus.iteration_started(iteration)
+
+    def optimizer_step(self, **step: Any) -> None:
+        if self._bus is not None:
+            self._bus.optimizer_step(**step)
+
+    def scalars(self, **scalars: Any) -> None:
+        if self._bus is not None:
+            self._bus.scalars(**scalars)
+
+
+class RankLink:
+    """This rank's part in the run's collectives over ``torch.distributed`` (its default
+    group: every rank of the training)."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        dist = initialised_dist()
+        if dist is None or dist.get_world_size() != world:
+            raise TwinkleError(
+                f"TwinkleCallback on rank {rank} of {world}: torch.distributed has "
+                f"{'no process group' if dist is None else f'{dist.get_world_size()} ranks'}"
+                f"; launch the training with torchrun or accelerate launch (which set one "
+                "up for the Trainer), or train on one process"
+            )
+        self.dist = dist
+        self.rank = rank
+        self.world = world
+        #: per rank: (pid, host), from :meth:`join`
+        self.processes: list[tuple[int, str]] = []
+
+    def join(self, opening: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's ``opening`` (rank 0's: how the run began, or why it could not),
+        with its process; a collective every rank makes once, at ``train()``'s start."""
+        mine = {**opening, "pid": os.getpid(), "host": socket.gethostname()}
+        with self._naming_the_dead():
+            every = all_gather_json(self.dist, None, mine)
+        self.processes = [(int(o["pid"]), str(o["host"])) for o in every]
+        return every
+
+    def exchange(
+        self, samples: list[dict[str, Any]], report: WorkerReport | None
+    ) -> list[tuple[list[dict[str, Any]], WorkerReport | None]]:
+        """Every rank's held samples and report, in rank order (a collective)."""
+        payload = msgspec.msgpack.encode(
+            {"samples": samples, "report": None if report is None else report.to_bytes()}
+        )
+        with self._naming_the_dead():
+            parts = all_gather_bytes(self.dist, None, payload)
+        out = []
+        for part in parts:
+            data = msgspec.msgpack.decode(part)
+            sent = data["report"]
+            out.append((data["samples"], None if sent is None else WorkerReport.from_bytes(sent)))
+        return out
+
+    @contextlib.contextmanager
+    def _naming_the_dead(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            dead = self.dead()
+            if not dead:
+                raise
+            raise WorkerError(
+                f"{', '.join(dead)} died: the collective of rank {self.rank} failed "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
+
+    def dead(self) -> list[str]:
+        """The other ranks of this host whose processes are gone (exited, killed: a
+        zombie its launcher has not reaped yet counts)."""
+        here = socket.gethostname()
+        return [
+            f"rank {rank} (pid {pid} on {host})"
+            for rank, (pid, host) in enumerate(self.processes)
+            if rank != self.rank and host == here and _gone(pid)
+        ]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:  # (Linux: a zombie's state is Z)
+            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # (no /proc: whether the pid still exists)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def merged_samples(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The ranks' held samples (in rank order) as one ``bus.samples`` call per iteration
+    and phase, in the order they first appear: the lengths of every rank, and their
+    prompt lengths when every rank gave them. A sample's ``per_group`` (the completions
+    of one prompt, which a group may spread over ranks) makes the groups the merged
+    lengths' count over it, when it divides them (else 0)."""
+    merged: dict[tuple[int, str], dict[str, Any]] = {}
+    for samples in parts:
+        for sample in samples:
+            key = (sample["iteration"], sample["phase"])
+            prompts = list(sample.get("prompt_lengths") or ())
+            into = merged.setdefault(
+                key,
+                {
+                    "iteration": sample["iteration"],
+                    "phase": sample["phase"],
+                    "lengths": [],
+                    "prompt_lengths": [],
+                    "per_group": sample.get("per_group", 0),
+                },
+            )
+            if into["prompt_lengths"] is not None and (prompts or not sample["lengths"]):
+                into["prompt_lengths"].extend(prompts)
+            else:
+                into["prompt_lengths"] = None
+            into["lengths"].extend(sample["lengths"])
+    out = []
+    for m in merged.values():
+        per_group, count = m.pop("per_group"), len(m["lengths"])
+        m["groups"] = count // per_group if per_group and count % per_group == 0 else 0
+        m["prompt_lengths"] = m["prompt_lengths"] or ()
+        out.append(m)
+    return out
