@@ -4,11 +4,14 @@
 ``python -m torch.distributed.run --standalone --nproc_per_node N _trl_ranks_job.py OUT
 STEPS [KILL_RANK KILL_STEP]``: trains STEPS steps into run ``r`` under ``OUT``; rank 0
 writes ``OUT/trl.json`` (TRL's own counts). With KILL_RANK, that rank kills itself
-outright (SIGKILL) at its reward call of step KILL_STEP.
+outright (SIGKILL) at its reward call of step KILL_STEP (with ``KILL_AT=step_end`` in
+the environment: as that step ends, before its callback's gather). With ``BARE_RANK=N`` in the
+environment, rank N trains without the callback (and the ranks wait 5 s to join).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -17,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from twinkle.demo.hf import tiny_llama, write_tokenizer
+from twinkle.integrations import _trl_ranks
 from twinkle.integrations.trl import TwinkleCallback
 
 PROMPTS = ["<s>123<sep>", "<s>4051<sep>", "<s>77<sep>", "<s>9102<sep>"] * 8
@@ -35,12 +39,23 @@ def main() -> None:
     write_tokenizer(tokens)
     calls = [0]
 
+    at_step_end = os.environ.get("KILL_AT") == "step_end"
+
     def reward(completions: list[str], **kwargs: Any) -> list[float]:
         calls[0] += 1
-        if kill is not None and rank == kill[0] and calls[0] == kill[1]:
+        if kill is not None and not at_step_end and rank == kill[0] and calls[0] == kill[1]:
             os.kill(os.getpid(), signal.SIGKILL)
         return [sum(c.isdigit() for c in text) / 8 for text in completions]
 
+    class Killer(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if kill is not None and at_step_end and rank == kill[0]:
+                if state.global_step == kill[1]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    bare = os.environ.get("BARE_RANK")
+    if bare is not None:
+        _trl_ranks.JOIN_TIMEOUT = datetime.timedelta(seconds=5)
     callback = TwinkleCallback(out_dir=str(out), run_id="r")
     trainer = GRPOTrainer(
         model=tiny_llama(seed=0),
@@ -59,7 +74,7 @@ def main() -> None:
             use_cpu=True,
             disable_tqdm=True,
         ),
-        callbacks=[callback],
+        callbacks=[Killer()] if bare == str(rank) else [Killer(), callback],
     )
     trainer.train()
     if rank == 0:

@@ -25,8 +25,10 @@ JOB = Path(__file__).with_name("_trl_ranks_job.py")
 FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
 
 
-def _torchrun(out: Path, *args: int, ranks: int = 2) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+def _torchrun(
+    out: Path, *args: int, ranks: int = 2, **environ: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **environ}
     command = [
         sys.executable,
         "-m",
@@ -99,8 +101,11 @@ def test_the_figures_recompute_and_replay_gives_the_same_files(
         assert (tmp_path / "replayed" / name).read_bytes() == (two_ranks / "r" / name).read_bytes()
 
 
-def test_a_killed_rank_is_named_in_the_runs_error(tmp_path: Path) -> None:
-    done = _torchrun(tmp_path, 4, 1, 2)  # rank 1 killed at its 2nd reward call
+@pytest.mark.parametrize("at", ["reward", "step_end"])
+def test_a_killed_rank_is_named_in_the_runs_error(tmp_path: Path, at: str) -> None:
+    """Rank 1 killed outright in step 2: in its reward function (the training's own
+    collectives fail on rank 0), or as the step ends (the run's gather fails)."""
+    done = _torchrun(tmp_path, 4, 1, 2, KILL_AT=at)
     assert done.returncode != 0
     summary_path = tmp_path / "r" / "summary.json"
     events = _events(tmp_path / "r")
@@ -110,6 +115,13 @@ def test_a_killed_rank_is_named_in_the_runs_error(tmp_path: Path) -> None:
     assert finished[-1]["status"] == "error"
     assert "rank 1 (pid" in error and "died" in error, error
     assert summary_path.exists()
+
+
+def test_a_callback_on_rank_0_alone_says_to_give_every_rank_one(tmp_path: Path) -> None:
+    done = _torchrun(tmp_path, 2, BARE_RANK="1")  # (the ranks wait 5 s to join)
+    assert done.returncode != 0
+    assert "give every rank the same TwinkleCallback (not rank 0's alone)" in done.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_the_ranks_samples_merge_per_iteration_and_phase() -> None:

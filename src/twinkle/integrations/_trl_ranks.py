@@ -6,9 +6,11 @@ publishes through a :class:`RankBus`: rank 0's passes everything to the run's bu
 its samples, which it holds; another rank's holds its samples and drops the rest (its
 spans go to a :class:`~twinkle.perf.WorkerRecorder`). At each step's end, which every
 rank reaches at the same optimizer step, :meth:`RankLink.exchange` gathers each rank's
-held samples and (but rank 0's) its :class:`~twinkle.perf.WorkerReport` to every rank
-in one collective; rank 0 receives the reports and publishes the step's samples of all
-ranks, one event per iteration and phase (the ranks' lengths in rank order).
+held samples and (but rank 0's) its :class:`~twinkle.perf.WorkerReport` to rank 0 in
+one collective, over a gloo group of the run's own (on the CPU: apart from the
+training's collectives and their device); rank 0 receives the reports and publishes
+the step's samples of all ranks, one event per iteration and phase (the ranks' lengths
+in rank order).
 
 A rank that died makes the collective fail on the others: rank 0 then names the ranks
 of its host whose processes are gone (their pids were exchanged when the ranks joined),
@@ -18,8 +20,10 @@ in the run's error.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +31,14 @@ import msgspec
 
 from twinkle.errors import TwinkleError, WorkerError
 from twinkle.perf import WorkerReport
-from twinkle.perf.dist import all_gather_bytes, all_gather_json, initialised_dist
+from twinkle.perf.dist import all_gather_json, gather_bytes, initialised_dist
 
-__all__ = ["RankBus", "RankLink", "merged_samples"]
+__all__ = ["DEAD_WAIT_S", "JOIN_TIMEOUT", "RankBus", "RankLink", "merged_samples"]
+
+#: how long the ranks' ``train()`` starts may lie apart (each makes the run's group)
+JOIN_TIMEOUT = datetime.timedelta(minutes=10)
+#: how long a failed collective looks for the peers that died
+DEAD_WAIT_S = 1.0
 
 
 class RankBus:
@@ -66,8 +75,9 @@ class RankBus:
 
 
 class RankLink:
-    """This rank's part in the run's collectives over ``torch.distributed`` (its default
-    group: every rank of the training)."""
+    """This rank's part in the run's collectives: a process group of its own over gloo
+    (on the CPU, apart from the training's collectives and their device), made when
+    ``train()`` begins; every rank must make it, within :data:`JOIN_TIMEOUT`."""
 
     def __init__(self, rank: int, world: int) -> None:
         dist = initialised_dist()
@@ -78,6 +88,15 @@ class RankLink:
                 f"; launch the training with torchrun or accelerate launch (which set one "
                 "up for the Trainer), or train on one process"
             )
+        try:
+            self.group = dist.new_group(backend="gloo", timeout=JOIN_TIMEOUT)
+        except Exception as exc:  # (a rank that never makes it: its ranks time out)
+            raise TwinkleError(
+                f"TwinkleCallback on rank {rank} of {world} could not join the other ranks "
+                f"within {JOIN_TIMEOUT.total_seconds():g} s ({type(exc).__name__}: "
+                f"{str(exc)[:200]}): give every rank the same TwinkleCallback (not rank 0's "
+                "alone), or train on one process"
+            ) from exc
         self.dist = dist
         self.rank = rank
         self.world = world
@@ -89,19 +108,22 @@ class RankLink:
         with its process; a collective every rank makes once, at ``train()``'s start."""
         mine = {**opening, "pid": os.getpid(), "host": socket.gethostname()}
         with self._naming_the_dead():
-            every = all_gather_json(self.dist, None, mine)
+            every = all_gather_json(self.dist, self.group, mine)
         self.processes = [(int(o["pid"]), str(o["host"])) for o in every]
         return every
 
     def exchange(
         self, samples: list[dict[str, Any]], report: WorkerReport | None
-    ) -> list[tuple[list[dict[str, Any]], WorkerReport | None]]:
-        """Every rank's held samples and report, in rank order (a collective)."""
+    ) -> list[tuple[list[dict[str, Any]], WorkerReport | None]] | None:
+        """Every rank's held samples and report, in rank order, on rank 0 (None on the
+        others); a collective."""
         payload = msgspec.msgpack.encode(
             {"samples": samples, "report": None if report is None else report.to_bytes()}
         )
         with self._naming_the_dead():
-            parts = all_gather_bytes(self.dist, None, payload)
+            parts = gather_bytes(self.dist, self.group, payload)
+        if parts is None:
+            return None
         out = []
         for part in parts:
             data = msgspec.msgpack.decode(part)
@@ -122,15 +144,22 @@ class RankLink:
                 f"({type(exc).__name__}: {str(exc)[:200]})"
             ) from exc
 
-    def dead(self) -> list[str]:
+    def dead(self, wait_s: float = DEAD_WAIT_S) -> list[str]:
         """The other ranks of this host whose processes are gone (exited, killed: a
-        zombie its launcher has not reaped yet counts)."""
+        zombie its launcher has not reaped yet counts), looked for up to ``wait_s``:
+        a peer's sockets close a moment before its process is seen to end."""
         here = socket.gethostname()
-        return [
-            f"rank {rank} (pid {pid} on {host})"
+        peers = [
+            (rank, pid, host)
             for rank, (pid, host) in enumerate(self.processes)
-            if rank != self.rank and host == here and _gone(pid)
+            if rank != self.rank and host == here
         ]
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [f"rank {r} (pid {pid} on {host})" for r, pid, host in peers if _gone(pid)]
+            if dead or not peers or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
 
 
 def _gone(pid: int) -> bool:

@@ -4,15 +4,18 @@ and lengths of the step in progress."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from twinkle.checks import key_problem, plain_number
-from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError
+from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
 from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
@@ -106,7 +109,11 @@ class ObservedRun:
                 "steps_before": 0 if resumed is None else resumed.optimizer_steps,
             }
             if self.link is not None:
-                self.link.join(lead)
+                try:
+                    self.link.join(lead)
+                except BaseException as exc:
+                    self.session.finish(status="error", error=f"{type(exc).__name__}: {exc}")
+                    raise
             self.run_id = self.session.run_id
             self.bus: Any = self.session.bus if self.link is None else RankBus(self.session.bus)
             self.recorder = self.session.recorder
@@ -194,17 +201,21 @@ class ObservedRun:
 
     def _exchange(self, iteration: int | None) -> None:
         """The step's samples of every rank and the other ranks' spans and memory, to
-        rank 0's run (a collective of every rank)."""
+        rank 0's run (a collective of every rank); a failure finishes the run."""
         assert self.link is not None and isinstance(self.bus, RankBus)
-        report = None if self.worker is None else self.worker.report(memory=self.owner.memory)
-        parts = self.link.exchange(self.bus.take(), report)
-        if self.session is None:
-            return
-        for _, got in parts:
-            if got is not None:
-                self.session.receive(got, iteration=iteration)
-        for sample in merged_samples([held for held, _ in parts]):
-            self.session.bus.samples(**sample)
+        try:
+            report = None if self.worker is None else self.worker.report(memory=self.owner.memory)
+            parts = self.link.exchange(self.bus.take(), report)
+            if self.session is None or parts is None:
+                return
+            for _, got in parts:
+                if got is not None:
+                    self.session.receive(got, iteration=iteration)
+            for sample in merged_samples([held for held, _ in parts]):
+                self.session.bus.samples(**sample)
+        except BaseException as exc:
+            self.fail(exc)
+            raise
 
     def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
         if self.iteration is None:
@@ -244,9 +255,11 @@ class ObservedRun:
 
     def finish(self, state: Any) -> None:
         self._close_spans(_NO_EXC)
-        if self.link is not None:  # (what the ranks did since the last step: evaluation)
-            self._exchange(self.iteration)
-        self._restore()
+        try:
+            if self.link is not None:  # (what the ranks did since the last step: evaluation)
+                self._exchange(self.iteration)
+        finally:
+            self._restore()
         if self.session is None:
             return
         totals: dict[str, int] | None = None
@@ -272,13 +285,14 @@ class ObservedRun:
             error = f"{type(reason).__qualname__}: {reason}"
         else:
             error = reason
-        dead = [] if self.link is None else self.link.dead()
-        if dead and "died" not in error:  # (a collective of the training's own failed)
-            error = f"{', '.join(dead)} died: {error}"
+        if self.link is not None and not isinstance(reason, WorkerError):
+            dead = self.link.dead()  # (a collective of the training's own failed: why?)
+            error = f"{', '.join(dead)} died: {error}" if dead else error
         try:
-            self._close_spans(exc_info)
-            self._restore()
-            self.session.finish(status="error", error=error)
+            with _sigterm_held(self.link is not None):
+                self._close_spans(exc_info)
+                self._restore()
+                self.session.finish(status="error", error=error)
         except Exception:  # the training's own error is the one to see
             log.exception("run %r: finishing after the failure failed", self.run_id)
 
@@ -412,3 +426,19 @@ class ObservedRun:
 
 
 _MISSING = object()
+
+
+@contextlib.contextmanager
+def _sigterm_held(hold: bool) -> Iterator[None]:
+    """SIGTERM ignored while the run finishes after a failure of several ranks' training:
+    the launcher (torchrun) sends it to the ranks left when one dies, and would kill
+    this one half-way through writing the run's summary and trace (it sends SIGKILL
+    after its grace period). Only in the main thread, where handlers can be set."""
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

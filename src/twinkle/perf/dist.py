@@ -15,6 +15,7 @@ __all__ = [
     "all_gather_json",
     "broadcast_bytes",
     "collective_device",
+    "gather_bytes",
     "initialised_dist",
 ]
 
@@ -68,6 +69,30 @@ def all_gather_bytes(dist: Any, group: Any, payload: bytes) -> list[bytes]:
         padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     buffers = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(buffers, padded, group=group)
+    return [_to_bytes(buf[:n]) for buf, n in zip(buffers, lengths, strict=True)]
+
+
+def gather_bytes(dist: Any, group: Any, payload: bytes, *, dst: int = 0) -> list[bytes] | None:
+    """Every rank's ``payload`` on rank ``dst`` of ``group``, in rank order (None on the
+    other ranks; a collective): the sizes to every rank, then the payloads, padded to
+    the longest, to ``dst`` only."""
+    import torch
+
+    device = collective_device(dist, group)
+    world = dist.get_world_size(group)
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    if payload:
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    mine = dist.get_rank(group) == dst
+    buffers = [torch.empty_like(padded) for _ in range(world)] if mine else None
+    root = dst if group is None else dist.get_global_rank(group, dst)
+    dist.gather(padded, gather_list=buffers, dst=root, group=group)
+    if buffers is None:
+        return None
     return [_to_bytes(buf[:n]) for buf, n in zip(buffers, lengths, strict=True)]
 
 
