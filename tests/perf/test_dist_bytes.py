@@ -1,5 +1,6 @@
 """Bytes over torch.distributed (two real gloo ranks on 127.0.0.1, in two processes):
-``broadcast_bytes`` and ``all_gather_bytes``, empty payloads included, and
+``broadcast_bytes``, ``all_gather_bytes`` and ``gather_bytes`` (to rank 0 only), empty
+payloads included, and
 ``gather_reports`` carrying each rank's WorkerReport to every rank."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import torch.distributed as dist
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf import WorkerRecorder, gather_reports
-from twinkle.perf.dist import all_gather_bytes, broadcast_bytes
+from twinkle.perf.dist import all_gather_bytes, broadcast_bytes, gather_bytes
 
 rank, rendezvous = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
@@ -26,6 +27,10 @@ try:
     assert broadcast_bytes(dist, None, b"from rank 0" if rank == 0 else None) == b"from rank 0"
     assert broadcast_bytes(dist, None, b"" if rank == 0 else None) == b""
     assert all_gather_bytes(dist, None, b"x" * (rank * 3)) == [b"", b"xxx"]
+    gathered = gather_bytes(dist, None, b"y" * (2 - rank))  # (rank 0's the longer)
+    assert gathered == ([b"yy", b"y"] if rank == 0 else None)
+    apart = dist.new_group(backend="gloo")  # (a group of its own, as the TRL ranks use)
+    assert gather_bytes(dist, apart, b"z" * rank) == ([b"", b"z"] if rank == 0 else None)
     worker = WorkerRecorder(f"rank{rank}", rank=rank)
     with worker.span("train.step", iteration=rank):
         pass
