@@ -58,16 +58,8 @@ def all_gather_bytes(dist: Any, group: Any, payload: bytes) -> list[bytes]:
     payloads padded to the longest, in uint8 tensors."""
     import torch
 
-    device = collective_device(dist, group)
-    world = dist.get_world_size(group)
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    if payload:
-        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-    buffers = [torch.empty_like(padded) for _ in range(world)]
+    lengths, padded = _padded(dist, group, payload)
+    buffers = [torch.empty_like(padded) for _ in lengths]
     dist.all_gather(buffers, padded, group=group)
     return [_to_bytes(buf[:n]) for buf, n in zip(buffers, lengths, strict=True)]
 
@@ -78,22 +70,30 @@ def gather_bytes(dist: Any, group: Any, payload: bytes, *, dst: int = 0) -> list
     the longest, to ``dst`` only."""
     import torch
 
-    device = collective_device(dist, group)
-    world = dist.get_world_size(group)
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    if payload:
-        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    lengths, padded = _padded(dist, group, payload)
     mine = dist.get_rank(group) == dst
-    buffers = [torch.empty_like(padded) for _ in range(world)] if mine else None
+    buffers = [torch.empty_like(padded) for _ in lengths] if mine else None
     root = dst if group is None else dist.get_global_rank(group, dst)
     dist.gather(padded, gather_list=buffers, dst=root, group=group)
     if buffers is None:
         return None
     return [_to_bytes(buf[:n]) for buf, n in zip(buffers, lengths, strict=True)]
+
+
+def _padded(dist: Any, group: Any, payload: bytes) -> tuple[list[int], Any]:
+    """Every rank's payload size (a collective), and ``payload`` in a uint8 tensor as
+    long as the longest, on the group's collective device."""
+    import torch
+
+    device = collective_device(dist, group)
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    if payload:
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    return lengths, padded
 
 
 def broadcast_bytes(dist: Any, group: Any, payload: bytes | None, *, src: int = 0) -> bytes:
