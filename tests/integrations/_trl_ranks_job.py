@@ -6,7 +6,8 @@ STEPS [KILL_RANK KILL_STEP]``: trains STEPS steps into run ``r`` under ``OUT``; 
 writes ``OUT/trl.json`` (TRL's own counts). With KILL_RANK, that rank kills itself
 outright (SIGKILL) at its reward call of step KILL_STEP (with ``KILL_AT=step_end`` in
 the environment: as that step ends, before its callback's gather). With ``BARE_RANK=N`` in the
-environment, rank N trains without the callback (and the ranks wait 5 s to join).
+environment, rank N trains without the callback (and the ranks wait 5 s to join); with
+``TRAIN_AGAIN=1``, ``train()`` is called a second time.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def main() -> None:
         callbacks=[Killer()] if bare == str(rank) else [Killer(), callback],
     )
     trainer.train()
+    if os.environ.get("TRAIN_AGAIN"):  # (from step 0 on the run that finished ok)
+        trainer.train()
     if rank == 0:
         state = trainer.state
         (out / "trl.json").write_text(

@@ -124,6 +124,18 @@ def test_a_callback_on_rank_0_alone_says_to_give_every_rank_one(tmp_path: Path) 
     assert not (tmp_path / "r").exists()
 
 
+def test_a_run_rank_0_cannot_start_stops_every_rank_saying_why(tmp_path: Path) -> None:
+    """A second ``train()`` from step 0 on the run that finished ok: rank 0 refuses it
+    (FinishedRunError), and the other rank raises too instead of training unobserved
+    or waiting in a collective."""
+    done = _torchrun(tmp_path, 1, TRAIN_AGAIN="1")
+    assert done.returncode != 0
+    assert "FinishedRunError" in done.stderr
+    assert "rank 0 could not start twinkle's run: FinishedRunError" in done.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "ok" and len(summary["segments"]) == 1
+
+
 def test_the_ranks_samples_merge_per_iteration_and_phase() -> None:
     """Rank 0 held 2 rollout completions of iteration 4 (prompts 3, 3) and 2 train
     samples; rank 1 2 completions (prompts 5, 5) and train samples without prompts.

@@ -103,6 +103,13 @@ class RankLink:
         #: per rank: (pid, host), from :meth:`join`
         self.processes: list[tuple[int, str]] = []
 
+    def close(self) -> None:
+        """Destroy the run's group (once: each ``train()`` makes its own)."""
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(Exception):  # (a group a dead peer broke)
+                self.dist.destroy_process_group(group)
+
     def join(self, opening: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's ``opening`` (rank 0's: how the run began, or why it could not),
         with its process; a collective every rank makes once, at ``train()``'s start."""

@@ -409,6 +409,8 @@ class ObservedRun:
         if self._profiling:
             self._profiling = False
             PROFILING.release()
+        if self.link is not None:
+            self.link.close()
 
     def _enter(self, name: str) -> None:
         span = self.span(name)
