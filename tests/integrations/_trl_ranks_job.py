@@ -7,7 +7,8 @@ writes ``OUT/trl.json`` (TRL's own counts). With KILL_RANK, that rank kills itse
 outright (SIGKILL) at its reward call of step KILL_STEP (with ``KILL_AT=step_end`` in
 the environment: as that step ends, before its callback's gather). With ``BARE_RANK=N`` in the
 environment, rank N trains without the callback (and the ranks wait 5 s to join); with
-``TRAIN_AGAIN=1``, ``train()`` is called a second time.
+``TRAIN_AGAIN=1``, ``train()`` is called a second time; with ``RAISE_AT=N``, every
+rank's reward function raises at its N-th call.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def main() -> None:
 
     at_step_end = os.environ.get("KILL_AT") == "step_end"
 
+    raise_at = int(os.environ.get("RAISE_AT", "0"))
+
     def reward(completions: list[str], **kwargs: Any) -> list[float]:
         calls[0] += 1
+        if calls[0] == raise_at:
+            raise ValueError(f"the reward function failed on rank {rank}")
         if kill is not None and not at_step_end and rank == kill[0] and calls[0] == kill[1]:
             os.kill(os.getpid(), signal.SIGKILL)
         return [sum(c.isdigit() for c in text) / 8 for text in completions]

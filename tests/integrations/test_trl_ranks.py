@@ -117,6 +117,18 @@ def test_a_killed_rank_is_named_in_the_runs_error(tmp_path: Path, at: str) -> No
     assert summary_path.exists()
 
 
+def test_an_error_on_every_rank_finishes_the_run_with_that_error(tmp_path: Path) -> None:
+    """Every rank's reward function raises at step 2: the run's error is that one, no
+    rank is said to have died, and the run's end is written (SIGTERM held meanwhile)."""
+    done = _torchrun(tmp_path, 4, RAISE_AT="2")
+    assert done.returncode != 0
+    (finished,) = [e for e in _events(tmp_path / "r") if e["type"] == "run_finished"]
+    assert finished["status"] == "error"
+    assert finished["error"] == "ValueError: the reward function failed on rank 0"
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "error"
+
+
 def test_a_callback_on_rank_0_alone_says_to_give_every_rank_one(tmp_path: Path) -> None:
     done = _torchrun(tmp_path, 2, BARE_RANK="1")  # (the ranks wait 5 s to join)
     assert done.returncode != 0

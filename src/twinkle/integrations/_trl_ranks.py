@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +35,7 @@ from twinkle.errors import TwinkleError, WorkerError
 from twinkle.perf import WorkerReport
 from twinkle.perf.dist import all_gather_json, gather_bytes, initialised_dist
 
-__all__ = ["DEAD_WAIT_S", "JOIN_TIMEOUT", "RankBus", "RankLink", "merged_samples"]
+__all__ = ["DEAD_WAIT_S", "JOIN_TIMEOUT", "RankBus", "RankLink", "merged_samples", "sigterm_held"]
 
 #: how long the ranks' ``train()`` starts may lie apart (each makes the run's group)
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
@@ -143,7 +145,8 @@ class RankLink:
         try:
             yield
         except Exception as exc:
-            dead = self.dead()
+            with sigterm_held(True):  # (the launcher's SIGTERM: not while looking)
+                dead = self.dead()
             if not dead:
                 raise
             raise WorkerError(
@@ -167,6 +170,23 @@ class RankLink:
             if dead or not peers or time.monotonic() >= deadline:
                 return dead
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def sigterm_held(hold: bool) -> Iterator[None]:
+    """SIGTERM ignored (``hold``) while rank 0 looks into a failure of several ranks'
+    training and finishes its run: the launcher (torchrun) sends it to the ranks left
+    when one ends, and would kill this one half-way through writing the run's summary
+    and trace (it sends SIGKILL after its grace period). Only in the main thread, where
+    handlers can be set; a handler not set from Python comes back as the default."""
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _gone(pid: int) -> bool:

@@ -4,13 +4,10 @@ and lengths of the step in progress."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +16,13 @@ from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, Wo
 from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
-from twinkle.integrations._trl_ranks import RankBus, RankLink, merged_samples
+from twinkle.integrations._trl_ranks import (
+    DEAD_WAIT_S,
+    RankBus,
+    RankLink,
+    merged_samples,
+    sigterm_held,
+)
 from twinkle.perf import SpanContext, WorkerRecorder
 from twinkle.run import RunSession, RunState
 
@@ -61,7 +64,12 @@ class ObservedRun:
         self.link = RankLink(self.rank, world) if world > 1 else None
         self.session: RunSession | None = None
         self.worker: WorkerRecorder | None = None
-        lead = self._join(state)
+        try:
+            lead = self._join(state)
+        except BaseException:
+            if self.link is not None:
+                self.link.close()
+            raise
         self.first_iteration = int(lead["first_iteration"])
         self.steps_before = int(lead["steps_before"])
         self.start_step = int(state.global_step)
@@ -285,11 +293,15 @@ class ObservedRun:
             error = f"{type(reason).__qualname__}: {reason}"
         else:
             error = reason
-        if self.link is not None and not isinstance(reason, WorkerError):
-            dead = self.link.dead()  # (a collective of the training's own failed: why?)
-            error = f"{', '.join(dead)} died: {error}" if dead else error
         try:
-            with _sigterm_held(self.link is not None):
+            with sigterm_held(self.link is not None):
+                if self.link is not None and not isinstance(reason, WorkerError):
+                    # A collective of the training's own that failed (torch.distributed
+                    # raises RuntimeErrors) is looked into a moment; any other error
+                    # names only the ranks already gone.
+                    wait = DEAD_WAIT_S if isinstance(reason, RuntimeError) else 0.0
+                    dead = self.link.dead(wait)
+                    error = f"{', '.join(dead)} died: {error}" if dead else error
                 self._close_spans(exc_info)
                 self._restore()
                 self.session.finish(status="error", error=error)
@@ -428,19 +440,3 @@ class ObservedRun:
 
 
 _MISSING = object()
-
-
-@contextlib.contextmanager
-def _sigterm_held(hold: bool) -> Iterator[None]:
-    """SIGTERM ignored while the run finishes after a failure of several ranks' training:
-    the launcher (torchrun) sends it to the ranks left when one dies, and would kill
-    this one half-way through writing the run's summary and trace (it sends SIGKILL
-    after its grace period). Only in the main thread, where handlers can be set."""
-    if not hold or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
