@@ -30,12 +30,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+import psutil
 
 from twinkle.errors import TwinkleError, WorkerError
 from twinkle.perf import WorkerReport
 from twinkle.perf.dist import all_gather_json, gather_bytes, initialised_dist
 
-__all__ = ["DEAD_WAIT_S", "JOIN_TIMEOUT", "RankBus", "RankLink", "merged_samples", "sigterm_held"]
+__all__ = [
+    "DEAD_WAIT_S",
+    "JOIN_TIMEOUT",
+    "RankBus",
+    "RankLink",
+    "merged_samples",
+    "sigterm_held",
+    "whole_groups",
+]
 
 #: how long the ranks' ``train()`` starts may lie apart (each makes the run's group)
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
@@ -101,7 +110,6 @@ class RankLink:
             ) from exc
         self.dist = dist
         self.rank = rank
-        self.world = world
         #: per rank: (pid, host), from :meth:`join`
         self.processes: list[tuple[int, str]] = []
 
@@ -190,18 +198,12 @@ def sigterm_held(hold: bool) -> Iterator[None]:
 
 
 def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped has)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:  # (Linux: a zombie's state is Z)
-            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
-    except FileNotFoundError:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return True
-    except OSError:  # (no /proc: whether the pid still exists)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
+    except psutil.AccessDenied:  # (another user's: alive)
         return False
 
 
@@ -233,8 +235,13 @@ def merged_samples(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             into["lengths"].extend(sample["lengths"])
     out = []
     for m in merged.values():
-        per_group, count = m.pop("per_group"), len(m["lengths"])
-        m["groups"] = count // per_group if per_group and count % per_group == 0 else 0
+        m["groups"] = whole_groups(len(m["lengths"]), m.pop("per_group"))
         m["prompt_lengths"] = m["prompt_lengths"] or ()
         out.append(m)
     return out
+
+
+def whole_groups(completions: int, per_group: int) -> int:
+    """The groups ``completions`` make of ``per_group`` each (a prompt's completions),
+    when they make whole ones; else 0 (not grouped, or not known)."""
+    return completions // per_group if per_group and completions % per_group == 0 else 0

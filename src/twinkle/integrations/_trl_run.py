@@ -22,6 +22,7 @@ from twinkle.integrations._trl_ranks import (
     RankLink,
     merged_samples,
     sigterm_held,
+    whole_groups,
 )
 from twinkle.perf import SpanContext, WorkerRecorder
 from twinkle.run import RunSession, RunState
@@ -368,24 +369,19 @@ class ObservedRun:
                 with self.bus.own_work("trl.lengths"):
                     lengths, prompts = rollout_lengths(type(self.trainer).__name__, out)
                 per_group = getattr(self.trainer, "num_generations", 0) if training else 0
-                phase = "rollout" if training else "eval"
-                if self.link is not None:  # (a group may spread over ranks: counted merged)
-                    self.bus.samples(
-                        iteration=iteration,
-                        phase=phase,
-                        lengths=lengths,
-                        prompt_lengths=prompts,
-                        per_group=per_group,
-                    )
-                else:
-                    groups = len(lengths) // per_group if per_group else 0
-                    self.bus.samples(
-                        iteration=iteration,
-                        phase=phase,
-                        lengths=lengths,
-                        groups=groups if groups * per_group == len(lengths) else 0,
-                        prompt_lengths=prompts,
-                    )
+                # (on several ranks a group may spread over them: counted once merged)
+                grouping = (
+                    {"per_group": per_group}
+                    if self.link is not None
+                    else {"groups": whole_groups(len(lengths), per_group)}
+                )
+                self.bus.samples(
+                    iteration=iteration,
+                    phase="rollout" if training else "eval",
+                    lengths=lengths,
+                    prompt_lengths=prompts,
+                    **grouping,
+                )
             return out
 
         return generate
