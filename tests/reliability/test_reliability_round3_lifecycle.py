@@ -511,3 +511,26 @@ def test_a_log_cut_between_a_check_and_a_larger_write_is_still_found(tmp_path: P
     assert damage is not None and damage.what == "truncated from 600 to 500 bytes"
     assert not damage.restorable
     held.close()
+
+
+def test_a_log_deleted_between_the_checks_two_reads_is_named_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check reads the held file, then the path: a log deleted in between is gone
+    from its path with the links the first read saw. Deleted, not moved away (a run
+    under load met this)."""
+    import twinkle.observers._held_log as held_log
+
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"x" * 100)
+    held = held_log.HeldLog(log)
+    stat = os.stat
+
+    def deleted_first(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        os.unlink(log)  # (after the check's fstat of the held file)
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(held_log.os, "stat", deleted_first)
+    damage = held.check()
+    assert damage is not None and damage.what == "deleted" and damage.restorable
+    held.close()

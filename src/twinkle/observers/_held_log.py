@@ -62,7 +62,9 @@ class HeldLog:
         try:
             now = os.stat(self.path, follow_symlinks=False)
         except FileNotFoundError:
-            return Damage("deleted" if held.st_nlink == 0 else "moved away", restorable=True)
+            # (read its links now: it may have gone between the two reads above)
+            gone = os.fstat(self._fd).st_nlink == 0
+            return Damage("deleted" if gone else "moved away", restorable=True)
         if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
             return Damage("replaced by another file", restorable=True)
         was, self._size = self._size, held.st_size
