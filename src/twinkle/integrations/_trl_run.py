@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from twinkle.checks import key_problem, plain_number
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
+from twinkle.integrations._figures import logged_figures
 from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING, ProfilingPatch
@@ -247,14 +246,9 @@ class ObservedRun:
     def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
         if self.iteration is None:
             return  # a log before the first step (e.g. eval_on_start): no iteration yet
-        values: dict[str, int | float] = {}
-        for key, raw in logs.items():
-            value = plain_number(raw)
-            if value is None:  # TRL logs None for a figure with no valid value
-                value = math.nan
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                values[str(key)] = value
-        self._leave_out_bad_keys(values)
+        values = logged_figures(
+            logs, left_out=self.bad_keys, run_id=self.run_id, library=self.SCALARS
+        )
         if not values:
             return
         values.setdefault("global_step", int(global_step))
@@ -265,20 +259,6 @@ class ObservedRun:
         else:
             name = self.SCALARS
         self.bus.scalars(iteration=self.iteration, name=name, values=values)
-
-    def _leave_out_bad_keys(self, values: dict[str, int | float]) -> None:
-        """Drop the figures whose key cannot name them (the bus would refuse the whole
-        log, raising into the trainer's logging); each such key is named once."""
-        for key in [k for k in values if key_problem(k) is not None]:
-            del values[key]
-            if key not in self.bad_keys:
-                self.bad_keys.add(key)
-                log.warning(
-                    "run %r: TRL logged %r, whose key %s; that figure is left out",
-                    self.run_id,
-                    key,
-                    key_problem(key),
-                )
 
     def finish(self, state: Any) -> None:
         self._close_spans(_NO_EXC)
@@ -405,19 +385,21 @@ class ObservedRun:
 
         def generate(*args: Any, **kwargs: Any) -> Any:
             iteration = self.iteration
+            training = bool(self.trainer.model.training)  # (generating may set it: TRL's does)
             out = spanned(*args, **kwargs)
             if iteration is not None:
                 with self.bus.own_work("trl.lengths"):
                     lengths, prompts = rollout_lengths(type(self.trainer).__name__, out)
-                self.generated(iteration, lengths, prompts)
+                self.generated(iteration, lengths, prompts, training=training)
             return out
 
         return generate
 
-    def generated(self, iteration: int, lengths: list[int], prompts: list[int]) -> None:
+    def generated(
+        self, iteration: int, lengths: list[int], prompts: list[int], *, training: bool
+    ) -> None:
         """Completions generated in ``iteration``: ``rollout`` samples while training (in
         whole groups of the trainer's ``num_generations``), else ``eval`` samples."""
-        training = bool(self.trainer.model.training)
         per_group = getattr(self.trainer, "num_generations", 0) if training else 0
         # (on several ranks a group may spread over them: counted once merged)
         grouping = (

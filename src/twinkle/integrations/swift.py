@@ -63,7 +63,7 @@ class TwinkleSwiftCallback(TwinkleCallback):
 
     def __init__(self, args: Any = None, trainer: Any = None, **options: Any) -> None:
         out_dir = os.environ.get(OUT_DIR_ENV)
-        if out_dir is None and args is not None:
+        if not out_dir and args is not None:
             out_dir = os.path.join(str(args.output_dir), "twinkle")
         if out_dir:
             options.setdefault("out_dir", out_dir)

@@ -1,0 +1,43 @@
+"""A trainer's logged dict as twinkle scalars: its numbers only, each key able to name a
+figure (:func:`logged_figures`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.checks import key_problem, plain_number
+
+__all__ = ["logged_figures"]
+
+log = logging.getLogger("twinkle.integrations")
+
+
+def logged_figures(
+    logs: Mapping[str, Any], *, left_out: set[str], run_id: str, library: str
+) -> dict[str, int | float]:
+    """The numbers of ``logs`` (numpy and torch ones as plain numbers; None, which a
+    trainer logs for a figure with no valid value, as NaN), without the keys that
+    cannot name a figure (the bus would refuse the whole log, raising into the trainer's
+    logging): each such key is named once, remembered in ``left_out``."""
+    values: dict[str, int | float] = {}
+    for key, raw in logs.items():
+        value = plain_number(raw)
+        if value is None:
+            value = math.nan
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values[str(key)] = value
+    for key in [k for k in values if key_problem(k) is not None]:
+        del values[key]
+        if key not in left_out:
+            left_out.add(key)
+            log.warning(
+                "run %r: %s logged %r, whose key %s; that figure is left out",
+                run_id,
+                library,
+                key,
+                key_problem(key),
+            )
+    return values

@@ -1,0 +1,169 @@
+"""verl observed by twinkle (twinkle.integrations.verl): verl 0.9.1's real
+``PPOTrainerSync.fit()`` on the CPU (tests/integrations/_verl_job.py, in .venv-verl, which
+``make test`` builds) with ``trainer.logger=[console,twinkle]`` and the
+``worker_process_setup_hook`` override. Every timer of verl is a span holding verl's own
+``timing_s``; tokens are verl's ``perf/total_num_tokens``; verl's ``perf/throughput`` is
+recomputed from the log; a failed step finishes the run with its records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _recompute import check_run
+from twinkle.integrations.verl import PHASES, RUN_ID_ENV, observer_config
+from twinkle.run import replay
+
+ROOT = Path(__file__).resolve().parents[2]
+VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
+JOB = Path(__file__).with_name("_verl_job.py")
+FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
+
+needs_verl = pytest.mark.skipif(
+    not VERL_PY.exists(), reason="needs verl in .venv-verl (make verl-venv; make test builds it)"
+)
+
+
+def _fit(out: Path, run_id: str, steps: int, fail_at: int = 0) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "TWINKLE_OUT_DIR": str(out),
+        RUN_ID_ENV: run_id,
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "disabled",
+    }
+    command = [str(VERL_PY), str(JOB), str(out / "job"), str(steps), str(fail_at)]
+    done = subprocess.run(
+        command, check=False, env=env, capture_output=True, text=True, timeout=600, cwd=out
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return said
+
+
+def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["type"] == kind]
+
+
+def _spans(run_dir: Path) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """Per iteration, per name, the spans of verl's timers."""
+    out: dict[int, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for batch in _events(run_dir, "spans"):
+        for span in batch["spans"]:
+            if "iteration" in span["attrs"]:
+                out[span["attrs"]["iteration"]][span["name"]].append(span)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("verl")
+    said = _fit(out, "verl", steps=3)
+    return out / "verl", said
+
+
+@needs_verl
+def test_every_verl_timer_is_a_span_holding_its_timing(
+    fitted: tuple[Path, dict[str, Any]],
+) -> None:
+    run_dir, said = fitted
+    assert said["hooked"]  # the worker_process_setup_hook ran install() in a Ray worker
+    assert said["restored"]  # verl's timer and the trainer's method are verl's again
+    logged = said["logged"]
+    assert [line["step"] for line in logged] == [1, 2, 3]
+    spans = _spans(run_dir)
+    for iteration, line in enumerate(logged):
+        timings = {k.removeprefix("timing_s/"): v for k, v in line.items() if "timing_s/" in k}
+        assert {"step", "gen", "old_log_prob", "ref", "adv", "update_actor"} <= set(timings)
+        for name, seconds in timings.items():
+            (span,) = spans[iteration][name]
+            took = (span["end_ns"] - span["start_ns"]) / 1e9
+            assert seconds <= took <= seconds + 1e-3, (iteration, name, took, seconds)
+
+
+@needs_verl
+def test_tokens_and_throughput_are_verls(fitted: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, said = fitted
+    tokens: dict[int, int] = defaultdict(int)
+    for event in _events(run_dir, "samples"):
+        if event["phase"] == "rollout":
+            tokens[event["iteration"]] += sum(event["lengths"])
+            assert event["groups"] == len(event["lengths"]) // 2  # rollout.n 2
+    spans = _spans(run_dir)
+    records = [json.loads(x) for x in (run_dir / "metrics_raw.jsonl").read_text().splitlines()]
+    window = {
+        r["iteration"]: r["values"]["tokens_per_s_per_device"]
+        for r in records
+        if r["kind"] == "iteration" and r["scope"] == "iteration"
+    }
+    for iteration, line in enumerate(said["logged"]):
+        assert tokens[iteration] == line["perf/total_num_tokens"]
+        (step,) = spans[iteration]["step"]
+        step_seconds = (step["end_ns"] - step["start_ns"]) / 1e9
+        # verl's figure: the step's tokens over its step timer, per GPU (1 here)
+        assert line["perf/throughput"] == pytest.approx(tokens[iteration] / step_seconds, rel=2e-3)
+        # twinkle's window also holds what follows the step: metrics, logging
+        assert window[iteration] < line["perf/throughput"]
+    counts = json.loads((run_dir / "summary.json").read_text())["counts"]
+    assert counts["tokens_rollout"]["final"] == sum(tokens.values())
+    assert counts["optimizer_updates"]["final"] == 3
+
+
+@needs_verl
+def test_the_run_recomputes_and_replays(
+    fitted: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    run_dir, said = fitted
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["iterations"] == 3
+    config = _events(run_dir, "run_started")[0]["config"]
+    assert config["x_verl"] == {
+        "project": "verl_cpu",
+        "experiment": "fit_cpu",
+        "trainer": "PPOTrainerSync",
+    }
+    scalars = _events(run_dir, "scalars")
+    assert [e["values"]["global_step"] for e in scalars] == [1, 2, 3]
+    for event, line in zip(scalars, said["logged"], strict=True):
+        assert event["values"]["perf/throughput"] == line["perf/throughput"]
+    check_run(run_dir)
+    replay(run_dir, tmp_path / "again")
+    for name in FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+@needs_verl
+def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None:
+    said = _fit(tmp_path, "fails", steps=3, fail_at=2)
+    assert said["error"] == "the actor update of step 2 ran out of memory"
+    assert said["restored"]
+    run_dir = tmp_path / "fails"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "error"
+    assert summary["error"] == "RuntimeError: the actor update of step 2 ran out of memory"
+    assert summary["counts"]["optimizer_updates"]["final"] == 1  # step 1's, kept
+    (failed,) = _spans(run_dir)[1]["update_actor"]
+    assert failed["error"] is not None
+    check_run(run_dir)
+
+
+def test_the_configuration_groups_verls_timers() -> None:
+    config = observer_config(devices=8, total_steps=100)
+    assert config["phases"] == PHASES
+    assert config["phases"]["train"] == [
+        "old_log_prob",
+        "ref",
+        "values",
+        "update_critic",
+        "update_actor",
+    ]
+    assert config["window"] == {"samples": "rollout", "devices": 8}
+    assert config["total_steps"] == 100
+    assert "total_steps" not in observer_config(devices=1, total_steps=None)
