@@ -111,9 +111,18 @@ def test_tokens_and_throughput_are_verls(fitted: tuple[Path, dict[str, Any]]) ->
         assert line["perf/throughput"] == pytest.approx(tokens[iteration] / step_seconds, rel=2e-3)
         # twinkle's window also holds what follows the step: metrics, logging
         assert window[iteration] < line["perf/throughput"]
-    counts = json.loads((run_dir / "summary.json").read_text())["counts"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    counts = summary["counts"]
     assert counts["tokens_rollout"]["final"] == sum(tokens.values())
     assert counts["optimizer_updates"]["final"] == 3
+    # the summary sets verl's own figures beside twinkle's
+    compare = summary["compare"]
+    assert compare["throughput"]["iterations"] == 3
+    assert compare["throughput"]["max_relative_difference"] < 2e-3
+    for name in ("step", "gen", "old_log_prob", "ref", "adv", "update_actor"):
+        seconds = compare["seconds"][name]
+        assert seconds["key"] == f"timing_s/{name}" and seconds["iterations"] == 3
+        assert 0 <= seconds["max_difference_seconds"] <= 1e-3
 
 
 @needs_verl
@@ -157,6 +166,8 @@ def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None
 def test_the_configuration_groups_verls_timers() -> None:
     config = observer_config(devices=8, total_steps=100)
     assert config["phases"] == PHASES
+    assert config["compare"]["seconds"]["update_actor"] == "timing_s/update_actor"
+    assert config["compare"]["throughput"]["devices"] == 8
     assert config["phases"]["train"] == [
         "old_log_prob",
         "ref",

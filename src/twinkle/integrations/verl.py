@@ -13,9 +13,17 @@ backend verl's ``Tracking`` accepts; the trainer's ``Tracking`` then opens the r
 the start of ``fit()`` and finishes it at ``Tracking.finish`` (verl's ``TaskRunner``
 calls it when ``fit()`` returns or raises: ``exit_code`` 1 finishes the run with status
 ``error``, naming the exception). In a driver of your own, call ``install()`` before the
-trainer's ``fit()``. The run is written to ``runs/<run_id>/`` (``TWINKLE_OUT_DIR`` and
-``TWINKLE_RUN_ID`` in the environment choose another place or name; a named run that did
-not finish resumes).
+trainer's ``fit()``, and finish it after (``trainer.logger.finish(exit_code=0)``, 1 when
+``fit()`` raised), as verl's ``TaskRunner`` does. The run is written to
+``runs/<run_id>/`` under the trainer process's working directory (``TWINKLE_OUT_DIR`` and
+``TWINKLE_RUN_ID`` in that process's environment choose another place or name: on a
+Ray cluster, ``+ray_kwargs.ray_init.runtime_env.env_vars.TWINKLE_OUT_DIR=...``; a named
+run that did not finish resumes).
+
+The phases mean what they say for verl's ``sync`` trainer. In its asynchronous modes
+(``trainer.v1.trainer_mode`` ``colocate_async``, ``separate_async``) generation runs
+elsewhere, beside training, and ``gen`` times the wait for the replay buffer's samples:
+``rollout`` is then that wait, not generation.
 
 What the run holds, on verl's own boundaries:
 
@@ -35,11 +43,18 @@ What the run holds, on verl's own boundaries:
 
 The phases (:func:`observer_config`) group the timers: ``rollout`` (``gen``), ``reward``,
 ``train`` (all the trainer's devices do: ``old_log_prob``, ``ref``, ``values``,
-``update_critic``, ``update_actor``; the critical path's training), within it
-``logprob`` (the first three) and ``update`` (the last two), ``advantage`` (``adv``, on
-the driver), ``publish`` (``update_weights``), ``checkpoint`` (``save_checkpoint``),
-``validate`` (``testing``) and ``step``. Every one counts the devices verl's own ``perf/throughput``
+``update_critic``, ``update_actor``; the critical path's training; each timer's own
+seconds are its spans), ``advantage`` (``adv``, on the driver), ``publish``
+(``update_weights``), ``checkpoint`` (``save_checkpoint``), ``validate`` (``testing``)
+and ``step``. Every one counts the devices verl's own ``perf/throughput``
 divides by (the trainer's ``_get_n_gpus_for_throughput()``).
+
+The summary's ``compare`` sets verl's own figures beside twinkle's (``config.compare``,
+docs/metrics.md "A framework's own figures"): each timer's ``timing_s/<name>`` against
+its spans' seconds, and ``perf/throughput`` against the step's rollout tokens over the
+``step`` span's seconds and those devices. twinkle's window throughput is lower than
+verl's: its window also holds the time between ``step`` timers (metrics, logging,
+validation), and it leaves out padding samples, whose tokens verl counts.
 """
 
 from __future__ import annotations
@@ -74,8 +89,6 @@ PHASES: dict[str, list[str]] = {
     "reward": ["reward"],
     # the trainer's devices at work: log-probabilities and values, then the updates
     "train": ["old_log_prob", "ref", "values", "update_critic", "update_actor"],
-    "logprob": ["old_log_prob", "ref", "values"],
-    "update": ["update_critic", "update_actor"],
     "advantage": ["adv"],
     "publish": ["update_weights"],
     "checkpoint": ["save_checkpoint"],
@@ -87,7 +100,8 @@ PHASES: dict[str, list[str]] = {
 def observer_config(*, devices: float, total_steps: int | None) -> dict[str, Any]:
     """The business definitions of a verl run: :data:`PHASES`, ``rollout`` and ``train``
     throughput, the run window over the rollout samples, generation, training and
-    publishing for the critical path; ``devices`` everywhere."""
+    publishing for the critical path, verl's own figures to compare (its scalars
+    ``verl``); ``devices`` everywhere."""
     config: dict[str, Any] = {
         "phases": {name: list(spans) for name, spans in PHASES.items()},
         "throughput": {
@@ -96,6 +110,16 @@ def observer_config(*, devices: float, total_steps: int | None) -> dict[str, Any
         },
         "window": {"samples": "rollout", "devices": devices},
         "streaming": {"generation": "rollout", "training": "train", "publish": "publish"},
+        "compare": {
+            "scalars": "verl",
+            "seconds": {n: f"timing_s/{n}" for names in PHASES.values() for n in names},
+            "throughput": {
+                "key": "perf/throughput",
+                "span": "step",
+                "samples": "rollout",
+                "devices": devices,
+            },
+        },
     }
     if total_steps is not None:
         config["total_steps"] = total_steps
@@ -161,7 +185,8 @@ class VerlRun:
         config = config if isinstance(config, Mapping) else {}
         self.trainer = trainer
         self.per_group = int(_get(config, "actor_rollout_ref", "rollout", "n") or 0)
-        run_config = observer_config(devices=_devices(trainer, config), total_steps=_steps(config))
+        steps = _steps(getattr(trainer, "total_training_steps", None), config)
+        run_config = observer_config(devices=_devices(trainer, config), total_steps=steps)
         run_config["x_verl"] = {
             "project": str(project),
             "experiment": str(experiment),
@@ -192,7 +217,11 @@ class VerlRun:
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
-        """The span of verl's timer ``name``; ``step`` begins an iteration."""
+        """The span of verl's timer ``name``; ``step`` begins an iteration. Nothing once
+        the run is over (a timer must never raise into verl's training)."""
+        if self.session.state is not RunState.RUNNING:
+            yield
+            return
         if name == "step":
             self.iteration, self.next_iteration = self.next_iteration, self.next_iteration + 1
             self.samples = 0
@@ -201,13 +230,15 @@ class VerlRun:
         with self.session.recorder.span(name, **attrs):
             try:
                 yield
+            except GeneratorExit:  # (the timer abandoned, not failed)
+                raise
             except BaseException as exc:
                 self.failure = exc
                 raise
 
     def _metrics(self, original: Any) -> Any:
         def compute_metrics(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.iteration is not None:
+            if self.iteration is not None and self.session.state is RunState.RUNNING:
                 self._samples(getattr(batch, "tags", None))
             return original(batch, *args, **kwargs)
 
@@ -267,7 +298,8 @@ class VerlRun:
 
     def finish(self, exit_code: int = 0) -> None:
         """The run's end (``Tracking.finish``): status ``error`` for a non-zero
-        ``exit_code``, or after an exception left one of verl's timers."""
+        ``exit_code``, naming the exception being raised (or the last one that left one
+        of verl's timers)."""
         if self._restore:
             trainer, saved = self.trainer, self._restore.pop("_compute_metrics")
             if saved is _MISSING:
@@ -277,15 +309,15 @@ class VerlRun:
         TIMERS.release(self)
         if self.session.state is not RunState.RUNNING:
             return
-        exc = sys.exc_info()[1] if exit_code else None
-        exc = exc or self.failure
-        if exc is not None:
-            error = f"{type(exc).__qualname__}: {exc}"
-        elif exit_code:
-            error = f"verl's training ended with exit code {exit_code}"
-        else:
+        if not exit_code:
             self.session.finish()
             return
+        exc = sys.exc_info()[1] or self.failure
+        error = (
+            f"verl's training ended with exit code {exit_code}"
+            if exc is None
+            else f"{type(exc).__qualname__}: {exc}"
+        )
         self.session.finish(status="error", error=error)
 
 
@@ -310,9 +342,13 @@ def _devices(trainer: Any, config: Mapping[str, Any]) -> float:
     return int(per_node) * int(nodes)
 
 
-def _steps(config: Mapping[str, Any]) -> int | None:
-    steps = _get(config, "trainer", "total_training_steps")
-    return steps if isinstance(steps, int) and steps >= 0 else None
+def _steps(counted: Any, config: Mapping[str, Any]) -> int | None:
+    """The planned steps: the trainer's (it works them out from the data when the
+    configuration leaves ``trainer.total_training_steps`` null), else the configuration's."""
+    for steps in (counted, _get(config, "trainer", "total_training_steps")):
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+            return steps
+    return None
 
 
 _MISSING = object()

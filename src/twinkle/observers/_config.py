@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.errors import ConfigError
+from twinkle.observers._compare_config import CompareConfig
 from twinkle.observers._devices import (
     WorkerDevices,
     count_devices,
@@ -339,6 +340,7 @@ class ObserverConfig:
             "placement",
             "trace",
             "mfu",
+            "compare",
         }
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
@@ -389,6 +391,7 @@ class ObserverConfig:
                 f"records wait for late spans), got {lag!r}"
             )
         streaming = _streaming(raw, phases)
+        CompareConfig.parse(raw.get("compare"))  # (its observer's: an error is said now)
         return cls(
             phases,
             throughput,
