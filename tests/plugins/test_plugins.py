@@ -30,6 +30,7 @@ from twinkle.testing import scripted_run
 
 BUILTINS = {
     "timeline",
+    "compare",
     "events",
     "memory",
     "metrics_raw",

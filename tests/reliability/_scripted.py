@@ -18,6 +18,7 @@ from twinkle.testing import SCRIPTED_CONFIG
 #: the built-in observers, by name (as make_plugin_manager() registers them)
 BUILTINS = frozenset(
     {
+        "compare",
         "events",
         "memory",
         "metrics_raw",

@@ -234,7 +234,8 @@ def test_blocking_an_unknown_name_is_an_error_listing_the_known_names(install: I
         @hookimpl
         def twinkle_event(self) -> None: ...
 
-    known = "'events', 'memory', 'metrics_raw', 'mfu', 'mine', 'scalars', 'spy', 'throughput', "
+    known = "'compare', 'events', 'memory', 'metrics_raw', 'mfu', 'mine', 'scalars', 'spy', "
+    known += "'throughput', "
     with pytest.raises(InvalidArgumentError, match=r"names no plugin: 'tarce'") as info:
         make_plugin_manager(blocked=["tarce"], plugins=[("mine", Mine())])
     assert f"the known plugins are {known}'timeline', 'timing', 'trace', 'webui'" in str(info.value)
