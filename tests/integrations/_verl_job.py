@@ -148,13 +148,29 @@ class FakeAgentLoopManager:
     """Stands in for AgentLoopManagerTQ + AgentLoopWorkerTQ + LLM servers + reward loop.
 
     Writes, per prompt uid and per rollout.n session, what AgentLoopWorkerTQ._agent_loop_postprocess
-    writes (fields + tags), and the uid status tags of _run_prompt.
+    writes (fields + tags), and the uid status tags of _run_prompt. As the real manager
+    dispatches the batch and returns, the stand-in generates when the trainer waits for
+    the samples (``gen``: the replay buffer's ``sample``; see ``generates_when_sampled``).
     """
 
     def __init__(self, config, tokenizer):
         self.config, self.tok = config, tokenizer
+        self.pending = []
 
     def generate_sequences(self, batch: TensorDict) -> None:
+        self.pending.append(batch)
+
+    def generates_when_sampled(self, replay_buffer):
+        sample = replay_buffer.sample
+
+        def generated_then_sampled(*args, **kwargs):
+            while self.pending:
+                self.generate(self.pending.pop(0))
+            return sample(*args, **kwargs)
+
+        replay_buffer.sample = generated_then_sampled
+
+    def generate(self, batch: TensorDict) -> None:
         n = self.config.actor_rollout_ref.rollout.n
         gs = batch["global_steps"]
         gs = gs.data if isinstance(gs, NonTensorData) else gs
@@ -389,7 +405,9 @@ def main(out, steps):
             self.logger["test"] = logged
 
         Tracking.__init__ = with_test_backend
-        trainer.fit(FakeAgentLoopManager(config, trainer.tokenizer))
+        agent_loop_manager = FakeAgentLoopManager(config, trainer.tokenizer)
+        agent_loop_manager.generates_when_sampled(trainer.replay_buffer)
+        trainer.fit(agent_loop_manager)
         succeeded = True
     except RuntimeError as exc:
         error = str(exc)

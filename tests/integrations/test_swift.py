@@ -24,7 +24,7 @@ import torch
 from _swift_job import PROMPTS, swift_args, write_model
 
 from _recompute import check_run
-from twinkle.integrations._swift_run import encoded_sums
+from twinkle.integrations._swift_run import counts_samples, encoded_sums
 from twinkle.integrations.swift import OUT_DIR_ENV, RUN_ID_ENV, TwinkleSwiftCallback
 from twinkle.run import replay
 
@@ -216,11 +216,26 @@ def test_a_grpo_micro_batch_gives_each_sample_and_its_prompt() -> None:
     }
     lengths, prompts = encoded_sums(batch)  # type: ignore[misc]
     assert lengths.tolist() == [3, 5] and prompts.tolist() == [2, 3]
-    packed = {  # padding-free: every sample in one row, no mask per sample
-        "model_inputs": {"input_ids": torch.zeros(1, 8, dtype=torch.long)},
-        "grpo_batch": _Grpo(torch.tensor([[1, 0], [1, 1]])),
+    # padding-free: the same two samples packed in one row, cut where positions restart
+    packed = {
+        "model_inputs": {
+            "input_ids": torch.zeros(1, 8, dtype=torch.long),
+            "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]),
+        },
+        "grpo_batch": _Grpo(torch.tensor([[1, 0, 0], [1, 1, 0]])),
     }
-    assert encoded_sums(packed) is None
+    lengths, prompts = encoded_sums(packed)  # type: ignore[misc]
+    assert lengths.tolist() == [3, 5] and prompts.tolist() == [2, 3]
+    packed["model_inputs"]["text_position_ids"] = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])
+    lengths, prompts = encoded_sums(packed)  # type: ignore[misc]
+    assert lengths.tolist() == [5, 3]  # (a multimodal model's text positions win)
+    three = {**packed, "grpo_batch": _Grpo(torch.ones(3, 2))}
+    assert encoded_sums(three) is None  # two packed samples, three completion rows
+    mrope = {
+        "model_inputs": {"position_ids": torch.zeros(3, 1, 8)},
+        "grpo_batch": _Grpo(torch.ones(1, 2)),
+    }
+    assert encoded_sums(mrope) is None
     assert encoded_sums({"input_ids": torch.zeros(2, 5)}) is None  # not swift's GRPO batch
     assert encoded_sums([1, 2]) is None
 
@@ -247,3 +262,10 @@ def test_the_callback_writes_beside_swifts_output_unless_told(
     assert (callback.out_dir, callback.run_id) == ("/runs", "grpo-7b")
     given = TwinkleSwiftCallback(_Args(), None, out_dir="/elsewhere", run_id="mine")
     assert (given.out_dir, given.run_id) == ("/elsewhere", "mine")
+
+
+def test_a_sequence_parallel_group_counts_its_samples_once() -> None:
+    assert counts_samples(1, 0, -1)  # no sequence parallelism: every rank its own
+    assert counts_samples(1, 3, -1)
+    assert counts_samples(4, 0, -1) and not counts_samples(4, 1, -1)
+    assert counts_samples(4, 0, 0) and not counts_samples(4, 0, 1)  # with ring attention

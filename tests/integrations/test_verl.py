@@ -137,6 +137,7 @@ def test_the_run_recomputes_and_replays(
         "project": "verl_cpu",
         "experiment": "fit_cpu",
         "trainer": "PPOTrainerSync",
+        "mode": "sync",
     }
     scalars = _events(run_dir, "scalars")
     assert [e["values"]["global_step"] for e in scalars] == [1, 2, 3]
@@ -178,3 +179,9 @@ def test_the_configuration_groups_verls_timers() -> None:
     assert config["window"] == {"samples": "rollout", "devices": 8}
     assert config["total_steps"] == 100
     assert "total_steps" not in observer_config(devices=1, total_steps=None)
+    # separate_async: the rollout's own GPUs count in verl's denominator, not the
+    # trainer's; gen only waits for samples generated beside training
+    apart = observer_config(devices=12, total_steps=None, train_devices=8, mode="separate_async")
+    assert apart["throughput"] == {"train": {"samples": "train", "devices": 8}}
+    assert apart["window"]["devices"] == 12
+    assert apart["phases"]["switch"] == ["switch_to_trainer", "switch_wait", "switch_to_rollout"]

@@ -13,7 +13,9 @@ counts no ``num_input_tokens_seen``. So a swift run
   prompt + completion tokens as the batch's attention mask counts them, its prompt the
   tokens before its completion mask;
 * reads the ``train`` samples from the same micro-batches when a training step takes
-  them (``{"model_inputs", "grpo_batch"}``: :func:`encoded_sums`);
+  them (``{"model_inputs", "grpo_batch"}``: :func:`encoded_sums`; padding-free batches
+  too); with sequence parallelism, on the first rank of each group only (every rank of
+  a group holds the group's samples);
 * records swift's profiling contexts (``GRPOTrainer._compute_rewards_per_func``, ...) as
   spans, the default ``reward`` and ``publish`` phases among them;
 * names its scalars ``swift`` (``swift.eval``, ``swift.train``) and its configuration's
@@ -22,6 +24,7 @@ counts no ``num_input_tokens_seen``. So a swift run
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,7 +33,7 @@ from twinkle.integrations._trl_lengths import plain_lengths
 from twinkle.integrations._trl_profiling import SWIFT_PROFILING, ProfilingPatch
 from twinkle.integrations._trl_run import ObservedRun
 
-__all__ = ["SwiftRun", "encoded_sums"]
+__all__ = ["SwiftRun", "counts_samples", "encoded_sums"]
 
 
 class SwiftRun(ObservedRun):
@@ -52,7 +55,7 @@ class SwiftRun(ObservedRun):
             iteration = self.iteration
             training = bool(self.trainer.model.training)
             batches = original(*args, **kwargs)
-            if iteration is not None:
+            if iteration is not None and self.counting:
                 with self.bus.own_work("swift.lengths"):
                     sums = [encoded_sums(batch) for batch in batches]
                     known = [part for part in sums if part is not None]
@@ -66,8 +69,23 @@ class SwiftRun(ObservedRun):
         return prepare_batch_inputs
 
     def _batch_sums(self, batch: Any) -> tuple[Any, Any] | None:
+        if not self.counting:
+            return [], []
         sums = encoded_sums(batch)
         return super()._batch_sums(batch) if sums is None else sums
+
+    @functools.cached_property
+    def counting(self) -> bool:
+        """Whether this rank counts its batches' samples: with sequence parallelism every
+        rank of a group holds the group's samples (swift gathers them), so its first
+        rank counts them (:func:`counts_samples`)."""
+        template = getattr(self.trainer, "template", None)
+        size = int(getattr(template, "sequence_parallel_size", 1) or 1)
+        if size <= 1:
+            return True
+        from swift.sequence_parallel import sequence_parallel
+
+        return counts_samples(size, sequence_parallel.sp_rank, sequence_parallel.rp_rank)
 
     def _default_config(self, name: str, devices: float, total_steps: int) -> dict[str, Any]:
         config = observer_config(
@@ -82,19 +100,48 @@ class SwiftRun(ObservedRun):
         return config
 
 
+def counts_samples(sp_size: int, sp_rank: int, rp_rank: int) -> bool:
+    """Whether a rank counts its samples: always without sequence parallelism
+    (``sp_size`` 1), else only the first rank of its sequence (and ring: ``rp_rank`` -1
+    without one) parallel group."""
+    return sp_size <= 1 or (sp_rank == 0 and rp_rank <= 0)
+
+
 def encoded_sums(batch: Any) -> tuple[Any, Any] | None:
     """Each sample's tokens in one of swift's GRPO micro-batches (``{"model_inputs",
-    "grpo_batch"}``) and its prompt's: the attention mask's tokens, less the completion
-    mask's; None for any other batch, or a padding-free one (its samples packed in one
-    row: no attention mask per sample)."""
+    "grpo_batch"}``) and its prompt's: the sample's tokens less its completion mask's.
+    A sample's tokens are its attention mask's, or in a padding-free batch (every sample
+    packed in one row) the run of its positions from 0, as swift cuts them
+    (``text_position_ids``, else ``position_ids``). None for any other batch."""
     if not isinstance(batch, Mapping):
         return None
     inputs, grpo = batch.get("model_inputs"), batch.get("grpo_batch")
     completion = getattr(grpo, "completion_mask", None)
-    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
-    if completion is None or mask is None or getattr(mask, "ndim", 0) != 2:
+    if completion is None or not isinstance(inputs, Mapping):
         return None
-    if mask.shape[0] != completion.shape[0]:
+    mask = inputs.get("attention_mask")
+    if mask is not None and getattr(mask, "ndim", 0) == 2:
+        lengths = mask.sum(-1)
+    else:
+        lengths = _packed_lengths(inputs)
+    if lengths is None or lengths.shape[0] != completion.shape[0]:
         return None
-    lengths = mask.sum(-1)
     return lengths, lengths - completion.sum(-1)
+
+
+def _packed_lengths(inputs: Mapping[str, Any]) -> Any:
+    """The lengths of the samples packed in one row: from each position 0 to the next
+    (or the row's end); None without one row of positions."""
+    import torch
+
+    positions = inputs.get("text_position_ids")
+    if positions is None:
+        positions = inputs.get("position_ids")
+    if positions is None or positions.numel() != positions.shape[-1] or positions.numel() == 0:
+        return None
+    flat = positions.reshape(-1)
+    starts = (flat == 0).nonzero(as_tuple=True)[0]
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        return None
+    ends = torch.cat([starts[1:], torch.tensor([flat.numel()], device=flat.device)])
+    return ends - starts

@@ -20,10 +20,14 @@ trainer's ``fit()``, and finish it after (``trainer.logger.finish(exit_code=0)``
 Ray cluster, ``+ray_kwargs.ray_init.runtime_env.env_vars.TWINKLE_OUT_DIR=...``; a named
 run that did not finish resumes).
 
-The phases mean what they say for verl's ``sync`` trainer. In its asynchronous modes
-(``trainer.v1.trainer_mode`` ``colocate_async``, ``separate_async``) generation runs
-elsewhere, beside training, and ``gen`` times the wait for the replay buffer's samples:
-``rollout`` is then that wait, not generation.
+In every mode ``gen`` is the trainer waiting for its samples from the replay buffer:
+with the ``sync`` trainer, the whole generation of the step's batch; in the asynchronous
+modes (``trainer.v1.trainer_mode`` ``colocate_async``, ``separate_async``), generation
+runs beside training on the rollout's own workers, and ``gen`` is only what is left to
+wait. So the critical path's generation is that wait, and there is no rollout
+throughput outside ``sync``. ``separate_async``'s switches of the devices between
+trainer and rollout are the ``switch`` phase; its train phase counts the trainer's GPUs,
+the window verl's denominator (with the rollout's).
 
 What the run holds, on verl's own boundaries:
 
@@ -45,9 +49,10 @@ The phases (:func:`observer_config`) group the timers: ``rollout`` (``gen``), ``
 ``train`` (all the trainer's devices do: ``old_log_prob``, ``ref``, ``values``,
 ``update_critic``, ``update_actor``; the critical path's training; each timer's own
 seconds are its spans), ``advantage`` (``adv``, on the driver), ``publish``
-(``update_weights``), ``checkpoint`` (``save_checkpoint``), ``validate`` (``testing``)
-and ``step``. Every one counts the devices verl's own ``perf/throughput``
-divides by (the trainer's ``_get_n_gpus_for_throughput()``).
+(``update_weights``), ``switch`` (``separate_async``'s ``switch_*``), ``checkpoint``
+(``save_checkpoint``), ``validate`` (``testing``) and ``step``. The window and the
+rollout count the devices verl's own ``perf/throughput`` divides by (the trainer's
+``_get_n_gpus_for_throughput()``), the train phase the trainer's own GPUs.
 
 The summary's ``compare`` sets verl's own figures beside twinkle's (``config.compare``,
 docs/metrics.md "A framework's own figures"): each timer's ``timing_s/<name>`` against
@@ -91,23 +96,42 @@ PHASES: dict[str, list[str]] = {
     "train": ["old_log_prob", "ref", "values", "update_critic", "update_actor"],
     "advantage": ["adv"],
     "publish": ["update_weights"],
+    # separate_async: the trainer's and the rollout's devices trading places
+    "switch": ["switch_to_trainer", "switch_wait", "switch_to_rollout"],
     "checkpoint": ["save_checkpoint"],
     "validate": ["testing"],
     "step": ["step"],
 }
 
 
-def observer_config(*, devices: float, total_steps: int | None) -> dict[str, Any]:
+def observer_config(
+    *,
+    devices: float,
+    total_steps: int | None,
+    train_devices: float | None = None,
+    mode: str = "sync",
+) -> dict[str, Any]:
     """The business definitions of a verl run: :data:`PHASES`, ``rollout`` and ``train``
-    throughput, the run window over the rollout samples, generation, training and
-    publishing for the critical path, verl's own figures to compare (its scalars
-    ``verl``); ``devices`` everywhere."""
+    throughput, the run window over the rollout samples, generation (the trainer's wait
+    for its samples, ``gen``), training and publishing for the critical path, verl's own
+    figures to compare (its scalars ``verl``).
+
+    :param devices: verl's throughput denominator (its ``_get_n_gpus_for_throughput()``:
+        with ``separate_async``, the rollout's GPUs too): the window's and the rollout's.
+    :param train_devices: the trainer's GPUs (default ``devices``): the train phase's.
+    :param mode: verl's ``trainer.v1.trainer_mode``. Outside ``sync`` the rollout runs
+        beside the trainer, elsewhere, and ``gen`` only waits for its samples: there is
+        no rollout throughput (it would be the samples over that wait).
+    """
+    throughput: dict[str, Any] = {
+        "rollout": {"samples": "rollout", "devices": devices},
+        "train": {"samples": "train", "devices": train_devices or devices},
+    }
+    if mode != "sync":
+        del throughput["rollout"]
     config: dict[str, Any] = {
         "phases": {name: list(spans) for name, spans in PHASES.items()},
-        "throughput": {
-            "rollout": {"samples": "rollout", "devices": devices},
-            "train": {"samples": "train", "devices": devices},
-        },
+        "throughput": throughput,
         "window": {"samples": "rollout", "devices": devices},
         "streaming": {"generation": "rollout", "training": "train", "publish": "publish"},
         "compare": {
@@ -186,11 +210,21 @@ class VerlRun:
         self.trainer = trainer
         self.per_group = int(_get(config, "actor_rollout_ref", "rollout", "n") or 0)
         steps = _steps(getattr(trainer, "total_training_steps", None), config)
-        run_config = observer_config(devices=_devices(trainer, config), total_steps=steps)
+        mode = getattr(trainer, "trainer_mode", None) or _get(
+            config, "trainer", "v1", "trainer_mode"
+        )
+        devices = _devices(trainer, config)
+        run_config = observer_config(
+            devices=devices,
+            total_steps=steps,
+            train_devices=_trainer_devices(trainer) or devices,
+            mode=str(mode or "sync"),
+        )
         run_config["x_verl"] = {
             "project": str(project),
             "experiment": str(experiment),
             "trainer": None if trainer is None else type(trainer).__name__,
+            "mode": str(mode or "sync"),
         }
         self.session = RunSession(
             out_dir=os.environ.get(OUT_DIR_ENV, "runs"),
@@ -340,6 +374,16 @@ def _devices(trainer: Any, config: Mapping[str, Any]) -> float:
     per_node = _get(config, "trainer", "n_gpus_per_node") or 1
     nodes = _get(config, "trainer", "nnodes") or 1
     return int(per_node) * int(nodes)
+
+
+def _trainer_devices(trainer: Any) -> int | None:
+    """The trainer's own GPUs (its resource pools'), or None."""
+    pools = getattr(trainer, "resource_pool_manager", None)
+    with contextlib.suppress(Exception):
+        n = pools.get_n_gpus()  # type: ignore[union-attr]
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
 
 
 def _steps(counted: Any, config: Mapping[str, Any]) -> int | None:
