@@ -30,6 +30,7 @@ CONFIG = {
         device="NVIDIA H100 80GB HBM3",
         generation="rollout",
     ),
+    "compare": {"scalars": "grpo", "seconds": {"generate": "generate_s"}},
 }
 
 

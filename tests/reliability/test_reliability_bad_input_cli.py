@@ -92,7 +92,7 @@ API_CASES = [
         lambda _: check_blocked(["metrics-raw"]),
         InvalidArgumentError,
         r"names no plugin: 'metrics-raw'; check the spelling: the known plugins are "
-        r"'events', 'memory', 'metrics_raw',",
+        r"'compare', 'events', 'memory', 'metrics_raw',",
     ),
 ]
 

@@ -11,7 +11,6 @@ against the framework's figure. Only iterations with both sides count.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 from twinkle.events import SamplesObserved, ScalarsObserved, SpanBatch
@@ -27,8 +26,9 @@ class CompareObserver:
 
     def __init__(self) -> None:
         self.config: CompareConfig | None = None
-        self.seconds: dict[tuple[int, str], int] = defaultdict(int)  # nanoseconds
-        self.tokens: dict[int, int] = defaultdict(int)
+        # (plain dicts: the run's checkpoint holds twinkle's values and builtin containers)
+        self.seconds: dict[tuple[int, str], int] = {}  # nanoseconds
+        self.tokens: dict[int, int] = {}
         self.figures: dict[int, dict[str, int | float]] = {}
 
     @hookimpl
@@ -44,13 +44,14 @@ class CompareObserver:
         for span in event.spans:
             iteration = span.attrs.get("iteration")
             if span.name in names and isinstance(iteration, int):
-                self.seconds[iteration, span.name] += span.end_ns - span.start_ns
+                key = (iteration, span.name)
+                self.seconds[key] = self.seconds.get(key, 0) + span.end_ns - span.start_ns
 
     @hookimpl
     def twinkle_samples(self, event: SamplesObserved) -> None:
         config = self.config
         if config is not None and config.throughput and event.phase == config.throughput.samples:
-            self.tokens[event.iteration] += sum(event.lengths)
+            self.tokens[event.iteration] = self.tokens.get(event.iteration, 0) + sum(event.lengths)
 
     @hookimpl
     def twinkle_scalars(self, event: ScalarsObserved) -> None:
