@@ -247,6 +247,7 @@ class _Grpo:
 
 class _Args:
     output_dir = "/data/output/v3-20261203"
+    resume_from_checkpoint: str | None = None
 
 
 def test_the_callback_writes_beside_swifts_output_unless_told(
@@ -269,3 +270,24 @@ def test_a_sequence_parallel_group_counts_its_samples_once() -> None:
     assert counts_samples(1, 3, -1)
     assert counts_samples(4, 0, -1) and not counts_samples(4, 1, -1)
     assert counts_samples(4, 0, 0) and not counts_samples(4, 0, 1)  # with ring attention
+
+
+def test_a_resumed_swift_launch_without_the_runs_names_is_said_to_start_a_new_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(OUT_DIR_ENV, raising=False)
+    monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    resumed = _Args()
+    resumed.resume_from_checkpoint = "/data/output/v3-20261203/checkpoint-200"
+    with caplog.at_level("WARNING", logger="twinkle.integrations.swift"):
+        TwinkleSwiftCallback(resumed, None)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("checkpoint-200" in m for m in said)
+    assert "no out_dir" in said[0] and "set TWINKLE_OUT_DIR (and TWINKLE_RUN_ID)" in said[0]
+    assert "no run_id" in said[1]
+    caplog.clear()
+    monkeypatch.setenv(OUT_DIR_ENV, "/runs")
+    monkeypatch.setenv(RUN_ID_ENV, "grpo-7b")
+    TwinkleSwiftCallback(resumed, None)  # given both: it continues that run, silently
+    TwinkleSwiftCallback(_Args(), None)  # not resumed: nothing to say
+    assert not caplog.records

@@ -34,6 +34,7 @@ trainers in the same process as they were (a ``TwinkleCallback`` observes those)
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -43,6 +44,8 @@ from twinkle.integrations._swift_run import SwiftRun
 from twinkle.integrations.trl import TwinkleCallback
 
 __all__ = ["OUT_DIR_ENV", "RUN_ID_ENV", "TwinkleSwiftCallback", "register", "swift_plugin_file"]
+
+log = logging.getLogger("twinkle.integrations.swift")
 
 #: The environment's choice of where the run is written (default ``<output_dir>/twinkle``).
 OUT_DIR_ENV = "TWINKLE_OUT_DIR"
@@ -57,20 +60,42 @@ class TwinkleSwiftCallback(TwinkleCallback):
     trainer's arguments) gives the default ``out_dir``, ``<args.output_dir>/twinkle``.
     Options are :class:`TwinkleCallback`'s; ``out_dir`` and ``run_id`` default to the
     environment's :data:`OUT_DIR_ENV` and :data:`RUN_ID_ENV` when set.
+
+    swift gives every launch a new versioned ``output_dir``, also one that resumes from a
+    checkpoint (``args.resume_from_checkpoint``): such a launch continues its twinkle run
+    only when given the first launch's ``out_dir`` and ``run_id``; without them it says
+    so (a warning) and observes the training as a new run.
     """
 
     run_class = SwiftRun
 
     def __init__(self, args: Any = None, trainer: Any = None, **options: Any) -> None:
         out_dir = os.environ.get(OUT_DIR_ENV)
-        if not out_dir and args is not None:
-            out_dir = os.path.join(str(args.output_dir), "twinkle")
         if out_dir:
             options.setdefault("out_dir", out_dir)
+        elif args is not None and "out_dir" not in options:
+            options["out_dir"] = os.path.join(str(args.output_dir), "twinkle")
+            _warn_if_resumed(args, "out_dir", OUT_DIR_ENV)
         run_id = os.environ.get(RUN_ID_ENV)
         if run_id:
             options.setdefault("run_id", run_id)
+        elif args is not None and options.get("run_id") is None:
+            _warn_if_resumed(args, "run_id", RUN_ID_ENV)
         super().__init__(**options)
+
+
+def _warn_if_resumed(args: Any, option: str, variable: str) -> None:
+    checkpoint = getattr(args, "resume_from_checkpoint", None)
+    if checkpoint:
+        log.warning(
+            "twinkle: swift resumes from %s, but twinkle was given no %s: this launch is "
+            "observed as a new run. To continue the first launch's run, set %s (and %s) "
+            "to its values",
+            checkpoint,
+            option,
+            variable,
+            RUN_ID_ENV if variable == OUT_DIR_ENV else OUT_DIR_ENV,
+        )
 
 
 def register(name: str = "twinkle", **options: Any) -> None:
