@@ -141,10 +141,18 @@ def _api(directory: Path, out: Path) -> None:
 
 
 def _fail(directory: Path, out: Path) -> None:
+    import swift.rlhf_trainers.utils as swift_utils
     from swift.pipelines import rlhf_main
     from swift.rewards import ORM, orms
 
+    from twinkle.errors import InvalidArgumentError
     from twinkle.integrations.swift import register
+
+    swift_before = swift_utils.profiling_context
+    try:  # a bad option is refused by register(), before swift builds its trainer
+        register(run_id="swift-fail", devics=2)
+    except InvalidArgumentError as exc:
+        refused = str(exc)
 
     class FailsSecond(ORM):
         calls = 0
@@ -160,7 +168,8 @@ def _fail(directory: Path, out: Path) -> None:
     try:
         rlhf_main(swift_args(directory, out / "swift", reward_funcs="fails_second"))
     except ValueError as exc:
-        print(json.dumps({"raised": str(exc)}))
+        restored = swift_utils.profiling_context is swift_before
+        print(json.dumps({"raised": str(exc), "restored": restored, "refused": refused}))
 
 
 if __name__ == "__main__":

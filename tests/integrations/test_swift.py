@@ -193,8 +193,12 @@ def test_the_python_api_then_trl_in_the_same_process(workdir: Path) -> None:
 @needs_swift
 def test_a_reward_that_raises_finishes_the_run_with_its_records(workdir: Path) -> None:
     out = workdir / "fail"
-    said = _run([str(SWIFT_BIN / "python"), str(JOB), "fail", str(workdir), str(out)])
-    assert json.loads(said.splitlines()[-1]) == {"raised": "the reward model is unreachable"}
+    said = json.loads(
+        _run([str(SWIFT_BIN / "python"), str(JOB), "fail", str(workdir), str(out)]).splitlines()[-1]
+    )
+    assert said["raised"] == "the reward model is unreachable"
+    assert said["restored"]  # swift's profiling_context is swift's again after the failure
+    assert "unknown option(s) ['devics']" in said["refused"]
     run_dir = out / "swift-fail"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "error"
