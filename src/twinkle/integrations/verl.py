@@ -365,12 +365,9 @@ def _get(config: Mapping[str, Any], *keys: str) -> Any:
 
 def _devices(trainer: Any, config: Mapping[str, Any]) -> float:
     """verl's own throughput denominator: the trainer's, else the configuration's GPUs."""
-    counted = getattr(trainer, "_get_n_gpus_for_throughput", None)
-    if callable(counted):
-        with contextlib.suppress(Exception):  # (its resource pool may not be made yet)
-            n = counted()
-            if isinstance(n, int) and n > 0:
-                return n
+    counted = _gpus(getattr(trainer, "_get_n_gpus_for_throughput", None))
+    if counted is not None:
+        return counted
     per_node = _get(config, "trainer", "n_gpus_per_node") or 1
     nodes = _get(config, "trainer", "nnodes") or 1
     return int(per_node) * int(nodes)
@@ -378,11 +375,17 @@ def _devices(trainer: Any, config: Mapping[str, Any]) -> float:
 
 def _trainer_devices(trainer: Any) -> int | None:
     """The trainer's own GPUs (its resource pools'), or None."""
-    pools = getattr(trainer, "resource_pool_manager", None)
-    with contextlib.suppress(Exception):
-        n = pools.get_n_gpus()  # type: ignore[union-attr]
-        if isinstance(n, int) and n > 0:
-            return n
+    return _gpus(getattr(getattr(trainer, "resource_pool_manager", None), "get_n_gpus", None))
+
+
+def _gpus(count: Any) -> int | None:
+    """``count()``'s GPUs when it is a method that tells them (a positive int), else
+    None (also when it raises: the trainer's resource pool may not be made yet)."""
+    if callable(count):
+        with contextlib.suppress(Exception):
+            n = count()
+            if isinstance(n, int) and n > 0:
+                return n
     return None
 
 

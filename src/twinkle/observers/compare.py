@@ -15,7 +15,7 @@ from typing import Any
 
 from twinkle.events import SamplesObserved, ScalarsObserved, SpanBatch
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.observers._compare_config import CompareConfig
+from twinkle.observers._compare_config import CompareConfig, CompareThroughput
 
 __all__ = ["CompareObserver"]
 
@@ -66,7 +66,7 @@ class CompareObserver:
         seconds = {name: self._seconds(name, key) for name, key in sorted(config.seconds.items())}
         out: dict[str, Any] = {"scalars": config.scalars, "seconds": seconds}
         if config.throughput is not None:
-            out["throughput"] = self._throughput()
+            out["throughput"] = self._throughput(config.throughput)
         return {"compare": out}
 
     def _seconds(self, name: str, key: str) -> dict[str, Any]:
@@ -83,9 +83,7 @@ class CompareObserver:
             "max_difference_seconds": max((abs(o - t) for o, t in pairs), default=None),
         }
 
-    def _throughput(self) -> dict[str, Any]:
-        tp = self.config.throughput if self.config else None
-        assert tp is not None
+    def _throughput(self, tp: CompareThroughput) -> dict[str, Any]:
         pairs = []
         for iteration, figures in sorted(self.figures.items()):
             ns = self.seconds.get((iteration, tp.span), 0)
