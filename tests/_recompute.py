@@ -90,7 +90,7 @@ class Recompute:
                     self.finalised_at[k - lag - 1] = pos
             elif kind == "spans":
                 offset = placement(ev, started)
-                for s in ev["spans"]:
+                for s in span_list(ev):
                     start, end = s["start_ns"] + offset, s["end_ns"] + offset
                     tid = (s["pid"], s["thread_id"])  # (two processes' idents may coincide)
                     if s["name"] == "twinkle.observe":
@@ -302,7 +302,7 @@ def skew_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
             {"hostname": batch["anchor"]["hostname"], "reports": 0, "spans": 0, "offset": 0},
         )
         worker["reports"] += new
-        worker["spans"] += len(batch["spans"])
+        worker["spans"] += len(span_list(batch))
         if abs(offset) > abs(worker["offset"]):
             worker["offset"], worker["hostname"] = offset, batch["anchor"]["hostname"]
     return {
@@ -510,8 +510,49 @@ FILES = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "summary.json", "
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's log, event by event."""
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    """The run's log, event by event; a span batch's spans also as a list of objects
+    (``spans``, :func:`span_list`)."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    for ev in events:
+        if ev["type"] == "spans":
+            ev["spans"] = span_list(ev)
+    return events
+
+
+def span_list(ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spans of a ``spans`` line as objects, read from its columns as
+    docs/architecture.md ("The event log") describes them (here, not twinkle's reader),
+    or the list an older log holds."""
+    if "columns" not in ev:
+        return list(ev["spans"])
+    c = ev["columns"]
+    n = len(c["start"])
+    if not n:
+        return []
+
+    def column(table: str, index: str) -> list[Any]:
+        if table not in c:
+            return [None] * n
+        return [c[table][i] for i in c[index]] if index in c else [c[table][0]] * n
+
+    values = {k: iter(v) for k, v in c.get("values", {}).items()}
+    keys = column("keys", "key") if "keys" in c else [[]] * n
+    rows = zip(
+        column("names", "name"), c["start"], c["dur"], column("threads", "thread"),
+        column("pids", "pid"), keys, column("errors", "error"), strict=True,
+    )  # fmt: skip
+    return [
+        {
+            "name": name,
+            "start_ns": c["t0"] + start,
+            "end_ns": c["t0"] + start + dur,
+            "thread_id": thread,
+            "pid": pid,
+            "attrs": {k: next(values[k]) for k in names},
+            "error": error,
+        }
+        for name, start, dur, thread, pid, names, error in rows
+    ]
 
 
 def check_replay(run_dir: Path, out: Path) -> None:
@@ -533,7 +574,7 @@ def placed_spans(
         if batch["type"] != "spans" or batch["source"] not in sources:
             continue
         offset = placement(batch, events[0])
-        for span in batch["spans"]:
+        for span in span_list(batch):
             out.append((batch["source"], span, span["start_ns"] + offset, span["end_ns"] + offset))
     return out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from _recompute import span_list
 from twinkle import perf
 from twinkle.errors import InvalidArgumentError
 from twinkle.hookspecs import hookimpl
@@ -18,7 +19,7 @@ from twinkle.run import RunSession
 
 def _spans(run_dir: Path) -> list[dict[str, object]]:
     events = [orjson.loads(x) for x in (run_dir / "events.jsonl").read_bytes().splitlines()]
-    return [s for e in events if e["type"] == "spans" for s in e["spans"]]
+    return [s for e in events if e["type"] == "spans" for s in span_list(e)]
 
 
 @perf.timed("decorated")

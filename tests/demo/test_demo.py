@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from _recompute import span_list
 from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import RolloutEngine, TorchEngine
@@ -206,7 +207,7 @@ def test_a_version_is_published_once_no_rollout_needs_an_older_one(
     run_demo(cfg, out_dir=tmp_path, run_id="r", resume=True)
     events = _lines(tmp_path / "r" / "events.jsonl")
     assert [e["version"] for e in events if e["type"] == "weights_published"] == versions
-    spans = [s for e in events if e["type"] == "spans" for s in e["spans"]]
+    spans = [s for e in events if e["type"] == "spans" for s in span_list(e)]
     generate = {
         (s["attrs"]["iteration"], s["attrs"]["engine"]): s for s in spans if s["name"] == "generate"
     }

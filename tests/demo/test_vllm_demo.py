@@ -24,7 +24,7 @@ import orjson
 import psutil
 import pytest
 
-from _recompute import check_run
+from _recompute import check_run, span_list
 from twinkle.run import replay
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -47,7 +47,7 @@ class Demo:
         return [e for e in self.events if e["type"] == kind]
 
     def spans(self, name: str) -> list[dict[str, Any]]:
-        return [s for e in self.of("spans") for s in e["spans"] if s["name"] == name]
+        return [s for e in self.of("spans") for s in span_list(e) if s["name"] == name]
 
 
 def generate_spans(demo: Demo) -> dict[tuple[int, str], dict[str, Any]]:

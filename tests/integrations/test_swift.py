@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 import torch
 from _swift_job import PROMPTS, swift_args, write_model
 
-from _recompute import check_run
+from _recompute import check_run, span_list
 from twinkle.integrations._swift_run import counts_samples, encoded_sums
 from twinkle.integrations.swift import OUT_DIR_ENV, RUN_ID_ENV, TwinkleSwiftCallback
 from twinkle.run import replay
@@ -81,7 +81,7 @@ def test_the_command_line_run_has_swift_generation_reward_and_training_spans(
     assert summary["status"] == "ok" and summary["iterations"] == 3
     names: dict[int, set[str]] = defaultdict(set)
     for batch in _events(run_dir, "spans"):
-        for span in batch["spans"]:
+        for span in span_list(batch):
             names[span["attrs"].get("iteration", -1)].add(span["name"])
     for iteration in range(3):
         assert {
@@ -187,7 +187,7 @@ def test_the_python_api_then_trl_in_the_same_process(workdir: Path) -> None:
     assert trl_run["counts"]["samples_train"]["final"] == 4
     trl_config = _events(out / "trl-after", "run_started")[0]["config"]
     assert trl_config["x_trl"]["trainer"] == "SFTTrainer" and "x_swift" not in trl_config
-    names = {s["name"] for b in _events(out / "trl-after", "spans") for s in b["spans"]}
+    names = {s["name"] for b in _events(out / "trl-after", "spans") for s in span_list(b)}
     assert names - {"twinkle.observe"} == {"step", "train.step", "train.optimizer"}
 
 

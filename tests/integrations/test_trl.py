@@ -28,7 +28,7 @@ from transformers import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from _recompute import check_run
+from _recompute import check_run, span_list
 from twinkle.demo.hf import tiny_llama, write_tokenizer
 from twinkle.errors import InvalidArgumentError, ResumeConfigError, TwinkleError
 from twinkle.integrations.trl import TwinkleCallback, observer_config
@@ -97,7 +97,7 @@ class Trained:
     logs: list[dict[str, Any]]
 
     def spans(self, name: str | None = None) -> list[dict[str, Any]]:
-        every = [s for e in self.events if e["type"] == "spans" for s in e["spans"]]
+        every = [s for e in self.events if e["type"] == "spans" for s in span_list(e)]
         return [s for s in every if name is None or s["name"] == name]
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from _recompute import check_run
+from _recompute import check_run, span_list
 from twinkle.errors import TwinkleError
 from twinkle.integrations._trl_ranks import RankLink, merged_samples
 from twinkle.run import replay
@@ -67,7 +67,7 @@ def test_two_ranks_are_one_run_with_both_ranks_spans_and_memory(two_ranks: Path)
     assert {"main", "rank1"} <= set(sources)
     names = {
         source: {s["name"] for e in events if e["type"] == "spans" and e["source"] == source
-                 for s in e["spans"]}
+                 for s in span_list(e)}
         for source in ("main", "rank1")
     }  # fmt: skip
     for name in ("step", "train.step", "train.optimizer", "generate"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from _recompute import check_run
+from _recompute import check_run, span_list
 from twinkle.integrations.verl import PHASES, RUN_ID_ENV, observer_config
 from twinkle.run import replay
 
@@ -56,7 +56,7 @@ def _spans(run_dir: Path) -> dict[int, dict[str, list[dict[str, Any]]]]:
     """Per iteration, per name, the spans of verl's timers."""
     out: dict[int, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for batch in _events(run_dir, "spans"):
-        for span in batch["spans"]:
+        for span in span_list(batch):
             if "iteration" in span["attrs"]:
                 out[span["attrs"]["iteration"]][span["name"]].append(span)
     return out

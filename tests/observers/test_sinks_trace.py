@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 import twinkle.observers.trace as trace_module
+from _recompute import span_list
 from twinkle.errors import WriteError
 from twinkle.events import (
     EngineAck,
@@ -225,7 +226,7 @@ def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path):
     trace = _trace(run_dir / "trace.json")
     _check_trace_rules(trace)
     log = [orjson.loads(line) for line in (run_dir / "events.jsonl").read_bytes().splitlines()]
-    spans = [s for e in log if e["type"] == "spans" for s in e["spans"]]
+    spans = [s for e in log if e["type"] == "spans" for s in span_list(e)]
     slices = [e for e in trace if e["ph"] == "X" and e["cat"] not in ("weights", "critical path")]
     assert len(slices) == len(spans)
     named = {e["pid"] for e in trace if e["name"] == "process_name"}

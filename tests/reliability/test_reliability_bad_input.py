@@ -27,6 +27,7 @@ from _sizes import DEFAULT, SOAK, soak_enabled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _recompute import span_list
 from twinkle.cli import main
 from twinkle.errors import (
     ConfigError,
@@ -396,8 +397,24 @@ def replace_line(kind: str, raw: bytes) -> Edit:
 
 
 def _span_backwards(lines: list[Any]) -> None:
-    span = lines[first(lines, "spans")]["spans"][0]
+    lines[first(lines, "spans")]["columns"]["dur"][0] = -1
+
+
+def _as_rows(line: dict[str, Any]) -> list[dict[str, Any]]:
+    """``line``'s spans as the list of objects an older twinkle wrote (now in place)."""
+    line["spans"] = span_list(line)
+    del line["columns"]
+    return line["spans"]
+
+
+def _old_span_backwards(lines: list[Any]) -> None:
+    span = _as_rows(lines[first(lines, "spans")])[0]
     span["end_ns"] = span["start_ns"] - 1
+
+
+def _columns_and_rows(lines: list[Any]) -> None:
+    line = lines[first(lines, "spans")]
+    line["spans"] = span_list(line)
 
 
 def _second_run_started(lines: list[Any]) -> None:
@@ -472,11 +489,35 @@ LOG_CASES: list[tuple[str, Edit, str]] = [
         set_field("run_started", "run_id", "../evil"),
         r":1: event 'run_started': run_id '\.\./evil' is not a safe name",
     ),
-    ("span backwards", _span_backwards, r":{line}: spans\.spans\[0\] .* ends before it starts"),
+    (
+        "span backwards",
+        _span_backwards,
+        r":{line}: spans\.columns\.dur\[0\] = -1: expected `int` >= 0",
+    ),
     (
         "span pid str",
-        lambda ls: ls[first(ls, "spans")]["spans"][0].update(pid="7"),
+        lambda ls: ls[first(ls, "spans")]["columns"]["pids"].__setitem__(0, "7"),
+        r":{line}: spans\.columns\.pids\[0\] = '7': expected `int`, got `str`",
+    ),
+    (
+        "span name index past its table",
+        lambda ls: ls[first(ls, "spans")]["columns"].update(name=[5], names=["a", "b"]),
+        r":{line}: spans\.columns\.name holds index 5, past the 2 entries of spans\.columns\.names",
+    ),
+    (
+        "old log: span backwards",
+        _old_span_backwards,
+        r":{line}: spans\.spans\[0\] .* ends before it starts",
+    ),
+    (
+        "old log: span pid str",
+        lambda ls: _as_rows(ls[first(ls, "spans")])[0].update(pid="7"),
         r":{line}: spans\.spans\[0\]\.pid = '7': expected `int`, got `str`",
+    ),
+    (
+        "span columns and rows",
+        _columns_and_rows,
+        r":{line}: event 'spans' needs its spans as 'columns'",
     ),
     (
         "config unusable",

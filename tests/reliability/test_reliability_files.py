@@ -31,6 +31,7 @@ import pytest
 from _scripted import CONFIG, scripted_run
 
 import twinkle.reporting.jsonl as jsonl_mod
+from _recompute import span_list
 from twinkle.errors import RecordError, ReporterError, TwinkleError
 from twinkle.events import RunFinished, SpanBatch, event_from_dict
 from twinkle.hookspecs import RunContext
@@ -441,7 +442,7 @@ def test_a_span_batch_over_the_line_limit_is_split_and_replays_the_same(
     assert len(pieces) > 2 * 3  # each of the two batches went out as several lines
     for key in ("run_id", "anchor", "monotonic_ns", "wall_ns"):
         assert len({orjson.dumps(p[key]) for p in pieces}) <= 2
-    names = [s["name"] for p in pieces for s in p["spans"]]
+    names = [s["name"] for p in pieces for s in span_list(p)]
     assert names == [f"s{i}" for i in range(400)] * 2  # every span, in order
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["observer_failures"] == {}
@@ -465,7 +466,7 @@ def test_a_split_span_batch_carries_its_dropped_count_once(
     assert len(pieces) > 2
     # 7 spans were dropped once, not once per line: a replay adds the pieces up.
     assert [p["dropped"] for p in pieces] == [7] + [0] * (len(pieces) - 1)
-    assert [s["name"] for p in pieces for s in p["spans"]] == [f"s{i}" for i in range(40)]
+    assert [s["name"] for p in pieces for s in span_list(p)] == [f"s{i}" for i in range(40)]
 
 
 def test_an_event_too_big_for_a_line_is_refused_named_and_counted(

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from _scripted import CONFIG
 
+from _recompute import span_list
 from twinkle.events import FrozenDict, FrozenList, RunStarted, ScalarsObserved, SpanBatch, freeze
 from twinkle.hookspecs import hookimpl
 from twinkle.run import RunSession, replay
@@ -84,7 +85,7 @@ def test_a_mutating_observer_changes_nothing(tmp_path: Path) -> None:
     }
     events = [orjson.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()]
     assert events[0]["config"] == CONFIG
-    attrs = [s["attrs"] for e in events if e["type"] == "spans" for s in e["spans"]]
+    attrs = [s["attrs"] for e in events if e["type"] == "spans" for s in span_list(e)]
     assert {"iteration": 0} in attrs and {"iteration": 7} not in attrs
     assert [e["values"] for e in events if e["type"] == "scalars"] == [{"loss": 0.5}]
     # A plugin cannot turn a failed run into "ok" (nor rename it); its own keys stay.

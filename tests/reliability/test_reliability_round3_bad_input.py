@@ -25,6 +25,7 @@ import msgspec
 import orjson
 import pytest
 
+from _recompute import span_list
 from twinkle.checks import OWN_SOURCE_PREFIX
 from twinkle.engines import EnginePool
 from twinkle.engines.vllm import VllmConfig
@@ -121,7 +122,7 @@ def test_a_worker_cannot_take_twinkles_own_source_name(tmp_path: Path) -> None:
             run.bus.publish_spans("twinkle.engine0", run.bus.anchor, [])
     logged = events(tmp_path / "r")
     assert not [e for e in logged if e["type"] == "memory"]  # nothing of the report
-    own = [s["name"] for e in logged if e["type"] == "spans" for s in e["spans"]]
+    own = [s["name"] for e in logged if e["type"] == "spans" for s in span_list(e)]
     assert set(own) == {"twinkle.observe"}  # the source holds twinkle's own spans only
     assert run.summary is not None
     assert set(run.summary["spans"]["sources"]) == {OVERHEAD_SOURCE}
@@ -302,7 +303,7 @@ def test_a_report_received_without_an_iteration_is_taken_as_outside_any(
     logged = events(tmp_path / "r")
     assert [e["iteration"] for e in logged if e["type"] == "memory"] == [None]
     assert [s["name"] for e in logged if e["type"] == "spans" and e["source"] == "w1"
-            for s in e["spans"]] == ["generate"]  # fmt: skip
+            for s in span_list(e)] == ["generate"]  # fmt: skip
 
 
 def test_a_span_attr_whose_repr_raises_keeps_the_boundary_and_the_span(
@@ -319,7 +320,7 @@ def test_a_span_attr_whose_repr_raises_keeps_the_boundary_and_the_span(
         run.bus.iteration_started(2)
     logged = events(tmp_path / "r")
     assert [e["iteration"] for e in logged if e["type"] == "iteration_started"] == [0, 1, 2]
-    spans = {s["name"]: s for e in logged if e["type"] == "spans" for s in e["spans"]}
+    spans = {s["name"]: s for e in logged if e["type"] == "spans" for s in span_list(e)}
     assert spans["train.step"]["attrs"] == {"obj": "<unrepresentable Unprintable>"}
     assert spans["generate"]["attrs"] == {"<unrepresentable Unprintable>": "1"}  # as its repr
     assert "'train.step'" in caplog.text and "['obj']" in caplog.text

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _recompute import check_replay, check_run
+from _recompute import check_replay, check_run, span_list
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf import WorkerReport
 from twinkle.run import RunSession
@@ -77,7 +77,7 @@ def test_a_workers_spans_and_memory_land_in_the_run_on_its_timeline(tmp_path: Pa
         shift = (anchor["wall_ns"] - anchor["monotonic_ns"]) - (
             origin["wall_ns"] - origin["monotonic_ns"]
         )
-        for span in batch["spans"]:
+        for span in span_list(batch):
             it = span["attrs"]["iteration"]
             assert span["end_ns"] - span["start_ns"] >= 20_000_000  # the worker's own duration
             lo, hi = boundaries[it] - TOLERANCE_NS, ends[it] + TOLERANCE_NS

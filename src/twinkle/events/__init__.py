@@ -13,6 +13,7 @@ from twinkle.events._codec import (
     read_back,
     validate_event,
 )
+from twinkle.events._columns import span_rows
 from twinkle.events._frozen import FrozenDict, FrozenList, freeze
 from twinkle.events._signals import (
     SIGNALS,
@@ -89,6 +90,7 @@ __all__ = [
     "scalars",
     "signal_for",
     "snapshot",
+    "span_rows",
     "spans",
     "validate_event",
     "weights_published",

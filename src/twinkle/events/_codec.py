@@ -23,6 +23,7 @@ import orjson
 from twinkle.checks import INT64_MAX, INT64_MIN, explain
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import RecordError
+from twinkle.events._columns import SpanBatchLine, batch_line, line_batch
 from twinkle.events._frozen import EMPTY, freeze
 from twinkle.events._types import EVENT_TYPES, Event, SpanBatch
 from twinkle.perf import Span
@@ -39,7 +40,9 @@ __all__ = [
 
 _log = logging.getLogger("twinkle.events")
 
-_ANY_EVENT: Any = Union[tuple(EVENT_TYPES.values())]  # noqa: UP007 - a runtime union
+# What a line holds: the events, but a span batch as its line (columns, or a list).
+_LINE_TYPES: dict[str, type[Event]] = {**EVENT_TYPES, SpanBatch.TYPE: SpanBatchLine}
+_ANY_EVENT: Any = Union[tuple(_LINE_TYPES.values())]  # noqa: UP007 - a runtime union
 
 
 def _builtin(value: Any) -> Any:
@@ -208,9 +211,10 @@ def _fits(value: object) -> bool:
 
 
 def dumps_event(event: Event) -> bytes:
-    """One strict-JSON line (without the newline) for ``event``."""
+    """One strict-JSON line (without the newline) for ``event`` (a span batch's spans as
+    columns, :mod:`twinkle.events._columns`)."""
     try:
-        return _ENCODER.encode(event)
+        return _ENCODER.encode(batch_line(event) if type(event) is SpanBatch else event)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _not_json(event, exc) from None
 
@@ -225,9 +229,17 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         raise RecordError(_UNKNOWN.format(kind=kind))
     try:
         # The concrete type, not the union of all: msgspec converts 10x faster.
-        event: Event = _convert(data, cls)
+        event: Event = _convert(data, _LINE_TYPES[cls.TYPE])
     except msgspec.ValidationError as exc:
         raise _invalid(exc, kind, data) from None
+    return _decoded(event)
+
+
+def _decoded(event: Event) -> Event:
+    """The event a decoded line holds, its dicts read-only."""
+    if type(event) is SpanBatchLine:
+        batch = line_batch(event)
+        return batch if event.spans is None else _frozen(batch)  # (columns: frozen already)
     return _frozen(event)
 
 
@@ -247,7 +259,7 @@ def loads_event(line: bytes | str) -> Event:
         raise _invalid(exc, data.get("type"), data) from None
     except msgspec.DecodeError as exc:
         raise RecordError(f"not valid JSON: {exc}") from None
-    return _frozen(event)
+    return _decoded(event)
 
 
 def _flat(attrs: Any) -> bool:

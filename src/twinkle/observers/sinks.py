@@ -26,7 +26,6 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._held_log import HeldLog, refuse_outputs_without_log
 from twinkle.observers._record_sinks import RAW_FILE, WEBUI_FILE, RawRecordsSink, WebUISink
 from twinkle.observers.trace import TRACE_FILE, TraceSink
-from twinkle.perf import Span
 from twinkle.reporting import (
     BatchWriter,
     JsonlWriter,
@@ -374,42 +373,39 @@ def _line(event: Event, seq: int) -> bytes:
 
 
 def _split_line(event: Event, seq: int, limit: int) -> list[bytes]:
-    """The lines of a span batch too long for one line: consecutive batches of its spans,
-    in order, each line within ``limit`` (numbered from ``seq``); the first carries the
-    batch's ``dropped`` count, the others 0 (a replay adds them up). Any other event, or
-    a single span too long for a line, raises :class:`~twinkle.errors.RecordError`."""
+    """The lines of a span batch too long for one line: consecutive runs of its spans,
+    in order, each line within ``limit`` (numbered from ``seq``), halved until they fit;
+    the first carries the batch's ``dropped`` count, the others 0 (a replay adds them
+    up). Any other event, or a single span too long for a line, raises
+    :class:`~twinkle.errors.RecordError`."""
     if not isinstance(event, SpanBatch) or not event.spans:
         raise RecordError(
             f"event {event.TYPE!r} is {len(dumps_event(event))} bytes as a line, more than "
             f"the event log's line limit MAX_LINE_BYTES={limit}: it is not written; publish "
             "smaller events (e.g. fewer readings or keys per event)"
         )
-    replace = msgspec.structs.replace
-    # A line of k spans: the seq prefix (sized for the largest seq these lines can get),
-    # the empty batch's JSON, the spans' JSON and k - 1 commas between them.
-    empty = len(dumps_event(replace(event, spans=())))
-    base = len(b'{"seq":%d,' % (seq + len(event.spans))) + empty
-    lines: list[bytes] = []
-    start, used = 0, base
-    for i, span in enumerate(event.spans):
-        one = len(dumps_event(replace(event, spans=(span,)))) - empty  # the span's JSON
-        if base + one > limit:
+    last = seq + len(event.spans)  # a line's seq is at most this: its length bounds them
+    runs: list[tuple[int, int]] = []
+    todo = [(0, len(event.spans))]
+    while todo:
+        lo, hi = todo.pop()
+        if len(_line(_run(event, lo, hi), last)) <= limit:
+            runs.append((lo, hi))
+        elif hi - lo == 1:
             raise RecordError(
-                f"span {i} ({span.name!r}) of a span batch from {event.source!r} alone makes "
-                f"a line longer than the event log's line limit MAX_LINE_BYTES={limit}: the "
-                "batch is not written; keep span attrs small"
+                f"span {lo} ({event.spans[lo].name!r}) of a span batch from {event.source!r} "
+                f"alone makes a line longer than the event log's line limit "
+                f"MAX_LINE_BYTES={limit}: the batch is not written; keep span attrs small"
             )
-        if i > start and used + 1 + one > limit:
-            lines.append(_piece(event, event.spans[start:i], seq + len(lines)))
-            start, used = i, base
-        used += one if i == start else one + 1
-    lines.append(_piece(event, event.spans[start:], seq + len(lines)))
-    return lines
+        else:
+            mid = (lo + hi) // 2
+            todo += [(mid, hi), (lo, mid)]  # (the first half is taken first)
+    return [_line(_run(event, lo, hi), seq + i) for i, (lo, hi) in enumerate(runs)]
 
 
-def _piece(batch: SpanBatch, spans: tuple[Span, ...], seq: int) -> bytes:
-    """The line of ``spans``, a run of ``batch``'s: its ``dropped`` count on the first
-    piece only (``seq`` past the batch's first line: 0)."""
-    first = spans[0] is batch.spans[0]
-    piece = msgspec.structs.replace(batch, spans=spans, dropped=batch.dropped if first else 0)
-    return _line(piece, seq)
+def _run(batch: SpanBatch, lo: int, hi: int) -> SpanBatch:
+    """``batch``'s spans ``lo`` to ``hi`` as a batch: its ``dropped`` count on the first
+    run only."""
+    return msgspec.structs.replace(
+        batch, spans=batch.spans[lo:hi], dropped=batch.dropped if lo == 0 else 0
+    )
