@@ -53,6 +53,7 @@ def segment(
     iterations: int = 2,
     wall_offset_ns: int = 0,
     fail: bool = False,
+    blocked: tuple[str, ...] = (),
 ) -> RunSession:
     """One process's stretch of run ``r`` under ``config`` (a fresh clock: a new
     process), continuing where the directory's log says the run stopped; ``fail``
@@ -67,6 +68,7 @@ def segment(
         wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
         background_writer=False,
         resume=True,
+        blocked=blocked,
     )
     with session as run:
         first = 0 if run.resumed is None else run.resumed.next_iteration

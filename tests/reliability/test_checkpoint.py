@@ -299,6 +299,22 @@ def test_a_run_with_a_plugin_writes_no_checkpoint_and_resumes_from_its_log(
     assert_replay_identical(tmp_path / "r", tmp_path)
 
 
+def test_a_run_with_a_built_in_observer_blocked_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A blocked observer is not the run's: the others' state is checkpointed and a
+    resume with the same block starts from it, writing what a whole-log resume writes."""
+    segment(tmp_path / "with", iterations=3, blocked=("mfu",))
+    assert (tmp_path / "with" / "r" / CHECKPOINT_FILE).exists()
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR, blocked=("mfu",))
+    b = segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR, blocked=("mfu",))
+    assert a.resumed is not None and a.resumed.restored_events == a.resumed.events > 0
+    assert b.resumed is not None and b.resumed.restored_events == 0
+    assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
+
+
 def test_no_checkpoint_is_taken_while_a_resume_feeds_the_log_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

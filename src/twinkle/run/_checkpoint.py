@@ -145,7 +145,10 @@ class Checkpoint:
 def observers_of(pm: Any) -> list[str] | None:
     """The names of the run's observers, sorted, when a checkpoint can hold them all
     (twinkle's own), else None: a plugin rebuilds its outputs from the events it sees."""
-    named = sorted(pm.list_name_plugin(), key=lambda item: item[0])
+    # (a blocked plugin is listed as None: not the run's)
+    named = sorted(
+        (item for item in pm.list_name_plugin() if item[1] is not None), key=lambda item: item[0]
+    )
     if not all(is_builtin_observer(plugin) for _, plugin in named):
         return None
     return [name for name, _ in named]
@@ -160,6 +163,8 @@ def snapshot_observers(pm: Any) -> dict[str, Any]:
     event log's none: its file is all of it)."""
     states: dict[str, Any] = {}
     for name, plugin in pm.list_name_plugin():
+        if plugin is None:  # blocked
+            continue
         if isinstance(plugin, _SINKS):
             states[name] = plugin.checkpoint_state()
         elif not isinstance(plugin, EventLogSink):
