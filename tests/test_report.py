@@ -170,16 +170,23 @@ def test_the_command_prints_text_or_json(
     assert both["streaming_effect"] is None  # both runs overlap: neither measures it
 
 
-def test_what_is_not_a_finished_run_is_refused_with_the_fix(
+def test_a_run_with_its_log_alone_is_reported_from_it_and_what_is_no_run_is_refused(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(InvalidArgumentError, match="is not a run directory"):
         load_report(tmp_path / "nowhere")
-    crashed = tmp_path / "crashed"
-    crashed.mkdir()
-    (crashed / "events.jsonl").write_bytes((runs[0] / "events.jsonl").read_bytes())
-    with pytest.raises(InvalidArgumentError, match="replay its log first"):
-        load_report(crashed)
+    alone = tmp_path / "alone"  # the log of a finished run, without its other files
+    alone.mkdir()
+    (alone / "events.jsonl").write_bytes((runs[0] / "events.jsonl").read_bytes())
+    from_log, own = load_report(alone), load_report(runs[0])
+    assert from_log["live"] == {
+        "state": "finished", "writer": None, "pid": None, "host": None, "alive": None,
+        "events": len((alone / "events.jsonl").read_bytes().splitlines()),
+    }  # fmt: skip
+    assert {**from_log, "run_dir": "", "live": None} == {**own, "run_dir": ""}
+    (alone / "events.jsonl").unlink()
+    with pytest.raises(InvalidArgumentError, match=r"has no summary\.json, metrics_raw\.jsonl"):
+        load_report(alone)
     with pytest.raises(InvalidArgumentError, match=r"--reward 'grpo\.nope' names no scalar"):
         load_report(runs[0], reward="grpo.nope")
     assert main(["report", str(tmp_path / "nowhere")]) == EXIT_USAGE

@@ -138,6 +138,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(rep)
 
+    wp = sub.add_parser(
+        "watch",
+        help="follow a run while it runs (another process writing it): its figures so far, "
+        "refreshed in place; ends when the run finishes",
+    )
+    wp.add_argument("run", metavar="RUN_DIR", help="the run's directory (runs/<run_id>/)")
+    wp.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="how often to look (2)"
+    )
+    wp.add_argument("--once", action="store_true", help="show the view once and exit")
+    wp.add_argument(
+        "--reward",
+        metavar="NAME.KEY",
+        help="the scalar to show as the reward (default: the first reward_mean or reward)",
+    )
+    _add_common_options(wp)
+
     pp = sub.add_parser(
         "plugins",
         help="list the installed observer plugins: built-in or third party, and whether a "
@@ -182,6 +199,19 @@ def _report(args: argparse.Namespace) -> int:
     else:
         print(format_compare(first, second))
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from twinkle.report._watch import watch
+
+    if not args.interval > 0:
+        raise InvalidArgumentError(
+            f"--interval must be a positive number of seconds, got {args.interval}"
+        )
+    try:
+        return watch(args.run, interval_s=args.interval, once=args.once, reward=args.reward)
+    except KeyboardInterrupt:
+        return 0  # (stopped watching: the run goes on)
 
 
 def _version() -> str:
@@ -321,6 +351,8 @@ def _run(args: argparse.Namespace) -> int:
             return _plugins(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "watch":
+            return _watch(args)
         if args.command == "swift-plugin":
             from twinkle.integrations import swift_plugin_file
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 import orjson
@@ -49,7 +49,7 @@ from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._plots import PLOTS, time_parts, write_plots
 from twinkle.report._text import format_compare, format_report
 from twinkle.reporting import read_jsonl
-from twinkle.run import SUMMARY_FILE, iter_events
+from twinkle.run import SUMMARY_FILE, Follower, Snapshot, iter_events, writer_of
 
 __all__ = [
     "PLOTS",
@@ -58,6 +58,7 @@ __all__ = [
     "compare",
     "format_compare",
     "format_report",
+    "live_report",
     "load_report",
     "streaming_effect",
     "time_parts",
@@ -78,14 +79,11 @@ def _run_dir(path: str | os.PathLike[str]) -> Path:
             f"{str(run)!r} is not a run directory: give the directory a run wrote "
             "(runs/<run_id>/, holding summary.json, metrics_raw.jsonl and events.jsonl)"
         )
-    missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
-    if missing:
-        hint = (
-            f"the run did not finish: {_replay_fix(run)}"
-            if (run / EVENTS_FILE).is_file()
-            else "it is not a twinkle run's directory"
+    if not (run / EVENTS_FILE).is_file():
+        missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
+        raise InvalidArgumentError(
+            f"{str(run)!r} has no {', '.join(missing)}: it is not a twinkle run's directory"
         )
-        raise InvalidArgumentError(f"{str(run)!r} has no {', '.join(missing)}: {hint}")
     return run
 
 
@@ -98,7 +96,7 @@ class _Segment(msgspec.Struct, frozen=True):
     """A segment as ``summary.json`` lists it (what the report checks of it)."""
 
     segment: int
-    status: Status | None
+    status: Status | Literal["in progress"] | None
     first_iteration: int | None = None
     last_iteration: int | None = None
 
@@ -108,7 +106,7 @@ class _Summary(msgspec.Struct, frozen=True):
     checked here)."""
 
     run_id: SafeName
-    status: Status
+    status: Status | Literal["in progress"]
     segments: list[_Segment]
     window: dict[str, int | float | None] = {}
     phase_windows: dict[str, dict[str, int | float | None]] = {}
@@ -244,9 +242,11 @@ def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str
 
 
 def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> dict[str, Any]:
-    """The figures of the run in ``path`` (its directory), as plain JSON data."""
+    """The figures of the run in ``path`` (its directory), as plain JSON data. A run
+    still being written (or stopped before it finished) is reported from its log so
+    far, read through the run's observers (:class:`~twinkle.run.Follower`): its
+    ``status`` is ``in progress`` and ``live`` says who writes it."""
     run = _run_dir(path)
-    summary = _read_summary(run)
     events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
     first_event = next(events, None)
     if not isinstance(first_event, RunStarted):
@@ -254,8 +254,97 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
             "twinkle run's log (or it was cut); report a run directory a run wrote"
         )
-    _check_covered(run, summary, first_event)
-    records = list(read_jsonl(run / RECORDS_FILE))
+    if _finished(run, first_event):
+        summary = _read_summary(run)
+        _check_covered(run, summary, first_event)
+        records = list(read_jsonl(run / RECORDS_FILE))
+        return _report(run, summary, records, first_event, events, reward, None)
+    summary, records, live = _snapshot(run)
+    return _report(run, summary, records, first_event, iter(()), reward, live)
+
+
+def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
+    run: Path,
+    summary: _Summary,
+    records: list[dict[str, Any]],
+    first_event: RunStarted,
+    events: Iterator[Any],
+    reward: str | None,
+    live: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The report of a run's parts (``events``: the log after its first event, read for
+    the memory peaks of a summary from before it had them)."""
+    report = _figures(run, summary, records, first_event, reward)
+    report["live"] = live
+    if live is not None and live["state"] != "finished":
+        report["status"] = live["state"]  # in progress, or stopped
+    if summary.memory_peaks is None:  # (a summary from before it had them)
+        peaks, segments = _from_log(events, summary.segments)
+    else:
+        peaks, segments = summary.memory_peaks, _segments(summary.segments)
+    by_it = {row["iteration"]: row for row in report["iterations"]}
+    for segment in segments:  # each iteration's segment (the first: 0)
+        first, last = segment["first_iteration"], segment["last_iteration"]
+        for it in () if first is None else range(first, last + 1):
+            if it in by_it:
+                by_it[it]["segment"] = segment["segment"]
+    report["memory_peak_bytes"] = peaks
+    report["segments"] = segments
+    return report
+
+
+def _finished(run: Path, first: RunStarted) -> bool:
+    """Whether the run's files are a finished run's: a summary and records that cover
+    every segment of its log (a summary of another run, or of more segments than the
+    log holds, is refused by :func:`_check_covered`)."""
+    if not (run / SUMMARY_FILE).is_file() or not (run / RECORDS_FILE).is_file():
+        return False
+    summary = _read_summary(run)
+    return summary.run_id != first.run_id or len(summary.segments) >= _logged_segments(
+        run / EVENTS_FILE
+    )
+
+
+def _snapshot(run: Path) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:
+    """The summary and records of the run's log so far, and who writes it."""
+    with Follower(run) as follower:
+        follower.poll()
+        return snapshot_parts(run, follower.snapshot())
+
+
+def snapshot_parts(
+    run: Path, snap: Snapshot
+) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:
+    """A follower's snapshot of ``run`` as a report's parts: its summary, its records
+    and ``live`` (the state: ``finished``, ``in progress`` or ``stopped``, and who
+    writes it, from the run directory's lock file)."""
+    writer = writer_of(run)
+    gone = writer is None or writer.alive is False
+    live = {
+        "state": "finished" if snap.finished else ("stopped" if gone else "in progress"),
+        "writer": None if writer is None else writer.describe(),
+        "pid": None if writer is None else writer.pid,
+        "host": None if writer is None else writer.host,
+        "alive": None if writer is None else writer.alive,
+        "events": snap.events,
+    }
+    return msgspec.convert(snap.summary, _Summary), snap.records, live
+
+
+def live_report(run: Path, snap: Snapshot, *, reward: str | None = None) -> dict[str, Any]:
+    """The report of a follower's snapshot of ``run`` (``twinkle watch``)."""
+    summary, records, live = snapshot_parts(run, snap)
+    return _report(run, summary, records, snap.first, iter(()), reward, live)
+
+
+def _figures(
+    run: Path,
+    summary: _Summary,
+    records: list[dict[str, Any]],
+    first_event: RunStarted,
+    reward: str | None,
+) -> dict[str, Any]:
+    """The report of ``records`` and ``summary`` (without the memory and segments)."""
     config = first_event.config
     phases = list(config.get("phases", {}))
     lifecycle = config.get("lifecycle") or {}
@@ -339,17 +428,6 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             "generation_hidden_share": seconds.get("generation_hidden_share"),
         },
     }
-    if summary.memory_peaks is None:  # (a summary from before it had them)
-        peaks, segments = _from_log(events, summary.segments)
-    else:
-        peaks, segments = summary.memory_peaks, _segments(summary.segments)
-    for segment in segments:  # each iteration's segment (the first: 0)
-        first, last = segment["first_iteration"], segment["last_iteration"]
-        for it in () if first is None else range(first, last + 1):
-            if it in by_it:
-                by_it[it]["segment"] = segment["segment"]
-    report["memory_peak_bytes"] = peaks
-    report["segments"] = segments
     return report
 
 

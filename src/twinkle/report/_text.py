@@ -12,7 +12,14 @@ from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
 
-__all__ = ["LEGEND", "FLAG_NAMES", "format_compare", "format_report", "split_exactly"]
+__all__ = [
+    "FLAG_NAMES",
+    "LEGEND",
+    "format_compare",
+    "format_live",
+    "format_report",
+    "split_exactly",
+]
 
 #: how the table names each window's verdict (``attrs.window_verdict``)
 VERDICT_NAMES = {
@@ -397,7 +404,8 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
 def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     """The report as text: the per-iteration table, the run's figures (the steady state
     first) and, with ``legend``, what each column shows."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}", ""]
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
+    lines += [*live_lines(report), ""]
     lines += [*limits_lines(report), ""]
     lines += _iteration_table(report)
     segments = report.get("segments", [])
@@ -426,15 +434,54 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
             f"reward ({report['reward']})  {_num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
             f"{_num(rewards[-1][1])} (iteration {rewards[-1][0]})"
         )
-    for worker, peaks in report["memory_peak_bytes"].items():
-        shown = ", ".join(
-            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
-            for k, v in peaks.items()
-        )
-        lines.append(f"peak memory         {worker}: {shown}")
+    lines += _memory_lines(report)
     if legend:
         lines += ["", *LEGEND]
     return _text(lines)
+
+
+def _memory_lines(report: Mapping[str, Any]) -> list[str]:
+    return [
+        f"peak memory         {worker}: "
+        + ", ".join(
+            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
+            for k, v in peaks.items()
+        )
+        for worker, peaks in report["memory_peak_bytes"].items()
+    ]
+
+
+def format_live(report: Mapping[str, Any], *, rows: int) -> str:
+    """``twinkle watch``'s view: the run's state, what limits it, the last ``rows``
+    iterations of the table, its throughput and memory (one vocabulary with
+    :func:`format_report`)."""
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
+    lines += [*live_lines(report), ""]
+    lines += [*limits_lines(report), ""]
+    table = _iteration_table(report)
+    shown = table[2:][-rows:] if rows > 0 else []
+    if len(shown) < len(table) - 2:
+        lines.append(f"(the last {len(shown)} of {len(table) - 2} iterations)")
+    lines += [*table[:2], *shown, ""]
+    lines += _throughput_lines(report)
+    lines += _memory_lines(report)
+    return _text(lines)
+
+
+def live_lines(report: Mapping[str, Any]) -> list[str]:
+    """What a report of a run that has not finished says of it (none for a finished
+    run's): the figures are its log's so far."""
+    live = report.get("live")
+    if not live or live["state"] == "finished":
+        return []
+    events = f"the figures of its first {live['events']:,} events"
+    if live["state"] == "in progress":
+        return [f"in progress ({live['writer']}): {events}, closed at the last"]
+    writer = "" if live["writer"] is None else f" ({live['writer']})"
+    return [
+        f"stopped without finishing{writer}: {events}; run it again with the same run id "
+        "and out_dir to resume it"
+    ]
 
 
 def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:

@@ -3,6 +3,7 @@
 
 from twinkle.run._checkpoint import CHECKPOINT_FILE
 from twinkle.run._config import check_config
+from twinkle.run._follow import Follower, Snapshot, Writer, writer_of
 from twinkle.run._replay import ReplayResult, iter_events, replay, started_config
 from twinkle.run._run import Run, RunState
 from twinkle.run._session import Resumed, RunSession, new_run_id
@@ -11,18 +12,22 @@ from twinkle.run._summary import SUMMARY_FILE
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "Follower",
     "SUMMARY_FILE",
     "ReplayResult",
     "Resumed",
     "Run",
     "RunSession",
     "RunState",
+    "Writer",
     "SignalGuard",
     "SignalInterrupt",
+    "Snapshot",
     "check_config",
     "finish_on_signals",
     "iter_events",
     "new_run_id",
     "replay",
     "started_config",
+    "writer_of",
 ]

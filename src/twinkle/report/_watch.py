@@ -1,0 +1,106 @@
+"""``twinkle watch RUN``: a run followed while another process writes it, its view
+refreshed in place in the terminal.
+
+The view is :func:`~twinkle.report._text.format_live` of a
+:class:`~twinkle.run.Follower`'s snapshot: the same figures ``twinkle report`` gives,
+of the log so far. rich's :class:`~rich.live.Live` redraws it in place (and sizes it to
+the terminal); on a stream that is no terminal (a pipe, a file) each new view is
+printed once, after a rule. The watch ends when the run finishes (its last segment's
+``run_finished`` is in the log and its writer let go of the directory), on Ctrl-C, or
+after one view with ``once``. A run whose writer died keeps being watched, as it says:
+a restart with the same run id resumes it, and the view follows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from twinkle.errors import ReplayError
+from twinkle.report import live_report
+from twinkle.report._text import format_live
+from twinkle.run import Follower
+
+__all__ = ["watch"]
+
+#: rows of the terminal the view leaves to everything but the table's iterations
+_AROUND_TABLE = 30
+
+
+def watch(
+    run_dir: str | Path,
+    *,
+    interval_s: float = 2.0,
+    once: bool = False,
+    reward: str | None = None,
+    console: Any = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Follow ``run_dir``, showing its view on ``console`` (a :class:`rich.console.Console`;
+    default: stdout) every ``interval_s`` seconds the log grew; returns the exit code: 0
+    once the run finished (or after one view with ``once``). A run directory without a
+    log yet is waited for (with ``once``: :class:`~twinkle.errors.ReplayError`)."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = console or Console()
+    run = Path(run_dir)
+    follower = _open(run, console, interval_s, sleep, once)
+    with follower:
+        shown: tuple[int, str] | None = None
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                follower.poll()
+                view, state = _view(run, follower, reward, console.size.height)
+                if (follower.events, state) != shown:
+                    shown = (follower.events, state)
+                    if console.is_terminal:  # (a table wider than the terminal: cut, not wrapped)
+                        live.update(Text(view, no_wrap=True, overflow="crop"), refresh=True)
+                    else:
+                        console.rule()
+                        console.print(Text(view), soft_wrap=True)
+                if once or state == "finished":
+                    return 0
+                sleep(interval_s)
+
+
+def _open(
+    run: Path, console: Any, interval_s: float, sleep: Callable[[float], None], once: bool
+) -> Follower:
+    """A follower of ``run`` once its log holds a line: waited for (said once), or with
+    ``once`` a :class:`~twinkle.errors.ReplayError` saying it is not there."""
+    said = False
+    while True:
+        try:
+            follower = Follower(run)
+        except ReplayError:
+            if once:
+                raise
+            if not said:
+                console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
+                said = True
+            sleep(interval_s)
+            continue
+        follower.poll()
+        if follower.events or once:
+            return follower
+        follower.close()
+        sleep(interval_s)
+
+
+def _view(run: Path, follower: Follower, reward: str | None, height: int) -> tuple[str, str]:
+    """The view of the log so far and the run's state (``finished``, ``in progress`` or
+    ``stopped``)."""
+    if not follower.events:
+        return f"{run}: no event yet", "in progress"
+    report = live_report(run, follower.snapshot(), reward=reward)
+    state = report["live"]["state"]
+    if state == "finished" and report["live"]["alive"]:
+        state = "in progress"  # (its writer still closes its files: watched on)
+    view = format_live(report, rows=max(3, height - _AROUND_TABLE))
+    if state == "stopped":
+        view += "\n\nwatching on: a restart with the same run id resumes it (Ctrl-C to stop)"
+    return view, state

@@ -1,0 +1,289 @@
+"""Following a run while another process writes it: :class:`Follower` reads the growing
+``events.jsonl`` incrementally through the run's own observers, and
+:meth:`Follower.snapshot` gives the figures so far (docs/metrics.md, "A run in
+progress").
+
+The log is the source of truth: nothing is locked and nothing is written into the run
+directory. Only complete lines are read (a line still being written, or torn by a
+crash, waits until its newline arrives). The observers run in this process, with the
+run's configuration; a resumed segment whose configuration differs (``total_steps``,
+``x_`` keys) starts them again from the first line with the new one, as a resumed
+session does. A snapshot copies their state (as a checkpoint does), closes the copy at
+the last event read and takes its summary and its last records: the running observers
+go on from where they were.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+from twinkle.errors import ReplayError, TwinkleError
+from twinkle.events import Event, RunFinished, RunResumed, RunStarted, event_from_dict
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.locks import RUN_LOCK_FILE
+from twinkle.observers import EVENTS_FILE
+from twinkle.observers.sinks import SEQ_KEY
+from twinkle.plugins import make_plugin_manager
+from twinkle.reporting import MetricRecord, record_to_dict
+from twinkle.run._checkpoint import Checkpoint, snapshot_observers
+from twinkle.run._run import Run
+
+__all__ = ["Follower", "Snapshot", "Writer", "writer_of"]
+
+#: the built-in sinks: a follower writes no file
+_SINKS = ("events", "metrics_raw", "webui", "trace")
+#: the most bytes read per poll (a long log is taken in several polls)
+_READ_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """Who writes the run directory, as its lock file says: ``pid`` on ``host``;
+    ``alive`` is None when the host is another one (this process cannot tell)."""
+
+    pid: int | None
+    host: str | None
+    alive: bool | None
+
+    def describe(self) -> str:
+        where = f"pid {self.pid} on {self.host}"
+        if self.alive is None:
+            return f"{where} (another host: its process cannot be checked from here)"
+        return where if self.alive else f"{where}, which is gone"
+
+
+def writer_of(run_dir: Path) -> Writer | None:
+    """The process holding ``run_dir``, from its lock file (read, never locked); None
+    when no process holds it (the file is removed as its writer lets go)."""
+    try:
+        data = orjson.loads((run_dir / RUN_LOCK_FILE).read_bytes() or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid, host = data.get("pid"), data.get("hostname")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return Writer(None, host if isinstance(host, str) else None, None)
+    if host != socket.gethostname():
+        return Writer(pid, host, None)
+    since = data.get("since_unix_ns")
+    return Writer(pid, host, _running(pid, since if isinstance(since, int) else None))
+
+
+def _running(pid: int, since_ns: int | None) -> bool:
+    """Whether process ``pid`` runs here and is the one that took the lock at
+    ``since_ns`` (not a later process given the same pid, not a zombie)."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = process.create_time()
+    except psutil.AccessDenied:  # (another user's: it runs)
+        return True
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return since_ns is None or started <= since_ns / 1e9 + 1.0
+
+
+class _Records:
+    """The records the observers make, as ``metrics_raw.jsonl`` holds them."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    @hookimpl
+    def twinkle_record(self, record: MetricRecord) -> None:
+        self.records.append(orjson.loads(orjson.dumps(record_to_dict(record))))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The run as its log stood: ``events`` read, the summary the run would have had it
+    finished at the last of them (``summary``; its ``status`` is the log's when it
+    finished, else ``"in progress"``), every record so far (the finalised iterations',
+    then those the close made), and ``finished``: the log ends with ``run_finished``."""
+
+    events: int
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = field(repr=False)
+    finished: bool
+    first: RunStarted = field(repr=False)
+
+
+class Follower:
+    """Reads ``events.jsonl`` of ``run_dir`` as it grows (:meth:`poll`) and gives the
+    figures so far (:meth:`snapshot`)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / EVENTS_FILE
+        if not self.path.is_file():
+            raise ReplayError(
+                f"{str(self.run_dir)!r} holds no {EVENTS_FILE} (yet): give a run's directory "
+                "(runs/<run_id>), once its run has started"
+            )
+        self._reset()
+
+    def _reset(self, config: Mapping[str, Any] | None = None) -> None:
+        self._offset = 0
+        self.events = 0
+        self.first: RunStarted | None = None
+        self.last: Event | None = None
+        self._config = config
+        self._run: Run | None = None
+        self._records = _Records()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the log read so far holds its last segment's ``run_finished``."""
+        return self._run is not None and self._run.finished is not None
+
+    def poll(self) -> int:
+        """Feed the complete lines written since the last poll; returns how many."""
+        fed = 0
+        while lines := self._read():
+            for line in lines:
+                if not self._feed(self._decode(line)):
+                    break  # started again from the first line: read from there
+                fed += 1
+        return fed
+
+    def _read(self) -> list[bytes]:
+        with self.path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self._offset:
+                raise ReplayError(
+                    f"{self.path} is shorter than when it was read ({size} < {self._offset} "
+                    "bytes): it was replaced or cut; follow the run again"
+                )
+            f.seek(self._offset)
+            data = f.read(_READ_BYTES)
+        end = data.rfind(b"\n") + 1
+        if not end:
+            return []
+        self._offset += end
+        return data[:end].splitlines()
+
+    def _decode(self, line: bytes) -> Event:
+        where = f"{self.path}:{self.events + 1}"
+        try:
+            data = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ReplayError(f"{where}: not JSON ({exc}): not a line twinkle wrote") from None
+        if not isinstance(data, dict):
+            raise ReplayError(f"{where}: not a JSON object: not a line twinkle wrote")
+        seq = data.pop(SEQ_KEY, None)
+        if seq is not None and seq != self.events:
+            raise ReplayError(f"{where}: seq {seq} where {self.events} was due")
+        try:
+            return event_from_dict(data)
+        except TwinkleError as exc:
+            raise ReplayError(f"{where}: {exc}") from exc
+
+    def _feed(self, event: Event) -> bool:
+        """Feed ``event``; False when it made the follower start again (a resumed
+        segment's configuration differs): the log is then read from its first line."""
+        if self._run is None:
+            if not isinstance(event, RunStarted):
+                raise ReplayError(
+                    f"{self.path} must start with a run_started event, got {event.TYPE!r}"
+                )
+            self.first = event
+            self._run = self._start(event.config if self._config is None else self._config)
+        elif isinstance(event, RunResumed) and event.config != self._run.context.config:
+            # The observers work to the newest segment's configuration: start again.
+            self.close()
+            self._reset(event.config)
+            return False
+        self._run.submit(event)
+        self._run.checkpoints.seen(event)
+        self.events += 1
+        self.last = event
+        return True
+
+    def _start(
+        self, config: Mapping[str, Any], records: _Records | None = None, **context: Any
+    ) -> Run:
+        assert self.first is not None
+        pm = make_plugin_manager(
+            autoload=False, blocked=_SINKS, plugins=[("records", records or self._records)]
+        )
+        run = Run(
+            pm, RunContext(self.first.run_id, None, dict(config), replay=True, **context),
+            background=False,
+        )  # fmt: skip
+        run.start()
+        return run
+
+    def snapshot(self) -> Snapshot:
+        """The figures of the log read so far (:class:`Snapshot`); the observers that
+        read it go on."""
+        first, last = self.first, self.last
+        if first is None or last is None:
+            raise ReplayError(f"{self.path} holds no complete line yet: poll again later")
+        closing = _Records()
+        copy = self._copy(closing)
+        try:
+            if copy.finished is None:
+                copy.submit(
+                    RunFinished(
+                        last.run_id, last.monotonic_ns, last.wall_ns, status="error",
+                        error="in progress: the figures of the events logged so far",
+                    )
+                )  # fmt: skip
+            summary = copy.finish()
+        finally:
+            copy.close()
+        if not self.finished:
+            summary = _in_progress(summary)
+        records = self._records.records + closing.records
+        return Snapshot(self.events, summary, records, self.finished, first)
+
+    def _copy(self, records: _Records) -> Run:
+        """A run whose observers hold a copy of the running ones' state (as a
+        checkpoint holds it), its records going to ``records``."""
+        run = self._run
+        assert run is not None and run.calls is not None
+        order = run.order
+        state = {
+            "segments": run.segments,
+            "order": (order.last_boundary, order.last_iteration, order.last_step),
+            "failures": dict(run.calls.failures),
+            "observers": {n: v for n, v in snapshot_observers(run.pm).items() if n != "records"},
+        }
+        latest = run.checkpoints.latest
+        assert latest is not None
+        scan = {"last_ns": latest.ns, "last_wall_ns": latest.wall_ns}
+        names = [n for n, p in run.pm.list_name_plugin() if p is not None and n != "records"]
+        held = Checkpoint(run.run_id, self.events, {}, scan, names, pickle.dumps(state))
+        return self._start(run.context.config, records, checkpoint=held)
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop following (the observers closed; nothing is written)."""
+        run, self._run = self._run, None
+        if run is not None:
+            run.close()
+
+
+def _in_progress(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` of a copy closed at the last event read: status ``in progress`` (the
+    run's and its last segment's), no error."""
+    segments = [dict(s) for s in summary.get("segments", [])]
+    if segments:
+        segments[-1].update(status="in progress", error=None)
+    return {**summary, "status": "in progress", "error": None, "segments": segments}
