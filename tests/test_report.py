@@ -216,6 +216,40 @@ def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Pat
         assert colour in shown  # rollout alone, train alone, both, idle
 
 
+def test_plots_of_two_runs_overlay_b_on_a(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from twinkle.report._plots import figures
+
+    a, b = (load_report(r) for r in runs)
+    drawn = figures(a, other=b, figure=Figure)
+    assert list(drawn) == list(PLOTS)
+    ax = drawn["throughput.png"].axes[0]
+    assert ax.get_title() == "run a (A) vs run b (B): throughput"
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for tag, report in (("A", a), ("B", b)):
+        line = lines[f"{tag}: iteration (its window)"]
+        rows = report["iterations"]
+        assert list(line.get_xdata()) == [r["iteration"] for r in rows]
+        assert list(line.get_ydata()) == [r["tokens_per_s_per_device"] for r in rows]
+        assert line.get_linestyle() == ("-" if tag == "A" else "--")
+    bars = drawn["time.png"].axes[0].patches
+    assert {p.get_hatch() for p in bars} == {None, "//"}  # B's bars hatched beside A's
+    workers = [t.get_text() for t in drawn["memory.png"].axes[0].get_xticklabels()]
+    assert workers == [f"A: {w}" for w in a["memory_peak_bytes"]] + [
+        f"B: {w}" for w in b["memory_peak_bytes"]
+    ]
+    # The command draws both: the two runs' files differ from A's alone.
+    assert main(["report", str(runs[0]), str(runs[1]), "--plots", str(tmp_path / "ab")]) == 0
+    assert main(["report", str(runs[0]), "--plots", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    for name in PLOTS:
+        assert (tmp_path / "ab" / name).read_bytes() != (tmp_path / "a" / name).read_bytes()
+
+
 def test_each_windows_parts_add_up_to_its_wall_clock(runs: tuple[Path, Path]) -> None:
     report = load_report(runs[0])
     assert report["streaming"] == ["rollout", "train"]

@@ -187,7 +187,7 @@ def _report(args: argparse.Namespace) -> int:
     first = load_report(args.run, reward=args.reward)
     second = None if args.other is None else load_report(args.other, reward=args.reward)
     if args.plots is not None:
-        for path in write_plots(first, args.plots):
+        for path in write_plots(first, args.plots, other=second):
             print(printable(f"wrote {path}"), file=sys.stderr)
     if second is None:
         print(json.dumps(first, indent=1) if args.json else format_report(first))

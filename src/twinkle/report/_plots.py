@@ -42,14 +42,21 @@ def time_parts(row: Mapping[str, Any], pair: tuple[str, str] | None) -> dict[str
     }
 
 
-def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+def write_plots(
+    report: Mapping[str, Any],
+    out_dir: str | os.PathLike[str],
+    *,
+    other: Mapping[str, Any] | None = None,
+) -> list[Path]:
     """PNG plots of the report into ``out_dir`` (made if missing), drawn headless with
     matplotlib's Agg canvas: each window's critical path stacked by kind, titled with
     the run's verdict; tokens/s/device per iteration (warm-up, drain and partial
     windows marked) and per phase, with the steady state's and the whole loop's lines
     (and where each resumed segment starts);
     each iteration's window cut into generation, training, both at once, other busy
-    time and idle; each worker's peak memory; the reward when there is one.
+    time and idle; each worker's peak memory; the reward when there is one. With
+    ``other`` (a second run's report), each plot shows both: run B over run A, B's
+    lines dashed and its bars hatched beside A's.
 
     No symbolic link is written through: ``out_dir`` itself being one, or a plot's
     file, is refused (:class:`~twinkle.errors.InvalidArgumentError`); each file is
@@ -62,122 +69,166 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
             "--plots needs matplotlib: pip install 'twinkle[report]'"
         ) from exc
     out = _plots_dir(out_dir)
-    rows = report["iterations"]
-    title = f"run {report['run_id']}"
     written: list[Path] = []
-
-    def save(fig: Any, name: str) -> None:
+    for name, fig in figures(report, other=other, figure=Figure).items():
         FigureCanvasAgg(fig)
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
         _write_whole(out / name, png.getvalue())
         written.append(out / name)
+    return written
 
-    fig = Figure(figsize=(8, 4.5))
-    _limits(fig.add_subplot(), report, title)
-    save(fig, "limits.png")
 
-    fig = Figure(figsize=(8, 4.5))
-    _throughput(fig.add_subplot(), report, title)
-    save(fig, "throughput.png")
+def figures(
+    report: Mapping[str, Any], *, other: Mapping[str, Any] | None = None, figure: Any
+) -> dict[str, Any]:
+    """The plots of :func:`write_plots` as matplotlib figures made by ``figure`` (the
+    ``Figure`` class), by file name."""
+    runs = [_Run(report, "A" if other else "", 0)]
+    if other is not None:
+        runs.append(_Run(other, "B", 1))
+    title = " vs ".join(f"run {r.report['run_id']}{r.tag}" for r in runs)
+    drawn = {"limits.png": _limits, "throughput.png": _throughput, "time.png": _time,
+             "memory.png": _memory}  # fmt: skip
+    if any(r.get("reward") is not None for run in runs for r in run.report["iterations"]):
+        drawn["reward.png"] = _reward
+    made = {}
+    for name, draw in drawn.items():
+        fig = figure(figsize=(8, 4.5))
+        draw(fig.add_subplot(), runs, title)
+        made[name] = fig
+    return made
 
-    pair = report.get("streaming")
-    timed = [r for r in rows if "window_wall_seconds" in r]  # (iterations with a window)
-    stacks = [time_parts(r, None if pair is None else tuple(pair)) for r in timed]
-    parts = list(dict.fromkeys(part for stack in stacks for part in stack))
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    bottom = [0.0] * len(timed)
-    for part in parts:
-        heights = [stack.get(part, 0.0) for stack in stacks]
-        ax.bar([r["iteration"] for r in timed], heights, bottom=bottom, label=part, width=0.9)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+
+class _Run:
+    """One run of a plot: its report, its tag (``A``, ``B``; none alone) and its place
+    (0, 1): bars side by side, B's hatched, its lines dashed."""
+
+    def __init__(self, report: Mapping[str, Any], name: str, place: int) -> None:
+        self.report, self.name, self.place = report, name, place
+        self.tag = f" ({name})" if name else ""
+        self.prefix = f"{name}: " if name else ""
+        self.hatch = "//" if place else None
+        self.style = "--" if place else "-"
+
+    def bars(self, its: list[int], runs: int) -> tuple[list[float], float]:
+        """Where this run's bars stand, and their width (side by side when two)."""
+        width = 0.9 / runs
+        return [i + (self.place - (runs - 1) / 2) * width for i in its], width
+
+
+def _limits(ax: Any, runs: list[_Run], title: str) -> None:
+    """Each window's critical path stacked by kind (what its length waited on), titled
+    with each run's verdict."""
+    colors: dict[str, Any] = {}
+    for run in runs:
+        rows = [r for r in run.report["iterations"] if r.get("window_path_seconds")]
+        xs, width = run.bars([r["iteration"] for r in rows], len(runs))
+        bottom = [0.0] * len(rows)
+        for kind in _PATH_KINDS:
+            heights = [r["window_path_seconds"].get(kind) or 0.0 for r in rows]
+            if any(heights):
+                bars = ax.bar(xs, heights, bottom=bottom, width=width, hatch=run.hatch,
+                              label=f"{run.prefix}{kind}", color=colors.get(kind))  # fmt: skip
+                colors.setdefault(kind, bars.patches[0].get_facecolor())
+                bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    verdicts = ", ".join(
+        f"{run.prefix}{(run.report.get('limits') or {}).get('verdict', 'not known')}"
+        for run in runs
+    )
+    ax.set(title=f"{title}: critical path per window ({verdicts})", xlabel="iteration",
+           ylabel="seconds")  # fmt: skip
+    if colors:
+        ax.legend(fontsize="small")
+
+
+def _throughput(ax: Any, runs: list[_Run], title: str) -> None:
+    """Tokens/s/device per iteration (flagged windows hollow: not the steady state),
+    each throughput phase's (over the time its work took), the steady state's line and
+    the whole loop's, of each run."""
+    for run in runs:
+        rows, p = run.report["iterations"], run.prefix
+        its = [r["iteration"] for r in rows]
+        values = [r.get("tokens_per_s_per_device") for r in rows]
+        line = ax.plot(its, values, linestyle=run.style, label=f"{p}iteration (its window)")[0]
+        flagged = [r for r in rows if r.get("window_flags")]
+        if flagged:
+            ax.plot(
+                [r["iteration"] for r in flagged],
+                [r.get("tokens_per_s_per_device") for r in flagged],
+                linestyle="none", marker="o", markerfacecolor="none", color=line.get_color(),
+                label=f"{p}warm-up, drain or partial (not steady)",
+            )  # fmt: skip
+        for phase in run.report.get("throughput_phases", []):
+            phased = [r.get("phase_tokens_per_s_per_device", {}).get(phase) for r in rows]
+            ax.plot(its, phased, linewidth=0.8, alpha=0.7, linestyle=run.style,
+                    label=f"{p}{phase} (its work's time)")  # fmt: skip
+        window = run.report["window"]
+        steady = window.get("steady_tokens_per_s_per_device")
+        if steady is not None:
+            ax.axhline(steady, color="black", linestyle=run.style,
+                       label=f"{p}steady state ({steady:,.0f})")  # fmt: skip
+        loop = window.get("tokens_per_s_per_device")
+        if loop is not None:
+            ax.axhline(loop, color="grey", linestyle=":" if run.place else "--",
+                       label=f"{p}whole loop ({loop:,.0f})")  # fmt: skip
+        starts = [s["first_iteration"] for s in run.report.get("segments", [])[1:]]
+        for k, first in enumerate(x for x in starts if x is not None):
+            label = f"{p}a segment starts (resumed)" if k == 0 else None
+            ax.axvline(first - 0.5, color="red", linestyle=":", label=label)
+    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
+    ax.legend(fontsize="small")
+
+
+def _time(ax: Any, runs: list[_Run], title: str) -> None:
+    """Each iteration's window cut into parts that add up to its wall clock."""
+    colors: dict[str, Any] = {}
+    for run in runs:
+        pair = run.report.get("streaming")
+        timed = [r for r in run.report["iterations"] if "window_wall_seconds" in r]
+        stacks = [time_parts(r, None if pair is None else tuple(pair)) for r in timed]
+        xs, width = run.bars([r["iteration"] for r in timed], len(runs))
+        bottom = [0.0] * len(timed)
+        for part in dict.fromkeys(part for stack in stacks for part in stack):
+            heights = [stack.get(part, 0.0) for stack in stacks]
+            bars = ax.bar(xs, heights, bottom=bottom, width=width, hatch=run.hatch,
+                          label=f"{run.prefix}{part}", color=colors.get(part))  # fmt: skip
+            colors.setdefault(part, bars.patches[0].get_facecolor() if bars.patches else None)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set(title=f"{title}: each iteration's window", xlabel="iteration", ylabel="seconds")
     ax.legend(fontsize="small")
-    save(fig, "time.png")
 
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    workers = list(report["memory_peak_bytes"])
-    fields = sorted({f for peaks in report["memory_peak_bytes"].values() for f in peaks})
+
+def _memory(ax: Any, runs: list[_Run], title: str) -> None:
+    """Each worker's peak memory per field (B's workers after A's, named so)."""
+    peaks = {
+        f"{run.prefix}{worker}": (run, fields)
+        for run in runs
+        for worker, fields in run.report["memory_peak_bytes"].items()
+    }
+    workers = list(peaks)
+    fields = sorted({f for _, got in peaks.values() for f in got})
     width = 0.8 / max(1, len(fields))
     for k, field in enumerate(fields):
-        values = [
-            convert_bytes(report["memory_peak_bytes"][w].get(field, 0), "MiB") for w in workers
-        ]
-        ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
+        values = [convert_bytes(peaks[w][1].get(field, 0), "MiB") for w in workers]
+        hatches = [peaks[w][0].hatch for w in workers]
+        bars = ax.bar([i + k * width for i in range(len(workers))], values, width, label=field)
+        for bar, hatch in zip(bars.patches, hatches, strict=True):
+            bar.set_hatch(hatch)
     ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
     ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")
     if fields:  # (a run without memory readings: an empty plot, no legend)
         ax.legend(fontsize="small")
-    save(fig, "memory.png")
-
-    rewards = [(r["iteration"], r["reward"]) for r in rows if r.get("reward") is not None]
-    if rewards:
-        fig = Figure(figsize=(8, 4.5))
-        ax = fig.add_subplot()
-        ax.plot([i for i, _ in rewards], [v for _, v in rewards], marker=".")
-        ax.set(title=f"{title}: {report['reward']}", xlabel="iteration", ylabel="reward")
-        save(fig, "reward.png")
-    return written
 
 
-def _limits(ax: Any, report: Mapping[str, Any], title: str) -> None:
-    """Each window's critical path stacked by kind (what its length waited on), titled
-    with the run's verdict."""
-    rows = [r for r in report["iterations"] if r.get("window_path_seconds")]
-    its = [r["iteration"] for r in rows]
-    bottom = [0.0] * len(rows)
-    for kind in _PATH_KINDS:
-        heights = [r["window_path_seconds"].get(kind) or 0.0 for r in rows]
-        if any(heights):
-            ax.bar(its, heights, bottom=bottom, label=kind, width=0.9)
-            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    verdict = (report.get("limits") or {}).get("verdict", "not known")
-    ax.set(
-        title=f"{title}: critical path per window ({verdict})",
-        xlabel="iteration",
-        ylabel="seconds",
-    )
-    if rows:
-        ax.legend(fontsize="small")
-
-
-def _throughput(ax: Any, report: Mapping[str, Any], title: str) -> None:
-    """Tokens/s/device per iteration (flagged windows hollow: not the steady state),
-    each throughput phase's (over the time its work took), the steady state's line and
-    the whole loop's."""
-    rows = report["iterations"]
-    its = [r["iteration"] for r in rows]
-    line = ax.plot(
-        its, [r.get("tokens_per_s_per_device") for r in rows], label="iteration (its window)"
-    )[0]
-    flagged = [r for r in rows if r.get("window_flags")]
-    if flagged:
-        ax.plot(
-            [r["iteration"] for r in flagged],
-            [r.get("tokens_per_s_per_device") for r in flagged],
-            linestyle="none",
-            marker="o",
-            markerfacecolor="none",
-            color=line.get_color(),
-            label="warm-up, drain or partial (not steady)",
-        )
-    for phase in report.get("throughput_phases", []):
-        values = [r.get("phase_tokens_per_s_per_device", {}).get(phase) for r in rows]
-        ax.plot(its, values, linewidth=0.8, alpha=0.7, label=f"{phase} (its work's time)")
-    window = report["window"]
-    steady = window.get("steady_tokens_per_s_per_device")
-    if steady is not None:
-        ax.axhline(steady, color="black", label=f"steady state ({steady:,.0f})")
-    loop = window.get("tokens_per_s_per_device")
-    if loop is not None:
-        ax.axhline(loop, color="grey", linestyle="--", label=f"whole loop ({loop:,.0f})")
-    starts = [s["first_iteration"] for s in report.get("segments", [])[1:]]
-    for k, first in enumerate(x for x in starts if x is not None):
-        label = "a segment starts (resumed)" if k == 0 else None
-        ax.axvline(first - 0.5, color="red", linestyle=":", label=label)
-    ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
+def _reward(ax: Any, runs: list[_Run], title: str) -> None:
+    for run in runs:
+        rows = run.report["iterations"]
+        rewards = [(r["iteration"], r["reward"]) for r in rows if r.get("reward") is not None]
+        if rewards:
+            ax.plot([i for i, _ in rewards], [v for _, v in rewards], marker=".",
+                    linestyle=run.style, label=f"{run.prefix}{run.report['reward']}")  # fmt: skip
+    ax.set(title=f"{title}: reward", xlabel="iteration", ylabel="reward")
     ax.legend(fontsize="small")
 
 
