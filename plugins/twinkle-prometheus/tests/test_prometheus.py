@@ -1,0 +1,210 @@
+"""The plugin scraped by a real Prometheus server (Debian's ``prometheus``, started here on
+loopback with a scrape config pointing at the plugin) and read back through its HTTP
+API: the values it stored are the run's records, and every panel of the shipped Grafana
+dashboard finds data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twinkle_prometheus import DASHBOARD, PORT_ENV, PrometheusSink, served
+
+from twinkle.errors import ConfigError
+from twinkle.reporting import read_jsonl
+from twinkle.run import RunSession
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="needs Debian's prometheus (make test installs it)"
+)
+CONFIG = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {
+        "rollout": {"samples": "rollout", "devices": 1},
+        "train": {"samples": "train", "devices": 1},
+    },
+    "window": {"samples": "rollout", "devices": 2},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A Prometheus server on loopback scraping 127.0.0.1:<port> every second: its API's
+    base URL and the port it scrapes."""
+    target, api = _free_port(), _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: twinkle\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+    )
+    assert PROMETHEUS is not None
+    server = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{api}"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{api}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError((tmp_path / "prometheus.log").read_text()) from None
+                time.sleep(0.2)
+        # Targets are taken up every 5 s: wait until it scrapes ours (down until the run).
+        while not any(
+            t["lastScrape"] > "0001"
+            for t in _get(f"{base}/api/v1/targets")["data"]["activeTargets"]
+        ):
+            assert time.monotonic() < deadline, "Prometheus never scraped its target"
+            time.sleep(0.2)
+        yield base, target
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _query(base: str, expr: str) -> list[dict[str, Any]]:
+    found = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert found["status"] == "success", found
+    return list(found["data"]["result"])
+
+
+def _run(out: Path, iterations: int) -> Path:
+    """A run on the real clock, slow enough for a few scrapes while it runs."""
+    with RunSession(out_dir=out, run_id="p", config=CONFIG, autoload=False,
+                    plugins=[("prometheus", PrometheusSink())]) as run:  # fmt: skip
+        for i in range(iterations):
+            run.bus.iteration_started(i)
+            with run.recorder.span("generate", iteration=i):
+                time.sleep(0.15)
+            run.bus.samples(iteration=i, phase="rollout", lengths=[30 + i, 40], groups=1)
+            with run.recorder.span("train.step", iteration=i):
+                time.sleep(0.25)
+            run.bus.samples(iteration=i, phase="train", lengths=[30 + i, 40])
+            run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+            run.read_memory(iteration=i)
+            run.bus.scalars(iteration=i, name="grpo", values={"reward_mean": 0.1 * i})
+    return out / "p"
+
+
+def test_prometheus_stores_the_runs_records_and_the_dashboard_finds_them(
+    prometheus: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, port = prometheus
+    monkeypatch.setenv(PORT_ENV, str(port))
+    run_dir = _run(tmp_path / "runs", iterations=8)
+    records = list(read_jsonl(run_dir / "metrics_raw.jsonl"))
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["kind"]] = counts.get(r["kind"], 0) + 1
+    # Wait for a scrape that holds the run's last record.
+    deadline = time.monotonic() + 30
+    while sum(float(s["value"][1]) for s in _query(base, "twinkle_records_total")) < len(records):
+        assert time.monotonic() < deadline, "Prometheus never scraped the run's last records"
+        time.sleep(0.5)
+    # Every key's latest value, as Prometheus stored it: the records', exactly.
+    latest = {
+        (r["scope"], r["kind"], k): v
+        for r in records
+        for k, v in r["values"].items()
+        if v is not None
+    }
+    stored = {
+        (s["metric"]["scope"], s["metric"]["kind"], s["metric"]["key"]): float(s["value"][1])
+        for s in _query(base, 'twinkle_record_value{run_id="p"}')
+    }
+    assert stored == {key: float(v) for key, v in latest.items()}
+    assert len(stored) > 80
+    assert {
+        s["metric"]["kind"]: float(s["value"][1]) for s in _query(base, "twinkle_records_total")
+    } == counts
+    tokens = sum(
+        r["values"]["tokens"]
+        for r in records
+        if (r["kind"], r["scope"]) == ("rollout", "iteration")
+    )
+    assert float(_query(base, 'twinkle_tokens_total{phase="rollout"}')[0]["value"][1]) == tokens
+    last = [r for r in records if r["scope"] == "iteration"][-1]["iteration"]
+    assert float(_query(base, "twinkle_iteration")[0]["value"][1]) == last
+    verdict = [s["metric"]["verdict"] for s in _query(base, "twinkle_limit == 1")]
+    timing = [r for r in records if (r["kind"], r["scope"]) == ("timing", "iteration")]
+    assert verdict == [timing[-1]["attrs"]["window_verdict"]]
+    # Each worker's memory: its last reading in the log.
+    readings = {}
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        for reading in event.get("readings", []) if event["type"] == "memory" else []:
+            readings[reading["worker_id"]] = reading["host_rss_bytes"]
+    memory = {s["metric"]["worker"]: float(s["value"][1])
+              for s in _query(base, 'twinkle_memory_bytes{field="host_rss"}')}  # fmt: skip
+    assert memory == {w: float(v) for w, v in readings.items()}
+    # Every panel of the dashboard finds data (a rate: once two scrapes hold the counter).
+    while not _query(base, "count_over_time(twinkle_tokens_total[5m]) >= 2"):
+        assert time.monotonic() < deadline + 30, "Prometheus never scraped twice"
+        time.sleep(0.5)
+    # ... and every value it stored on the way was one of that key's records'.
+    span = f"[{int((records[-1]['wall_ns'] - records[0]['wall_ns']) / 1e9) + 60}s]"
+    scraped = 0
+    for key in ("reward_mean", "window_idle_seconds", "tokens_per_s_per_device"):
+        for series in _query(base, f'twinkle_record_value{{key="{key}",scope="iteration"}}{span}'):
+            scraped = max(scraped, len({v for _, v in series["values"]}))
+            kind = series["metric"]["kind"]
+            rows = [r for r in records if (r["kind"], r["scope"]) == (kind, "iteration")]
+            values = {float(r["values"][key]) for r in rows if r["values"].get(key) is not None}
+            assert {float(v) for _, v in series["values"]} <= values, kind
+    assert scraped >= 2  # (scraped while the run ran: values changed between scrapes)
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$run_id", "p")
+            assert _query(base, expr), f"panel {panel['title']!r}: {expr} finds nothing"
+
+
+def test_a_port_in_use_leaves_the_backend_out_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv(PORT_ENV, str(taken.getsockname()[1]))
+        run_dir = _run(tmp_path / "runs", iterations=2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    error = summary["backends"]["prometheus"]["setup_error"]
+    assert "cannot serve Prometheus metrics on 127.0.0.1" in error and PORT_ENV in error
+
+
+def test_a_bad_port_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinkle_prometheus import _where
+
+    monkeypatch.setenv(PORT_ENV, "http")
+    with pytest.raises(ConfigError, match=PORT_ENV):
+        _where({})
+    assert served  # (the module's server function is public)
