@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-test: $(STAMP) test-plugins $(SWIFT_STAMP) $(VERL_STAMP)
+test: $(STAMP) system-tools test-plugins $(SWIFT_STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
 
 $(SWIFT_STAMP): pyproject.toml constraints-swift.txt
@@ -81,8 +81,9 @@ $(PLUGINS_STAMP): pyproject.toml constraints.txt $(PLUGINS:%=plugins/%/pyproject
 plugins-venv: $(PLUGINS_STAMP)
 
 # The Debian packages tests drive for real: Prometheus (the prometheus plugin's tests
-# scrape with a real server). Installed with apt-get when missing (about a minute).
-SYSTEM_TOOLS := prometheus
+# scrape with a real server) and Chromium (tests/test_html_report.py opens the HTML
+# report in it, headless). Installed with apt-get when missing (1-2 minutes, ~400 MiB).
+SYSTEM_TOOLS := prometheus chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-tools:

@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         "per worker, reward (matplotlib, headless)",
     )
     rep.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML file (interactive plots, "
+        "no network request; with RUN_B, both runs overlaid)",
+    )
+    rep.add_argument(
         "--reward",
         metavar="NAME.KEY",
         help="the scalar to show as the reward (default: the first reward_mean or reward)",
@@ -189,6 +195,10 @@ def _report(args: argparse.Namespace) -> int:
     if args.plots is not None:
         for path in write_plots(first, args.plots, other=second):
             print(printable(f"wrote {path}"), file=sys.stderr)
+    if args.html is not None:
+        from twinkle.report._html import write_html
+
+        print(printable(f"wrote {write_html(first, args.html, other=second)}"), file=sys.stderr)
     if second is None:
         print(json.dumps(first, indent=1) if args.json else format_report(first))
         return 0

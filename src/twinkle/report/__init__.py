@@ -400,6 +400,8 @@ def _figures(
         "run_dir": str(run),
         "status": summary.status,
         "phases": phases,
+        # each phase's span-name patterns (config.phases): the HTML timeline's colours
+        "phase_patterns": {p: list(names) for p, names in config.get("phases", {}).items()},
         "loop_phases": loop_phases,
         "throughput_phases": throughput,
         "streaming": None if None in pair else list(pair),

@@ -108,6 +108,12 @@ def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> 
 
 
 def _iteration_table(report: Mapping[str, Any]) -> list[str]:
+    return _table(*iteration_cells(report))
+
+
+def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The per-iteration table's header and rows of cells (as the text table shows
+    them; the HTML report's too)."""
     phases, rated = report["loop_phases"], report["throughput_phases"]
     segmented = len(report.get("segments", ())) > 1
     header = ["iter", *(["seg"] if segmented else []), "flag", "limit", "tokens", "tok/s/dev"]
@@ -138,7 +144,7 @@ def _iteration_table(report: Mapping[str, Any]) -> list[str]:
         if report["reward"]:
             row.append(_num(r.get("reward")))
         rows.append(row)
-    return _table(header, rows)
+    return header, rows
 
 
 def limits_lines(report: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,244 @@
+"""``twinkle report RUN [RUN_B] --html FILE``: the report as one self-contained HTML file.
+
+Everything is in the file: the styles, plotly.js (inlined once, ~4.7 MB: no network
+request, it opens offline) and the data of each plot. It holds the run's status and
+what limits it, its figures, the per-iteration table (the text report's cells), and
+interactive plots (zoom, pan, hover values): tokens/s/device per iteration, each
+window's time, its critical path, peak memory per worker, the reward, and a timeline
+of each worker's spans over the last iterations (from ``trace.json``), coloured by
+phase. With a second run, B's plots are drawn over A's, and both runs' figures and
+tables are shown.
+
+Every figure shown carries its exact value in ``data-value`` beside the name of the
+report key it comes from (``data-key``): what the page says can be checked against
+``summary.json`` (tests/test_html_report.py does, in headless Chromium).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Mapping
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.report._plots import time_parts
+from twinkle.report._text import _num, iteration_cells, limits_lines, live_lines
+
+__all__ = ["TIMELINE_ITERATIONS", "html_report", "write_html"]
+
+#: the iterations the timeline of spans shows (the last ones of the trace)
+TIMELINE_ITERATIONS = 6
+#: the largest trace.json read for the timeline (a larger one is left out, said so)
+_TRACE_MAX_BYTES = 64 << 20
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
+th { background: #f3f3f3; } td.name { text-align: left; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; }
+.runs { display: flex; gap: 3em; flex-wrap: wrap; }
+"""
+#: the run's figures shown, each with the report key it reads
+_FIGURES = (
+    ("steady state tokens/s/device", ("window", "steady_tokens_per_s_per_device")),
+    ("steady iterations", ("window", "steady_iterations")),
+    ("whole loop tokens/s/device", ("window", "tokens_per_s_per_device")),
+    ("tokens", ("window", "tokens")),
+    ("wall s", ("seconds", "wall")),
+    ("busy s", ("seconds", "busy")),
+    ("idle s", ("seconds", "idle")),
+    ("twinkle's own s", ("seconds", "overhead")),
+)
+
+
+def write_html(
+    report: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    other: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write :func:`html_report` of ``report`` (and ``other``) to ``path``, whole."""
+    from twinkle.report._plots import _write_whole
+
+    out = Path(path)
+    if out.is_symlink() or out.is_dir():
+        raise InvalidArgumentError(
+            f"--html {str(out)!r} is a link or a directory: give the path of the file to write"
+        )
+    _write_whole(out, html_report(report, other=other).encode())
+    return out
+
+
+def html_report(report: Mapping[str, Any], *, other: Mapping[str, Any] | None = None) -> str:
+    """The report page (see the module docstring)."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.offline import get_plotlyjs
+    except ImportError as exc:
+        raise InvalidArgumentError("--html needs plotly: pip install 'twinkle[report]'") from exc
+    runs = [("A", report), ("B", other)] if other is not None else [("", report)]
+    title = " vs ".join(f"run {r['run_id']}" for _, r in runs if r is not None)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>twinkle: {_e(title)}</title><style>{_STYLE}</style>",
+        f"<script>{get_plotlyjs()}</script></head><body>",
+        f"<h1>twinkle: {_e(title)}</h1>",
+    ]
+    parts.append("<div class='runs'>")
+    for tag, r in runs:
+        assert r is not None
+        parts.append(_run_section(tag, r))
+    parts.append("</div>")
+    plots = _plots(go, [(t, r) for t, r in runs if r is not None])
+    for name, fig in plots:
+        parts.append(f"<h2>{_e(name)}</h2>")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=_id(name)))
+    for tag, r in runs:
+        assert r is not None
+        parts.append(f"<h2>{_e(_tagged(tag, 'per iteration'))}</h2>")
+        parts.append(_table(r))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _run_section(tag: str, report: Mapping[str, Any]) -> str:
+    limits = report.get("limits") or {}
+    rows = []
+    for name, (group, key) in _FIGURES:
+        value = (report.get(group) or {}).get(key)
+        shown = _num(value)
+        rows.append(
+            f"<tr><td class='name'>{_e(name)}</td><td data-key='{group}.{key}' "
+            f"data-value='{_e(repr(value))}'>{shown}</td></tr>"
+        )
+    live = "".join(f"<p>{_e(line)}</p>" for line in live_lines(report))
+    return (
+        f"<section><h2>{_e(_tagged(tag, 'run ' + report['run_id']))}</h2>"
+        f"<p>status <b data-key='status'>{_e(report['status'])}</b> · "
+        f"verdict <b data-key='limits.verdict'>{_e(str(limits.get('verdict', 'not known')))}"
+        f"</b></p>{live}<table>{''.join(rows)}</table>"
+        f"<pre>{_e(chr(10).join(limits_lines(report)))}</pre></section>"
+    )
+
+
+def _table(report: Mapping[str, Any]) -> str:
+    header, rows = iteration_cells(report)
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        f"<tr data-iteration='{_e(row[0])}'>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table class='iterations'><tr>{head}</tr>{body}</table>"
+
+
+def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, Any]]:
+    """The page's plotly figures, by title."""
+    layout = {"height": 420, "margin": {"t": 30}, "hovermode": "closest"}
+    rate, time_, path, memory, reward = (go.Figure(layout=layout) for _ in range(5))
+    for tag, r in runs:
+        dash = "dash" if tag == "B" else "solid"
+        rows = r["iterations"]
+        its = [row["iteration"] for row in rows]
+        overall = [row.get("tokens_per_s_per_device") for row in rows]
+        rate.add_scatter(x=its, y=overall, name=_tagged(tag, "iteration (its window)"),
+                         line={"dash": dash})  # fmt: skip
+        for phase in r.get("throughput_phases", []):
+            values = [row.get("phase_tokens_per_s_per_device", {}).get(phase) for row in rows]
+            rate.add_scatter(x=its, y=values, name=_tagged(tag, f"{phase} (its work's time)"),
+                             line={"dash": dash, "width": 1})  # fmt: skip
+        pair = r.get("streaming")
+        timed = [row for row in rows if "window_wall_seconds" in row]
+        stacks = [time_parts(row, None if pair is None else tuple(pair)) for row in timed]
+        for part in dict.fromkeys(p for stack in stacks for p in stack):
+            time_.add_bar(x=[row["iteration"] for row in timed],
+                          y=[stack.get(part, 0.0) for stack in stacks],
+                          name=_tagged(tag, part), offsetgroup=tag or "A")  # fmt: skip
+        windows = [row for row in rows if row.get("window_path_seconds")]
+        kinds = dict.fromkeys(k for row in windows for k in row["window_path_seconds"])
+        for kind in kinds:
+            path.add_bar(x=[row["iteration"] for row in windows],
+                         y=[row["window_path_seconds"].get(kind) or 0.0 for row in windows],
+                         name=_tagged(tag, kind), offsetgroup=tag or "A")  # fmt: skip
+        for field in sorted({f for p in r["memory_peak_bytes"].values() for f in p}):
+            workers = list(r["memory_peak_bytes"])
+            memory.add_bar(x=[_tagged(tag, w) for w in workers],
+                           y=[r["memory_peak_bytes"][w].get(field, 0) / 2**20 for w in workers],
+                           name=field)  # fmt: skip
+        rewards = [
+            (row["iteration"], row["reward"]) for row in rows if row.get("reward") is not None
+        ]
+        if rewards:
+            reward.add_scatter(x=[i for i, _ in rewards], y=[v for _, v in rewards],
+                               name=_tagged(tag, r["reward"]), line={"dash": dash})  # fmt: skip
+    rate.update_layout(xaxis_title="iteration", yaxis_title="tokens/s/device")
+    time_.update_layout(barmode="stack", xaxis_title="iteration", yaxis_title="seconds")
+    path.update_layout(barmode="stack", xaxis_title="iteration", yaxis_title="seconds")
+    memory.update_layout(barmode="group", yaxis_title="MiB")
+    reward.update_layout(xaxis_title="iteration", yaxis_title="reward")
+    plots = [("throughput", rate), ("each iteration's window", time_),
+             ("critical path per window (what its length waited on)", path),
+             ("peak memory per worker", memory)]  # fmt: skip
+    if reward.data:
+        plots.append(("reward", reward))
+    for tag, r in runs:
+        timeline = _timeline(go, r)
+        if timeline is not None:
+            plots.append((_tagged(tag, "each worker's spans, the last iterations"), timeline))
+    return plots
+
+
+def _timeline(go: Any, report: Mapping[str, Any]) -> Any:
+    """Each worker's spans (a track of ``trace.json``) over the last
+    :data:`TIMELINE_ITERATIONS` iterations, coloured by phase; None without a trace."""
+    trace = Path(report["run_dir"]) / "trace.json"
+    try:
+        if trace.stat().st_size > _TRACE_MAX_BYTES:
+            return None
+        events = orjson.loads(trace.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None  # (none yet, or a run in progress: its trace is written at the end)
+    if not isinstance(events, list):
+        return None
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+              if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+    marks = sorted(e["ts"] for e in events if e.get("ph") == "i")
+    since = marks[-TIMELINE_ITERATIONS] if len(marks) >= TIMELINE_ITERATIONS else 0.0
+    phases = report.get("phase_patterns") or {}
+    bars: dict[str, dict[str, list[Any]]] = {}
+    for e in events:
+        if e.get("ph") != "X" or e["ts"] + e.get("dur", 0) < since:
+            continue
+        phase = next((p for p, pats in phases.items()
+                      if any(fnmatchcase(e["name"], pat) for pat in pats)), "other")  # fmt: skip
+        bar = bars.setdefault(phase, {"x": [], "base": [], "y": [], "text": []})
+        bar["x"].append(e.get("dur", 0) / 1e6)
+        bar["base"].append(e["ts"] / 1e6)
+        bar["y"].append(tracks.get((e["pid"], e["tid"]), f"{e['pid']}/{e['tid']}").split(" (")[0])
+        bar["text"].append(e["name"])
+    if not bars:
+        return None
+    fig = go.Figure(layout={"height": 420, "margin": {"t": 30}, "barmode": "overlay"})
+    for phase, bar in bars.items():
+        fig.add_bar(orientation="h", name=phase, x=bar["x"], base=bar["base"], y=bar["y"],
+                    hovertext=bar["text"],
+                    hovertemplate="%{hovertext}: %{x:.4f} s<extra></extra>")  # fmt: skip
+    fig.update_layout(xaxis_title="seconds since the run started")
+    return fig
+
+
+def _tagged(tag: str, name: str) -> str:
+    return f"{tag}: {name}" if tag else name
+
+
+def _id(name: str) -> str:
+    return "plot-" + "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def _e(text: str) -> str:
+    return html.escape(str(text), quote=True)
