@@ -114,8 +114,11 @@ def _report(worker: str, index: int, anchor: object, it: int, spans: int) -> Wor
     return WorkerReport(worker, mine, made, (reading,))
 
 
-def _drive(out: Path, iterations: int, workers: list[str], spans: int) -> tuple[int, int]:
-    """The run; returns the caller's CPU ns in receive() and the reports received."""
+def _drive(
+    out: Path, iterations: int, workers: list[str], spans: int, *, builtins: bool = True
+) -> tuple[int, int]:
+    """The run; returns the caller's CPU ns in receive() and the reports received
+    (``builtins=False``: no observer at all, the bus alone)."""
     clock = ManualClock(0)
     cpu = reports = 0
     with RunSession(
@@ -125,6 +128,7 @@ def _drive(out: Path, iterations: int, workers: list[str], spans: int) -> tuple[
         clock=clock,
         wall_clock=lambda: BASE_WALL + clock(),
         autoload=False,
+        builtins=builtins,
     ) as run:
         for it in range(iterations):
             clock.set(it * ITERATION_NS)
@@ -278,6 +282,23 @@ def run(smoke: bool) -> list[Row]:
     workers = _workers(engines, ranks)
     found = [_measure(n, workers, spans) for n in lengths]
     rows = _rows(found, len(workers), spans, smoke)
+    with tempfile.TemporaryDirectory(prefix="twinkle-bench-scale-") as tmp:
+        cpu, reports = _drive(Path(tmp) / "runs", lengths[0], workers, spans, builtins=False)
+    bus = cpu / reports / 1e3
+    whole = found[0].driver_ns / found[0].reports / 1e3
+    rows.insert(
+        len(found),
+        Row(
+            "scale.driver",
+            f"receive() of a worker report, no observer ({len(workers)} workers x {spans} "
+            f"spans, {lengths[0]} iterations)",
+            bus,
+            "us",
+            note=f"the bus alone: build, check (in C), make read-only and order the span "
+            f"batch and the memory event, {bus / spans:.1f} us per span; the observers add "
+            f"{whole - bus:.0f} us of the {whole:.0f} us above",
+        ),
+    )
     took = _checkpoint_cost(workers, spans, lengths[-1])
     if took:
         rows.append(
