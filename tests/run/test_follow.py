@@ -104,3 +104,15 @@ def test_a_log_cut_shorter_while_followed_is_refused(two_segments: Path, tmp_pat
         (run / "events.jsonl").write_bytes(data[: len(data) // 2])
         with pytest.raises(ReplayError, match="is shorter than when it was read"):
             follower.poll()
+
+
+def test_lines_longer_than_one_read_are_read_whole(
+    two_segments: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import twinkle.run._follow as follow
+
+    monkeypatch.setattr(follow, "_READ_BYTES", 64)  # every line is longer
+    lines = (two_segments / "events.jsonl").read_bytes().splitlines()
+    with Follower(two_segments) as follower:
+        follower.poll()
+        assert follower.events == len(lines) and follower.finished

@@ -33,7 +33,7 @@ from twinkle.locks import RUN_LOCK_FILE
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import make_plugin_manager
-from twinkle.reporting import MetricRecord, record_to_dict
+from twinkle.reporting import MAX_LINE_BYTES, MetricRecord, record_to_dict
 from twinkle.run._checkpoint import Checkpoint, snapshot_observers
 from twinkle.run._run import Run
 
@@ -158,6 +158,8 @@ class Follower:
         return fed
 
     def _read(self) -> list[bytes]:
+        """The complete lines after the offset (at least one whole line, however long,
+        up to the log's line limit), the offset moved past them."""
         with self.path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < self._offset:
@@ -167,9 +169,14 @@ class Follower:
                 )
             f.seek(self._offset)
             data = f.read(_READ_BYTES)
+            while b"\n" not in data and len(data) < min(size - self._offset, MAX_LINE_BYTES):
+                data += f.read(_READ_BYTES)  # (a line longer than one read)
         end = data.rfind(b"\n") + 1
-        if not end:
-            return []
+        if not end and len(data) >= MAX_LINE_BYTES:
+            raise ReplayError(
+                f"{self.path}: the line at byte {self._offset} is longer than the log's line "
+                f"limit ({MAX_LINE_BYTES} bytes): not a line twinkle wrote"
+            )
         self._offset += end
         return data[:end].splitlines()
 
