@@ -22,20 +22,14 @@ from twinkle_prometheus import DASHBOARD, PORT_ENV, PrometheusSink, served
 from twinkle.errors import ConfigError
 from twinkle.reporting import read_jsonl
 from twinkle.run import RunSession
+from twinkle.testing import SCRIPTED_CONFIG
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="needs Debian's prometheus (make test installs it)"
 )
-CONFIG = {
-    "phases": {"rollout": ["generate"], "train": ["train.*"]},
-    "throughput": {
-        "rollout": {"samples": "rollout", "devices": 1},
-        "train": {"samples": "train", "devices": 1},
-    },
-    "window": {"samples": "rollout", "devices": 2},
-    "streaming": {"generation": "rollout", "training": "train"},
-}
+# scripted_run's configuration, with generation streaming beside training
+CONFIG = {**SCRIPTED_CONFIG, "streaming": {"generation": "rollout", "training": "train"}}
 
 
 def _free_port() -> int:
