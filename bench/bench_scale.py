@@ -173,8 +173,10 @@ def _resume_s(run_dir: Path, iterations: int, *, checkpoint: bool, repeats: int 
     return best
 
 
-def _report_cost(run_dir: Path) -> tuple[float, int]:
-    """``twinkle report --json`` in a child: its wall seconds and peak RSS bytes."""
+def _report_cost(run_dir: Path, repeats: int = 3) -> tuple[float, int]:
+    """``twinkle report --json`` in a child: its wall seconds and peak RSS bytes, the
+    best of ``repeats`` (a child's start-up is most of it: one noisy run would tilt the
+    line extended to 3 days)."""
     # (VmHWM: ru_maxrss keeps the forking parent's high-water mark across exec)
     code = (
         "import contextlib, io, re, sys\n"
@@ -185,11 +187,14 @@ def _report_cost(run_dir: Path) -> tuple[float, int]:
         "print(int(re.search(r'VmHWM:\\s*(\\d+) kB', status).group(1)) * 1024)\n"
         "sys.exit(rc)\n"
     )
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True
-    )
-    return time.perf_counter() - t0, int(done.stdout.split()[-1])
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True
+        )
+        runs.append((time.perf_counter() - t0, int(done.stdout.split()[-1])))
+    return min(runs)
 
 
 def _measure(iterations: int, workers: list[str], spans: int) -> Measured:

@@ -22,7 +22,6 @@ form back into span objects for a reader of the JSON; the log of an older twinkl
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, itemgetter, sub
@@ -154,22 +153,26 @@ def _attrs(cols: SpanColumns, n: int) -> Iterable[Any]:
             )
         return repeat(EMPTY, n)
     shapes = [tuple(shape) for shape in cols.keys]
-    index = cols.key if cols.key is not None else [0] * n
-    list(_column(shapes, cols.key, n, "key"))  # (checks the index list)
-    need: Counter[str] = Counter()
-    for j, uses in Counter(index).items():
-        if len(set(shapes[j])) != len(shapes[j]):
-            raise RecordError(f"spans.columns.keys holds a repeated name in {list(shapes[j])}")
-        need.update(dict.fromkeys(shapes[j], uses))
-    values = {k: _read_only(v) for k, v in (cols.values or {}).items()}
-    have = {k: len(v) for k, v in values.items()}
-    if have != {k: c for k, c in need.items() if c}:
+    for shape in shapes:
+        if len(set(shape)) != len(shape):
+            raise RecordError(f"spans.columns.keys holds a repeated name in {list(shape)}")
+    index = cols.key
+    _column(shapes, index, n, "key")  # (checks the index list against the table)
+    # How many values each name needs: its spans, counted per list of names (in C).
+    uses = [n] if index is None else [index.count(j) for j in range(len(shapes))]
+    need: dict[str, int] = {}
+    for shape, used in zip(shapes, uses, strict=False):
+        for k in shape if used else ():
+            need[k] = need.get(k, 0) + used
+    values = cols.values or {}
+    if {k: len(v) for k, v in values.items()} != need:
         raise RecordError(
-            f"spans.columns.values holds {have} values per name where the spans' keys "
-            f"need {dict(need)}: a line twinkle did not write"
+            f"spans.columns.values holds { ({k: len(v) for k, v in values.items()}) } values "
+            f"per name where the spans' keys need {need}: a line twinkle did not write"
         )
-    if len(shapes) == 1:  # one list of names: the value columns line up with the spans
-        (shape,) = shapes
+    values = {k: _read_only(v) for k, v in values.items()}
+    if index is None:  # one list of names: the value columns line up with the spans
+        shape = shapes[0] if shapes else ()
         if not shape:
             return repeat(EMPTY, n)
         return [FrozenDict(zip(shape, row)) for row in zip(*map(values.get, shape))]  # noqa: B905
