@@ -196,30 +196,24 @@ def _at_line_start(text: bytes, at: int, file_start: bool) -> bool:
     return _LINE_HEAD.fullmatch(text[newline + 1 : at]) is not None
 
 
-def _check_covered(run: Path, summary: _Summary, first: RunStarted) -> None:
-    """Refuse a summary that does not cover the run's log: another run's, or one that
-    an earlier segment wrote before the run resumed and its new segment stopped (killed,
-    or still running): its status and throughput are the earlier segments' while the
-    records hold the later ones' iterations."""
+def _check_covered(run: Path, summary: _Summary, first: RunStarted, logged: int) -> None:
+    """Refuse a summary that does not cover the run's log (``logged`` segments): another
+    run's, or one of more segments than the log holds (the log was cut or replaced
+    after the summary was written). One of fewer segments is a run still being written,
+    or stopped: it is reported from its log (:func:`_snapshot`)."""
     path = run / SUMMARY_FILE
     if summary.run_id != first.run_id:
         raise InvalidArgumentError(
             f"{str(path)!r} is the summary of run {summary.run_id!r}, but {EVENTS_FILE} "
             f"beside it is the log of run {first.run_id!r}: {_replay_fix(run)}"
         )
-    logged, covered = _logged_segments(run / EVENTS_FILE), len(summary.segments)
-    if logged == covered:
-        return
-    why = (
-        "the run resumed and its last segment stopped (killed, or still running) before "
-        "writing its own summary"
-        if logged > covered
-        else "the log was cut or replaced after the summary was written"
-    )
-    raise InvalidArgumentError(
-        f"{str(run)!r}: its {EVENTS_FILE} holds {logged} segment(s) of the run, but its "
-        f"{SUMMARY_FILE} covers {covered}: the summary is stale ({why}); {_replay_fix(run)}"
-    )
+    covered = len(summary.segments)
+    if logged < covered:
+        raise InvalidArgumentError(
+            f"{str(run)!r}: its {EVENTS_FILE} holds {logged} segment(s) of the run, but its "
+            f"{SUMMARY_FILE} covers {covered}: the summary is stale (the log was cut or "
+            f"replaced after the summary was written); {_replay_fix(run)}"
+        )
 
 
 def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
@@ -254,9 +248,10 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
             "twinkle run's log (or it was cut); report a run directory a run wrote"
         )
-    if _finished(run, first_event):
-        summary = _read_summary(run)
-        _check_covered(run, summary, first_event)
+    finished = _finished(run, first_event)
+    if finished is not None:
+        summary, logged = finished
+        _check_covered(run, summary, first_event, logged)
         records = list(read_jsonl(run / RECORDS_FILE))
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
@@ -293,16 +288,18 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     return report
 
 
-def _finished(run: Path, first: RunStarted) -> bool:
-    """Whether the run's files are a finished run's: a summary and records that cover
-    every segment of its log (a summary of another run, or of more segments than the
-    log holds, is refused by :func:`_check_covered`)."""
+def _finished(run: Path, first: RunStarted) -> tuple[_Summary, int] | None:
+    """The run's summary and the segments its log holds when its files are a finished
+    run's: a summary and records that cover every segment of the log (a summary of
+    another run, or of more segments than the log holds, is refused by
+    :func:`_check_covered`); None for a run still being written, or stopped."""
     if not (run / SUMMARY_FILE).is_file() or not (run / RECORDS_FILE).is_file():
-        return False
+        return None
     summary = _read_summary(run)
-    return summary.run_id != first.run_id or len(summary.segments) >= _logged_segments(
-        run / EVENTS_FILE
-    )
+    logged = _logged_segments(run / EVENTS_FILE)  # (the log read once, in chunks)
+    if summary.run_id != first.run_id or len(summary.segments) >= logged:
+        return summary, logged
+    return None
 
 
 def _snapshot(run: Path) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:

@@ -250,6 +250,7 @@ class Follower:
             summary = copy.finish()
         finally:
             copy.close()
+        summary = orjson.loads(orjson.dumps(summary))  # (as summary.json holds it: NaN null)
         if not self.finished:
             summary = _in_progress(summary)
         records = self._records.records + closing.records
