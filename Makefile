@@ -88,7 +88,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
-	if [ -n "$$missing" ]; then \
+	if [ -n "$$missing" ] && ! command -v apt-get >/dev/null; then \
+		echo "warning: no apt-get here to install$$missing: the tests that drive them are skipped"; \
+	elif [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing (apt-get)"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
