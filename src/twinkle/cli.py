@@ -79,44 +79,8 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``twinkle`` command."""
-    parser = argparse.ArgumentParser(
-        prog="twinkle",
-        description="How fast your RL run really is: replay a run's event log, or run the demo.",
-        epilog=(
-            "Ctrl-C, SIGTERM and SIGHUP finish the run as an error (summary and trace "
-            "written) and exit 130, 143, 129. Your own trainer gets the same with "
-            "'with twinkle.run.finish_on_signals(), RunSession(...) as run:'."
-        ),
-    )
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
-    rp.add_argument(
-        "events", metavar="EVENTS_JSONL", help="the run's events.jsonl, or its run directory"
-    )
-    rp.add_argument(
-        "--out",
-        required=True,
-        metavar="DIR",
-        help="output directory: new or empty (see --force); written only when the replay succeeds",
-    )
-    rp.add_argument(
-        "--force",
-        action="store_true",
-        help="replay into a non-empty --out: its files of the replay's names are replaced, "
-        "others are kept",
-    )
-    _add_common_options(rp)
-
-    from twinkle.demo.cli import add_demo_arguments
-
-    dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
-    add_demo_arguments(dp)
-    _add_common_options(dp)
-
+def _add_report_commands(sub: Any) -> None:
+    """``twinkle report`` and ``twinkle watch`` (:mod:`twinkle.report._commands`)."""
     rep = sub.add_parser(
         "report",
         help="a run's figures from its files: per iteration and for the run; with a second "
@@ -161,6 +125,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(wp)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``twinkle`` command."""
+    parser = argparse.ArgumentParser(
+        prog="twinkle",
+        description="How fast your RL run really is: replay a run's event log, or run the demo.",
+        epilog=(
+            "Ctrl-C, SIGTERM and SIGHUP finish the run as an error (summary and trace "
+            "written) and exit 130, 143, 129. Your own trainer gets the same with "
+            "'with twinkle.run.finish_on_signals(), RunSession(...) as run:'."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
+    rp.add_argument(
+        "events", metavar="EVENTS_JSONL", help="the run's events.jsonl, or its run directory"
+    )
+    rp.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output directory: new or empty (see --force); written only when the replay succeeds",
+    )
+    rp.add_argument(
+        "--force",
+        action="store_true",
+        help="replay into a non-empty --out: its files of the replay's names are replaced, "
+        "others are kept",
+    )
+    _add_common_options(rp)
+
+    from twinkle.demo.cli import add_demo_arguments
+
+    dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
+    add_demo_arguments(dp)
+    _add_common_options(dp)
+
+    _add_report_commands(sub)
+
     pp = sub.add_parser(
         "plugins",
         help="list the installed observer plugins: built-in or third party, and whether a "
@@ -176,52 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common_options(sp)
     return parser
-
-
-def _report(args: argparse.Namespace) -> int:
-    from twinkle.checks import printable
-    from twinkle.report import (
-        compare,
-        format_compare,
-        format_report,
-        load_report,
-        streaming_effect,
-        write_plots,
-    )
-
-    # Both runs first: one that cannot be reported stops the command before any output.
-    first = load_report(args.run, reward=args.reward)
-    second = None if args.other is None else load_report(args.other, reward=args.reward)
-    if args.plots is not None:
-        for path in write_plots(first, args.plots, other=second):
-            print(printable(f"wrote {path}"), file=sys.stderr)
-    if args.html is not None:
-        from twinkle.report._html import write_html
-
-        print(printable(f"wrote {write_html(first, args.html, other=second)}"), file=sys.stderr)
-    if second is None:
-        print(json.dumps(first, indent=1) if args.json else format_report(first))
-        return 0
-    if args.json:
-        both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}
-        both["streaming_effect"] = streaming_effect(first, second)
-        print(json.dumps(both, indent=1))
-    else:
-        print(format_compare(first, second))
-    return 0
-
-
-def _watch(args: argparse.Namespace) -> int:
-    from twinkle.report._watch import watch
-
-    if not args.interval > 0:
-        raise InvalidArgumentError(
-            f"--interval must be a positive number of seconds, got {args.interval}"
-        )
-    try:
-        return watch(args.run, interval_s=args.interval, once=args.once, reward=args.reward)
-    except KeyboardInterrupt:
-        return 0  # (stopped watching: the run goes on)
 
 
 def _version() -> str:
@@ -359,10 +318,10 @@ def _run(args: argparse.Namespace) -> int:
         _check_plugin_options(args)
         if args.command == "plugins":
             return _plugins(args)
-        if args.command == "report":
-            return _report(args)
-        if args.command == "watch":
-            return _watch(args)
+        if args.command in ("report", "watch"):
+            from twinkle.report._commands import report_command, watch_command
+
+            return (report_command if args.command == "report" else watch_command)(args)
         if args.command == "swift-plugin":
             from twinkle.integrations import swift_plugin_file
 

@@ -148,7 +148,8 @@ def test_segments_are_counted_alike_whatever_the_chunks_the_log_is_read_in(
 ) -> None:
     """The log is searched a chunk at a time: a run_resumed line split across chunks at
     any byte counts once, the same bytes in a value none, a torn last line none."""
-    import twinkle.report as report_module
+    import twinkle.report._log_segments as segments_module
+    from twinkle.report._log_segments import logged_segments
 
     lines = [
         b'{"seq":0,"type":"run_started","config":{"x":{"type":"run_resumed"}}}\n',
@@ -161,12 +162,12 @@ def test_segments_are_counted_alike_whatever_the_chunks_the_log_is_read_in(
     ]
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"".join(lines))
-    monkeypatch.setattr(report_module, "_CHUNK", chunk)
-    assert report_module._logged_segments(log) == 4
+    monkeypatch.setattr(segments_module, "_CHUNK", chunk)
+    assert logged_segments(log) == 4
     log.write_bytes(b"".join(lines[:-1]))
-    assert report_module._logged_segments(log) == 4
+    assert logged_segments(log) == 4
     log.write_bytes(b"")
-    assert report_module._logged_segments(log) == 0
+    assert logged_segments(log) == 0
 
 
 def test_the_report_reads_peaks_and_segments_from_the_summary_as_the_log_gives_them(

@@ -33,7 +33,6 @@ The reward is the first scalar key named ``reward_mean`` or ``reward`` (the demo
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -46,6 +45,7 @@ from twinkle.errors import InvalidArgumentError
 from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted, Status
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
+from twinkle.report._log_segments import logged_segments
 from twinkle.report._plots import PLOTS, time_parts, write_plots
 from twinkle.report._text import format_compare, format_report
 from twinkle.reporting import read_jsonl
@@ -143,57 +143,6 @@ def _read_summary(run: Path) -> _Summary:
         raise InvalidArgumentError(
             f"{str(path)!r}: {explain(exc, parsed, 'summary')}: {fix}"
         ) from None
-
-
-#: a run_resumed line of the log: the writer puts the type first (after the line's seq)
-_RESUMED: Final = b'"type":"run_resumed"'
-_LINE_HEAD: Final = re.compile(rb'\{(?:"seq":\d{1,20},)?')
-_HEAD_MAX: Final = 32  # the most bytes between a line's start and its type
-
-
-#: the log is searched this many bytes at a time
-_CHUNK: Final = 1 << 20
-
-
-def _logged_segments(log: Path) -> int:
-    """How many segments the log holds: 1 + its ``run_resumed`` lines, found by a byte
-    search instead of parsing the log (a gigabyte takes about half a second), a chunk
-    at a time. Strings in a line have their quotes escaped, so the pattern right at a
-    line's start is the event's own type, never a value; a torn last line (no newline)
-    is no event."""
-    keep = _HEAD_MAX + len(_RESUMED)  # a chunk's end the next one searches again
-    segments = 0
-    last_match = last_newline = -1  # where in the file
-    offset, text = 0, b""  # the file offset of text[0]; the bytes searched
-    with log.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            segments = segments or 1
-            done = max(len(text) - keep, 0)  # bytes of text searched already
-            text = text[done:] + chunk
-            offset += done
-            newline = text.rfind(b"\n")
-            if newline != -1:
-                last_newline = offset + newline
-            # from text's start: the kept tail (a match across the seam) and the chunk
-            # (a match found twice is counted once: last_match)
-            at = text.find(_RESUMED, 0)
-            while at != -1:
-                if offset + at > last_match and _at_line_start(text, at, offset == 0):
-                    segments += 1
-                    last_match = offset + at
-                at = text.find(_RESUMED, at + 1)
-    # (a match on the torn last line is no event)
-    return segments - (last_match > last_newline)
-
-
-def _at_line_start(text: bytes, at: int, file_start: bool) -> bool:
-    """Whether the pattern at ``at`` is a line's type: what comes before it on its line
-    is the line's head (``{`` and its ``seq``)."""
-    low = max(0, at - _HEAD_MAX)
-    newline = text.rfind(b"\n", low, at)
-    if newline == -1 and not (low == 0 and file_start):
-        return False  # too far from a line's start
-    return _LINE_HEAD.fullmatch(text[newline + 1 : at]) is not None
 
 
 def _check_covered(run: Path, summary: _Summary, first: RunStarted, logged: int) -> None:
@@ -296,7 +245,7 @@ def _finished(run: Path, first: RunStarted) -> tuple[_Summary, int] | None:
     if not (run / SUMMARY_FILE).is_file() or not (run / RECORDS_FILE).is_file():
         return None
     summary = _read_summary(run)
-    logged = _logged_segments(run / EVENTS_FILE)  # (the log read once, in chunks)
+    logged = logged_segments(run / EVENTS_FILE)  # (the log read once, in chunks)
     if summary.run_id != first.run_id or len(summary.segments) >= logged:
         return summary, logged
     return None
@@ -371,27 +320,9 @@ def _figures(
         elif r["kind"] == mfu_kind:
             row["phase_mfu"] = _utilisation(values)
         elif r["kind"] == "timing":
-            row["window_flags"] = list(r["attrs"].get("window_flags", []))
-            row["window_verdict"] = r["attrs"].get("window_verdict")
-            row["window_path_seconds"] = {
-                k.removeprefix("window_path_").removesuffix("_seconds"): v
-                for k, v in values.items()
-                if k.startswith("window_path_")
-            }
-            for key in ("wall", "busy", "idle", "overhead"):
-                row[f"window_{key}_seconds"] = values.get(f"window_{key}_seconds")
-            row["window_phase_seconds"] = {p: values.get(f"window_{p}_seconds") for p in phases}
-            row["attributed_phase_seconds"] = {
-                p: values.get(f"attributed_{p}_seconds") for p in phases
-            }
-            if None not in pair:  # (the pair is named in the order of config.phases)
-                overlap = values.get(f"window_overlap_{pair[0]}_{pair[1]}_seconds")
-                if overlap is None:
-                    overlap = values.get(f"window_overlap_{pair[1]}_{pair[0]}_seconds")
-                row["window_overlap_generation_training_seconds"] = overlap
+            row.update(_timing_row(r, phases, pair))
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
-    seconds = summary.seconds
     report: dict[str, Any] = {
         "run_id": summary.run_id,
         "run_dir": str(run),
@@ -409,25 +340,57 @@ def _figures(
         "placement": dict(summary.placement),
         "limits": dict(summary.limits),
         "mfu": summary.mfu,
-        "seconds": {
-            "wall": seconds.get("wall_seconds"),
-            "busy": seconds.get("busy_seconds"),
-            "idle": seconds.get("idle_seconds"),
-            "overhead": seconds.get("overhead_seconds"),
-            # each of the four as set-up + loop + tear-down (they add up to it)
-            "parts": {
-                total: {
-                    part: seconds.get(f"{part}_{total}_seconds")
-                    for part in ("setup", "loop", "teardown")
-                }
-                for total in ("wall", "busy", "idle", "overhead")
-            },
-            "phases": {p: seconds.get(f"{p}_seconds") for p in phases},
-            "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
-            "generation_hidden_share": seconds.get("generation_hidden_share"),
-        },
+        "seconds": _seconds(summary.seconds, phases),
     }
     return report
+
+
+def _timing_row(record: dict[str, Any], phases: list[str], pair: tuple[Any, Any]) -> dict[str, Any]:
+    """An iteration's row figures from its ``timing`` record: its flags, verdict and
+    critical path, the window view's seconds, each phase's in both views and the
+    streaming pair's overlap."""
+    values, attrs = record["values"], record["attrs"]
+    row: dict[str, Any] = {
+        "window_flags": list(attrs.get("window_flags", [])),
+        "window_verdict": attrs.get("window_verdict"),
+        "window_path_seconds": {
+            k.removeprefix("window_path_").removesuffix("_seconds"): v
+            for k, v in values.items()
+            if k.startswith("window_path_")
+        },
+    }
+    for key in ("wall", "busy", "idle", "overhead"):
+        row[f"window_{key}_seconds"] = values.get(f"window_{key}_seconds")
+    row["window_phase_seconds"] = {p: values.get(f"window_{p}_seconds") for p in phases}
+    row["attributed_phase_seconds"] = {p: values.get(f"attributed_{p}_seconds") for p in phases}
+    if None not in pair:  # (the pair is named in the order of config.phases)
+        overlap = values.get(f"window_overlap_{pair[0]}_{pair[1]}_seconds")
+        if overlap is None:
+            overlap = values.get(f"window_overlap_{pair[1]}_{pair[0]}_seconds")
+        row["window_overlap_generation_training_seconds"] = overlap
+    return row
+
+
+def _seconds(seconds: dict[str, Any], phases: list[str]) -> dict[str, Any]:
+    """The run's seconds from ``summary.json``'s: wall, busy, idle and overhead, each as
+    set-up + loop + tear-down (they add up to it), each phase's, and generation hidden
+    behind training."""
+    return {
+        "wall": seconds.get("wall_seconds"),
+        "busy": seconds.get("busy_seconds"),
+        "idle": seconds.get("idle_seconds"),
+        "overhead": seconds.get("overhead_seconds"),
+        "parts": {
+            total: {
+                part: seconds.get(f"{part}_{total}_seconds")
+                for part in ("setup", "loop", "teardown")
+            }
+            for total in ("wall", "busy", "idle", "overhead")
+        },
+        "phases": {p: seconds.get(f"{p}_seconds") for p in phases},
+        "generation_hidden_seconds": seconds.get("generation_hidden_seconds"),
+        "generation_hidden_share": seconds.get("generation_hidden_share"),
+    }
 
 
 def _utilisation(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

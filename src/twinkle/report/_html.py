@@ -26,8 +26,10 @@ from typing import Any
 import orjson
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.report._format import num
+from twinkle.report._limits_text import limits_lines
 from twinkle.report._plots import time_parts
-from twinkle.report._text import _num, iteration_cells, limits_lines, live_lines
+from twinkle.report._text import iteration_cells, live_lines
 
 __all__ = ["TIMELINE_ITERATIONS", "html_report", "write_html"]
 
@@ -112,7 +114,7 @@ def _run_section(tag: str, report: Mapping[str, Any]) -> str:
     rows = []
     for name, (group, key) in _FIGURES:
         value = (report.get(group) or {}).get(key)
-        shown = _num(value)
+        shown = num(value)
         rows.append(
             f"<tr><td class='name'>{_e(name)}</td><td data-key='{group}.{key}' "
             f"data-value='{_e(repr(value))}'>{shown}</td></tr>"

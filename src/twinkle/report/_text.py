@@ -11,14 +11,21 @@ from typing import Any
 from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
+from twinkle.report._format import num
+from twinkle.report._limits_text import limits_lines
 
 __all__ = [
     "FLAG_NAMES",
     "LEGEND",
     "format_compare",
-    "format_live",
     "format_report",
+    "as_text",
+    "iteration_cells",
+    "iteration_table",
+    "live_lines",
+    "memory_lines",
     "split_exactly",
+    "throughput_lines",
 ]
 
 #: how the table names each window's verdict (``attrs.window_verdict``)
@@ -49,21 +56,11 @@ LEGEND = (
 )
 
 
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
-        return f"{value:,.0f}"
-    return f"{value:.{digits}f}"
-
-
 def _count(value: Any) -> str:
     """A device count: whole numbers without decimals."""
     if isinstance(value, float) and value.is_integer():
         return f"{int(value):,}"
-    return _num(value)
+    return num(value)
 
 
 def split_exactly(total: float, parts: Sequence[float], digits: int = 3) -> list[str]:
@@ -107,7 +104,7 @@ def _table(header: list[str], rows: list[list[str]], *, names: bool = False) -> 
     return [head, "-" * len(head), *(line(r) for r in rows)]
 
 
-def _iteration_table(report: Mapping[str, Any]) -> list[str]:
+def iteration_table(report: Mapping[str, Any]) -> list[str]:
     return _table(*iteration_cells(report))
 
 
@@ -133,127 +130,18 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
         flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
         row = [str(r["iteration"]), *([str(r.get("segment", "-"))] if segmented else [])]
         limit = VERDICT_NAMES.get(r.get("window_verdict") or "", "-")
-        row += [flags, limit, _num(r.get("tokens")), _num(r.get("tokens_per_s_per_device"))]
-        row += [_num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
-        row += [_num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
-        row += [_num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
-        row += [_num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
+        row += [flags, limit, num(r.get("tokens")), num(r.get("tokens_per_s_per_device"))]
+        row += [num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
+        row += [num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
+        row += [num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
+        row += [num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
         if has_overlap:
-            row.append(_num(r.get("window_overlap_generation_training_seconds")))
+            row.append(num(r.get("window_overlap_generation_training_seconds")))
         row += [_share(r.get("phase_mfu", {}).get(p)) for p in utilised]
         if report["reward"]:
-            row.append(_num(r.get("reward")))
+            row.append(num(r.get("reward")))
         rows.append(row)
     return header, rows
-
-
-def limits_lines(report: Mapping[str, Any]) -> list[str]:
-    """ "What limits this run": the verdict on the steady state in plain words, each
-    window's verdict counted, the critical path, how busy each side was, and at most
-    what a twice-as-fast side would save."""
-    limits = report.get("limits") or {}
-    if "verdict" not in limits:
-        return ["What limits this run: not known (the run's summary has no limits)"]
-    windows = limits.get("windows", {})
-    counted = ", ".join(
-        f"{n} {name}" for name, n in sorted(windows.items(), key=lambda kv: (-kv[1], kv[0]))
-    )
-    total = sum(windows.values())
-    path = limits.get("path_seconds", {})
-    shares = limits.get("path_shares", {})
-    shown = [k for k in _PATH_ORDER if path.get(k) or k in ("training", "generation")]
-    lines = [
-        f"What limits this run ({limits.get('over', '-')}, docs/metrics.md 'What limits the run')",
-        f"  verdict           {limits['verdict']}: {limits.get('reason', '-')}",
-        f"  windows           {counted} (of {total})",
-        "  critical path     "
-        + ", ".join(f"{k} {_num(path[k])} s ({_pct(shares.get(k))})" for k in shown),
-    ]
-    busy = limits.get("busy_shares", {})
-    if busy:
-        lines.append(
-            "  busy              "
-            + ", ".join(f"{side} ran {_pct(share)}" for side, share in busy.items())
-            + " of it"
-        )
-    stragglers = limits.get("stragglers") or {}
-    if stragglers:
-        lines.append(
-            "  stragglers        "
-            + "; ".join(_stragglers(side, s) for side, s in stragglers.items())
-        )
-    driver = limits.get("driver") or {}
-    if driver:
-        blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
-        lines.append(
-            f"  driver            the trainer waited {_num(driver.get('trainer_wait_seconds'))} s "
-            f"for rollouts; engines blocked on a full buffer {_num(blocked)} s; "
-            f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
-            f"trained, {driver.get('dropped', '-')} dropped as stale, "
-            f"{driver.get('left_in_buffer', '-')} left at the end"
-        )
-    never = limits.get("never_trained") or {}
-    if never.get("unstarted_iterations"):
-        tokens = ", ".join(f"{_num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
-        lines.append(
-            f"  never trained     {never['unstarted_iterations']} iterations observed but never "
-            f"started: {_num(never['unstarted_span_seconds'])} s of spans"
-            + (f", tokens {tokens}" if tokens else "")
-        )
-    workers = limits.get("workers") or {}
-    for name, by_worker in (workers.get("waits") or {}).items():
-        lines.append(f"  {name:<17} " + _most(by_worker) + " of their windows waiting")
-    if workers.get("unaccounted"):
-        lines.append(
-            "  unaccounted       " + _most(workers["unaccounted"]) + " of their windows: no span"
-        )
-    age = limits.get("policy_age") or {}
-    if age:
-        lines.append(
-            f"  policy age        mean {_num(age.get('mean'))}, max {age.get('max')} versions "
-            f"behind the policy trained ({age.get('spans')} generation spans)"
-        )
-    faster = limits.get("twice_as_fast", {})
-    if faster:
-        lines.append(
-            "  if 2x faster      "
-            + "; ".join(
-                f"{side}: at most {_pct(v.get('share'))} shorter" for side, v in faster.items()
-            )
-        )
-    return lines
-
-
-def _most(workers: Mapping[str, Mapping[str, Any]], shown: int = 3) -> str:
-    """The ``shown`` workers with the most seconds, each with its share."""
-    top = sorted(workers.items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
-    words = [f"{w} {_num(v['seconds'])} s ({_pct(v.get('share'))})" for w, v in top[:shown]]
-    return ", ".join(words) + (f" and {len(top) - shown} more" if len(top) > shown else "")
-
-
-def _stragglers(side: str, found: Mapping[str, Any]) -> str:
-    """One side's stragglers in words: the slow workers, or that none was, or why its
-    workers were not compared."""
-    workers = found.get("workers", {})
-    if not workers:
-        why = ", ".join(f"{n} iterations: {r}" for r, n in found.get("abstained", {}).items())
-        return f"{side}: not compared ({why or 'no work seen'})"
-    slow = [
-        f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
-        f"seconds per {found.get('unit')}, slow in {w.get('slow_iterations')} of "
-        f"{w.get('compared_iterations')} iterations)"
-        for name, w in workers.items()
-        if w.get("verdict") != "ok"
-    ]
-    return f"{side}: " + (", ".join(slow) if slow else f"none of {', '.join(workers)}")
-
-
-#: the critical path's kinds, as docs/metrics.md orders them
-_PATH_ORDER = ("training", "generation", "publish", "other", "overhead", "idle")
-
-
-def _pct(share: Any) -> str:
-    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _segment(s: Mapping[str, Any]) -> str:
@@ -327,19 +215,19 @@ def mfu_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
+def throughput_lines(report: Mapping[str, Any]) -> list[str]:
     """The steady state first, with each phase's; then the whole loop's."""
     window, iterations = report["window"], len(report["iterations"])
     steady = window.get("steady_iterations") or 0
     if steady:
         lines = [
-            f"steady state        {_num(window.get('steady_tokens_per_s_per_device'))} "
+            f"steady state        {num(window.get('steady_tokens_per_s_per_device'))} "
             f"tokens/s/device over {steady} of {iterations} iterations (warm-up, drain and "
-            f"partial left out): {_num(window.get('steady_tokens'))} tokens / "
-            f"{_num(window.get('steady_seconds'))} logical s"
+            f"partial left out): {num(window.get('steady_tokens'))} tokens / "
+            f"{num(window.get('steady_seconds'))} logical s"
         ]
         per_phase = [
-            f"{p} {_num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
+            f"{p} {num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
             for p in report["throughput_phases"]
         ]
         if per_phase:
@@ -354,9 +242,9 @@ def _throughput_lines(report: Mapping[str, Any]) -> list[str]:
             "(a segment needs 3 iterations or more)"
         ]
     lines.append(
-        f"whole loop          {_num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"over all {iterations} iterations: {_num(window.get('tokens'))} tokens / "
-        f"{_num(window.get('seconds'))} active logical s"
+        f"whole loop          {num(window.get('tokens_per_s_per_device'))} tokens/s/device "
+        f"over all {iterations} iterations: {num(window.get('tokens'))} tokens / "
+        f"{num(window.get('seconds'))} active logical s"
     )
     return lines
 
@@ -400,7 +288,7 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
         total, parts = seconds.get(key), seconds.get("parts", {}).get(key, {})
         values = [parts.get(p) for p in ("setup", "loop", "teardown")]
         if total is None or None in values:
-            lines.append(f"{name:<20}{_num(total)} s")
+            lines.append(f"{name:<20}{num(total)} s")
             continue
         t, setup, loop, teardown = split_exactly(total, values)
         lines.append(f"{name:<20}{t} s = set-up {setup} + loop {loop} + tear-down {teardown}")
@@ -413,22 +301,22 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
     lines += [*live_lines(report), ""]
     lines += [*limits_lines(report), ""]
-    lines += _iteration_table(report)
+    lines += iteration_table(report)
     segments = report.get("segments", [])
     if len(segments) > 1:
         lines += ["", "segments            " + ", ".join(map(_segment, segments))]
     seconds = report["seconds"]
-    lines += ["", *_throughput_lines(report), *_device_lines(report.get("placement") or {})]
+    lines += ["", *throughput_lines(report), *_device_lines(report.get("placement") or {})]
     lines += mfu_lines(report)
     lines += _time_lines(seconds)
     lines.append(
         "phase seconds       "
-        + ", ".join(f"{p} {_num(v)}" for p, v in seconds["phases"].items())
+        + ", ".join(f"{p} {num(v)}" for p, v in seconds["phases"].items())
         + " (each phase's union over the run)"
     )
     if seconds["generation_hidden_share"] is not None:
         lines.append(
-            f"gen. with training  {_num(seconds['generation_hidden_seconds'])} s "
+            f"gen. with training  {num(seconds['generation_hidden_seconds'])} s "
             f"({100 * seconds['generation_hidden_share']:.1f}% of generation ran while "
             "training ran: concurrency, not a saving)"
         )
@@ -437,16 +325,16 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     ]
     if rewards:
         lines.append(
-            f"reward ({report['reward']})  {_num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
-            f"{_num(rewards[-1][1])} (iteration {rewards[-1][0]})"
+            f"reward ({report['reward']})  {num(rewards[0][1])} (iteration {rewards[0][0]}) -> "
+            f"{num(rewards[-1][1])} (iteration {rewards[-1][0]})"
         )
-    lines += _memory_lines(report)
+    lines += memory_lines(report)
     if legend:
         lines += ["", *LEGEND]
-    return _text(lines)
+    return as_text(lines)
 
 
-def _memory_lines(report: Mapping[str, Any]) -> list[str]:
+def memory_lines(report: Mapping[str, Any]) -> list[str]:
     return [
         f"peak memory         {worker}: "
         + ", ".join(
@@ -455,23 +343,6 @@ def _memory_lines(report: Mapping[str, Any]) -> list[str]:
         )
         for worker, peaks in report["memory_peak_bytes"].items()
     ]
-
-
-def format_live(report: Mapping[str, Any], *, rows: int) -> str:
-    """``twinkle watch``'s view: the run's state, what limits it, the last ``rows``
-    iterations of the table, its throughput and memory (one vocabulary with
-    :func:`format_report`)."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
-    lines += [*live_lines(report), ""]
-    lines += [*limits_lines(report), ""]
-    table = _iteration_table(report)
-    shown = table[2:][-rows:] if rows > 0 else []
-    if len(shown) < len(table) - 2:
-        lines.append(f"(the last {len(shown)} of {len(table) - 2} iterations)")
-    lines += [*table[:2], *shown, ""]
-    lines += _throughput_lines(report)
-    lines += _memory_lines(report)
-    return _text(lines)
 
 
 def live_lines(report: Mapping[str, Any]) -> list[str]:
@@ -495,8 +366,8 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     rows = [
         [
             r["figure"],
-            _num(r["a"]),
-            _num(r["b"]),
+            num(r["a"]),
+            num(r["b"]),
             "-" if r["ratio"] is None else f"{r['ratio']:.3f}x",
         ]
         for r in compare(a, b)
@@ -514,10 +385,10 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
             + ("-" if ratio is None else f"{ratio:.3f}x")
             + f" {without}'s (same work assumed: check the tokens above)",
         ]
-    return _text(lines)
+    return as_text(lines)
 
 
-def _text(lines: list[str]) -> str:
+def as_text(lines: list[str]) -> str:
     """The lines as the report's text, every string of the run's files in them (worker
     ids, scalar and phase names) with its control characters escaped: an escape
     sequence in a log is shown, never obeyed by the terminal. (printable() leaves the

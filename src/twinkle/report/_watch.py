@@ -1,7 +1,7 @@
 """``twinkle watch RUN``: a run followed while another process writes it, its view
 refreshed in place in the terminal.
 
-The view is :func:`~twinkle.report._text.format_live` of a
+The view is :func:`format_live` of a
 :class:`~twinkle.run.Follower`'s snapshot: the same figures ``twinkle report`` gives,
 of the log so far. rich's :class:`~rich.live.Live` redraws it in place (and sizes it to
 the terminal); on a stream that is no terminal (a pipe, a file) each new view is
@@ -14,16 +14,23 @@ a restart with the same run id resumes it, and the view follows.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from twinkle.errors import ReplayError
 from twinkle.report import live_report
-from twinkle.report._text import format_live
+from twinkle.report._limits_text import limits_lines
+from twinkle.report._text import (
+    as_text,
+    iteration_table,
+    live_lines,
+    memory_lines,
+    throughput_lines,
+)
 from twinkle.run import Follower
 
-__all__ = ["watch"]
+__all__ = ["format_live", "watch"]
 
 #: rows of the terminal the view leaves to everything but the table's iterations
 _AROUND_TABLE = 30
@@ -89,6 +96,23 @@ def _open(
             return follower
         follower.close()
         sleep(interval_s)
+
+
+def format_live(report: Mapping[str, Any], *, rows: int) -> str:
+    """``twinkle watch``'s view: the run's state, what limits it, the last ``rows``
+    iterations of the table, its throughput and memory (one vocabulary with
+    :func:`format_report`)."""
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
+    lines += [*live_lines(report), ""]
+    lines += [*limits_lines(report), ""]
+    table = iteration_table(report)
+    shown = table[2:][-rows:] if rows > 0 else []
+    if len(shown) < len(table) - 2:
+        lines.append(f"(the last {len(shown)} of {len(table) - 2} iterations)")
+    lines += [*table[:2], *shown, ""]
+    lines += throughput_lines(report)
+    lines += memory_lines(report)
+    return as_text(lines)
 
 
 def _view(run: Path, follower: Follower, reward: str | None, height: int) -> tuple[str, str]:

@@ -1,0 +1,59 @@
+"""The ``twinkle report`` and ``twinkle watch`` commands (their arguments are parsed by
+:mod:`twinkle.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from twinkle.checks import printable
+from twinkle.errors import InvalidArgumentError
+from twinkle.report import (
+    compare,
+    format_compare,
+    format_report,
+    load_report,
+    streaming_effect,
+    write_plots,
+)
+from twinkle.report._html import write_html
+from twinkle.report._watch import watch
+
+__all__ = ["report_command", "watch_command"]
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """``twinkle report``: one run's report, or two side by side (text or JSON), and
+    the plots and the HTML page it was asked for."""
+    # Both runs first: one that cannot be reported stops the command before any output.
+    first = load_report(args.run, reward=args.reward)
+    second = None if args.other is None else load_report(args.other, reward=args.reward)
+    if args.plots is not None:
+        for path in write_plots(first, args.plots, other=second):
+            print(printable(f"wrote {path}"), file=sys.stderr)
+    if args.html is not None:
+        print(printable(f"wrote {write_html(first, args.html, other=second)}"), file=sys.stderr)
+    if second is None:
+        print(json.dumps(first, indent=1) if args.json else format_report(first))
+        return 0
+    if args.json:
+        both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}
+        both["streaming_effect"] = streaming_effect(first, second)
+        print(json.dumps(both, indent=1))
+    else:
+        print(format_compare(first, second))
+    return 0
+
+
+def watch_command(args: argparse.Namespace) -> int:
+    """``twinkle watch``: 0 once the run finished, or when the watch is stopped."""
+    if not args.interval > 0:
+        raise InvalidArgumentError(
+            f"--interval must be a positive number of seconds, got {args.interval}"
+        )
+    try:
+        return watch(args.run, interval_s=args.interval, once=args.once, reward=args.reward)
+    except KeyboardInterrupt:
+        return 0  # (stopped watching: the run goes on)

@@ -1,0 +1,21 @@
+"""How the report writes a figure (the text report, its limits block and the HTML page
+alike)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["num"]
+
+
+def num(value: Any, digits: int = 3) -> str:
+    """A figure as the report shows it: ints and values from 1000 with thousands
+    separators, others with ``digits`` decimals, None as ``-``."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"

@@ -1,0 +1,122 @@
+"""The report's "What limits this run" block, in words: the verdict on the steady
+state, each window's verdict counted, the critical path, how busy each side was, the
+stragglers, the driver's health, the waits, the policy age, and at most what a
+twice-as-fast side would save (docs/metrics.md, "What limits the run")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.report._format import num
+
+__all__ = ["limits_lines"]
+
+
+def limits_lines(report: Mapping[str, Any]) -> list[str]:
+    """ "What limits this run": the verdict on the steady state in plain words, each
+    window's verdict counted, the critical path, how busy each side was, and at most
+    what a twice-as-fast side would save."""
+    limits = report.get("limits") or {}
+    if "verdict" not in limits:
+        return ["What limits this run: not known (the run's summary has no limits)"]
+    windows = limits.get("windows", {})
+    counted = ", ".join(
+        f"{n} {name}" for name, n in sorted(windows.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    total = sum(windows.values())
+    path = limits.get("path_seconds", {})
+    shares = limits.get("path_shares", {})
+    shown = [k for k in _PATH_ORDER if path.get(k) or k in ("training", "generation")]
+    lines = [
+        f"What limits this run ({limits.get('over', '-')}, docs/metrics.md 'What limits the run')",
+        f"  verdict           {limits['verdict']}: {limits.get('reason', '-')}",
+        f"  windows           {counted} (of {total})",
+        "  critical path     "
+        + ", ".join(f"{k} {num(path[k])} s ({_pct(shares.get(k))})" for k in shown),
+    ]
+    busy = limits.get("busy_shares", {})
+    if busy:
+        lines.append(
+            "  busy              "
+            + ", ".join(f"{side} ran {_pct(share)}" for side, share in busy.items())
+            + " of it"
+        )
+    stragglers = limits.get("stragglers") or {}
+    if stragglers:
+        lines.append(
+            "  stragglers        "
+            + "; ".join(_stragglers(side, s) for side, s in stragglers.items())
+        )
+    driver = limits.get("driver") or {}
+    if driver:
+        blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
+        lines.append(
+            f"  driver            the trainer waited {num(driver.get('trainer_wait_seconds'))} s "
+            f"for rollouts; engines blocked on a full buffer {num(blocked)} s; "
+            f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
+            f"trained, {driver.get('dropped', '-')} dropped as stale, "
+            f"{driver.get('left_in_buffer', '-')} left at the end"
+        )
+    never = limits.get("never_trained") or {}
+    if never.get("unstarted_iterations"):
+        tokens = ", ".join(f"{num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
+        lines.append(
+            f"  never trained     {never['unstarted_iterations']} iterations observed but never "
+            f"started: {num(never['unstarted_span_seconds'])} s of spans"
+            + (f", tokens {tokens}" if tokens else "")
+        )
+    workers = limits.get("workers") or {}
+    for name, by_worker in (workers.get("waits") or {}).items():
+        lines.append(f"  {name:<17} " + _most(by_worker) + " of their windows waiting")
+    if workers.get("unaccounted"):
+        lines.append(
+            "  unaccounted       " + _most(workers["unaccounted"]) + " of their windows: no span"
+        )
+    age = limits.get("policy_age") or {}
+    if age:
+        lines.append(
+            f"  policy age        mean {num(age.get('mean'))}, max {age.get('max')} versions "
+            f"behind the policy trained ({age.get('spans')} generation spans)"
+        )
+    faster = limits.get("twice_as_fast", {})
+    if faster:
+        lines.append(
+            "  if 2x faster      "
+            + "; ".join(
+                f"{side}: at most {_pct(v.get('share'))} shorter" for side, v in faster.items()
+            )
+        )
+    return lines
+
+
+def _most(workers: Mapping[str, Mapping[str, Any]], shown: int = 3) -> str:
+    """The ``shown`` workers with the most seconds, each with its share."""
+    top = sorted(workers.items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
+    words = [f"{w} {num(v['seconds'])} s ({_pct(v.get('share'))})" for w, v in top[:shown]]
+    return ", ".join(words) + (f" and {len(top) - shown} more" if len(top) > shown else "")
+
+
+def _stragglers(side: str, found: Mapping[str, Any]) -> str:
+    """One side's stragglers in words: the slow workers, or that none was, or why its
+    workers were not compared."""
+    workers = found.get("workers", {})
+    if not workers:
+        why = ", ".join(f"{n} iterations: {r}" for r, n in found.get("abstained", {}).items())
+        return f"{side}: not compared ({why or 'no work seen'})"
+    slow = [
+        f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
+        f"seconds per {found.get('unit')}, slow in {w.get('slow_iterations')} of "
+        f"{w.get('compared_iterations')} iterations)"
+        for name, w in workers.items()
+        if w.get("verdict") != "ok"
+    ]
+    return f"{side}: " + (", ".join(slow) if slow else f"none of {', '.join(workers)}")
+
+
+#: the critical path's kinds, as docs/metrics.md orders them
+_PATH_ORDER = ("training", "generation", "publish", "other", "overhead", "idle")
+
+
+def _pct(share: Any) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"

@@ -1,0 +1,95 @@
+"""Modules stay small and functions short (issue 34): a module past 500 lines or a
+function past 60 fails this test, except the ones listed here as they are today. The
+lists may only shrink: a listed one that grew fails, and one back under its bound must
+be taken off the list (so the bound holds for it from then on)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MODULE_LINES, FUNCTION_LINES = 500, 60
+
+#: modules over the bound today, with their length: split them along their seams
+LONG_MODULES = {
+    "twinkle/driver/_driver.py": 660,
+    "twinkle/engines/pool.py": 569,
+    "twinkle/events/_bus.py": 551,
+    "twinkle/metric/histogram.py": 513,
+    "twinkle/observers/timeline.py": 562,
+    "twinkle/observers/trace.py": 574,
+    "twinkle/perf/timer.py": 549,
+    "twinkle/plugins/_dispatch.py": 534,
+    "twinkle/reporting/jsonl.py": 730,
+    "twinkle/reporting/record.py": 624,
+    "twinkle/run/_run.py": 568,
+    "twinkle/run/_session.py": 842,
+}
+#: functions over the bound today (module, qualified name), with their length
+LONG_FUNCTIONS = {
+    ("twinkle/demo/cli.py", "add_demo_arguments"): 132,
+    ("twinkle/demo/cli.py", "run_demo_command"): 95,
+    ("twinkle/demo/config.py", "DemoConfig.__post_init__"): 69,
+    ("twinkle/demo/runner.py", "run_demo"): 172,
+    ("twinkle/demo/trainer.py", "GRPOTrainer._train_iteration"): 77,
+    ("twinkle/demo/vllm.py", "vllm_rig"): 82,
+    ("twinkle/engines/vllm_client.py", "VllmClient.complete"): 73,
+    ("twinkle/metric/histogram.py", "LengthHistogram.from_state"): 63,
+    ("twinkle/observers/_config.py", "ObserverConfig.parse"): 81,
+    ("twinkle/observers/trace.py", "TraceSink._event_lines"): 73,
+    ("twinkle/perf/stats.py", "memory_stats"): 67,
+    ("twinkle/perf/timer.py", "_tuple_wrapper"): 67,
+    ("twinkle/report/_limits_text.py", "limits_lines"): 75,
+    ("twinkle/reporting/jsonl.py", "JsonlWriter._recover"): 73,
+    ("twinkle/reporting/writer.py", "BatchWriter.__init__"): 61,
+    ("twinkle/run/_replay.py", "replay"): 84,
+    ("twinkle/run/_run.py", "Run._check_order"): 64,
+    ("twinkle/run/_session.py", "RunSession.__init__"): 97,
+    ("twinkle/run/_session.py", "RunSession._resume"): 61,
+}
+
+
+def _lengths() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    modules: dict[str, int] = {}
+    functions: dict[tuple[str, str], int] = {}
+    for path in sorted((SRC / "twinkle").rglob("*.py")):
+        name = path.relative_to(SRC).as_posix()
+        text = path.read_text()
+        modules[name] = len(text.splitlines())
+
+        def walk(node: ast.AST, prefix: str, name: str = name) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                    assert child.end_lineno is not None
+                    functions[(name, prefix + child.name)] = child.end_lineno - child.lineno + 1
+                    walk(child, f"{prefix}{child.name}.")
+                elif isinstance(child, ast.ClassDef):
+                    walk(child, f"{prefix}{child.name}.")
+
+        walk(ast.parse(text), "")
+    return modules, functions
+
+
+def _check(found: dict, listed: dict, bound: int, what: str) -> list[str]:  # type: ignore[type-arg]
+    wrong = []
+    for key, length in found.items():
+        allowed = listed.get(key)
+        if allowed is None and length > bound:
+            wrong.append(f"{what} {key} has {length} lines (> {bound}): split it along its seams")
+        elif allowed is not None and length > allowed:
+            wrong.append(f"{what} {key} grew to {length} lines (listed at {allowed}): shrink it")
+        elif allowed is not None and length <= bound:
+            wrong.append(f"{what} {key} is back to {length} lines: take it off the list")
+    wrong += [
+        f"{what} {key} is listed but gone: take it off the list"
+        for key in listed.keys() - found.keys()
+    ]
+    return wrong
+
+
+def test_modules_and_functions_only_shrink() -> None:
+    modules, functions = _lengths()
+    wrong = _check(modules, LONG_MODULES, MODULE_LINES, "module")
+    wrong += _check(functions, LONG_FUNCTIONS, FUNCTION_LINES, "function")
+    assert not wrong, "\n".join(wrong)
