@@ -523,7 +523,7 @@ def span_list(ev: dict[str, Any]) -> list[dict[str, Any]]:
     """The spans of a ``spans`` line as objects, read from its columns as
     docs/architecture.md ("The event log") describes them (here, not twinkle's reader),
     or the list an older log holds."""
-    if "columns" not in ev:
+    if "spans" in ev:  # (an older log's list, or read_events' expansion)
         return list(ev["spans"])
     c = ev["columns"]
     n = len(c["start"])

@@ -79,6 +79,14 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_reward_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reward",
+        metavar="NAME.KEY",
+        help="the scalar to show as the reward (default: the first reward_mean or reward)",
+    )
+
+
 def _add_report_commands(sub: Any) -> None:
     """``twinkle report`` and ``twinkle watch`` (:mod:`twinkle.report._commands`)."""
     rep = sub.add_parser(
@@ -101,11 +109,7 @@ def _add_report_commands(sub: Any) -> None:
         help="also write the report as one self-contained HTML file (interactive plots, "
         "no network request; with RUN_B, both runs overlaid)",
     )
-    rep.add_argument(
-        "--reward",
-        metavar="NAME.KEY",
-        help="the scalar to show as the reward (default: the first reward_mean or reward)",
-    )
+    _add_reward_option(rep)
     _add_common_options(rep)
 
     wp = sub.add_parser(
@@ -118,11 +122,7 @@ def _add_report_commands(sub: Any) -> None:
         "--interval", type=float, default=2.0, metavar="SECONDS", help="how often to look (2)"
     )
     wp.add_argument("--once", action="store_true", help="show the view once and exit")
-    wp.add_argument(
-        "--reward",
-        metavar="NAME.KEY",
-        help="the scalar to show as the reward (default: the first reward_mean or reward)",
-    )
+    _add_reward_option(wp)
     _add_common_options(wp)
 
 

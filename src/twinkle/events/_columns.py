@@ -120,16 +120,16 @@ def to_columns(spans: Sequence[Span]) -> SpanColumns:
     )
 
 
-def _column(table: Sequence[Any], index: list[int] | None, n: int, what: str) -> Iterable[Any]:
-    """Each span's value of a table column, checked: an index within the table, one
-    index per span; no index list: the table's one entry for every span."""
+def _check_index(table: Sequence[Any], index: list[int] | None, n: int, what: str) -> None:
+    """Check a table's index list: one index per span, each within the table; no index
+    list: the table has one entry (every span uses it)."""
     if index is None:
         if n and len(table) != 1:
             raise RecordError(
                 f"spans.columns.{what}s has {len(table)} entries but no {what!r} index list "
                 f"says which one each span uses: a line twinkle did not write"
             )
-        return repeat(table[0], n) if n else ()
+        return
     if len(index) != n:
         raise RecordError(
             f"spans.columns.{what} has {len(index)} entries for {n} spans: a line twinkle "
@@ -140,6 +140,13 @@ def _column(table: Sequence[Any], index: list[int] | None, n: int, what: str) ->
             f"spans.columns.{what} holds index {max(index)}, past the {len(table)} entries "
             f"of spans.columns.{what}s: a line twinkle did not write"
         )
+
+
+def _column(table: Sequence[Any], index: list[int] | None, n: int, what: str) -> Iterable[Any]:
+    """Each span's value of a table column (the index list checked first)."""
+    _check_index(table, index, n, what)
+    if index is None:
+        return repeat(table[0], n) if n else ()
     return [table[i] for i in index]
 
 
@@ -157,7 +164,7 @@ def _attrs(cols: SpanColumns, n: int) -> Iterable[Any]:
         if len(set(shape)) != len(shape):
             raise RecordError(f"spans.columns.keys holds a repeated name in {list(shape)}")
     index = cols.key
-    _column(shapes, index, n, "key")  # (checks the index list against the table)
+    _check_index(shapes, index, n, "key")
     # How many values each name needs: its spans, counted per list of names (in C).
     uses = [n] if index is None else [index.count(j) for j in range(len(shapes))]
     need: dict[str, int] = {}

@@ -134,10 +134,12 @@ class Figures:
     def memory(self, run_id: str, event: MemoryReadings) -> None:
         with self.lock:
             run = self.runs.get(run_id)
-            for reading in () if run is None else event.readings:
+            if run is None:
+                return
+            for reading in event.readings:
                 for field in _MEMORY_FIELDS:
                     value = getattr(reading, f"{field}_bytes", None)
-                    if value is not None and run is not None:
+                    if value is not None:
                         run.memory[(reading.worker_id, field)] = value
 
     def collect(self) -> Iterator[Any]:
