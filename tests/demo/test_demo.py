@@ -149,6 +149,10 @@ def test_demo_command_prints_table_and_summary(
         ({"backend": "ray", "engine": "vllm"}, r"engine 'vllm' is not available there"),
         ({"train_workers": 0}, r"train_workers must be a positive int, got 0"),
         ({"train_workers": 2, "backend": "ray"}, r"train_workers=2 runs the torch demo's"),
+        ({"staleness": 0}, r"staleness 0 does not overlap .* but overlap is True"),
+        ({"staleness": 2, "overlap": False}, r"staleness 2 overlaps .* --lag 0 for no overlap"),
+        ({"staleness": 9}, r"staleness must be an int in \[0, 8\] or None, got 9"),
+        ({"sim_device": True, "train_workers": 2}, r"sim_device .* --train-workers 1"),
     ],
 )
 def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:
@@ -168,10 +172,15 @@ def test_default_run_learns() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overlap", "versions"), [(True, [1, 2, 5, 6]), (False, [1, 2, 3, 5, 6, 7])]
+    ("overlap", "staleness", "versions"),
+    [(True, None, [1, 2, 5, 6]), (False, None, [1, 2, 3, 5, 6, 7]), (True, 2, [1, 5])],
 )
 def test_a_version_is_published_once_no_rollout_needs_an_older_one(
-    tmp_path: Path, overlap: bool, versions: list[int], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    overlap: bool,
+    staleness: int | None,
+    versions: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two segments of one run (the second resumes at iteration 4): each update that a
     later rollout uses is published, once every rollout due an older version is done
@@ -202,6 +211,7 @@ def test_a_version_is_published_once_no_rollout_needs_an_older_one(
         completions_per_prompt=2,
         micro_batch=4,
         overlap=overlap,
+        staleness=staleness,
     )
     run_demo(cfg, out_dir=tmp_path, run_id="r")
     run_demo(cfg, out_dir=tmp_path, run_id="r", resume=True)

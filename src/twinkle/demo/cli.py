@@ -11,7 +11,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from twinkle.demo.config import DemoConfig
 
 from twinkle.errors import FinishedRunError, InvalidArgumentError, ResumeConfigError
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
@@ -89,41 +92,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         + ", ".join(f"{lr:g} for {engine}" for engine, lr in DEFAULT_LR.items())
         + ")",
     )
-    overlap = p.add_mutually_exclusive_group()
-    overlap.add_argument(
-        "--overlap",
-        dest="overlap",
-        action="store_true",
-        default=d.overlap,
-        help="generate the next rollout while training (default)",
-    )
-    overlap.add_argument(
-        "--no-overlap",
-        dest="overlap",
-        action="store_false",
-        help="generate only with the newest weights (no streaming)",
-    )
-    scenario = p.add_argument_group(
-        "scenario knobs", "make one side slower on purpose, to see what twinkle says limits the run"
-    )
-    for side, what in (
-        ("generation", "every engine's generation"),
-        ("training", "the trainer"),
-        ("publish", "every engine's weight load"),
-    ):
-        scenario.add_argument(
-            f"--slow-{side}",
-            type=float,
-            default=1.0,
-            metavar="K",
-            help=f"{what} K times slower (default 1)",
-        )
-    scenario.add_argument(
-        "--slow-engine",
-        default=None,
-        metavar="NAME:K",
-        help="one engine K times slower than the others, a straggler (e.g. engine1:4)",
-    )
+    _add_schedule_arguments(p, d.overlap)
+    _add_scenario_arguments(p)
     p.add_argument(
         "--no-observers",
         action="store_true",
@@ -160,6 +130,64 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="cut off a plugin's record backend whose call takes longer (default "
         "%(default)s; the run's own files never wait for it)",
+    )
+
+
+def _add_schedule_arguments(p: argparse.ArgumentParser, overlap_default: bool) -> None:
+    """Overlap, the lag and the simulated devices: how the loop is scheduled and run."""
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--overlap",
+        dest="overlap",
+        action="store_true",
+        default=overlap_default,
+        help="generate the next rollout while training (default)",
+    )
+    overlap.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="generate only with the newest weights (no streaming)",
+    )
+    p.add_argument(
+        "--lag",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the weight versions a rollout may lag the policy being trained (default: 1 "
+        "with overlap; 0 is --no-overlap)",
+    )
+    p.add_argument(
+        "--sim-device",
+        action="store_true",
+        help="simulated devices: generation, training and weight loads wait for device time "
+        "instead of holding the host's CPU (a test bed for twinkle whatif; the policy "
+        "learns nothing)",
+    )
+
+
+def _add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    """The scenario knobs: one side slower on purpose."""
+    scenario = p.add_argument_group(
+        "scenario knobs", "make one side slower on purpose, to see what twinkle says limits the run"
+    )
+    for side, what in (
+        ("generation", "every engine's generation"),
+        ("training", "the trainer"),
+        ("publish", "every engine's weight load"),
+    ):
+        scenario.add_argument(
+            f"--slow-{side}",
+            type=float,
+            default=1.0,
+            metavar="K",
+            help=f"{what} K times slower (default 1)",
+        )
+    scenario.add_argument(
+        "--slow-engine",
+        default=None,
+        metavar="NAME:K",
+        help="one engine K times slower than the others, a straggler (e.g. engine1:4)",
     )
 
 
@@ -286,12 +314,11 @@ def _resume_fix(exc: ResumeConfigError) -> str:
     )
 
 
-def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) -> int:
-    """Run the demo from parsed arguments; prints ``show_run(run_dir)`` (the run's
-    report: ``twinkle report``'s table and figures) and what the demo did."""
+def config_from(args: argparse.Namespace) -> DemoConfig:
+    """The demo's configuration from its parsed arguments (``--lag 0`` is no overlap)."""
     from twinkle.demo.config import DemoConfig
 
-    cfg = DemoConfig(
+    return DemoConfig(
         iterations=args.iterations,
         prompts_per_iteration=args.prompts,
         completions_per_prompt=args.completions,
@@ -300,7 +327,9 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         engines=args.engines,
         seed=args.seed,
         lr=args.lr,
-        overlap=args.overlap,
+        overlap=args.overlap and (args.lag is None or args.lag > 0),
+        staleness=args.lag,
+        sim_device=args.sim_device,
         observers=not args.no_observers,
         engine=args.engine,
         backend=args.backend,
@@ -310,6 +339,12 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         slow_publish=args.slow_publish,
         slow_engine=args.slow_engine,
     )
+
+
+def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) -> int:
+    """Run the demo from parsed arguments; prints ``show_run(run_dir)`` (the run's
+    report: ``twinkle report``'s table and figures) and what the demo did."""
+    cfg = config_from(args)
     if cfg.engine == "vllm":  # said now, before anything is created
         from twinkle.demo.hf import check_vllm_python
 

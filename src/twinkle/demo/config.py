@@ -62,24 +62,17 @@ class DemoConfig:
     slow_publish: float = 1.0
     #: "engine1:4": that engine alone generates 4 times slower (a straggler)
     slow_engine: str | None = None
+    #: the weight versions a rollout may lag the policy being trained (None: 1 with
+    #: overlap, 0 without; 0 is no overlap, so it must agree with ``overlap``)
+    staleness: int | None = None
+    #: the simulated-device mode (twinkle.demo.sim): generation, training and weight
+    #: loads take device time (they wait, as GPU work does) instead of the host's CPU
+    sim_device: bool = False
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.train_workers > 1 and (self.engine, self.backend) != ("torch", "local"):
-            raise ConfigError(
-                f"train_workers={self.train_workers!r} runs the torch demo's trainer as "
-                f"torch.distributed ranks of this process; it is not available with engine "
-                f"{self.engine!r} and backend {self.backend!r}: use --engine torch --backend local"
-            )
-        if self.backend == "ray" and self.engine != "torch":
-            raise ConfigError(
-                f"backend 'ray' runs the torch demo's engines and trainer as Ray actors; "
-                f"engine {self.engine!r} is not available there: use --engine torch"
-            )
+        self._check_where()
         self._check_scenario()
+        self._check_staleness()
         if self.engine == "vllm":
             shaped = {
                 k: getattr(self, k) for k in _DECODER_SHAPE if getattr(self, k) != _DEFAULTS[k]
@@ -133,6 +126,46 @@ class DemoConfig:
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
 
+    def _check_where(self) -> None:
+        """The engine, the backend and the trainer's ranks: a combination that runs."""
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.train_workers > 1 and (self.engine, self.backend) != ("torch", "local"):
+            raise ConfigError(
+                f"train_workers={self.train_workers!r} runs the torch demo's trainer as "
+                f"torch.distributed ranks of this process; it is not available with engine "
+                f"{self.engine!r} and backend {self.backend!r}: use --engine torch --backend local"
+            )
+        if self.backend == "ray" and self.engine != "torch":
+            raise ConfigError(
+                f"backend 'ray' runs the torch demo's engines and trainer as Ray actors; "
+                f"engine {self.engine!r} is not available there: use --engine torch"
+            )
+        if self.sim_device and (self.engine, self.backend, self.train_workers) != (
+            "torch",
+            "local",
+            1,
+        ):
+            raise ConfigError(
+                "sim_device runs the demo's engines and trainer on simulated devices in this "
+                "process: use --engine torch --backend local --train-workers 1 with it"
+            )
+
+    def _check_staleness(self) -> None:
+        value = self.staleness
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8
+        ):
+            raise ConfigError(f"staleness must be an int in [0, 8] or None, got {value!r}")
+        if value is not None and (value > 0) != self.overlap:
+            raise ConfigError(
+                f"staleness {value} {'overlaps' if value else 'does not overlap'} generation "
+                f"with training, but overlap is {self.overlap}: give --lag 0 for no overlap, "
+                "--lag N > 0 with overlap"
+            )
+
     def _check_scenario(self) -> None:
         for name in ("slow_generation", "slow_training", "slow_publish"):
             value = getattr(self, name)
@@ -181,7 +214,10 @@ class DemoConfig:
 
     @property
     def lag(self) -> int:
-        """How many weight versions behind the rollouts may be (1 with overlap)."""
+        """How many weight versions behind the rollouts may be (``staleness``, else 1
+        with overlap and 0 without)."""
+        if self.staleness is not None:
+            return self.staleness
         return 1 if self.overlap else 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ Weights are published as soon as no rollout still needs the older version: versi
 ``v`` (trained through iteration ``v - 1``) once the rollouts of iteration ``v - 1 +
 lag`` are in from every engine, so an engine never swaps weights under a generation in
 flight. A version no rollout uses is not published (the last update's; with streaming
-the one before too). One pending version is enough: the lag is 0 or 1.
+the ``lag`` before it too). With a lag of 2 or more, several trained versions wait
+their turn, oldest first.
 """
 
 from __future__ import annotations
@@ -34,28 +35,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from twinkle.cluster import LocalCluster
+from twinkle.demo._rigs import Engine, ray_rig, torch_rig, vllm_rig
 from twinkle.demo.config import DemoConfig
-from twinkle.demo.engine import RolloutBatch, TorchEngine, Trajectory
+from twinkle.demo.engine import RolloutBatch, Trajectory
 from twinkle.demo.hf import TinyLlamaSpec
 from twinkle.demo.mfu import demo_mfu, logged_events
-from twinkle.demo.trainer import GRPOTrainer, IterationResult
-from twinkle.driver import Publisher, StreamingDriver, WeightLoader
-from twinkle.engines import VllmHttpError
+from twinkle.demo.trainer import IterationResult
+from twinkle.driver import StreamingDriver
 from twinkle.errors import TwinkleError
 from twinkle.events import OptimizerStep
 from twinkle.observers import EVENTS_FILE
-from twinkle.perf import MemoryReading
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
 from twinkle.run import RunSession, iter_events
 
@@ -76,19 +76,30 @@ class DemoResult:
 
 def _placement(cfg: DemoConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
     """Which device each worker used and which phases it ran: every worker runs on this
-    host's CPU, one device whatever the workers' number (they share its cores)."""
+    host's CPU, one device whatever the workers' number (they share its cores); with
+    simulated devices, each worker its own."""
     # (named without the host: a run resumed on another host keeps its configuration;
     # x_cluster records the host's resources)
-    cpu = {"device_type": "cpu", "devices": ["host-cpu"]}
     lifecycle = [p for p in ("startup", "shutdown") if p in phases]
     trainers = (
         ["trainer"] if cfg.train_workers == 1 else [f"rank{r}" for r in range(cfg.train_workers)]
     )
     trainer_phases = ["train", *(["publish"] if cfg.engine == "vllm" else []), *lifecycle]
-    placement = {name: {**cpu, "phases": trainer_phases} for name in trainers}
+    placement = {name: {**_device(cfg, name), "phases": trainer_phases} for name in trainers}
     for i in range(cfg.engines):
-        placement[f"engine{i}"] = {**cpu, "phases": ["rollout", "publish", *lifecycle]}
+        placement[f"engine{i}"] = {
+            **_device(cfg, f"engine{i}"),
+            "phases": ["rollout", "publish", *lifecycle],
+        }
     return placement
+
+
+def _device(cfg: DemoConfig, worker: str) -> dict[str, Any]:
+    """The device ``worker`` runs on: this host's CPU, shared by every worker; with
+    simulated devices, one of its own."""
+    if cfg.sim_device:
+        return {"device_type": "sim", "devices": [f"sim:{worker}"]}
+    return {"device_type": "cpu", "devices": ["host-cpu"]}
 
 
 def _cluster(cfg: DemoConfig) -> dict[str, Any]:
@@ -155,31 +166,8 @@ def _steps_per_iteration(cfg: DemoConfig) -> int:
     return -(-cfg.samples_per_iteration // per_step)
 
 
-class _Engine(Protocol):
-    """What the loop calls on an engine: a :class:`RolloutEngine` here, or the handle on
-    one in another process (:class:`twinkle.demo.ray_rig.RayEngine`)."""
-
-    name: str
-
-    def rollout(self, iteration: int) -> RolloutBatch: ...
-
-    def close(self) -> None: ...
-
-
-class _Trainer(Protocol):
-    """What the loop calls on the trainer (:class:`GRPOTrainer`, or
-    :class:`twinkle.demo.ray_rig.RayTrainer`)."""
-
-    @property
-    def optimizer_steps(self) -> int: ...
-
-    def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult: ...
-
-    def state(self) -> Any: ...
-
-
 def _producer(
-    engine: _Engine, iterations: range, stopping: threading.Event
+    engine: Engine, iterations: range, stopping: threading.Event
 ) -> Callable[[int], RolloutBatch]:
     """One engine's producer: its share of each of ``iterations``, then exhausted; also
     exhausted when the run stops early (``stopping``) and closing the engine cut its
@@ -199,7 +187,7 @@ def _producer(
 
 
 @contextlib.contextmanager
-def _stop_engines_on_error(engines: Sequence[_Engine], stopping: threading.Event) -> Iterator[None]:
+def _stop_engines_on_error(engines: Sequence[Engine], stopping: threading.Event) -> Iterator[None]:
     """On an exception (Ctrl-C, a signal, a failure) close the engines *before* the driver
     joins its producers: a producer waiting for weights that will never be published
     would otherwise hold the driver's close for its whole timeout."""
@@ -210,114 +198,6 @@ def _stop_engines_on_error(engines: Sequence[_Engine], stopping: threading.Event
         for engine in engines:
             engine.close()
         raise
-
-
-@dataclass
-class _Rig:
-    """What the loop drives: the trainer, the rollout engines and where weights go;
-    ``after_rollouts(iteration, batches)`` observes the engines once an iteration's
-    rollouts are in, ``totals()`` gives the engines' own terminal totals, and
-    ``worker_memory(iteration)`` the memory readings other processes shipped for the
-    iteration (published with this process's own in one event: one reduction)."""
-
-    trainer: _Trainer
-    engines: Sequence[_Engine]
-    publisher: Publisher | Sequence[WeightLoader]
-    after_rollouts: Callable[[int, Sequence[RolloutBatch]], None] = lambda it, batches: None
-    totals: Callable[[], Mapping[str, int | float]] = dict
-    worker_memory: Callable[[int], Sequence[MemoryReading]] = lambda it: ()
-
-
-@contextlib.contextmanager
-def _torch_rig(
-    cfg: DemoConfig, run: RunSession, first: int, on_step: Callable[[int, int, int], object]
-) -> Iterator[_Rig]:
-    engines = [
-        TorchEngine(f"engine{i}", i, cfg, run.recorder, first_iteration=first)
-        for i in range(cfg.engines)
-    ]
-    if cfg.train_workers > 1:
-        from twinkle.demo.ddp import DDPTrainer
-
-        with DDPTrainer(cfg, run, on_step, world=cfg.train_workers) as ddp:
-            _load_initial(engines, first, ddp.state())
-            yield _Rig(ddp, engines, publisher=engines, worker_memory=ddp.memory)
-        return
-    trainer = GRPOTrainer(cfg, run.recorder, on_step)
-    _load_initial(engines, first, trainer.state())
-    yield _Rig(trainer, engines, publisher=engines)
-
-
-def _load_initial(engines: Sequence[TorchEngine], first: int, state: Any) -> None:
-    """Every engine starts from the trainer's initial weights (version ``first``)."""
-    for engine in engines:
-        engine.load_weights(first, state)
-
-
-@contextlib.contextmanager
-def _ray_rig(
-    cfg: DemoConfig, run: RunSession, first: int, on_step: Callable[[int, int, int], object]
-) -> Iterator[_Rig]:
-    from twinkle.demo.ray_rig import ray_workers
-
-    with ray_workers(cfg, run, first, on_step) as workers:
-        yield _Rig(
-            workers.trainer,
-            workers.engines,
-            publisher=workers.engines,
-            worker_memory=workers.memory,
-        )
-
-
-@contextlib.contextmanager
-def _vllm_rig(
-    cfg: DemoConfig,
-    run: RunSession,
-    first: int,
-    on_step: Callable[[int, int, int], object],
-    python: str | os.PathLike[str] | None,
-) -> Iterator[_Rig]:
-    from twinkle.demo.vllm import vllm_rig
-
-    bus = run.bus
-    with vllm_rig(
-        cfg,
-        run.recorder,
-        first_iteration=first,
-        on_step=on_step,
-        python=python,
-    ) as rig:
-
-        def after_rollouts(iteration: int, batches: Sequence[RolloutBatch]) -> None:
-            if not cfg.observers:  # a run without observers observes no engine
-                return
-            for batch in batches:
-                bus.scalars(
-                    iteration=iteration, name=f"vllm.{batch.engine}", values=batch.engine_figures
-                )
-            with bus.own_work("engine_memory"):
-                readings = rig.engine_memory()
-            # Read now, once the iteration's rollouts are in: with streaming, in the
-            # window before the iteration's; the reading is placed by its time.
-            bus.memory(readings, iteration=None)
-
-        def totals() -> dict[str, int]:
-            try:
-                return {"tokens_rollout": rig.engine_tokens()}
-            except VllmHttpError as exc:  # the run is done: its summary just lacks it
-                print(
-                    f"twinkle demo: no engine token total for the summary to compare: {exc}",
-                    file=sys.stderr,
-                )
-                return {}
-
-        yield _Rig(
-            rig.trainer,
-            rig.engines,
-            publisher=rig.publisher,
-            after_rollouts=after_rollouts,
-            totals=totals,
-        )
 
 
 def run_demo(
@@ -348,7 +228,7 @@ def run_demo(
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
     config = observer_config(cfg, _steps_taken(out_dir if cfg.observers else None, run_id))
     config["x_cluster"] = _cluster(cfg)
-    if cfg.observers:
+    if cfg.observers and not cfg.sim_device:  # (a simulated device runs no model)
         mfu = demo_mfu(cfg, peak_flops, logged_events(out_dir, run_id))
         if mfu is not None:
             config["mfu"] = mfu
@@ -378,19 +258,19 @@ def run_demo(
             bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
 
         if cfg.backend == "ray":
-            rig_cm = _ray_rig(cfg, run, first, on_step)
+            rig_cm = ray_rig(cfg, run, first, on_step)
         elif cfg.engine == "torch":
-            rig_cm = _torch_rig(cfg, run, first, on_step)
+            rig_cm = torch_rig(cfg, run, first, on_step)
         else:
-            rig_cm = _vllm_rig(cfg, run, first, on_step, vllm_python)
+            rig_cm = vllm_rig(cfg, run, first, on_step, vllm_python)
         with rig_cm as rig:
             engines, trainer = rig.engines, rig.trainer
             stopping = threading.Event()
             producers = {e.name: _producer(e, iterations, stopping) for e in engines}
             generated = groups = visits = 0
             # Version v is published once no rollout needs an older one: when the
-            # rollouts of iteration v - 1 + lag are in.
-            pending: tuple[int, Any] | None = None  # (version, the trainer's state)
+            # rollouts of iteration v - 1 + lag are in (oldest first).
+            pending: deque[tuple[int, Any]] = deque()  # (version, the trainer's state)
             try:
                 with (
                     StreamingDriver(
@@ -412,10 +292,9 @@ def run_demo(
                 ):
 
                     def publish_due(rollouts_in: int) -> None:
-                        nonlocal pending
-                        if pending is not None and pending[0] - 1 + cfg.lag <= rollouts_in:
-                            driver.publish_weights(pending[1], version=pending[0], wait=False)
-                            pending = None
+                        while pending and pending[0][0] - 1 + cfg.lag <= rollouts_in:
+                            version, state = pending.popleft()
+                            driver.publish_weights(state, version=version, wait=False)
 
                     # An engine may finish its share of the next iteration before a
                     # slower engine finishes this one: stash by iteration, take whole ones.
@@ -460,7 +339,7 @@ def run_demo(
                         )
                         run.read_memory(iteration=it, others=rig.worker_memory(it))
                         if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
-                            pending = (it + 1, trainer.state())
+                            pending.append((it + 1, trainer.state()))
                             publish_due(it)
                         driver.snapshot()
                         results.append(result)

@@ -16,10 +16,15 @@ releases the GIL, so the other side goes on meanwhile.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
-__all__ = ["slowed"]
+from twinkle.perf import TimeRecorder
+
+T = TypeVar("T")
+
+__all__ = ["slowed", "slowed_training"]
 
 
 @contextmanager
@@ -30,3 +35,16 @@ def slowed(factor: float) -> Iterator[None]:
     yield
     if factor > 1:
         time.sleep((factor - 1) * (time.perf_counter() - start))
+
+
+def slowed_training(
+    recorder: TimeRecorder, iteration: int, factor: float, work: Callable[[], T]
+) -> T:
+    """``work()`` (a trainer's iteration), then, when ``factor`` > 1, a
+    ``train.slowdown`` span sleeping ``factor - 1`` times as long as it took."""
+    started = time.perf_counter()
+    result = work()
+    if factor > 1:
+        with recorder.span("train.slowdown", iteration=iteration):
+            time.sleep((factor - 1) * (time.perf_counter() - started))
+    return result

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import torch
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.engine import Trajectory, seed_for
 from twinkle.demo.model import TinyDecoder
+from twinkle.demo.scenario import slowed_training
 from twinkle.demo.task import DIGITS, EOS, PAD, VOCAB, max_response_tokens
 from twinkle.perf import TimeRecorder
 
@@ -153,13 +153,12 @@ class GRPOTrainer:
     # -- one iteration ------------------------------------------------------------------
 
     def train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
-        started = time.perf_counter()
-        result = self._train_iteration(iteration, trajs)
-        factor = self.config.slow_training
-        if factor > 1:  # the scenario knob: a trainer `factor` times slower
-            with self.recorder.span("train.slowdown", iteration=iteration):
-                time.sleep((factor - 1) * (time.perf_counter() - started))
-        return result
+        return slowed_training(  # (the scenario knob: a trainer k times slower)
+            self.recorder,
+            iteration,
+            self.config.slow_training,
+            lambda: self._train_iteration(iteration, trajs),
+        )
 
     def _train_iteration(self, iteration: int, trajs: Sequence[Trajectory]) -> IterationResult:
         cfg = self.config
