@@ -5,6 +5,8 @@
 ``twinkle plugins [--json]``                the installed observer plugins, and what a
                                             run would do with each
 ``twinkle report RUN [RUN_B] [--json]``     a run's figures (or two runs side by side)
+``twinkle watch RUN``                       a run's figures while it runs
+``twinkle whatif RUN [changes]``            another configuration of the run, predicted
 ``twinkle --version``
 
 Errors are one line on stderr, ``twinkle: error: ...``, naming the culprit and the fix:
@@ -38,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from twinkle.cli_args import add_commands
 from twinkle.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -59,73 +62,6 @@ EXIT_RUN_FAILED = 1
 _USAGE_ERRORS = (InvalidArgumentError, ConfigError, ReplayError, PluginError)
 
 
-def _add_common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--no-autoload",
-        action="store_true",
-        help="do not load third-party observer plugins (also: TWINKLE_DISABLE_PLUGIN_AUTOLOAD=1)",
-    )
-    p.add_argument(
-        "--block",
-        action="append",
-        default=[],
-        metavar="PLUGIN",
-        help="never load the observer plugin of this name (repeatable)",
-    )
-    p.add_argument(
-        "--traceback",
-        action="store_true",
-        help="on an unexpected error show its traceback, not the one-line message",
-    )
-
-
-def _add_reward_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--reward",
-        metavar="NAME.KEY",
-        help="the scalar to show as the reward (default: the first reward_mean or reward)",
-    )
-
-
-def _add_report_commands(sub: Any) -> None:
-    """``twinkle report`` and ``twinkle watch`` (:mod:`twinkle.report._commands`)."""
-    rep = sub.add_parser(
-        "report",
-        help="a run's figures from its files: per iteration and for the run; with a second "
-        "run, the two side by side with B / A",
-    )
-    rep.add_argument("run", metavar="RUN_DIR", help="a run's directory (runs/<run_id>/)")
-    rep.add_argument("other", nargs="?", metavar="RUN_B", help="a second run to compare with")
-    rep.add_argument("--json", action="store_true", help="the figures as JSON")
-    rep.add_argument(
-        "--plots",
-        metavar="DIR",
-        help="also draw PNG plots into DIR: throughput, each window's time, peak memory "
-        "per worker, reward (matplotlib, headless)",
-    )
-    rep.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write the report as one self-contained HTML file (interactive plots, "
-        "no network request; with RUN_B, both runs overlaid)",
-    )
-    _add_reward_option(rep)
-    _add_common_options(rep)
-
-    wp = sub.add_parser(
-        "watch",
-        help="follow a run while it runs (another process writing it): its figures so far, "
-        "refreshed in place; ends when the run finishes",
-    )
-    wp.add_argument("run", metavar="RUN_DIR", help="the run's directory (runs/<run_id>/)")
-    wp.add_argument(
-        "--interval", type=float, default=2.0, metavar="SECONDS", help="how often to look (2)"
-    )
-    wp.add_argument("--once", action="store_true", help="show the view once and exit")
-    _add_reward_option(wp)
-    _add_common_options(wp)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``twinkle`` command."""
     parser = argparse.ArgumentParser(
@@ -140,46 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    rp = sub.add_parser("replay", help="recompute a run's records from its events.jsonl")
-    rp.add_argument(
-        "events", metavar="EVENTS_JSONL", help="the run's events.jsonl, or its run directory"
-    )
-    rp.add_argument(
-        "--out",
-        required=True,
-        metavar="DIR",
-        help="output directory: new or empty (see --force); written only when the replay succeeds",
-    )
-    rp.add_argument(
-        "--force",
-        action="store_true",
-        help="replay into a non-empty --out: its files of the replay's names are replaced, "
-        "others are kept",
-    )
-    _add_common_options(rp)
-
-    from twinkle.demo.cli import add_demo_arguments
-
-    dp = sub.add_parser("demo", help="run the tiny GRPO training demo, fully observed")
-    add_demo_arguments(dp)
-    _add_common_options(dp)
-
-    _add_report_commands(sub)
-
-    pp = sub.add_parser(
-        "plugins",
-        help="list the installed observer plugins: built-in or third party, and whether a "
-        "run loads, blocks or fails on each",
-    )
-    pp.add_argument("--json", action="store_true", help="one JSON object per plugin, a list")
-    _add_common_options(pp)
-
-    sp = sub.add_parser(
-        "swift-plugin",
-        help="print the ms-swift plugin file: swift rlhf ... --external_plugins "
-        '"$(twinkle swift-plugin)" --callbacks twinkle',
-    )
-    _add_common_options(sp)
+    add_commands(sub)
     return parser
 
 
@@ -313,6 +210,12 @@ def _error(message: str, code: int) -> int:
     return code
 
 
+def _helps() -> Any:
+    from twinkle.whatif._helps import format_helps, what_would_help
+
+    return what_would_help, format_helps
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         _check_plugin_options(args)
@@ -321,7 +224,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.command in ("report", "watch"):
             from twinkle.report._commands import report_command, watch_command
 
-            return (report_command if args.command == "report" else watch_command)(args)
+            if args.command == "watch":
+                return watch_command(args)
+            return report_command(args, _helps() if args.whatif and not args.other else None)
+        if args.command == "whatif":
+            from twinkle.whatif._cli import whatif_command
+
+            return whatif_command(args)
         if args.command == "swift-plugin":
             from twinkle.integrations import swift_plugin_file
 

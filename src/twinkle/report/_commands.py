@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from twinkle.checks import printable
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.report import (
     compare,
     format_compare,
@@ -24,9 +25,15 @@ from twinkle.report._watch import watch
 __all__ = ["report_command", "watch_command"]
 
 
-def report_command(args: argparse.Namespace) -> int:
+#: what would help a run, and its text: ``twinkle.whatif``'s (above this layer: the
+#: command line passes them in for ``--whatif``)
+Helps = tuple[Callable[[str], list[dict[str, Any]]], Callable[[list[dict[str, Any]]], str]]
+
+
+def report_command(args: argparse.Namespace, helps: Helps | None = None) -> int:
     """``twinkle report``: one run's report, or two side by side (text or JSON), and
-    the plots and the HTML page it was asked for."""
+    the plots and the HTML page it was asked for; with ``helps`` (``--whatif``), one
+    run's report ends with what would help it."""
     # Both runs first: one that cannot be reported stops the command before any output.
     first = load_report(args.run, reward=args.reward)
     second = None if args.other is None else load_report(args.other, reward=args.reward)
@@ -36,7 +43,17 @@ def report_command(args: argparse.Namespace) -> int:
     if args.html is not None:
         print(printable(f"wrote {write_html(first, args.html, other=second)}"), file=sys.stderr)
     if second is None:
-        print(json.dumps(first, indent=1) if args.json else format_report(first))
+        extra = ""
+        if helps is not None:
+            find, show = helps
+            try:
+                rows = find(args.run)
+            except TwinkleError as exc:  # (a run it cannot predict: its report still stands)
+                first["what_would_help"] = {"error": str(exc)}
+                extra = f"\n\nwhat would help: not predicted: {exc}"
+            else:
+                first["what_would_help"], extra = rows, "\n\n" + show(rows)
+        print(json.dumps(first, indent=1) if args.json else format_report(first) + extra)
         return 0
     if args.json:
         both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}

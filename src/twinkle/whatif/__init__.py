@@ -1,0 +1,152 @@
+"""``twinkle whatif``: predict what another configuration of a recorded streaming RL run
+would do (more or fewer engines or trainer ranks, a faster phase or worker, another
+staleness bound or buffer) by re-simulating the run's loop from its own spans
+(docs/metrics.md, "What if: predicting another configuration").
+
+The predicted run is a run: its event log (what the simulated loop would have logged)
+replayed through the built-in observers into a directory, so its figures are the same
+observers' as the recorded run's, and ``twinkle report`` reads it as any run.
+
+>>> from twinkle.whatif import Changes, predict
+>>> p = predict("runs/abc", Changes(engines=4))          # doctest: +SKIP
+>>> p.figure("steady_tokens_per_s_per_device")           # doctest: +SKIP
+(5210.4, 9876.1)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from twinkle.report import load_report
+from twinkle.report._compare import compare
+from twinkle.whatif._predict import predicted_events, write_prediction
+from twinkle.whatif._recorded import Recorded, read_recorded
+from twinkle.whatif._schedule import simulate
+from twinkle.whatif._work import Changes, plan_for, recorded_ranks
+
+__all__ = ["ASSUMPTIONS", "Changes", "Prediction", "predict"]
+
+#: what every prediction assumes (the model's limits), in the words the report prints
+ASSUMPTIONS = (
+    "each worker has its own device: work on one never slows another (shared CPU cores, "
+    "a shared network or host memory are outside the model)",
+    "each span takes its recorded time, over its speed factor; the host's gaps between "
+    "spans are kept as recorded",
+    "another number of engines shares each iteration's generation tokens equally; an "
+    "engine's generation time is a + b * tokens, fitted to its recorded spans",
+    "another number of trainer ranks splits the training phase's time evenly (its "
+    "all-reduce does not grow)",
+    "the schedule is the streaming driver's: iteration i generated with version i - lag, "
+    "a bounded buffer, each version published once the rollouts still needing the "
+    "previous one are in, one publication at a time",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A prediction: the recorded run's report, the predicted run's (the same figures,
+    read from the predicted run's files), where those files are, the changes and the
+    effective settings (engines, ranks, lag, buffer)."""
+
+    recorded: dict[str, Any]
+    predicted: dict[str, Any]
+    out_dir: Path
+    changes: Changes
+    settings: dict[str, Any]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Figure by figure: recorded (``a``), predicted (``b``), predicted / recorded."""
+        return compare(self.recorded, self.predicted)
+
+    def figure(self, name: str) -> tuple[Any, Any]:
+        """One figure, recorded and predicted (None where a run lacks it)."""
+        for row in self.rows():
+            if row["figure"] == name:
+                return row["a"], row["b"]
+        return None, None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recorded_run": self.recorded.get("run_dir"),
+            "predicted_run": str(self.out_dir),
+            "changes": _changes_dict(self.changes),
+            "settings": self.settings,
+            "assumptions": list(ASSUMPTIONS),
+            "compare": self.rows(),
+            "iterations": _per_iteration(self.recorded, self.predicted),
+            "verdict": {
+                "recorded": _verdict(self.recorded),
+                "predicted": _verdict(self.predicted),
+            },
+        }
+
+
+def _changes_dict(changes: Changes) -> dict[str, Any]:
+    out = {k: v for k, v in asdict(changes).items() if v is not None}
+    out["speed"] = dict(changes.speed)
+    if not out["speed"]:
+        del out["speed"]
+    return out
+
+
+def _verdict(report: dict[str, Any]) -> Any:
+    limits = report.get("limits") or {}
+    return limits.get("verdict")
+
+
+def _per_iteration(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    rows_b = {row["iteration"]: row for row in b["iterations"]}
+    out = []
+    for row in a["iterations"]:
+        other = rows_b.get(row["iteration"], {})
+        out.append(
+            {
+                "iteration": row["iteration"],
+                "recorded_seconds": row.get("wall_seconds"),
+                "predicted_seconds": other.get("wall_seconds"),
+                "recorded_tokens_per_s_per_device": row.get("tokens_per_s_per_device"),
+                "predicted_tokens_per_s_per_device": other.get("tokens_per_s_per_device"),
+            }
+        )
+    return out
+
+
+def settings_of(recorded: Recorded, changes: Changes) -> dict[str, Any]:
+    """The predicted run's engines, ranks, lag and buffer (recorded where unchanged)."""
+    plan = plan_for(recorded, changes)
+    return {
+        "engines": len(plan.engines),
+        "ranks": changes.ranks or recorded_ranks(recorded),
+        "lag": plan.lag,
+        "buffer": plan.buffer,
+    }
+
+
+def predict(
+    run: str | os.PathLike[str],
+    changes: Changes | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    force: bool = False,
+) -> Prediction:
+    """Predict the run in ``run`` (its directory) under ``changes`` (None: as recorded,
+    the simulator's own check). The predicted run is written to ``out_dir`` (a new
+    temporary directory when None; the caller removes it)."""
+    changes = changes or Changes()
+    recorded = read_recorded(run)
+    plan = plan_for(recorded, changes)
+    timeline = simulate(plan, recorded)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="twinkle-whatif-"))
+    events = predicted_events(recorded, plan, timeline, _changes_dict(changes))
+    write_prediction(events, out, force=force or out_dir is None)
+    return Prediction(
+        recorded=load_report(recorded.path.parent),
+        predicted=load_report(out),
+        out_dir=out,
+        changes=changes,
+        settings=settings_of(recorded, changes),
+    )

@@ -1,0 +1,123 @@
+"""``twinkle whatif RUN [changes]``: the prediction side by side with the recorded run,
+as a table, JSON or a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from typing import Any
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.whatif import ASSUMPTIONS, Changes, Prediction, predict
+
+__all__ = ["whatif_command"]
+
+#: the figures the table shows, in order (every figure is in --json)
+SHOWN = (
+    "steady_tokens_per_s_per_device",
+    "tokens_per_s_per_device",
+    "loop_wall_seconds",
+    "idle_seconds",
+    "generation_hidden_share",
+)
+
+
+def changes_from(args: argparse.Namespace, recorded_lag: int) -> Changes:
+    lag = args.lag
+    if args.no_overlap:
+        if lag not in (None, 0):
+            raise InvalidArgumentError(f"--no-overlap is lag 0; drop --lag {lag}")
+        lag = 0
+    elif args.overlap:
+        if lag == 0:
+            raise InvalidArgumentError("--overlap needs lag >= 1; drop --lag 0")
+        lag = lag if lag is not None else max(1, recorded_lag)
+    return Changes(
+        engines=args.engines, ranks=args.ranks, lag=lag, buffer=args.buffer, speed=dict(args.speed)
+    )
+
+
+def whatif_command(args: argparse.Namespace) -> int:
+    from twinkle.whatif._recorded import read_recorded
+
+    changes = changes_from(args, read_recorded(args.run).lag)
+    prediction = predict(args.run, changes, args.out)
+    check = prediction if changes.none else predict(args.run, Changes())
+    try:
+        if args.plot is not None:
+            _plot(prediction, args.plot)
+        if args.json:
+            out = prediction.to_dict()
+            out["reproduction"] = _reproduction(check)
+            print(json.dumps(out, indent=1))
+        else:
+            print(format_prediction(prediction, check))
+    finally:
+        for p in {id(prediction): prediction, id(check): check}.values():
+            if args.out is None or p is not prediction:
+                shutil.rmtree(p.out_dir, ignore_errors=True)
+    return 0
+
+
+def _reproduction(check: Prediction) -> dict[str, Any]:
+    """How far the model's replay of the recorded configuration is from the run."""
+    out = {}
+    for name in ("steady_tokens_per_s_per_device", "tokens_per_s_per_device", "loop_wall_seconds"):
+        a, b = check.figure(name)
+        out[name] = None if not a or b is None else b / a - 1
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
+
+
+def format_prediction(p: Prediction, check: Prediction) -> str:
+    rows = {row["figure"]: row for row in p.rows()}
+    s = p.settings
+    lines = [
+        f"what if: engines {s['engines']}, trainer ranks {s['ranks']}, lag {s['lag']}, "
+        f"buffer {_fmt(s['buffer'])}"
+        + "".join(f", {k} x{v:g} speed" for k, v in p.changes.speed.items()),
+        "",
+        f"{'figure':<36}{'recorded':>14}{'predicted':>14}{'ratio':>9}",
+    ]
+    for name in SHOWN:
+        row = rows.get(name)
+        if row is not None:
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
+            lines.append(f"{name:<36}{_fmt(row['a']):>14}{_fmt(row['b']):>14}{ratio:>9}")
+    verdicts = p.to_dict()["verdict"]
+    lines += ["", f"limited by: recorded {verdicts['recorded']}; predicted {verdicts['predicted']}"]
+    error = _reproduction(check)["steady_tokens_per_s_per_device"]
+    if error is not None:
+        lines.append(
+            f"the model replays the recorded configuration within {abs(error):.1%} "
+            "(steady tokens/s/device): read the prediction with that error"
+        )
+    lines += ["", "assumes:", *(f"  - {a}" for a in ASSUMPTIONS)]
+    return "\n".join(lines)
+
+
+def _plot(p: Prediction, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = p.to_dict()["iterations"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    its = [r["iteration"] for r in rows]
+    for key, label in (("recorded_seconds", "recorded"), ("predicted_seconds", "predicted")):
+        ax.plot(its, [r[key] for r in rows], marker="o", label=label)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("seconds")
+    ax.set_title("each iteration's wall seconds")
+    ax.legend()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,83 @@
+"""What would help: the predicted effect of four common changes on a recorded run
+(``twinkle report RUN --whatif``; docs/metrics.md, "What if: predicting another
+configuration").
+
+Each change is predicted as ``twinkle whatif`` predicts it, and compared with the
+model's own replay of the recorded configuration, not with the run: the model's error
+on this run (what the replay misses) cancels out of the ratio.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twinkle.whatif import Changes, Prediction, predict
+from twinkle.whatif._recorded import read_recorded
+
+__all__ = ["HELPS", "format_helps", "what_would_help"]
+
+#: the changes tried: a label and the changes, from the recorded settings
+HELPS: Sequence[tuple[str, Callable[[dict[str, Any]], Changes]]] = (
+    ("+1 engine", lambda s: Changes(engines=s["engines"] + 1)),
+    ("+1 trainer rank", lambda s: Changes(ranks=s["ranks"] + 1)),
+    ("2x faster training", lambda s: Changes(speed={s["training"]: 2.0})),
+    ("lag +1", lambda s: Changes(lag=min(8, s["lag"] + 1))),
+)
+
+
+def _steady(p: Prediction) -> tuple[Any, Any]:
+    window = p.predicted["window"]
+    return window.get("steady_tokens_per_s"), window.get("steady_tokens_per_s_per_device")
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return b / a if isinstance(a, int | float) and isinstance(b, int | float) and a else None
+
+
+def what_would_help(run: str) -> list[dict[str, Any]]:
+    """Per change: its settings, the predicted steady-state tokens/s (the run's) and
+    tokens/s/device, and each as a ratio to the model's replay of the run as recorded
+    (``speedup``, ``per_device``)."""
+    training = read_recorded(run).training
+    base = predict(run, Changes())
+    try:
+        settings = {**base.settings, "training": training}
+        before = _steady(base)
+        out = []
+        for label, make in HELPS:
+            p = predict(run, make(settings))
+            try:
+                after = _steady(p)
+                out.append(
+                    {
+                        "change": label,
+                        "settings": p.settings,
+                        "steady_tokens_per_s": after[0],
+                        "steady_tokens_per_s_per_device": after[1],
+                        "speedup": _ratio(before[0], after[0]),
+                        "per_device": _ratio(before[1], after[1]),
+                    }
+                )
+            finally:
+                shutil.rmtree(p.out_dir, ignore_errors=True)
+        return out
+    finally:
+        shutil.rmtree(base.out_dir, ignore_errors=True)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def format_helps(rows: list[dict[str, Any]]) -> str:
+    """The rows as the report's "what would help" block."""
+    lines = [
+        "what would help (predicted by twinkle whatif: steady-state tokens/s against its "
+        "replay of this run as recorded; assumptions: twinkle whatif RUN)",
+        f"  {'change':<22}{'tokens/s':>10}{'per device':>12}",
+    ]
+    for r in rows:
+        lines.append(f"  {r['change']:<22}{_x(r['speedup']):>10}{_x(r['per_device']):>12}")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""The predicted run as a run: its event log, built from the simulation's timeline and
+the recorded run's other events, replayed through the observers into a run directory
+(docs/metrics.md, "What if: predicting another configuration").
+
+The log is what the run would have logged:
+
+* ``run_started`` with the recorded configuration, its placement changed to the
+  predicted workers (a new engine or rank gets a device of its own when the recorded
+  ones had one each, else shares theirs) and ``x_whatif`` (the changes, the recorded
+  run's path);
+* the events before the loop (set-up spans and readings) as recorded;
+* each iteration's ``iteration_started`` at its predicted begin, the spans finished by
+  then in one batch, the iteration's samples, scalars, optimizer steps and memory
+  readings at the same time after the same piece of the trainer's work as recorded,
+  and each publication's ``weights_published``;
+* the spans after the loop (tear-down) shifted by the loop's change, ``run_finished``
+  at the predicted end.
+
+So every figure of the predicted run is the observers' own, read as a recorded run's is.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from twinkle.events import Event, IterationStarted, RunFinished, RunStarted, SpanBatch
+from twinkle.perf import Span
+from twinkle.run import ReplayResult, replay
+from twinkle.whatif._recorded import Recorded
+from twinkle.whatif._schedule import Plan, Timeline
+
+__all__ = ["predicted_events", "write_prediction"]
+
+#: the predicted run's id: the recorded run's with this suffix
+SUFFIX = "-whatif"
+
+
+def _thawed(value: Any) -> Any:
+    """``value`` (an event's, read-only) as plain dicts and lists to change."""
+    if isinstance(value, Mapping):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
+def _config(recorded: Recorded, plan: Plan, changes: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = _thawed(recorded.first.config)
+    placement = config.get("placement")
+    if isinstance(placement, dict) and placement:
+        config["placement"] = _placement(placement, recorded, plan, changes.get("ranks"))
+    config["x_whatif"] = {"recorded": str(recorded.path), "changes": changes}
+    return config
+
+
+def _placement(
+    placement: dict[str, Any], recorded: Recorded, plan: Plan, ranks: int | None
+) -> dict[str, Any]:
+    """The recorded placement with the predicted engines and trainer ranks."""
+    engines = [name for name in placement if name in recorded.engines]
+    training = recorded.training
+    trainers = [
+        name
+        for name, entry in placement.items()
+        if name not in recorded.engines and training in entry.get("phases", ())
+    ]
+    out = {k: v for k, v in placement.items() if k not in engines}
+    if engines:
+        for k, e in enumerate(plan.engines):
+            template = e.name if e.name in placement else engines[k % len(engines)]
+            out[e.name] = _device_of(placement, template, e.name, engines)
+    if ranks is not None and trainers:
+        for name in trainers:
+            del out[name]
+        for r in range(ranks):
+            name = trainers[r] if r < len(trainers) else f"rank{r}"
+            out[name] = _device_of(placement, trainers[r % len(trainers)], name, trainers)
+    return out
+
+
+def _device_of(
+    placement: dict[str, Any], template: str, name: str, peers: list[str]
+) -> dict[str, Any]:
+    """Worker ``name``'s entry, ``template``'s with devices of its own when each of
+    ``peers`` had its own (named after the worker), else their shared ones."""
+    entry: dict[str, Any] = copy.deepcopy(placement[template])
+    devices = [tuple(placement[p].get("devices", ())) for p in peers]
+    if name != template and all(devices) and len(set(devices)) == len(devices):
+        entry["devices"] = [
+            d.replace(template, name) if template in d else f"{d}/{name}" for d in entry["devices"]
+        ]
+    return entry
+
+
+def _at(event: Event, run_id: str, ns: int, offset: int) -> Event:
+    return msgspec.structs.replace(
+        event, run_id=run_id, monotonic_ns=ns, wall_ns=max(0, ns + offset)
+    )
+
+
+def predicted_events(
+    recorded: Recorded, plan: Plan, timeline: Timeline, changes: dict[str, Any]
+) -> Iterator[Event]:
+    """The predicted run's log, in order."""
+    first = recorded.first
+    run_id = first.run_id + SUFFIX
+    offset = first.wall_ns - first.monotonic_ns
+    yield msgspec.structs.replace(first, run_id=run_id, config=_config(recorded, plan, changes))
+    for event in recorded.setup_events:
+        yield msgspec.structs.replace(event, run_id=run_id)
+    end = timeline.end_ns
+    shift = end - (recorded.finished.monotonic_ns if recorded.finished else end)
+    timed: list[tuple[int, int, Event]] = []
+    for it, begin in timeline.begins.items():
+        timed.append((begin, 0, IterationStarted(run_id, begin, begin + offset, it)))
+    for t in recorded.trainer:
+        ends = timeline.piece_ends.get(t.iteration, [])
+        for before, since, event in t.events:
+            at = (ends[before - 1] if before else timeline.ready[t.iteration]) + since
+            timed.append((at, 1, _at(event, run_id, at, offset)))
+    for event in timeline.published:
+        timed.append((event.monotonic_ns, 1, msgspec.structs.replace(event, run_id=run_id)))
+    spans = sorted([*recorded.setup_spans, *timeline.spans], key=lambda s: s.end_ns)
+    spans += [_shifted(s, shift) for s in recorded.teardown_spans]
+    timed.sort(key=lambda x: (x[0], x[1]))
+    yield from _with_batches(timed, spans, run_id, first, offset)
+    finished = recorded.finished
+    if finished is None:
+        finished = RunFinished(run_id, end, end + offset, status="error", error="no run_finished")
+    yield msgspec.structs.replace(
+        finished,
+        run_id=run_id,
+        monotonic_ns=end,
+        wall_ns=end + offset,
+        terminal_totals={},
+        process_wall_ns=None,
+    )
+
+
+def _with_batches(
+    timed: list[tuple[int, int, Event]],
+    spans: list[Span],
+    run_id: str,
+    first: RunStarted,
+    offset: int,
+) -> Iterator[Event]:
+    """``timed`` in order, each ``iteration_started`` preceded by a batch of the spans
+    finished by then; the rest in one last batch."""
+    k = 0
+    last = first.monotonic_ns
+    for at, _, event in timed:
+        if isinstance(event, IterationStarted):
+            done = []
+            while k < len(spans) and spans[k].end_ns <= at:
+                done.append(spans[k])
+                k += 1
+            if done:
+                yield SpanBatch(run_id, at, at + offset, "main", first.anchor, tuple(done))
+        last = max(last, at)
+        yield event
+    if k < len(spans):
+        at = max(last, spans[-1].end_ns)
+        yield SpanBatch(run_id, at, at + offset, "main", first.anchor, tuple(spans[k:]))
+
+
+def _shifted(span: Span, shift: int) -> Span:
+    return Span(span.name, span.start_ns + shift, span.end_ns + shift, span.thread_id,
+                span.pid, span.attrs, span.error)  # fmt: skip
+
+
+def write_prediction(
+    events: Iterator[Event], out_dir: str | os.PathLike[str], *, force: bool = False
+) -> ReplayResult:
+    """The predicted run's directory (its log and every output), written by a replay
+    with the built-in observers only (a plugin would count a prediction as a run)."""
+    return replay(events, Path(out_dir), autoload=False, force=force)

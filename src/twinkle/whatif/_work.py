@@ -1,0 +1,292 @@
+"""What the predicted run's workers do: the recorded run's work under :class:`Changes`
+(docs/metrics.md, "What if: predicting another configuration").
+
+* **Speed**: ``speed[key] = k`` makes the work of a phase (``key`` a phase name) or of a
+  worker (an engine's name, or ``trainer``) ``k`` times as fast: its pieces take their
+  recorded time over ``k``. The gaps between pieces (host work no phase names) are kept.
+* **Engines**: with the recorded number, each engine makes its recorded items. With
+  another number ``E'``, the iteration's work is shared equally: each engine generates
+  ``T / E'`` of the iteration's ``T`` recorded generation tokens, in ``a + b * tokens``
+  seconds, ``a`` and ``b`` fitted (least squares) to the recorded engine's generation
+  spans (a new engine: the recorded engines' medians). A fit whose slope is not
+  positive or not known to 10 % (its standard error) is replaced by the engine's mean
+  time per token (``a = 0``). An item's other pieces (a reward, say) scale with its
+  share of tokens. Each new engine keeps a recorded engine's gaps and load times.
+* **Trainer ranks**: the training phase's pieces take ``R / R'`` of their time
+  (data-parallel work split evenly; the all-reduce's cost is assumed not to grow).
+* **Lag, buffer**: taken as given, else as recorded; the buffer grows with the engines
+  (``buffer * E' / E``) unless given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from twinkle.errors import InvalidArgumentError
+from twinkle.whatif._recorded import EngineRecord, Piece, Recorded
+from twinkle.whatif._schedule import EnginePlan, Plan
+
+__all__ = ["Changes", "Fit", "plan_for"]
+
+#: a fit whose slope's standard error is above this share of it is not used
+_FIT_TOLERANCE = 0.10
+#: the trainer's worker name, for a speed factor
+TRAINER = "trainer"
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What to change: None keeps the recorded value."""
+
+    engines: int | None = None
+    ranks: int | None = None
+    lag: int | None = None
+    buffer: int | None = None
+    speed: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("engines", "ranks", "buffer"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidArgumentError(f"whatif: {name} must be an integer >= 1, got {value!r}")
+        if self.lag is not None and (not isinstance(self.lag, int) or not 0 <= self.lag <= 8):
+            raise InvalidArgumentError(
+                f"whatif: lag must be an integer in [0, 8], got {self.lag!r}"
+            )
+        for key, k in self.speed.items():
+            if not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
+                raise InvalidArgumentError(
+                    f"whatif: the speed factor of {key!r} must be a number > 0 (2: twice as "
+                    f"fast, 0.5: twice as slow), got {k!r}"
+                )
+
+    @property
+    def none(self) -> bool:
+        """Whether nothing changes (the recorded configuration)."""
+        return (self.engines, self.ranks, self.lag, self.buffer) == (None,) * 4 and not any(
+            k != 1 for k in self.speed.values()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """An engine's generation time: ``a_ns + b_ns_per_token * tokens``."""
+
+    a_ns: float
+    b_ns_per_token: float
+
+    def ns(self, tokens: float) -> float:
+        return self.a_ns + self.b_ns_per_token * tokens
+
+
+def fit_generation(rec: EngineRecord, generation: str) -> Fit | None:
+    """The engine's generation time fitted to its tokens (None: no spans with tokens)."""
+    points = [
+        (tokens, p.duration_ns)
+        for pieces in rec.items.values()
+        for p in pieces
+        if (tokens := _tokens(p, generation)) is not None
+    ]
+    if not points or sum(x for x, _ in points) <= 0:
+        return None
+    proportional = Fit(0.0, sum(y for _, y in points) / sum(x for x, _ in points))
+    if len(points) < 3 or len({x for x, _ in points}) < 2:
+        return proportional
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    n = len(points)
+    xs = [x for x, _ in points]
+    sxx = sum((x - statistics.fmean(xs)) ** 2 for x in xs)
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in points)
+    se = math.sqrt(residual / (n - 2) / sxx) if sxx > 0 else math.inf
+    if slope <= 0 or intercept < 0 or se > _FIT_TOLERANCE * slope:
+        return proportional
+    return Fit(intercept, slope)
+
+
+def _factor(speed: Mapping[str, float], phase: str | None, worker: str) -> float:
+    return speed.get(phase or "", 1.0) * speed.get(worker, 1.0)
+
+
+def _scaled(
+    pieces: tuple[Piece, ...], speed: Mapping[str, float], worker: str
+) -> tuple[Piece, ...]:
+    """``pieces`` of ``worker``, each taking its time over its speed factor."""
+    return tuple(
+        replace(p, duration_ns=round(p.duration_ns / _factor(speed, p.phase, worker)))
+        for p in pieces
+    )
+
+
+def _tokens(p: Piece, generation: str) -> int | None:
+    """The tokens a generation span generated (its ``tokens`` attribute), else None."""
+    tokens = p.attrs.get("tokens")
+    if p.phase != generation or not isinstance(tokens, int) or isinstance(tokens, bool):
+        return None
+    return tokens
+
+
+def _shared_piece(p: Piece, share: float, generation: str, fit: Fit, name: str) -> Piece:
+    """A piece of an engine's item holding ``share`` of the recorded item's tokens: a
+    generation span's time from the fit (its ``tokens`` the share), any other's
+    scaled by the share; on engine ``name``."""
+    tokens = _tokens(p, generation)
+    if tokens is None:
+        return replace(
+            p, duration_ns=round(p.duration_ns * share), attrs={**p.attrs, "engine": name}
+        )
+    new = tokens * share
+    attrs = {**p.attrs, "engine": name, "tokens": round(new)}
+    return replace(p, duration_ns=round(fit.ns(new)), attrs=attrs)
+
+
+def _median_fit(fits: list[Fit]) -> Fit:
+    return Fit(
+        statistics.median(f.a_ns for f in fits), statistics.median(f.b_ns_per_token for f in fits)
+    )
+
+
+def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...]:
+    recs = list(recorded.engines.values())
+    count = changes.engines or len(recs)
+    speed, generation = changes.speed, recorded.generation
+    if count == len(recs):
+        return tuple(_same_engine(rec, speed, recorded) for rec in recs)
+    fits = {rec.name: fit_generation(rec, generation) for rec in recs}
+    known = [f for f in fits.values() if f is not None]
+    if not known:
+        raise InvalidArgumentError(
+            f"{recorded.path}: no generation span carries a 'tokens' attribute: twinkle "
+            "whatif cannot share an iteration's work among another number of engines"
+        )
+    median = _median_fit(known)
+    totals: dict[int, int] = {}
+    for rec in recs:
+        for it, tokens in rec.tokens.items():
+            totals[it] = totals.get(it, 0) + tokens
+    threads = itertools.count(max(r.thread for r in recs) + 1)
+    names = _names(recorded.engines, count)
+    plans = []
+    for k, name in enumerate(names):
+        template = recs[k % len(recs)]
+        fit = fits.get(name) or median
+        plans.append(_shared_engine(template, name, fit, totals, count, changes, recorded, threads))
+    return tuple(plans)
+
+
+def _names(recorded: Mapping[str, EngineRecord], count: int) -> list[str]:
+    """``count`` engine names: the recorded ones first, then ``engine<k>`` (a name no
+    recorded engine has)."""
+    names = list(recorded)[:count]
+    k = 0
+    while len(names) < count:
+        if f"engine{k}" not in recorded and f"engine{k}" not in names:
+            names.append(f"engine{k}")
+        k += 1
+    return names
+
+
+def _same_engine(rec: EngineRecord, speed: Mapping[str, float], recorded: Recorded) -> EnginePlan:
+    publish = recorded.config.publish
+    load_k = 1 / _factor(speed, publish, rec.name)
+    return EnginePlan(
+        name=rec.name,
+        pid=rec.pid,
+        thread=rec.thread,
+        load_thread=rec.thread + 1_000_000,
+        start_ns=rec.start_ns,
+        item_gap_ns=rec.item_gap_ns,
+        load_gap_ns=rec.load_gap_ns,
+        items=lambda it: _scaled(rec.items[it], speed, rec.name),
+        load_ns=lambda v: round(rec.load_ns(v) * load_k),
+    )
+
+
+def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
+    template: EngineRecord,
+    name: str,
+    fit: Fit,
+    totals: Mapping[int, int],
+    count: int,
+    changes: Changes,
+    recorded: Recorded,
+    threads: Any,
+) -> EnginePlan:
+    generation, speed = recorded.generation, changes.speed
+    thread = template.thread if name == template.name else next(threads)
+
+    def items(it: int) -> tuple[Piece, ...]:
+        pieces = template.items.get(it) or template.items[max(template.items)]
+        tokens = totals.get(it, 0) / count
+        share = tokens / template.tokens[it] if template.tokens.get(it) else 1 / count
+        shared = tuple(_shared_piece(p, share, generation, fit, name) for p in pieces)
+        return _scaled(shared, speed, name)
+
+    load_k = 1 / _factor(speed, recorded.config.publish, name)
+    return EnginePlan(
+        name=name,
+        pid=template.pid,
+        thread=thread,
+        load_thread=thread + 1_000_000,
+        start_ns=template.start_ns,
+        item_gap_ns=template.item_gap_ns,
+        load_gap_ns=template.load_gap_ns,
+        items=items,
+        load_ns=lambda v: round(template.load_ns(v) * load_k),
+    )
+
+
+def recorded_ranks(recorded: Recorded) -> int:
+    """The number of workers that ran the training phase (placement), at least 1."""
+    training = recorded.training
+    workers = (
+        [w for w, entry in recorded.config.placement.items() if training in entry.phases]
+        if recorded.config.placement
+        else []
+    )
+    return max(1, len(workers))
+
+
+def plan_for(recorded: Recorded, changes: Changes) -> Plan:
+    """The simulation's plan: the recorded run under ``changes``."""
+    engines = _engine_plans(recorded, changes)
+    lag = recorded.lag if changes.lag is None else changes.lag
+    buffer = changes.buffer
+    if buffer is None and recorded.buffer_size is not None:
+        buffer = max(1, round(recorded.buffer_size * len(engines) / len(recorded.engines)))
+    ranks_k = recorded_ranks(recorded) / (changes.ranks or recorded_ranks(recorded))
+    by_it = {t.iteration: t for t in recorded.trainer}
+    training = recorded.training
+    speed = changes.speed
+
+    def trainer(it: int) -> tuple[Piece, ...]:
+        pieces = by_it[it].pieces
+        return tuple(
+            replace(
+                p,
+                duration_ns=round(
+                    p.duration_ns
+                    * (ranks_k if p.phase == training else 1.0)
+                    / _factor(speed, p.phase, TRAINER)
+                ),
+            )
+            for p in pieces
+        )
+
+    return Plan(
+        iterations=tuple(by_it),
+        lag=lag,
+        buffer=buffer,
+        engines=engines,
+        trainer=trainer,
+        trainer_pid=recorded.trainer_pid,
+        trainer_thread=recorded.trainer_thread,
+        handoff_ns=recorded.handoff_ns,
+        engine_wait=recorded.engine_wait,
+        trainer_wait=recorded.trainer_wait,
+        load_name=recorded.load_name,
+    )

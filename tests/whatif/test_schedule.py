@@ -1,0 +1,93 @@
+"""``twinkle whatif`` on the hand-worked run of ``conftest.py`` (its table): the
+predicted schedules below are worked out by hand from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from twinkle.events import IterationStarted, RunFinished, WeightsPublished
+from twinkle.run import iter_events
+from twinkle.whatif import Changes, predict
+from twinkle.whatif._recorded import read_recorded
+
+MS = 1_000_000
+
+
+def _schedule(prediction_dir: Path) -> tuple[list[float], float, list[int]]:
+    """The predicted run's iteration begins and end (ms), and its published versions."""
+    events = list(iter_events(prediction_dir / "events.jsonl"))
+    begins = [e.monotonic_ns / MS for e in events if isinstance(e, IterationStarted)]
+    end = next(e.monotonic_ns / MS for e in events if isinstance(e, RunFinished))
+    versions = [e.version for e in events if isinstance(e, WeightsPublished)]
+    return begins, end, versions
+
+
+def test_the_recorded_run_is_read_as_the_table_says(run: Path) -> None:
+    r = read_recorded(run)
+    (engine,) = r.engines.values()
+    assert engine.name == "e0"
+    assert [engine.item_ns(it) / MS for it in range(3)] == [10, 10, 10]
+    assert (engine.item_gap_ns, engine.load_gap_ns, engine.load_ns(1)) == (0, 0, 2 * MS)
+    assert (r.lag, r.handoff_ns, r.buffer_size) == (1, 0, None)
+    assert [[p.duration_ns / MS for p in t.pieces] for t in r.trainer] == [[6], [6], [6]]
+    assert (r.engine_wait, r.trainer_wait, r.load_name) == (
+        "wait.weights",
+        "wait.rollout",
+        "weights.load",
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "begins", "end", "versions"),
+    [
+        # as recorded: the table
+        (Changes(), [0, 16, 26], 38, [1]),
+        # lag 0: v1 after training 0 (load 16-18), gen 1 18-28; v2 after training 1
+        # (28-34; load 34-36), gen 2 36-46, train 46-52
+        (Changes(lag=0), [0, 16, 34], 52, [1, 2]),
+        # two engines: 50 tokens each, 5 ms (10 ms per 100 tokens); items of 0 in at 5,
+        # train 5-11; items of 1 made at 10, in at 11: publish v1 (loads 11-13), train
+        # 11-17; gen 2 13-18, train 18-24
+        (Changes(engines=2), [0, 11, 17], 24, [1]),
+        # training twice as fast (3 ms): train 10-13; in at 20, train 20-23; gen 2 22-32,
+        # train 32-35
+        (Changes(speed={"train": 2.0}), [0, 13, 23], 35, [1]),
+        # one trainer rank more: the training phase's time halved, as above
+        (Changes(ranks=2), [0, 13, 23], 35, [1]),
+    ],
+)
+def test_the_predicted_schedule_is_the_hand_worked_one(
+    run: Path, tmp_path: Path, changes: Changes, begins: list[int], end: int, versions: list[int]
+) -> None:
+    predict(run, changes, tmp_path / "p")
+    assert _schedule(tmp_path / "p") == (begins, end, versions)
+
+
+def test_the_recorded_configuration_reproduces_every_figure(run: Path, tmp_path: Path) -> None:
+    p = predict(run, Changes(), tmp_path / "p")
+    for row in p.rows():
+        if isinstance(row["a"], float) and row["figure"] != "overhead_seconds":
+            assert row["b"] == pytest.approx(row["a"], rel=1e-9), row
+    assert p.figure("steady_tokens_per_s_per_device")[0] is not None
+
+
+def test_two_engines_double_the_throughput_and_the_devices(run: Path, tmp_path: Path) -> None:
+    """Loop 38 ms → 24 ms for the same 300 tokens, on 3 devices instead of 2:
+    tokens/s/device times 38/24 * 2/3."""
+    p = predict(run, Changes(engines=2), tmp_path / "p")
+    a, b = p.figure("tokens_per_s_per_device")
+    assert b / a == pytest.approx(38 / 24 * 2 / 3, rel=1e-6)
+    placement = p.predicted["placement"]
+    assert placement["workers"]["engine0"]["devices"] == ["gpu:engine0"], placement
+    assert p.settings == {"engines": 2, "ranks": 1, "lag": 1, "buffer": None}
+
+
+def test_a_prediction_is_a_function_of_the_log(run: Path, tmp_path: Path) -> None:
+    """The same log and changes give the same predicted log, byte for byte."""
+    changes = Changes(engines=3, lag=2, speed={"train": 1.5})
+    predict(run, changes, tmp_path / "p1")
+    predict(run, changes, tmp_path / "p2")
+    first = (tmp_path / "p1" / "events.jsonl").read_bytes()
+    assert first == (tmp_path / "p2" / "events.jsonl").read_bytes()

@@ -1,0 +1,116 @@
+"""``twinkle whatif``: the command's outputs, its errors, and the simulator's own check
+on a real run of the demo's simulated-device mode."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from twinkle.cli import main
+from twinkle.demo import DemoConfig
+from twinkle.demo.runner import run_demo
+from twinkle.errors import InvalidArgumentError, ReplayError
+from twinkle.testing import scripted_run
+from twinkle.whatif import Changes, predict
+
+
+def test_the_table_shows_both_runs_the_verdicts_and_the_assumptions(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["whatif", str(run), "--engines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "what if: engines 2, trainer ranks 1, lag 1" in out
+    assert "steady_tokens_per_s_per_device" in out and "limited by: recorded" in out
+    assert "the model replays the recorded configuration within 0.0%" in out
+    assert "assumes:" in out and "each worker has its own device" in out
+
+
+def test_json_and_the_plot_and_the_kept_prediction(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot, out_dir = tmp_path / "w.png", tmp_path / "predicted"
+    args = ["whatif", str(run), "--no-overlap", "--speed", "train=2", "--json"]
+    assert main([*args, "--plot", str(plot), "--out", str(out_dir)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["changes"] == {"lag": 0, "speed": {"train": 2.0}}
+    assert data["settings"]["lag"] == 0
+    assert data["reproduction"]["steady_tokens_per_s_per_device"] == pytest.approx(0, abs=1e-9)
+    assert [r["iteration"] for r in data["iterations"]] == [0, 1, 2]
+    assert plot.stat().st_size > 0
+    assert (out_dir / "events.jsonl").is_file() and (out_dir / "summary.json").is_file()
+    assert main(["report", str(run), str(out_dir)]) == 0  # a predicted run is a run
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--speed", "train"], "--speed 'train': write PHASE=K or WORKER=K"),
+        (["--speed", "train=0"], "the speed factor of 'train' must be a number > 0"),
+        (["--engines", "0"], "engines must be an integer >= 1, got 0"),
+        (["--lag", "9"], r"lag must be an integer in \[0, 8\], got 9"),
+        (["--no-overlap", "--lag", "2"], "--no-overlap is lag 0; drop --lag 2"),
+    ],
+)
+def test_bad_changes_name_the_option(
+    run: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["whatif", str(run), *args])
+    except SystemExit as exc:  # (argparse's own refusal)
+        code = exc.code
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_run_without_a_streaming_loop_is_refused_by_name(tmp_path: Path) -> None:
+    log = scripted_run(tmp_path)
+    with pytest.raises(ReplayError, match=r"has no config\.streaming"):
+        predict(log.parent)
+
+
+def test_changes_are_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match="ranks must be an integer >= 1"):
+        Changes(ranks=0)
+    assert Changes().none and not Changes(speed={"train": 2}).none
+
+
+def test_the_sim_demo_is_reproduced_within_five_percent(tmp_path: Path) -> None:
+    """The simulator's own check on a real run: the recorded configuration replayed
+    gives the run's steady-state throughput and loop time within 5 %."""
+    cfg = DemoConfig(iterations=6, sim_device=True, engines=2)
+    run_demo(cfg, out_dir=tmp_path, run_id="sim")
+    p = predict(tmp_path / "sim", Changes(), tmp_path / "p")
+    for name in ("steady_tokens_per_s_per_device", "loop_wall_seconds"):
+        recorded, predicted = p.figure(name)
+        assert predicted == pytest.approx(recorded, rel=0.05), name
+
+
+def test_the_report_ends_with_what_would_help(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(run), "--whatif", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["what_would_help"]
+    assert [r["change"] for r in rows] == [
+        "+1 engine",
+        "+1 trainer rank",
+        "2x faster training",
+        "lag +1",
+    ]
+    by = {r["change"]: r for r in rows}
+    assert by["+1 engine"]["settings"]["engines"] == 2 and by["+1 engine"]["speedup"] > 1
+    assert by["lag +1"]["settings"]["lag"] == 2
+    assert main(["report", str(run), "--whatif"]) == 0
+    assert "what would help (predicted by twinkle whatif" in capsys.readouterr().out
+
+
+def test_a_run_it_cannot_predict_keeps_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = scripted_run(tmp_path)
+    assert main(["report", str(log.parent), "--whatif"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/dev" in out
+    assert "what would help: not predicted:" in out and "config.streaming" in out
