@@ -33,6 +33,7 @@ MODULES = [
     "bench.bench_remote",
     "bench.bench_sinks",
     "bench.bench_scale",
+    "bench.bench_whatif",
 ]
 # Run only when an --only names them: real vLLM servers cost minutes (make bench-vllm).
 ON_REQUEST = ["bench.bench_vllm_startup", "bench.bench_vllm_demo"]
@@ -103,7 +104,7 @@ def _targets(rows: list[Row]) -> str:
 
 #: sections of the doc of their own (``<!-- NAME:start -->``): the machine and table of
 #: the benchmarks whose name starts with the prefix (``--only scale --doc`` writes it alone)
-OWN_SECTIONS = {"scale": "scale."}
+OWN_SECTIONS = {"scale": "scale.", "whatif": "whatif."}
 
 
 def update_doc(path: Path, machine: list[str], rows: list[Row]) -> None:

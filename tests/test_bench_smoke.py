@@ -35,6 +35,7 @@ EXPECTED = {
         "scale.replay",
         "scale.report",
     ],
+    "bench.bench_whatif": ["whatif.sim"],
 }
 
 

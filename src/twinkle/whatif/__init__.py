@@ -37,7 +37,8 @@ ASSUMPTIONS = (
     "each span takes its recorded time, over its speed factor; the host's gaps between "
     "spans are kept as recorded",
     "another number of engines shares each iteration's generation tokens equally; an "
-    "engine's generation time is a + b * tokens, fitted to its recorded spans",
+    "engine's generation time is a + b * tokens, fitted to the recorded engines' spans "
+    "(a new engine runs at the typical engine's speed)",
     "another number of trainer ranks splits the training phase's time evenly (its "
     "all-reduce does not grow)",
     "the schedule is the streaming driver's: iteration i generated with version i - lag, "

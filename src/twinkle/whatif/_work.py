@@ -6,12 +6,10 @@
   recorded time over ``k``. The gaps between pieces (host work no phase names) are kept.
 * **Engines**: with the recorded number, each engine makes its recorded items. With
   another number ``E'``, the iteration's work is shared equally: each engine generates
-  ``T / E'`` of the iteration's ``T`` recorded generation tokens, in ``a + b * tokens``
-  seconds, ``a`` and ``b`` fitted (least squares) to the recorded engine's generation
-  spans (a new engine: the recorded engines' medians). A fit whose slope is not
-  positive or not known to 10 % (its standard error) is replaced by the engine's mean
-  time per token (``a = 0``). An item's other pieces (a reward, say) scale with its
-  share of tokens. Each new engine keeps a recorded engine's gaps and load times.
+  ``T / E'`` of the iteration's ``T`` recorded generation tokens, in the time its line
+  (:mod:`twinkle.whatif._fit`) gives; an item's other pieces (a reward, say) scale
+  with its share of tokens. Each new engine keeps a recorded engine's gaps and load
+  times.
 * **Trainer ranks**: the training phase's pieces take ``R / R'`` of their time
   (data-parallel work split evenly; the all-reduce's cost is assumed not to grow).
 * **Lag, buffer**: taken as given, else as recorded; the buffer grows with the engines
@@ -22,19 +20,17 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.whatif._fit import Fit, fit_engines, generated_tokens
 from twinkle.whatif._recorded import EngineRecord, Piece, Recorded
 from twinkle.whatif._schedule import EnginePlan, Plan
 
-__all__ = ["Changes", "Fit", "plan_for"]
+__all__ = ["Changes", "plan_for"]
 
-#: a fit whose slope's standard error is above this share of it is not used
-_FIT_TOLERANCE = 0.10
 #: the trainer's worker name, for a speed factor
 TRAINER = "trainer"
 
@@ -73,41 +69,6 @@ class Changes:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """An engine's generation time: ``a_ns + b_ns_per_token * tokens``."""
-
-    a_ns: float
-    b_ns_per_token: float
-
-    def ns(self, tokens: float) -> float:
-        return self.a_ns + self.b_ns_per_token * tokens
-
-
-def fit_generation(rec: EngineRecord, generation: str) -> Fit | None:
-    """The engine's generation time fitted to its tokens (None: no spans with tokens)."""
-    points = [
-        (tokens, p.duration_ns)
-        for pieces in rec.items.values()
-        for p in pieces
-        if (tokens := _tokens(p, generation)) is not None
-    ]
-    if not points or sum(x for x, _ in points) <= 0:
-        return None
-    proportional = Fit(0.0, sum(y for _, y in points) / sum(x for x, _ in points))
-    if len(points) < 3 or len({x for x, _ in points}) < 2:
-        return proportional
-    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
-    n = len(points)
-    xs = [x for x, _ in points]
-    sxx = sum((x - statistics.fmean(xs)) ** 2 for x in xs)
-    residual = sum((y - intercept - slope * x) ** 2 for x, y in points)
-    se = math.sqrt(residual / (n - 2) / sxx) if sxx > 0 else math.inf
-    if slope <= 0 or intercept < 0 or se > _FIT_TOLERANCE * slope:
-        return proportional
-    return Fit(intercept, slope)
-
-
 def _factor(speed: Mapping[str, float], phase: str | None, worker: str) -> float:
     return speed.get(phase or "", 1.0) * speed.get(worker, 1.0)
 
@@ -122,19 +83,11 @@ def _scaled(
     )
 
 
-def _tokens(p: Piece, generation: str) -> int | None:
-    """The tokens a generation span generated (its ``tokens`` attribute), else None."""
-    tokens = p.attrs.get("tokens")
-    if p.phase != generation or not isinstance(tokens, int) or isinstance(tokens, bool):
-        return None
-    return tokens
-
-
 def _shared_piece(p: Piece, share: float, generation: str, fit: Fit, name: str) -> Piece:
     """A piece of an engine's item holding ``share`` of the recorded item's tokens: a
     generation span's time from the fit (its ``tokens`` the share), any other's
     scaled by the share; on engine ``name``."""
-    tokens = _tokens(p, generation)
+    tokens = generated_tokens(p, generation)
     if tokens is None:
         return replace(
             p, duration_ns=round(p.duration_ns * share), attrs={**p.attrs, "engine": name}
@@ -144,26 +97,19 @@ def _shared_piece(p: Piece, share: float, generation: str, fit: Fit, name: str) 
     return replace(p, duration_ns=round(fit.ns(new)), attrs=attrs)
 
 
-def _median_fit(fits: list[Fit]) -> Fit:
-    return Fit(
-        statistics.median(f.a_ns for f in fits), statistics.median(f.b_ns_per_token for f in fits)
-    )
-
-
 def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...]:
     recs = list(recorded.engines.values())
     count = changes.engines or len(recs)
     speed, generation = changes.speed, recorded.generation
     if count == len(recs):
         return tuple(_same_engine(rec, speed, recorded) for rec in recs)
-    fits = {rec.name: fit_generation(rec, generation) for rec in recs}
-    known = [f for f in fits.values() if f is not None]
-    if not known:
+    fitted = fit_engines(recs, generation)
+    if fitted is None:
         raise InvalidArgumentError(
             f"{recorded.path}: no generation span carries a 'tokens' attribute: twinkle "
             "whatif cannot share an iteration's work among another number of engines"
         )
-    median = _median_fit(known)
+    fits, typical = fitted
     totals: dict[int, int] = {}
     for rec in recs:
         for it, tokens in rec.tokens.items():
@@ -173,7 +119,7 @@ def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...
     plans = []
     for k, name in enumerate(names):
         template = recs[k % len(recs)]
-        fit = fits.get(name) or median
+        fit = fits.get(name, typical)
         plans.append(_shared_engine(template, name, fit, totals, count, changes, recorded, threads))
     return tuple(plans)
 
