@@ -32,7 +32,7 @@ import msgspec
 from twinkle.events import Event, IterationStarted, RunFinished, RunStarted, SpanBatch
 from twinkle.perf import Span
 from twinkle.run import ReplayResult, replay
-from twinkle.whatif._recorded import Recorded
+from twinkle.whatif._recorded import Recorded, shifted
 from twinkle.whatif._schedule import Plan, Timeline
 
 __all__ = ["predicted_events", "write_prediction"]
@@ -127,7 +127,7 @@ def predicted_events(
     for event in timeline.published:
         timed.append((event.monotonic_ns, 1, msgspec.structs.replace(event, run_id=run_id)))
     spans = sorted([*recorded.setup_spans, *timeline.spans], key=lambda s: s.end_ns)
-    spans += [_shifted(s, shift) for s in recorded.teardown_spans]
+    spans += [shifted(s, shift) for s in recorded.teardown_spans]
     timed.sort(key=lambda x: (x[0], x[1]))
     yield from _with_batches(timed, spans, run_id, first, offset)
     finished = recorded.finished
@@ -167,11 +167,6 @@ def _with_batches(
     if k < len(spans):
         at = max(last, spans[-1].end_ns)
         yield SpanBatch(run_id, at, at + offset, "main", first.anchor, tuple(spans[k:]))
-
-
-def _shifted(span: Span, shift: int) -> Span:
-    return Span(span.name, span.start_ns + shift, span.end_ns + shift, span.thread_id,
-                span.pid, span.attrs, span.error)  # fmt: skip
 
 
 def write_prediction(

@@ -51,7 +51,7 @@ from twinkle.observers.placement import place_batch
 from twinkle.perf import Span
 from twinkle.run import iter_events
 
-__all__ = ["EngineRecord", "Piece", "Recorded", "TrainerIteration", "read_recorded"]
+__all__ = ["EngineRecord", "Piece", "Recorded", "TrainerIteration", "read_recorded", "shifted"]
 
 #: events of an iteration the simulator moves with the trainer's work
 _MOVED = (SamplesObserved, ScalarsObserved, OptimizerStep, MemoryReadings)
@@ -180,7 +180,7 @@ class _Reader:
     def feed(self, event: Event) -> None:
         if isinstance(event, SpanBatch):
             shift = place_batch(event, self.first.anchor, self.config.clock_skew).shift_ns
-            self.spans.extend(_shifted(s, shift) for s in event.spans)
+            self.spans.extend(shifted(s, shift) for s in event.spans)
         elif isinstance(event, IterationStarted):
             self.begins.setdefault(event.iteration, event.monotonic_ns)
         elif isinstance(event, RunResumed):
@@ -201,7 +201,8 @@ class _Reader:
             self.setup_events.append(event)
 
 
-def _shifted(span: Span, shift: int) -> Span:
+def shifted(span: Span, shift: int) -> Span:
+    """``span`` moved by ``shift`` ns."""
     if not shift:
         return span
     return Span(span.name, span.start_ns + shift, span.end_ns + shift, span.thread_id,
