@@ -226,7 +226,12 @@ def _run(args: argparse.Namespace) -> int:
 
             if args.command == "watch":
                 return watch_command(args)
-            return report_command(args, _helps() if args.whatif and not args.other else None)
+            if args.whatif and args.other:
+                raise InvalidArgumentError(
+                    "--whatif predicts what would help one run: drop RUN_B, or run "
+                    "twinkle report RUN --whatif for each"
+                )
+            return report_command(args, _helps() if args.whatif else None)
         if args.command == "whatif":
             from twinkle.whatif._cli import whatif_command
 

@@ -1,13 +1,15 @@
-"""``twinkle whatif`` on the hand-worked run of ``conftest.py`` (its table): the
+"""``twinkle whatif`` on the hand-worked run of ``tests/_whatif_run.py`` (its table): the
 predicted schedules below are worked out by hand from it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from twinkle.events import IterationStarted, RunFinished, WeightsPublished
+from _whatif_run import recorded_events
+from twinkle.events import IterationStarted, RunFinished, SpanBatch, WeightsPublished, dumps_event
 from twinkle.run import iter_events
 from twinkle.whatif import Changes, predict
 from twinkle.whatif._recorded import read_recorded
@@ -91,3 +93,43 @@ def test_a_prediction_is_a_function_of_the_log(run: Path, tmp_path: Path) -> Non
     predict(run, changes, tmp_path / "p2")
     first = (tmp_path / "p1" / "events.jsonl").read_bytes()
     assert first == (tmp_path / "p2" / "events.jsonl").read_bytes()
+
+
+def test_each_rollout_carries_the_version_it_was_generated_with(run: Path, tmp_path: Path) -> None:
+    """With lag 0 iteration i is generated with version i (the recorded run: i - 1)."""
+    predict(run, Changes(lag=0), tmp_path / "p")
+    versions = {
+        s.attrs["iteration"]: s.attrs["version"]
+        for e in iter_events(tmp_path / "p" / "events.jsonl")
+        if isinstance(e, SpanBatch)
+        for s in e.spans
+        if s.name == "generate"
+    }
+    assert versions == {0: 0, 1: 1, 2: 2}
+
+
+def test_a_run_stopped_inside_an_iteration_is_predicted_through_the_last_whole_one(
+    tmp_path: Path,
+) -> None:
+    """The log cut after iteration 2's start and its trainer's wait (no rollout, no
+    run_finished): iterations 0 and 1 are predicted; the last runs to 2's start."""
+    events = [
+        e
+        for e in recorded_events()
+        if not isinstance(e, RunFinished)
+        and not (getattr(e, "iteration", None) == 2 and not isinstance(e, IterationStarted))
+    ]
+    events = [
+        msgspec.structs.replace(e, spans=tuple(s for s in e.spans if s.attrs.get("iteration") != 2))
+        if isinstance(e, SpanBatch)
+        else e
+        for e in events
+    ]
+    log = tmp_path / "cut" / "events.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(b"".join(dumps_event(e) + b"\n" for e in events))
+    r = read_recorded(log)
+    assert [t.iteration for t in r.trainer] == [0, 1]
+    assert r.trainer[-1].tail_ns == 0  # (trained 20-26, iteration 2 began at 26)
+    predict(log, Changes(), tmp_path / "p")
+    assert _schedule(tmp_path / "p") == ([0, 16], 26, [])  # (no rollout of the two uses v1)

@@ -39,6 +39,7 @@ def test_json_and_the_plot_and_the_kept_prediction(
     assert data["settings"]["lag"] == 0
     assert data["reproduction"]["steady_tokens_per_s_per_device"] == pytest.approx(0, abs=1e-9)
     assert [r["iteration"] for r in data["iterations"]] == [0, 1, 2]
+    assert all(r["recorded_seconds"] and r["predicted_seconds"] for r in data["iterations"])
     assert plot.stat().st_size > 0
     assert (out_dir / "events.jsonl").is_file() and (out_dir / "summary.json").is_file()
     assert main(["report", str(run), str(out_dir)]) == 0  # a predicted run is a run
@@ -48,9 +49,10 @@ def test_json_and_the_plot_and_the_kept_prediction(
     ("args", "message"),
     [
         (["--speed", "train"], "--speed 'train': write PHASE=K or WORKER=K"),
-        (["--speed", "train=0"], "the speed factor of 'train' must be a number > 0"),
-        (["--engines", "0"], "engines must be an integer >= 1, got 0"),
-        (["--lag", "9"], r"lag must be an integer in \[0, 8\], got 9"),
+        (["--speed", "train=0"], r"--speed train=\.\.\.: the factor must be a number > 0"),
+        (["--speed", "trian=2"], "'trian' is no phase or worker of the run; name one of rollout"),
+        (["--engines", "0"], "--engines must be an integer >= 1, got 0"),
+        (["--lag", "9"], r"--lag must be an integer in \[0, 8\], got 9"),
         (["--no-overlap", "--lag", "2"], "--no-overlap is lag 0; drop --lag 2"),
     ],
 )
@@ -72,8 +74,10 @@ def test_a_run_without_a_streaming_loop_is_refused_by_name(tmp_path: Path) -> No
 
 
 def test_changes_are_checked() -> None:
-    with pytest.raises(InvalidArgumentError, match="ranks must be an integer >= 1"):
+    with pytest.raises(InvalidArgumentError, match="--ranks must be an integer >= 1"):
         Changes(ranks=0)
+    with pytest.raises(InvalidArgumentError, match="--engines must be an integer >= 1, got True"):
+        Changes(engines=True)
     assert Changes().none and not Changes(speed={"train": 2}).none
 
 
@@ -114,3 +118,28 @@ def test_a_run_it_cannot_predict_keeps_its_report(
     out = capsys.readouterr().out
     assert "tok/s/dev" in out
     assert "what would help: not predicted:" in out and "config.streaming" in out
+
+
+def test_out_must_be_new_or_empty_and_not_the_run(run: Path, tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(InvalidArgumentError, match="exists and is not an empty directory"):
+        predict(run, Changes(lag=0), tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    with pytest.raises(InvalidArgumentError, match="is the recorded run's own directory"):
+        predict(run, Changes(lag=0), run)
+
+
+def test_devices_that_cannot_be_counted_again_are_refused(bare_run: Path) -> None:
+    """Without a placement naming the engine (or a trainer worker), another number of
+    engines (ranks) would divide by the recorded devices: refused, by name."""
+    with pytest.raises(InvalidArgumentError, match=r"does not name engine\(s\) e0"):
+        predict(bare_run, Changes(engines=2))
+    with pytest.raises(InvalidArgumentError, match="names no worker of the training phase"):
+        predict(bare_run, Changes(ranks=2))
+    assert predict(bare_run, Changes(lag=0)).settings["lag"] == 0
+
+
+def test_whatif_takes_one_run(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run), str(run), "--whatif"]) == 2
+    assert "--whatif predicts what would help one run" in capsys.readouterr().err

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinkle.errors import InvalidArgumentError
 from twinkle.report import load_report
 from twinkle.report._compare import compare
 from twinkle.whatif._predict import predicted_events, write_prediction
 from twinkle.whatif._recorded import Recorded, read_recorded
-from twinkle.whatif._schedule import simulate
+from twinkle.whatif._schedule import Plan, simulate
 from twinkle.whatif._work import Changes, plan_for, recorded_ranks
 
 __all__ = ["ASSUMPTIONS", "Changes", "Prediction", "predict"]
@@ -87,10 +88,13 @@ class Prediction:
 
 
 def _changes_dict(changes: Changes) -> dict[str, Any]:
-    out = {k: v for k, v in asdict(changes).items() if v is not None}
-    out["speed"] = dict(changes.speed)
-    if not out["speed"]:
-        del out["speed"]
+    out: dict[str, Any] = {
+        name: value
+        for name in ("engines", "ranks", "lag", "buffer")
+        if (value := getattr(changes, name)) is not None
+    }
+    if changes.speed:
+        out["speed"] = dict(changes.speed)
     return out
 
 
@@ -107,8 +111,8 @@ def _per_iteration(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
         out.append(
             {
                 "iteration": row["iteration"],
-                "recorded_seconds": row.get("wall_seconds"),
-                "predicted_seconds": other.get("wall_seconds"),
+                "recorded_seconds": row.get("window_wall_seconds"),
+                "predicted_seconds": other.get("window_wall_seconds"),
                 "recorded_tokens_per_s_per_device": row.get("tokens_per_s_per_device"),
                 "predicted_tokens_per_s_per_device": other.get("tokens_per_s_per_device"),
             }
@@ -116,9 +120,8 @@ def _per_iteration(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
     return out
 
 
-def settings_of(recorded: Recorded, changes: Changes) -> dict[str, Any]:
+def _settings(recorded: Recorded, plan: Plan, changes: Changes) -> dict[str, Any]:
     """The predicted run's engines, ranks, lag and buffer (recorded where unchanged)."""
-    plan = plan_for(recorded, changes)
     return {
         "engines": len(plan.engines),
         "ranks": changes.ranks or recorded_ranks(recorded),
@@ -127,27 +130,44 @@ def settings_of(recorded: Recorded, changes: Changes) -> dict[str, Any]:
     }
 
 
+def _out_dir(out_dir: str | os.PathLike[str] | None, recorded: Recorded) -> Path:
+    """Where the predicted run goes: ``out_dir`` (new or empty, not the run's own
+    directory), else a new temporary directory."""
+    if out_dir is None:
+        return Path(tempfile.mkdtemp(prefix="twinkle-whatif-"))
+    out = Path(out_dir)
+    if out.resolve() == recorded.path.parent.resolve():
+        raise InvalidArgumentError(
+            f"--out {str(out)!r} is the recorded run's own directory: give a new directory"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidArgumentError(
+            f"--out {str(out)!r} exists and is not an empty directory: give a new or empty one "
+            "(nothing was written)"
+        )
+    return out
+
+
 def predict(
-    run: str | os.PathLike[str],
+    run: str | os.PathLike[str] | Recorded,
     changes: Changes | None = None,
     out_dir: str | os.PathLike[str] | None = None,
-    *,
-    force: bool = False,
 ) -> Prediction:
-    """Predict the run in ``run`` (its directory) under ``changes`` (None: as recorded,
-    the simulator's own check). The predicted run is written to ``out_dir`` (a new
-    temporary directory when None; the caller removes it)."""
+    """Predict the run in ``run`` (its directory, or the run already read by
+    :func:`~twinkle.whatif._recorded.read_recorded`) under ``changes`` (None: as
+    recorded, the simulator's own check). The predicted run is written to ``out_dir``
+    (new or empty; a new temporary directory when None, which the caller removes)."""
     changes = changes or Changes()
-    recorded = read_recorded(run)
+    recorded = run if isinstance(run, Recorded) else read_recorded(run)
     plan = plan_for(recorded, changes)
+    out = _out_dir(out_dir, recorded)
     timeline = simulate(plan, recorded)
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="twinkle-whatif-"))
     events = predicted_events(recorded, plan, timeline, _changes_dict(changes))
-    write_prediction(events, out, force=force or out_dir is None)
+    write_prediction(events, out, force=True)  # (new or empty: checked above)
     return Prediction(
         recorded=load_report(recorded.path.parent),
         predicted=load_report(out),
         out_dir=out,
         changes=changes,
-        settings=settings_of(recorded, changes),
+        settings=_settings(recorded, plan, changes),
     )

@@ -41,9 +41,10 @@ def changes_from(args: argparse.Namespace, recorded_lag: int) -> Changes:
 def whatif_command(args: argparse.Namespace) -> int:
     from twinkle.whatif._recorded import read_recorded
 
-    changes = changes_from(args, read_recorded(args.run).lag)
-    prediction = predict(args.run, changes, args.out)
-    check = prediction if changes.none else predict(args.run, Changes())
+    recorded = read_recorded(args.run)
+    changes = changes_from(args, recorded.lag)
+    prediction = predict(recorded, changes, args.out)
+    check = prediction if changes.none else predict(recorded, Changes())
     try:
         if args.plot is not None:
             _plot(prediction, args.plot)

@@ -82,10 +82,10 @@ def fit_engines(recs: Iterable[EngineRecord], generation: str) -> tuple[dict[str
     """Each engine's line (those with tokens recorded) and a new engine's; None when no
     generation span carries tokens."""
     points = {rec.name: pts for rec in recs if (pts := _points(rec, generation))}
-    rate = {
-        name: sum(y for _, y in pts) / total
+    rate = {  # (an engine without tokens or time says nothing of its speed)
+        name: took / total
         for name, pts in points.items()
-        if (total := sum(x for x, _ in pts)) > 0
+        if (total := sum(x for x, _ in pts)) > 0 and (took := sum(y for _, y in pts)) > 0
     }
     if not rate:
         return None

@@ -23,8 +23,10 @@ HELPS: Sequence[tuple[str, Callable[[dict[str, Any]], Changes]]] = (
     ("+1 engine", lambda s: Changes(engines=s["engines"] + 1)),
     ("+1 trainer rank", lambda s: Changes(ranks=s["ranks"] + 1)),
     ("2x faster training", lambda s: Changes(speed={s["training"]: 2.0})),
-    ("lag +1", lambda s: Changes(lag=min(8, s["lag"] + 1))),
+    ("lag +1", lambda s: Changes(lag=s["lag"] + 1)),
 )
+#: the largest lag a prediction takes
+MAX_LAG = 8
 
 
 def _steady(p: Prediction) -> tuple[Any, Any]:
@@ -40,14 +42,16 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
     """Per change: its settings, the predicted steady-state tokens/s (the run's) and
     tokens/s/device, and each as a ratio to the model's replay of the run as recorded
     (``speedup``, ``per_device``)."""
-    training = read_recorded(run).training
-    base = predict(run, Changes())
+    recorded = read_recorded(run)
+    base = predict(recorded, Changes())
     try:
-        settings = {**base.settings, "training": training}
+        settings = {**base.settings, "training": recorded.training}
         before = _steady(base)
         out = []
         for label, make in HELPS:
-            p = predict(run, make(settings))
+            if label == "lag +1" and settings["lag"] >= MAX_LAG:
+                continue  # (the lag is at its bound already)
+            p = predict(recorded, make(settings))
             try:
                 after = _steady(p)
                 out.append(

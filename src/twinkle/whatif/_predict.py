@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from twinkle.perf import Span
 from twinkle.run import ReplayResult, replay
 from twinkle.whatif._recorded import Recorded, shifted
 from twinkle.whatif._schedule import Plan, Timeline
+from twinkle.whatif._work import trainer_workers
 
 __all__ = ["predicted_events", "write_prediction"]
 
@@ -64,12 +65,7 @@ def _placement(
 ) -> dict[str, Any]:
     """The recorded placement with the predicted engines and trainer ranks."""
     engines = [name for name in placement if name in recorded.engines]
-    training = recorded.training
-    trainers = [
-        name
-        for name, entry in placement.items()
-        if name not in recorded.engines and training in entry.get("phases", ())
-    ]
+    trainers = trainer_workers(recorded)
     out = {k: v for k, v in placement.items() if k not in engines}
     if engines:
         for k, e in enumerate(plan.engines):
@@ -128,8 +124,9 @@ def predicted_events(
         timed.append((event.monotonic_ns, 1, msgspec.structs.replace(event, run_id=run_id)))
     spans = sorted([*recorded.setup_spans, *timeline.spans], key=lambda s: s.end_ns)
     spans += [shifted(s, shift) for s in recorded.teardown_spans]
-    timed.sort(key=lambda x: (x[0], x[1]))
-    yield from _with_batches(timed, spans, run_id, first, offset)
+    timed.sort(key=_order)
+    last = yield from _with_batches(timed, spans, run_id, first, offset)
+    end = max(end, last)
     finished = recorded.finished
     if finished is None:
         finished = RunFinished(run_id, end, end + offset, status="error", error="no run_finished")
@@ -143,15 +140,23 @@ def predicted_events(
     )
 
 
+def _order(item: tuple[int, int, Event]) -> tuple[int, int, int]:
+    """At one time: an iteration's own events before the next one's start, and an
+    iteration's start before its own events."""
+    at, kind, event = item
+    iteration = getattr(event, "iteration", None)
+    return at, iteration if isinstance(iteration, int) else -1, kind
+
+
 def _with_batches(
     timed: list[tuple[int, int, Event]],
     spans: list[Span],
     run_id: str,
     first: RunStarted,
     offset: int,
-) -> Iterator[Event]:
+) -> Generator[Event, None, int]:
     """``timed`` in order, each ``iteration_started`` preceded by a batch of the spans
-    finished by then; the rest in one last batch."""
+    finished by then; the rest in one last batch. Returns the last event's time."""
     k = 0
     last = first.monotonic_ns
     for at, _, event in timed:
@@ -167,6 +172,8 @@ def _with_batches(
     if k < len(spans):
         at = max(last, spans[-1].end_ns)
         yield SpanBatch(run_id, at, at + offset, "main", first.anchor, tuple(spans[k:]))
+        last = at
+    return last
 
 
 def write_prediction(

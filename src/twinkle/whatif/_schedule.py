@@ -22,7 +22,7 @@ Each piece of work takes its recorded time, scaled by the changes (see
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import simpy
@@ -131,7 +131,7 @@ class _Loop:
                 attrs = {"engine": e.name, "version": need}
                 self._span(plan.engine_wait, waited, (e.pid, e.thread), attrs)
             yield env.timeout(e.item_gap_ns)
-            yield from self._run(e.items(it), e.pid, e.thread)
+            yield from self._run(_with_version(e.items(it), need), e.pid, e.thread)
             self.made[e.name][it].succeed()
             yield self.buffer.put((it, e.name))
 
@@ -182,6 +182,11 @@ class _Loop:
         yield env.timeout(max(0, t0 - env.now))
         for k, it in enumerate(its):
             begin = out.begins[it] = int(env.now)
+            for p in self.recorded.trainer[k].lead:  # (drawn, taking no time of their own)
+                start = begin + p.gap_ns
+                span = Span(p.name, start, start + p.duration_ns, plan.trainer_thread,
+                            plan.trainer_pid, dict(p.attrs), None)  # fmt: skip
+                out.spans.append(span)
             while stash.get(it, 0) < len(plan.engines):
                 item_it, _ = yield self.buffer.get()
                 stash[item_it] = stash.get(item_it, 0) + 1
@@ -208,10 +213,19 @@ class _Loop:
         trained already and used by a rollout."""
         v = rollouts_in + 1 - self.plan.lag
         last = self.plan.iterations[-1]
-        trained = v - 1 <= rollouts_in if self.plan.lag else True
-        if v > self.plan.iterations[0] and trained and v + self.plan.lag <= last:
+        # (trained through v - 1 = rollouts_in - lag: done before rollouts_in trains
+        # when lag >= 1, and the call comes after it trained when lag is 0)
+        if v > self.plan.iterations[0] and v + self.plan.lag <= last:
             return [v]
         return []
+
+
+def _with_version(pieces: tuple[Piece, ...], version: int) -> tuple[Piece, ...]:
+    """``pieces`` whose ``version`` attribute is the one the item is generated with."""
+    return tuple(
+        replace(p, attrs={**p.attrs, "version": version}) if "version" in p.attrs else p
+        for p in pieces
+    )
 
 
 def _wall_offset(recorded: Recorded) -> int:

@@ -22,6 +22,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
@@ -33,6 +34,10 @@ __all__ = ["Changes", "plan_for"]
 
 #: the trainer's worker name, for a speed factor
 TRAINER = "trainer"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,18 +53,22 @@ class Changes:
     def __post_init__(self) -> None:
         for name in ("engines", "ranks", "buffer"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InvalidArgumentError(f"whatif: {name} must be an integer >= 1, got {value!r}")
-        if self.lag is not None and (not isinstance(self.lag, int) or not 0 <= self.lag <= 8):
-            raise InvalidArgumentError(
-                f"whatif: lag must be an integer in [0, 8], got {self.lag!r}"
-            )
+            if value is not None and (not _is_int(value) or value < 1):
+                raise InvalidArgumentError(f"--{name} must be an integer >= 1, got {value!r}")
+        if self.lag is not None and (not _is_int(self.lag) or not 0 <= self.lag <= 8):
+            raise InvalidArgumentError(f"--lag must be an integer in [0, 8], got {self.lag!r}")
         for key, k in self.speed.items():
-            if not isinstance(k, int | float) or not math.isfinite(k) or k <= 0:
+            if (
+                not isinstance(k, int | float)
+                or isinstance(k, bool)
+                or not math.isfinite(k)
+                or k <= 0
+            ):
                 raise InvalidArgumentError(
-                    f"whatif: the speed factor of {key!r} must be a number > 0 (2: twice as "
-                    f"fast, 0.5: twice as slow), got {k!r}"
+                    f"--speed {key}=...: the factor must be a number > 0 (2: twice as fast, "
+                    f"0.5: twice as slow), got {k!r}"
                 )
+        object.__setattr__(self, "speed", MappingProxyType(dict(self.speed)))  # (read-only)
 
     @property
     def none(self) -> bool:
@@ -186,19 +195,56 @@ def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
     )
 
 
+def trainer_workers(recorded: Recorded) -> list[str]:
+    """The workers of ``config.placement`` that ran the training phase (engines not)."""
+    return [
+        name
+        for name, entry in recorded.config.placement.items()
+        if name not in recorded.engines and recorded.training in entry.phases
+    ]
+
+
 def recorded_ranks(recorded: Recorded) -> int:
-    """The number of workers that ran the training phase (placement), at least 1."""
-    training = recorded.training
-    workers = (
-        [w for w, entry in recorded.config.placement.items() if training in entry.phases]
-        if recorded.config.placement
-        else []
-    )
-    return max(1, len(workers))
+    """The number of trainer ranks: :func:`trainer_workers`, at least 1."""
+    return max(1, len(trainer_workers(recorded)))
+
+
+def check_speed(recorded: Recorded, changes: Changes, engines: list[str]) -> None:
+    """Each ``--speed`` name is a phase, an engine of the prediction or ``trainer``."""
+    known = [*recorded.config.phases, *engines, TRAINER]
+    unknown = [name for name in changes.speed if name not in known]
+    if unknown:
+        raise InvalidArgumentError(
+            f"--speed {unknown[0]}=...: {unknown[0]!r} is no phase or worker of the run; "
+            f"name one of {', '.join(known)}"
+        )
+
+
+def check_devices(recorded: Recorded, changes: Changes) -> None:
+    """Another number of engines or ranks changes the devices: ``config.placement``
+    must name each recorded engine, and the trainer's workers, to count them."""
+    placement = recorded.config.placement
+    unnamed = [name for name in recorded.engines if name not in placement]
+    if changes.engines not in (None, len(recorded.engines)) and unnamed:
+        raise InvalidArgumentError(
+            f"--engines {changes.engines}: {recorded.path}'s config.placement does not name "
+            f"engine(s) {', '.join(unnamed)} (a generation span's 'engine'), so their devices "
+            "cannot be counted again; record a run whose placement lists each engine"
+        )
+    if changes.ranks is not None and not trainer_workers(recorded):
+        raise InvalidArgumentError(
+            f"--ranks {changes.ranks}: {recorded.path}'s config.placement names no worker of "
+            f"the training phase {recorded.training!r}, so its devices cannot be counted "
+            "again; record a run whose placement lists the trainer's ranks"
+        )
 
 
 def plan_for(recorded: Recorded, changes: Changes) -> Plan:
-    """The simulation's plan: the recorded run under ``changes``."""
+    """The simulation's plan: the recorded run under ``changes`` (checked first)."""
+    check_devices(recorded, changes)
+    check_speed(
+        recorded, changes, _names(recorded.engines, changes.engines or len(recorded.engines))
+    )
     engines = _engine_plans(recorded, changes)
     lag = recorded.lag if changes.lag is None else changes.lag
     buffer = changes.buffer
