@@ -24,6 +24,7 @@ def test_the_table_shows_both_runs_the_verdicts_and_the_assumptions(
     out = capsys.readouterr().out
     assert "what if: engines 2, trainer ranks 1, lag 1" in out
     assert "steady_tokens_per_s_per_device" in out and "limited by: recorded" in out
+    assert "critical path, predicted: " in out
     assert "the model replays the recorded configuration within 0.0%" in out
     assert "assumes:" in out and "each worker has its own device" in out
 
@@ -37,6 +38,8 @@ def test_json_and_the_plot_and_the_kept_prediction(
     data = json.loads(capsys.readouterr().out)
     assert data["changes"] == {"lag": 0, "speed": {"train": 2.0}}
     assert data["settings"]["lag"] == 0
+    shares = data["critical_path_shares"]["predicted"]
+    assert sum(shares.values()) == pytest.approx(1)
     assert data["reproduction"]["steady_tokens_per_s_per_device"] == pytest.approx(0, abs=1e-9)
     assert [r["iteration"] for r in data["iterations"]] == [0, 1, 2]
     assert all(r["recorded_seconds"] and r["predicted_seconds"] for r in data["iterations"])

@@ -84,6 +84,10 @@ class Prediction:
                 "recorded": _verdict(self.recorded),
                 "predicted": _verdict(self.predicted),
             },
+            "critical_path_shares": {
+                "recorded": _path(self.recorded),
+                "predicted": _path(self.predicted),
+            },
         }
 
 
@@ -101,6 +105,11 @@ def _changes_dict(changes: Changes) -> dict[str, Any]:
 def _verdict(report: dict[str, Any]) -> Any:
     limits = report.get("limits") or {}
     return limits.get("verdict")
+
+
+def _path(report: dict[str, Any]) -> Any:
+    """The steady state's critical path: each part's share of it."""
+    return (report.get("limits") or {}).get("path_shares")
 
 
 def _per_iteration(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:

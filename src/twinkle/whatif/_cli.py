@@ -93,8 +93,13 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         if row is not None:
             ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
             lines.append(f"{name:<36}{_fmt(row['a']):>14}{_fmt(row['b']):>14}{ratio:>9}")
-    verdicts = p.to_dict()["verdict"]
+    data = p.to_dict()
+    verdicts, paths = data["verdict"], data["critical_path_shares"]
     lines += ["", f"limited by: recorded {verdicts['recorded']}; predicted {verdicts['predicted']}"]
+    for which in ("recorded", "predicted"):
+        shares = paths[which] or {}
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v and v >= 0.005)
+        lines.append(f"  critical path, {which}: {parts or '-'}")
     error = _reproduction(check)["steady_tokens_per_s_per_device"]
     if error is not None:
         lines.append(
