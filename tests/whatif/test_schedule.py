@@ -133,3 +133,30 @@ def test_a_run_stopped_inside_an_iteration_is_predicted_through_the_last_whole_o
     assert r.trainer[-1].tail_ns == 0  # (trained 20-26, iteration 2 began at 26)
     predict(log, Changes(), tmp_path / "p")
     assert _schedule(tmp_path / "p") == ([0, 16], 26, [])  # (no rollout of the two uses v1)
+
+
+def test_workers_sharing_a_device_keep_sharing_it(tmp_path: Path) -> None:
+    """The engine and the trainer on one host's CPU (the torch demo's placement): a new
+    engine and a new rank share it too, so the devices stay 1."""
+    from _whatif_run import CONFIG
+    from twinkle.run import replay
+
+    cpu = {"device_type": "cpu", "devices": ["host-cpu"]}
+    config = {
+        **CONFIG,
+        "placement": {
+            "trainer": {**cpu, "phases": ["train"]},
+            "e0": {**cpu, "phases": ["rollout", "publish"]},
+        },
+    }
+    events = recorded_events()
+    events[0] = msgspec.structs.replace(events[0], config=config)
+    replay(events, tmp_path / "run", autoload=False)
+    p = predict(tmp_path / "run", Changes(engines=2, ranks=2), tmp_path / "p")
+    workers = p.predicted["placement"]["workers"]
+    assert {w: e["devices"] for w, e in workers.items()} == {
+        "trainer": ["host-cpu"],
+        "rank1": ["host-cpu"],
+        "e0": ["host-cpu"],
+        "engine0": ["host-cpu"],
+    }

@@ -83,11 +83,19 @@ def _placement(
 def _device_of(
     placement: dict[str, Any], template: str, name: str, peers: list[str]
 ) -> dict[str, Any]:
-    """Worker ``name``'s entry, ``template``'s with devices of its own when each of
-    ``peers`` had its own (named after the worker), else their shared ones."""
+    """Worker ``name``'s entry, ``template``'s with devices of its own (named after the
+    worker) when each of ``peers`` had devices no other worker used, else the shared
+    ones (the demo's workers all on one host's CPU)."""
     entry: dict[str, Any] = copy.deepcopy(placement[template])
-    devices = [tuple(placement[p].get("devices", ())) for p in peers]
-    if name != template and all(devices) and len(set(devices)) == len(devices):
+    used: dict[str, int] = {}
+    for worker in placement.values():
+        for device in worker.get("devices", ()):
+            used[device] = used.get(device, 0) + 1
+    own = all(
+        placement[p].get("devices") and all(used[d] == 1 for d in placement[p]["devices"])
+        for p in peers
+    )
+    if name != template and own:
         entry["devices"] = [
             d.replace(template, name) if template in d else f"{d}/{name}" for d in entry["devices"]
         ]
