@@ -6,8 +6,8 @@ The log is what the run would have logged:
 
 * ``run_started`` with the recorded configuration, its placement changed to the
   predicted workers (a new engine or rank gets a device of its own when the recorded
-  ones had one each, else shares theirs) and ``x_whatif`` (the changes, the recorded
-  run's path);
+  ones used devices no other worker used, else shares theirs) and ``x_whatif`` (the
+  changes, the recorded run's path);
 * the events before the loop (set-up spans and readings) as recorded;
 * each iteration's ``iteration_started`` at its predicted begin, the spans finished by
   then in one batch, the iteration's samples, scalars, optimizer steps and memory
