@@ -114,7 +114,7 @@ def predicted_events(
     """The predicted run's log, in order."""
     first = recorded.first
     run_id = first.run_id + SUFFIX
-    offset = first.wall_ns - first.monotonic_ns
+    offset = recorded.wall_offset_ns
     yield msgspec.structs.replace(first, run_id=run_id, config=_config(recorded, plan, changes))
     for event in recorded.setup_events:
         yield msgspec.structs.replace(event, run_id=run_id)

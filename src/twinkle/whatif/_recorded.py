@@ -90,6 +90,11 @@ class Recorded:
     load_name: str = "weights.load"
 
     @property
+    def wall_offset_ns(self) -> int:
+        """The run's wall clock minus its monotonic one (``run_started``'s readings)."""
+        return self.first.wall_ns - self.first.monotonic_ns
+
+    @property
     def generation(self) -> str:
         assert self.config.streaming is not None
         return self.config.streaming[0]

@@ -166,7 +166,7 @@ class _Loop:
             WeightsPublished(
                 r.run_id,
                 end,
-                end + _wall_offset(self.recorded),
+                end + self.recorded.wall_offset_ns,
                 version,
                 start,
                 end,
@@ -226,10 +226,6 @@ def _with_version(pieces: tuple[Piece, ...], version: int) -> tuple[Piece, ...]:
         replace(p, attrs={**p.attrs, "version": version}) if "version" in p.attrs else p
         for p in pieces
     )
-
-
-def _wall_offset(recorded: Recorded) -> int:
-    return recorded.first.wall_ns - recorded.first.monotonic_ns
 
 
 def simulate(plan: Plan, recorded: Recorded) -> Timeline:
