@@ -38,6 +38,7 @@ from twinkle.errors import (
     ReporterError,
     RunDirInUseError,
 )
+from twinkle.forks import forget_in_child
 
 __all__ = [
     "RUN_LOCK_FILE",
@@ -382,9 +383,7 @@ class RunDirLock:
                 os.close(fd)
                 raise
             self._fd = fd
-            if not _fork_hook:
-                _fork_hook.append(True)
-                os.register_at_fork(after_in_child=_run_locks_after_fork_in_child)
+            forget_in_child(_run_locks_after_fork_in_child)
             _held_run_locks.add(self)
             return
         raise RunDirInUseError(  # pragma: no cover - 100 owners in a row came and went
@@ -466,7 +465,6 @@ def _read_holder(fd: int) -> str:
 
 
 _held_run_locks: weakref.WeakSet[RunDirLock] = weakref.WeakSet()
-_fork_hook: list[bool] = []  # installed with the first lock taken, never at import
 
 
 def _run_locks_after_fork_in_child() -> None:

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ParamSpec, TypeVar, cast, final, overload
 
 from twinkle.errors import InvalidArgumentError
+from twinkle.forks import forget_in_child
 from twinkle.perf._span import (
     Barrier,
     Record,
@@ -63,8 +64,6 @@ class _ProcessState:
     __slots__ = (
         "bound",
         "default",
-        "fork_hook_installed",
-        "hook_lock",
         "lock",
         "recorder",
         "recorders",
@@ -77,8 +76,6 @@ class _ProcessState:
         self.default: TimeRecorder | None = None  # the process default: made on first use
         self.bound: list[TimeRecorder] = []  # recorders of the runs in progress
         self.lock = threading.Lock()  # guards creating the default recorder
-        self.hook_lock = threading.Lock()  # separate: __init__ runs under self.lock
-        self.fork_hook_installed = False
         self.recorders: weakref.WeakSet[TimeRecorder] = weakref.WeakSet()
 
 
@@ -87,22 +84,14 @@ _process = _ProcessState()
 
 # A forked child inherits the parent's recorders, their queued spans and their pid. The
 # queued spans belong to the parent (which drains them itself), so the child drops its
-# copies and stamps its own pid and anchor. The hook is installed with the first
-# recorder, never at import.
+# copies and stamps its own pid and anchor (registered with the first recorder).
 def _register(recorder: TimeRecorder) -> None:
     _process.recorders.add(recorder)
-    if _process.fork_hook_installed or not hasattr(os, "register_at_fork"):
-        return
-    with _process.hook_lock:
-        if not _process.fork_hook_installed:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _process.fork_hook_installed = True
+    forget_in_child(_after_fork_in_child)
 
 
 def _after_fork_in_child() -> None:
-    # Another parent thread may have held these at the fork.
-    _process.lock = threading.Lock()
-    _process.hook_lock = threading.Lock()
+    _process.lock = threading.Lock()  # another of the parent's threads may have held it
     for recorder in list(_process.recorders):
         recorder._reset_after_fork()
 
