@@ -20,7 +20,7 @@ from _scripted import CONFIG, killed_when_ready, segment
 from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
 import twinkle.run._checkpointing as run_module
-import twinkle.run._session as session_module
+import twinkle.run._resume as resume_module
 from twinkle.errors import ReporterError
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
@@ -167,7 +167,7 @@ def test_a_resume_in_place_that_fails_cuts_the_record_files_back(
     def interrupted(**_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(session_module, "Resumed", interrupted)
+    monkeypatch.setattr(resume_module, "Resumed", interrupted)
     with pytest.raises(KeyboardInterrupt):
         RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True).start()
     assert {name: (run_dir / name).read_bytes() for name in records} == before

@@ -39,7 +39,6 @@ from twinkle.errors import (
 )
 from twinkle.events import (
     Event,
-    RunFinished,
     RunResumed,
     RunStarted,
     event_from_dict,
@@ -50,6 +49,7 @@ from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
+from twinkle.run._feed import LogFeeder
 from twinkle.run._run import Run
 
 __all__ = ["ReplayResult", "iter_events", "replay"]
@@ -431,38 +431,33 @@ def _feed(
         which = "run_started" if latest is None else "last run_resumed"
         raise ReplayError(f"the log's {which} event: {exc}") from exc
     run.start()
-    count = 0
-    last: Event = first
+    feeder = LogFeeder(run)
     segments = [first.plugins]
-    try:
+
+    def events() -> Iterator[Event]:
         for event in _chain(first, iterator):
             if isinstance(event, RunResumed):
                 segments.append(event.plugins)
-            try:
-                run.submit(event)
-            except RecordError as exc:
-                where = f"event {count + 1}" if log is None else f"{log.path}:{log.lineno}"
-                raise ReplayError(f"{where}: {exc}") from exc
-            if log is not None:
-                log.check_seq()
-            count += 1
-            last = event
-        if run.finished is None:
-            error = "event log ends without run_finished (the run did not finish)"
-            if log is not None and log.torn_line is not None:
-                error += (
-                    f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
-                    "by a crash in the middle of a write) was passed over"
-                )
-            run.submit(
-                RunFinished(
-                    last.run_id, last.monotonic_ns, last.wall_ns, status="error", error=error
-                )
+            yield event
+
+    try:
+        try:
+            feeder.feed(events(), after_each=None if log is None else log.check_seq)
+        except RecordError as exc:
+            where = f"event {feeder.count + 1}" if log is None else f"{log.path}:{log.lineno}"
+            raise ReplayError(f"{where}: {exc}") from exc
+        error = "event log ends without run_finished (the run did not finish)"
+        if log is not None and log.torn_line is not None:
+            error += (
+                f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
+                "by a crash in the middle of a write) was passed over"
             )
+        last = feeder.last or first
+        feeder.close_unfinished(error, ns=last.monotonic_ns, wall_ns=last.wall_ns)
     except BaseException:
         run.close()
         raise
-    return count, run.finish(), tuple(segments)
+    return feeder.count, run.finish(), tuple(segments)
 
 
 def _latest_logged_config(path: Path) -> Mapping[str, Any] | None:

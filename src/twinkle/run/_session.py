@@ -12,59 +12,43 @@ It writes ``runs/<run_id>/`` (SPEC §8): ``events.jsonl``, ``metrics_raw.jsonl``
 ``metrics.jsonl``, ``summary.json`` and ``trace.json`` — through the observers, so that
 :func:`twinkle.run.replay` reproduces the records and the summary from the log.
 
-One live process writes a run directory at a time (:class:`~twinkle.locks.RunDirLock`).
-A session on a directory that already holds a run's log — a restarted job, same run id
-— *resumes* it: the earlier segments' events are fed to the observers again (so every
-output covers the whole run), a segment that stopped without finishing is closed with
-an error status, and ``run_resumed`` begins the new segment, on a clock that continues
-the run's timeline (see :attr:`RunSession.resumed`). Its configuration may differ from
-the run's only in ``total_steps`` and the caller's ``x_`` keys (``run_resumed`` carries
-it, and the observers rebuild every output under it); any other change is refused
+One live process writes a run directory at a time. A session on a directory that
+already holds a run's log (a restarted job, same run id) *resumes* it
+(:mod:`twinkle.run._resume`): every output covers the whole run, and ``run_resumed``
+begins the new segment on a clock that continues the run's timeline (see
+:attr:`RunSession.resumed`). Its configuration may differ from the run's only in
+``total_steps`` and the caller's ``x_`` keys; any other change is refused
 (:class:`~twinkle.errors.ResumeConfigError`).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import pluggy
 
 from twinkle.checks import caller_source
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import (
-    ConfigError,
-    FinishedRunError,
     InvalidArgumentError,
-    ReporterError,
-    ResumeConfigError,
     TwinkleError,
 )
 from twinkle.events import (
     OVERHEAD_SOURCE,
     EventBus,
     RunFinished,
-    RunStarted,
     Status,
-    read_back,
     validate_event,
 )
 from twinkle.hookspecs import RunContext
-from twinkle.locks import RunDirLock
-from twinkle.observers import ClockSkewTolerance, ObserverConfig, ScalarsObserver
-from twinkle.observers.placement import LatestTime
-from twinkle.observers.sinks import EVENTS_FILE
-from twinkle.perf import Clock, ClockAnchor, TimeRecorder, WorkerReport, bind_process_recorder
+from twinkle.perf import Clock, TimeRecorder, WorkerReport, bind_process_recorder
 from twinkle.perf.stats import MemoryReading, memory_stats
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
@@ -73,50 +57,15 @@ from twinkle.plugins import (
     loaded_plugins,
     make_plugin_manager,
 )
-from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter, make_dirs, sync_dir
-from twinkle.run._checkpoint import NO_CHECKPOINT, Checkpoint, observers_of
-from twinkle.run._checkpoint import load as load_checkpoint
-from twinkle.run._config import (
-    RESUMABLE_CONFIG,
-    check_config,
-    describe_config_changes,
-    refused_config_keys,
-)
-from twinkle.run._replay import iter_events
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter
+from twinkle.run._process import tie
+from twinkle.run._resume import Resumed, RunDirectory
 from twinkle.run._run import Run, RunState
-from twinkle.run._scan import Scan, fixed_config, logged_events, note, scan_of
-from twinkle.run._summary import SUMMARY_FILE
+from twinkle.run._scan import Scan
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
 
 log = logging.getLogger("twinkle.session")
-
-
-@dataclass(frozen=True, slots=True)
-class Resumed:
-    """What a resuming session found in its run directory's log.
-
-    ``segment`` is the segment this session writes (1 for the first resume);
-    ``events`` the events already logged; ``last_iteration`` and ``optimizer_steps``
-    where the earlier segments stopped — a restarted trainer continues from
-    :attr:`next_iteration` and step ``optimizer_steps + 1`` (iterations and steps only
-    go forward); ``previous_status`` is the previous segment's status, None when it
-    stopped without finishing (it is then closed with an ``error`` status);
-    ``restored_events`` the first of ``events`` that the run's checkpoint stood for
-    (the observers were fed only the rest).
-    """
-
-    segment: int
-    events: int
-    last_iteration: int | None
-    optimizer_steps: int
-    previous_status: Status | None
-    #: the events whose effect came back from the run's checkpoint (not fed again)
-    restored_events: int = 0
-
-    @property
-    def next_iteration(self) -> int:
-        return 0 if self.last_iteration is None else self.last_iteration + 1
 
 
 def new_run_id(wall_ns: int) -> str:
@@ -180,50 +129,29 @@ class RunSession:
         backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
         resume: bool | None = None,
     ) -> None:
-        if resume is not None and not isinstance(resume, bool):
-            raise InvalidArgumentError(
-                f"resume must be True, False or None (continue only a run that did not "
-                f"finish ok), got {resume!r:.100}"
-            )
-        self._resume_asked = resume
-        if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
-            raise InvalidArgumentError(
-                f"out_dir must be a directory path (str or os.PathLike) or None (no files), "
-                f"got {out_dir!r:.100}"
-            )
-        for name, fn in (("clock", clock), ("wall_clock", wall_clock)):
-            if not callable(fn):
-                raise InvalidArgumentError(
-                    f"{name} must be a zero-argument callable returning int nanoseconds, "
-                    f"got {fn!r:.100}"
-                )
         # Checked now, not when the run starts: a wrong option must not cost a run.
-        _check_flags(
+        _check_arguments(
+            resume=resume,
+            out_dir=out_dir,
+            clock=clock,
+            wall_clock=wall_clock,
+            config=config,
+            autoload=autoload,
             background_writer=background_writer,
             background_dispatch=background_dispatch,
             builtins=builtins,
-            autoload=autoload,
         )
         check_slow_call_s(slow_call_s)
+        self._resume_asked = resume
         self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
-        if config is not None and not isinstance(config, Mapping):
-            raise InvalidArgumentError(
-                f"config must be a mapping of the observers' definitions, got {config!r:.200}"
-            )
         self.config: dict[str, Any] = dict(config or {})
         self.out_dir = None if out_dir is None else Path(out_dir) / self.run_id
-        self._dir_lock = None if self.out_dir is None else RunDirLock(self.out_dir)
-        self._created = False  # whether start() made the run directory
+        self._directory = None if self.out_dir is None else RunDirectory(self.out_dir, self.run_id)
         #: set by start() when the run directory held a log: what it found there
         self.resumed: Resumed | None = None
-        self._checkpoint: Checkpoint | None = None  # the one a resume starts from
-        self._whole_log_why: str | None = None  # why a resume cannot start from one
-        # A log already here is a run to resume: this session's clock continues its
-        # timeline (decided now, as the recorders read the clock from the start).
-        self._shift: list[int] | None = None
-        origin = self._logged_origin()
-        if origin is not None:
-            clock, self._shift = _continuing(clock, wall_clock, origin)
+        if self._directory is not None:
+            # A log already here is a run to resume: this session's clock continues it.
+            clock = self._directory.continuing(clock, wall_clock)
         self._clock = clock
         self.recorder = TimeRecorder(clock=clock, wall_clock=wall_clock)
         # twinkle's own time on the caller's threads: every publish, timed by the bus
@@ -251,12 +179,10 @@ class RunSession:
             required_plugins=required_plugins,
             backend_timeout_s=backend_timeout_s,
         )
-        if any(isinstance(p, ScalarsObserver) for p in pm.get_plugins()):
-            # A scalar's records take its name as their kind: never one of the built-ins'.
-            kinds = ObserverConfig.parse(self.run.context.config).record_kinds()
-            self.bus.reserve_scalar_names(kinds)
+        reserved = pm.hook.twinkle_reserved_scalar_names(config=self.run.context.config)
+        self.bus.reserve_scalar_names(name for names in reserved for name in names)
         self.summary: dict[str, Any] | None = None
-        self._atexit: Callable[[], None] | None = None
+        self._untie: Callable[[], None] | None = None  # (from this process: _process)
 
     @property
     def pm(self) -> pluggy.PluginManager:
@@ -286,15 +212,23 @@ class RunSession:
         if self.run.state is not RunState.NEW:
             raise TwinkleError(f"run {self.run_id!r} was already started")
         self._own_process("start")
-        scan = self._take_directory()
+        directory = self._directory
+        scan = None if directory is None else directory.take(self.run.pm, self.run.context.config)
         try:
             if scan is not None:
-                self._check_resumable(scan)
+                assert directory is not None
+                directory.check(
+                    scan,
+                    asked=self._resume_asked,
+                    config=self.config,
+                    pm=self.run.pm,
+                    clock=self._clock,
+                )
                 self.run.context = dataclasses.replace(
                     self.run.context,
                     resumed_events=scan.events,
                     segment=scan.segments,
-                    checkpoint=self._checkpoint,
+                    checkpoint=directory.checkpoint,
                 )
                 self.context = self.run.context
             self.run.start()
@@ -308,7 +242,8 @@ class RunSession:
                     plugins_left_out=self._left_out(),
                 )
             else:
-                self._resume(scan)
+                assert directory is not None
+                self._resume(directory, scan)
             if self.run.dispatcher is not None:
                 # (background dispatch) the event log has written the segment's first
                 # event through before start() returns: a kill now leaves a log to resume
@@ -318,282 +253,34 @@ class RunSession:
             try:
                 self.run.close()  # FAILED: it never finished
             finally:
-                unused = self._remove_if_unused()  # (while the directory is still ours)
-                self._release_directory()
-                if unused and self.out_dir is not None:
-                    with contextlib.suppress(OSError):  # another process took it since
-                        self.out_dir.rmdir()
+                if directory is not None:
+                    directory.give_up()
             raise
         # Module-level twinkle.perf.span()/@timed, on any thread, record into this run.
         self._unbind = bind_process_recorder(self.recorder)
         # A caller that neither exits a ``with`` block nor calls finish() (an uncaught
         # exception outside one, sys.exit) still gets its summary, marked as an error.
-        self._atexit = _finish_at_exit(self)
-        _track(self)
+        self._untie = tie(self)
         return self
 
-    # -- the run directory and resuming -------------------------------------------------
-
-    def _logged_origin(self) -> ClockAnchor | None:
-        """The anchor of the run this directory's log holds (None: no log, or one that
-        does not start with this run's run_started — start() says what is wrong)."""
-        if self.out_dir is None:
-            return None
-        log = self.out_dir / EVENTS_FILE
-        if log.is_symlink() or not log.is_file():
-            return None
-        # The first event as the scan will read it (blank lines and recorded fragments
-        # passed over), so both agree on whether there is a run to resume.
-        try:
-            first = next(iter_events(log), None)  # (the reader closes with its iterator)
-        except TwinkleError:
-            return None
-        return first.anchor if isinstance(first, RunStarted) else None
-
-    def _take_directory(self) -> Scan | None:
-        """Create and lock the run directory; scan the log it holds (None: none)."""
-        out, lock = self.out_dir, self._dir_lock
-        if out is None or lock is None:
-            return None
-        self._created = not os.path.lexists(out)
-        try:
-            make_dirs(out)  # (0755 less the umask at every level)
-        except OSError as exc:
-            raise ReporterError(
-                f"cannot create the run directory {str(out)!r}: {exc.strerror or exc}; "
-                "out_dir must be a writable directory (not a file, not read-only)"
-            ) from exc
-        if out.is_symlink() or not out.is_dir():
-            raise ReporterError(
-                f"run directory {str(out)!r} is a symlink or not a directory: twinkle "
-                "follows no link in a run directory; remove it or choose another run id"
-            )
-        lock.acquire(self.run_id)
-        try:
-            log = out / EVENTS_FILE
-            if log.is_symlink() or not log.exists():
-                return None  # (a symlink is refused by the event log's writer)
-            if not log.is_file():
-                raise ReporterError(
-                    f"{str(log)!r} is not a file: the run's event log goes there; remove "
-                    "what is in its place or choose another run id"
-                )
-            return None if log.stat().st_size == 0 else self._scan(log)
-        except BaseException:
-            lock.release()
-            raise
-
-    def _scan(self, log: Path) -> Scan | None:
-        """Check the log through a run without observers (the lifecycle and order checks
-        the resumed run will apply, so feeding it again cannot fail half-way): the events
-        after the run's checkpoint when it has one this resume can use
-        (:attr:`_checkpoint`), else all of them."""
-        checker = Run(
-            make_plugin_manager(autoload=False, builtins=False),
-            RunContext(self.run_id, None, {}, replay=True),
-            background=False,
-        )
-        checkpoint = self._checkpoint = self._usable_checkpoint(log.parent)
-        scan: Scan | None = None
-        checker.start()
-        try:
-            if checkpoint is not None:
-                scan = scan_of(checkpoint, checker)
-            for event in logged_events(log, checkpoint):
-                if scan is None:
-                    if not isinstance(event, RunStarted) or event.run_id != self.run_id:
-                        raise ConfigError(
-                            f"{str(log)!r} is not the log of run {self.run_id!r} (its first "
-                            f"event is {event.TYPE!r} of run {event.run_id!r}): move it "
-                            "away or choose another run id"
-                        )
-                    skew = ClockSkewTolerance.parse(event.config)
-                    scan = Scan(event, latest=LatestTime(event.anchor, skew))
-                    checker.context = dataclasses.replace(checker.context, config=event.config)
-                checker.submit(event)
-                note(scan, event)
-        except TwinkleError as exc:
-            raise ConfigError(
-                f"cannot resume run {self.run_id!r} from {str(log)!r}: {exc}"
-            ) from exc
-        finally:
-            checker.close()
-        return scan
-
-    def _usable_checkpoint(self, out: Path) -> Checkpoint | None:
-        """The run's checkpoint when this resume can start from it, else None (why not is
-        kept in :attr:`_whole_log_why`, logged once the resume goes on: the whole log is
-        fed again, as without one)."""
-        names = observers_of(self.run.pm)
-        found: Checkpoint | str = (
-            "an observer plugin that is not twinkle's is loaded (a plugin rebuilds its "
-            "outputs from every event it sees)"
-            if names is None
-            else load_checkpoint(out, self.run_id, names)
-        )
-        if isinstance(found, Checkpoint) and fixed_config(found.segment_config()) != fixed_config(
-            self.run.context.config
-        ):
-            found = (
-                "this session's configuration differs from the one the checkpoint's "
-                "segment ran with (every output is rebuilt under the new one)"
-            )
-        if isinstance(found, str):
-            self._whole_log_why = found
-            return None
-        return found
-
-    def _check_resumable(self, scan: Scan) -> None:
-        self._check_resume_asked(scan)
-        if self._shift is None:
-            raise TwinkleError(
-                f"run directory {str(self.out_dir)!r} got an event log after this session "
-                "was made; make the session again to resume it"
-            )
-        self._check_resumed_config(scan.started)
-        behind = scan.latest.ns - self._clock() + 1
-        if behind > 0:  # the wall clock went back between the segments
-            self._shift[0] += behind
-
-    def _check_resume_asked(self, scan: Scan) -> None:
-        """:class:`~twinkle.errors.FinishedRunError` when this session may not continue
-        the run the directory holds (see ``resume`` in the class docstring)."""
-        asked, finished = self._resume_asked, scan.finished
-        if asked is True or (asked is None and (finished is None or finished.status != "ok")):
-            return
-        where = str(self.out_dir)
-        if asked is False:
-            problem = (
-                f"run {self.run_id!r} already has a log in {where!r} ({scan.segments} "
-                "segment(s)) and resume=False does not continue a run"
-            )
-        else:
-            last = "none" if scan.last_iteration is None else str(scan.last_iteration)
-            problem = (
-                f"run {self.run_id!r} in {where!r} finished ok (segment {scan.segments - 1}, "
-                f"last iteration {last}, {scan.optimizer_steps} optimizer step(s)); "
-                "running it again would silently make one longer run of both"
-            )
-        raise FinishedRunError(
-            problem,
-            "pass RunSession(resume=True) to continue it (numbering on from "
-            "session.resumed), or another run_id (or out_dir) for a new run",
-            run_id=self.run_id,
-        )
-
-    def _check_resumed_config(self, started: RunStarted) -> None:
-        """This session's configuration may differ from the run's only where a resume may
-        change it (``total_steps``, ``x_`` keys: :func:`~twinkle.run.resumable_key`);
-        else :class:`~twinkle.errors.ResumeConfigError` names the keys, both values and
-        the fix (a caller that builds the configuration says its own: ``with_fix``)."""
-        given = check_config(self.config, self.run.pm)
-        logged = cast("dict[str, Any]", read_back(dict(started.config)))
-        keys = refused_config_keys(logged, given)
-        if not keys:
-            return
-        log_path = None if self.out_dir is None else str(self.out_dir / EVENTS_FILE)
-        raise ResumeConfigError(
-            f"run {self.run_id!r} cannot resume with this configuration: it differs from "
-            f"the one the run was started with at {list(keys)} "
-            f"({describe_config_changes(keys, logged, given)}), and a resumed run may "
-            f"change only {RESUMABLE_CONFIG}",
-            f"pass RunSession(config=...) the run's configuration (the config of the "
-            f"run_started line of {log_path!r}), or start a new run with another run_id "
-            "(or out_dir)",
-            run_id=self.run_id,
-            keys=keys,
-            logged=logged,
-            given=given,
-        )
-
-    def _resume(self, scan: Scan) -> None:
+    def _resume(self, directory: RunDirectory, scan: Scan) -> None:
         """Feed the logged events to the observers again, close a segment that stopped
-        without finishing, then begin the new segment."""
-        out = self.out_dir
-        assert out is not None
-        # What observers publish while the logged events go by again is in the log
-        # already (they published it the first time): the bus drops it until the run
-        # goes on, and the event log skips exactly the events fed again.
-        self.bus.bind(_logged_already)
-        checkpoint = self._checkpoint
-        why = self._whole_log_why
-        if checkpoint is None and why is not None:
-            level = logging.INFO if why == NO_CHECKPOINT else logging.WARNING
-            log.log(level, "run %r resumes from its whole log: %s", self.run_id, why)
-        try:
-            count = 0 if checkpoint is None else checkpoint.events
-            for event in logged_events(out / EVENTS_FILE, checkpoint):
-                if count == scan.events:
-                    break  # only what the scan checked
-                self.run.submit(event)
-                count += 1
-            if self.run.dispatcher is not None:
-                self.run.dispatcher.flush()  # (background dispatch: every one dispatched)
-        finally:
-            self.bus.bind(None)
-        if count != scan.events:
-            raise TwinkleError(
-                f"{str(out / EVENTS_FILE)!r} changed while run {self.run_id!r} was resuming"
-            )
-        self.run.connect(self.bus)
-        segment = scan.segments
-        if scan.finished is None:
-            self.run.submit(
-                RunFinished(
-                    self.run_id,
-                    scan.latest.ns,
-                    scan.latest.wall_ns,
-                    status="error",
-                    error=(
-                        f"segment {segment - 1} stopped without finishing (its process "
-                        "died or was killed); found when the run resumed"
-                    ),
-                )
-            )
-        self.resumed = Resumed(
-            segment=segment,
-            events=scan.events,
-            last_iteration=scan.last_iteration,
-            optimizer_steps=scan.optimizer_steps,
-            previous_status=None if scan.finished is None else scan.finished.status,
-            restored_events=0 if checkpoint is None else checkpoint.events,
-        )
+        without finishing, then begin the new segment (:mod:`twinkle.run._resume`)."""
+        self.resumed = directory.resume(self.run, self.bus, scan)
         self.bus.run_resumed(
-            segment,
+            self.resumed.segment,
             self.config,
             plugins=loaded_plugins(self.run.pm),
             plugins_left_out=self._left_out(),
         )
-        # The summary vouched for the segments before this one: until this one finishes
-        # it describes no run there is (a new run has none either); replay rebuilds it.
-        _remove_durably(out / SUMMARY_FILE)
+        directory.forget_summary()
 
     def _left_out(self) -> dict[str, str]:
         """The plugins the run went without because they could not set up, with why."""
         return {} if self.run.calls is None else dict(self.run.calls.left_out)
 
-    def _remove_if_unused(self) -> bool:
-        """After a failed start, while the directory is still ours: remove the empty
-        files the start opened when that is all this session's new run directory holds;
-        True when the directory is then to be removed too (once given up)."""
-        out, lock = self.out_dir, self._dir_lock
-        if out is None or lock is None or not self._created:
-            return False
-        try:
-            entries = [e for e in out.iterdir() if e != lock.path]
-            if not all(
-                e.is_file() and not e.is_symlink() and not e.stat().st_size for e in entries
-            ):
-                return False
-            for entry in entries:
-                entry.unlink()
-        except OSError:
-            return False  # left as it is: nothing of a run is lost either way
-        return True
-
-    def _release_directory(self) -> None:
-        if self._dir_lock is not None:
-            self._dir_lock.release()
+    def _running_here(self) -> bool:
+        return self.run.state is RunState.RUNNING and os.getpid() == self._pid
 
     def _own_process(self, doing: str) -> None:
         if os.getpid() != self._pid:
@@ -610,9 +297,9 @@ class RunSession:
             f"run {self.run_id!r} belongs to process {self._pid}; this forked child "
             "cannot publish to it: start a RunSession of its own in the child"
         )
-        if self._atexit is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
+        if self._untie is not None:
+            self._untie()
+            self._untie = None
 
     def finish(
         self,
@@ -634,10 +321,9 @@ class RunSession:
         if self._unbind is not None:
             self._unbind()
             self._unbind = None
-        if self._atexit is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
-        _live_sessions.discard(self)
+        if self._untie is not None:
+            self._untie()
+            self._untie = None
         try:
             try:
                 self.bus.run_finished(
@@ -660,7 +346,8 @@ class RunSession:
             self.bus.refuse(
                 f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
             )
-            self._release_directory()
+            if self._directory is not None:
+                self._directory.lock.release()
         return self.summary
 
     def _close_backends(self) -> BaseException | None:
@@ -771,18 +458,34 @@ def _warn_unhealthy(run_id: str, summary: Mapping[str, Any]) -> None:
             )
 
 
-def _remove_durably(path: Path) -> None:
-    """Remove ``path`` if it is there, and make the removal durable."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return
-    sync_dir(path.parent)
-
-
-def _check_flags(*, autoload: object, **flags: object) -> None:
-    """Refuse a switch that is not True or False (``autoload``: or None): a truthy
-    ``'no'`` would turn it on."""
+def _check_arguments(
+    *,
+    resume: object,
+    out_dir: object,
+    clock: object,
+    wall_clock: object,
+    config: object,
+    autoload: object,
+    **flags: object,
+) -> None:
+    """Refuse a :class:`RunSession` argument of the wrong kind, naming it (a switch
+    that is not True or False among them: a truthy ``'no'`` would turn it on)."""
+    if resume is not None and not isinstance(resume, bool):
+        raise InvalidArgumentError(
+            f"resume must be True, False or None (continue only a run that did not "
+            f"finish ok), got {resume!r:.100}"
+        )
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise InvalidArgumentError(
+            f"out_dir must be a directory path (str or os.PathLike) or None (no files), "
+            f"got {out_dir!r:.100}"
+        )
+    for name, fn in (("clock", clock), ("wall_clock", wall_clock)):
+        if not callable(fn):
+            raise InvalidArgumentError(
+                f"{name} must be a zero-argument callable returning int nanoseconds, "
+                f"got {fn!r:.100}"
+            )
     if autoload is not None and type(autoload) is not bool:
         raise InvalidArgumentError(
             f"autoload must be True, False or None (the environment decides), got {autoload!r:.100}"
@@ -790,53 +493,7 @@ def _check_flags(*, autoload: object, **flags: object) -> None:
     for name, flag in flags.items():
         if type(flag) is not bool:
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.100}")
-
-
-def _logged_already(event: Any) -> None:
-    """The bus's receiver while a resumed run's logged events go by again."""
-    log.debug("dropped %s published while resuming: the log holds it", event.TYPE)
-
-
-def _continuing(clock: Clock, wall_clock: Clock, origin: ClockAnchor) -> tuple[Clock, list[int]]:
-    """``clock`` moved onto the timeline ``origin`` anchors (through the wall clock), and
-    the shift it adds (a one-item list: start() pushes it on when the wall clock went
-    back since the log's last event)."""
-    shift = [origin.monotonic_ns + (wall_clock() - origin.wall_ns) - clock()]
-
-    def continuing() -> int:
-        return clock() + shift[0]
-
-    return continuing, shift
-
-
-_live_sessions: weakref.WeakSet[RunSession] = weakref.WeakSet()
-_fork_hook: list[bool] = []  # installed with the first session started, never at import
-
-
-def _track(session: RunSession) -> None:
-    if not _fork_hook:
-        _fork_hook.append(True)
-        os.register_at_fork(after_in_child=_sessions_after_fork_in_child)
-    _live_sessions.add(session)
-
-
-def _sessions_after_fork_in_child() -> None:
-    for session in list(_live_sessions):
-        session._forget_in_child()
-    _live_sessions.clear()
-
-
-def _finish_at_exit(session: RunSession) -> Callable[[], None]:
-    ref = weakref.ref(session)
-
-    def finish() -> None:
-        run = ref()
-        if run is None or run.state is not RunState.RUNNING or os.getpid() != run._pid:
-            return
-        try:
-            run.finish(status="error", error="the process exited without finishing the run")
-        except Exception:
-            log.exception("run %r: finishing at interpreter exit failed", run.run_id)
-
-    atexit.register(finish)
-    return finish
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidArgumentError(
+            f"config must be a mapping of the observers' definitions, got {config!r:.200}"
+        )
