@@ -18,7 +18,7 @@ Event hooks may return a list of :class:`~twinkle.reporting.MetricRecord`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, final
@@ -143,6 +143,31 @@ class RunContext:
     resumed_events: int = 0
     segment: int = 0
     checkpoint: Any = field(default=None, compare=False, repr=False)
+
+
+@hookspec
+def twinkle_check_config(config: Mapping[str, Any]) -> None:
+    """Before a run starts, and when a resuming session's configuration is compared
+    with the one its log holds: raise :class:`~twinkle.errors.ConfigError`, naming the
+    key and the fix, when this observer cannot run under ``config``. The run then does
+    not start, whichever plugin raised (a replay refuses the same configuration, so a
+    live run never writes a log its replay refuses). Called outside the dispatcher:
+    keep it a pure check of ``config``, quick, raising nothing else.
+
+    :param config: the run's configuration as the event log carries it (NaN and the
+        infinities as None).
+    """
+
+
+@hookspec
+def twinkle_reserved_scalar_names(config: Mapping[str, Any]) -> Iterable[str] | None:
+    """Names the caller's scalars (``bus.scalars(name=...)``) may not take under
+    ``config``: an observer whose records take a scalar's name as their kind returns
+    the kinds the run's other records have, so that one is never taken for the other.
+    Called once, when the session is made; keep it a pure function of ``config``.
+
+    :param config: as for :func:`twinkle_check_config`.
+    """
 
 
 @hookspec

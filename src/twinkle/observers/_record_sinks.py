@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 from twinkle.errors import ReporterError
 from twinkle.events import RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._config import ObserverConfig
 from twinkle.reporting import Backend, JsonlBackend, JsonlFileBackend, WebUIFlatBackend
 
@@ -26,7 +27,7 @@ RAW_FILE = "metrics_raw.jsonl"
 WEBUI_FILE = "metrics.jsonl"
 
 
-class _FileBackendSink:
+class _FileBackendSink(BuiltinObserver):
     """A sink of one record file: its backend is opened at configure, so that a file
     that cannot be opened (a directory, a symlink, no permission) fails the run's start
     with a :class:`~twinkle.errors.ReporterError` naming it, and handed to the run's

@@ -15,12 +15,13 @@ from typing import Any
 
 from twinkle.events import SamplesObserved, ScalarsObserved, SpanBatch
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._compare_config import CompareConfig, CompareThroughput
 
 __all__ = ["CompareObserver"]
 
 
-class CompareObserver:
+class CompareObserver(BuiltinObserver):
     """Per iteration, the seconds of the named spans, the tokens of a samples' tag and
     the framework's figures; the comparison at the finish."""
 

@@ -22,6 +22,7 @@ from typing import Any
 from twinkle.events import IterationStarted, MemoryReadings, RunFinished, RunStarted
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import MEMORY_FIELDS, memory_report
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers.timeline import Finished, Timeline, timeline_for
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord, make_record
@@ -44,7 +45,7 @@ class _Window:
     monotonic_ns: int = 0
 
 
-class MemoryObserver:
+class MemoryObserver(BuiltinObserver):
     """Reduces memory readings per iteration; a deterministic function of the events."""
 
     def __init__(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from twinkle.events import IterationStarted, RunFinished, RunStarted, SamplesObserved
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric.flops import FORMULA, ModelShape
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._mfu_config import MfuConfig
 from twinkle.observers.timeline import Finished, Timeline, timeline_for
 from twinkle.reporting import MetricRecord, make_record
@@ -88,7 +89,7 @@ class _Totals:
         self.no_prompt += other.no_prompt
 
 
-class MfuObserver:
+class MfuObserver(BuiltinObserver):
     """Per iteration each configured phase's FLOPs and MFU; the run's at the finish."""
 
     def __init__(self) -> None:

@@ -8,17 +8,20 @@ A record's step is the optimizer steps seen so far, as the run's timeline counts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from twinkle.events import RunStarted, ScalarsObserved
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
+from twinkle.observers._config import ObserverConfig
 from twinkle.observers.timeline import Timeline, timeline_for
 from twinkle.reporting import MetricRecord, make_record
 
 __all__ = ["ScalarsObserver"]
 
 
-class ScalarsObserver:
+class ScalarsObserver(BuiltinObserver):
     """Caller figures → records, and first/last values for the summary."""
 
     def __init__(self) -> None:
@@ -27,6 +30,11 @@ class ScalarsObserver:
         self.timeline = Timeline()
         self.first: dict[str, dict[str, tuple[int, int | float]]] = {}
         self.last: dict[str, dict[str, tuple[int, int | float]]] = {}
+
+    @hookimpl
+    def twinkle_reserved_scalar_names(self, config: Mapping[str, Any]) -> frozenset[str]:
+        # A scalar's records take its name as their kind: never one of the built-ins'.
+        return ObserverConfig.parse(config).record_kinds()
 
     @hookimpl
     def twinkle_configure(self, context: RunContext) -> None:

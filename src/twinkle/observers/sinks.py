@@ -23,6 +23,7 @@ from twinkle.events import (
     dumps_event,
 )
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._held_log import HeldLog, refuse_outputs_without_log
 from twinkle.observers._record_sinks import RAW_FILE, WEBUI_FILE, RawRecordsSink, WebUISink
 from twinkle.observers.trace import TRACE_FILE, TraceSink
@@ -51,7 +52,7 @@ SEQ_KEY = "seq"
 _log = logging.getLogger("twinkle.observers")
 
 
-class EventLogSink:
+class EventLogSink(BuiltinObserver):
     """The run's full event stream in ``events.jsonl``: the log everything replays from.
 
     **Format.** One event per line, ``{"seq": N, "type": ..., <fields>}``: ``seq`` is the

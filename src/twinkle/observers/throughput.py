@@ -26,6 +26,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import ThroughputMetric
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._devices import placement_summary
 from twinkle.observers.timeline import Finished, RunTiming, Timeline, timeline_for
 from twinkle.reporting import MetricRecord, RunTotals, make_record
@@ -38,7 +39,7 @@ _STEADY_KEYS = ("tokens", "seconds", "tokens_per_s", "tokens_per_s_per_device")
 _WINDOW = ""  # the run window's steady-state metric, beside the phases'
 
 
-class ThroughputObserver:
+class ThroughputObserver(BuiltinObserver):
     """Per iteration the figures of each phase's batch; windows over the run."""
 
     def __init__(self) -> None:

@@ -43,6 +43,7 @@ from twinkle.events import (
     SpanBatch,
 )
 from twinkle.hookspecs import OVERHEAD_SPAN, RunContext, StashKey, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._finalised import DRAIN, PARTIAL, WARMUP, Finished, RunTiming
 from twinkle.observers._measure import (
@@ -520,10 +521,9 @@ def timeline_for(context: RunContext, observer: str) -> Timeline:
     return timeline
 
 
-class TimelineObserver:
-    """The built-in ``timeline`` observer: owns the run's :class:`Timeline`, puts it in
-    the run's stash and feeds it every event it needs, before any other observer
-    (``tryfirst``), so the observers reading it see each event already placed."""
+class TimelineObserver(BuiltinObserver):
+    """The built-in ``timeline`` observer: owns the run's :class:`Timeline` (in its stash)
+    and feeds it each event first (``tryfirst``): the others see it already placed."""
 
     def __init__(self) -> None:
         self.timeline = Timeline()

@@ -24,6 +24,7 @@ from twinkle.events import (
     SpanBatch,
 )
 from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger, never_trained
 from twinkle.observers._limits import LimitsLedger, path_values
@@ -172,7 +173,7 @@ def run_values(run: RunTiming, config: ObserverConfig, iterations: int) -> dict[
     return values
 
 
-class TimingObserver:
+class TimingObserver(BuiltinObserver):
     """Time accounting per iteration and for the run; a deterministic function of the
     events (read from the run's timeline)."""
 

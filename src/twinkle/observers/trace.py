@@ -22,6 +22,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.metric import convert_bytes
+from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._config import TRACE_BUDGET_MB, ClockSkewTolerance, ObserverConfig
 from twinkle.observers._trace_budget import TraceBudget
 from twinkle.observers._trace_tracks import (
@@ -37,17 +38,14 @@ from twinkle.observers._trace_tracks import (
 from twinkle.observers.placement import place_batch
 from twinkle.observers.timeline import TIMELINE
 from twinkle.perf import ClockAnchor
-from twinkle.reporting import (
-    BatchWriter,
-    ReplacingFile,
-)
+from twinkle.reporting import BatchWriter, ReplacingFile
 
 __all__ = ["TRACE_FILE", "TraceSink"]
 
 TRACE_FILE = "trace.json"
 
 
-class TraceSink:
+class TraceSink(BuiltinObserver):
     """A Chrome/Perfetto trace of every span (``trace.json``), streamed as it arrives.
 
     Times are microseconds since the run started, on the run's timeline (spans of other

@@ -11,8 +11,6 @@ import pluggy
 from twinkle.checks import short_repr
 from twinkle.errors import ConfigError
 from twinkle.events import read_back
-from twinkle.observers import ObserverConfig
-from twinkle.plugins import is_builtin_observer
 
 __all__ = [
     "RESUMABLE_CONFIG",
@@ -26,8 +24,8 @@ __all__ = [
 def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[str, Any]:
     """The configuration as the event log will carry it (``read_back``: NaN and
     infinities as None), after refusing, before anything starts, one the log cannot hold
-    or the built-in observers cannot use (:class:`~twinkle.errors.ConfigError` naming
-    the key): what the live run's observers parse is what a replay parses."""
+    or an observer cannot use (``twinkle_check_config``; :class:`~twinkle.errors.ConfigError`
+    naming the key): what the live run's observers accept is what a replay accepts."""
     try:
         logged = read_back(dict(config))
     except TypeError as exc:
@@ -35,8 +33,7 @@ def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[st
             f"config must hold only JSON values with str keys and ints within 64 bits (it "
             f"travels in events.jsonl): {exc}"
         ) from None
-    if any(is_builtin_observer(p) for p in pm.get_plugins()):
-        ObserverConfig.parse(logged)
+    pm.hook.twinkle_check_config(config=logged)
     return cast("dict[str, Any]", logged)
 
 
