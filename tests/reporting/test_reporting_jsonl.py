@@ -15,6 +15,7 @@ import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
 from twinkle.reporting import JsonlWriter, TornLineRecovery, read_jsonl
+from twinkle.reporting import _jsonl_torn as torn_mod
 from twinkle.reporting import jsonl as jsonl_mod
 
 
@@ -221,12 +222,11 @@ def test_sidecar_accumulates_recoveries(tmp_path):
     assert len(lines_of(path)) == 2
 
 
-def test_huge_unterminated_last_line_is_refused_not_moved(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1000)
+def test_huge_unterminated_last_line_is_refused_not_moved(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"a":1}\n' + b"x" * 5000)
     with pytest.raises(ReporterError, match=r"longer than MAX_LINE_BYTES=1000 bytes.*append=False"):
-        JsonlWriter(path)
+        JsonlWriter(path, max_line_bytes=1000)
     assert path.stat().st_size == 8 + 5000
 
 
@@ -382,12 +382,9 @@ def test_a_line_left_half_written_is_written_again_whole_after_another_writers_l
     assert path.read_bytes().startswith(b'{"w":"a\n{"w":"b"}\n')
 
 
-def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(
-    tmp_path, monkeypatch
-):
-    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 100)
+def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(tmp_path):
     path = tmp_path / "m.jsonl"
-    with JsonlWriter(path) as w:
+    with JsonlWriter(path, max_line_bytes=100) as w:
         assert w.max_line_bytes == 100
         w.write([{"pad": "x" * 89}])  # 100 bytes with its newline: the longest allowed
         with pytest.raises(RecordError, match=r"line 2 .* 101 bytes, longer than MAX_LINE"):
@@ -397,17 +394,52 @@ def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(
     assert lines_of(path) == [{"pad": "x" * 89}]
 
 
-def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 100_000)
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "100", jsonl_mod.MAX_LINE_BYTES + 1])
+def test_a_line_limit_that_is_not_a_lower_positive_int_is_refused_naming_it(tmp_path, bad):
+    with pytest.raises(InvalidArgumentError, match=rf"max_line_bytes must be an int .*{bad!r}"):
+        JsonlWriter(tmp_path / "m.jsonl", max_line_bytes=bad)
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_writer_without_a_line_limit_takes_max_line_bytes(tmp_path):
+    with JsonlWriter(tmp_path / "m.jsonl") as w:
+        assert w.max_line_bytes == jsonl_mod.MAX_LINE_BYTES
+
+
+def test_the_writer_modules_never_import_the_reader():
+    """The reader imports the writer's module (for its line limit), never the other way
+    round: no import circle between twinkle.reporting.jsonl and .jsonl_reader."""
+    import ast
+
+    import twinkle.reporting
+
+    folder = Path(twinkle.reporting.__file__).parent
+    for name in (
+        "jsonl",
+        "_jsonl_batch",
+        "_jsonl_files",
+        "_jsonl_locks",
+        "_jsonl_tail",
+        "_jsonl_torn",
+    ):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+            a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+        }
+        assert "twinkle.reporting.jsonl_reader" not in imported, name
+        assert "twinkle.reporting" not in imported, name  # (the package imports the reader)
+
+
+def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"seq": 1}\n{"pad": "' + b"z" * 300_000 + b'"}\n{"x": 1}\n')
-    with JsonlWriter(path) as w:
+    with JsonlWriter(path, max_line_bytes=100_000) as w:
         assert w.last_object() == {"x": 1}
         assert w.last_object(lambda o: "seq" in o) == {"seq": 1}  # not the 300 KB line
 
 
 def test_a_long_torn_tail_goes_to_the_sidecar_in_parts_that_fit_a_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "_SIDECAR_PART_BYTES", 1000)
+    monkeypatch.setattr(torn_mod, "_SIDECAR_PART_BYTES", 1000)
     path = tmp_path / "m.jsonl"
     tail = b'{"pad": "' + b"q" * 3500
     path.write_bytes(b'{"a": 1}\n' + tail)

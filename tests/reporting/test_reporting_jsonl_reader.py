@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError
-from twinkle.reporting import jsonl as jsonl_mod
-from twinkle.reporting import read_jsonl
+from twinkle.reporting import MAX_LINE_BYTES, read_jsonl
 
 
 def test_read_jsonl_yields_objects_in_order_and_ignores_blank_lines(tmp_path):
@@ -46,12 +45,19 @@ def test_read_jsonl_bad_arguments(tmp_path):
         list(read_jsonl(tmp_path / "missing.jsonl"))
 
 
-def test_read_jsonl_skips_a_line_over_the_limit_reading_it_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1000)
+def test_read_jsonl_skips_a_line_over_the_limit_reading_it_bounded(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"a": 1}\n' + b"x" * 5_000_000 + b'\n{"a": 2}\n')
-    reader = read_jsonl(path, on_error="skip")
+    reader = read_jsonl(path, on_error="skip", max_line_bytes=1000)
     assert list(reader) == [{"a": 1}, {"a": 2}]
     assert reader.skipped_lines == [2]
     with pytest.raises(RecordError, match=r"m\.jsonl:2: line longer than MAX_LINE_BYTES=1000"):
-        list(read_jsonl(path, allow_torn_tail=True))
+        list(read_jsonl(path, allow_torn_tail=True, max_line_bytes=1000))
+
+
+def test_a_reader_line_limit_that_is_not_a_lower_positive_int_is_refused(tmp_path):
+    with pytest.raises(InvalidArgumentError, match=r"max_line_bytes must be an int .* got 0"):
+        read_jsonl(tmp_path / "m.jsonl", max_line_bytes=0)
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    assert read_jsonl(path).max_line_bytes == MAX_LINE_BYTES

@@ -9,13 +9,21 @@ data would then carry the change. :func:`freeze` turns such a value into a
 whose mutating methods raise ``TypeError``. Freezing copies (a C-level dict/list copy
 per container); the standard library has no read-only dict that JSON encoders accept
 (``types.MappingProxyType`` is refused by orjson and msgspec), hence these two classes.
+:class:`FrozenDict` is :class:`twinkle.reporting.FrozenDict` (a metric record's values
+and attrs are the same class, defined in that lower layer); it is exported here.
 """
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "freeze"]
+from twinkle.reporting import FrozenDict
+
+__all__ = ["EMPTY", "FrozenDict", "FrozenList", "freeze"]
+
+
+#: the empty read-only dict every empty free-form field shares
+EMPTY = FrozenDict()
 
 
 def _refuse(self: object, *args: object, **kwargs: object) -> NoReturn:
@@ -23,24 +31,6 @@ def _refuse(self: object, *args: object, **kwargs: object) -> NoReturn:
         f"{type(self).__name__} is read-only: an event's values are shared by every "
         "observer and the event log; copy it first (dict(value) / list(value))"
     )
-
-
-class FrozenDict(dict[str, Any]):
-    """A ``dict`` whose content cannot change (see the module docstring)."""
-
-    __slots__ = ()
-
-    __setitem__ = __delitem__ = __ior__ = _refuse
-    clear = pop = popitem = setdefault = update = _refuse
-
-    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy rebuild it whole
-        return (FrozenDict, (dict(self),))
-
-    def __copy__(self) -> FrozenDict:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
-        return self
 
 
 class FrozenList(list[Any]):
@@ -60,9 +50,6 @@ class FrozenList(list[Any]):
     def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
         return self
 
-
-EMPTY: FrozenDict = FrozenDict()
-"""The one empty frozen dict (most spans carry no attributes)."""
 
 _SCALARS = (str, int, float, bool, type(None))
 

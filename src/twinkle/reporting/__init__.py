@@ -30,7 +30,10 @@ exception: :class:`IsolatedBackend` times a plugin's calls, to cut off one that 
 
 from __future__ import annotations
 
-from twinkle.reporting._jsonl_files import make_dirs
+from twinkle.reporting._frozen import FrozenDict
+from twinkle.reporting._jsonl_files import make_dirs, sidecar_path
+from twinkle.reporting._jsonl_torn import TornLineRecovery
+from twinkle.reporting._record_values import NONFINITE_ATTR
 from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, SeqSource
 from twinkle.reporting.fanout import BackendFanout
 from twinkle.reporting.isolated import (
@@ -39,10 +42,9 @@ from twinkle.reporting.isolated import (
     IsolatedBackend,
     check_backend_timeout,
 )
-from twinkle.reporting.jsonl import MAX_LINE_BYTES, JsonlWriter, TornLineRecovery, sidecar_path
+from twinkle.reporting.jsonl import MAX_LINE_BYTES, JsonlWriter
 from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
 from twinkle.reporting.record import (
-    NONFINITE_ATTR,
     SCOPES,
     MetricRecord,
     flat_key,
@@ -68,6 +70,7 @@ __all__ = [
     "BackendFanout",
     "BackendHealth",
     "BatchWriter",
+    "FrozenDict",
     "IsolatedBackend",
     "JsonlBackend",
     "JsonlFileBackend",

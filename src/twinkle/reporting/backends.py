@@ -16,7 +16,8 @@ from typing import Protocol, runtime_checkable
 
 from twinkle.errors import RecordError, WriteError
 from twinkle.reporting._jsonl_files import StrPath
-from twinkle.reporting.jsonl import JsonlWriter, TornLineRecovery
+from twinkle.reporting._jsonl_torn import TornLineRecovery
+from twinkle.reporting.jsonl import JsonlWriter
 from twinkle.reporting.record import MetricRecord, record_fields
 from twinkle.reporting.whole_file import sync_dir
 

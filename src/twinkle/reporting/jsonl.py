@@ -10,24 +10,22 @@ Design points, each one tested:
   the writer (a longer line is refused: :class:`~twinkle.errors.RecordError`, nothing of
   the batch written), the torn-tail repair and the reader (a longer line is not a line
   twinkle wrote: a ``RecordError`` naming ``file:line``; lines are read bounded, so a
-  huge line never costs more memory than the limit). The limit lives here alone: the
-  reader reads it from this module when a read begins.
+  huge line never costs more memory than the limit). A writer or reader may be given a
+  lower one (``max_line_bytes``); without it, it takes :data:`MAX_LINE_BYTES` when it is
+  built (:func:`line_limit`).
 * Append mode keeps what an earlier process wrote. A torn last line left by a crash
-  is moved to a sidecar (``<name>.torn``, one JSON line per recovery) and the file is
-  truncated back to its last complete line; :attr:`JsonlWriter.recovery` says so.
-* **Several processes may append to one file.** Each open writer holds a shared lock
-  (an open-file-description ``fcntl`` lock, a read lock on one byte far past the end),
+  is moved to a sidecar (``<name>.torn``) and the file is truncated back to its last
+  complete line; :attr:`JsonlWriter.recovery` says so.
+* **Several processes may append to one file.** Each open writer holds a shared lock,
   and the torn-line repair on open runs only when no other writer holds it, so a live
   writer's line in progress is never taken for a torn one. Each batch is written under
-  an exclusive lock (a write lock on the next byte) that every writer honours: under it
-  the writer checks that the file ends at a line end (one ``fstat``; one ``pread`` of
-  the last byte only when another writer wrote since). If it does not — a co-appender
-  was killed in the middle of its write — the writer records the fragment in the
-  sidecar (``"kind": "fragment"``, its offset, length and sha256; the bytes stay in
-  the file) and ends it with a newline before its own lines, so its lines never fuse
-  onto the fragment. The reader recognises exactly those bytes (offset and digest) and
-  passes over them (:attr:`~twinkle.reporting.JsonlReader.fragment_lines`); any other
-  bad line is still an error.
+  an exclusive lock that every writer honours (:mod:`twinkle.reporting._jsonl_locks`):
+  under it the writer checks that the file ends at a line end (one ``fstat``; one
+  ``pread`` of the last byte only when another writer wrote since). If it does not — a
+  co-appender was killed in the middle of its write — the writer records the fragment
+  in the sidecar and ends it with a newline before its own lines, so its lines never
+  fuse onto the fragment; the reader passes over exactly those bytes
+  (:attr:`~twinkle.reporting.JsonlReader.fragment_lines`).
 * A failed write raises :class:`~twinkle.errors.WriteError`; the lines not yet written
   stay in memory and go out first on the next ``write``/``flush``, so a partly written
   line is completed, never duplicated (or, if another writer wrote after it, written
@@ -38,137 +36,73 @@ Design points, each one tested:
   once when the writer created the file, so whatever is written after a close (the
   run's ``summary.json``) never survives a power cut that the lines it sums up do not.
 
-The reader (:class:`~twinkle.reporting.JsonlReader`, :func:`~twinkle.reporting.read_jsonl`)
-lives in :mod:`twinkle.reporting.jsonl_reader`, whole-file writing
-(:class:`~twinkle.reporting.ReplacingFile`) in :mod:`twinkle.reporting.whole_file`, the
-cross-writer locks in :mod:`twinkle.reporting._jsonl_locks`; their public names are
-importable from this module too.
+What is done with a line that is not whole (the torn-tail repair, a co-appender's
+fragment) lives in :mod:`twinkle.reporting._jsonl_torn`, reading a file back from its end
+in :mod:`twinkle.reporting._jsonl_tail`, turning a batch into lines in
+:mod:`twinkle.reporting._jsonl_batch`. The reader (:class:`~twinkle.reporting.JsonlReader`,
+:func:`~twinkle.reporting.read_jsonl`) lives in :mod:`twinkle.reporting.jsonl_reader`: it
+imports this module (for :func:`line_limit`), never the other way round.
 """
 
 from __future__ import annotations
 
-import base64
 import errno as _errno
 import fcntl
-import hashlib
-import logging
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import orjson
-
-from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
-from twinkle.reporting._jsonl_files import (
-    CHUNK_BYTES,
-    StrPath,
-    open_appending,
-    reporter_error,
-    sidecar_path,
-)
+from twinkle.errors import InvalidArgumentError, ReporterError, WriteError
+from twinkle.reporting._jsonl_batch import encode_objects, join_lines
+from twinkle.reporting._jsonl_files import StrPath, open_appending, reporter_error
 from twinkle.reporting._jsonl_locks import LIVE_AT, range_lock, write_lock, write_unlock
-from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
-from twinkle.reporting.whole_file import ReplacingFile
+from twinkle.reporting._jsonl_tail import last_object, pread
+from twinkle.reporting._jsonl_torn import (
+    TornLineRecovery,
+    find_torn_tail,
+    move_to_sidecar,
+    newline_added,
+    record_fragment,
+)
 
-__all__ = [
-    "MAX_LINE_BYTES",
-    "JsonlReader",
-    "JsonlWriter",
-    "ReplacingFile",
-    "TornLineRecovery",
-    "read_jsonl",
-    "sidecar_path",
-]
+__all__ = ["MAX_LINE_BYTES", "JsonlWriter", "line_limit"]
 
-logger = logging.getLogger("twinkle.reporting")
-
-#: The longest line of any JSONL file twinkle writes, its newline included. The writer
-#: refuses a longer line, the torn-tail repair and the reader take one for a file twinkle
-#: did not write. (Tests may lower it, here: every user, the reader too, reads it from
-#: this module when it runs.)
+#: The longest line of any JSONL file twinkle writes, its newline included: the limit of
+#: every writer and reader built without ``max_line_bytes`` (read when one is built). The
+#: writer refuses a longer line, the torn-tail repair and the reader take one for a file
+#: twinkle did not write. (A test lowers one writer's or reader's limit with
+#: ``max_line_bytes``; only a test that cannot reach the constructor, such as that of an
+#: observer's writer or of replay's reader, lowers this default instead.)
 MAX_LINE_BYTES = 64 << 20
-
-_DUMPS_OPTION = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
-# A torn tail is moved to the sidecar in parts of at most this many bytes, so that each
-# sidecar line (base64 and a text preview) stays far below MAX_LINE_BYTES.
-_SIDECAR_PART_BYTES = 8 << 20
-_PREVIEW_CHARS = 1000
 
 # Indirection so tests can inject OS faults (partial writes, ENOSPC) without a full disk.
 _os_write = os.write
 
 
-def _max_line() -> int:
-    return MAX_LINE_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class TornLineRecovery:
-    """What :class:`JsonlWriter` found at the end of a file it opened in append mode."""
-
-    path: str
-    offset: int  # byte offset where the torn bytes began; the file now ends there
-    torn_bytes: int  # bytes moved to the sidecar (0: only a missing newline was added)
-    sidecar: str | None  # the sidecar file holding them, None when nothing was moved
-    reason: str
-
-
-# -- JSON checks ---------------------------------------------------------------------------
-
-
-def _is_json_object(line: bytes) -> bool:
-    try:
-        return isinstance(orjson.loads(line), dict)
-    except orjson.JSONDecodeError:
-        return False
-
-
-def _is_json(line: bytes) -> bool:
-    try:
-        orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _parse_object(line: bytes) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _too_long(path: Path, i: int, size: int) -> RecordError:
-    return RecordError(
-        f"line {i} of the batch for {str(path)!r} is {size} bytes, longer than "
-        f"MAX_LINE_BYTES={_max_line()} (the longest line a twinkle JSONL file holds); "
-        "split the object into several lines; nothing of this batch was written"
-    )
-
-
-# A dict first: a Mapping ABC check costs a microsecond, a concrete type a tenth of one.
-_SINGLE_VALUES = (dict, str, bytes, bytearray, memoryview, Mapping)
-
-
-def _refuse_non_iterable(path: Path, objs: object, method: str, items: str) -> None:
-    """``write(dict)`` would write the dict's keys, ``write("x")`` its characters: refuse
-    a single value where an iterable of values, one per line, is due."""
-    if type(objs) is list or type(objs) is tuple:  # the common case, checked cheaply
-        return
-    if isinstance(objs, _SINGLE_VALUES):
+def line_limit(max_line_bytes: object = None) -> int:
+    """The line limit of a writer or reader: ``max_line_bytes`` checked (an int from 1 to
+    :data:`MAX_LINE_BYTES`: the limit can only be lowered, so that every twinkle reader
+    reads what a writer wrote), or :data:`MAX_LINE_BYTES` for None."""
+    default = MAX_LINE_BYTES
+    if max_line_bytes is None:
+        return default
+    if type(max_line_bytes) is not int or not 0 < max_line_bytes <= default:
         raise InvalidArgumentError(
-            f"{method}() takes an iterable of {items}, one per line, got a single "
-            f"{type(objs).__name__} {objs!r:.80} for {str(path)!r}; wrap it in a list: "
-            f"{method}([value])"
+            f"max_line_bytes must be an int from 1 to MAX_LINE_BYTES={default}, got "
+            f"{max_line_bytes!r}; leave it out for the default"
         )
+    return max_line_bytes
+
+
+def _write_sidecar(sidecar: Path, entries: Sequence[dict[str, Any]]) -> None:
+    """Append ``entries`` to a sidecar durably, one line per write (each line bounded)."""
+    with JsonlWriter(sidecar, fsync=True) as side:
+        for entry in entries:
+            side.write([entry])
 
 
 # -- the writer ------------------------------------------------------------------------------
@@ -183,7 +117,8 @@ class JsonlWriter:
     syncs after every write; every regular file is synced at :meth:`close` either way
     (and its directory, once, when this writer created the file). A path that is a
     directory, a symlink, under a file, or not writable raises
-    :class:`~twinkle.errors.ReporterError` naming it.
+    :class:`~twinkle.errors.ReporterError` naming it. ``max_line_bytes`` lowers the line
+    limit of this writer (:func:`line_limit`; the default is :data:`MAX_LINE_BYTES`).
 
     Several writers (threads or processes) may append to one file: each batch is one
     ``O_APPEND`` write of whole lines, under an exclusive lock every writer honours,
@@ -205,6 +140,7 @@ class JsonlWriter:
         "_fd",
         "_fsync",
         "_lock",
+        "_max_line",
         "_readable",
         "_regular",
         "fragments",
@@ -213,12 +149,20 @@ class JsonlWriter:
         "recovery",
     )
 
-    def __init__(self, path: StrPath, *, append: bool = True, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: StrPath,
+        *,
+        append: bool = True,
+        fsync: bool = False,
+        max_line_bytes: int | None = None,
+    ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise InvalidArgumentError(
                 f"path must be a str or os.PathLike, got {path!r}; e.g. 'runs/<id>/x.jsonl'"
             )
         self.path = Path(path)
+        self._max_line = line_limit(max_line_bytes)
         self._fsync = bool(fsync)
         self._lock = threading.Lock()
         self._backlog = b""  # unwritten bytes, from the start of a line
@@ -258,54 +202,26 @@ class JsonlWriter:
         """Serialise each object (dict, dataclass, ...) as one line; returns the count.
 
         The batch is all or nothing at serialisation: an object orjson cannot write
-        (non-str key, unsupported type) or a line longer than :data:`MAX_LINE_BYTES`
+        (non-str key, unsupported type) or a line longer than :attr:`max_line_bytes`
         raises :class:`~twinkle.errors.RecordError` and nothing of the batch is written.
         A single dict, str or bytes (not an iterable of objects) raises
         :class:`~twinkle.errors.InvalidArgumentError`. An OS error raises
         :class:`~twinkle.errors.WriteError`; the batch stays in memory.
         """
-        _refuse_non_iterable(self.path, objs, "write", "objects")
-        dumps = orjson.dumps
-        option = _DUMPS_OPTION
-        # Appending each line to one buffer frees it at once: retaining thousands of
-        # fresh bytes objects costs more than serialising them.
-        buf = bytearray()
-        obj: Any = None
-        try:
-            for obj in objs:
-                buf += dumps(obj, option=option)
-        except orjson.JSONEncodeError as exc:
-            # Compact JSON holds no raw newline: each line has exactly one.
-            raise RecordError(
-                f"object {buf.count(10)} of the batch for {str(self.path)!r} is not strict "
-                f"JSON ({exc}): {obj!r:.200}; use str keys and JSON types; nothing of this "
-                "batch was written"
-            ) from exc
-        if len(buf) > _max_line():  # only then can one of its lines be too long
-            self._check_line_lengths(buf)
+        buf = encode_objects(self.path, objs, self._max_line)
         return self._write_data(buf, buf.count(10))
 
     def write_bytes_lines(self, lines: Sequence[bytes]) -> int:
         """Write pre-serialised lines, each one JSON value ending in exactly one ``\\n``
-        and at most :data:`MAX_LINE_BYTES` long (else nothing of the batch is written)."""
-        _refuse_non_iterable(self.path, lines, "write_bytes_lines", "bytes lines")
-        limit = _max_line()
-        for i, line in enumerate(lines):
-            if not isinstance(line, bytes) or not line.endswith(b"\n") or b"\n" in line[:-1]:
-                raise RecordError(
-                    f"lines[{i}] of the batch for {str(self.path)!r} must be one JSON value "
-                    f"ending in a single b'\\n', got {line[:80]!r}; serialise with "
-                    "orjson.OPT_APPEND_NEWLINE"
-                )
-            if len(line) > limit:
-                raise _too_long(self.path, i, len(line))
-        return self._write_data(b"".join(lines), len(lines))
+        and at most :attr:`max_line_bytes` long (else nothing of the batch is written)."""
+        data = join_lines(self.path, lines, self._max_line)
+        return self._write_data(data, len(lines))
 
     @property
     def max_line_bytes(self) -> int:
-        """The longest line this writer writes (and any twinkle reader reads), its newline
-        included: :data:`MAX_LINE_BYTES`."""
-        return _max_line()
+        """The longest line this writer writes, its newline included: ``max_line_bytes``,
+        by default :data:`MAX_LINE_BYTES` (the longest line any twinkle reader reads)."""
+        return self._max_line
 
     def flush(self) -> None:
         """Write what an earlier failure kept in memory (and fsync if asked).
@@ -385,17 +301,6 @@ class JsonlWriter:
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
             self._dir_fd = -1
-
-    def _check_line_lengths(self, buf: bytearray) -> None:
-        limit = _max_line()
-        start = 0
-        i = 0
-        while start < len(buf):
-            end = buf.find(b"\n", start) + 1
-            if end - start > limit:
-                raise _too_long(self.path, i, end - start)
-            start = end
-            i += 1
 
     def _write_data(self, data: bytes | bytearray, lines: int) -> int:
         with self._lock:
@@ -493,69 +398,11 @@ class JsonlWriter:
             return b""
         if not self._readable:
             return b"\n"  # cannot look: at worst a blank line, which readers ignore
-        if self._pread(1, size - 1) == b"\n":
+        if pread(self._fd, 1, size - 1) == b"\n":
             return b""
-        self._record_fragment(size)
+        if record_fragment(self._fd, self.path, size, self._max_line, _write_sidecar):
+            self.fragments += 1
         return b"\n"
-
-    def _record_fragment(self, end: int) -> None:
-        path = str(self.path)
-        start = self._line_start(end)
-        if start is None:
-            logger.error(
-                "%s: ends in more than %d bytes without a newline (not a line twinkle "
-                "wrote); ended it with a newline before writing, not recorded",
-                path,
-                _max_line(),
-            )
-            return
-        fragment = self._pread(end - start, start)
-        if _is_json_object(fragment):
-            # A complete record whose newline its writer never wrote: ending it keeps it.
-            logger.warning(
-                "%s: another writer's last record (offset %d) lacked its newline; ended it",
-                path,
-                start,
-            )
-            return
-        self.fragments += 1
-        sidecar = sidecar_path(self.path)
-        entry = {
-            "kind": "fragment",
-            "path": path,
-            "offset": start,
-            "torn_bytes": len(fragment),
-            "reason": (
-                "another writer stopped in the middle of this line (killed while writing "
-                "it); the bytes stay in the file as a line of their own, which readers "
-                "pass over"
-            ),
-            "sha256": hashlib.sha256(fragment).hexdigest(),
-            "text": fragment[: _PREVIEW_CHARS * 4].decode("utf-8", "replace")[:_PREVIEW_CHARS],
-        }
-        try:
-            with JsonlWriter(sidecar, fsync=True) as side:
-                side.write([entry])
-        except (ReporterError, OSError) as exc:
-            logger.error(
-                "%s: cannot record another writer's unfinished line (offset %d, %d "
-                "byte(s)) in %s: %s; it is ended with a newline, but readers will take it "
-                "for corruption (read with on_error='skip')",
-                path,
-                start,
-                len(fragment),
-                sidecar,
-                exc,
-            )
-            return
-        logger.warning(
-            "%s: another writer was killed in the middle of a line (offset %d, %d "
-            "byte(s)); recorded it in %s and ended it with a newline",
-            path,
-            start,
-            len(fragment),
-            sidecar,
-        )
 
     def _sync(self) -> None:
         if not self._regular:
@@ -571,106 +418,22 @@ class JsonlWriter:
                 exc.errno, f"fsync of {str(self.path)!r} failed: {exc.strerror or exc}"
             ) from exc
 
-    # -- reading back --------------------------------------------------------------
-
-    def _pread(self, size: int, offset: int) -> bytes:
-        chunks = []
-        while size > 0:
-            chunk = os.pread(self._fd, size, offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size -= len(chunk)
-            offset += len(chunk)
-        return b"".join(chunks)
-
-    def _line_start(self, end: int) -> int | None:
-        """Offset just after the last ``\\n`` before ``end`` (0 if none); None when the
-        line would be longer than :data:`MAX_LINE_BYTES`."""
-        limit = _max_line()
-        pos = end
-        start = 0
-        while pos > 0 and end - pos <= limit:
-            lo = max(0, pos - CHUNK_BYTES)
-            idx = self._pread(pos - lo, lo).rfind(b"\n")
-            if idx >= 0:
-                start = lo + idx + 1
-                break
-            pos = lo
-        return None if end - start > limit else start
+    # -- the file's end --------------------------------------------------------------
 
     def _recover(self) -> TornLineRecovery | None:
-        size = os.fstat(self._fd).st_size
-        if size == 0:
+        """Repair a torn last line on open (no other writer holds the file)."""
+        torn = find_torn_tail(self._fd, self.path, self._max_line)
+        if torn is None:
             return None
-        path = str(self.path)
-        if self._pread(1, size - 1) != b"\n":
-            start = self._line_start(size)
-            reason = "last line has no trailing newline (write interrupted)"
-        else:
-            start = self._line_start(size - 1)
-            reason = "last line is not valid JSON"
-        if start is None:
-            raise ReporterError(
-                f"the last line of {path!r} is longer than MAX_LINE_BYTES={_max_line()} "
-                "bytes: this is not a JSONL file twinkle wrote; move it away or open it "
-                "with append=False"
-            )
-        tail = self._pread(size - start, start)
-        if not tail.endswith(b"\n"):
-            if _is_json_object(tail):
-                # A complete record that only lacks its newline: keep it, end the line
-                # (this writer takes the file's end as its own: no guard before it).
-                self._end = size
-                self._drain(b"\n", 0)
-                recovery = TornLineRecovery(
-                    path, size, 0, None, "complete last record lacked its newline; added it"
-                )
-                logger.warning("%s: %s", path, recovery.reason)
-                return recovery
-        elif not tail.strip() or _is_json(tail):
-            return None
-        sidecar = sidecar_path(self.path)
-        # Sidecar first, durably; only then cut the file. A crash in between leaves the
-        # torn bytes in both places, never in neither. A long tail goes in several parts,
-        # each line well within the line limit.
-        parts = max(1, -(-len(tail) // _SIDECAR_PART_BYTES))
-        entries = []
-        for k in range(parts):
-            piece = tail[k * _SIDECAR_PART_BYTES : (k + 1) * _SIDECAR_PART_BYTES]
-            entry: dict[str, Any] = {
-                "kind": "torn_tail",
-                "path": path,
-                "offset": start,
-                "torn_bytes": len(tail),
-                "reason": reason,
-                "text": piece[: _PREVIEW_CHARS * 4].decode("utf-8", "replace")[:_PREVIEW_CHARS],
-                "base64": base64.b64encode(piece).decode("ascii"),
-            }
-            if parts > 1:
-                entry.update(part=k, parts=parts, part_offset=start + k * _SIDECAR_PART_BYTES)
-            entries.append(entry)
-        try:
-            with JsonlWriter(sidecar, fsync=True) as side:
-                for entry in entries:  # one line per write: each line is bounded
-                    side.write([entry])
-        except (ReporterError, OSError) as exc:
-            raise ReporterError(
-                f"{path!r} ends with a torn line ({reason}) that cannot be moved to "
-                f"{str(sidecar)!r}: {exc}; make that path writable and reopen"
-            ) from exc
-        os.ftruncate(self._fd, start)
-        os.fsync(self._fd)
-        self._end = start  # the file ends at a line end now
-        recovery = TornLineRecovery(path, start, len(tail), str(sidecar), reason)
-        logger.warning(
-            "%s: %s; moved %d byte(s) from offset %d to %s",
-            path,
-            reason,
-            len(tail),
-            start,
-            sidecar,
-        )
+        if torn.complete:
+            # A complete record that only lacks its newline: keep it, end the line (this
+            # writer takes the file's end as its own: no guard before it).
+            size = torn.start + len(torn.tail)
+            self._end = size
+            self._drain(b"\n", 0)
+            return newline_added(self.path, size)
+        recovery = move_to_sidecar(self._fd, self.path, torn, _write_sidecar)
+        self._end = torn.start  # the file ends at a line end now
         return recovery
 
     def last_object(
@@ -680,51 +443,13 @@ class JsonlWriter:
 
         Reads the file in 64 KiB chunks from its end, so finding a recent record is
         cheap however long the file is. Lines that are not JSON objects, or longer than
-        :data:`MAX_LINE_BYTES`, are skipped. Returns None for an empty file, a
-        non-regular file (a device) or no match.
+        this writer's line limit (:attr:`max_line_bytes`), are skipped. Returns None for
+        an empty file, a non-regular file (a device) or no match.
         """
         with self._lock:
             if self._closed:
                 raise ReporterError(f"JsonlWriter for {str(self.path)!r} is closed")
             if not (self._regular and self._readable):
                 return None
-            pos = os.fstat(self._fd).st_size
-        limit = _max_line()
-        # The pieces of the line being read backwards, last first (joined once, when its
-        # start is found: a long line costs no quadratic copying); dropped past the limit.
-        parts: list[bytes] = []
-        held = 0
-        overlong = False
-
-        def match(line: bytes) -> dict[str, Any] | None:
-            obj = _parse_object(line)
-            return obj if obj is not None and (predicate is None or predicate(obj)) else None
-
-        while pos > 0:
-            lo = max(0, pos - CHUNK_BYTES)
-            chunk = self._pread(pos - lo, lo)
-            pos = lo
-            idx = chunk.rfind(b"\n")
-            if idx < 0:
-                if not overlong:
-                    parts.append(chunk)
-                    held += len(chunk)
-                    if held > limit:
-                        parts, held, overlong = [], 0, True
-                continue
-            if not overlong:
-                found = match(chunk[idx + 1 :] + b"".join(reversed(parts)))
-                if found is not None:
-                    return found
-            parts, held, overlong = [], 0, False
-            lines = chunk[:idx].split(b"\n")
-            head = lines.pop(0)  # continues in the chunk before (unless at offset 0)
-            for line in reversed(lines):
-                found = match(line)
-                if found is not None:
-                    return found
-            if pos > 0:
-                parts, held = [head], len(head)
-            else:
-                return match(head)
-        return None if overlong or not parts else match(b"".join(reversed(parts)))
+            size = os.fstat(self._fd).st_size
+        return last_object(self._fd, size, self._max_line, predicate)

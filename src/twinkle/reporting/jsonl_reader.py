@@ -3,9 +3,10 @@
 * Lazy, in file order; a line that is not a JSON object is a
   :class:`~twinkle.errors.RecordError` naming ``file:line`` (or, with
   ``on_error="skip"``, skipped and counted).
-* **One line limit**, :data:`~twinkle.reporting.jsonl.MAX_LINE_BYTES`, the writer's: a
-  longer line is not a line twinkle wrote (a ``RecordError`` naming ``file:line``). Lines
-  are read bounded, so a huge line never costs more memory than the limit.
+* **One line limit**, :data:`~twinkle.reporting.MAX_LINE_BYTES`, the writer's: a longer
+  line is not a line twinkle wrote (a ``RecordError`` naming ``file:line``). Lines are
+  read bounded, so a huge line never costs more memory than the limit. ``max_line_bytes``
+  lowers it for one reader (checked by :func:`~twinkle.reporting.jsonl.line_limit`).
 * A killed co-appender's unfinished line, which a writer recorded in the sidecar
   (``"kind": "fragment"``, its offset, length and sha256) and ended with a newline, is
   recognised by exactly those bytes and passed over
@@ -26,19 +27,11 @@ import orjson
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError
 from twinkle.reporting._jsonl_files import CHUNK_BYTES, StrPath, reporter_error, sidecar_path
+from twinkle.reporting.jsonl import line_limit
 
 __all__ = ["JsonlReader", "read_jsonl"]
 
 logger = logging.getLogger("twinkle.reporting")
-
-
-def _max_line() -> int:
-    """The line limit, read from :mod:`twinkle.reporting.jsonl` when a read begins: one
-    limit for the writer and the reader, lowered in one place (tests lower it there)."""
-    # Imported here, not at the top: twinkle.reporting.jsonl re-exports this module.
-    from twinkle.reporting import jsonl
-
-    return jsonl.MAX_LINE_BYTES
 
 
 def _recorded_fragments(path: Path) -> dict[int, tuple[int, str]]:
@@ -72,6 +65,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
     ``torn_bytes`` describe a torn last line passed over (``allow_torn_tail=True``).
     ``fragment_lines`` lists the lines passed over as a killed co-appender's unfinished
     line, recorded in the sidecar (``fragment_bytes``: their total length).
+    ``max_line_bytes`` is the line limit (None: :data:`~twinkle.reporting.MAX_LINE_BYTES`).
     """
 
     def __init__(
@@ -82,8 +76,10 @@ class JsonlReader(Iterator[dict[str, Any]]):
         *,
         fragments: bool = True,
         start: tuple[int, int] = (0, 0),
+        max_line_bytes: int | None = None,
     ) -> None:
         self.path = path
+        self.max_line_bytes = line_limit(max_line_bytes)
         #: where reading begins: (a byte offset at a line's start, the lines before it)
         self._start = start
         self.on_error = on_error
@@ -190,7 +186,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
         except OSError as exc:
             raise reporter_error(self.path, exc, "read") from exc
         loads = orjson.loads
-        limit = _max_line()
+        limit = self.max_line_bytes
         with f:
             readline = f.readline
             offset, lineno = self._start
@@ -224,13 +220,15 @@ def read_jsonl(
     on_error: Literal["raise", "skip"] = "raise",
     allow_torn_tail: bool = False,
     start: tuple[int, int] = (0, 0),
+    max_line_bytes: int | None = None,
 ) -> JsonlReader:
     """Iterate the JSON objects of a JSONL file, lazily, in file order.
 
     A line that is not a JSON object raises :class:`~twinkle.errors.RecordError`
     naming ``file:line``; with ``on_error="skip"`` it is skipped and counted in the
     returned reader's ``skipped``. Lines are read bounded: one longer than
-    :data:`~twinkle.reporting.jsonl.MAX_LINE_BYTES` is such an error too (never a ``MemoryError``).
+    :data:`~twinkle.reporting.MAX_LINE_BYTES` (or ``max_line_bytes``, lower) is such an error
+    too (never a ``MemoryError``).
     ``allow_torn_tail=True`` passes over a last line without a newline that is not a
     JSON object (what a crash mid-write leaves), logs it and notes it in
     ``torn_line``/``torn_bytes``; a bad line anywhere else is still an error — except,
@@ -244,4 +242,6 @@ def read_jsonl(
         raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
-    return JsonlReader(Path(path), on_error, bool(allow_torn_tail), start=start)
+    return JsonlReader(
+        Path(path), on_error, bool(allow_torn_tail), start=start, max_line_bytes=max_line_bytes
+    )
