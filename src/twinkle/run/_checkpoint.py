@@ -298,6 +298,7 @@ _TWINKLE: Final = (
     "twinkle.observers.",
     "twinkle.perf.",
     "twinkle.run._summary",
+    "twinkle.reporting._frozen",
     "twinkle.reporting.isolated",
 )
 #: the classes outside twinkle it may hold
