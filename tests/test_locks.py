@@ -188,3 +188,18 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
     lock = FileLock("a", directory=tmp_path)
     with pytest.raises(RuntimeError, match="not held"):
         lock.release()
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, True, float("nan"), float("inf"), "1"])
+def test_a_timeout_that_is_no_duration_is_refused_by_name(tmp_path: Path, bad: object) -> None:
+    # True (1 s) and inf (an OverflowError in acquire) were taken once; "1" a TypeError
+    with pytest.raises(InvalidArgumentError, match=r"timeout_s=.* or None to wait forever"):
+        FileLock("a", directory=tmp_path, timeout_s=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"timeout_s="):
+        FileLock("a", directory=tmp_path).acquire(timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_zero_timeout_tries_once(tmp_path: Path) -> None:
+    with FileLock("z", directory=tmp_path, timeout_s=0):
+        with pytest.raises(LockTimeoutError):
+            FileLock("z", directory=tmp_path).acquire(timeout_s=-0.0)

@@ -9,10 +9,11 @@ rule as :data:`SafeName` for arguments (run ids, output names).
 
 from __future__ import annotations
 
+import math
 import re
 import reprlib
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
 from msgspec import Meta
@@ -31,6 +32,7 @@ __all__ = [
     "SafeName",
     "Tokens",
     "caller_source",
+    "check_seconds",
     "convert_checked",
     "run_id",
     "explain",
@@ -117,6 +119,66 @@ def short_repr(value: object) -> str:
     r.maxlist = r.maxtuple = 8
     r.maxstring = r.maxother = 60
     return r.repr(value)
+
+
+@overload
+def check_seconds(
+    name: str,
+    value: object,
+    *,
+    none_ok: Literal[False] = False,
+    zero_ok: bool = True,
+    means: str = "",
+    none_means: str = "for no limit",
+    what: str = "a finite number of seconds",
+) -> float: ...
+@overload
+def check_seconds(
+    name: str,
+    value: object,
+    *,
+    none_ok: bool,
+    zero_ok: bool = True,
+    means: str = "",
+    none_means: str = "for no limit",
+    what: str = "a finite number of seconds",
+) -> float | None: ...
+def check_seconds(
+    name: str,
+    value: object,
+    *,
+    none_ok: bool = False,
+    zero_ok: bool = True,
+    means: str = "",
+    none_means: str = "for no limit",
+    what: str = "a finite number of seconds",
+) -> float | None:
+    """``value`` as a plain ``float`` of seconds (``-0.0`` as ``0.0``), else an
+    :class:`InvalidArgumentError` naming ``name``, the value and what is accepted.
+
+    Accepted: an ``int`` or ``float`` (a subclass such as ``numpy.float64`` too), finite,
+    ``>= 0`` (``> 0`` unless ``zero_ok``), and ``None`` when ``none_ok`` (returned as
+    ``None``; ``none_means`` says what it does, e.g. ``"to wait forever"``). Refused: a
+    ``bool`` (``True`` is no duration), NaN, infinities, an int too large for a float,
+    and anything else. ``means`` says in the message what the seconds bound; ``what``
+    names the accepted kind before its bound. numpy and torch scalars that are not a
+    ``float`` are refused: a caller that takes them runs :func:`plain_number` first and
+    keeps what this returns.
+    """
+    if value is None and none_ok:
+        return None
+    x = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            x = float(value)
+        except OverflowError:  # an int beyond the float range
+            x = math.inf
+    if math.isfinite(x) and (x > 0 or (x == 0 and zero_ok)):
+        return x + 0.0  # -0.0 + 0.0 is 0.0
+    bound = ">= 0" if zero_ok else "> 0"
+    why = f" ({means})" if means else ""
+    or_none = f", or None {none_means}" if none_ok else ""
+    raise InvalidArgumentError(f"{name}={short_repr(value)} must be {what} {bound}{why}{or_none}")
 
 
 #: C0 and C1 control characters (ESC starts a terminal's escape sequences) and the

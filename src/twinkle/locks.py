@@ -31,6 +31,7 @@ import filelock
 import orjson
 import psutil
 
+from twinkle.checks import check_seconds
 from twinkle.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -322,11 +323,9 @@ class FileLock:
         return f"FileLock({str(self.path)!r}, timeout_s={self.timeout_s!r})"
 
 
-def _check_timeout(timeout_s: float | None) -> None:
-    if timeout_s is not None and not timeout_s >= 0:
-        raise InvalidArgumentError(
-            f"timeout_s={timeout_s!r} must be a number of seconds >= 0, or None to wait forever"
-        )
+def _check_timeout(timeout_s: object) -> None:
+    # inf and True were taken once: inf broke acquire() (OverflowError), True meant 1 s
+    check_seconds("timeout_s", timeout_s, none_ok=True, none_means="to wait forever")
 
 
 RUN_LOCK_FILE: Final = ".twinkle.lock"

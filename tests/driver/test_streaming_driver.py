@@ -670,3 +670,20 @@ def test_bad_call_arguments_are_named(bus: EventBus) -> None:
         driver.publish_weights("w", version=3)
         with pytest.raises(InvalidArgumentError, match="not newer"):
             driver.publish_weights("w", version=3)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, True, float("nan"), float("inf"), "1"])
+def test_every_timeout_refuses_what_is_no_duration(bus: EventBus, bad: object) -> None:
+    with StreamingDriver([counter()], bus=bus, publisher=[Engine("e")]) as driver:
+        calls: list[Callable[[], object]] = [
+            lambda: driver.next_batch(1, timeout=bad),  # type: ignore[arg-type]
+            lambda: driver.publish_weights("w", timeout=bad),  # type: ignore[arg-type]
+            lambda: driver.wait_published(bad),  # type: ignore[arg-type]
+            lambda: driver.wait_until(lambda s: True, bad),  # type: ignore[arg-type]
+            lambda: driver.close(bad),  # type: ignore[arg-type]
+        ]
+        for call in calls:
+            with pytest.raises(InvalidArgumentError, match=r"^timeout=.* or None to wait forever$"):
+                call()
+        assert driver.version == 0  # nothing was published
+        assert driver.wait_until(lambda s: True, -0.0)["version"] == 0

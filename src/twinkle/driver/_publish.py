@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twinkle.driver._types import Publisher, WeightLoader, check_names
+from twinkle.driver._wait import POLL_S
 from twinkle.errors import InvalidArgumentError
 
 __all__ = ["PublishFailure", "PublishTarget", "adapt_publisher"]
-
-_POLL_S = 0.05
 
 Clock = Callable[[], int]
 
@@ -131,7 +130,7 @@ class PublishTarget:
         acked: dict[str, int] = {}
         while len(acked) < len(self._engines):
             try:
-                name, acked_ns, exc = results.get(timeout=_POLL_S)
+                name, acked_ns, exc = results.get(timeout=POLL_S)
             except queue.Empty:
                 if cancelled.is_set():
                     raise PublishFailure(

@@ -3,13 +3,12 @@ per-producer counters, argument checks."""
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
-from twinkle.checks import plain_number
+from twinkle.checks import check_seconds, plain_number
 from twinkle.errors import InvalidArgumentError
 
 __all__ = [
@@ -178,16 +177,6 @@ def check_int(name: str, value: object, minimum: int) -> int:
 
 
 def check_timeout(name: str, value: object) -> float | None:
-    if value is None:
-        return None
-    value = plain_number(value)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise InvalidArgumentError(
-            f"{name} must be None (wait forever) or a finite number of seconds >= 0, got {value!r}"
-        )
-    return float(value)
+    """A driver timeout: like every number the driver takes, a numpy or torch scalar is
+    read as its plain number first."""
+    return check_seconds(name, plain_number(value), none_ok=True, none_means="to wait forever")

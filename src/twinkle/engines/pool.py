@@ -20,7 +20,6 @@ sends SIGKILL to its process group), goes on with the others and finally raises
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Generic, NoReturn, Protocol, TypeVar, final, runtime_checkable
 
-from twinkle.checks import is_safe_name
+from twinkle.checks import check_seconds, is_safe_name
 from twinkle.errors import EngineStartError, InvalidArgumentError, TwinkleError
 from twinkle.perf import TimeRecorder, current_recorder
 
@@ -45,6 +44,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+#: how its seconds messages name what they take: the names end in ``_s``, the unit is in
+#: the name ("start_timeout_s=0 must be a finite number > 0, or None for no limit")
+_NUMBER: Final = "a finite number"
 
 #: default ``EnginePool(shutdown_timeout_s=...)``: above a SubprocessEngine's own
 #: SIGTERM-to-SIGKILL wait (``stop_timeout_s``, 10 s), so that escalation comes first
@@ -177,17 +179,16 @@ class EnginePool(Generic[E]):
             raise InvalidArgumentError(
                 f"max_concurrency={max_concurrency!r} must be an int >= 1, or None for no limit"
             )
-        _check_seconds("start_timeout_s", start_timeout_s, "> 0 seconds, or None for no limit")
-        _check_seconds("close_wait_s", close_wait_s, ">= 0 seconds", zero=True, none=False)
-        _check_seconds(
-            "shutdown_timeout_s", shutdown_timeout_s, "> 0 seconds, or None for no limit"
-        )
         self._recorder = recorder
         self.max_concurrency = max_concurrency
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = check_seconds(
+            "start_timeout_s", start_timeout_s, none_ok=True, zero_ok=False, what=_NUMBER
+        )
         self.keep_started_on_failure = keep_started_on_failure
-        self.close_wait_s = close_wait_s
-        self.shutdown_timeout_s = shutdown_timeout_s
+        self.close_wait_s = check_seconds("close_wait_s", close_wait_s, what=_NUMBER)
+        self.shutdown_timeout_s = check_seconds(
+            "shutdown_timeout_s", shutdown_timeout_s, none_ok=True, zero_ok=False, what=_NUMBER
+        )
         self._cond = threading.Condition()
         self._engines: dict[str, E] = {}
         self._lagging: list[threading.Thread] = []  # workers of timed-out starts
@@ -537,21 +538,6 @@ def _call_into(function: Callable[[], object], failed: list[BaseException]) -> N
         function()
     except BaseException as exc:  # on its own thread: reported by the caller
         failed.append(exc)
-
-
-def _check_seconds(
-    name: str, value: float | None, want: str, *, zero: bool = False, none: bool = True
-) -> None:
-    if value is None and none:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        raise InvalidArgumentError(f"{name}={value!r} must be a finite number {want}")
 
 
 def _started(starts: list[_Start[E]]) -> list[tuple[str, E]]:

@@ -9,7 +9,6 @@ or on one dispatch thread, and hands the observers' records to the run's reporte
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -18,6 +17,7 @@ from typing import Any, Final
 
 import pluggy
 
+from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, TwinkleError, WriteError
 from twinkle.events import EVENT_TYPES, Event
 from twinkle.plugins._manager import ObserverManager
@@ -43,21 +43,16 @@ DEFAULT_SLOW_CALL_S: Final = 1.0
 
 
 def check_slow_call_s(slow_call_s: object) -> float | None:
-    """``slow_call_s`` if it is a finite number of seconds >= 0 or None (observer calls
-    not timed), else an :class:`InvalidArgumentError` saying so (the session checks its
-    option when it is made, not when the run starts)."""
-    if slow_call_s is not None and (
-        isinstance(slow_call_s, bool)
-        or not isinstance(slow_call_s, int | float)
-        or not math.isfinite(slow_call_s)
-        or slow_call_s < 0
-    ):
-        raise InvalidArgumentError(
-            f"slow_call_s={slow_call_s!r} must be a finite number of seconds >= 0 (the "
-            "time an observer call may take before it is counted slow), or None to not "
-            "time observer calls"
-        )
-    return slow_call_s
+    """``slow_call_s`` (as a float) if it is a finite number of seconds >= 0 or None
+    (observer calls not timed), else an :class:`InvalidArgumentError` saying so (the
+    session checks its option when it is made, not when the run starts)."""
+    return check_seconds(
+        "slow_call_s",
+        slow_call_s,
+        none_ok=True,
+        means="the time an observer call may take before it is counted slow",
+        none_means="to not time observer calls",
+    )
 
 
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting

@@ -36,7 +36,7 @@ from typing import Final, final
 
 import msgspec
 
-from twinkle.checks import Count, NonEmpty
+from twinkle.checks import Count, NonEmpty, check_seconds
 from twinkle.errors import InvalidArgumentError, ReporterError
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.record import MetricRecord
@@ -466,14 +466,10 @@ def _name_of(backend: object, default: str) -> str:
 
 def check_backend_timeout(timeout_s: object) -> float:
     """``timeout_s`` as a bound on a backend's call, or an error naming it and the fix."""
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, int | float)
-        or not 0 < timeout_s < float("inf")
-    ):
-        raise InvalidArgumentError(
-            f"backend_timeout_s (twinkle demo --backend-timeout) must be a finite number "
-            f"of seconds > 0 (how long one call of a plugin's backend may take before it is "
-            f"cut off), got {timeout_s!r}; e.g. 30"
-        )
-    return float(timeout_s)
+    return check_seconds(
+        "backend_timeout_s",
+        timeout_s,
+        zero_ok=False,
+        means="how long one call of a plugin's backend may take before it is cut off; "
+        "twinkle demo --backend-timeout; e.g. 30",
+    )
