@@ -43,11 +43,11 @@ LONG_FUNCTIONS = {
 }
 
 
-def _lengths() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+def _lengths(src: Path = SRC) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     modules: dict[str, int] = {}
     functions: dict[tuple[str, str], int] = {}
-    for path in sorted((SRC / "twinkle").rglob("*.py")):
-        name = path.relative_to(SRC).as_posix()
+    for path in sorted((src / "twinkle").rglob("*.py")):
+        name = path.relative_to(src).as_posix()
         text = path.read_text()
         modules[name] = len(text.splitlines())
 
@@ -86,3 +86,23 @@ def test_modules_and_functions_only_shrink() -> None:
     wrong = _check(modules, LONG_MODULES, MODULE_LINES, "module")
     wrong += _check(functions, LONG_FUNCTIONS, FUNCTION_LINES, "function")
     assert not wrong, "\n".join(wrong)
+
+
+def _counts(src: Path) -> str:
+    """The sizes the issue counts, of the source tree under ``src``."""
+    modules, functions = _lengths(src)
+    total = sum(modules.values())
+    big = sum(n for n in modules.values() if n > 400)
+    over = sum(n > FUNCTION_LINES for n in functions.values())
+    return (
+        f"modules: {len(modules)}; over {MODULE_LINES} lines: "
+        f"{sum(n > MODULE_LINES for n in modules.values())}; over 400: "
+        f"{sum(n > 400 for n in modules.values())}; functions over {FUNCTION_LINES} lines: "
+        f"{over}; lines in modules over 400: {big} of {total} ({100 * big / total:.0f} %)"
+    )
+
+
+if __name__ == "__main__":  # python tests/test_module_size.py [SRC]: the counts
+    import sys
+
+    print(_counts(Path(sys.argv[1]) if len(sys.argv) > 1 else SRC))
