@@ -3,6 +3,7 @@ within a size budget."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -94,7 +95,7 @@ class TraceSink(BuiltinObserver):
     observer's failure, logged and counted) or at close.
 
     The trace is streamed into a temporary file beside ``trace.json``
-    (:class:`~twinkle.reporting.jsonl.ReplacingFile`), fsynced and renamed into place at
+    (:class:`~twinkle.reporting.ReplacingFile`), fsynced and renamed into place at
     close, once ``run_finished`` went by and every write succeeded: a reader never sees
     half a trace, and a run that crashes, never finished (a start or resume that
     failed) or met a write error leaves the previous ``trace.json`` (or none) as it
@@ -333,25 +334,16 @@ class TraceSink(BuiltinObserver):
                 f"{str(self.path)!r} ({'; '.join(failed)[:500]}); the others were written"
             )
 
-    def _path_lines(self, path: PathSlices) -> None:
+    def _on_path(self, path: PathSlices, lines: list[bytes]) -> None:
         """A window's critical path: a slice per stretch on the ``critical path`` track
         (the stretches tile the windows, so they share one lane)."""
         pid = self._origin.pid if self._origin else 0
         first = path.slices[0]
         tid = self._track(pid, PATH_TRACK, first[1], first[2]).tid
         for kind, start, end in path.slices:
-            line = orjson.dumps(
-                {
-                    "name": kind,
-                    "ph": "X",
-                    "cat": "critical path",
-                    "pid": pid,
-                    "tid": tid,
-                    "ts": self._us(start),
-                    "dur": (end - start) / 1e3,
-                }
-            )
-            self._budget.add(start, line, outline=True)
+            slice_ = {"name": kind, "ph": "X", "cat": "critical path", "pid": pid, "tid": tid}
+            slice_ |= {"ts": self._us(start), "dur": (end - start) / 1e3}
+            self._budget.add(start, orjson.dumps(slice_), outline=True)
 
     def _marker(self, name: str, at_ns: int, scope: str = "t") -> bytes:
         """An instant event on the run process's ``iterations`` track (``scope`` "g":
@@ -363,77 +355,69 @@ class TraceSink(BuiltinObserver):
 
     def _event_lines(self, event: Event | PathSlices, lines: list[bytes]) -> None:
         """Append ``event``'s run-level trace lines to ``lines``; hand its windows'
-        lines to the budget."""
-        budget = self._budget
-        if isinstance(event, PathSlices):
-            self._path_lines(event)
-        elif isinstance(event, SpanBatch):
-            self._span_lines(event, lines)
-        elif isinstance(event, IterationStarted):
-            at = event.monotonic_ns
-            budget.open(at, iteration=True)
-            budget.add(at, self._marker(f"iteration {event.iteration}", at), outline=True)
-        elif isinstance(event, RunResumed):
-            budget.open(event.monotonic_ns, iteration=False)
-            lines.append(self._marker(f"segment {event.segment} resumed", event.monotonic_ns, "g"))
-        elif isinstance(event, RunFinished):
-            budget.segment_finished(event.monotonic_ns)
-        elif isinstance(event, WeightsPublished):
-            pid = self._origin.pid if self._origin else 0
-            ts = self._us(event.start_ns)
-            track = self._track(pid, WEIGHTS_TRACK, event.start_ns, event.end_ns)
-            budget.add(
-                event.start_ns,
-                orjson.dumps(
-                    {
-                        "name": f"weights v{event.version}",
-                        "ph": "X",
-                        "cat": "weights",
-                        "pid": pid,
-                        "tid": track.tid,
-                        "ts": ts,
-                        "dur": (event.end_ns - event.start_ns) / 1000.0,
-                        "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
-                    }
-                ),
-                outline=True,
-            )
-            for ack in event.acks:  # an arrow from the publish to each engine's load
-                self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True)
-        elif isinstance(event, MemoryReadings):
-            ts = self._us(event.monotonic_ns)
-            for r in event.readings:
-                mib = {"host_rss_MiB": convert_bytes(r.host_rss_bytes, "MiB")}
-                if r.device_allocated_bytes is not None:
-                    mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
-                if r.device_reserved_bytes is not None:
-                    mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
-                line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": r.pid, "tid": 0}
-                budget.add(event.monotonic_ns, orjson.dumps({**line, "ts": ts, "args": mib}))
-        elif isinstance(event, RunStarted):
-            self._origin = event.anchor
-            self._skew = ClockSkewTolerance.parse(event.config)
-            try:
-                self._config = ObserverConfig.parse(event.config)
-            except ConfigError:
-                # The run refuses such a config at its start (the timeline names the key);
-                # a trace of it names tracks by engine and source only.
-                self._config = None
-            self._training = training_phase(self._config)
-            self._budget = TraceBudget(
-                TRACE_BUDGET_MB * 10**6 if self._config is None else self._config.trace_budget_bytes
-            )
-            self._budget.open(event.monotonic_ns, iteration=False)
-            lines.append(
-                orjson.dumps(
-                    {
-                        "name": "process_name",
-                        "ph": "M",
-                        "pid": event.anchor.pid,
-                        "args": {"name": f"{event.run_id} ({event.anchor.hostname})"},
-                    }
-                )
-            )
+        lines to the budget (through the formatter of its type, if it has one)."""
+        formatter = _FORMATTERS.get(type(event))
+        if formatter is not None:
+            formatter(self, event, lines)
+
+    def _on_iteration(self, event: IterationStarted, lines: list[bytes]) -> None:
+        at = event.monotonic_ns
+        self._budget.open(at, iteration=True)
+        self._budget.add(at, self._marker(f"iteration {event.iteration}", at), outline=True)
+
+    def _on_resumed(self, event: RunResumed, lines: list[bytes]) -> None:
+        self._budget.open(event.monotonic_ns, iteration=False)
+        lines.append(self._marker(f"segment {event.segment} resumed", event.monotonic_ns, "g"))
+
+    def _on_finished(self, event: RunFinished, lines: list[bytes]) -> None:
+        self._budget.segment_finished(event.monotonic_ns)
+
+    def _on_weights(self, event: WeightsPublished, lines: list[bytes]) -> None:
+        pid = self._origin.pid if self._origin else 0
+        ts = self._us(event.start_ns)
+        track = self._track(pid, WEIGHTS_TRACK, event.start_ns, event.end_ns)
+        slice_ = {
+            "name": f"weights v{event.version}",
+            "ph": "X",
+            "cat": "weights",
+            "pid": pid,
+            "tid": track.tid,
+            "ts": ts,
+            "dur": (event.end_ns - event.start_ns) / 1000.0,
+            "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
+        }
+        self._budget.add(event.start_ns, orjson.dumps(slice_), outline=True)
+        for ack in event.acks:  # an arrow from the publish to each engine's load
+            self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True)
+
+    def _on_memory(self, event: MemoryReadings, lines: list[bytes]) -> None:
+        ts = self._us(event.monotonic_ns)
+        for r in event.readings:
+            mib = {"host_rss_MiB": convert_bytes(r.host_rss_bytes, "MiB")}
+            if r.device_allocated_bytes is not None:
+                mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
+            if r.device_reserved_bytes is not None:
+                mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
+            line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": r.pid, "tid": 0}
+            self._budget.add(event.monotonic_ns, orjson.dumps({**line, "ts": ts, "args": mib}))
+
+    def _on_started(self, event: RunStarted, lines: list[bytes]) -> None:
+        self._origin = event.anchor
+        self._skew = ClockSkewTolerance.parse(event.config)
+        try:
+            self._config = ObserverConfig.parse(event.config)
+        except ConfigError:
+            # The run refuses such a config at its start (the timeline names the key);
+            # a trace of it names tracks by engine and source only.
+            self._config = None
+        self._training = training_phase(self._config)
+        self._budget = TraceBudget(
+            TRACE_BUDGET_MB * 10**6 if self._config is None else self._config.trace_budget_bytes
+        )
+        self._budget.open(event.monotonic_ns, iteration=False)
+        name = {"name": f"{event.run_id} ({event.anchor.hostname})"}
+        process = {"name": "process_name", "ph": "M", "pid": event.anchor.pid, "args": name}
+        lines.append(orjson.dumps(process))
 
     def _us(self, ns: int) -> float:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
@@ -570,3 +554,16 @@ class TraceSink(BuiltinObserver):
             + b",\n"
             for (pid, _, _), track in self._tracks.items()
         )
+
+
+#: one formatter per type of what the sink writes lines for (the others write none)
+_FORMATTERS: dict[type, Callable[[TraceSink, Any, list[bytes]], None]] = {
+    PathSlices: TraceSink._on_path,
+    SpanBatch: TraceSink._span_lines,
+    IterationStarted: TraceSink._on_iteration,
+    RunResumed: TraceSink._on_resumed,
+    RunFinished: TraceSink._on_finished,
+    WeightsPublished: TraceSink._on_weights,
+    MemoryReadings: TraceSink._on_memory,
+    RunStarted: TraceSink._on_started,
+}
