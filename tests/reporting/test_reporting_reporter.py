@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -14,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
@@ -108,7 +108,7 @@ def test_report_stamps_increasing_seq_and_returns_the_stamped_record(tmp_path, b
         stamped = [reporter.report(original) for _ in range(3)]
         assert [r.seq for r in stamped] == [0, 1, 2]
         assert original.seq is None
-        assert stamped[1] == dataclasses.replace(original, seq=1)
+        assert stamped[1] == msgspec.structs.replace(original, seq=1)
         assert reporter.next_seq == 3
     assert seqs(path) == [0, 1, 2]
     assert reporter.stats == ReporterStats(

@@ -1,8 +1,8 @@
 """``MetricRecord``: one validated, immutable, strict-JSON metric record.
 
-A record is checked when it is built (``make_record``, the dataclass constructor,
-``dataclasses.replace`` and ``record_from_dict`` all run the same checks), so a record
-that exists is a record that serialises to strict JSON and reads back equal:
+A record is checked when it is built (``make_record``, the constructor,
+``msgspec.structs.replace``, unpickling and ``record_from_dict`` all run the same checks),
+so a record that exists is a record that serialises to strict JSON and reads back equal:
 
 * ``values`` holds numbers only (``int``/``float``; ``bool`` is rejected because it is
   almost always a mistake for a metric). A non-finite float (NaN, ±inf) is stored as
@@ -19,6 +19,17 @@ Building a record is on the training thread's path, so the common case (a plain
 ``dict`` of ``float``/``int`` values under ASCII ``str`` keys, flat scalar attrs) is
 checked with a few C-level passes over the values; anything else takes the entry-by-entry
 path, which is the reference: it normalises numeric subtypes and raises the errors.
+
+The record is a frozen :class:`msgspec.Struct`, as the events are, for what a struct
+costs less than a slotted dataclass: building one (the fields set in C), stamping a copy
+(``__copy__`` and one field set, where the dataclass set ten slots in Python) and
+holding many (``gc=False``: a record holds only scalars and read-only JSON containers,
+so it can be in no reference cycle, and the collector need not walk the reporter's
+queue). Its checks stay in Python, not in ``Annotated`` field types: records are never
+decoded by msgspec (they are read with orjson), msgspec's ``convert`` measured slower
+than :func:`~twinkle.reporting._record_values.normalise` on a 30-value record and
+accepts what a record refuses (``str`` subclass keys, ints past 64 bits unless bounded,
+lone surrogates), and the errors must name the value and the fix.
 """
 
 from __future__ import annotations
@@ -26,9 +37,10 @@ from __future__ import annotations
 import functools
 import numbers
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import msgspec
 
 from twinkle.checks import is_safe_name
 from twinkle.checks import run_id as check_run_id
@@ -51,18 +63,6 @@ SCOPES: tuple[str, ...] = ("iteration", "window", "run")
 """The scopes a record may have: one iteration, a window of iterations, the whole run."""
 
 _KIND_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-_FIELDS = (
-    "kind",
-    "scope",
-    "run_id",
-    "seq",
-    "step",
-    "iteration",
-    "wall_ns",
-    "monotonic_ns",
-    "values",
-    "attrs",
-)
 
 
 # -- scalar fields ---------------------------------------------------------------------
@@ -117,9 +117,11 @@ def _check_seq(seq: object) -> int | None:
 
 # -- the record ---------------------------------------------------------------------------
 
+# Sets a field of a frozen struct (the record's own check, and a stamp on a fresh copy).
+_setattr = msgspec.structs.force_setattr
 
-@dataclass(frozen=True, slots=True)
-class MetricRecord:
+
+class MetricRecord(msgspec.Struct, frozen=True, gc=False):
     """One metric record: the unit written to ``metrics_raw.jsonl``.
 
     Construction validates and normalises every field (see the module docstring);
@@ -139,94 +141,41 @@ class MetricRecord:
     attrs: Mapping[str, Any]
 
     def __post_init__(self) -> None:
-        _fill(
-            self,
-            self.kind,
-            self.scope,
-            self.run_id,
-            self.seq,
-            self.step,
-            self.iteration,
-            self.wall_ns,
-            self.monotonic_ns,
-            self.values,
-            self.attrs,
-        )
+        """Validate every field and set the normalised values: the one check of a record,
+        run by the constructor (so by :func:`make_record`, ``msgspec.structs.replace``,
+        unpickling). A field already normal is left as it is."""
+        kind = self.kind
+        if type(kind) is not str or not _is_kind(kind):
+            _check_kind(kind)
+        scope = self.scope
+        if scope not in SCOPES:
+            raise RecordError(f"scope must be one of {SCOPES!r}, got {scope!r}")
+        run_id = self.run_id
+        if type(run_id) is not str or not _is_run_id(run_id):
+            _setattr(self, "run_id", check_run_id(run_id, error=RecordError))
+        seq = self.seq
+        if not (seq is None or (type(seq) is int and 0 <= seq <= JSON_INT_MAX)):
+            _setattr(self, "seq", _check_seq(seq))
+        step = self.step
+        if not (type(step) is int and 0 <= step <= JSON_INT_MAX):
+            _setattr(self, "step", _check_nonneg_int("step", step))
+        iteration = self.iteration
+        if not (type(iteration) is int and 0 <= iteration <= JSON_INT_MAX):
+            _setattr(self, "iteration", _check_nonneg_int("iteration", iteration))
+        wall_ns = self.wall_ns
+        if not (type(wall_ns) is int and 0 <= wall_ns <= JSON_INT_MAX):
+            _setattr(self, "wall_ns", _check_nonneg_int("wall_ns", wall_ns))
+        monotonic_ns = self.monotonic_ns
+        if not (type(monotonic_ns) is int and 0 <= monotonic_ns <= JSON_INT_MAX):
+            _setattr(self, "monotonic_ns", _check_nonneg_int("monotonic_ns", monotonic_ns))
+        frozen_values, frozen_attrs = normalise(self.values, self.attrs)
+        _setattr(self, "values", frozen_values)
+        _setattr(self, "attrs", frozen_attrs)
 
 
-_new = object.__new__
-(
-    _set_kind,
-    _set_scope,
-    _set_run_id,
-    _set_seq,
-    _set_step,
-    _set_iteration,
-    _set_wall_ns,
-    _set_monotonic_ns,
-    _set_values,
-    _set_attrs,
-) = (MetricRecord.__dict__[name].__set__ for name in _FIELDS)
-
-
-# Positional on purpose: it runs for every record built, and a call by keyword costs more.
-def _fill(  # noqa: PLR0917
-    record: MetricRecord,
-    kind: object,
-    scope: object,
-    run_id: object,
-    seq: object,
-    step: object,
-    iteration: object,
-    wall_ns: object,
-    monotonic_ns: object,
-    values: object,
-    attrs: object,
-) -> None:
-    """Validate every field and set the normalised values on ``record``: the one check of
-    a record, run by the constructor and by :func:`make_record`. The slots are set through
-    their member descriptors (the frozen ``__setattr__`` is bypassed)."""
-    _set_kind(record, _check_kind(kind))
-    if scope not in SCOPES:
-        raise RecordError(f"scope must be one of {SCOPES!r}, got {scope!r}")
-    _set_scope(record, scope)
-    _set_run_id(
-        record,
-        run_id
-        if type(run_id) is str and _is_run_id(run_id)
-        else check_run_id(run_id, error=RecordError),
-    )
-    _set_seq(
-        record,
-        seq if seq is None or (type(seq) is int and 0 <= seq <= JSON_INT_MAX) else _check_seq(seq),
-    )
-    _set_step(
-        record,
-        step
-        if type(step) is int and 0 <= step <= JSON_INT_MAX
-        else _check_nonneg_int("step", step),
-    )
-    _set_iteration(
-        record,
-        iteration
-        if type(iteration) is int and 0 <= iteration <= JSON_INT_MAX
-        else _check_nonneg_int("iteration", iteration),
-    )
-    _set_wall_ns(
-        record,
-        wall_ns
-        if type(wall_ns) is int and 0 <= wall_ns <= JSON_INT_MAX
-        else _check_nonneg_int("wall_ns", wall_ns),
-    )
-    _set_monotonic_ns(
-        record,
-        monotonic_ns
-        if type(monotonic_ns) is int and 0 <= monotonic_ns <= JSON_INT_MAX
-        else _check_nonneg_int("monotonic_ns", monotonic_ns),
-    )
-    frozen_values, frozen_attrs = normalise(values, attrs)
-    _set_values(record, frozen_values)
-    _set_attrs(record, frozen_attrs)
+_FIELDS: tuple[str, ...] = MetricRecord.__struct_fields__
+# A struct's own shallow copy, in C, without ``__post_init__`` (msgspec's stubs omit it).
+_copy: Callable[[MetricRecord], MetricRecord] = MetricRecord.__copy__  # type: ignore[attr-defined]
 
 
 def make_record(
@@ -248,9 +197,18 @@ def make_record(
     ``attrs["nonfinite"]``. Raises :class:`~twinkle.errors.RecordError` naming the bad
     field or key and how to fix it.
     """
-    record = _new(MetricRecord)
-    _fill(record, kind, scope, run_id, seq, step, iteration, wall_ns, monotonic_ns, values, attrs)
-    return record
+    return MetricRecord(
+        kind,
+        scope,
+        run_id,
+        seq,
+        step,
+        iteration,
+        wall_ns,
+        monotonic_ns,
+        values,
+        attrs,  # type: ignore[arg-type]  # None: checked (and made {}) by the record
+    )
 
 
 def with_seq(record: MetricRecord, seq: int) -> MetricRecord:
@@ -261,17 +219,8 @@ def with_seq(record: MetricRecord, seq: int) -> MetricRecord:
     """
     if type(seq) is not int or not 0 <= seq <= JSON_INT_MAX:
         raise RecordError(f"seq must be an int >= 0 to stamp a record, got {seq!r}")
-    new = _new(MetricRecord)
-    _set_kind(new, record.kind)
-    _set_scope(new, record.scope)
-    _set_run_id(new, record.run_id)
-    _set_seq(new, seq)
-    _set_step(new, record.step)
-    _set_iteration(new, record.iteration)
-    _set_wall_ns(new, record.wall_ns)
-    _set_monotonic_ns(new, record.monotonic_ns)
-    _set_values(new, record.values)
-    _set_attrs(new, record.attrs)
+    new = _copy(record)  # (no __post_init__: the copy is of a checked record)
+    _setattr(new, "seq", seq)
     return new
 
 
