@@ -125,7 +125,11 @@ def update_doc(path: Path, machine: list[str], rows: list[Row]) -> None:
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.DOTALL)
         if not pattern.search(text):
             raise SystemExit(f"{path}: no <!-- {name}:start --> ... <!-- {name}:end --> markers")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+
+        def between_markers(m: re.Match[str], body: str = body) -> str:
+            return m.group(1) + body + "\n" + m.group(2)
+
+        text = pattern.sub(between_markers, text)
     path.write_text(text, encoding="utf-8")
 
 

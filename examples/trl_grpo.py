@@ -25,9 +25,9 @@ from twinkle.demo.hf import tiny_llama, write_tokenizer
 from twinkle.integrations.trl import TwinkleCallback
 
 
-def copy_reward(completions: list[str], prompts: list[str], **kwargs: Any) -> list[float]:
+def copy_reward(completions: list[str], prompts: list[str], **kwargs: Any) -> list[float | None]:
     """0.8 x the share of the prompt's digits copied in place, + 0.2 for the right length."""
-    rewards = []
+    rewards: list[float | None] = []
     for prompt, completion in zip(prompts, completions, strict=True):
         target = prompt.removeprefix("<s>").removesuffix("<sep>")
         answer = completion.split("</s>")[0]

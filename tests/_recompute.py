@@ -110,10 +110,10 @@ class Recompute:
             elif kind == "samples":
                 self.samples.setdefault((ev["iteration"], ev["phase"]), []).extend(ev["lengths"])
             elif kind == "run_finished":
-                self.finish = ev["monotonic_ns"]
+                self.finish: int = ev["monotonic_ns"]
                 self.finish_pos = pos
-                self.status = ev["status"]
-        self.run_start = started["monotonic_ns"]
+                self.status: str = ev["status"]
+        self.run_start: int = started["monotonic_ns"]
 
     def phase(self, name: str) -> str | None:
         for phase, patterns in self.phases.items():
@@ -162,8 +162,9 @@ class Recompute:
         if "training" not in self.streaming:
             order: list[str] = []
         else:
-            engines = by[sides["generation"]] + (by[sides["publish"]] if sides["publish"] else [])
-            trainer_busier = length(engines) <= length(by[sides["training"]])
+            generation, publish = self.streaming["generation"], sides["publish"]
+            engines = by[generation] + (by[publish] if publish else [])
+            trainer_busier = length(engines) <= length(by[self.streaming["training"]])
             order = (
                 ["training", "publish", "generation"]
                 if trainer_busier
@@ -171,7 +172,8 @@ class Recompute:
             )
         seen: list[Iv] = []
         for kind in order:
-            ivs = by[sides[kind]] if sides[kind] else []
+            side = sides[kind]
+            ivs = by[side] if side else []
             out[kind] = length(minus(ivs, seen))
             seen += ivs
         named = {p for p in sides.values() if p}
@@ -256,7 +258,9 @@ def shift(anchor: dict[str, Any], run: dict[str, Any]) -> int:
     offsets."""
     if (anchor["pid"], anchor["hostname"]) == (run["pid"], run["hostname"]):
         return 0
-    return (anchor["wall_ns"] - anchor["monotonic_ns"]) - (run["wall_ns"] - run["monotonic_ns"])
+    anchor_offset: int = anchor["wall_ns"] - anchor["monotonic_ns"]
+    run_offset: int = run["wall_ns"] - run["monotonic_ns"]
+    return anchor_offset - run_offset
 
 
 #: config.clock_skew's defaults (docs/metrics.md), in ns
@@ -269,7 +273,9 @@ def skew_offset(batch: dict[str, Any], started: dict[str, Any]) -> int | None:
     sent = batch.get("sent_anchor")
     if sent is None:
         return None
-    return sent["monotonic_ns"] + shift(batch["anchor"], started["anchor"]) - batch["monotonic_ns"]
+    sent_ns: int = sent["monotonic_ns"]
+    arrival_ns: int = batch["monotonic_ns"]
+    return sent_ns + shift(batch["anchor"], started["anchor"]) - arrival_ns
 
 
 def skewed(batch: dict[str, Any], started: dict[str, Any]) -> bool:
@@ -323,7 +329,9 @@ def placement(batch: dict[str, Any], started: dict[str, Any]) -> int:
     """What places a batch's spans on the run's timeline: the anchors' shift, or for a
     skewed worker's batch the one that puts its send at its arrival."""
     if skewed(batch, started):
-        return batch["monotonic_ns"] - batch["sent_anchor"]["monotonic_ns"]
+        arrival_ns: int = batch["monotonic_ns"]
+        sent_ns: int = batch["sent_anchor"]["monotonic_ns"]
+        return arrival_ns - sent_ns
     return shift(batch["anchor"], started["anchor"])
 
 
@@ -365,6 +373,7 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     teardown = rc.teardown()
     parts = [setup, *windows, teardown]
     total = {k: sum(p[k] for p in parts) for k in ("wall", "overhead", "busy", "span")}
+    run: dict[str, Any]
     (run,) = [r["values"] for r in records if r["kind"] == "timing" and r["scope"] == "run"]
     assert run["wall_seconds"] == _s(total["wall"])
     assert run["busy_seconds"] == _s(total["busy"])

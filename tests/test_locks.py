@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ HOLD_LOCK = textwrap.dedent(
 
 
 @pytest.fixture
-def holder_process(tmp_path: Path):
+def holder_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, str(tmp_path)],
         stdin=subprocess.PIPE,
@@ -47,7 +48,9 @@ def holder_process(tmp_path: Path):
         proc.wait(timeout=10)
 
 
-def test_lock_file_lives_in_the_chosen_directory(tmp_path: Path, monkeypatch) -> None:
+def test_lock_file_lives_in_the_chosen_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     lock_dir = tmp_path / "locks"
     lock = FileLock("ports", directory=lock_dir)
@@ -61,7 +64,7 @@ def test_lock_file_lives_in_the_chosen_directory(tmp_path: Path, monkeypatch) ->
 
 
 def test_runtime_dir_is_a_private_subdirectory_of_xdg_runtime_dir(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TWINKLE_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
@@ -71,7 +74,7 @@ def test_runtime_dir_is_a_private_subdirectory_of_xdg_runtime_dir(
     assert FileLock("x").path == path / "x.lock"
 
 
-def test_runtime_dir_falls_back_to_tmp_per_user(monkeypatch) -> None:
+def test_runtime_dir_falls_back_to_tmp_per_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TWINKLE_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     path = runtime_dir()
@@ -79,7 +82,9 @@ def test_runtime_dir_falls_back_to_tmp_per_user(monkeypatch) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o700
 
 
-def test_runtime_dir_override_and_refusal_of_a_symlink(tmp_path: Path, monkeypatch) -> None:
+def test_runtime_dir_override_and_refusal_of_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TWINKLE_RUNTIME_DIR", str(tmp_path / "rt"))
     assert runtime_dir() == tmp_path / "rt"
     (tmp_path / "real").mkdir()

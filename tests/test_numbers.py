@@ -94,7 +94,7 @@ def test_throughput_refuses_what_it_refused_before_whatever_its_type(kind: str) 
 @pytest.mark.parametrize("kind", list(INTS))
 def test_bytes_totals_and_driver_arguments_take_numpy_and_torch_ints(kind: str) -> None:
     make = INTS[kind]
-    assert convert_bytes(make(3 * 2**20), "MiB") == 3.0  # type: ignore[arg-type]
+    assert convert_bytes(make(3 * 2**20), "MiB") == 3.0
     totals = RunTotals()
     totals.add("tokens_rollout", make(5))
     totals.add("tokens_rollout", 7)

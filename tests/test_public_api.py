@@ -82,7 +82,7 @@ def test_no_public_name_hides_a_submodule() -> None:
 
 def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
     with pytest.raises(AttributeError, match="module 'twinkle' has no attribute 'nope'"):
-        _ = twinkle.nope  # type: ignore[attr-defined]
+        _ = twinkle.nope
     assert set(twinkle.__all__) <= set(dir(twinkle))
 
 

@@ -322,10 +322,13 @@ def test_every_printed_partition_adds_up_to_its_printed_total(runs: tuple[Path, 
     text = format_report(load_report(run))
     shown = [line for line in text.splitlines() if " s = set-up " in line]
     assert len(shown) == 4
+
+    def value(x: str) -> int:  # (milliseconds, exact)
+        return round(float(x) * 1000)
+
     for line in shown:
         total, rest = line.split(" s = set-up ")
         parts = [rest.split(" + loop ")[0], *rest.split(" + loop ")[1].split(" + tear-down ")]
-        value = lambda x: round(float(x) * 1000)  # noqa: E731 (milliseconds, exact)
         assert sum(map(value, parts)) == value(total.split()[-1]), line
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -17,7 +18,7 @@ from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
 
-def _spans(run_dir: Path) -> list[dict[str, object]]:
+def _spans(run_dir: Path) -> list[dict[str, Any]]:
     events = [orjson.loads(x) for x in (run_dir / "events.jsonl").read_bytes().splitlines()]
     return [s for e in events if e["type"] == "spans" for s in span_list(e)]
 

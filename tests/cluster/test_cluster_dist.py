@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -32,9 +34,10 @@ def _rank_main(rank: int, tmp: str) -> None:
 
 
 def test_two_gloo_ranks_count_one_node_and_their_roles(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn as untyped_spawn
 
-    mp.spawn(_rank_main, args=(str(tmp_path),), nprocs=2, join=True)
+    spawn = cast("Callable[..., None]", untyped_spawn)  # torch leaves it unannotated
+    spawn(_rank_main, args=(str(tmp_path),), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]  # every rank sees the same counts
     got = results[0]

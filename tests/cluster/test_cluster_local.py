@@ -87,17 +87,18 @@ def test_resources_are_frozen_validated_and_serialisable() -> None:
     assert res == ClusterResources(2, 64, {"cuda": 8, "npu": 2}, {"trainer": 8})
     with pytest.raises(dataclasses.FrozenInstanceError):
         res.nodes = 3  # type: ignore[misc]
-    for kwargs, match in [
+    bad: list[tuple[dict[str, object], str]] = [
         ({"nodes": -1}, "nodes"),
         ({"cpus": 1.5}, "cpus"),
         ({"devices": {"cuda": -1}}, r"devices\['cuda'\]"),
         ({"workers": {"": 1}}, "workers keys"),
         ({"workers": [1]}, "workers must be a mapping"),
         ({"custom": {"slot": -1}}, r"custom\['slot'\]"),
-    ]:
+    ]
+    for kwargs, match in bad:
         args = {"nodes": 1, "cpus": 1, "devices": {}, "workers": {}, **kwargs}
         with pytest.raises(InvalidArgumentError, match=match):
-            ClusterResources(**args)
+            ClusterResources(**args)  # type: ignore[arg-type]  # the bad values are the point
     with pytest.raises(InvalidArgumentError, match="kind"):
         res.device_count("")
 

@@ -48,12 +48,12 @@ def test_counts_of_the_local_test_cluster(ray_cluster: Any) -> None:
 def test_workers_from_named_actors(ray_cluster: Any) -> None:
     ray = ray_cluster
 
-    @ray.remote(num_cpus=0)
     class Rollout:
         def ping(self) -> int:
             return 1
 
-    actors = [Rollout.options(name=f"twinkle-test-rollout-{i}").remote() for i in range(2)]
+    rollout = ray.remote(num_cpus=0)(Rollout)  # the actor class (Ray's types: Any)
+    actors = [rollout.options(name=f"twinkle-test-rollout-{i}").remote() for i in range(2)]
     try:
         ray.get([a.ping.remote() for a in actors], timeout=60)
         res = RayCluster(
@@ -168,7 +168,7 @@ def test_a_local_cluster_off_loopback_is_refused_and_shut_down(
     ]
     # the switch was set for the processes Ray starts and for the imported constant
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
-    assert constants.ENABLE_RAY_CLUSTER is False  # type: ignore[attr-defined]
+    assert constants.ENABLE_RAY_CLUSTER is False
 
 
 def test_check_loopback_names_the_node_ip(monkeypatch: pytest.MonkeyPatch) -> None:

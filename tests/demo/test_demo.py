@@ -218,18 +218,18 @@ def test_a_version_is_published_once_no_rollout_needs_an_older_one(
     events = _lines(tmp_path / "r" / "events.jsonl")
     assert [e["version"] for e in events if e["type"] == "weights_published"] == versions
     spans = [s for e in events if e["type"] == "spans" for s in span_list(e)]
-    generate = {
+    generated = {
         (s["attrs"]["iteration"], s["attrs"]["engine"]): s for s in spans if s["name"] == "generate"
     }
     lag = cfg.lag
-    for (it, _), span in generate.items():
+    for (it, _), span in generated.items():
         first = 0 if it < 4 else 4
         assert span["attrs"]["version"] == max(first, it - lag), (it, span["attrs"])
     for load in (
         s for s in spans if s["name"] == "weights.load" and s["attrs"]["version"] in versions
     ):
         version, engine = load["attrs"]["version"], load["attrs"]["engine"]
-        assert generate[version - 1 + lag, engine]["end_ns"] <= load["start_ns"]
+        assert generated[version - 1 + lag, engine]["end_ns"] <= load["start_ns"]
 
 
 @given(

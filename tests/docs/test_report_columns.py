@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,14 +38,14 @@ def _generic(column: str, phases: list[str], pair: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("columns")
     cfg = DemoConfig(iterations=3, prompts_per_iteration=2, completions_per_prompt=2, micro_batch=4)
     run_demo(cfg, out_dir=out, run_id="c", autoload=False)
     return load_report(out / "c")
 
 
-def test_every_column_is_documented_and_in_the_legend(report: dict) -> None:
+def test_every_column_is_documented_and_in_the_legend(report: dict[str, Any]) -> None:
     text = format_report(report)
     header = next(line for line in text.splitlines() if line.startswith("iter"))
     columns = re.split(r"\s{2,}", header.strip())
@@ -52,7 +53,7 @@ def test_every_column_is_documented_and_in_the_legend(report: dict) -> None:
     documented = _documented()
     assert generic - documented == set(), generic - documented
     # the legend names every column but iter, tokens and reward (they say what they are)
-    explained = set()
+    explained: set[str] = set()
     for line in LEGEND[1:]:
         name = line.strip().split("  ")[0]
         words, unit = (name[: -len(" s")], " s") if name.endswith(" s") else (name, "")

@@ -444,7 +444,7 @@ def test_producer_failure_surfaces_at_the_next_call_within_a_second(
 ) -> None:
     boom = threading.Event()
     gate = Gate()
-    driver = StreamingDriver(
+    driver = StreamingDriver[int](
         {"ok": gate, "flaky": failing_producer(boom)},
         bus=bus,
         publisher=[Engine("e")],
@@ -530,7 +530,7 @@ def test_close_stops_every_thread(bus: EventBus) -> None:
     before = set(threading.enumerate())
     gate = Gate()
     engines = [Engine("e0"), Engine("e1")]
-    with StreamingDriver(
+    with StreamingDriver[int](
         {"fast": counter(), "gated": gate, "list": list(range(3))},
         bus=bus,
         publisher=engines,

@@ -75,7 +75,7 @@ def test_all_inits_are_in_flight_at_once_and_finish_in_under_two_t() -> None:
         return FakeEngine(ctx.name)
 
     recorder = TimeRecorder()
-    with EnginePool(recorder=recorder) as pool:
+    with EnginePool[FakeEngine](recorder=recorder) as pool:
         t0 = time.monotonic()
         engines = pool.start({f"e{i}": factory for i in range(n)})
         elapsed = time.monotonic() - t0
@@ -108,7 +108,7 @@ def test_max_concurrency_bounds_the_starts_in_flight() -> None:
             in_flight -= 1
         return FakeEngine(ctx.name)
 
-    with EnginePool(recorder=TimeRecorder(), max_concurrency=3) as pool:
+    with EnginePool[FakeEngine](recorder=TimeRecorder(), max_concurrency=3) as pool:
         assert len(pool.start({f"e{i}": factory for i in range(10)})) == 10
     assert peak == 3
 
@@ -255,7 +255,7 @@ def test_bad_arguments_are_named() -> None:
         EnginePool(max_concurrency=0)
     with pytest.raises(InvalidArgumentError, match="start_timeout_s="):
         EnginePool(start_timeout_s=0)
-    with EnginePool(recorder=TimeRecorder()) as pool:
+    with EnginePool[FakeEngine](recorder=TimeRecorder()) as pool:
         with pytest.raises(InvalidArgumentError, match="empty"):
             pool.start({})
         with pytest.raises(InvalidArgumentError, match="not a callable"):
@@ -270,7 +270,7 @@ def test_subprocess_engines_start_concurrently_without_port_collisions() -> None
     registry = _host_registry()
     factory = ping_engine_factory(registry, ports=2, inherited=1)
     for round_ in range(20):
-        with EnginePool(recorder=TimeRecorder(), start_timeout_s=30) as pool:
+        with EnginePool[SubprocessEngine](recorder=TimeRecorder(), start_timeout_s=30) as pool:
             engines = pool.start({f"r{round_}-e{i}": factory for i in range(16)})
             ports = [p for e in engines.values() for p in e.ports]
             assert len(set(ports)) == 32
@@ -384,7 +384,7 @@ def test_close_kills_an_engine_whose_shutdown_hangs() -> None:
 def test_shutdown_within_the_timeout_is_not_killed() -> None:
     slowish = KillableHangingEngine("slowish")
     threading.Timer(0.1, slowish.released.set).start()
-    with EnginePool(recorder=TimeRecorder(), shutdown_timeout_s=5) as pool:
+    with EnginePool[KillableHangingEngine](recorder=TimeRecorder(), shutdown_timeout_s=5) as pool:
         pool.start({"slowish": lambda c: slowish})
     assert slowish.killed == 0 and not slowish.running
 

@@ -144,7 +144,9 @@ def test_a_reused_pid_does_not_keep_a_claim_alive(tmp_path: Path) -> None:
     assert PortRegistry(tmp_path, port_range=TEST_RANGE).claims() == []
 
 
-def test_an_unreadable_registry_is_started_afresh(tmp_path: Path, caplog) -> None:
+def test_an_unreadable_registry_is_started_afresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "ports.json").write_bytes(b"{not json")
     registry = PortRegistry(tmp_path, port_range=TEST_RANGE)
     res = registry.reserve(1)

@@ -191,7 +191,7 @@ def test_sampled_tokens_carry_the_models_own_logprobs_and_a_seed_repeats_them(
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(servers.model_dir).eval()
+    model = LlamaForCausalLM.from_pretrained(servers.model_dir).eval()  # type: ignore[no-untyped-call]
     n = 4
     for engine in servers.engines.values():
         client = _client(engine)
@@ -367,6 +367,6 @@ def _connections(proc: psutil.Process) -> list[Any]:
 
 def _running(proc: psutil.Process) -> bool:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)  # (psutil is untyped here)
     except psutil.NoSuchProcess:
         return False

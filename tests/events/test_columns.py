@@ -60,7 +60,9 @@ def test_spans_without_attrs_or_errors_leave_those_columns_out() -> None:
         "names": ["x"], "t0": 0, "start": [0, 10, 20], "dur": [3, 3, 3],
         "threads": [1], "pids": [2],
     }  # fmt: skip
-    assert loads_event(dumps_event(_batch(spans))).spans == spans
+    back = loads_event(dumps_event(_batch(spans)))
+    assert isinstance(back, SpanBatch)
+    assert back.spans == spans
 
 
 def test_an_empty_batch_with_dropped_spans_round_trips() -> None:

@@ -133,7 +133,7 @@ def test_span_attrs_round_trip(attrs: dict[str, object]) -> None:
 
 BAD = [
     (lambda: IterationStarted("r", 1, 2, -1), "iteration"),
-    (lambda: IterationStarted("r", 1, 2, True), "iteration"),  # type: ignore[arg-type]
+    (lambda: IterationStarted("r", 1, 2, True), "iteration"),  # (a bool is an int to mypy)
     (lambda: IterationStarted("", 1, 2, 0), "run_id"),
     (lambda: IterationStarted("r", 1.5, 2, 0), "monotonic_ns"),  # type: ignore[arg-type]
     (lambda: SamplesObserved("r", 1, 2, 0, "rollout", (1, -2)), r"lengths\[1\]"),
@@ -142,7 +142,7 @@ BAD = [
     (lambda: OptimizerStep("r", 1, 2, 0, 0), "step"),
     (lambda: WeightsPublished("r", 1, 2, 0, 10, 5, ()), "end_ns"),
     (lambda: SpanBatch("r", 1, 2, "main", ANCHOR, (_span(start=9, end=1),)), "ends before"),
-    (lambda: RunFinished("r", 1, 2, "maybe"), "status"),
+    (lambda: RunFinished("r", 1, 2, "maybe"), "status"),  # type: ignore[arg-type]
     (lambda: ScalarsObserved("r", 1, 2, 0, "grpo", {"loss": "high"}), "values"),  # type: ignore[dict-item]
     (lambda: RunFinished("r", 1, 2, "ok", None, {"x": "many"}), "terminal_totals"),  # type: ignore[dict-item]
 ]

@@ -35,7 +35,7 @@ def write_model(directory: Path) -> None:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(
+    PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # (transformers: unannotated)
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -56,7 +56,7 @@ def write_model(directory: Path) -> None:
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).float().save_pretrained(str(model_dir))
+    LlamaForCausalLM(config).float().save_pretrained(str(model_dir))  # type: ignore[no-untyped-call]
     with open(directory / "data.jsonl", "w") as f:
         for i in range(PROMPTS):
             message = {"role": "user", "content": f"count from {i} to {i + 3}"}
@@ -120,7 +120,7 @@ def _api(directory: Path, out: Path) -> None:
     )
     # Importing swift put its own flow callback in every transformers Trainer of the
     # process (swift/trainers/patcher.py): it reads swift's max_epochs at each epoch end.
-    args.max_epochs = None
+    setattr(args, "max_epochs", None)  # (not one of SFTConfig's fields)
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
@@ -154,7 +154,7 @@ def _fail(directory: Path, out: Path) -> None:
     except InvalidArgumentError as exc:
         refused = str(exc)
 
-    class FailsSecond(ORM):
+    class FailsSecond(ORM):  # type: ignore[misc]  # (swift is not in .venv: ORM is Any)
         calls = 0
 
         def __call__(self, completions: list[str], **kwargs: Any) -> list[float]:

@@ -45,7 +45,7 @@ def main() -> None:
 
     raise_at = int(os.environ.get("RAISE_AT", "0"))
 
-    def reward(completions: list[str], **kwargs: Any) -> list[float]:
+    def reward(completions: list[str], **kwargs: Any) -> list[float | None]:
         calls[0] += 1
         if calls[0] == raise_at:
             raise ValueError(f"the reward function failed on rank {rank}")

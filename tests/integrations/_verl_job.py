@@ -17,9 +17,12 @@ the fields the real ones do. ``FAIL_AT``: the actor update raises at that step.
 Prints one JSON line: verl's logged figures per step and what the hook did.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -32,7 +35,7 @@ import torch
 import transfer_queue as tq
 import verl
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.trainer.ppo.v1 import get_trainer_cls
@@ -49,7 +52,7 @@ rng = np.random.default_rng(0)
 FAIL_AT = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 
 
-def write_assets(out):
+def write_assets(out: str) -> None:
     """A tiny tokenizer, a Qwen2 config.json and prompt parquet files (no hub)."""
     import pandas as pd
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -61,7 +64,7 @@ def write_assets(out):
     vocab = {t: i for i, t in enumerate(specials + words)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # (transformers: unannotated)
         tokenizer_object=core,
         pad_token="<pad>",
         unk_token="<unk>",
@@ -100,7 +103,7 @@ def write_assets(out):
         pd.DataFrame(rows).to_parquet(f"{out}/{split}.parquet")
 
 
-def verl_config(assets, steps):
+def verl_config(assets: str, steps: int) -> DictConfig:
     """verl's own configuration (its Hydra files), with the overrides of a verl user."""
     overrides = [
         f"actor_rollout_ref.model.path={assets}/model",
@@ -153,17 +156,17 @@ class FakeAgentLoopManager:
     the samples (``gen``: the replay buffer's ``sample``; see ``generates_when_sampled``).
     """
 
-    def __init__(self, config, tokenizer):
+    def __init__(self, config: DictConfig, tokenizer: Any) -> None:
         self.config, self.tok = config, tokenizer
-        self.pending = []
+        self.pending: list[TensorDict] = []
 
     def generate_sequences(self, batch: TensorDict) -> None:
         self.pending.append(batch)
 
-    def generates_when_sampled(self, replay_buffer):
+    def generates_when_sampled(self, replay_buffer: Any) -> None:
         sample = replay_buffer.sample
 
-        def generated_then_sampled(*args, **kwargs):
+        def generated_then_sampled(*args: Any, **kwargs: Any) -> Any:
             while self.pending:
                 self.generate(self.pending.pop(0))
             return sample(*args, **kwargs)
@@ -250,7 +253,7 @@ class FakeActorRolloutRefWG:
     BaseEngine.train_batch does) on a tiny CPU model and returns the engine's metrics shape.
     """
 
-    def __init__(self, config):
+    def __init__(self, config: DictConfig) -> None:
         self.config = config
         self._dispatch_info = {"actor": [0]}  # dp_size = 1
         torch.manual_seed(0)
@@ -258,10 +261,10 @@ class FakeActorRolloutRefWG:
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.optimizer_steps = 0
 
-    def _query_dispatch_info(self, role):
+    def _query_dispatch_info(self, role: str) -> list[int]:
         return [0]
 
-    def _log_probs(self, batch):
+    def _log_probs(self, batch: Any) -> Any:  # (TransferQueue's batch metadata)
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids"]
         )
@@ -283,12 +286,12 @@ class FakeActorRolloutRefWG:
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
         return batch
 
-    def compute_log_prob(self, batch):
+    def compute_log_prob(self, batch: Any) -> Any:
         return self._log_probs(batch)
 
     compute_ref_log_prob = compute_log_prob
 
-    def update_actor(self, batch):
+    def update_actor(self, batch: Any) -> dict[str, Any]:
         self.updates = getattr(self, "updates", 0) + 1
         if self.updates == FAIL_AT:
             raise RuntimeError(f"the actor update of step {FAIL_AT} ran out of memory")
@@ -300,18 +303,24 @@ class FakeActorRolloutRefWG:
             select_fields=["input_ids", "advantages"],
         )
         seqs, advs = data["input_ids"].unbind(), data["advantages"].unbind()
-        metrics = {"pg_loss": [], "grad_norm": [], "lr": None, "mfu": [], "loss": []}
+        metrics: dict[str, Any] = {
+            "pg_loss": [],
+            "grad_norm": [],
+            "lr": None,
+            "mfu": [],
+            "loss": [],
+        }
         for _ in range(epochs):
             for start in range(0, len(seqs), mb):
                 self.optim.zero_grad()
-                loss = 0.0
+                loss = torch.zeros(())  # (a tensor, as the sum of the losses below is)
                 for seq, adv in zip(seqs[start : start + mb], advs[start : start + mb]):
                     logp = torch.log_softmax(self.model(seq), -1)
                     tok_lp = logp.gather(-1, torch.roll(seq, -1).unsqueeze(-1)).squeeze(-1)[
                         -len(adv) - 1 : -1
                     ]
                     loss = loss - (tok_lp * adv).mean() / mb
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # (torch leaves it unannotated)
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 self.optim.step()
                 self.optimizer_steps += 1
@@ -326,13 +335,13 @@ class FakeActorRolloutRefWG:
 class FakeCheckpointManager:
     """Stands in for CheckpointEngineManager (trainer -> rollout weight sync)."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self) -> None:
+        self.calls: list[tuple[str | int, ...]] = []
 
-    def update_weights(self, global_steps):
+    def update_weights(self, global_steps: int) -> None:
         self.calls.append(("update_weights", global_steps))
 
-    def sleep_replicas(self):
+    def sleep_replicas(self) -> None:
         self.calls.append(("sleep_replicas",))
 
 
@@ -344,25 +353,27 @@ class FakeRewardLoopManager:
 class LoggedSteps:
     """verl's figures per step, as every backend gets them (a backend of the test's own)."""
 
-    def __init__(self):
-        self.steps = []
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
 
-    def log(self, data, step):
+    def log(self, data: dict[str, Any], step: int) -> None:
         self.steps.append(
             {"step": step, **{k: v for k, v in data.items() if isinstance(v, int | float)}}
         )
 
-    def finish(self):
+    def finish(self) -> None:
         pass
 
 
-@ray.remote
 class HookedWorker:
-    def installed(self):
+    def installed(self) -> bool:
         return "twinkle" in Tracking.supported_backend
 
 
-def main(out, steps):
+hooked_worker = ray.remote(HookedWorker)  # (as @ray.remote makes it: the actor class)
+
+
+def main(out: str, steps: int) -> None:
     assets = os.path.join(out, "assets")
     write_assets(assets)
     config = verl_config(assets, steps)
@@ -372,7 +383,8 @@ def main(out, steps):
     env = {"TRANSFER_QUEUE_ENABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
     runtime_env = {**ray_init["runtime_env"], "env_vars": env}
     init_ray(num_cpus=2, include_dashboard=False, runtime_env=runtime_env)
-    hooked = ray.get(HookedWorker.remote().installed.remote())
+    worker: Any = hooked_worker.remote()  # (Ray types its methods as plain ones)
+    hooked = ray.get(worker.installed.remote())
     verl_timer = performance._timer
     install()  # (this driver runs the trainer itself, where TaskRunner is a Ray worker)
     trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)
@@ -400,7 +412,7 @@ def main(out, steps):
         trainer.on_init_end()
         original_fit_tracking = Tracking.__init__
 
-        def with_test_backend(self, *args, **kwargs):
+        def with_test_backend(self: Any, *args: Any, **kwargs: Any) -> None:
             original_fit_tracking(self, *args, **kwargs)
             self.logger["test"] = logged
 

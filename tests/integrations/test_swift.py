@@ -222,7 +222,7 @@ def test_a_grpo_micro_batch_gives_each_sample_and_its_prompt() -> None:
     lengths, prompts = encoded_sums(batch)  # type: ignore[misc]
     assert lengths.tolist() == [3, 5] and prompts.tolist() == [2, 3]
     # padding-free: the same two samples packed in one row, cut where positions restart
-    packed = {
+    packed: dict[str, Any] = {
         "model_inputs": {
             "input_ids": torch.zeros(1, 8, dtype=torch.long),
             "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]),

@@ -22,6 +22,7 @@ import torch
 from datasets import Dataset
 from transformers import (
     DataCollatorForLanguageModeling,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
     Trainer,
     TrainingArguments,
@@ -47,7 +48,8 @@ def _digits_reward(completions: list[str], **kwargs: Any) -> list[float]:
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerFast:
     directory = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(directory)
-    return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    tokenizer: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(str(directory))
+    return tokenizer
 
 
 def grpo(
@@ -151,7 +153,7 @@ def test_optimizer_steps_and_tokens_equal_trls(trained: Trained) -> None:
     assert counts["tokens_rollout"]["discrepancy"] == 0
     # per step: the rollout tokens are the growth of TRL's logged num_tokens
     logged = [log["num_tokens"] for log in trained.logs if "num_tokens" in log]
-    per_iteration = Counter()
+    per_iteration = Counter[int]()
     for e in rollout:
         per_iteration[e["iteration"]] += sum(e["lengths"])
     growth = [b - a for a, b in zip([0, *logged], logged, strict=False)]
@@ -358,8 +360,9 @@ def test_bad_options_are_refused_by_name() -> None:
         TwinkleCallback(config=["phases"])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="memory must be True or False"):
         TwinkleCallback(memory="yes")  # type: ignore[arg-type]
-    assert TwinkleCallback(devices=np.int64(2)).devices == 2
-    assert TwinkleCallback(devices=torch.tensor(0.5)).devices == 0.5
+    # (numpy and torch scalars are taken as the numbers they hold: they are the point)
+    assert TwinkleCallback(devices=np.int64(2)).devices == 2  # type: ignore[arg-type]
+    assert TwinkleCallback(devices=torch.tensor(0.5)).devices == 0.5  # type: ignore[arg-type]
 
 
 def test_a_callback_outside_a_trainer_says_how_to_attach_it(tmp_path: Path) -> None:
@@ -490,9 +493,9 @@ def test_the_profiling_wrapper_is_counted_in_and_out(monkeypatch: pytest.MonkeyP
     wrapper = grpo_module.profiling_context
     assert wrapper is not original and profiling.profiling_context == wrapper
     late = types.ModuleType("trl._twinkle_test_late")
-    late.profiling_context = original  # loaded after the first acquire
+    setattr(late, "profiling_context", original)  # loaded after the first acquire
     copied = types.ModuleType("trl._twinkle_test_copied")
-    copied.profiling_context = wrapper  # imported while the wrapper was in place
+    setattr(copied, "profiling_context", wrapper)  # imported while the wrapper was in place
     monkeypatch.setitem(sys.modules, late.__name__, late)
     monkeypatch.setitem(sys.modules, copied.__name__, copied)
     assert PROFILING.acquire()
@@ -535,7 +538,9 @@ def test_each_phases_flops_recompute_from_the_samples_and_a_cpu_abstains(
     dtype = "bfloat16" if trained.trainer.args.bf16 else "float32"
     assert (mfu["model_type"], mfu["dtype"], mfu["device"]) == ("llama", dtype, "cpu")
     assert "'cpu' is not in twinkle's table" in mfu["abstained"]
-    shape = model_shape(trained.trainer.model.config)
+    model = trained.trainer.model
+    assert isinstance(model, PreTrainedModel)
+    shape = model_shape(model.config)
     samples = trained.of_type("samples")
     records = [
         json.loads(x) for x in (trained.run_dir / "metrics_raw.jsonl").read_text().splitlines()
@@ -643,6 +648,7 @@ def test_sft_with_a_completion_only_loss_counts_the_lm_head_on_the_completion(
     pairs = {(n, p) for e in train for n, p in zip(e["lengths"], e["prompt_lengths"])}
     assert pairs == {(7, 4), (11, 6), (5, 3)}
     assert got.summary["mfu"]["logits"] == "completion"
+    assert isinstance(trainer.model, PreTrainedModel)
     shape = model_shape(trainer.model.config)
     records = [json.loads(x) for x in (got.run_dir / "metrics_raw.jsonl").read_text().splitlines()]
     for r in (r for r in records if r["kind"] == "mfu" and r["scope"] == "iteration"):

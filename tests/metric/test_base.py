@@ -30,14 +30,14 @@ class Counting:
         self.n = 0
 
 
-def test_any_class_with_the_three_verbs_is_a_metric():
+def test_any_class_with_the_three_verbs_is_a_metric() -> None:
     assert isinstance(Counting(), Metric)
     assert isinstance(ThroughputMetric(), Metric)
     assert not isinstance(LengthHistogram(), Metric)
     assert not isinstance(object(), Metric)
 
 
-def test_calculate_never_resets_and_reset_is_explicit():
+def test_calculate_never_resets_and_reset_is_explicit() -> None:
     metric: Metric = Counting()
     metric.accumulate(n=3)
     assert metric.calculate() == metric.calculate() == {"n": 3}
@@ -45,14 +45,14 @@ def test_calculate_never_resets_and_reset_is_explicit():
     assert metric.calculate() == {"n": 0}
 
 
-def test_public_names_are_exported_once_from_the_package():
+def test_public_names_are_exported_once_from_the_package() -> None:
     exported = set(twinkle.metric.__all__)
     assert len(exported) == len(twinkle.metric.__all__)
     assert all(hasattr(twinkle.metric, name) for name in exported)
     assert not any("Reporter" in name or "Record" in name for name in exported)
 
 
-def test_importing_the_package_imports_neither_torch_nor_reporting():
+def test_importing_the_package_imports_neither_torch_nor_reporting() -> None:
     code = (
         "import sys, twinkle.metric; "
         "print(sorted(m for m in ('torch', 'twinkle.reporting') if m in sys.modules))"
@@ -74,7 +74,7 @@ def imported_modules(name: str) -> set[str]:
     return found
 
 
-def test_computation_modules_import_only_perf_errors_and_each_other():
+def test_computation_modules_import_only_perf_errors_and_each_other() -> None:
     for name in COMPUTATION_MODULES:
         for module in imported_modules(name):
             if module.startswith("twinkle"):
@@ -83,7 +83,7 @@ def test_computation_modules_import_only_perf_errors_and_each_other():
                 ), (name, module)
 
 
-def test_computation_modules_read_no_clock_and_do_no_io():
+def test_computation_modules_read_no_clock_and_do_no_io() -> None:
     banned = {"time", "datetime", "os", "io", "pathlib", "random", "logging", "threading"}
     for name in COMPUTATION_MODULES:
         assert not imported_modules(name) & banned, name

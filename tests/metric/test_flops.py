@@ -84,7 +84,7 @@ def _unmasked_attention(shape: ModelShape) -> int:
 @pytest.mark.parametrize(
     "family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "qwen3_moe", "qwen2_moe"]
 )
-def test_the_formula_equals_the_counted_matmuls_but_for_the_masked_attention(family):
+def test_the_formula_equals_the_counted_matmuls_but_for_the_masked_attention(family: str) -> None:
     """Every linear layer (experts: the two routed to) to the FLOP; attention differs by
     exactly the masked-away part: the counter's L x L against the formula's causal
     L(L+1)/2 keys (a window of 16: 16 keys at most)."""
@@ -102,7 +102,9 @@ def test_the_formula_equals_the_counted_matmuls_but_for_the_masked_attention(fam
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
-def test_a_hybrid_differs_from_the_count_by_its_attention_convolution_and_recurrence(family):
+def test_a_hybrid_differs_from_the_count_by_its_attention_convolution_and_recurrence(
+    family: str,
+) -> None:
     """Term by term, per linear-attention layer: its projections equal the counted ones;
     the convolution is counted over L + kernel - 1 positions (the causal padding, cut off
     after); the recurrence is counted as the CPU's chunked kernel does it (sequences padded
@@ -118,7 +120,8 @@ def test_a_hybrid_differs_from_the_count_by_its_attention_convolution_and_recurr
     terms = shape.linear_per_token()
     linear_layers = shape.layer_types.count("linear_attention")
     assert projections * linear_layers == L * terms["linear_attention_projections"]
-    k_heads, v_heads, k_dim, v_dim, kernel = shape.linear  # type: ignore[misc]
+    assert shape.linear is not None
+    k_heads, v_heads, k_dim, v_dim, kernel = shape.linear
     channels = 2 * k_heads * k_dim + v_heads * v_dim
     convolution = (L + kernel - 1) * 2 * channels * kernel
     kernel_core = per_module[layer] - projections - convolution  # the chunked kernel's
@@ -136,7 +139,7 @@ def test_a_hybrid_differs_from_the_count_by_its_attention_convolution_and_recurr
     assert terms["linear_attention_recurrence"] == linear_layers * 6 * v_heads * k_dim * v_dim
 
 
-def test_the_seeds_model_qwen3_5_4b_worked_out_by_hand():
+def test_the_seeds_model_qwen3_5_4b_worked_out_by_hand() -> None:
     """Qwen3.5-4B's published text configuration: 32 layers (3 linear-attention, then 1
     full-attention, 8 times), hidden 2560, MLP 9216, 16 heads of 256 (4 KV heads, the
     output gated), linear attention 16 key heads and 32 value heads of 128, kernel 4,
@@ -197,7 +200,7 @@ def test_the_seeds_model_qwen3_5_4b_worked_out_by_hand():
     )
 
 
-def test_generation_is_prefill_and_decode_with_the_lm_head_per_completion_token():
+def test_generation_is_prefill_and_decode_with_the_lm_head_per_completion_token() -> None:
     """Prompt 3, completion 2 of the tiny Llama: the completion's last token is never
     fed, so 4 positions go through every layer (each seeing its 1..4 keys: 10 in all),
     and the LM head runs on 2 tokens. A completion of none is the prompt's prefill."""
@@ -211,7 +214,7 @@ def test_generation_is_prefill_and_decode_with_the_lm_head_per_completion_token(
     assert generation_flops(shape, [0], [1]) == shape.lm_head  # (a lone token: its logits)
 
 
-def test_unknown_models_and_bad_lengths_are_refused_by_name():
+def test_unknown_models_and_bad_lengths_are_refused_by_name() -> None:
     with pytest.raises(InvalidArgumentError, match=r"no FLOPs formula for model type 'gpt2'"):
         model_shape({"model_type": "gpt2"})
     shape = model_shape(_configs()["llama"])
@@ -235,7 +238,9 @@ def test_unknown_models_and_bad_lengths_are_refused_by_name():
         ("mistral", {"sliding_window": 8}),
     ],
 )
-def test_a_config_json_without_layer_types_gets_the_layers_transformers_builds(family, extra):
+def test_a_config_json_without_layer_types_gets_the_layers_transformers_builds(
+    family: str, extra: dict[str, Any]
+) -> None:
     """A config.json read as a dict may lack ``layer_types``: they are derived as the
     transformers config derives them (its object has them: the two shapes agree)."""
     base = _configs()[family].to_dict()
@@ -246,14 +251,14 @@ def test_a_config_json_without_layer_types_gets_the_layers_transformers_builds(f
     assert model_shape(as_dict) == model_shape(config)
 
 
-def test_lengths_may_be_numpy_ints():
+def test_lengths_may_be_numpy_ints() -> None:
     np = pytest.importorskip("numpy")
     shape = model_shape(_configs()["llama"])
     assert forward_flops(shape, np.array([3, 5])) == forward_flops(shape, [3, 5])
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
-def test_the_measured_path_agrees_on_a_meta_copy(family):
+def test_the_measured_path_agrees_on_a_meta_copy(family: str) -> None:
     """twinkle.integrations.flops counts a meta-device copy: what the real model counts
     (the attention unmasked), with no weights copied."""
     from twinkle.integrations.flops import check_flops
@@ -266,7 +271,7 @@ def test_the_measured_path_agrees_on_a_meta_copy(family):
     assert check["relative_difference"] == 0
 
 
-def test_a_mixture_of_experts_cannot_be_counted_on_the_meta_device():
+def test_a_mixture_of_experts_cannot_be_counted_on_the_meta_device() -> None:
     from twinkle.integrations.flops import measured_forward_flops
 
     config = _configs()["qwen3_moe"]

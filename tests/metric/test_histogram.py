@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import math
 import random
+from collections.abc import Callable, Sequence
 from fractions import Fraction
+from typing import Any
 
 import orjson
 import pytest
@@ -23,7 +25,7 @@ lengths_st = st.lists(length_st, max_size=40)
 q_st = st.one_of(st.sampled_from([0.0, 0.5, 0.95, 1.0]), st.floats(0, 1))
 
 
-def hist(lengths) -> LengthHistogram:
+def hist(lengths: Sequence[int]) -> LengthHistogram:
     h = LengthHistogram()
     h.add(lengths)
     return h
@@ -42,7 +44,7 @@ def same(a: float, b: float) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(values=st.lists(length_st, min_size=1, max_size=60), q=q_st)
-def test_quantile_is_the_exact_nearest_rank_sample(values, q):
+def test_quantile_is_the_exact_nearest_rank_sample(values: list[int], q: float) -> None:
     assert hist(values).quantile(q) == nearest_rank(values, q)
 
 
@@ -57,9 +59,11 @@ def test_quantile_is_the_exact_nearest_rank_sample(values, q):
         max_size=25,
     )
 )
-def test_quantiles_stay_exact_between_adds_merges_and_queries(ops):
+def test_quantiles_stay_exact_between_adds_merges_and_queries(
+    ops: list[tuple[str, list[Any]]],  # lengths to add or merge, or qs to ask
+) -> None:
     # Queries leave cursors behind that later adds and merges must keep exact.
-    h, seen = LengthHistogram(), []
+    h, seen = LengthHistogram(), list[int]()
     for op, arg in ops:
         if op == "add":
             h.add(arg)
@@ -79,7 +83,7 @@ def test_quantiles_stay_exact_between_adds_merges_and_queries(ops):
         assert h.distinct_count == len(set(seen))
 
 
-def test_quantile_follows_a_distribution_that_drifts_far_between_queries():
+def test_quantile_follows_a_distribution_that_drifts_far_between_queries() -> None:
     # Long walks up and down (past the cursor's short walk) and many distinct q.
     rng = random.Random(7)
     h, seen = LengthHistogram(), []
@@ -93,7 +97,7 @@ def test_quantile_follows_a_distribution_that_drifts_far_between_queries():
             assert same(h.quantile(q), nearest_rank(seen, q)), (step, q)
 
 
-def test_small_lengths_have_exact_nearest_rank_percentiles():
+def test_small_lengths_have_exact_nearest_rank_percentiles() -> None:
     h = hist(list(range(1, 101)))
     assert h.quantile(0.5) == 50.0
     assert h.quantile(0.95) == 95.0
@@ -102,7 +106,7 @@ def test_small_lengths_have_exact_nearest_rank_percentiles():
     assert h.quantile(1.0) == 100.0
 
 
-def test_large_lengths_are_exact_too():
+def test_large_lengths_are_exact_too() -> None:
     # Version 1 reported bucket midpoints above 4096 tokens; now every length is exact.
     h = hist([5000, 123_457, 99_999_999, 2**52 + 1, MAX])
     assert [h.quantile(q) for q in (0, 0.1, 0.3, 0.5, 0.7, 0.9, 1)] == [
@@ -118,18 +122,18 @@ def test_large_lengths_are_exact_too():
     assert h.quantile(0.2) == 123_457.0
 
 
-def test_empty_histogram_quantile_is_nan():
+def test_empty_histogram_quantile_is_nan() -> None:
     h = LengthHistogram()
     assert math.isnan(h.quantile(0.5))
     assert (h.count, h.total, h.min, h.max, h.distinct_count) == (0, 0, None, None, 0)
 
 
-def test_totals_are_exact():
+def test_totals_are_exact() -> None:
     h = hist([3, 2**40, 7])
     assert (h.count, h.total, h.min, h.max) == (3, 2**40 + 10, 3, 2**40)
 
 
-def test_memory_grows_with_distinct_lengths_not_with_samples():
+def test_memory_grows_with_distinct_lengths_not_with_samples() -> None:
     h = LengthHistogram()
     rng = random.Random(0)
     for _ in range(300):
@@ -142,7 +146,7 @@ def test_memory_grows_with_distinct_lengths_not_with_samples():
     assert len(h._cursors) == 1
 
 
-def test_cursors_are_bounded_however_many_quantiles_are_asked():
+def test_cursors_are_bounded_however_many_quantiles_are_asked() -> None:
     h = hist(list(range(1000)))
     for i in range(1, 1000):
         assert h.quantile(i / 1000) == nearest_rank(list(range(1000)), i / 1000)
@@ -151,7 +155,7 @@ def test_cursors_are_bounded_however_many_quantiles_are_asked():
 
 @settings(max_examples=100, deadline=None)
 @given(first=lengths_st, second=lengths_st)
-def test_merge_equals_one_histogram_fed_both(first, second):
+def test_merge_equals_one_histogram_fed_both(first: list[int], second: list[int]) -> None:
     merged, other = hist(first), hist(second)
     merged.merge(other)
     both = hist(first + second)
@@ -164,7 +168,7 @@ def test_merge_equals_one_histogram_fed_both(first, second):
 
 @settings(max_examples=100, deadline=None)
 @given(values=lengths_st, seed=st.integers(0, 2**32))
-def test_order_of_samples_does_not_matter(values, seed):
+def test_order_of_samples_does_not_matter(values: list[int], seed: int) -> None:
     shuffled = list(values)
     random.Random(seed).shuffle(shuffled)
     assert hist(values).state() == hist(shuffled).state()
@@ -172,7 +176,7 @@ def test_order_of_samples_does_not_matter(values, seed):
 
 @settings(max_examples=100, deadline=None)
 @given(values=lengths_st)
-def test_state_round_trips_through_strict_json(values):
+def test_state_round_trips_through_strict_json(values: list[int]) -> None:
     h = hist(values)
     restored = LengthHistogram.from_state(orjson.loads(orjson.dumps(h.state())))
     assert restored == h
@@ -181,7 +185,7 @@ def test_state_round_trips_through_strict_json(values):
         assert same(restored.quantile(q), h.quantile(q))
 
 
-def test_state_lists_exact_counts_in_ascending_order():
+def test_state_lists_exact_counts_in_ascending_order() -> None:
     assert hist([7, 3, 7, 2**40]).state() == {
         "version": 2,
         "total": 2**40 + 17,
@@ -191,7 +195,7 @@ def test_state_lists_exact_counts_in_ascending_order():
     }
 
 
-def test_reset_forgets_everything():
+def test_reset_forgets_everything() -> None:
     h = hist([1, 5000, 2**40])
     h.quantile(0.5)
     h.reset()
@@ -205,7 +209,7 @@ class Tokens(enum.IntEnum):
     LONG = 6000
 
 
-def test_integral_lengths_are_stored_as_plain_ints():
+def test_integral_lengths_are_stored_as_plain_ints() -> None:
     h = hist([Tokens.SHORT, Tokens.LONG, 4])
     h.add((Tokens.SHORT,))
     h.add(range(3, 5))
@@ -215,9 +219,9 @@ def test_integral_lengths_are_stored_as_plain_ints():
 
 
 @pytest.mark.parametrize("q", [-0.1, 1.5, math.nan, "0.5", None, True])
-def test_quantile_rejects_q_outside_unit_interval(q):
+def test_quantile_rejects_q_outside_unit_interval(q: object) -> None:
     with pytest.raises(InvalidArgumentError, match="q must be"):
-        hist([1, 2]).quantile(q)
+        hist([1, 2]).quantile(q)  # type: ignore[arg-type]  # the bad q is the point
 
 
 class Unhashable(int):
@@ -233,7 +237,7 @@ class Sneaky:
         return other + 5
 
 
-def test_a_counting_pass_that_fails_half_way_is_undone():
+def test_a_counting_pass_that_fails_half_way_is_undone() -> None:
     # The fast pass counts 4 and 5, then fails on the unhashable int subclass; the slow
     # path then accepts it (it is an Integral length) as a plain int.
     h = hist([4])
@@ -264,12 +268,12 @@ BAD_LENGTHS = [
 
 @pytest.mark.parametrize("held", [[4, 5], [0, 1, 2, 4, 5]])
 @pytest.mark.parametrize("lengths", BAD_LENGTHS)
-def test_add_rejects_bad_lengths_and_keeps_state(held, lengths):
+def test_add_rejects_bad_lengths_and_keeps_state(held: list[int], lengths: object) -> None:
     h = hist(held)
     h.quantile(0.5)
     before = h.state()
     with pytest.raises(InvalidArgumentError, match=r"lengths(\[\d+\])? must be") as info:
-        h.add(lengths)
+        h.add(lengths)  # type: ignore[arg-type]  # the bad lengths are the point
     assert "got" in str(info.value)
     assert h.state() == before
     assert list(h._counts) == sorted(h._counts)  # the undo left no trace, not even order
@@ -278,16 +282,16 @@ def test_add_rejects_bad_lengths_and_keeps_state(held, lengths):
     assert h.quantile(0.5) == nearest_rank([*held, 2, 4], 0.5)
 
 
-def test_error_names_the_first_bad_length():
+def test_error_names_the_first_bad_length() -> None:
     with pytest.raises(InvalidArgumentError, match=r"lengths\[2\] must be an int token count"):
-        hist([1]).add([3, 4, True, 5.0])
+        hist([1]).add([3, 4, True, 5.0])  # type: ignore[list-item]  # the 5.0 is the point
     with pytest.raises(InvalidArgumentError, match=r"lengths\[1\] must be a token count in"):
         hist([1]).add([3, -4, 2**60])
 
 
-def test_merge_rejects_other_types():
+def test_merge_rejects_other_types() -> None:
     with pytest.raises(InvalidArgumentError, match="other"):
-        LengthHistogram().merge([1, 2])
+        LengthHistogram().merge([1, 2])  # type: ignore[arg-type]  # the wrong type is the point
 
 
 @pytest.mark.parametrize(
@@ -307,7 +311,7 @@ def test_merge_rejects_other_types():
         lambda s: s.update(max=float(2**33)),
     ],
 )
-def test_from_state_rejects_malformed_state(mutate):
+def test_from_state_rejects_malformed_state(mutate: Callable[[dict[str, Any]], object]) -> None:
     state = hist([3, 5000, 2**33]).state()
     mutate(state)
     with pytest.raises(InvalidArgumentError, match="state"):

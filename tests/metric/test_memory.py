@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -31,7 +33,7 @@ GIB = 2**30
 
 
 def reading(worker_id: str = "w0", *, rank: int | None = 0, **fields: int | None) -> MemoryReading:
-    values: dict[str, int | None] = {
+    values: dict[str, Any] = {  # int or None by field, as MemoryReading checks
         "host_rss_bytes": GIB,
         "host_peak_rss_bytes": 2 * GIB,
         "device_allocated_bytes": None,
@@ -50,7 +52,7 @@ def reading(worker_id: str = "w0", *, rank: int | None = 0, **fields: int | None
     )
 
 
-def test_binary_units_are_powers_of_1024():
+def test_binary_units_are_powers_of_1024() -> None:
     assert dict(BINARY_UNITS) == {"B": 1, "KiB": 1024, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -64,24 +66,24 @@ def test_binary_units_are_powers_of_1024():
         (0, "TiB", 0.0),
     ],
 )
-def test_convert_bytes_uses_binary_units(value, unit, expected):
+def test_convert_bytes_uses_binary_units(value: int, unit: str, expected: float) -> None:
     assert convert_bytes(value, unit) == expected
 
 
 @pytest.mark.parametrize("unit", ["GB", "gib", "", None, "Gi"])
-def test_convert_bytes_rejects_unknown_units(unit):
+def test_convert_bytes_rejects_unknown_units(unit: str | None) -> None:
     with pytest.raises(InvalidArgumentError, match="unit") as info:
-        convert_bytes(GIB, unit)
+        convert_bytes(GIB, unit)  # type: ignore[arg-type]  # the None among them is the point
     assert "GiB" in str(info.value)
 
 
 @pytest.mark.parametrize("value", [1.5, True, "1024", None])
-def test_convert_bytes_rejects_non_int_values(value):
+def test_convert_bytes_rejects_non_int_values(value: object) -> None:
     with pytest.raises(InvalidArgumentError, match="value"):
-        convert_bytes(value, "GiB")
+        convert_bytes(value, "GiB")  # type: ignore[arg-type]  # the bad value is the point
 
 
-def test_host_only_workers_are_skipped_for_device_fields_and_counted_out():
+def test_host_only_workers_are_skipped_for_device_fields_and_counted_out() -> None:
     readings = [
         reading("gpu0", rank=0, device_allocated_peak_bytes=3 * GIB),
         reading("host", rank=1),
@@ -95,7 +97,7 @@ def test_host_only_workers_are_skipped_for_device_fields_and_counted_out():
     assert out["host_rss_bytes"].count == 3
 
 
-def test_field_no_worker_reported_has_nan_mean_and_no_argmax():
+def test_field_no_worker_reported_has_nan_mean_and_no_argmax() -> None:
     out = reduce_readings([reading("a"), reading("b", rank=1)])
     empty = out["device_reserved_peak_bytes"]
     assert (empty.max, empty.min, empty.sum, empty.count, empty.argmax_worker) == (
@@ -108,7 +110,7 @@ def test_field_no_worker_reported_has_nan_mean_and_no_argmax():
     assert math.isnan(empty.mean)
 
 
-def test_argmax_tie_names_the_first_reading_holding_the_max():
+def test_argmax_tie_names_the_first_reading_holding_the_max() -> None:
     readings = [
         reading("a", host_rss_bytes=1),
         reading("b", host_rss_bytes=9),
@@ -124,7 +126,9 @@ optional_bytes = st.one_of(st.none(), st.integers(0, 2**45))
 
 @settings(max_examples=100, deadline=None)
 @given(columns=st.lists(st.tuples(st.integers(0, 2**45), optional_bytes), min_size=1, max_size=12))
-def test_reduction_matches_the_definition_and_argmax_names_the_right_worker(columns):
+def test_reduction_matches_the_definition_and_argmax_names_the_right_worker(
+    columns: list[tuple[int, int | None]],
+) -> None:
     readings = [
         reading(f"w{i}", rank=i, host_peak_rss_bytes=host, device_allocated_peak_bytes=device)
         for i, (host, device) in enumerate(columns)
@@ -140,10 +144,11 @@ def test_reduction_matches_the_definition_and_argmax_names_the_right_worker(colu
             continue
         assert (r.max, r.min, r.sum) == (max(values), min(values), sum(values))
         assert r.mean == sum(values) / len(values)
+        assert r.argmax_worker is not None
         assert getattr(by_worker[r.argmax_worker], field) == r.max
 
 
-def test_memory_metrics_keys_carry_the_unit_and_values_are_numbers():
+def test_memory_metrics_keys_carry_the_unit_and_values_are_numbers() -> None:
     readings = [
         reading("w0", rank=0, device_allocated_peak_bytes=GIB, host_peak_rss_bytes=4 * GIB),
         reading("w1", rank=1, device_allocated_peak_bytes=3 * GIB, host_peak_rss_bytes=2 * GIB),
@@ -165,7 +170,7 @@ def test_memory_metrics_keys_carry_the_unit_and_values_are_numbers():
     )
 
 
-def test_memory_report_names_the_worker_holding_each_max():
+def test_memory_report_names_the_worker_holding_each_max() -> None:
     readings = [
         reading("w0", rank=0, device_allocated_peak_bytes=GIB, host_peak_rss_bytes=4 * GIB),
         reading("w1", rank=1, device_allocated_peak_bytes=3 * GIB, host_peak_rss_bytes=2 * GIB),
@@ -179,7 +184,7 @@ def test_memory_report_names_the_worker_holding_each_max():
     assert report.values == memory_metrics(readings, unit="MiB")
 
 
-def test_memory_metrics_in_bytes_spell_the_unit_out():
+def test_memory_metrics_in_bytes_spell_the_unit_out() -> None:
     values = memory_metrics([reading()], unit="B", fields=["host_rss_bytes"])
     assert values == {
         "host_rss_bytes_max": float(GIB),
@@ -192,10 +197,10 @@ def test_memory_metrics_in_bytes_spell_the_unit_out():
 
 @pytest.mark.parametrize(
     ("call", "argument"),
-    [
+    [  # (the type: ignores: the wrong types are the point)
         (lambda: reduce_readings([]), "readings"),
-        (lambda: reduce_readings(reading()), "readings"),
-        (lambda: reduce_readings([reading(), {"host_rss_bytes": 1}]), "readings"),
+        (lambda: reduce_readings(reading()), "readings"),  # type: ignore[arg-type]
+        (lambda: reduce_readings([reading(), {"host_rss_bytes": 1}]), "readings"),  # type: ignore[list-item]
         (lambda: reduce_readings([reading()], fields=["host_rss"]), "fields"),
         (lambda: reduce_readings([reading()], fields="host_rss_bytes"), "fields"),
         (lambda: reduce_readings([reading()], fields=[]), "fields"),
@@ -203,23 +208,23 @@ def test_memory_metrics_in_bytes_spell_the_unit_out():
         (lambda: memory_metrics([]), "readings"),
         (lambda: memory_metrics([reading()], unit="GB"), "unit"),
         (lambda: memory_report([reading()], unit="mib"), "unit"),
-        (lambda: gather_readings({"worker_id": "w0"}), "reading"),
+        (lambda: gather_readings({"worker_id": "w0"}), "reading"),  # type: ignore[arg-type]
     ],
 )
-def test_bad_arguments_are_rejected_by_name(call, argument):
+def test_bad_arguments_are_rejected_by_name(call: Callable[[], object], argument: str) -> None:
     with pytest.raises(InvalidArgumentError, match=argument) as info:
         call()
     assert "got" in str(info.value)
 
 
-def test_a_reading_with_a_non_int_byte_count_is_rejected():
+def test_a_reading_with_a_non_int_byte_count_is_rejected() -> None:
     bad = reading("w0")
     msgspec.structs.force_setattr(bad, "host_rss_bytes", 1.5)  # a reading that bypassed checks
     with pytest.raises(InvalidArgumentError, match=r"readings\[1\]\.host_rss_bytes"):
         reduce_readings([reading("ok"), bad])
 
 
-def test_gather_without_an_initialised_process_group_returns_the_reading():
+def test_gather_without_an_initialised_process_group_returns_the_reading() -> None:
     r = reading("solo")
     assert gather_readings(r) == [r]
 
@@ -258,13 +263,15 @@ def _gather_on_rank(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_gather_readings_collects_every_rank_over_gloo(tmp_path):
+def test_gather_readings_collects_every_rank_over_gloo(tmp_path: Path) -> None:
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessContext
+    from torch.multiprocessing.spawn import spawn as untyped_spawn
 
-    context = mp.spawn(
+    spawn = cast("Callable[..., ProcessContext]", untyped_spawn)  # torch leaves it unannotated
+    context = spawn(
         _gather_on_rank,
         args=(str(tmp_path / "init"), str(tmp_path)),
         nprocs=2,

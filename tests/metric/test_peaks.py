@@ -32,7 +32,9 @@ T = 10**12
         ("NVIDIA H100 94GB NVL", "bfloat16", "NVIDIA H100 NVL", 835.5),
     ],
 )
-def test_reported_names_get_their_dense_peak_and_its_source(reported, dtype, device, tflops):
+def test_reported_names_get_their_dense_peak_and_its_source(
+    reported: str, dtype: str, device: str, tflops: float
+) -> None:
     peak = device_peak(reported, dtype)
     assert peak.device == device
     assert peak.flops_per_s == pytest.approx(tflops * T)
@@ -40,7 +42,7 @@ def test_reported_names_get_their_dense_peak_and_its_source(reported, dtype, dev
     assert peak.reason is None
 
 
-def test_the_sparse_datasheet_figure_is_never_the_peak():
+def test_the_sparse_datasheet_figure_is_never_the_peak() -> None:
     """An H100 SXM's datasheet says 1,979 BF16 TFLOPS: with 2:4 sparsity. Dense: half."""
     assert device_peak("NVIDIA H100 80GB HBM3", "bfloat16").flops_per_s == 1979 / 2 * T
 
@@ -55,7 +57,9 @@ def test_the_sparse_datasheet_figure_is_never_the_peak():
         ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bfloat16", "is a MIG slice"),
     ],
 )
-def test_an_unknown_device_or_type_gets_no_peak_and_why(reported, dtype, why):
+def test_an_unknown_device_or_type_gets_no_peak_and_why(
+    reported: str, dtype: str, why: str
+) -> None:
     peak = device_peak(reported, dtype)
     assert peak.flops_per_s is None and peak.source is None
     assert peak.reason is not None and why in peak.reason

@@ -7,8 +7,10 @@ import random
 import struct
 import sys
 import tracemalloc
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from itertools import pairwise
+from typing import Any
 
 import orjson
 import pytest
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 from twinkle.errors import InvalidArgumentError
 from twinkle.metric import THROUGHPUT_KEYS, Metric, ThroughputMetric
 
-Call = tuple[list[int], float, int | float]
+Call = tuple[Sequence[int], float, int | float]
 
 lengths_st = st.lists(st.integers(0, 2**20), max_size=12)
 seconds_st = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -30,7 +32,7 @@ call_st = st.tuples(lengths_st, seconds_st, devices_st)
 calls_st = st.lists(call_st, max_size=12)
 
 
-def fed(calls: list[Call]) -> ThroughputMetric:
+def fed(calls: Sequence[Call]) -> ThroughputMetric:
     metric = ThroughputMetric()
     for lengths, seconds, devices in calls:
         metric.accumulate(lengths=lengths, seconds=seconds, devices=devices)
@@ -54,7 +56,7 @@ def exact_ratio(numerator: Fraction, denominator: Fraction) -> float:
         return math.inf
 
 
-def reference(calls: list[Call]) -> dict[str, int | float]:
+def reference(calls: Sequence[Call]) -> dict[str, int | float]:
     """calculate() computed the plain way: a sorted list and exact fractions."""
     samples = sorted(x for lengths, _, _ in calls for x in lengths)
     n, tokens = len(samples), sum(samples)
@@ -93,7 +95,7 @@ def reference(calls: list[Call]) -> dict[str, int | float]:
         max_size=15,
     )
 )
-def test_every_output_equals_the_plain_reference_after_every_step(calls):
+def test_every_output_equals_the_plain_reference_after_every_step(calls: list[Call]) -> None:
     # calculate() after each accumulate, as a training loop does: exact every time.
     metric = ThroughputMetric()
     for i, (lengths, seconds, devices) in enumerate(calls):
@@ -115,9 +117,9 @@ def test_every_output_equals_the_plain_reference_after_every_step(calls):
     as_tuple=st.booleans(),
 )
 def test_a_batch_calculated_at_once_equals_a_metric_fed_that_batch(
-    lengths, seconds, devices, as_tuple
-):
-    given_lengths = tuple(lengths) if as_tuple else lengths
+    lengths: list[int], seconds: float, devices: int | float, as_tuple: bool
+) -> None:
+    given_lengths: Sequence[int] = tuple(lengths) if as_tuple else lengths
     once = ThroughputMetric.calculate_batch(lengths=given_lengths, seconds=seconds, devices=devices)
     assert bits(once) == bits(fed([(lengths, seconds, devices)]).calculate())
     assert tuple(once) == THROUGHPUT_KEYS
@@ -128,12 +130,12 @@ def test_a_batch_calculated_at_once_equals_a_metric_fed_that_batch(
     "lengths",
     [[], [0], [1, 0, 1], [7], range(3, 9), (5, 2, 2**53 - 1), [5, 3, 1]],
 )
-def test_a_batch_of_any_int_sequence_equals_a_metric_fed_it(lengths):
+def test_a_batch_of_any_int_sequence_equals_a_metric_fed_it(lengths: Sequence[int]) -> None:
     once = ThroughputMetric.calculate_batch(lengths=lengths, seconds=0.5, devices=2.5)
     assert bits(once) == bits(fed([(list(lengths), 0.5, 2.5)]).calculate())
 
 
-def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates():
+def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates() -> None:
     metric = ThroughputMetric()
     metric.accumulate(lengths=[40, 60], seconds=1.0, devices=2)  # 100 tok/s
     metric.accumulate(lengths=[100, 200], seconds=1.5, devices=4)  # 200 tok/s
@@ -145,7 +147,7 @@ def test_window_throughput_is_ratio_of_totals_not_mean_of_step_rates():
     assert out["tokens_per_s_per_device"] == 400 / 8.0
 
 
-def test_calculate_returns_every_key_with_units_in_order():
+def test_calculate_returns_every_key_with_units_in_order() -> None:
     metric = fed([([3, 5], 0.5, 1)])
     out = metric.calculate()
     assert tuple(out) == THROUGHPUT_KEYS
@@ -166,7 +168,7 @@ def test_calculate_returns_every_key_with_units_in_order():
     }
 
 
-def test_empty_metric_reports_nan_for_undefined_figures_and_keeps_every_key():
+def test_empty_metric_reports_nan_for_undefined_figures_and_keeps_every_key() -> None:
     out = ThroughputMetric().calculate()
     assert tuple(out) == THROUGHPUT_KEYS
     assert (out["samples"], out["tokens"], out["seconds"], out["device_seconds"]) == (0, 0, 0, 0)
@@ -174,41 +176,41 @@ def test_empty_metric_reports_nan_for_undefined_figures_and_keeps_every_key():
         assert math.isnan(out[key]), key
 
 
-def test_zero_seconds_gives_nan_rates_but_keeps_counts():
+def test_zero_seconds_gives_nan_rates_but_keeps_counts() -> None:
     out = fed([([7, 9], 0.0, 8)]).calculate()
     assert out["tokens"] == 16 and out["samples"] == 2
     assert math.isnan(out["tokens_per_s"]) and math.isnan(out["tokens_per_s_per_device"])
     assert out["length_mean"] == 8.0
 
 
-def test_seconds_without_samples_count_towards_the_window():
+def test_seconds_without_samples_count_towards_the_window() -> None:
     metric = fed([([10, 30], 1.0, 1), ([], 1.0, 1)])
     out = metric.calculate()
     assert out["samples"] == 2 and out["seconds"] == 2.0
     assert out["tokens_per_s"] == 20.0
 
 
-def test_rate_beyond_float_range_is_inf_not_an_error():
+def test_rate_beyond_float_range_is_inf_not_an_error() -> None:
     out = fed([([2**53 - 1], 5e-324, 1)]).calculate()
     assert out["tokens_per_s"] == math.inf
     assert out["tokens_per_s_per_device"] == math.inf
 
 
-def test_percentiles_are_nearest_rank():
+def test_percentiles_are_nearest_rank() -> None:
     out = fed([(list(range(1, 101)), 1.0, 1)]).calculate()
     assert out["length_p50"] == 50.0
     assert out["length_p95"] == 95.0
     assert (out["length_min"], out["length_max"], out["length_mean"]) == (1.0, 100.0, 50.5)
 
 
-def test_percentiles_of_long_samples_are_exact():
+def test_percentiles_of_long_samples_are_exact() -> None:
     # Above 4096 tokens version 1 reported a bucket midpoint; now the sample itself.
     lengths = [4097, 5000, 5001, 12_345, 32_767, 32_768, 100_003, 2**40 + 1]
     out = fed([(lengths, 1.0, 1)]).calculate()
     assert (out["length_p50"], out["length_p95"]) == (12_345.0, float(2**40 + 1))
 
 
-def test_lengths_only_calls_then_a_seconds_only_call_give_the_window():
+def test_lengths_only_calls_then_a_seconds_only_call_give_the_window() -> None:
     # The throughput observer's pattern: lengths as they come (0 s on 1 device), merged
     # at the end into a metric given the window's seconds and devices.
     tag = ThroughputMetric()
@@ -220,32 +222,33 @@ def test_lengths_only_calls_then_a_seconds_only_call_give_the_window():
     assert bits(window.calculate()) == bits(fed([([100, 200, 300], 2.0, 8)]).calculate())
 
 
-def test_calculate_does_not_reset():
+def test_calculate_does_not_reset() -> None:
     metric = fed([([1, 2, 3], 0.25, 2)])
     assert bits(metric.calculate()) == bits(metric.calculate())
     assert metric.calculate()["samples"] == 3
 
 
-def test_reset_forgets_everything():
+def test_reset_forgets_everything() -> None:
     metric = fed([([1, 2, 3], 0.25, 2)])
     metric.reset()
     assert metric == ThroughputMetric()
     assert bits(metric.calculate()) == bits(ThroughputMetric().calculate())
 
 
-def test_seconds_and_devices_of_any_real_type_count_as_their_float():
-    assert fed([([1], 2, Fraction(5, 2))]) == fed([([1], 2.0, 2.5)])
+def test_seconds_and_devices_of_any_real_type_count_as_their_float() -> None:
+    # a Fraction is no int | float to the checker: any real is the point
+    assert fed([([1], 2, Fraction(5, 2))]) == fed([([1], 2.0, 2.5)])  # type: ignore[list-item]
     # An int device count beyond 2**53 is taken as its float, like every other real.
     assert fed([([1], 0.5, 2**60 + 1)]) == fed([([1], 0.5, float(2**60 + 1))])
 
 
-def test_lengths_accept_any_int_sequence():
+def test_lengths_accept_any_int_sequence() -> None:
     a = fed([((4, 5, 6), 1.0, 1)])
     b = fed([(range(4, 7), 1.0, 1)])
     assert a == b
 
 
-def test_throughput_metric_is_a_metric():
+def test_throughput_metric_is_a_metric() -> None:
     assert isinstance(ThroughputMetric(), Metric)
 
 
@@ -255,13 +258,15 @@ def test_throughput_metric_is_a_metric():
     cuts=st.lists(st.integers(0, 40), max_size=8),
     timing=st.lists(st.tuples(seconds_st, devices_st), min_size=9, max_size=9),
 )
-def test_window_is_exact_ratio_of_totals_for_any_split(samples, cuts, timing):
+def test_window_is_exact_ratio_of_totals_for_any_split(
+    samples: list[int], cuts: list[int], timing: list[tuple[float, int | float]]
+) -> None:
     bounds = sorted({0, len(samples), *(c for c in cuts if c <= len(samples))})
     calls = [(samples[lo:hi], *timing[i]) for i, (lo, hi) in enumerate(pairwise(bounds))]
     out = fed(calls).calculate()
     tokens = sum(samples)
-    seconds = sum(Fraction(s) for _, s, _ in calls)
-    device_seconds = sum(Fraction(s) * Fraction(d) for _, s, d in calls)
+    seconds = sum((Fraction(s) for _, s, _ in calls), Fraction(0))
+    device_seconds = sum((Fraction(s) * Fraction(d) for _, s, d in calls), Fraction(0))
     assert out["samples"] == len(samples)
     assert out["tokens"] == tokens
     # Exact: the correctly rounded value of the exact rational, whatever the split.
@@ -280,7 +285,9 @@ def test_window_is_exact_ratio_of_totals_for_any_split(samples, cuts, timing):
     ticks=st.lists(st.integers(0, 2**20), min_size=9, max_size=9),
     devices=devices_st,
 )
-def test_many_calls_equal_one_call_of_the_same_samples(samples, cuts, ticks, devices):
+def test_many_calls_equal_one_call_of_the_same_samples(
+    samples: list[int], cuts: list[int], ticks: list[int], devices: int | float
+) -> None:
     # Seconds are multiples of 2**-10 so the single call can be given their exact sum.
     bounds = sorted({0, len(samples), *(c for c in cuts if c <= len(samples))})
     calls = [
@@ -292,7 +299,7 @@ def test_many_calls_equal_one_call_of_the_same_samples(samples, cuts, ticks, dev
 
 @settings(max_examples=100, deadline=None)
 @given(calls=calls_st, seed=st.integers(0, 2**32))
-def test_order_of_calls_does_not_change_a_single_bit(calls, seed):
+def test_order_of_calls_does_not_change_a_single_bit(calls: list[Call], seed: int) -> None:
     shuffled = list(calls)
     random.Random(seed).shuffle(shuffled)
     assert bits(fed(calls).calculate()) == bits(fed(shuffled).calculate())
@@ -301,7 +308,7 @@ def test_order_of_calls_does_not_change_a_single_bit(calls, seed):
 
 @settings(max_examples=100, deadline=None)
 @given(first=calls_st, second=calls_st)
-def test_merge_equals_one_metric_fed_both_streams(first, second):
+def test_merge_equals_one_metric_fed_both_streams(first: list[Call], second: list[Call]) -> None:
     merged, other = fed(first), fed(second)
     other_before = other.state()
     merged.merge(other)
@@ -313,14 +320,14 @@ def test_merge_equals_one_metric_fed_both_streams(first, second):
 
 @settings(max_examples=50, deadline=None)
 @given(calls=calls_st)
-def test_state_round_trips_through_strict_json(calls):
+def test_state_round_trips_through_strict_json(calls: list[Call]) -> None:
     metric = fed(calls)
     restored = ThroughputMetric.from_state(orjson.loads(orjson.dumps(metric.state())))
     assert restored == metric
     assert bits(restored.calculate()) == bits(metric.calculate())
 
 
-def test_partials_from_many_workers_reduce_to_the_whole():
+def test_partials_from_many_workers_reduce_to_the_whole() -> None:
     workers = [fed([([w, w + 1], 0.1 * (w + 1), 8)]) for w in range(4)]
     total = ThroughputMetric()
     for state in [w.state() for w in workers]:
@@ -358,32 +365,40 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize(("argument", "value"), BAD_INPUTS)
-def test_bad_input_is_rejected_by_name_and_leaves_state_unchanged(argument, value):
+def test_bad_input_is_rejected_by_name_and_leaves_state_unchanged(
+    argument: str, value: object
+) -> None:
     metric = fed([([5, 6], 0.5, 2)])
     before = metric.state()
     with pytest.raises(InvalidArgumentError, match=argument) as info:
-        metric.accumulate(**{**GOOD, argument: value})
+        # the bad value is the point
+        metric.accumulate(**{**GOOD, argument: value})  # type: ignore[arg-type]
     assert "got" in str(info.value)
     assert metric.state() == before
 
 
 @pytest.mark.parametrize(("argument", "value"), BAD_INPUTS)
-def test_a_batch_with_bad_input_is_rejected_by_name(argument, value):
+def test_a_batch_with_bad_input_is_rejected_by_name(argument: str, value: object) -> None:
     with pytest.raises(InvalidArgumentError, match=argument) as info:
-        ThroughputMetric.calculate_batch(**{**GOOD, argument: value})
+        # the bad value is the point
+        ThroughputMetric.calculate_batch(**{**GOOD, argument: value})  # type: ignore[arg-type]
     assert str(info.value).startswith("ThroughputMetric.calculate_batch: ")
     assert "got" in str(info.value)
 
 
 @pytest.mark.parametrize("lengths", [[True, 5], [5, False], [0, 1, True], [2, 3.0], [Fraction(3)]])
-def test_a_batch_refuses_bools_and_non_int_lengths_next_to_valid_ones(lengths):
+def test_a_batch_refuses_bools_and_non_int_lengths_next_to_valid_ones(
+    lengths: list[object],
+) -> None:
     with pytest.raises(InvalidArgumentError, match=r"lengths\[\d\] must be an int"):
-        ThroughputMetric.calculate_batch(lengths=lengths, seconds=1.0, devices=1)
+        # the bad lengths are the point
+        ThroughputMetric.calculate_batch(lengths=lengths, seconds=1.0, devices=1)  # type: ignore[arg-type]
 
 
-def test_merge_rejects_other_types():
+def test_merge_rejects_other_types() -> None:
     with pytest.raises(InvalidArgumentError, match="other"):
-        ThroughputMetric().merge({"seconds": "1"})
+        # the wrong type is the point
+        ThroughputMetric().merge({"seconds": "1"})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -401,7 +416,7 @@ def test_merge_rejects_other_types():
         lambda s: s["lengths"].update(total=-1),
     ],
 )
-def test_from_state_rejects_malformed_state(mutate):
+def test_from_state_rejects_malformed_state(mutate: Callable[[dict[str, Any]], object]) -> None:
     state = fed([([5, 6], 0.5, 2)]).state()
     mutate(state)
     with pytest.raises(InvalidArgumentError, match="state"):
@@ -425,7 +440,7 @@ def footprint(metric: ThroughputMetric) -> int:
     return size
 
 
-def test_memory_does_not_grow_over_100k_accumulate_calls():
+def test_memory_does_not_grow_over_100k_accumulate_calls() -> None:
     # Per distinct length one count: after every distinct length of the run has been
     # seen, 99k more calls (with a calculate() each 100) add nothing but a few digits.
     pattern = [[(i * 7919) % 9000, (i * 104729) % (1 << 30)] for i in range(1000)]

@@ -284,7 +284,12 @@ def test_sync_barrier_runs_before_the_start_and_before_the_end_reading() -> None
 
 def test_span_without_sync_reads_the_clock_only() -> None:
     events: list[str] = []
-    rec = TimeRecorder(lambda: events.append("clock") or 0)
+
+    def clock() -> int:
+        events.append("clock")
+        return 0
+
+    rec = TimeRecorder(clock)
     events.clear()
     with rec.span("step"):
         events.append("body")
@@ -382,7 +387,7 @@ def test_timed_async_function_spans_its_awaited_body(rec: TimeRecorder, clock: M
         results = await asyncio.gather(fetch(5), fetch(7))
         with pytest.raises(StepFailedError):
             await fail()
-        return results
+        return list(results)
 
     assert asyncio.run(main()) == [5, 7]
     spans = rec.drain()
@@ -585,7 +590,7 @@ def test_span_rejects_a_sync_that_is_not_callable(rec: TimeRecorder) -> None:
     with pytest.raises(InvalidArgumentError, match="sync must be a zero-argument callable"):
         rec.span("x", sync=True)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="sync must be a zero-argument callable"):
-        rec.timed("x", sync=0)  # type: ignore[arg-type]
+        rec.timed("x", sync=0)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize(
@@ -611,7 +616,7 @@ def test_use_recorder_rejects_other_objects() -> None:
 
 def test_timed_rejects_non_callables(rec: TimeRecorder) -> None:
     with pytest.raises(InvalidArgumentError, match="timed decorates a function"):
-        rec.timed("x")(42)  # type: ignore[call-overload]
+        rec.timed("x")(42)  # type: ignore[arg-type]
 
 
 # -- Span values ----------------------------------------------------------------------------

@@ -267,6 +267,8 @@ def test_observer_publishing_from_inside_a_hook_is_dispatched_after_the_current_
 def test_every_event_type_has_exactly_one_hook() -> None:
     import typing
 
+    from blinker import NamedSignal
+
     from twinkle.events import EVENT_TYPES, SIGNALS
 
     assert set(HOOK_FOR_EVENT) == set(EVENT_TYPES.values())
@@ -276,7 +278,9 @@ def test_every_event_type_has_exactly_one_hook() -> None:
         # that type, and the signal carries the type's name
         spec = getattr(hookspecs, hook)
         assert typing.get_type_hints(spec)["event"] is cls, hook
-        assert SIGNALS[cls].name == f"twinkle.{cls.TYPE}"
+        signal = SIGNALS[cls]
+        assert isinstance(signal, NamedSignal), hook
+        assert signal.name == f"twinkle.{cls.TYPE}"
 
 
 def test_every_hookspec_documents_when_it_fires_and_each_argument() -> None:

@@ -125,10 +125,12 @@ def test_the_run_refuses_events_that_break_its_lifecycle(tmp_path: Path) -> None
 
 def test_states_are_an_enum() -> None:
     run = _run()
-    assert run.state is RunState.NEW
+    states = [run.state]  # (asserted at the end: mypy keeps an assert's narrowing of run.state)
     with run:
-        assert run.state is RunState.RUNNING
-    assert run.state is RunState.FINISHED
+        states.append(run.state)
+    states.append(run.state)
+    assert states == [RunState.NEW, RunState.RUNNING, RunState.FINISHED]
+    assert all(type(state) is RunState for state in states)
     assert isinstance(run.pm, ObserverManager)
 
 

@@ -22,7 +22,9 @@ def test_a_straggler_keeps_its_speed_and_a_new_engine_is_typical() -> None:
     xs = [100, 110, 120, 130]
     fast = _engine("fast", [(x, 10 + x // 10) for x in xs])
     slow = _engine("slow", [(x, 2 * (10 + x // 10)) for x in xs])
-    fits, new = fit_engines([fast, slow], "rollout")
+    fitted = fit_engines([fast, slow], "rollout")
+    assert fitted is not None
+    fits, new = fitted
     assert new.a_ns == pytest.approx(10) and new.b_ns_per_token == pytest.approx(0.1)
     assert fits["fast"].ns(200) == pytest.approx(30)
     assert fits["slow"].ns(200) == pytest.approx(60)
@@ -31,7 +33,9 @@ def test_a_straggler_keeps_its_speed_and_a_new_engine_is_typical() -> None:
 def test_a_line_not_known_well_enough_is_proportional() -> None:
     """x 100, 101, 102 and y 30, 10, 30: slope 0, not used; 70 ns over 303 tokens."""
     rec = _engine("e", [(100, 30), (101, 10), (102, 30)])
-    fits, new = fit_engines([rec], "rollout")
+    fitted = fit_engines([rec], "rollout")
+    assert fitted is not None
+    fits, new = fitted
     assert new == Fit(0.0, 70 / 303) == fits["e"]
 
 

@@ -62,6 +62,7 @@ def test_json_and_the_plot_and_the_kept_prediction(
 def test_bad_changes_name_the_option(
     run: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    code: int | str | None
     try:
         code = main(["whatif", str(run), *args])
     except SystemExit as exc:  # (argparse's own refusal)
