@@ -43,9 +43,10 @@ def holder_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         assert proc.stdout.readline().strip() == "held"
         yield proc
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def test_lock_file_lives_in_the_chosen_directory(

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from twinkle.engines.ports import PortClaim, PortRegistry, PortReservationError
+from twinkle.engines.ports import PortClaim, PortRegistry, PortReservationError, Reservation
 from twinkle.errors import InvalidArgumentError, LockTimeoutError
 from twinkle.locks import FileLock
 
@@ -53,20 +53,22 @@ def test_concurrent_reservations_never_share_a_port(tmp_path: Path) -> None:
     registries = [
         PortRegistry(tmp_path, port_range=TEST_RANGE) for _ in range(16)
     ]  # separate lock objects
-    results: list[tuple[int, ...]] = []
+    results: list[Reservation] = []
     barrier = threading.Barrier(16)
 
     def reserve(reg: PortRegistry) -> None:
         barrier.wait()
-        results.append(reg.reserve(4).ports)
+        results.append(reg.reserve(4))
 
     threads = [threading.Thread(target=reserve, args=(r,)) for r in registries]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ports = [p for r in results for p in r]
+    ports = [p for r in results for p in r.ports]
     assert len(ports) == 64 and len(set(ports)) == 64
+    for res in results:
+        res.release()
 
 
 def test_a_port_bound_by_someone_else_is_never_handed_out(tmp_path: Path) -> None:
@@ -83,10 +85,12 @@ def test_a_port_bound_by_someone_else_is_never_handed_out(tmp_path: Path) -> Non
 
 def test_contiguous_reservation_returns_consecutive_ports(tmp_path: Path) -> None:
     registry = PortRegistry(tmp_path, port_range=TEST_RANGE)
-    for _ in range(5):
-        res = registry.reserve(8, contiguous=True)
+    held = [registry.reserve(8, contiguous=True) for _ in range(5)]
+    for res in held:
         assert list(res.ports) == list(range(res.ports[0], res.ports[0] + 8))
     assert len({c.port for c in registry.claims()}) == 40
+    for res in held:
+        res.release()
 
 
 def test_contiguous_reservation_skips_a_hole(tmp_path: Path) -> None:
@@ -94,10 +98,10 @@ def test_contiguous_reservation_skips_a_hole(tmp_path: Path) -> None:
     registry = PortRegistry(tmp_path, port_range=(base, base + 4))
     with socket.socket() as foreign:
         foreign.bind(("0.0.0.0", base + 1))
-        res = registry.reserve(3, contiguous=True)
-        assert res.ports == (base + 2, base + 3, base + 4)
-        with pytest.raises(PortReservationError, match="consecutive"):
-            registry.reserve(2, contiguous=True)
+        with registry.reserve(3, contiguous=True) as res:
+            assert res.ports == (base + 2, base + 3, base + 4)
+            with pytest.raises(PortReservationError, match="consecutive"):
+                registry.reserve(2, contiguous=True)
 
 
 def test_stale_claims_of_a_killed_process_are_reclaimed(tmp_path: Path) -> None:
@@ -125,9 +129,10 @@ def test_stale_claims_of_a_killed_process_are_reclaimed(tmp_path: Path) -> None:
         registry.reserve(1)  # both claimed by a live process although bindable
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    res = registry.reserve(2)  # reclaimed
-    assert sorted(res.ports) == [base, base + 1]
-    assert {c.label for c in registry.claims()} == {""}
+    proc.stdout.close()
+    with registry.reserve(2) as res:  # reclaimed
+        assert sorted(res.ports) == [base, base + 1]
+        assert {c.label for c in registry.claims()} == {""}
 
 
 def test_a_reused_pid_does_not_keep_a_claim_alive(tmp_path: Path) -> None:
@@ -149,9 +154,9 @@ def test_an_unreadable_registry_is_started_afresh(
 ) -> None:
     (tmp_path / "ports.json").write_bytes(b"{not json")
     registry = PortRegistry(tmp_path, port_range=TEST_RANGE)
-    res = registry.reserve(1)
-    assert "unreadable" in caplog.text
-    assert [c.port for c in registry.claims()] == list(res.ports)
+    with registry.reserve(1) as res:
+        assert "unreadable" in caplog.text
+        assert [c.port for c in registry.claims()] == list(res.ports)
 
 
 def test_registry_lock_timeout_names_the_lock_file(tmp_path: Path) -> None:
@@ -186,8 +191,8 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
     registry = PortRegistry(tmp_path, port_range=(15000, 15009))
     with pytest.raises(InvalidArgumentError, match="count="):
         registry.reserve(11)
-    with pytest.raises(InvalidArgumentError, match="index="):
-        registry.reserve(1).socket(3)
+    with registry.reserve(1) as res, pytest.raises(InvalidArgumentError, match="index="):
+        res.socket(3)
 
 
 def _free_block(n: int) -> int:

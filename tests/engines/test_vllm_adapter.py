@@ -93,8 +93,8 @@ def test_engines_report_no_usage_statistics_unless_asked() -> None:
 def test_each_engine_gets_its_reserved_ports_in_its_environment(tmp_path: Path) -> None:
     registry = PortRegistry(tmp_path, port_range=(15000, 19999))  # below the host-wide range
     config = VllmConfig(model="m", devices="1,3", env={"MASTER_ADDR": "10.0.0.1"})
-    res = registry.reserve(2 + config.internal_ports, contiguous=True)
-    ports = VllmPorts.from_reservation(res)
+    with registry.reserve(2 + config.internal_ports, contiguous=True) as res:
+        ports = VllmPorts.from_reservation(res)
     argv, env = vllm_command(config, ports, base_env={"PATH": "/bin", "VLLM_PORT": "1"})
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--port") + 1] == str(ports.api_port) == str(res.ports[0])

@@ -372,9 +372,10 @@ def test_another_processs_memory_is_its_own_resident_set_and_peak() -> None:
         else:  # elsewhere another process's peak is its current set
             assert reading.host_peak_rss_bytes == reading.host_rss_bytes > 0
     finally:
-        assert child.stdin is not None
+        assert child.stdin is not None and child.stdout is not None
         child.stdin.close()
         child.wait(timeout=30)
+        child.stdout.close()
 
 
 def test_reading_a_process_that_is_gone_names_it() -> None:
