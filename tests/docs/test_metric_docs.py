@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from observers.test_scripted_run import scripted_run
 from twinkle.perf import ManualClock
 from twinkle.perf.stats import MemoryReading
 from twinkle.run import RunSession
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "observers"))
-from test_scripted_run import scripted_run  # noqa: E402
 
 FIELDS = [
     "device_allocated",

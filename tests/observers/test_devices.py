@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 import pytest
-from test_steady_state import CONFIG as STEADY_CONFIG
-from test_steady_state import _one, _run
 
+from observers.test_steady_state import CONFIG as STEADY_CONFIG
+from observers.test_steady_state import _one, _run
 from twinkle.errors import ConfigError
 from twinkle.observers import ObserverConfig
 

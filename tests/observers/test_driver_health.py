@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
 
+from observers.test_scripted_run import manual_session
 from twinkle.observers._driver_health import DRIVER_KEYS
 
 MS = 1_000_000
@@ -57,7 +57,7 @@ def _state(row: tuple[Any, ...]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run, clock = manual_session(tmp_path_factory.mktemp("driver"), "d", CONFIG)
-    events = [(row[0], "snapshot", row) for row in SNAPSHOTS]
+    events: list[tuple[int, str, Any]] = [(row[0], "snapshot", row) for row in SNAPSHOTS]
     events += [(at, "boundary", i) for i, at in enumerate([10, 100, 200])]
     events.append((260, "caller", None))  # the caller's own snapshot: not read
     for at, what, arg in sorted(events, key=lambda e: e[0]):

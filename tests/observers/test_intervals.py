@@ -7,6 +7,7 @@ reference: a union is a set union, an overlap a set intersection, a length a set
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ intervals_st = st.lists(interval_st, max_size=12)
 CONFIG = ObserverConfig.parse(
     {"phases": {"gen": ["gen"], "train": ["train.*"], "load": ["load"]}, "finalise_lag": 1}
 )
-PHASE = {"gen": "gen", "train.fwd": "train", "load": "load", "other": None}
+PHASE: dict[str, str | None] = {"gen": "gen", "train.fwd": "train", "load": "load", "other": None}
 span_st = st.tuples(
     st.sampled_from(sorted(PHASE)), st.integers(-20, 60), st.integers(0, 30), st.integers(1, 3)
 )
@@ -33,7 +34,9 @@ def points(intervals: list[Interval]) -> set[int]:
 
 @settings(max_examples=300, deadline=None)
 @given(intervals=intervals_st)
-def test_merge_gives_sorted_disjoint_intervals_covering_the_same_points(intervals):
+def test_merge_gives_sorted_disjoint_intervals_covering_the_same_points(
+    intervals: list[Interval],
+) -> None:
     merged = merge(intervals)
     assert points(merged) == points(intervals)
     assert all(s < e for s, e in merged)
@@ -43,7 +46,9 @@ def test_merge_gives_sorted_disjoint_intervals_covering_the_same_points(interval
 
 @settings(max_examples=300, deadline=None)
 @given(a=intervals_st, b=intervals_st)
-def test_subtract_and_intersect_of_merged_lists_are_the_set_operations(a, b):
+def test_subtract_and_intersect_of_merged_lists_are_the_set_operations(
+    a: list[Interval], b: list[Interval]
+) -> None:
     ma, mb = merge(a), merge(b)
     difference = subtract(ma, mb)
     assert points(difference) == points(a) - points(b)
@@ -53,19 +58,25 @@ def test_subtract_and_intersect_of_merged_lists_are_the_set_operations(a, b):
     assert both == merge(both)
 
 
-def reference_window(lo, hi, spans, overhead):
+def reference_window(
+    lo: int,
+    hi: int,
+    spans: list[tuple[str, int, int, int]],
+    overhead: list[tuple[int, int, int]],
+) -> dict[str, Any]:
     """The window's figures as set operations on the points of ``[lo, hi)``."""
     window = set(range(lo, hi))
     over = {tid: points([(s, e) for s, e, t in overhead if t == tid]) & window for tid in (1, 2, 3)}
-    phase = {p: set() for p in CONFIG.phases}
-    logical = {p: set() for p in CONFIG.phases}
+    phase: dict[str, set[int]] = {p: set() for p in CONFIG.phases}
+    logical: dict[str, set[int]] = {p: set() for p in CONFIG.phases}
     span_ns = 0
     for name, start, end, tid in spans:
         pts = points([(start, end)]) & window
         span_ns += len(pts)
-        if PHASE[name] is not None:
-            phase[PHASE[name]] |= pts
-            logical[PHASE[name]] |= pts - over[tid]
+        in_phase = PHASE[name]
+        if in_phase is not None:
+            phase[in_phase] |= pts
+            logical[in_phase] |= pts - over[tid]
     return {
         "overhead": len(set().union(*over.values())),
         "busy": len(set().union(*phase.values())),
@@ -84,7 +95,11 @@ def reference_window(lo, hi, spans, overhead):
         st.tuples(st.integers(-20, 60), st.integers(0, 10), st.integers(1, 3)), max_size=10
     ),
 )
-def test_a_window_measures_unions_overlaps_and_logical_time_of_its_points(bounds, spans, overhead):
+def test_a_window_measures_unions_overlaps_and_logical_time_of_its_points(
+    bounds: tuple[int, int],
+    spans: list[tuple[str, int, int, int]],
+    overhead: list[tuple[int, int, int]],
+) -> None:
     lo, hi = bounds[0], bounds[0] + bounds[1]
     pieces = [(PHASE[name], s, s + d, tid) for name, s, d, tid in spans]
     over = [(s, s + d, tid) for s, d, tid in overhead]
@@ -109,7 +124,9 @@ def test_a_window_measures_unions_overlaps_and_logical_time_of_its_points(bounds
         st.tuples(st.integers(-20, 60), st.integers(0, 10), st.integers(1, 3)), max_size=10
     ),
 )
-def test_the_attributed_view_keeps_spans_whole_and_deducts_overhead_per_thread(spans, overhead):
+def test_the_attributed_view_keeps_spans_whole_and_deducts_overhead_per_thread(
+    spans: list[tuple[str, int, int, int]], overhead: list[tuple[int, int, int]]
+) -> None:
     data = IterationData(0)
     data.spans = [(PHASE[n], s, s + d, None, tid, True) for n, s, d, tid in spans]
     over = [(s, s + d, tid) for s, d, tid in overhead]

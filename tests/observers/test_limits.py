@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
 
 from _recompute import check_replay
+from observers.test_scripted_run import manual_session
 from twinkle.observers import ObserverConfig
 from twinkle.observers._limits import verdict
 from twinkle.perf import Span

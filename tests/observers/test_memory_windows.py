@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
 
 from _recompute import check_replay
+from observers.test_scripted_run import manual_session
 from twinkle.perf.stats import MemoryReading
 
 MS = 1_000_000
@@ -57,7 +57,9 @@ READINGS: list[tuple[int, int | None, str, int]] = [
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run, clock = manual_session(tmp_path_factory.mktemp("memory"), "memory", CONFIG)
     bus = run.bus
-    events = [(at, "reading", (it, w, rss)) for at, it, w, rss in READINGS]
+    events: list[tuple[int, str, tuple[Any, ...]]] = [
+        (at, "reading", (it, w, rss)) for at, it, w, rss in READINGS
+    ]
     events += [(at, "boundary", (i,)) for i, at in enumerate([10, 100, 200])]
     for at, what, args in sorted(events, key=lambda e: (e[0], e[1] != "boundary")):
         clock.set(at * MS)

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from twinkle.errors import ConfigError, RecordError
-from twinkle.events import dumps_event, event_from_dict
+from twinkle.events import SamplesObserved, dumps_event, event_from_dict
 from twinkle.metric import (
     ModelShape,
     forward_flops,
@@ -406,4 +406,5 @@ def test_samples_without_prompt_lengths_log_no_such_key(tmp_path: Path) -> None:
     data = orjson.loads(older)
     del data["seq"]  # (the log's, not the event's)
     event = event_from_dict(data)
+    assert isinstance(event, SamplesObserved)
     assert event.prompt_lengths == () and dumps_event(event) == orjson.dumps(data)

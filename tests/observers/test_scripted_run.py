@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from twinkle.observers import ThroughputObserver, TimingObserver
 from twinkle.perf import ManualClock, Span
 from twinkle.run import RunSession
 
@@ -234,6 +235,7 @@ def test_overhead_intervals_are_pruned_as_iterations_close(tmp_path: Path) -> No
     ).start()
     timing = run.pm.get_plugin("timing")
     throughput = run.pm.get_plugin("throughput")
+    assert isinstance(timing, TimingObserver) and isinstance(throughput, ThroughputObserver)
     for i in range(200):
         run.bus.iteration_started(i)
         base = i * 10

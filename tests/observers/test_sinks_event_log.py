@@ -55,8 +55,8 @@ class StuckDisk:
 
 
 def test_boundaries_never_wait_for_the_writer_until_the_bound_of_batches_in_flight(
-    tmp_path, monkeypatch, caplog
-):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     disk = StuckDisk()
     monkeypatch.setattr(jsonl_mod, "_os_write", disk)
     caplog.set_level(logging.WARNING, logger="twinkle.reporting")
@@ -91,7 +91,7 @@ def test_boundaries_never_wait_for_the_writer_until_the_bound_of_batches_in_flig
     assert any("the caller waits for the writer" in r.getMessage() for r in caplog.records)
 
 
-def test_the_event_log_writes_through_the_reporters_writer_class(tmp_path):
+def test_the_event_log_writes_through_the_reporters_writer_class(tmp_path: Path) -> None:
     sink = EventLogSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
     try:
@@ -104,7 +104,7 @@ def test_the_event_log_writes_through_the_reporters_writer_class(tmp_path):
     assert iterations(tmp_path / "events.jsonl") == [0]
 
 
-def test_a_replay_writes_each_batch_inline_before_the_event_returns(tmp_path):
+def test_a_replay_writes_each_batch_inline_before_the_event_returns(tmp_path: Path) -> None:
     sink = EventLogSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
     try:
@@ -118,8 +118,8 @@ def test_a_replay_writes_each_batch_inline_before_the_event_returns(tmp_path):
 
 
 def test_a_write_error_surfaces_at_the_next_hand_over_and_the_events_are_kept(
-    tmp_path, monkeypatch
-):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = jsonl_mod._os_write
     full = threading.Event()
     full.set()
@@ -159,7 +159,7 @@ def feed(sink: EventLogSink, start: int, n: int) -> list[IterationStarted]:
     return events
 
 
-def test_every_line_begins_with_its_seq_then_the_events_own_json(tmp_path):
+def test_every_line_begins_with_its_seq_then_the_events_own_json(tmp_path: Path) -> None:
     sink = EventLogSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path))
     events = feed(sink, 0, 5)
@@ -172,7 +172,7 @@ def test_every_line_begins_with_its_seq_then_the_events_own_json(tmp_path):
         )
 
 
-def test_seq_continues_after_the_last_line_of_the_file(tmp_path):
+def test_seq_continues_after_the_last_line_of_the_file(tmp_path: Path) -> None:
     for start in (0, 3):
         sink = EventLogSink()
         sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))
@@ -181,7 +181,7 @@ def test_seq_continues_after_the_last_line_of_the_file(tmp_path):
     assert [o["seq"] for o in lines_of(tmp_path / "events.jsonl")] == list(range(6))
 
 
-def test_a_log_of_an_older_twinkle_without_seq_is_continued_from_zero(tmp_path):
+def test_a_log_of_an_older_twinkle_without_seq_is_continued_from_zero(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(dumps_event(started(i)) + b"\n" for i in range(2)))
     sink = EventLogSink()
@@ -192,7 +192,9 @@ def test_a_log_of_an_older_twinkle_without_seq_is_continued_from_zero(tmp_path):
     assert [o["iteration"] for o in lines_of(path)] == [0, 1, 2, 3]
 
 
-def test_an_event_that_cannot_be_written_takes_no_seq(tmp_path, monkeypatch):
+def test_an_event_that_cannot_be_written_takes_no_seq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(jsonl_mod, "MAX_LINE_BYTES", 1024)
     sink = EventLogSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, replay=True))

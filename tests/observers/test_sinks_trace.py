@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from _recompute import span_list
 from twinkle.errors import WriteError
 from twinkle.events import (
     EngineAck,
+    Event,
     IterationStarted,
     RunFinished,
     RunStarted,
@@ -59,7 +61,7 @@ def _writer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "twinkle-trace"]
 
 
-def test_a_live_trace_is_written_by_its_own_thread_complete_and_in_order(tmp_path):
+def test_a_live_trace_is_written_by_its_own_thread_complete_and_in_order(tmp_path: Path) -> None:
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}))
     assert len(_writer_threads()) == 1
@@ -82,7 +84,7 @@ def test_a_live_trace_is_written_by_its_own_thread_complete_and_in_order(tmp_pat
     assert [e["name"] for e in events[-2:]] == ["thread_name", "thread_name"]
 
 
-def test_a_replayed_trace_is_written_inline_and_equals_the_live_one(tmp_path):
+def test_a_replayed_trace_is_written_inline_and_equals_the_live_one(tmp_path: Path) -> None:
     live, inline = TraceSink(), TraceSink()
     live.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path / "live", config={}))
     inline.twinkle_configure(
@@ -98,12 +100,14 @@ def test_a_replayed_trace_is_written_inline_and_equals_the_live_one(tmp_path):
 
 
 @pytest.mark.parametrize("budget_mb", [None, 200])
-def test_a_trace_is_the_same_however_its_writer_batched_the_events(tmp_path, budget_mb):
+def test_a_trace_is_the_same_however_its_writer_batched_the_events(
+    tmp_path: Path, budget_mb: int | None
+) -> None:
     """A writer hands the sink whatever came since its last turn: one event, or many.
     Each event's lines (a new process's name among them, mid-run) keep their place."""
     config = {"trace": {"budget_mb": budget_mb}}
     other = ClockAnchor(monotonic_ns=1_000_000, wall_ns=5, pid=8, hostname="node1")
-    events: list = [RunStarted(RUN, 1_000_000, 5, ANCHOR, config)]
+    events: list[Event] = [RunStarted(RUN, 1_000_000, 5, ANCHOR, config)]
     for i in range(6):
         events.append(IterationStarted(RUN, 1_000_000 + 10_000 * i, 9, i))
         events.append(_batch(i))
@@ -111,16 +115,16 @@ def test_a_trace_is_the_same_however_its_writer_batched_the_events(tmp_path, bud
             spans = (Span("gen", 1_031_000, 1_032_000, 3, 8, {}, None),)
             events.append(SpanBatch(RUN, 1, 2, "engine", other, spans))
     events.append(RunFinished(RUN, 1_070_000, 9))
-    traces = []
+    traces: list[bytes] = []
     for batched in (False, True):
         out = tmp_path / str(batched)
         sink = TraceSink()
         sink.twinkle_configure(RunContext(run_id=RUN, out_dir=out, config=config, replay=True))
         if batched:
-            sink._write_events(events)
+            sink._write_events(list(events))
             sink._finished = True
         else:
-            hooks = {
+            hooks: dict[type[Event], Callable[[Any], None]] = {
                 RunStarted: sink.twinkle_run_started,
                 IterationStarted: sink.twinkle_iteration_started,
                 SpanBatch: sink.twinkle_spans,
@@ -136,7 +140,7 @@ def test_a_trace_is_the_same_however_its_writer_batched_the_events(tmp_path, bud
     assert named and named[0] < [e["name"] for e in trace].index("gen")
 
 
-def test_without_an_output_directory_nothing_is_started_or_written(tmp_path):
+def test_without_an_output_directory_nothing_is_started_or_written(tmp_path: Path) -> None:
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=None, config={}))
     assert _writer_threads() == []
@@ -145,16 +149,18 @@ def test_without_an_output_directory_nothing_is_started_or_written(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_trace_whose_write_failed_is_never_put_in_place(tmp_path, monkeypatch):
+def test_a_trace_whose_write_failed_is_never_put_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A disk fault in the middle of a batch leaves half of it in the file: that trace
     is dropped at close (the previous one stays) rather than committed as bad JSON."""
     (tmp_path / "trace.json").write_bytes(b"[]\n")
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}, replay=True))
     real_write = ReplacingFile.write
-    calls = []
+    calls: list[int] = []
 
-    def half_then_enospc(self, data):
+    def half_then_enospc(self: ReplacingFile, data: bytes) -> None:
         calls.append(len(data))
         if len(calls) == 1:  # the first batch after the head: half of it, then a fault
             real_write(self, data[: len(data) // 2])
@@ -193,7 +199,7 @@ def _check_trace_rules(trace: list[dict[str, Any]]) -> None:
             stack.append(end)
 
 
-def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_path):
+def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_path: Path) -> None:
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}))
     sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR))
@@ -213,7 +219,7 @@ def test_spans_half_over_each_other_on_one_thread_go_to_a_lane_of_their_own(tmp_
     _check_trace_rules(trace)
 
 
-def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path):
+def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path: Path) -> None:
     """Required fields, X events with dur, per-thread nesting; one X per span of the log;
     a named track for every process; an arrow from each publish to each engine's load;
     a counter per memory reading; a marker per iteration."""
@@ -335,7 +341,9 @@ def _streaming_run(out_dir: Path) -> Path:
     return out_dir / "named"
 
 
-def test_a_training_thread_whose_first_span_is_an_engines_is_named_the_trainer(tmp_path):
+def test_a_training_thread_whose_first_span_is_an_engines_is_named_the_trainer(
+    tmp_path: Path,
+) -> None:
     trace = _trace(_streaming_run(tmp_path) / "trace.json")
     _check_trace_rules(trace)
     me = threading.get_ident()
@@ -361,7 +369,7 @@ def test_a_training_thread_whose_first_span_is_an_engines_is_named_the_trainer(t
             assert _track_name(trace, event).startswith(f"{expected} (thread "), event
 
 
-def test_iteration_markers_and_publishes_sit_on_named_tracks(tmp_path):
+def test_iteration_markers_and_publishes_sit_on_named_tracks(tmp_path: Path) -> None:
     trace = _trace(_streaming_run(tmp_path) / "trace.json")
     markers = [e for e in trace if e["ph"] == "i"]
     assert [e["name"] for e in markers] == ["iteration 0", "iteration 1"]
@@ -372,7 +380,7 @@ def test_iteration_markers_and_publishes_sit_on_named_tracks(tmp_path):
     assert _track_name(trace, publishes[0]) == "weights"
 
 
-def test_every_arrow_of_a_run_has_both_ends(tmp_path):
+def test_every_arrow_of_a_run_has_both_ends(tmp_path: Path) -> None:
     """The initial load (version 0) was never published: it gets no arrow end of its own;
     version 1's load, which reached the trace first, is joined to its publish."""
     trace = _trace(_streaming_run(tmp_path) / "trace.json")
@@ -386,13 +394,13 @@ def test_every_arrow_of_a_run_has_both_ends(tmp_path):
     assert load["args"]["version"] == 1
 
 
-def test_a_replayed_log_gives_the_same_trace_byte_for_byte(tmp_path):
+def test_a_replayed_log_gives_the_same_trace_byte_for_byte(tmp_path: Path) -> None:
     run_dir = _streaming_run(tmp_path / "live")
     replay(run_dir / "events.jsonl", tmp_path / "replayed", autoload=False)
     assert (tmp_path / "replayed/trace.json").read_bytes() == (run_dir / "trace.json").read_bytes()
 
 
-def test_a_single_thread_loop_like_trls_is_named_the_trainer_not_twinkle(tmp_path):
+def test_a_single_thread_loop_like_trls_is_named_the_trainer_not_twinkle(tmp_path: Path) -> None:
     """TRL's callback and a user's own loop train on the thread that publishes the run's
     events, so twinkle's own spans come first there: the thread is still the trainer's
     (TRL's phases: ``train`` and ``step``, no streaming), or the loop's recorder's
@@ -425,8 +433,8 @@ def test_a_single_thread_loop_like_trls_is_named_the_trainer_not_twinkle(tmp_pat
 
 
 def test_a_thread_with_twinkles_spans_only_is_named_twinkles_and_arrows_wait_for_both_ends(
-    tmp_path,
-):
+    tmp_path: Path,
+) -> None:
     """Ends in any order: a publish before its load, a load no publish announced (no
     arrow), a publish whose load never came (no arrow)."""
     sink = TraceSink()
@@ -470,7 +478,9 @@ def test_a_thread_with_twinkles_spans_only_is_named_twinkles_and_arrows_wait_for
     ]
 
 
-def test_arrow_ends_waiting_for_their_other_end_are_bounded(tmp_path, monkeypatch):
+def test_arrow_ends_waiting_for_their_other_end_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A publisher whose engines time no load leaves every publish's end waiting: the
     sink remembers the last ARROW_MEMORY of them, and draws no arrow for one it forgot."""
     monkeypatch.setattr(trace_module, "ARROW_MEMORY", 2)

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
 
+from observers.test_scripted_run import manual_session
 from twinkle.errors import ConfigError
 from twinkle.observers import ObserverConfig
 from twinkle.perf import Span
@@ -108,7 +108,10 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _one(run_dir: Path, kind: str, scope: str) -> dict[str, Any]:
-    [values] = [r["values"] for r in _records(run_dir) if (r["kind"], r["scope"]) == (kind, scope)]
+    found: list[dict[str, Any]] = [
+        r["values"] for r in _records(run_dir) if (r["kind"], r["scope"]) == (kind, scope)
+    ]
+    [values] = found
     return values
 
 

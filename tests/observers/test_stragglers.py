@@ -23,8 +23,8 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_scripted_run import manual_session
 
+from observers.test_scripted_run import manual_session
 from twinkle.observers._stragglers import _peer_medians
 from twinkle.perf import Span
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session  # the same manual-clock session
 
+from observers.test_scripted_run import manual_session  # the same manual-clock session
 from twinkle.observers._intervals import union_ns
 from twinkle.perf import Span
 from twinkle.perf.stats import MemoryReading

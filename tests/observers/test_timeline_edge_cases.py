@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session  # the same manual-clock session
-from test_timeline import _ms, _values  # (the records, read as there)
 
+from observers.test_scripted_run import manual_session  # the same manual-clock session
+from observers.test_timeline import _ms, _values  # (the records, read as there)
 from twinkle.events import IterationStarted, RunFinished, RunStarted, SpanBatch
 from twinkle.observers import Timeline
 from twinkle.perf import ClockAnchor, Span

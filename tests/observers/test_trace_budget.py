@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
-from test_sinks_trace import _check_trace_rules
 
 from _recompute import span_list
+from observers.test_scripted_run import manual_session
+from observers.test_sinks_trace import _check_trace_rules
 from twinkle.errors import ConfigError
 from twinkle.observers import ObserverConfig
 from twinkle.observers._trace_budget import TraceBudget

@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 import pytest
-from test_scripted_run import manual_session
 
+from observers.test_scripted_run import manual_session
 from twinkle.observers._workers import WorkerLedger, WorkerTiming, measure_workers
 from twinkle.perf import Span
 from twinkle.report import format_report, load_report

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _sizes import DEFAULT, SOAK, Sizes, soak_enabled
+
+from reliability._sizes import DEFAULT, SOAK, Sizes, soak_enabled
 
 
 def sizes_for(request: pytest.FixtureRequest) -> Sizes:

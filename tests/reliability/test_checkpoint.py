@@ -16,11 +16,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from _scripted import CONFIG, killed_when_ready, segment
-from test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 
 import twinkle.run._checkpointing as run_module
 import twinkle.run._resume as resume_module
+from reliability._scripted import CONFIG, killed_when_ready, segment
+from reliability.test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 from twinkle.errors import ReporterError
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter

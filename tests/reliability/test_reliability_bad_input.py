@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 import pytest
-from _cases import Case
-from _scripted import scripted_run
-from _sizes import DEFAULT, SOAK, soak_enabled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _recompute import span_list
+from reliability._cases import Case
+from reliability._scripted import scripted_run
+from reliability._sizes import DEFAULT, SOAK, soak_enabled
 from twinkle.cli import main
 from twinkle.errors import (
     ConfigError,
@@ -84,6 +84,7 @@ def a_span(**over: Any) -> dict[str, Any]:
     return {"name": "s", "start_ns": 0, "end_ns": 1, "thread_id": 1, "pid": 1, "attrs": {}} | over
 
 
+# (each ``type: ignore`` below: the wrong type passed is the point of its case)
 API_CASES = [
     # events, through the bus (validated before any observer sees them)
     Case(
@@ -94,7 +95,7 @@ API_CASES = [
     ),
     Case(
         "iteration str",
-        lambda _: bus().iteration_started("3"),
+        lambda _: bus().iteration_started("3"),  # type: ignore[arg-type]
         RecordError,
         r"iteration_started\.iteration = '3': expected `int`, got `str`",
     ),
@@ -130,7 +131,7 @@ API_CASES = [
     ),
     Case(
         "scalar str",
-        lambda _: bus().scalars(iteration=0, name="g", values={"loss": "hi"}),
+        lambda _: bus().scalars(iteration=0, name="g", values={"loss": "hi"}),  # type: ignore[dict-item]
         RecordError,
         r"scalars\.values\['loss'\] = 'hi': expected `int \| float \| null`, got `str`",
     ),
@@ -160,19 +161,19 @@ API_CASES = [
     ),
     Case(
         "memory not a reading",
-        lambda _: bus().memory([{"rss": 1}], iteration=0),
+        lambda _: bus().memory([{"rss": 1}], iteration=0),  # type: ignore[list-item]
         RecordError,
         r"memory\.readings\[0\] has unknown field\(s\) \['rss'\]",
     ),
     Case(
         "status",
-        lambda _: bus().run_finished(status="meh"),
+        lambda _: bus().run_finished(status="meh"),  # type: ignore[arg-type]
         RecordError,
         r"run_finished\.status = 'meh': invalid enum value 'meh'",
     ),
     Case(
         "terminal total str",
-        lambda _: bus().run_finished(terminal_totals={"samples": "12"}),
+        lambda _: bus().run_finished(terminal_totals={"samples": "12"}),  # type: ignore[dict-item]
         RecordError,
         r"run_finished\.terminal_totals\['samples'\]",
     ),
@@ -255,19 +256,19 @@ API_CASES = [
     ),
     Case(
         "on_full",
-        lambda _: MetricsReporter([], run_id="r", on_full="later"),
+        lambda _: MetricsReporter([], run_id="r", on_full="later"),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"on_full must be .*got 'later'",
     ),
     Case(
         "backend",
-        lambda _: MetricsReporter([object()], run_id="r"),
+        lambda _: MetricsReporter([object()], run_id="r"),  # type: ignore[list-item]
         InvalidArgumentError,
         r"backends\[0\] = .* lacks \['write', 'flush', 'close'\]",
     ),
     Case(
         "report not a record",
-        lambda _: MetricsReporter([], run_id="r").report("x"),
+        lambda _: MetricsReporter([], run_id="r").report("x"),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"report\(\) takes a MetricRecord .*'x'",
     ),
@@ -279,7 +280,7 @@ API_CASES = [
     ),
     Case(
         "writer path",
-        lambda _: JsonlWriter(123),
+        lambda _: JsonlWriter(123),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"path must be a str or os\.PathLike, got 123",
     ),
@@ -292,7 +293,7 @@ API_CASES = [
     ),
     Case(
         "on_error",
-        lambda tmp: read_jsonl(tmp / "x", on_error="ignore"),
+        lambda tmp: read_jsonl(tmp / "x", on_error="ignore"),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"on_error must be 'raise' or 'skip', got 'ignore'",
     ),
@@ -337,7 +338,7 @@ API_CASES = [
     ),
     Case(
         "config list",
-        lambda tmp: RunSession(out_dir=tmp, run_id="c", config=[1]),
+        lambda tmp: RunSession(out_dir=tmp, run_id="c", config=[1]),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"config must be a mapping .*\[1\]",
     ),
@@ -402,9 +403,10 @@ def _span_backwards(lines: list[Any]) -> None:
 
 def _as_rows(line: dict[str, Any]) -> list[dict[str, Any]]:
     """``line``'s spans as the list of objects an older twinkle wrote (now in place)."""
-    line["spans"] = span_list(line)
+    rows = span_list(line)
+    line["spans"] = rows
     del line["columns"]
-    return line["spans"]
+    return rows
 
 
 def _old_span_backwards(lines: list[Any]) -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _cases import Case
-from _scripted import scripted_run
 
+from reliability._cases import Case
+from reliability._scripted import scripted_run
 from twinkle.cli import main
 from twinkle.demo.cli import make_out_dir
 from twinkle.errors import InvalidArgumentError, TwinkleError
@@ -83,7 +83,7 @@ API_CASES = [
     ),
     Case(
         "block a str",
-        lambda _: check_blocked("trace"),  # type: ignore[arg-type]
+        lambda _: check_blocked("trace"),
         InvalidArgumentError,
         r"blocked must be an iterable of plugin names, got 'trace': pass blocked=\['trace'\]",
     ),

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cases import Case
 
-from twinkle.engines import EnginePool, PortRegistry
+from reliability._cases import Case
+from twinkle.engines import Engine, EnginePool, PortRegistry
 from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.plugins import HookCalls, make_plugin_manager
 
@@ -174,7 +174,7 @@ def test_bad_engine_and_observer_call_input_raises_a_clear_error(
     ],
 )
 def test_edge_values_that_mean_something_are_taken(options: dict[str, Any]) -> None:
-    created = EnginePool(**options)
+    created: EnginePool[Engine] = EnginePool(**options)
     assert {k: getattr(created, k) for k in options} == options
 
 

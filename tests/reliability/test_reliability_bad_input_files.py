@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _cases import Case
 
+from reliability._cases import Case
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, TwinkleError
 from twinkle.events import IterationStarted, dumps_event
 from twinkle.hookspecs import RunContext
@@ -58,7 +58,7 @@ def events_dir(tmp: Path) -> None:
 CASES = [
     Case(
         "write a dict",
-        lambda tmp: writer(tmp).write({"a": 1}),  # type: ignore[arg-type]
+        lambda tmp: writer(tmp).write({"a": 1}),
         InvalidArgumentError,
         r"^write\(\) takes an iterable of objects, one per line, got a single dict \{'a': 1\} "
         r"for '.*a\.jsonl'; wrap it in a list: write\(\[value\]\)$",
@@ -77,7 +77,8 @@ CASES = [
     ),
     Case(
         "write_bytes_lines of one bytes",
-        lambda tmp: writer(tmp).write_bytes_lines(b'{"a":1}\n'),
+        # one bytes, not a sequence of them, is the point
+        lambda tmp: writer(tmp).write_bytes_lines(b'{"a":1}\n'),  # type: ignore[arg-type]
         InvalidArgumentError,
         r"^write_bytes_lines\(\) takes an iterable of bytes lines.*single bytes .*"
         r"write_bytes_lines\(\[value\]\)$",

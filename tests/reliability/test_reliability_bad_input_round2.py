@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG, scripted_run
 
+from reliability._scripted import CONFIG, scripted_run
 from twinkle.cli import main
 from twinkle.engines import EnginePool
 from twinkle.errors import (
@@ -122,10 +122,10 @@ def forked_child_finishes(tmp: Path) -> None:
     os.close(write)
     os.waitpid(pid, 0)
     with os.fdopen(read, "rb") as f:
-        said = f.read().decode()
+        heard = f.read().decode()
     run.finish()
-    if said != "finished":
-        raise TwinkleError(said)
+    if heard != "finished":
+        raise TwinkleError(heard)
 
 
 def replay_onto_files(tmp: Path) -> None:
@@ -222,7 +222,7 @@ CASES = [
     Case(14, "negative bytes", lambda t: convert_bytes(-1, "MiB"), InvalidArgumentError,
          r"-1"),
     Case(14, "a dict for a batch of records",
-         lambda t: JsonlWriter(t / "a.jsonl").write({"a": 1}),  # type: ignore[arg-type]
+         lambda t: JsonlWriter(t / "a.jsonl").write({"a": 1}),
          InvalidArgumentError, r"wrap it in a list"),
     Case(14, "None for token lengths",
          lambda t: EventBus("r").samples(iteration=0, phase="p", lengths=None),  # type: ignore[arg-type]

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from _scripted import BUILTINS, scripted_run
 
+from reliability._scripted import BUILTINS, scripted_run
 from twinkle.cli import build_parser, main
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV
 

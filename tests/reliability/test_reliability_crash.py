@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import scripted_run
 
+from reliability._scripted import scripted_run
 from twinkle.errors import ReplayError
 from twinkle.observers import EventLogSink
 from twinkle.reporting import JsonlBackend, JsonlWriter, MetricsReporter

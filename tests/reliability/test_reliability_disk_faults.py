@@ -22,6 +22,7 @@ import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
 from twinkle.errors import WriteError
+from twinkle.observers import EventLogSink
 from twinkle.perf import ManualClock
 from twinkle.plugins import REPORTER_FAILURES
 from twinkle.reporting import (
@@ -236,11 +237,14 @@ def _let_the_event_log_meet_the_fault(run: RunSession) -> None:
     over, so that the fault is met before it passes. Its error is raised at the next
     hand-over, the boundary after."""
     sink = run.pm.get_plugin("events")
+    assert isinstance(sink, EventLogSink)
     stats = sink.stats
+    assert stats is not None
     deadline = time.monotonic() + 30
     while stats.delivered < stats.accepted and time.monotonic() < deadline:
         time.sleep(0.001)
         stats = sink.stats
+        assert stats is not None
     assert stats.delivered == stats.accepted, stats
 
 

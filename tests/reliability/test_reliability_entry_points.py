@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from _scripted import BUILTINS, scripted_run
 
+from reliability._scripted import BUILTINS, scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, PluginError
 from twinkle.hookspecs import hookimpl

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from _scripted import CONFIG
 
 from _recompute import span_list
+from reliability._scripted import CONFIG
 from twinkle.errors import ConfigError, InvalidArgumentError, RecordError, TwinkleError
 from twinkle.events import EventBus
 from twinkle.run import RunSession, replay

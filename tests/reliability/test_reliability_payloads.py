@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG
 
 from _recompute import span_list
+from reliability._scripted import CONFIG
 from twinkle.events import FrozenDict, FrozenList, RunStarted, ScalarsObserved, SpanBatch, freeze
 from twinkle.hookspecs import hookimpl
 from twinkle.run import RunSession, replay

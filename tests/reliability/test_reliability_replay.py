@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import scripted_run
 
 import twinkle.reporting.jsonl as jsonl_module
+from reliability._scripted import scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.hookspecs import hookimpl

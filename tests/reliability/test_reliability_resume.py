@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG, killed_when_ready, segment
 
+from reliability._scripted import CONFIG, killed_when_ready, segment
 from twinkle.errors import ConfigError, RecordError
 from twinkle.events import OptimizerStep
 from twinkle.hookspecs import hookimpl
@@ -23,7 +23,7 @@ from twinkle.testing import CtrlCWhileResuming, scripted_run
 DERIVED = ("metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
 
 
-def lines(path: Path) -> list[dict[str, object]]:
+def lines(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 

@@ -99,8 +99,7 @@ def test_a_trl_train_from_step_0_on_a_finished_run_is_refused_naming_the_trl_fix
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("trl")
-    from test_reliability_round3_resume_config import _grpo
-
+    from reliability.test_reliability_round3_resume_config import _grpo
     from twinkle.integrations.trl import TwinkleCallback
 
     runs = str(tmp_path / "runs")

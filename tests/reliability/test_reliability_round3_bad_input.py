@@ -27,7 +27,7 @@ import pytest
 
 from _recompute import span_list
 from twinkle.checks import OWN_SOURCE_PREFIX
-from twinkle.engines import EnginePool
+from twinkle.engines import Engine, EnginePool, StartContext
 from twinkle.engines.vllm import VllmConfig
 from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.events import OVERHEAD_SOURCE, ScalarsObserved
@@ -227,11 +227,12 @@ class Case:
     match: str  # must name the culprit and the fix
 
 
-def _pool_start(name: str) -> list[str]:
-    started: list[str] = []
-    with EnginePool(recorder=TimeRecorder()) as pool:
-        pool.start({name: lambda ctx: started.append(ctx.name)})  # type: ignore[arg-type, func-returns-value]
-    return started
+def _pool_start(name: str) -> None:
+    def never(ctx: StartContext) -> Engine:
+        raise AssertionError(f"engine {ctx.name!r} was started: its name should be refused")
+
+    with EnginePool[Engine](recorder=TimeRecorder()) as pool:
+        pool.start({name: never})
 
 
 OPTIONS = [
@@ -249,7 +250,7 @@ OPTIONS = [
     Case("vLLM args as one str", lambda t: VllmConfig(model="m", args="--dtype bfloat16"),  # type: ignore[arg-type]
          re.escape("args='--dtype bfloat16' is a str; pass a sequence of str, one per "
                    "argument: args=['--dtype', 'bfloat16']")),
-    Case("a vLLM argument that is not a str", lambda t: VllmConfig(model="m", args=["--n", 2]),  # type: ignore[list-item]
+    Case("a vLLM argument that is not a str", lambda t: VllmConfig(model="m", args=["--n", 2]),  # type: ignore[arg-type]  # an int among them is the point
          re.escape("args[1] = 2 (int) is not a str: pass every argument as a str (e.g. str(2))")),
     Case("a vLLM host that is not a str", lambda t: VllmConfig(model="m", host=0),  # type: ignore[arg-type]
          r"host=0 must be a str"),
@@ -277,8 +278,11 @@ def test_a_vllm_engine_bound_beyond_loopback_without_a_key_is_warned_about() -> 
         VllmConfig(model="m")  # 127.0.0.1
         VllmConfig(model="m", host="localhost")
         VllmConfig(model="m", host="::1")
-        VllmConfig(model="m", host="0.0.0.0", args=["--api-key", "secret"])
-    assert VllmConfig(model="m", args=["--dtype", "bfloat16"]).args == ("--dtype", "bfloat16")
+        # (a list is taken, though the field is typed tuple: see the last line)
+        VllmConfig(model="m", host="0.0.0.0", args=["--api-key", "secret"])  # type: ignore[arg-type]
+    # a list is taken and kept as a tuple (the field is typed tuple: a list is the point)
+    as_list = VllmConfig(model="m", args=["--dtype", "bfloat16"])  # type: ignore[arg-type]
+    assert as_list.args == ("--dtype", "bfloat16")
 
 
 # -- 5. a report without iteration=, an attribute whose repr raises ------------------------

@@ -114,7 +114,8 @@ def skewed_run(
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
+    values: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return values
 
 
 def figures(run_dir: Path) -> dict[str, Any]:

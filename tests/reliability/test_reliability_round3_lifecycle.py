@@ -368,7 +368,7 @@ def vandalised_run(out: Path, act: Any, iterations: int = 4) -> dict[str, Any]:
     vandal = ("vandal", Vandal(log, 2, act))
     with pytest.raises(ReporterError) as raised:
         scripted_run(out, "r", iterations, autoload=False, plugins=[vandal])
-    summary = orjson.loads((out / "r" / "summary.json").read_bytes())
+    summary: dict[str, Any] = orjson.loads((out / "r" / "summary.json").read_bytes())
     assert summary["status"] == "error"
     assert str(raised.value) in summary["error"]
     return summary
@@ -530,7 +530,7 @@ def test_a_log_deleted_between_the_checks_two_reads_is_named_deleted(
         os.unlink(log)  # (after the check's fstat of the held file)
         return stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(held_log.os, "stat", deleted_first)
+    monkeypatch.setattr("twinkle.observers._held_log.os.stat", deleted_first)
     damage = held.check()
     assert damage is not None and damage.what == "deleted" and damage.restorable
     held.close()

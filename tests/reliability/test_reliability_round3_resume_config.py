@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
-from _scripted import CONFIG, segment
 
+from reliability._scripted import CONFIG, segment
 from twinkle.cli import main
 from twinkle.errors import ReplayError, ResumeConfigError
 from twinkle.run import RunSession, iter_events, replay
@@ -222,7 +222,7 @@ def _grpo(tmp: Path, callback: Any, *, max_steps: int) -> Any:
         tokens.mkdir()
         write_tokenizer(tokens)
 
-    def digits(completions: list[str], **kwargs: Any) -> list[float]:
+    def digits(completions: list[str], **kwargs: Any) -> list[float | None]:
         return [sum(c.isdigit() for c in text) / 8 for text in completions]
 
     return GRPOTrainer(

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pluggy
 import pytest
-from _scripted import BUILTINS, CONFIG, scripted_run
 
+from reliability._scripted import BUILTINS, CONFIG, scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.hookspecs import hookimpl

@@ -26,8 +26,8 @@ from typing import Any
 
 import psutil
 import pytest
-from _scripted import scripted_run
 
+from reliability._scripted import scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.plugins import DISABLE_AUTOLOAD_ENV
@@ -85,7 +85,7 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def check_finished_run(run_dir: Path, signame: str) -> dict[str, Any]:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "error"
     assert signame in summary["error"], summary["error"]
     trace = json.loads((run_dir / "trace.json").read_text())  # complete: it parses

@@ -70,7 +70,9 @@ class Full(Keep):
             self.unwritten = 0
 
 
-def test_a_failing_backend_is_counted_by_name_and_the_others_get_every_record(caplog):
+def test_a_failing_backend_is_counted_by_name_and_the_others_get_every_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     good, bad = Keep("good"), Explodes("bad")
     caplog.set_level(logging.ERROR, logger="twinkle.reporting")
     fan = BackendFanout([bad, good], run_id=RUN)
@@ -84,7 +86,7 @@ def test_a_failing_backend_is_counted_by_name_and_the_others_get_every_record(ca
     assert "backend bad failed in write(1 record(s)), skipped" in logged[0]
 
 
-def test_a_disk_fault_is_noted_until_the_kept_lines_are_written():
+def test_a_disk_fault_is_noted_until_the_kept_lines_are_written() -> None:
     full = Full("disk")
     fan = BackendFanout([full, Keep("other")], run_id=RUN)
     fan.write([rec(0)])
@@ -97,11 +99,11 @@ def test_a_disk_fault_is_noted_until_the_kept_lines_are_written():
     fan.raise_if_unwritten("flush")
 
 
-def test_backends_with_one_name_are_told_apart():
+def test_backends_with_one_name_are_told_apart() -> None:
     fan = BackendFanout([Keep("x"), Keep("x")], run_id=RUN)
     assert fan.names == ("x", "x#1")
 
 
-def test_a_backend_without_the_three_methods_is_refused():
+def test_a_backend_without_the_three_methods_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match=r"backends\[1\] = .* lacks \['flush'"):
         BackendFanout([Keep("a"), type("Half", (), {"write": lambda s, r: None})()], run_id=RUN)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -15,7 +16,7 @@ from twinkle.reporting import make_record
 from twinkle.reporting._frozen import FrozenDict
 
 
-def test_records_and_events_share_one_frozen_dict_class():
+def test_records_and_events_share_one_frozen_dict_class() -> None:
     record = make_record(
         kind="train",
         scope="iteration",
@@ -32,9 +33,9 @@ def test_records_and_events_share_one_frozen_dict_class():
     assert type(freeze({"k": {"x": 1}})["k"]) is FrozenDict
 
 
-def test_a_frozen_dict_refuses_every_change_saying_what_to_do():
+def test_a_frozen_dict_refuses_every_change_saying_what_to_do() -> None:
     value = FrozenDict({"a": 1})
-    changes = [
+    changes: list[Callable[[], object]] = [
         lambda: value.__setitem__("a", 2),
         lambda: value.__delitem__("a"),
         lambda: value.__ior__({"b": 2}),
@@ -50,7 +51,7 @@ def test_a_frozen_dict_refuses_every_change_saying_what_to_do():
     assert value == {"a": 1}
 
 
-def test_a_frozen_dict_is_a_plain_json_object_that_hashes_pickles_and_copies():
+def test_a_frozen_dict_is_a_plain_json_object_that_hashes_pickles_and_copies() -> None:
     value = FrozenDict({"b": (1, 2), "a": FrozenDict({"c": None})})
     assert repr(value) == repr({"b": (1, 2), "a": {"c": None}})
     assert orjson.dumps(value) == b'{"b":[1,2],"a":{"c":null}}'

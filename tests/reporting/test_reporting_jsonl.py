@@ -34,7 +34,7 @@ def write_n(path: Path, n: int, start: int = 0) -> None:
         w.write({"seq": i, "payload": "x" * 10} for i in range(start, start + n))
 
 
-def test_write_returns_count_and_each_object_is_one_strict_line(tmp_path):
+def test_write_returns_count_and_each_object_is_one_strict_line(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     with JsonlWriter(path) as w:
         assert w.write([{"a": 1}, {"b": float("nan"), "c": "ü\n"}]) == 2
@@ -43,7 +43,7 @@ def test_write_returns_count_and_each_object_is_one_strict_line(tmp_path):
     assert lines_of(path) == [{"a": 1}, {"b": None, "c": "ü\n"}]
 
 
-def test_dataclasses_are_written_by_field(tmp_path):
+def test_dataclasses_are_written_by_field(tmp_path: Path) -> None:
     import dataclasses
 
     @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def test_dataclasses_are_written_by_field(tmp_path):
     assert lines_of(path) == [{"name": "span", "duration_ns": 5}]
 
 
-def test_append_keeps_earlier_lines_and_append_false_truncates(tmp_path):
+def test_append_keeps_earlier_lines_and_append_false_truncates(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     write_n(path, 3)
     write_n(path, 2, start=3)
@@ -67,7 +67,7 @@ def test_append_keeps_earlier_lines_and_append_false_truncates(tmp_path):
     assert lines_of(path) == [{"seq": 99}]
 
 
-def test_missing_parents_are_created_and_file_mode_is_0644_less_umask(tmp_path):
+def test_missing_parents_are_created_and_file_mode_is_0644_less_umask(tmp_path: Path) -> None:
     path = tmp_path / "runs" / "r1" / "metrics_raw.jsonl"
     umask = os.umask(0)
     os.umask(umask)
@@ -77,7 +77,7 @@ def test_missing_parents_are_created_and_file_mode_is_0644_less_umask(tmp_path):
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755 & ~umask
 
 
-def test_fsync_mode_writes_and_flushes(tmp_path):
+def test_fsync_mode_writes_and_flushes(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     with JsonlWriter(path, fsync=True) as w:
         w.write([{"a": 1}])
@@ -85,12 +85,12 @@ def test_fsync_mode_writes_and_flushes(tmp_path):
     assert lines_of(path) == [{"a": 1}]
 
 
-def test_directory_path_raises_reporter_error_naming_it(tmp_path):
+def test_directory_path_raises_reporter_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ReporterError, match=rf"{tmp_path}.*is a directory.*pass a file path"):
         JsonlWriter(tmp_path)
 
 
-def test_parent_that_is_a_file_raises_reporter_error(tmp_path):
+def test_parent_that_is_a_file_raises_reporter_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ReporterError, match=r"cannot create the directory .*file"):
@@ -98,19 +98,19 @@ def test_parent_that_is_a_file_raises_reporter_error(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
-def test_unwritable_directory_raises_reporter_error(tmp_path):
+def test_unwritable_directory_raises_reporter_error(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     with pytest.raises(ReporterError, match=r"cannot open .*locked.*permissions"):
         JsonlWriter(locked / "x.jsonl")
 
 
-def test_bad_path_type_is_invalid_argument():
+def test_bad_path_type_is_invalid_argument() -> None:
     with pytest.raises(InvalidArgumentError, match="path must be a str"):
         JsonlWriter(3)  # type: ignore[arg-type]
 
 
-def test_unserialisable_object_names_it_and_writes_nothing_of_the_batch(tmp_path):
+def test_unserialisable_object_names_it_and_writes_nothing_of_the_batch(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     with JsonlWriter(path) as w:
         w.write([{"ok": 1}])
@@ -121,7 +121,7 @@ def test_unserialisable_object_names_it_and_writes_nothing_of_the_batch(tmp_path
     assert lines_of(path) == [{"ok": 1}]
 
 
-def test_write_bytes_lines_checks_line_framing(tmp_path):
+def test_write_bytes_lines_checks_line_framing(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     with JsonlWriter(path) as w:
         assert w.write_bytes_lines([b'{"a":1}\n', b'{"b":2}\n']) == 2
@@ -132,7 +132,7 @@ def test_write_bytes_lines_checks_line_framing(tmp_path):
     assert lines_of(path) == [{"a": 1}, {"b": 2}]
 
 
-def test_closed_writer_refuses_writes_and_close_is_idempotent(tmp_path):
+def test_closed_writer_refuses_writes_and_close_is_idempotent(tmp_path: Path) -> None:
     w = JsonlWriter(tmp_path / "a.jsonl")
     w.close()
     w.close()
@@ -152,7 +152,9 @@ def test_closed_writer_refuses_writes_and_close_is_idempotent(tmp_path):
         (b'{"seq": 5, "pay\n', "not valid JSON"),
     ],
 )
-def test_torn_last_line_moves_to_sidecar_and_complete_lines_survive(tmp_path, torn, reason):
+def test_torn_last_line_moves_to_sidecar_and_complete_lines_survive(
+    tmp_path: Path, torn: bytes, reason: str
+) -> None:
     path = tmp_path / "m.jsonl"
     write_n(path, 5)
     good_size = path.stat().st_size
@@ -174,7 +176,7 @@ def test_torn_last_line_moves_to_sidecar_and_complete_lines_survive(tmp_path, to
     assert side[0]["offset"] == good_size and side[0]["path"] == str(path)
 
 
-def test_torn_file_with_no_complete_line_is_emptied(tmp_path):
+def test_torn_file_with_no_complete_line_is_emptied(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"se')
     with JsonlWriter(path) as w:
@@ -182,7 +184,7 @@ def test_torn_file_with_no_complete_line_is_emptied(tmp_path):
     assert path.read_bytes() == b""
 
 
-def test_complete_last_record_without_newline_is_kept(tmp_path):
+def test_complete_last_record_without_newline_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"seq": 0}\n{"seq": 1}')
     with JsonlWriter(path) as w:
@@ -193,7 +195,7 @@ def test_complete_last_record_without_newline_is_kept(tmp_path):
     assert not Path(str(path) + ".torn").exists()
 
 
-def test_clean_file_reports_no_recovery(tmp_path):
+def test_clean_file_reports_no_recovery(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     write_n(path, 2)
     with JsonlWriter(path) as w:
@@ -202,7 +204,7 @@ def test_clean_file_reports_no_recovery(tmp_path):
         assert w.recovery is None
 
 
-def test_append_false_does_not_recover(tmp_path):
+def test_append_false_does_not_recover(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"a":1}\ngarbage')
     with JsonlWriter(path, append=False) as w:
@@ -210,7 +212,7 @@ def test_append_false_does_not_recover(tmp_path):
     assert path.read_bytes() == b""
 
 
-def test_sidecar_accumulates_recoveries(tmp_path):
+def test_sidecar_accumulates_recoveries(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     for junk in (b"first", b"second"):
         write_n(path, 1)
@@ -222,7 +224,7 @@ def test_sidecar_accumulates_recoveries(tmp_path):
     assert len(lines_of(path)) == 2
 
 
-def test_huge_unterminated_last_line_is_refused_not_moved(tmp_path):
+def test_huge_unterminated_last_line_is_refused_not_moved(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"a":1}\n' + b"x" * 5000)
     with pytest.raises(ReporterError, match=r"longer than MAX_LINE_BYTES=1000 bytes.*append=False"):
@@ -243,7 +245,7 @@ def _dev_full_writable() -> bool:
 
 
 @pytest.mark.skipif(not _dev_full_writable(), reason="/dev/full is not writable here")
-def test_disk_full_raises_write_error_and_keeps_the_lines():
+def test_disk_full_raises_write_error_and_keeps_the_lines() -> None:
     w = JsonlWriter("/dev/full")
     assert w.recovery is None
     with pytest.raises(WriteError, match=r"/dev/full.*1 line.*kept in memory") as info:
@@ -262,7 +264,9 @@ def test_disk_full_raises_write_error_and_keeps_the_lines():
     assert w.closed
 
 
-def test_partial_write_then_failure_completes_the_line_on_retry(tmp_path, monkeypatch):
+def test_partial_write_then_failure_completes_the_line_on_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "m.jsonl"
     real_write = os.write
     calls = {"n": 0}
@@ -289,7 +293,9 @@ def test_partial_write_then_failure_completes_the_line_on_retry(tmp_path, monkey
     assert [o["seq"] for o in lines_of(path)] == [0, 1, 2]
 
 
-def test_injected_eacces_raises_write_error_and_lines_follow_once_allowed(tmp_path, monkeypatch):
+def test_injected_eacces_raises_write_error_and_lines_follow_once_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "m.jsonl"
     write_n(path, 2)
     real_write = os.write
@@ -314,7 +320,7 @@ def test_injected_eacces_raises_write_error_and_lines_follow_once_allowed(tmp_pa
 # -- last_object -----------------------------------------------------------------------
 
 
-def test_last_object_returns_last_line_or_none(tmp_path):
+def test_last_object_returns_last_line_or_none(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     with JsonlWriter(path) as w:
         assert w.last_object() is None
@@ -322,7 +328,7 @@ def test_last_object_returns_last_line_or_none(tmp_path):
         assert w.last_object() == {"seq": 1}
 
 
-def test_last_object_scans_back_across_chunks_with_predicate(tmp_path):
+def test_last_object_scans_back_across_chunks_with_predicate(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     with JsonlWriter(path) as w:
         w.write([{"run_id": "a", "seq": 41}])
@@ -331,17 +337,18 @@ def test_last_object_scans_back_across_chunks_with_predicate(tmp_path):
         found = w.last_object(lambda o: o.get("run_id") == "a")
         assert found == {"run_id": "a", "seq": 41}
         assert w.last_object(lambda o: o.get("run_id") == "zzz") is None
-        assert w.last_object()["seq"] == 1499
+        last = w.last_object()
+        assert last is not None and last["seq"] == 1499
 
 
-def test_last_object_skips_lines_that_are_not_objects(tmp_path):
+def test_last_object_skips_lines_that_are_not_objects(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"seq": 0}\n[1, 2]\n\n')
     with JsonlWriter(path) as w:
         assert w.last_object() == {"seq": 0}
 
 
-def test_last_object_finds_a_single_long_first_line(tmp_path):
+def test_last_object_finds_a_single_long_first_line(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     big = {"seq": 7, "pad": "z" * 200_000}
     with JsonlWriter(path) as w:
@@ -353,8 +360,8 @@ def test_last_object_finds_a_single_long_first_line(tmp_path):
 
 
 def test_a_line_left_half_written_is_written_again_whole_after_another_writers_lines(
-    tmp_path, monkeypatch
-):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "m.jsonl"
     real_write = os.write
     calls = {"n": 0}
@@ -382,7 +389,9 @@ def test_a_line_left_half_written_is_written_again_whole_after_another_writers_l
     assert path.read_bytes().startswith(b'{"w":"a\n{"w":"b"}\n')
 
 
-def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(tmp_path):
+def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "m.jsonl"
     with JsonlWriter(path, max_line_bytes=100) as w:
         assert w.max_line_bytes == 100
@@ -395,18 +404,21 @@ def test_lines_over_the_limit_are_refused_and_nothing_of_the_batch_is_written(tm
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "100", jsonl_mod.MAX_LINE_BYTES + 1])
-def test_a_line_limit_that_is_not_a_lower_positive_int_is_refused_naming_it(tmp_path, bad):
+def test_a_line_limit_that_is_not_a_lower_positive_int_is_refused_naming_it(
+    tmp_path: Path, bad: object
+) -> None:
     with pytest.raises(InvalidArgumentError, match=rf"max_line_bytes must be an int .*{bad!r}"):
-        JsonlWriter(tmp_path / "m.jsonl", max_line_bytes=bad)
+        # `bad` is not always an int: the wrong type is the point
+        JsonlWriter(tmp_path / "m.jsonl", max_line_bytes=bad)  # type: ignore[arg-type]
     assert not (tmp_path / "m.jsonl").exists()
 
 
-def test_a_writer_without_a_line_limit_takes_max_line_bytes(tmp_path):
+def test_a_writer_without_a_line_limit_takes_max_line_bytes(tmp_path: Path) -> None:
     with JsonlWriter(tmp_path / "m.jsonl") as w:
         assert w.max_line_bytes == jsonl_mod.MAX_LINE_BYTES
 
 
-def test_the_writer_modules_never_import_the_reader():
+def test_the_writer_modules_never_import_the_reader() -> None:
     """The reader imports the writer's module (for its line limit), never the other way
     round: no import circle between twinkle.reporting.jsonl and .jsonl_reader."""
     import ast
@@ -430,7 +442,7 @@ def test_the_writer_modules_never_import_the_reader():
         assert "twinkle.reporting" not in imported, name  # (the package imports the reader)
 
 
-def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path):
+def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"seq": 1}\n{"pad": "' + b"z" * 300_000 + b'"}\n{"x": 1}\n')
     with JsonlWriter(path, max_line_bytes=100_000) as w:
@@ -438,7 +450,9 @@ def test_last_object_passes_over_a_line_longer_than_the_limit(tmp_path):
         assert w.last_object(lambda o: "seq" in o) == {"seq": 1}  # not the 300 KB line
 
 
-def test_a_long_torn_tail_goes_to_the_sidecar_in_parts_that_fit_a_line(tmp_path, monkeypatch):
+def test_a_long_torn_tail_goes_to_the_sidecar_in_parts_that_fit_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torn_mod, "_SIDECAR_PART_BYTES", 1000)
     path = tmp_path / "m.jsonl"
     tail = b'{"pad": "' + b"q" * 3500
@@ -452,7 +466,7 @@ def test_a_long_torn_tail_goes_to_the_sidecar_in_parts_that_fit_a_line(tmp_path,
     assert lines_of(path) == [{"a": 1}]
 
 
-def test_a_planted_symlink_is_refused_naming_it_and_never_written_through(tmp_path):
+def test_a_planted_symlink_is_refused_naming_it_and_never_written_through(tmp_path: Path) -> None:
     target = tmp_path / "target"
     target.write_bytes(b"keep\n")
     link = tmp_path / "m.jsonl"

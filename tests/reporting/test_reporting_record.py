@@ -56,7 +56,7 @@ def rec(**overrides: Any) -> MetricRecord:
     return make_record(**fields)
 
 
-def test_make_record_keeps_fields_and_leaves_seq_unassigned():
+def test_make_record_keeps_fields_and_leaves_seq_unassigned() -> None:
     r = rec()
     assert r.kind == "train" and r.scope == "iteration" and r.run_id == "run-1"
     assert (r.step, r.iteration, r.wall_ns, r.monotonic_ns) == (
@@ -70,25 +70,25 @@ def test_make_record_keeps_fields_and_leaves_seq_unassigned():
     assert dict(r.attrs) == {"phase": "train"}
 
 
-def test_non_finite_values_become_none_and_are_named_sorted():
+def test_non_finite_values_become_none_and_are_named_sorted() -> None:
     r = rec(values={"z": float("inf"), "a": float("nan"), "ok": 1.0, "m": -math.inf})
     assert dict(r.values) == {"z": None, "a": None, "ok": 1.0, "m": None}
     assert r.attrs["nonfinite"] == ("a", "m", "z")
     assert r.attrs["phase"] == "train"
 
 
-def test_finite_record_has_no_nonfinite_attr():
+def test_finite_record_has_no_nonfinite_attr() -> None:
     assert "nonfinite" not in rec().attrs
 
 
-def test_none_value_accepted_only_when_named_nonfinite():
+def test_none_value_accepted_only_when_named_nonfinite() -> None:
     r = rec(values={"x": None}, attrs={"nonfinite": ["x"]})
     assert r.values["x"] is None and r.attrs["nonfinite"] == ("x",)
     with pytest.raises(RecordError, match=r"values\['x'\] is None.*float\('nan'\)"):
         rec(values={"x": None})
 
 
-def test_nonfinite_attr_contradicting_values_is_rejected():
+def test_nonfinite_attr_contradicting_values_is_rejected() -> None:
     with pytest.raises(RecordError, match=r"names 'x'.*finite"):
         rec(values={"x": 1.0}, attrs={"nonfinite": ["x"]})
     with pytest.raises(RecordError, match=r"\['ghost'\].*not in values"):
@@ -132,18 +132,20 @@ def test_nonfinite_attr_contradicting_values_is_rejected():
         ({"values": {"\udcff": 1}}, r"values key .* not valid UTF-8"),
     ],
 )
-def test_bad_record_input_raises_record_error_naming_the_culprit(overrides, culprit):
+def test_bad_record_input_raises_record_error_naming_the_culprit(
+    overrides: dict[str, Any], culprit: str
+) -> None:
     with pytest.raises(RecordError, match=culprit):
         rec(**overrides)
 
 
-def test_record_error_is_an_invalid_argument_value_error():
+def test_record_error_is_an_invalid_argument_value_error() -> None:
     with pytest.raises(ValueError):
         rec(step=-1)
     assert issubclass(RecordError, InvalidArgumentError)
 
 
-def test_numeric_subtypes_are_normalised_to_int_and_float():
+def test_numeric_subtypes_are_normalised_to_int_and_float() -> None:
     class Level(enum.IntEnum):
         HIGH = 3
 
@@ -152,7 +154,7 @@ def test_numeric_subtypes_are_normalised_to_int_and_float():
     assert r.values["level"] == 3 and type(r.values["level"]) is int
 
 
-def test_record_is_immutable_deeply():
+def test_record_is_immutable_deeply() -> None:
     r = rec(attrs={"nested": {"xs": [1, 2]}})
     with pytest.raises(AttributeError, match="immutable"):
         r.step = 9  # type: ignore[misc]
@@ -163,7 +165,7 @@ def test_record_is_immutable_deeply():
     assert r.attrs["nested"]["xs"] == (1, 2)
 
 
-def test_record_copies_its_inputs():
+def test_record_copies_its_inputs() -> None:
     values = {"a": 1.0}
     attrs: dict[str, Any] = {"xs": [1]}
     r = rec(values=values, attrs=attrs)
@@ -172,21 +174,21 @@ def test_record_copies_its_inputs():
     assert r.values["a"] == 1.0 and r.attrs["xs"] == (1,)
 
 
-def test_equal_records_hash_equal():
+def test_equal_records_hash_equal() -> None:
     a = rec(attrs={"d": {"xs": [1, {"y": 2}]}})
     b = rec(attrs={"d": {"xs": (1, {"y": 2})}})
     assert a == b and hash(a) == hash(b)
     assert len({a, b, msgspec.structs.replace(a, seq=3)}) == 2
 
 
-def test_replace_revalidates():
+def test_replace_revalidates() -> None:
     r = rec()
     assert msgspec.structs.replace(r, seq=7).seq == 7
     with pytest.raises(RecordError, match="step must be"):
         msgspec.structs.replace(r, step=-3)
 
 
-def test_records_are_left_to_reference_counting_however_they_are_made():
+def test_records_are_left_to_reference_counting_however_they_are_made() -> None:
     # gc=False is safe only because a record holds nothing that could lead back to it:
     # scalars and read-only copies of its values and attrs, never the caller's objects.
     attrs: dict[str, Any] = {"xs": [1]}
@@ -196,15 +198,15 @@ def test_records_are_left_to_reference_counting_however_they_are_made():
     assert not any(gc.is_tracked(c) for c in copies)
 
 
-def test_record_pickles_and_stays_read_only():
+def test_record_pickles_and_stays_read_only() -> None:
     r = rec(values={"x": float("nan"), "y": 2})
-    back = pickle.loads(pickle.dumps(r))
+    back: MetricRecord = pickle.loads(pickle.dumps(r))
     assert back == r
     with pytest.raises(TypeError):
         back.values["y"] = 3  # type: ignore[index]
 
 
-def test_record_to_dict_is_plain_json_in_field_order():
+def test_record_to_dict_is_plain_json_in_field_order() -> None:
     r = rec(values={"x": float("nan")}, attrs={"tags": ["a", "b"], "d": {"k": 1}})
     d = record_to_dict(r)
     assert list(d) == list(MetricRecord.__struct_fields__)
@@ -214,7 +216,7 @@ def test_record_to_dict_is_plain_json_in_field_order():
     assert record_from_dict(d) == r
 
 
-def test_record_from_dict_rejects_missing_and_unknown_keys():
+def test_record_from_dict_rejects_missing_and_unknown_keys() -> None:
     d = record_to_dict(rec())
     del d["wall_ns"]
     with pytest.raises(RecordError, match=r"lacks \['wall_ns'\]"):
@@ -229,8 +231,8 @@ def test_record_from_dict_rejects_missing_and_unknown_keys():
 
 # -- property: the JSONL round trip loses nothing ---------------------------------
 
-_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
-_key = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)
+_key = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
 _json_scalar = st.one_of(
     st.none(),
     st.booleans(),
@@ -269,8 +271,17 @@ _ns = st.integers(min_value=0, max_value=2**63)
     attrs=_attrs,
 )
 def test_jsonl_round_trip_loses_nothing(
-    kind, scope, run_id, seq, step, iteration, wall_ns, monotonic_ns, values, attrs
-):
+    kind: str,
+    scope: str,
+    run_id: str,
+    seq: int,
+    step: int,
+    iteration: int,
+    wall_ns: int,
+    monotonic_ns: int,
+    values: dict[str, int | float],
+    attrs: dict[str, Any],
+) -> None:
     record = make_record(
         kind=kind,
         scope=scope,
@@ -311,7 +322,7 @@ def test_jsonl_round_trip_loses_nothing(
 def _both_ways(values: Any, attrs: Any) -> tuple[Any, Any]:
     """(record or error text) built from plain dicts and from read-only mappings: a
     ``MappingProxyType`` is not a ``dict``, so it always takes the entry-by-entry path."""
-    out = []
+    out: list[object] = []
     for v, a in ((values, attrs), (MappingProxyType(values), MappingProxyType(attrs))):
         try:
             r = rec(values=v, attrs=a)
@@ -339,7 +350,9 @@ _any_attr = st.one_of(
     values=st.dictionaries(_any_key, _any_value, max_size=8),
     attrs=st.dictionaries(_any_key, _any_attr, max_size=4),
 )
-def test_plain_dicts_and_other_mappings_give_the_same_record_or_error(values, attrs):
+def test_plain_dicts_and_other_mappings_give_the_same_record_or_error(
+    values: dict[str | int, object], attrs: dict[str | int, object]
+) -> None:
     fast, reference = _both_ways(values, attrs)
     assert fast == reference
 
@@ -357,12 +370,12 @@ def test_plain_dicts_and_other_mappings_give_the_same_record_or_error(values, at
         {},
     ],
 )
-def test_edge_values_take_either_path_to_the_same_result(values):
+def test_edge_values_take_either_path_to_the_same_result(values: dict[str, object]) -> None:
     fast, reference = _both_ways(values, {"phase": "train"})
     assert fast == reference
 
 
-def test_a_str_subclass_key_is_refused_as_on_the_reference_path():
+def test_a_str_subclass_key_is_refused_as_on_the_reference_path() -> None:
     class Key(str):
         pass
 
@@ -370,7 +383,7 @@ def test_a_str_subclass_key_is_refused_as_on_the_reference_path():
         rec(values={Key("loss"): 1.0})
 
 
-def test_a_record_from_the_fast_path_is_read_only_and_owns_its_copy():
+def test_a_record_from_the_fast_path_is_read_only_and_owns_its_copy() -> None:
     values = {"a": 1.0, "b": float("nan")}
     attrs: dict[str, Any] = {"phase": "train"}
     r = rec(values=values, attrs=attrs)
@@ -383,7 +396,7 @@ def test_a_record_from_the_fast_path_is_read_only_and_owns_its_copy():
         r.attrs["phase"] = "x"  # type: ignore[index]
 
 
-def test_with_seq_stamps_a_copy_and_checks_only_the_seq():
+def test_with_seq_stamps_a_copy_and_checks_only_the_seq() -> None:
     r = rec()
     stamped = with_seq(r, 7)
     assert (r.seq, stamped.seq) == (None, 7)
@@ -394,7 +407,7 @@ def test_with_seq_stamps_a_copy_and_checks_only_the_seq():
             with_seq(r, bad)  # type: ignore[arg-type]
 
 
-def test_jsonl_backend_refuses_an_unstamped_record(tmp_path):
+def test_jsonl_backend_refuses_an_unstamped_record(tmp_path: Path) -> None:
     backend = JsonlBackend(tmp_path / "r.jsonl")
     with pytest.raises(RecordError, match=r"has no seq; report it through MetricsReporter"):
         backend.write([rec()])
@@ -402,7 +415,7 @@ def test_jsonl_backend_refuses_an_unstamped_record(tmp_path):
     assert (tmp_path / "r.jsonl").read_bytes() == b""
 
 
-def test_flat_key_names_kind_and_key_and_the_scope_unless_an_iteration():
+def test_flat_key_names_kind_and_key_and_the_scope_unless_an_iteration() -> None:
     assert flat_key(rec(kind="rollout"), "tokens") == "rollout/tokens"  # as metrics.jsonl
     assert flat_key(rec(kind="rollout", scope="window"), "tokens") == "window/rollout/tokens"
     assert flat_key(rec(kind="run", scope="run"), "tokens") == "run/run/tokens"

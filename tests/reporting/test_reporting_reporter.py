@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -101,7 +101,9 @@ class GatedBackend(ListBackend):
 
 
 @pytest.mark.parametrize("background", [False, True])
-def test_report_stamps_increasing_seq_and_returns_the_stamped_record(tmp_path, background):
+def test_report_stamps_increasing_seq_and_returns_the_stamped_record(
+    tmp_path: Path, background: bool
+) -> None:
     path = tmp_path / "raw.jsonl"
     with MetricsReporter([JsonlBackend(path)], run_id=RUN, background=background) as reporter:
         original = rec(0)
@@ -125,8 +127,8 @@ def test_report_stamps_increasing_seq_and_returns_the_stamped_record(tmp_path, b
 
 @pytest.mark.parametrize("background", [False, True])
 def test_eight_threads_160k_records_every_line_strict_json_file_order_is_seq_order(
-    tmp_path, background
-):
+    tmp_path: Path, background: bool
+) -> None:
     path = tmp_path / "raw.jsonl"
     threads_n, per_thread = 8, 20_000
     # Every thread reports the same record objects; report() returns each its own seq.
@@ -138,7 +140,7 @@ def test_eight_threads_160k_records_every_line_strict_json_file_order_is_seq_ord
     def produce(t: int) -> None:
         start.wait()
         report = reporter.report
-        got[t] = [report(r).seq for r in records]
+        got[t] = [cast(int, report(r).seq) for r in records]  # (stamped: an int)
 
     workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads_n)]
     for w in workers:
@@ -160,7 +162,7 @@ def test_eight_threads_160k_records_every_line_strict_json_file_order_is_seq_ord
     assert reporter.stats.reported == reporter.stats.written == total
 
 
-def test_record_of_another_run_is_refused(tmp_path):
+def test_record_of_another_run_is_refused(tmp_path: Path) -> None:
     with MetricsReporter([ListBackend()], run_id=RUN) as reporter:
         with pytest.raises(
             RecordError, match=r"run 'other' reported to the reporter of run 'run-7'"
@@ -173,8 +175,8 @@ def test_record_of_another_run_is_refused(tmp_path):
 
 @pytest.mark.parametrize("background", [False, True])
 def test_raising_backend_is_logged_counted_and_skipped_others_get_everything(
-    tmp_path, caplog, background
-):
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, background: bool
+) -> None:
     good = ListBackend("good")
     path = tmp_path / "raw.jsonl"
     bad = RaisingBackend("exploding-sink")
@@ -195,7 +197,7 @@ def test_raising_backend_is_logged_counted_and_skipped_others_get_everything(
     assert bad.closed and good.closed
 
 
-def test_failure_logging_is_rate_limited(caplog):
+def test_failure_logging_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="twinkle.reporting")
     reporter = MetricsReporter([RaisingBackend("bad")], run_id=RUN)
     for i in range(100):
@@ -217,7 +219,9 @@ def _dev_full_writable() -> bool:
 
 @pytest.mark.skipif(not _dev_full_writable(), reason="/dev/full is not writable here")
 @pytest.mark.parametrize("background", [False, True])
-def test_disk_full_backend_keeps_records_unwritten_visible_others_complete(tmp_path, background):
+def test_disk_full_backend_keeps_records_unwritten_visible_others_complete(
+    tmp_path: Path, background: bool
+) -> None:
     path = tmp_path / "raw.jsonl"
     full = JsonlBackend("/dev/full")
     reporter = MetricsReporter([full, JsonlBackend(path)], run_id=RUN, background=background)
@@ -245,7 +249,7 @@ def test_disk_full_backend_keeps_records_unwritten_visible_others_complete(tmp_p
 # -- restart, torn line, append ---------------------------------------------------------
 
 
-def test_two_reporters_in_sequence_append_and_seq_continues(tmp_path):
+def test_two_reporters_in_sequence_append_and_seq_continues(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     with MetricsReporter([JsonlBackend(path)], run_id=RUN, background=True) as first:
         for i in range(5):
@@ -256,7 +260,7 @@ def test_two_reporters_in_sequence_append_and_seq_continues(tmp_path):
     assert seqs(path) == list(range(6))
 
 
-def test_seq_continues_after_the_last_record_of_this_run_only(tmp_path):
+def test_seq_continues_after_the_last_record_of_this_run_only(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     with MetricsReporter([JsonlBackend(path)], run_id=RUN) as a:
         for i in range(4):
@@ -268,7 +272,7 @@ def test_seq_continues_after_the_last_record_of_this_run_only(tmp_path):
         assert c.next_seq == 4
 
 
-def test_explicit_start_seq_wins(tmp_path):
+def test_explicit_start_seq_wins(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     with MetricsReporter([JsonlBackend(path)], run_id=RUN) as a:
         a.report(rec(0))
@@ -276,7 +280,9 @@ def test_explicit_start_seq_wins(tmp_path):
         assert b.report(rec(1)).seq == 100
 
 
-def test_torn_last_line_after_crash_is_recovered_and_seq_continues(tmp_path, caplog):
+def test_torn_last_line_after_crash_is_recovered_and_seq_continues(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "raw.jsonl"
     with MetricsReporter([JsonlBackend(path)], run_id=RUN) as first:
         for i in range(3):
@@ -290,6 +296,7 @@ def test_torn_last_line_after_crash_is_recovered_and_seq_continues(tmp_path, cap
     with MetricsReporter([JsonlBackend(path)], run_id=RUN) as second:
         (recovery,) = second.stats.recoveries
         assert recovery.offset == len(intact) and recovery.torn_bytes == len(torn)
+        assert recovery.sidecar is not None
         assert second.next_seq == 3
         second.report(rec(3))
     assert path.read_bytes().startswith(intact)
@@ -301,7 +308,7 @@ def test_torn_last_line_after_crash_is_recovered_and_seq_continues(tmp_path, cap
     )
 
 
-def test_unclosed_background_reporter_is_flushed_at_interpreter_exit(tmp_path):
+def test_unclosed_background_reporter_is_flushed_at_interpreter_exit(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     script = f"""
 from twinkle.reporting import JsonlBackend, MetricsReporter, make_record
@@ -319,7 +326,7 @@ for i in range(2000):
 # -- background queue ---------------------------------------------------------------------
 
 
-def test_drop_mode_counts_drops_and_leaves_seq_gaps(caplog):
+def test_drop_mode_counts_drops_and_leaves_seq_gaps(caplog: pytest.LogCaptureFixture) -> None:
     gated = GatedBackend()
     caplog.set_level(logging.WARNING, logger="twinkle.reporting")
     reporter = MetricsReporter([gated], run_id=RUN, background=True, queue_size=4, on_full="drop")
@@ -338,7 +345,7 @@ def test_drop_mode_counts_drops_and_leaves_seq_gaps(caplog):
     assert any("dropped" in r.getMessage() for r in caplog.records)
 
 
-def test_block_mode_waits_for_room_and_drops_nothing():
+def test_block_mode_waits_for_room_and_drops_nothing() -> None:
     gated = GatedBackend()
     reporter = MetricsReporter([gated], run_id=RUN, background=True, queue_size=3)
     reporter.report(rec(0))
@@ -363,7 +370,7 @@ def test_block_mode_waits_for_room_and_drops_nothing():
     assert reporter.stats.waits == 1  # the one report() that found the queue full
 
 
-def test_flush_waits_until_everything_reported_is_written(tmp_path):
+def test_flush_waits_until_everything_reported_is_written(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     reporter = MetricsReporter([JsonlBackend(path)], run_id=RUN, background=True)
     for i in range(5000):
@@ -374,7 +381,7 @@ def test_flush_waits_until_everything_reported_is_written(tmp_path):
     reporter.close()
 
 
-def test_close_joins_the_writer_thread_and_closes_backends():
+def test_close_joins_the_writer_thread_and_closes_backends() -> None:
     backend = ListBackend()
     with MetricsReporter([backend], run_id="thread-check", background=True) as reporter:
         reporter.report(rec(0, run_id="thread-check"))
@@ -386,7 +393,7 @@ def test_close_joins_the_writer_thread_and_closes_backends():
     reporter.flush()  # no-op once closed
 
 
-def test_blocked_producer_is_released_with_an_error_when_closed():
+def test_blocked_producer_is_released_with_an_error_when_closed() -> None:
     gated = GatedBackend()
     reporter = MetricsReporter([gated], run_id=RUN, background=True, queue_size=2)
     reporter.report(rec(0))
@@ -473,7 +480,8 @@ def _bad_cases() -> list[tuple[str, Callable[[MetricsReporter, Path], Any], type
         ("other run", lambda r, t: r.report(rec(0, run_id="other")), RecordError, r"run 'other'"),
         (
             "not a record",
-            lambda r, t: r.report({"kind": "train"}),
+            # not a MetricRecord: the wrong type is the point
+            lambda r, t: r.report({"kind": "train"}),  # type: ignore[arg-type]
             InvalidArgumentError,
             r"takes a MetricRecord",
         ),
@@ -540,8 +548,13 @@ def _bad_cases() -> list[tuple[str, Callable[[MetricsReporter, Path], Any], type
 )
 @pytest.mark.parametrize("background", [False, True])
 def test_bad_input_raises_a_clear_error_and_written_records_stay(
-    tmp_path, case, action, error, culprit, background
-):
+    tmp_path: Path,
+    case: str,
+    action: Callable[[MetricsReporter, Path], Any],
+    error: type[Exception],
+    culprit: str,
+    background: bool,
+) -> None:
     path = tmp_path / "raw.jsonl"
     reporter = MetricsReporter([JsonlBackend(path)], run_id=RUN, background=background)
     for i in range(5):

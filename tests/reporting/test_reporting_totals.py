@@ -12,7 +12,7 @@ from twinkle.errors import InvalidArgumentError
 from twinkle.reporting import RunTotals
 
 
-def test_add_accumulates_ints_exactly_and_floats_as_floats():
+def test_add_accumulates_ints_exactly_and_floats_as_floats() -> None:
     totals = RunTotals()
     for n in (3, 4, 5):
         totals.add("samples", n)
@@ -23,7 +23,7 @@ def test_add_accumulates_ints_exactly_and_floats_as_floats():
     assert totals.get("never") == 0
 
 
-def test_calibrate_prefers_terminal_and_records_the_discrepancy():
+def test_calibrate_prefers_terminal_and_records_the_discrepancy() -> None:
     totals = RunTotals()
     totals.add("samples_generated", 250)
     totals.add("samples_generated", 240)
@@ -45,7 +45,7 @@ def test_calibrate_prefers_terminal_and_records_the_discrepancy():
     assert totals.calibrate({"samples_generated": 512, "generation_groups": 64}) == result
 
 
-def test_agreeing_totals_have_zero_discrepancy():
+def test_agreeing_totals_have_zero_discrepancy() -> None:
     totals = RunTotals()
     totals.add("tokens", 1000)
     assert totals.calibrate({"tokens": 1000})["tokens"]["discrepancy"] == 0
@@ -69,15 +69,15 @@ def test_agreeing_totals_have_zero_discrepancy():
         ("x", None, r"amount\['x'\] = None"),
     ],
 )
-def test_bad_add_names_the_key_and_value(key, amount, culprit):
+def test_bad_add_names_the_key_and_value(key: object, amount: object, culprit: str) -> None:
     totals = RunTotals()
     totals.add("kept", 1)
     with pytest.raises(InvalidArgumentError, match=culprit):
-        totals.add(key, amount)
+        totals.add(key, amount)  # type: ignore[arg-type]  # the wrong types are the point
     assert totals.totals() == {"kept": 1}
 
 
-def test_bad_terminal_totals_are_rejected():
+def test_bad_terminal_totals_are_rejected() -> None:
     totals = RunTotals()
     with pytest.raises(InvalidArgumentError, match=r"terminal\['x'\] = nan"):
         totals.calibrate({"x": float("nan")})
@@ -85,7 +85,7 @@ def test_bad_terminal_totals_are_rejected():
         totals.calibrate([("x", 1)])  # type: ignore[arg-type]
 
 
-def test_concurrent_adds_are_not_lost():
+def test_concurrent_adds_are_not_lost() -> None:
     totals = RunTotals()
 
     def worker() -> None:
@@ -104,7 +104,9 @@ def test_concurrent_adds_are_not_lost():
     amounts=st.lists(st.integers(min_value=-(10**6), max_value=10**6), max_size=50),
     terminal=st.none() | st.integers(min_value=0, max_value=10**8),
 )
-def test_final_is_terminal_when_given_and_discrepancy_is_the_difference(amounts, terminal):
+def test_final_is_terminal_when_given_and_discrepancy_is_the_difference(
+    amounts: list[int], terminal: int | None
+) -> None:
     totals = RunTotals()
     for a in amounts:
         totals.add("k", a)

@@ -42,7 +42,9 @@ def flat_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line, parse_constant=reject) for line in path.read_text().splitlines()]
 
 
-def test_records_of_one_iteration_merge_into_one_line_in_deterministic_key_order(tmp_path):
+def test_records_of_one_iteration_merge_into_one_line_in_deterministic_key_order(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=10)
     b.write([rec("train", 1, {"loss": 0.5, "tokens": 10}), rec("rollout", 1, {"tokens": 7})])
@@ -72,7 +74,7 @@ def test_records_of_one_iteration_merge_into_one_line_in_deterministic_key_order
     ]
 
 
-def test_line_is_written_once_an_iteration_hold_later_arrives_or_at_flush(tmp_path):
+def test_line_is_written_once_an_iteration_hold_later_arrives_or_at_flush(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=3, hold=2)
     b.write([rec("train", 0, {"a": 1})])
@@ -89,7 +91,7 @@ def test_line_is_written_once_an_iteration_hold_later_arrives_or_at_flush(tmp_pa
     assert [line["iteration"] for line in flat_lines(path)] == [0, 1, 2]
 
 
-def test_run_and_window_records_never_reach_the_flat_file(tmp_path):
+def test_run_and_window_records_never_reach_the_flat_file(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=3)
     b.write([rec("iteration", 2, {"tokens": 10})])
@@ -101,7 +103,7 @@ def test_run_and_window_records_never_reach_the_flat_file(tmp_path):
     assert "rollout/tokens" not in line
 
 
-def test_interleaved_iterations_still_give_one_line_each(tmp_path):
+def test_interleaved_iterations_still_give_one_line_each(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=3, hold=3)
     # the end of a run: several observers each finalise the last iterations
@@ -128,7 +130,7 @@ def test_interleaved_iterations_still_give_one_line_each(tmp_path):
     ]
 
 
-def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path):
+def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=1)
     b.write(
@@ -140,7 +142,9 @@ def test_values_are_numeric_only_and_non_finite_are_left_out(tmp_path):
     assert all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in line.values())
 
 
-def test_ts_is_latest_wall_time_of_the_iteration_step_highest_and_later_values_win(tmp_path):
+def test_ts_is_latest_wall_time_of_the_iteration_step_highest_and_later_values_win(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "metrics.jsonl"
     b = WebUIFlatBackend(path, total_steps=5)
     b.write(
@@ -157,7 +161,7 @@ def test_ts_is_latest_wall_time_of_the_iteration_step_highest_and_later_values_w
     assert line["step"] == 5
 
 
-def test_flat_file_appends_across_restarts(tmp_path):
+def test_flat_file_appends_across_restarts(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     for step in range(3):
         b = WebUIFlatBackend(path, total_steps=3)
@@ -166,7 +170,7 @@ def test_flat_file_appends_across_restarts(tmp_path):
     assert [line["step"] for line in flat_lines(path)] == [0, 1, 2]
 
 
-def test_through_a_reporter_next_to_the_raw_file(tmp_path):
+def test_through_a_reporter_next_to_the_raw_file(tmp_path: Path) -> None:
     raw, flat = tmp_path / "metrics_raw.jsonl", tmp_path / "metrics.jsonl"
     with MetricsReporter(
         [JsonlBackend(raw), WebUIFlatBackend(flat, total_steps=2)], run_id=RUN, background=True
@@ -196,12 +200,14 @@ def test_through_a_reporter_next_to_the_raw_file(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, None, True, "10"])
-def test_total_steps_must_be_a_non_negative_int(tmp_path, bad):
+def test_total_steps_must_be_a_non_negative_int(tmp_path: Path, bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match=rf"total_steps must be an int >= 0.*{bad!r}"):
-        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=bad)
+        # `bad` is not always an int: the wrong type is the point
+        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, None])
-def test_hold_must_be_a_positive_int(tmp_path, bad):
+def test_hold_must_be_a_positive_int(tmp_path: Path, bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match=rf"hold must be an int >= 1.*{bad!r}"):
-        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=1, hold=bad)
+        # `bad` is not always an int: the wrong type is the point
+        WebUIFlatBackend(tmp_path / "m.jsonl", total_steps=1, hold=bad)  # type: ignore[arg-type]

@@ -3,13 +3,15 @@ keeps the previous file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from twinkle.errors import ReporterError, WriteError
 from twinkle.reporting import ReplacingFile
 
 
-def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_path):
+def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "whole.json"
     out = ReplacingFile(path)
     out.write(b"[1,")
@@ -27,7 +29,9 @@ def test_replacing_file_puts_the_whole_file_in_place_at_commit_or_nothing(tmp_pa
         ReplacingFile(tmp_path / "link.json")
 
 
-def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(tmp_path):
+def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "taken"
     path.mkdir()  # a rename onto a directory fails
     (path / "inside").write_bytes(b"x")

@@ -6,11 +6,19 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from twinkle.errors import InvalidArgumentError, ReporterError
-from twinkle.reporting import BatchWriter, MetricsReporter, WriterState, WriterStats
+from twinkle.reporting import (
+    BatchWriter,
+    MetricRecord,
+    MetricsReporter,
+    WriterState,
+    WriterStats,
+)
 
 MODES = pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 
@@ -37,23 +45,31 @@ class Sink:
         return [i for b in self.batches for i in b]
 
 
-def writer(deliver, *, background: bool, **kw) -> BatchWriter[int]:
+def writer(
+    deliver: Callable[[list[int]], object], *, background: bool, **kw: Any
+) -> BatchWriter[int]:
     kw.setdefault("capacity", 1000)
     return BatchWriter(deliver, name="test writer", background=background, **kw)
+
+
+def state(w: BatchWriter[int]) -> WriterState:
+    """``w.state``, read afresh: mypy would keep ``w.state`` narrowed by an earlier
+    assert across the calls that change it."""
+    return w.state
 
 
 # -- states ---------------------------------------------------------------------------------
 
 
 @MODES
-def test_open_closing_closed_delivers_everything_in_put_order(background):
+def test_open_closing_closed_delivers_everything_in_put_order(background: bool) -> None:
     sink = Sink()
     w = writer(sink, background=background)
-    assert w.state is WriterState.OPEN
+    assert state(w) is WriterState.OPEN
     for i in range(100):
         assert w.put(i) is True
     assert w.close() is True
-    assert w.state is WriterState.CLOSED
+    assert state(w) is WriterState.CLOSED
     assert sink.items == list(range(100))
     assert w.stats == WriterStats(
         state=WriterState.CLOSED,
@@ -67,7 +83,7 @@ def test_open_closing_closed_delivers_everything_in_put_order(background):
 
 
 @MODES
-def test_inline_writes_on_the_callers_thread_background_on_its_own(background):
+def test_inline_writes_on_the_callers_thread_background_on_its_own(background: bool) -> None:
     sink = Sink()
     w = writer(sink, background=background, thread_name="probe")
     w.put(1)
@@ -78,7 +94,7 @@ def test_inline_writes_on_the_callers_thread_background_on_its_own(background):
 
 
 @MODES
-def test_closed_is_final_put_refuses_flush_and_close_are_no_ops(background):
+def test_closed_is_final_put_refuses_flush_and_close_are_no_ops(background: bool) -> None:
     w = writer(Sink(), background=background)
     w.close()
     assert w.close() is False  # idempotent: only the first call closes
@@ -88,7 +104,7 @@ def test_closed_is_final_put_refuses_flush_and_close_are_no_ops(background):
     assert w.stats.accepted == 0
 
 
-def test_closing_delivers_what_is_queued_and_refuses_new_items():
+def test_closing_delivers_what_is_queued_and_refuses_new_items() -> None:
     sink = Sink(gated=True)
     w = writer(sink, background=True, wake_at=1)
     w.put(0)
@@ -96,20 +112,22 @@ def test_closing_delivers_what_is_queued_and_refuses_new_items():
     w.put(1)
     closer = threading.Thread(target=w.close)
     closer.start()
-    while w.state is WriterState.OPEN:
+    while state(w) is WriterState.OPEN:
         pass
-    assert w.state is WriterState.CLOSING
+    assert state(w) is WriterState.CLOSING
     with pytest.raises(ReporterError, match="is closed"):
         w.put(2)
     sink.gate.set()
     closer.join(5)
-    assert w.state is WriterState.CLOSED
+    assert state(w) is WriterState.CLOSED
     assert sink.items == [0, 1]
 
 
 @MODES
-def test_a_base_exception_in_deliver_fails_the_writer_and_counts_what_is_lost(background, caplog):
-    calls = []
+def test_a_base_exception_in_deliver_fails_the_writer_and_counts_what_is_lost(
+    background: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[list[int]] = []
 
     def deliver(batch: list[int]) -> None:
         calls.append(list(batch))
@@ -144,7 +162,9 @@ def test_a_base_exception_in_deliver_fails_the_writer_and_counts_what_is_lost(ba
 
 
 @MODES
-def test_an_exception_in_deliver_is_raised_once_at_the_next_call_after_accepting(background):
+def test_an_exception_in_deliver_is_raised_once_at_the_next_call_after_accepting(
+    background: bool,
+) -> None:
     sink = Sink()
     failing = {1}
 
@@ -169,7 +189,7 @@ def test_an_exception_in_deliver_is_raised_once_at_the_next_call_after_accepting
     assert w.stats.delivered == 3  # item 1 was handed to deliver (which failed it)
 
 
-def test_settle_waits_like_flush_and_leaves_a_held_error_for_the_next_call():
+def test_settle_waits_like_flush_and_leaves_a_held_error_for_the_next_call() -> None:
     """A checkpoint asks whether everything went through without taking the error from
     the run that must report it."""
     sink = Sink()
@@ -192,7 +212,7 @@ def test_settle_waits_like_flush_and_leaves_a_held_error_for_the_next_call():
     assert w.settle() is False  # (closed: nothing settles any more)
 
 
-def test_a_held_error_is_raised_by_put_after_the_item_was_accepted():
+def test_a_held_error_is_raised_by_put_after_the_item_was_accepted() -> None:
     fail = threading.Event()
     fail.set()
     seen: list[int] = []
@@ -216,7 +236,9 @@ def test_a_held_error_is_raised_by_put_after_the_item_was_accepted():
 # -- the bound ----------------------------------------------------------------------------------
 
 
-def test_block_mode_waits_only_at_the_bound_and_counts_the_wait(caplog):
+def test_block_mode_waits_only_at_the_bound_and_counts_the_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     sink = Sink(gated=True)
     caplog.set_level(logging.WARNING, logger="twinkle.reporting")
     w = writer(sink, background=True, capacity=3, wake_at=1)
@@ -243,7 +265,7 @@ def test_block_mode_waits_only_at_the_bound_and_counts_the_wait(caplog):
     assert any("the caller waits for the writer" in r.getMessage() for r in caplog.records)
 
 
-def test_drop_mode_counts_the_items_it_refuses():
+def test_drop_mode_counts_the_items_it_refuses() -> None:
     sink = Sink(gated=True)
     w = writer(sink, background=True, capacity=2, on_full="drop", wake_at=1)
     w.put(0)
@@ -256,7 +278,7 @@ def test_drop_mode_counts_the_items_it_refuses():
     assert (w.stats.dropped, w.stats.accepted) == (4, 2)
 
 
-def test_a_blocked_put_is_released_with_an_error_when_the_writer_closes():
+def test_a_blocked_put_is_released_with_an_error_when_the_writer_closes() -> None:
     sink = Sink(gated=True)
     w = writer(sink, background=True, capacity=1, wake_at=1)
     w.put(0)
@@ -285,7 +307,7 @@ def test_a_blocked_put_is_released_with_an_error_when_the_writer_closes():
 # -- batching ---------------------------------------------------------------------------------
 
 
-def test_the_thread_takes_the_whole_queue_as_one_batch():
+def test_the_thread_takes_the_whole_queue_as_one_batch() -> None:
     sink = Sink(gated=True)
     w = writer(sink, background=True, wake_at=1)
     w.put(0)
@@ -298,7 +320,7 @@ def test_the_thread_takes_the_whole_queue_as_one_batch():
     assert sink.batches == [[0], list(range(1, 50))]
 
 
-def test_a_queue_below_wake_at_is_written_by_flush():
+def test_a_queue_below_wake_at_is_written_by_flush() -> None:
     sink = Sink()
     w = writer(sink, background=True, wake_at=100, interval_s=60)
     for i in range(5):
@@ -309,7 +331,7 @@ def test_a_queue_below_wake_at_is_written_by_flush():
     w.close()
 
 
-def test_calling_the_writer_from_its_own_thread_is_refused():
+def test_calling_the_writer_from_its_own_thread_is_refused() -> None:
     errors: list[BaseException] = []
     holder: list[BatchWriter[int]] = []
 
@@ -339,7 +361,7 @@ def test_calling_the_writer_from_its_own_thread_is_refused():
         ({"interval_s": 0}, r"interval_s must be a number > 0, got 0"),
     ],
 )
-def test_bad_arguments_are_refused_naming_them(kw, culprit):
+def test_bad_arguments_are_refused_naming_them(kw: dict[str, Any], culprit: str) -> None:
     with pytest.raises(InvalidArgumentError, match=culprit):
         writer(Sink(), background=False, **kw)
 
@@ -356,15 +378,15 @@ def _runs_batch_writer(thread: threading.Thread) -> bool:
     return False
 
 
-def test_the_reporter_writes_through_a_batch_writer_thread():
+def test_the_reporter_writes_through_a_batch_writer_thread() -> None:
     class Null:
-        def write(self, records):
+        def write(self, records: Sequence[MetricRecord]) -> None:
             pass
 
-        def flush(self):
+        def flush(self) -> None:
             pass
 
-        def close(self):
+        def close(self) -> None:
             pass
 
     with MetricsReporter([Null()], run_id="one-writer", background=True):
