@@ -1,9 +1,10 @@
-"""The plugin contract: discovery through entry points, blocking, isolation of failures."""
+"""twinkle.plugins._manager: observers discovered through the entry-point group, blocked
+by name, autoload switched off; plugins that cannot load named; what each segment of a
+run loaded."""
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,11 @@ import orjson
 import pluggy
 import pytest
 
-from twinkle import hookspecs
 from twinkle.errors import InvalidArgumentError, PluginError
-from twinkle.events import Event, IterationStarted, RunStarted
+from twinkle.events import Event
 from twinkle.hookspecs import hookimpl
-from twinkle.perf import ManualClock
 from twinkle.plugins import (
     DISABLE_AUTOLOAD_ENV,
-    HOOK_FOR_EVENT,
     PluginStatus,
     describe_plugins,
     make_plugin_manager,
@@ -148,169 +146,6 @@ def test_wrapper_hooks_are_rejected_with_the_fix() -> None:
 
     with pytest.raises(PluginError, match="wrapper"):
         make_plugin_manager(builtins=False, autoload=False, plugins=[("w", Wrapper())])
-
-
-class Boom:
-    @hookimpl
-    def twinkle_event(self, event: Event) -> None:
-        raise RuntimeError("observer bug")
-
-    @hookimpl
-    def twinkle_iteration_started(self, event: IterationStarted) -> None:
-        raise ValueError("another observer bug")
-
-
-class Good:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    @hookimpl
-    def twinkle_event(self, event: Event) -> None:
-        if event.TYPE != "spans":
-            self.events.append(event.TYPE)
-
-
-@pytest.mark.parametrize("boom_first", [True, False], ids=["raising-first", "raising-last"])
-def test_raising_observer_is_isolated_logged_and_counted(
-    boom_first: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    good = Good()
-    pair = [("boom", Boom()), ("good", good)]
-    plugins = pair if boom_first else pair[::-1]
-    run = RunSession(out_dir=None, run_id="r", autoload=False, plugins=plugins)
-    with run:
-        for i in range(3):
-            run.bus.iteration_started(i)
-    assert good.events == [
-        "run_started",
-        *["iteration_started"] * 3,
-        "run_finished",
-        "backends_closed",
-    ]
-    # every event reaches twinkle_event (span batches of overhead included), and the
-    # three iteration starts twinkle_iteration_started too
-    assert run.dispatcher is not None
-    expected = run.dispatcher.events + 3
-    assert run.failures == {"boom": expected}
-    assert run.summary is not None
-    assert run.summary["observer_failures"] == {"boom": expected}
-    assert "observer 'boom' failed in twinkle_event" in caplog.text
-
-
-def test_slow_observer_time_is_deducted_as_overhead_and_others_still_run(tmp_path: Path) -> None:
-    clock = ManualClock(0)
-    ms = 1_000_000
-
-    class Slow:
-        @hookimpl
-        def twinkle_iteration_started(self, event: IterationStarted) -> None:
-            clock.advance(30 * ms)  # this observer takes 30 ms of the trainer's time
-
-    good = Good()
-    run = RunSession(
-        out_dir=tmp_path,
-        run_id="slow",
-        clock=clock,
-        autoload=False,
-        plugins=[("slow", Slow()), ("good", good)],
-        background_writer=False,
-    )
-    with run:
-        run.bus.iteration_started(0)
-        clock.advance(100 * ms)
-        run.bus.iteration_started(1)
-        clock.advance(100 * ms)
-    import orjson
-
-    timing = [
-        orjson.loads(line)["values"]
-        for line in (tmp_path / "slow" / "metrics_raw.jsonl").read_bytes().splitlines()
-        if b'"kind":"timing","scope":"iteration"' in line
-    ]
-    assert [t["window_wall_seconds"] for t in timing] == [0.13, 0.13]
-    assert [t["window_overhead_seconds"] for t in timing] == [0.03, 0.03]
-    assert [t["window_logical_seconds"] for t in timing] == [0.1, 0.1]
-    assert good.events.count("iteration_started") == 2
-
-
-def test_observer_publishing_from_inside_a_hook_is_dispatched_after_the_current_event() -> None:
-    order: list[str] = []
-
-    class Republisher:
-        bus: Any = None
-
-        @hookimpl
-        def twinkle_iteration_started(self, event: IterationStarted) -> None:
-            order.append(f"start {event.iteration}")
-            if event.iteration == 0:
-                self.bus.snapshot({"from": "hook"})
-                order.append("published")
-
-        @hookimpl
-        def twinkle_event(self, event: Event) -> None:
-            if event.TYPE != "spans":
-                order.append(f"event {event.TYPE}")
-
-    rep = Republisher()
-    with RunSession(out_dir=None, run_id="r", autoload=False, plugins=[("rep", rep)]) as run:
-        rep.bus = run.bus
-        run.bus.iteration_started(0)
-    assert order[:5] == [
-        "event run_started",
-        "start 0",
-        "published",
-        "event iteration_started",
-        "event snapshot",
-    ]
-
-
-def test_every_event_type_has_exactly_one_hook() -> None:
-    import typing
-
-    from blinker import NamedSignal
-
-    from twinkle.events import EVENT_TYPES, SIGNALS
-
-    assert set(HOOK_FOR_EVENT) == set(EVENT_TYPES.values())
-    assert len(set(HOOK_FOR_EVENT.values())) == len(HOOK_FOR_EVENT)
-    for cls, hook in HOOK_FOR_EVENT.items():
-        # derived from the type's definition: the contract must spell that hook, for
-        # that type, and the signal carries the type's name
-        spec = getattr(hookspecs, hook)
-        assert typing.get_type_hints(spec)["event"] is cls, hook
-        signal = SIGNALS[cls]
-        assert isinstance(signal, NamedSignal), hook
-        assert signal.name == f"twinkle.{cls.TYPE}"
-
-
-def test_every_hookspec_documents_when_it_fires_and_each_argument() -> None:
-    specs = [getattr(hookspecs, n) for n in dir(hookspecs) if n.startswith("twinkle_")]
-    assert len(specs) >= 14
-    for fn in specs:
-        doc = inspect.getdoc(fn) or ""
-        assert doc, f"{fn.__name__} has no docstring"
-        for arg in inspect.signature(fn).parameters:
-            assert f":param {arg}:" in doc, f"{fn.__name__} does not document {arg!r}"
-
-
-def test_run_started_reaches_observers_with_the_config() -> None:
-    seen: list[dict[str, Any]] = []
-
-    class Cfg:
-        @hookimpl
-        def twinkle_run_started(self, event: RunStarted) -> None:
-            seen.append(event.config)
-
-    with RunSession(
-        out_dir=None,
-        run_id="r",
-        config={"total_steps": 7},
-        autoload=False,
-        builtins=False,
-        plugins=[("cfg", Cfg())],
-    ):
-        pass
-    assert seen == [{"total_steps": 7}]
 
 
 def test_describe_plugins_says_what_a_run_would_do_with_each(
