@@ -93,12 +93,14 @@ def segment(
 def killed_when_ready(script: str) -> int:
     """Run ``script`` in a child process and kill it outright (SIGKILL) 0.2 s after it
     prints ``ready``; its pid."""
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(0.2)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            time.sleep(0.2)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
     return child.pid

@@ -73,9 +73,12 @@ class ForkServer:
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        finally:
+            self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,7 @@ def kill_co_appender_mid_write(path: Path, mode: str, count: int, pad: int) -> N
                 break
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=30)
+    child.stdout.close()
 
 
 def test_a_co_appender_killed_mid_write_never_corrupts_the_survivor(
@@ -304,6 +305,7 @@ def test_trace_json_is_replaced_whole_at_close_and_a_crash_keeps_the_previous_on
     assert child.stdout is not None and child.stdout.readline() == b"half\n"
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=30)
+    child.stdout.close()
     assert (run_dir / "trace.json").read_bytes() == done
     (left,) = [p.name for p in run_dir.iterdir() if p.name != "trace.json"]
     assert left.startswith(f".trace.json.{child.pid}.")  # the dead writer's temporary

@@ -197,6 +197,10 @@ def test_ctrl_c_while_finish_waits_for_a_hanging_close_stops_the_process(
         code = child.wait(timeout=20)
     finally:
         child.kill()
+        child.wait()
+        child.stdout.close()
+        assert child.stderr is not None
+        child.stderr.close()
     assert code != 0  # interrupted, as asked, within seconds (not the 600 s bound)
     events = list(read_jsonl(tmp_path / "r" / "events.jsonl"))
     assert [e["type"] for e in events][-2:] == ["run_finished", "backends_closed"]

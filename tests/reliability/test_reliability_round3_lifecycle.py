@@ -169,6 +169,8 @@ def test_a_killed_ray_driver_leaves_no_agents_and_no_session_dir(runtime: Path) 
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+        if driver.stdout is not None:
+            driver.stdout.close()
         for proc in cluster:  # (what this test started, when the fault is back)
             if not gone(proc):
                 proc.kill()
@@ -307,6 +309,7 @@ def test_a_process_dir_of_a_killed_owner_is_removed_by_the_next_one(runtime: Pat
     foreign.mkdir()
     child.send_signal(signal.SIGKILL)
     child.wait()
+    child.stdout.close()
 
     again = process_dir("ddp")
     assert not theirs.exists()

@@ -91,6 +91,9 @@ def test_a_resume_killed_at_any_moment_leaves_no_file_shorter(
         child.wait(timeout=30)
     finally:
         child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     after = _counts(run_dir)
     assert all(after[name] >= before[name] for name in FILES), (before, after)
     # A later resume takes the killed segment's leftovers away, and the run is whole.

@@ -56,9 +56,12 @@ def test_a_second_process_on_a_directory_in_use_is_refused(tmp_path: Path) -> No
         with pytest.raises(TwinkleError, match="not started"):
             session.bus.iteration_started(1)
     finally:
-        assert child.stdin is not None
+        assert child.stdin is not None and child.stdout is not None
         child.stdin.close()
-        assert child.wait(30) == 0
+        try:
+            assert child.wait(30) == 0
+        finally:
+            child.stdout.close()
     summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
     assert summary["status"] == "ok" and len(summary["segments"]) == 1
 
@@ -76,6 +79,9 @@ def test_a_dead_owners_lock_is_reclaimed(tmp_path: Path) -> None:
     child = holder(tmp_path)
     child.send_signal(signal.SIGKILL)
     child.wait(10)
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.close()
+    child.stdout.close()
     lock = orjson.loads((tmp_path / "r" / RUN_LOCK_FILE).read_bytes())
     assert lock["pid"] == child.pid  # the stale record stays until the next owner
     with RunSession(out_dir=tmp_path, run_id="r", autoload=False) as run:
