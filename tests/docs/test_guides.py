@@ -126,3 +126,15 @@ def test_the_testing_guides_example(name: str, plugin_on_path: Path, tmp_path: P
     test = namespace[name]
     assert callable(test)
     test(tmp_path)
+
+
+def test_the_testing_guides_warning_filters_are_the_ones_the_tests_use() -> None:
+    """The guide's ``filterwarnings`` is the mlflow plugin's own, and twinkle's own tests
+    fail on a warning too."""
+    ((_, block),) = code_blocks("testing.md", "toml")
+    shown = tomllib.loads(block)["tool"]["pytest"]["ini_options"]["filterwarnings"]
+    root = DOCS.parent
+    used = tomllib.loads((root / "plugins" / "twinkle-mlflow" / "pyproject.toml").read_text())
+    assert shown == used["tool"]["pytest"]["ini_options"]["filterwarnings"]
+    own = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert own["filterwarnings"][0] == "error"

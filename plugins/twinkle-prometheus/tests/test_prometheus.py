@@ -55,11 +55,12 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
         f"  - job_name: twinkle\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
     )
     assert PROMETHEUS is not None
-    server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{api}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
-    )  # fmt: skip
+    with (tmp_path / "prometheus.log").open("wb") as log:  # (the child holds its own copy)
+        server = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{api}"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{api}"
     try:
         deadline = time.monotonic() + 60
