@@ -73,12 +73,7 @@ class ForkServer:
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 
     def close(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        finally:
-            self.proc.stdout.close()
+        self.proc.communicate(timeout=30)  # (closes stdin, waits, closes stdout)
 
 
 @pytest.fixture(scope="module")

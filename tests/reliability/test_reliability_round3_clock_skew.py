@@ -423,12 +423,7 @@ class Worker:
         return WorkerReport.from_bytes(self.process.stdout.read(size))
 
     def close(self) -> None:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        try:
-            self.process.stdin.close()
-            self.process.wait(timeout=30)
-        finally:
-            self.process.stdout.close()
+        self.process.communicate(timeout=30)  # (closes stdin, waits, closes stdout)
 
 
 def test_a_worker_process_3s_ahead_is_flagged_and_its_spans_stay_in_their_windows(
