@@ -157,6 +157,12 @@ def test_bad_arguments_are_refused_before_any_request(stand_in: StandIn) -> None
         client.complete([[1]], max_tokens=0, temperature=0.0)
     with pytest.raises(InvalidArgumentError, match="base_url="):
         VllmClient("127.0.0.1:8000")
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "60"):
+        with pytest.raises(
+            InvalidArgumentError, match=r"^timeout_s=.* must be a finite number of seconds > 0"
+        ):
+            VllmClient(stand_in.url, timeout_s=bad)  # type: ignore[arg-type]
+    assert VllmClient(stand_in.url, timeout_s=1).timeout_s == 1.0
     assert stand_in.seen == []
 
 

@@ -115,6 +115,20 @@ def test_builtins_can_be_switched_off() -> None:
     assert _names(make_plugin_manager(autoload=False, builtins=False)) == set()
 
 
+def test_the_builtins_are_what_twinkle_s_distribution_registered(fake_dist: Path) -> None:
+    from twinkle.observers.timing import TimingObserver
+
+    # a twinkle observer class passed in by name is the caller's plugin, not the run's own
+    pm = make_plugin_manager(plugins=[("my_timing", TimingObserver())])
+    assert {name for name in _names(pm) if pm.is_builtin(name)} == BUILTINS
+    assert not pm.is_builtin("collector") and not pm.is_builtin("my_timing")
+    assert not pm.is_builtin("no such plugin")
+    pm.unregister(name="timing")
+    assert not pm.is_builtin("timing")
+    blocked = make_plugin_manager(blocked=["trace"])
+    assert not blocked.is_builtin("trace") and blocked.is_builtin("timeline")
+
+
 def test_broken_plugin_import_names_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

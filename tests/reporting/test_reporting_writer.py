@@ -358,7 +358,9 @@ def test_calling_the_writer_from_its_own_thread_is_refused() -> None:
         ({"on_full": "wait"}, r"on_full must be .*got 'wait'"),
         ({"wake_at": 0}, r"wake_at must be an int in \[1, capacity=1000\].*got 0"),
         ({"wake_at": 1001}, r"wake_at .*got 1001"),
-        ({"interval_s": 0}, r"interval_s must be a number > 0, got 0"),
+        ({"interval_s": 0}, r"interval_s=0 must be a finite number of seconds > 0 \(how long"),
+        ({"interval_s": float("nan")}, r"interval_s=nan must be a finite number of seconds"),
+        ({"interval_s": True}, r"interval_s=True must be a finite number of seconds"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them(kw: dict[str, Any], culprit: str) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final, final
 from urllib.parse import urlsplit
 
+from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, TwinkleError
 
 __all__ = [
@@ -92,8 +93,9 @@ class VllmClient:
                 f"base_url={base_url!r} is not an http://host:port URL; pass a vLLM "
                 "server's address, e.g. VllmEngine.base_url"
             )
-        if not timeout_s > 0:
-            raise InvalidArgumentError(f"timeout_s={timeout_s!r} must be > 0")
+        timeout_s = check_seconds(
+            "timeout_s", timeout_s, zero_ok=False, means="how long each request waits at most"
+        )
         self._host = parts.hostname
         self._port = parts.port or 80
         path = parts.path.rstrip("/").removesuffix("/v1")

@@ -11,7 +11,6 @@ from twinkle.plugins._dispatch import (
     HookCalls,
     check_slow_call_s,
     hook_name,
-    is_builtin_observer,
     merge_summary,
 )
 from twinkle.plugins._manager import (
@@ -45,7 +44,6 @@ __all__ = [
     "check_slow_call_s",
     "describe_plugins",
     "hook_name",
-    "is_builtin_observer",
     "loaded_plugins",
     "make_plugin_manager",
     "merge_summary",

@@ -31,7 +31,6 @@ __all__ = [
     "HookCalls",
     "check_slow_call_s",
     "hook_name",
-    "is_builtin_observer",
     "merge_summary",
 ]
 
@@ -58,12 +57,6 @@ def check_slow_call_s(slow_call_s: object) -> float | None:
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
 #: records the run's reporter could not write at once (a disk fault; they are kept)
 REPORTER_FAILURES = "twinkle.reporter"
-
-
-def is_builtin_observer(plugin: object) -> bool:
-    """Whether ``plugin`` is one of twinkle's own observers (``twinkle.observers``): its
-    outputs are the run's own, written by the run and essential to it."""
-    return type(plugin).__module__.startswith("twinkle.observers.")
 
 
 def hook_name(event_type: type[Event]) -> str:
@@ -185,7 +178,7 @@ class HookCalls:
     def essential(self, name: str) -> bool:
         """Whether the run cannot go on without plugin ``name``: one of twinkle's own
         observers (its outputs are the run's), or one the caller requires."""
-        return name in self._required or is_builtin_observer(self._pm.get_plugin(name))
+        return name in self._required or self._pm.is_builtin(name)
 
     def leave_out(self, name: str, why: str) -> None:
         """Call none of plugin ``name``'s hooks from now on; ``why`` is kept in

@@ -57,6 +57,7 @@ class ObserverManager(pluggy.PluginManager):
         self._monitors: list[Monitor] = []
         #: whether any hook-call monitor is installed (read on every dispatch)
         self.monitored = False
+        self._builtin: set[str] = set()
 
     @property
     def monitors(self) -> tuple[Monitor, ...]:
@@ -99,9 +100,24 @@ class ObserverManager(pluggy.PluginManager):
                     )
         return registered
 
+    def register_builtin(self, plugin: object, name: str) -> None:
+        """Register ``plugin`` as one of twinkle's own observers (an entry point of the
+        ``twinkle`` distribution): :meth:`is_builtin` says so from now on."""
+        self.register(plugin, name)
+        self._builtin.add(name)
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether plugin ``name`` is one of twinkle's own observers, registered from
+        twinkle's distribution: its outputs are the run's own, written by the run and
+        essential to it. A plugin passed in by name or found under another
+        distribution is not, whatever its class."""
+        return name in self._builtin and self.get_plugin(name) is not None
+
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         self._check_free("unregister", name or type(plugin).__name__)
-        return super().unregister(plugin, name)
+        removed = super().unregister(plugin, name)
+        self._builtin &= {name for name, _ in self.list_name_plugin()}
+        return removed
 
     def add_hookcall_monitoring(
         self, before: Callable[..., object], after: Callable[..., object]
@@ -271,7 +287,7 @@ def make_plugin_manager(
             continue
         if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
             continue
-        _register(pm, _instantiate(ep), ep.name)
+        _register(pm, _instantiate(ep), ep.name, builtin=builtin)
     if builtins and not found_builtin:
         raise PluginError(
             "twinkle's built-in observers were not found in entry-point group "
@@ -393,9 +409,12 @@ def loaded_plugins(pm: pluggy.PluginManager) -> tuple[str, ...]:
     return tuple(sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None))
 
 
-def _register(pm: ObserverManager, plugin: object, name: str) -> None:
+def _register(pm: ObserverManager, plugin: object, name: str, *, builtin: bool = False) -> None:
     try:
-        pm.register(plugin, name=name)
+        if builtin:
+            pm.register_builtin(plugin, name)
+        else:
+            pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"plugin {name!r} does not fit the hook contract: {exc}") from exc
     except ValueError as exc:

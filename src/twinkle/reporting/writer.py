@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, final
 
+from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, ReporterError
 
 __all__ = ["BatchWriter", "WriterState", "WriterStats"]
@@ -158,14 +159,15 @@ class BatchWriter(Generic[T]):
                 f"wake_at must be an int in [1, capacity={capacity}] (queued items that wake "
                 f"the writer), got {wake_at!r}"
             )
-        if not isinstance(interval_s, int | float) or not interval_s > 0:
-            raise InvalidArgumentError(f"interval_s must be a number > 0, got {interval_s!r}")
+        interval_s = check_seconds(
+            "interval_s", interval_s, zero_ok=False, means="how long the writer sleeps at most"
+        )
         self.name = name
         self._deliver = deliver
         self._capacity = capacity
         self._drop = on_full == "drop"
         self._wake_at = wake_at
-        self._interval_s = float(interval_s)
+        self._interval_s = interval_s
         self._lock = threading.Lock()  # state, queue, counters
         self._deliver_lock = threading.Lock()  # one deliver at a time, in queue order
         self._wakeup = threading.Condition(self._lock)  # the thread: work or a new state

@@ -43,7 +43,6 @@ from twinkle.observers import (
     TraceSink,
     WebUISink,
 )
-from twinkle.plugins import is_builtin_observer
 from twinkle.reporting import ReplacingFile
 
 __all__ = [
@@ -149,7 +148,7 @@ def observers_of(pm: Any) -> list[str] | None:
     named = sorted(
         (item for item in pm.list_name_plugin() if item[1] is not None), key=lambda item: item[0]
     )
-    if not all(is_builtin_observer(plugin) for _, plugin in named):
+    if not all(pm.is_builtin(name) for name, _ in named):
         return None
     return [name for name, _ in named]
 

@@ -46,7 +46,6 @@ from twinkle.plugins import (
     Dispatcher,
     HookCalls,
     ObserverManager,
-    is_builtin_observer,
 )
 from twinkle.reporting import (
     DEFAULT_BACKEND_TIMEOUT_S,
@@ -234,7 +233,7 @@ class Run:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
         written by the reporter) first, then every plugin's behind a thread of its own
         (:class:`~twinkle.reporting.IsolatedBackend`), which the others never wait for."""
-        own = [is_builtin_observer(self.pm.get_plugin(plugin)) for plugin, _ in made]
+        own = [self.pm.is_builtin(plugin) for plugin, _ in made]
         names: list[str] = []
         backends: list[Backend] = []
         for is_own in (True, False):
