@@ -16,8 +16,6 @@ LONG_MODULES = {
     "twinkle/engines/pool.py": 555,
     "twinkle/events/_bus.py": 551,
     "twinkle/metric/histogram.py": 513,
-    "twinkle/observers/timeline.py": 562,
-    "twinkle/observers/trace.py": 569,
     "twinkle/perf/timer.py": 538,
     "twinkle/plugins/_dispatch.py": 529,
     "twinkle/run/_run.py": 568,

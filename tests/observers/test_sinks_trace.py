@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-import twinkle.observers.trace as trace_module
+import twinkle.observers._trace_lines as trace_lines
 from _recompute import span_list
 from twinkle.errors import WriteError
 from twinkle.events import (
@@ -483,7 +483,7 @@ def test_arrow_ends_waiting_for_their_other_end_are_bounded(
 ) -> None:
     """A publisher whose engines time no load leaves every publish's end waiting: the
     sink remembers the last ARROW_MEMORY of them, and draws no arrow for one it forgot."""
-    monkeypatch.setattr(trace_module, "ARROW_MEMORY", 2)
+    monkeypatch.setattr(trace_lines, "ARROW_MEMORY", 2)
     sink = TraceSink()
     sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}, replay=True))
     sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR))
@@ -491,7 +491,7 @@ def test_arrow_ends_waiting_for_their_other_end_are_bounded(
         at = 1_000_000 + 10_000 * v
         ack = (EngineAck("e0", at + 1_000),)
         sink.twinkle_weights_published(WeightsPublished(RUN, at, 6, v, at, at + 1_000, ack))
-    assert len(sink._sends) == 2
+    assert len(sink._lines._sends) == 2
     loads = tuple(
         Span(
             "weights.load",
