@@ -1,4 +1,4 @@
-"""twinkle.plugins._dispatch: each observer called in isolation (a raising one logged,
+"""twinkle.plugins._hookcalls and _dispatch: each observer called in isolation (a raising one logged,
 counted and skipped), its time counted as overhead, events published from inside a
 hook dispatched after the current one."""
 

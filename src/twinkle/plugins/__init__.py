@@ -4,14 +4,16 @@ of its hooks (:class:`HookCalls`, :class:`Dispatcher`). The contract itself is
 """
 
 from twinkle.plugins._dispatch import (
-    DEFAULT_SLOW_CALL_S,
     HOOK_FOR_EVENT,
-    REPORTER_FAILURES,
     Dispatcher,
-    HookCalls,
-    check_slow_call_s,
     hook_name,
     merge_summary,
+)
+from twinkle.plugins._hookcalls import (
+    DEFAULT_SLOW_CALL_S,
+    REPORTER_FAILURES,
+    HookCalls,
+    check_slow_call_s,
 )
 from twinkle.plugins._manager import (
     BUILTIN_DISTRIBUTION,

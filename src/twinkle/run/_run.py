@@ -4,7 +4,8 @@ A run owns its plugin manager (fixed for the run), the hook calls and the dispat
 (complete when built), the reporter, the observers' shared state (the run's timeline,
 in :attr:`RunContext.stash`) and the outputs (``runs/<run_id>/``, the summary last).
 :class:`~twinkle.run.RunSession` feeds it a live bus; :func:`~twinkle.run.replay` feeds
-it a log. The lifecycle of the events is checked here, once, for both.
+it a log. The lifecycle of the events is checked here, once, for both
+(:class:`~twinkle.run._order.EventOrder`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import threading
 import time
 from collections.abc import Iterable
-from typing import Any, cast, final
+from typing import Any, final
 
 import pluggy
 
@@ -25,18 +25,7 @@ from twinkle.errors import (
     RecordError,
     TwinkleError,
 )
-from twinkle.events import (
-    BackendsClosed,
-    Event,
-    EventBus,
-    IterationStarted,
-    OptimizerStep,
-    RunFinished,
-    RunResumed,
-    RunStarted,
-    freeze,
-    read_back,
-)
+from twinkle.events import Event, EventBus, RunFinished, freeze
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     EventLogSink,
@@ -60,12 +49,8 @@ from twinkle.run._checkpoint import (
     Checkpoint,
 )
 from twinkle.run._checkpointing import RunCheckpoints
-from twinkle.run._config import (
-    RESUMABLE_CONFIG,
-    check_config,
-    describe_config_changes,
-    refused_config_keys,
-)
+from twinkle.run._config import check_config
+from twinkle.run._order import ORDERED, EventOrder
 from twinkle.run._summary import (
     SUMMARY_FILE,
     Segment,
@@ -158,7 +143,7 @@ class Run:
         #: each segment: its start (run_started, then every run_resumed), its finish and
         #: what its backends did
         self.segments: list[Segment] = []
-        self._order = _Order()
+        self._order = EventOrder()
         self._receivers: list[EventBus] = []
         self._closed = False
         #: the checkpoints it takes (docs/metrics.md, "Resuming from a checkpoint")
@@ -210,10 +195,10 @@ class Run:
 
     def restore_order(self, order: tuple[Any, ...]) -> None:
         """The order checks' state as a checkpoint left it."""
-        self._order.last_boundary, self._order.last_iteration, self._order.last_step = order
+        self._order.restore(order)
 
     @property
-    def order(self) -> _Order:
+    def order(self) -> EventOrder:
         """The order the run's events keep (its checkpoints take it, under its lock)."""
         return self._order
 
@@ -312,113 +297,21 @@ class Run:
             raise RecordError(
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
-        kind = type(event)
-        if kind not in _ORDERED and self.segments:
+        if type(event) not in ORDERED and self.segments:
             dispatcher.submit(event)
         elif dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
             # thread, a publisher may hold it while it waits for that very thread).
-            self._check_order(event)
+            self._order.check(event, self.segments, self.run_id)
             dispatcher.submit(event)
         else:
             # Checked and queued in one step: the order checked is the order dispatched
             # (and logged), whichever threads publish.
             with self._order.lock:
-                self._check_order(event)
+                self._order.check(event, self.segments, self.run_id)
                 drain = dispatcher.enqueue(event)
             if drain:
                 dispatcher.drain()
-
-    def _check_order(self, event: Event) -> None:
-        """The lifecycle and order checks of the events that carry them (lock held)."""
-        kind = type(event)
-        order = self._order
-        if not self.segments:
-            if kind is not RunStarted:
-                raise RecordError(
-                    f"the first event of run {self.run_id!r} must be run_started, got "
-                    f"{event.TYPE!r}"
-                )
-            order.boundary(event, "run_started")
-            self.segments.append(Segment(cast(RunStarted, event)))
-            return
-        if kind is RunStarted:
-            raise RecordError(
-                f"event run_started starts run {event.run_id!r} a second time; a restarted "
-                "run continues with run_resumed (a RunSession on the same run directory "
-                "does that), and a replay takes one run's log at a time"
-            )
-        if kind is RunResumed:
-            resumed = cast(RunResumed, event)
-            if self.finished is None:
-                raise RecordError(
-                    f"event run_resumed (segment {resumed.segment}) comes before segment "
-                    f"{len(self.segments) - 1} of run {self.run_id!r} finished: a segment "
-                    "ends with run_finished first"
-                )
-            if resumed.segment != len(self.segments):
-                raise RecordError(
-                    f"event run_resumed says segment {resumed.segment}, but run "
-                    f"{self.run_id!r} has had {len(self.segments)} segment(s): the next is "
-                    f"{len(self.segments)}"
-                )
-            self._check_resumed_config(resumed)
-            order.boundary(event, "run_resumed")
-            self.segments.append(Segment(resumed))
-            return
-        if kind is BackendsClosed:
-            self._backends_closed(cast(BackendsClosed, event))
-            return
-        if self.finished is not None and kind is not RunFinished:
-            if kind is IterationStarted or kind is OptimizerStep:
-                raise RecordError(
-                    f"event {event.TYPE!r} comes after run {self.run_id!r} finished "
-                    f"(segment {len(self.segments) - 1}); publish before finish()"
-                )
-            return
-        if kind is RunFinished:
-            if self.finished is not None:
-                raise RecordError(
-                    f"event run_finished finishes segment {len(self.segments) - 1} of run "
-                    f"{self.run_id!r} a second time"
-                )
-            order.boundary(event, "run_finished")
-            self.segments[-1].finish = cast(RunFinished, event)
-        elif kind is IterationStarted:
-            iteration = cast(IterationStarted, event).iteration
-            order.iteration(cast(IterationStarted, event), self.run_id)
-            segment = self.segments[-1]
-            if segment.first_iteration is None:
-                segment.first_iteration = iteration
-            segment.last_iteration = iteration
-        elif kind is OptimizerStep:
-            order.step(cast(OptimizerStep, event), self.run_id)
-
-    def _check_resumed_config(self, resumed: RunResumed) -> None:
-        """A segment may change only :data:`RESUMABLE_CONFIG` of the run's configuration
-        (a resuming :class:`~twinkle.run.RunSession` refuses any other change before it
-        publishes anything: only a log put together by hand gets here)."""
-        logged = read_back(dict(self.segments[0].start.config))
-        given = read_back(dict(resumed.config))
-        keys = refused_config_keys(logged, given)
-        if keys:
-            raise RecordError(
-                f"event run_resumed (segment {resumed.segment}) changes the configuration "
-                f"of run {self.run_id!r} at {list(keys)} "
-                f"({describe_config_changes(keys, logged, given)}): a resumed run may "
-                f"change only {RESUMABLE_CONFIG}; resume with the run's configuration, or "
-                "start a new run with another run id"
-            )
-
-    def _backends_closed(self, event: BackendsClosed) -> None:
-        segment = self.segments[-1]
-        if segment.finish is None or segment.backends is not None:
-            when = "before its run_finished" if segment.finish is None else "a second time"
-            raise RecordError(
-                f"event backends_closed comes {when} in segment {segment.number} of run "
-                f"{self.run_id!r}: a segment's backends close once, after it finished"
-            )
-        segment.backends = event
 
     def finish(self) -> dict[str, Any]:
         """Close the run (after ``run_finished`` was submitted), then write
@@ -494,58 +387,6 @@ def _raise_event_log_failure(pm: pluggy.PluginManager) -> None:
     for plugin in pm.get_plugins():
         if isinstance(plugin, EventLogSink) and plugin.failure is not None:
             raise plugin.failure
-
-
-_ORDERED = frozenset(
-    {RunStarted, RunResumed, RunFinished, BackendsClosed, IterationStarted, OptimizerStep}
-)
-
-
-class _Order:
-    """The order the events of a run must keep: iterations and optimizer steps only go
-    forward (across segments too), and no boundary comes before the previous one."""
-
-    __slots__ = ("last_boundary", "last_iteration", "last_step", "lock")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.last_boundary: tuple[str, int] | None = None
-        self.last_iteration: int | None = None
-        self.last_step = 0
-
-    def boundary(self, event: Event, what: str) -> None:
-        last = self.last_boundary
-        if last is not None and event.monotonic_ns < last[1]:
-            raise RecordError(
-                f"event {what} at monotonic {event.monotonic_ns} ns comes before the "
-                f"previous boundary ({last[0]} at {last[1]} ns): the run's clock went "
-                "backwards — it must be monotonic (time.perf_counter_ns, or a ManualClock "
-                "that only advances) — or two threads published boundaries at once "
-                "(publish iterations and finish() from one thread)"
-            )
-        self.last_boundary = (what, event.monotonic_ns)
-
-    def iteration(self, event: IterationStarted, run_id: str) -> None:
-        last = self.last_iteration
-        if last is not None and event.iteration <= last:
-            again = "repeats" if event.iteration == last else "goes backwards from"
-            raise RecordError(
-                f"iteration_started {event.iteration} {again} iteration {last} of run "
-                f"{run_id!r}: iterations only go forward (a resumed run continues after "
-                f"its last iteration: start at {last + 1})"
-            )
-        self.boundary(event, f"iteration_started {event.iteration}")
-        self.last_iteration = event.iteration
-
-    def step(self, event: OptimizerStep, run_id: str) -> None:
-        if event.step <= self.last_step:
-            again = "repeats" if event.step == self.last_step else "goes backwards from"
-            raise RecordError(
-                f"optimizer_step step={event.step} {again} step {self.last_step} of run "
-                f"{run_id!r}: step counts the optimizer steps so far (1-based) and only "
-                f"grows: the next is {self.last_step + 1}"
-            )
-        self.last_step = event.step
 
 
 def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
