@@ -23,15 +23,31 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Final, Generic, NoReturn, Protocol, TypeVar, final, runtime_checkable
+from typing import Final, Generic, NoReturn, final
 
 from twinkle.checks import check_seconds, is_safe_name
-from twinkle.errors import EngineStartError, InvalidArgumentError, TwinkleError
+from twinkle.engines._shutdown import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    EngineShutdownTimeout,
+    shutdown_many,
+    shutdown_one,
+)
+from twinkle.engines._start import (
+    E,
+    Engine,
+    EngineFactory,
+    EngineStartCancelled,
+    EngineStartTimeout,
+    StartContext,
+)
+from twinkle.errors import EngineStartError, InvalidArgumentError
 from twinkle.perf import TimeRecorder, current_recorder
 
+# The contract and the shutdown live in their own modules; this module keeps exporting
+# their names, as it did before they moved there.
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "Engine",
@@ -47,74 +63,6 @@ _log = logging.getLogger(__name__)
 #: how its seconds messages name what they take: the names end in ``_s``, the unit is in
 #: the name ("start_timeout_s=0 must be a finite number > 0, or None for no limit")
 _NUMBER: Final = "a finite number"
-
-#: default ``EnginePool(shutdown_timeout_s=...)``: above a SubprocessEngine's own
-#: SIGTERM-to-SIGKILL wait (``stop_timeout_s``, 10 s), so that escalation comes first
-DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
-# How long the pool waits for an engine's kill() (and for its shutdown to return after
-# it) once it gave up on the shutdown: SIGKILL takes effect at once, a hung kill() is
-# abandoned too.
-_KILL_WAIT_S: Final = 5.0
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """What the pool needs of an engine handle: a name and a way to stop it.
-
-    An engine may also have ``kill()``: stop at once, whatever it costs (SIGKILL), from
-    any thread, while ``shutdown()`` may still be running. The pool calls it only when
-    ``shutdown()`` overran ``shutdown_timeout_s``.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    def shutdown(self) -> None:
-        """Stop the engine and free what it holds (processes, ports, memory)."""
-
-
-E = TypeVar("E", bound=Engine)
-
-
-class EngineStartTimeout(EngineStartError, TimeoutError):
-    """An engine did not start within ``start_timeout_s``."""
-
-
-class EngineShutdownTimeout(TwinkleError, TimeoutError):
-    """An engine's shutdown did not return within ``shutdown_timeout_s`` (names it)."""
-
-
-class EngineStartCancelled(EngineStartError):
-    """Raised by a factory that stopped because :attr:`StartContext.cancelled` was set."""
-
-
-@dataclass(frozen=True, slots=True)
-class StartContext:
-    """Handed to each factory: which engine to start and when to give up.
-
-    Long initialisations should poll :meth:`check_cancelled` (or wait on
-    ``cancelled``) so that a failure elsewhere or a timeout stops them promptly.
-    """
-
-    name: str
-    index: int  # position of the engine in the mapping given to start()
-    cancelled: threading.Event = field(repr=False)
-    deadline_monotonic_s: float | None  # time.monotonic() at which the pool gives up
-
-    def remaining_s(self) -> float | None:
-        """Seconds left before the start timeout (``None``: no timeout); never negative."""
-        if self.deadline_monotonic_s is None:
-            return None
-        return max(0.0, self.deadline_monotonic_s - time.monotonic())
-
-    def check_cancelled(self) -> None:
-        """Raise :class:`EngineStartCancelled` if the pool has given up on this start."""
-        if self.cancelled.is_set():
-            raise EngineStartCancelled(f"start of engine {self.name!r} was cancelled by the pool")
-
-
-EngineFactory = Callable[[StartContext], E]
-"""Builds and starts one engine; returns once the engine is ready to serve."""
 
 
 @dataclass(slots=True, eq=False)
@@ -346,7 +294,7 @@ class EnginePool(Generic[E]):
             _log.warning(
                 "engine %r started after the pool gave up on it; shutting it down", st.name
             )
-            self._shutdown_one(st.name, engine, recorder)
+            shutdown_one(st.name, engine, recorder)
 
     def _fail(
         self,
@@ -421,98 +369,12 @@ class EnginePool(Generic[E]):
     def _shutdown_many(
         self, items: list[tuple[str, E]], recorder: TimeRecorder
     ) -> list[BaseException]:
-        errors: list[BaseException] = []
-        lock = threading.Lock()
-
-        def stop(name: str, engine: E) -> None:
-            try:
-                self._shutdown_one(name, engine, recorder, raise_errors=True)
-            except BaseException as exc:  # on its own thread: nothing may end it unseen
-                exc.add_note(f"while shutting down engine {name!r}")
-                with lock:
-                    errors.append(exc)
-
-        # Daemon: a shutdown that never returns must not keep the interpreter alive.
-        threads = [
-            threading.Thread(
-                target=stop, args=item, name=f"twinkle-engine-stop-{item[0]}", daemon=True
-            )
-            for item in items
-        ]
-        limit = self.max_concurrency or len(threads) or 1
-        timeout = self.shutdown_timeout_s
-        for i in range(0, len(threads), limit):
-            batch = threads[i : i + limit]
-            for t in batch:
-                t.start()
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for t in batch:
-                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            hung = [(items[i + k], t) for k, t in enumerate(batch) if t.is_alive()]
-            errors.extend(self._give_up(hung))
-        return errors
-
-    def _give_up(
-        self, hung: list[tuple[tuple[str, E], threading.Thread]]
-    ) -> list[EngineShutdownTimeout]:
-        """Kill the engines whose shutdown overran (all at once); what became of each."""
-        kills: list[tuple[threading.Thread, list[BaseException]] | None] = []
-        for (name, engine), _ in hung:
-            kill = getattr(engine, "kill", None)
-            if not callable(kill):
-                kills.append(None)
-                continue
-            failed: list[BaseException] = []
-            killer = threading.Thread(
-                target=_call_into,
-                args=(kill, failed),
-                name=f"twinkle-engine-kill-{name}",
-                daemon=True,
-            )
-            killer.start()
-            kills.append((killer, failed))
-        deadline = time.monotonic() + _KILL_WAIT_S
-        for killing, ((_, _), stopping) in zip(kills, hung, strict=True):
-            if killing is not None:
-                killing[0].join(max(0.0, deadline - time.monotonic()))
-                stopping.join(max(0.0, deadline - time.monotonic()))  # it may return now
-        errors: list[EngineShutdownTimeout] = []
-        for killing, ((name, _), _) in zip(kills, hung, strict=True):
-            if killing is None:
-                fate = (
-                    "it has no kill(), so it may still be running: stop it by hand, and "
-                    "give it a kill() (or a shorter shutdown) for next time"
-                )
-            elif killing[0].is_alive():
-                fate = f"its kill() did not return within {_KILL_WAIT_S} s either"
-            elif killing[1]:
-                exc = killing[1][0]
-                fate = f"its kill() failed too: {type(exc).__qualname__}: {exc}"
-            else:
-                fate = "killed it (kill(); a subprocess engine: SIGKILL to its process group)"
-            what = (
-                f"engine {name!r} did not shut down within shutdown_timeout_s="
-                f"{self.shutdown_timeout_s} s"
-            )
-            err = EngineShutdownTimeout(
-                f"{what}; {fate}. Raise shutdown_timeout_s if its shutdown is just slow, or "
-                "look at the engine's log for what it waits on."
-            )
-            err.add_note(f"while shutting down engine {name!r}")
-            errors.append(err)
-        return errors
-
-    @staticmethod
-    def _shutdown_one(
-        name: str, engine: Engine, recorder: TimeRecorder, *, raise_errors: bool = False
-    ) -> None:
-        try:
-            with recorder.span("engine.shutdown", engine=name):
-                engine.shutdown()
-        except Exception:
-            if raise_errors:
-                raise
-            _log.exception("shutting down engine %r failed", name)
+        return shutdown_many(
+            items,
+            recorder,
+            max_concurrency=self.max_concurrency,
+            shutdown_timeout_s=self.shutdown_timeout_s,
+        )
 
     def __enter__(self) -> EnginePool[E]:
         return self
@@ -531,13 +393,6 @@ class EnginePool(Generic[E]):
             f"start_timeout_s={self.start_timeout_s}, "
             f"shutdown_timeout_s={self.shutdown_timeout_s})"
         )
-
-
-def _call_into(function: Callable[[], object], failed: list[BaseException]) -> None:
-    try:
-        function()
-    except BaseException as exc:  # on its own thread: reported by the caller
-        failed.append(exc)
 
 
 def _started(starts: list[_Start[E]]) -> list[tuple[str, E]]:

@@ -18,9 +18,18 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from twinkle.checks import OWN_SOURCE_PREFIX, caller_source, value_key
+from twinkle.checks import OWN_SOURCE_PREFIX, caller_source
 from twinkle.checks import run_id as check_run_id
-from twinkle.errors import InvalidArgumentError, RecordError, TwinkleError
+from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.events._build import (
+    figure_keys,
+    items,
+    mapping,
+    raise_backwards,
+    scalars_name_error,
+    segment_fields,
+    without_backwards,
+)
 from twinkle.events._codec import loggable_spans, validate_event
 from twinkle.events._signals import SIGNALS
 from twinkle.events._types import (
@@ -137,7 +146,7 @@ class EventBus:
         """Validate ``event`` and send it on its signal, with this bus as the sender;
         returns what was sent (the checked copy, see :func:`validate_event`)."""
         if type(event) is ScalarsObserved:
-            _figure_keys(event.name, event.values)
+            figure_keys(event.name, event.values)
         with self.own_work(event.TYPE):
             return self._send(event)
 
@@ -214,7 +223,7 @@ class EventBus:
         with self.own_work(SpanBatch.TYPE):
             for s, r in found:
                 self._publish_spans(s, r, backwards)
-        _raise_backwards(backwards)
+        raise_backwards(backwards)
 
     def flush_spans(self) -> int:
         """Publish every finished span of the attached recorders; returns how many.
@@ -225,7 +234,7 @@ class EventBus:
         with self.own_work(SpanBatch.TYPE):
             backwards: list[str] = []
             count = self._flush_spans(backwards)
-        _raise_backwards(backwards)
+        raise_backwards(backwards)
         return count
 
     def _flush_spans(self, backwards: list[str]) -> int:
@@ -258,7 +267,7 @@ class EventBus:
                 self._send_spans(
                     source, anchor, spans, backwards, dropped=dropped, sent_anchor=sent_anchor
                 )
-        _raise_backwards(backwards)
+        raise_backwards(backwards)
 
     def _publish_spans(self, source: str, recorder: TimeRecorder, backwards: list[str]) -> int:
         spans = recorder.drain()
@@ -281,12 +290,7 @@ class EventBus:
         bad = [s for s in batch if type(s) is Span and s.end_ns < s.start_ns]
         if bad:
             # Drained already: the good spans go out, the bad ones are named.
-            backwards.extend(
-                f"{s.name!r} (source {source!r}: {s.start_ns} -> {s.end_ns})" for s in bad[:5]
-            )
-            if len(bad) > 5:
-                backwards.append(f"and {len(bad) - 5} more")
-            batch = tuple(s for s in batch if not (type(s) is Span and s.end_ns < s.start_ns))
+            batch = without_backwards(batch, bad, source, backwards)
             if not batch and not dropped:
                 return
         self._send(SpanBatch(self.run_id, mono, wall, source, anchor, batch, dropped, sent_anchor))
@@ -304,17 +308,8 @@ class EventBus:
         names of the observer plugins the run loaded and those it left out (why)."""
         with self.own_work(RunStarted.TYPE):
             mono, wall = self._times()
-            event = self._send(
-                RunStarted(
-                    self.run_id,
-                    mono,
-                    wall,
-                    self.anchor,
-                    dict(config or {}),
-                    tuple(sorted(plugins)),
-                    dict(sorted((plugins_left_out or {}).items())),
-                )
-            )
+            fields = segment_fields(config, plugins, plugins_left_out)
+            event = self._send(RunStarted(self.run_id, mono, wall, self.anchor, *fields))
         return event
 
     def run_resumed(
@@ -333,18 +328,8 @@ class EventBus:
                 self._clock, self._wall_clock, hostname=self.anchor.hostname
             )
             mono, wall = self._times()
-            event = self._send(
-                RunResumed(
-                    self.run_id,
-                    mono,
-                    wall,
-                    self.anchor,
-                    segment,
-                    dict(config or {}),
-                    tuple(sorted(plugins)),
-                    dict(sorted((plugins_left_out or {}).items())),
-                )
-            )
+            fields = segment_fields(config, plugins, plugins_left_out)
+            event = self._send(RunResumed(self.run_id, mono, wall, self.anchor, segment, *fields))
         return event
 
     def iteration_started(self, iteration: int) -> IterationStarted:
@@ -357,26 +342,19 @@ class EventBus:
             backwards: list[str] = []
             self._flush_spans(backwards)
             event = self._send(IterationStarted(self.run_id, mono, wall, iteration))
-        _raise_backwards(backwards)
+        raise_backwards(backwards)
         return event
 
     def weights_published(
         self, version: int, *, start_ns: int, end_ns: int, acks: Iterable[tuple[str, int]]
     ) -> WeightsPublished:
         """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
-        acks = _items(WeightsPublished, "acks", acks, "(engine, acked_ns) pairs")
+        acks = items(WeightsPublished, "acks", acks, "(engine, acked_ns) pairs")
         with self.own_work(WeightsPublished.TYPE):
             mono, wall = self._times()
+            acked = tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks)
             event = self._send(
-                WeightsPublished(
-                    self.run_id,
-                    mono,
-                    wall,
-                    version,
-                    start_ns,
-                    end_ns,
-                    tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks),
-                )
+                WeightsPublished(self.run_id, mono, wall, version, start_ns, end_ns, acked)
             )
         return event
 
@@ -384,9 +362,7 @@ class EventBus:
         """Publish a :class:`Snapshot` of driver state (a plain dict)."""
         with self.own_work(Snapshot.TYPE):
             mono, wall = self._times()
-            event = self._send(
-                Snapshot(self.run_id, mono, wall, _mapping(Snapshot, "state", state))
-            )
+            event = self._send(Snapshot(self.run_id, mono, wall, mapping(Snapshot, "state", state)))
         return event
 
     def samples(
@@ -410,11 +386,9 @@ class EventBus:
                     wall,
                     iteration,
                     phase,
-                    _items(SamplesObserved, "lengths", lengths, "token lengths (ints)"),
+                    items(SamplesObserved, "lengths", lengths, "token lengths (ints)"),
                     groups,
-                    _items(
-                        SamplesObserved, "prompt_lengths", prompt_lengths, "token lengths (ints)"
-                    )
+                    items(SamplesObserved, "prompt_lengths", prompt_lengths, "token lengths (ints)")
                     or msgspec.UNSET,  # (none given: none logged)
                 )
             )
@@ -438,21 +412,12 @@ class EventBus:
         """Publish the caller's named per-iteration figures (reward, loss, ...); ``name``
         becomes their records' kind, so it may not be one the run's observers use
         (:meth:`reserve_scalar_names`)."""
-        if not is_record_kind(name):
-            raise InvalidArgumentError(
-                f"scalars name {name!r:.200} cannot be its records' kind: use 1 or more of "
-                "A-Z a-z 0-9 _ . - (no '/' or spaces; e.g. 'grpo' or 'reward.v2')"
-            )
-        if name in self._reserved:
-            raise InvalidArgumentError(
-                f"scalars name {name!r} is the kind of records the run's observers make "
-                f"({', '.join(map(repr, sorted(self._reserved)))}): its records would be "
-                "taken for theirs; give your figures a name of their own (e.g. 'grpo')"
-            )
+        if not is_record_kind(name) or name in self._reserved:
+            raise scalars_name_error(name, self._reserved)
         with self.own_work(ScalarsObserved.TYPE):
             mono, wall = self._times()
-            figures = _mapping(ScalarsObserved, "values", values)
-            _figure_keys(name, figures)
+            figures = mapping(ScalarsObserved, "values", values)
+            figure_keys(name, figures)
             event = self._send(ScalarsObserved(self.run_id, mono, wall, iteration, name, figures))
         return event
 
@@ -466,7 +431,7 @@ class EventBus:
                     mono,
                     wall,
                     iteration,
-                    _items(MemoryReadings, "readings", readings, "MemoryReading values"),
+                    items(MemoryReadings, "readings", readings, "MemoryReading values"),
                 )
             )
         return event
@@ -500,7 +465,7 @@ class EventBus:
                     dict(observer_slow_calls or {}),
                 )
             )
-        _raise_backwards(backwards)
+        raise_backwards(backwards)
         return event
 
     def backends_closed(self, backends: Mapping[str, BackendHealth]) -> BackendsClosed:
@@ -510,42 +475,3 @@ class EventBus:
             mono, wall = self._times()
             event = self._send(BackendsClosed(self.run_id, mono, wall, dict(backends)))
         return event
-
-
-def _items(kind: type[Event], name: str, value: Any, what: str) -> tuple[Any, ...]:
-    """``value`` as a tuple, or a clear error for what is not a collection of items."""
-    kind_of = type(value)
-    if kind_of is tuple:
-        return value  # type: ignore[no-any-return]
-    if kind_of is list:
-        return tuple(value)
-    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
-        raise RecordError(f"{kind.TYPE}.{name} must be an iterable of {what}, got {value!r:.100}")
-    return tuple(value)
-
-
-def _mapping(kind: type[Event], name: str, value: Any) -> dict[str, Any]:
-    if type(value) is dict:
-        return dict(value)
-    if not isinstance(value, Mapping):
-        raise RecordError(
-            f"{kind.TYPE}.{name} must be a mapping of str keys to values, got {value!r:.100}"
-        )
-    return dict(value)
-
-
-def _figure_keys(name: str, values: object) -> None:
-    """Refuse a key that cannot name its figure (:func:`~twinkle.checks.key_problem`)
-    before anything is published: its record would be lost, here and in every replay.
-    (Values that are not a mapping are named by the event's validation.)"""
-    for key in values if isinstance(values, Mapping) else ():
-        value_key(key, f"scalars {name!r:.100}: values")
-
-
-def _raise_backwards(backwards: list[str]) -> None:
-    if backwards:
-        raise RecordError(
-            f"span(s) ending before they start were left out: {', '.join(backwards)}; the "
-            "clock went backwards — a run's clock must be monotonic (time.perf_counter_ns, "
-            "or a ManualClock that only advances); every other span was published"
-        )
