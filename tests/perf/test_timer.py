@@ -502,13 +502,13 @@ def test_asyncio_tasks_keep_their_own_current_recorder() -> None:
 def test_process_recorder_is_created_on_first_use_not_at_import() -> None:
     code = (
         "import twinkle.perf as perf, twinkle.perf.timer as timer\n"
-        "assert timer._process.recorder is None\n"
+        "assert timer.process_state.recorder is None\n"
         "@perf.timed\n"
         "def f(): pass\n"
-        "assert timer._process.recorder is None\n"
+        "assert timer.process_state.recorder is None\n"
         "with perf.span('x'): pass\n"
         "rec = perf.current_recorder()\n"
-        "assert timer._process.recorder is rec\n"
+        "assert timer.process_state.recorder is rec\n"
         "f()\n"
         "assert [s.name for s in rec.drain()] == ['x', '__main__.f']\n"
     )

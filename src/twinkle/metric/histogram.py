@@ -28,157 +28,35 @@ past ``O(sqrt)`` of the main one, so a new length costs no linear re-sort.
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 from bisect import bisect_left, insort
 from collections import _count_elements  # type: ignore[attr-defined]  # C helper of Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice
-from typing import Any, Final, TypeGuard, final
+from typing import Any, Final, final
 
-from twinkle.checks import plain_numbers, short_repr
+from twinkle.checks import short_repr
 from twinkle.errors import InvalidArgumentError
+from twinkle.metric._lengths import (
+    MAX_LENGTH,
+    all_lengths,
+    check_quantile,
+    exact_fraction,
+    is_int,
+    nearest_rank,
+    sorted_lengths,
+    uncount,
+    validate_lengths,
+)
 
-__all__ = ["LengthHistogram"]
+# The length helpers' home is _lengths; these three are re-exported for the modules
+# that import them from here (twinkle.metric.throughput).
+__all__ = ["LengthHistogram", "exact_fraction", "nearest_rank", "sorted_lengths"]
 
-_MAX_LENGTH: Final = (1 << 53) - 1
 _STATE_VERSION: Final = 2  # 1 held approximate buckets above 4096 tokens
 # A query walks at most this many distinct lengths from its cursor before it re-derives
 # the rank from the cumulative counts (C speed, linear in the distinct lengths).
 _CURSOR_WALK: Final = 32
 _MAX_CURSORS: Final = 8  # quantiles tracked at once (ThroughputMetric asks for two)
-
-
-def _validate_lengths(lengths: object, *, where: str) -> list[int]:
-    """Check every length: a sequence of int token counts in ``[0, MAX_LENGTH]``.
-
-    The slow path (the fast one is :meth:`LengthHistogram._add`). Returns the lengths
-    as a list of plain ints; ``where`` prefixes the error message (e.g.
-    ``"ThroughputMetric.accumulate"``), which names the first bad length.
-    """
-    lengths = plain_numbers(lengths)  # a 1-d array or tensor, or numbers from them
-    if not isinstance(lengths, Sequence) or isinstance(lengths, str | bytes | bytearray):
-        raise InvalidArgumentError(
-            f"{where}: lengths must be a sequence of int token counts, got "
-            f"{short_repr(lengths)}; pass a list such as [128, 512] (or a 1-d array or "
-            "tensor)"
-        )
-    values: list[int] = []
-    for i, x in enumerate(lengths):
-        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-            raise InvalidArgumentError(
-                f"{where}: lengths[{i}] must be an int token count, got {x!r} "
-                f"({type(x).__name__}); pass whole numbers of tokens such as 128"
-            )
-        v = operator.index(x)
-        if not 0 <= v <= _MAX_LENGTH:
-            raise InvalidArgumentError(
-                f"{where}: lengths[{i}] must be a token count in [0, 2**53 - 1], got {x!r}; "
-                f"pass the number of tokens of each sample"
-            )
-        values.append(v)
-    return values
-
-
-def sorted_lengths(lengths: Sequence[int], where: str) -> tuple[list[int], int]:
-    """``lengths`` checked as :meth:`LengthHistogram.add` checks them, sorted, and their sum.
-
-    The one-shot counterpart of a histogram, for one batch's statistics (a sort of a few
-    hundred ints costs less than counting them into a histogram). The common path checks
-    the bounds on the sorted ends; a list or tuple whose ``sum`` is an exact ``int``
-    holds no float, ``Fraction``, ``Decimal`` or numpy scalar (``sum`` would be one of
-    those), and a ``bool`` sorts with 0 and 1, so only a batch reaching down there has its
-    types checked. Anything else takes the slow path, which names the first bad length.
-    """
-    if type(lengths) is list or type(lengths) is tuple:
-        try:
-            total = sum(lengths)
-            ordered = sorted(lengths)
-        except Exception:  # not numbers, or not comparable: the slow path names the culprit
-            pass
-        else:
-            if type(total) is int and (
-                not ordered
-                or (
-                    ordered[-1] <= _MAX_LENGTH
-                    and (ordered[0] > 1 or (ordered[0] >= 0 and not _has_bool(ordered)))
-                )
-            ):
-                return ordered, total
-    values = _validate_lengths(lengths, where=where)
-    values.sort()
-    return values, sum(values)
-
-
-def _has_bool(values: Sequence[int]) -> bool:
-    return bool in set(map(type, values))
-
-
-def nearest_rank(q: tuple[int, int], n: int) -> int:
-    """The 1-based rank of the nearest-rank quantile ``q`` (numerator, exponent: the exact
-    value of the float) of ``n >= 1`` samples: ``max(1, ceil(q * n))``, at most ``n``."""
-    rank = -((-q[0] * n) >> q[1])  # ceil(q * n), exactly
-    return 1 if rank < 1 else min(rank, n)
-
-
-def _check_quantile(q: object) -> tuple[int, int]:
-    if type(q) is float and 0.0 <= q <= 1.0:
-        return exact_fraction(q)
-    x = math.nan
-    if not isinstance(q, bool) and isinstance(q, numbers.Real):
-        try:
-            x = float(q)
-        except OverflowError:
-            x = math.nan
-    if not 0 <= x <= 1:  # also rejects nan
-        raise InvalidArgumentError(
-            f"LengthHistogram.quantile: q must be a number in [0, 1], got {q!r}; "
-            f"pass e.g. 0.5 for the median or 0.95 for the 95th percentile"
-        )
-    return exact_fraction(x)
-
-
-def exact_fraction(x: float) -> tuple[int, int]:
-    """``(n, k)`` with ``x == n / 2**k`` exactly (a float's denominator is a power of 2)."""
-    n, d = x.as_integer_ratio()
-    return n, d.bit_length() - 1
-
-
-def _uncount(counts: dict[Any, int], values: Iterable[object], grown: int) -> None:
-    """Undo ``_count_elements(counts, values)``, which added ``grown`` new keys.
-
-    When the counting pass raised (an element's ``__hash__``/``__eq__``), the elements
-    before it were counted: replaying stops at the same element.
-    """
-    for x in values:
-        try:
-            counts[x] -= 1
-        except Exception:  # the element the counting pass stopped at
-            break
-    for key in list(islice(reversed(counts), grown)):
-        del counts[key]
-
-
-def _all_lengths(
-    values: Sequence[int], new: list[int], small: tuple[int, int] | None, counts: dict[int, int]
-) -> bool:
-    """Whether ``values``, just counted into ``counts``, were all lengths.
-
-    (Typed as what they should be; this is where that is checked.) Their ``sum`` was an
-    exact int, so none is a float, ``Fraction``, ``Decimal``, complex or numpy scalar
-    (each would have made it one of those), nor ``None`` or a string (``sum`` raises).
-    An int out of range equals no length held, nor does any other non-int (short of a
-    type written to pass for an int: equal, same hash, summing to an int), so each is
-    one of the ``new`` keys; an int subclass equal to a held length is that length. A
-    ``bool`` alone can hide behind a held 0 or 1: ``small`` is their counts before,
-    ``None`` when neither was held.
-    """
-    if new and not (set(map(type, new)) <= {int} and min(new) >= 0 and max(new) <= _MAX_LENGTH):
-        return False
-    touched_small = (new and min(new) <= 1) or (
-        small is not None and small != (counts.get(0, 0), counts.get(1, 0))
-    )
-    return not touched_small or bool not in set(map(type, values))
 
 
 @final
@@ -190,7 +68,7 @@ class LengthHistogram:
     added (not on their order or on how they were split across ``add``/``merge`` calls).
     """
 
-    MAX_LENGTH: Final = _MAX_LENGTH
+    MAX_LENGTH: Final = MAX_LENGTH
 
     __slots__ = ("_count", "_counts", "_cursors", "_fresh", "_keys", "_max", "_min", "_total")
 
@@ -252,17 +130,17 @@ class LengthHistogram:
                 try:
                     _count_elements(counts, lengths)
                 except Exception:  # an exotic element's __hash__/__eq__
-                    _uncount(counts, lengths, len(counts) - before)
+                    uncount(counts, lengths, len(counts) - before)
                 else:
                     grown = len(counts) - before
                     new = list(islice(reversed(counts), grown)) if grown else []
                     # The common step: every length equals a valid one held, and no
                     # bool can hide behind a held 0 or 1.
-                    if (not grown and small is None) or _all_lengths(lengths, new, small, counts):
+                    if (not grown and small is None) or all_lengths(lengths, new, small, counts):
                         self._commit(lengths, total, new)
                         return
-                    _uncount(counts, lengths, grown)
-        values = _validate_lengths(lengths, where=where)
+                    uncount(counts, lengths, grown)
+        values = validate_lengths(lengths, where=where)
         before = len(counts)
         _count_elements(counts, values)
         grown = len(counts) - before
@@ -289,7 +167,7 @@ class LengthHistogram:
 
     def quantile(self, q: float) -> float:
         """Nearest-rank ``q``-quantile (``0 <= q <= 1``), exact; ``nan`` when empty."""
-        return self._quantiles((_check_quantile(q),))[0]
+        return self._quantiles((check_quantile(q),))[0]
 
     def _quantiles(self, qs: Sequence[tuple[int, int]]) -> list[float]:
         """Quantiles at ``numerator / 2**exponent`` pairs (validated), in order."""
@@ -442,44 +320,21 @@ class LengthHistogram:
                 f"pass a state written by this version of LengthHistogram.state() "
                 f"(version 1 held approximate buckets and cannot be made exact)"
             )
-        pairs = state.get("counts")
-        if not isinstance(pairs, Sequence) or isinstance(pairs, str | bytes):
-            raise InvalidArgumentError(
-                f"{where}: state['counts'] must be a list of [length, count] pairs, got "
-                f"{short_repr(pairs)}"
-            )
         hist = cls()
-        counts = hist._counts
-        for pos, pair in enumerate(pairs):
-            length: object = None
-            count: object = None
-            if isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2:
-                length, count = pair
-            if not (
-                _is_int(length)
-                and _is_int(count)
-                and 0 <= length <= _MAX_LENGTH
-                and count > 0
-                and length not in counts
-            ):
-                raise InvalidArgumentError(
-                    f"{where}: state['counts'][{pos}] must be a [length in [0, 2**53 - 1], "
-                    f"count > 0] pair of ints (each length once), got {pair!r}"
-                )
-            counts[length] = count
-            hist._count += count
+        hist._counts = counts = _state_counts(state.get("counts"), where)
+        hist._count = sum(counts.values())
         total, low, high = state.get("total"), state.get("min"), state.get("max")
         if hist._count == 0:
-            if not (_is_int(total) and total == 0 and low is None and high is None):
+            if not (is_int(total) and total == 0 and low is None and high is None):
                 raise InvalidArgumentError(
                     f"{where}: an empty state must have total 0 and min/max None, got "
                     f"({total!r}, {low!r}, {high!r}); pass LengthHistogram.state() output"
                 )
             return hist
         if not (
-            _is_int(total)
-            and _is_int(low)
-            and _is_int(high)
+            is_int(total)
+            and is_int(low)
+            and is_int(high)
             and total == sum(length * count for length, count in counts.items())
             and low == min(counts)
             and high == max(counts)
@@ -509,5 +364,29 @@ class LengthHistogram:
         )
 
 
-def _is_int(x: object) -> TypeGuard[int]:
-    return type(x) is int
+def _state_counts(pairs: object, where: str) -> dict[int, int]:
+    """``state['counts']`` of :meth:`LengthHistogram.state` output as a dict (validated)."""
+    if not isinstance(pairs, Sequence) or isinstance(pairs, str | bytes):
+        raise InvalidArgumentError(
+            f"{where}: state['counts'] must be a list of [length, count] pairs, got "
+            f"{short_repr(pairs)}"
+        )
+    counts: dict[int, int] = {}
+    for pos, pair in enumerate(pairs):
+        length: object = None
+        count: object = None
+        if isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2:
+            length, count = pair
+        if not (
+            is_int(length)
+            and is_int(count)
+            and 0 <= length <= MAX_LENGTH
+            and count > 0
+            and length not in counts
+        ):
+            raise InvalidArgumentError(
+                f"{where}: state['counts'][{pos}] must be a [length in [0, 2**53 - 1], "
+                f"count > 0] pair of ints (each length once), got {pair!r}"
+            )
+        counts[length] = count
+    return counts

@@ -9,6 +9,15 @@ The queue is a :class:`collections.deque` of plain tuples: its ``append`` and
 list swap would lose the appends that land between the read and the swap). Nesting is
 not tracked: it follows from the thread id and the intervals. See ``_span`` for why
 the hot path looks the way it does.
+
+This module also holds what the recorders of a process share (:data:`process_state`,
+:data:`current_var`) and the look-up of the current recorder, because
+:class:`TimeRecorder`, ``@timed`` and that look-up need each other: a recorder's
+``timed`` and the module-level one share one decorator, which falls back to the process
+recorder, made here on first use. Choosing the current recorder
+(:func:`~twinkle.perf.use_recorder`, :func:`~twinkle.perf.bind_process_recorder`) and
+the module-level :func:`~twinkle.perf.span` and :func:`~twinkle.perf.timed` live in
+:mod:`twinkle.perf._current`, on top of this module.
 """
 
 from __future__ import annotations
@@ -22,8 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast, final, overload
 
 from twinkle.errors import InvalidArgumentError
@@ -45,9 +53,6 @@ __all__ = [
     "SpanContext",
     "TimeRecorder",
     "current_recorder",
-    "span",
-    "timed",
-    "use_recorder",
 ]
 
 P = ParamSpec("P")
@@ -79,20 +84,21 @@ class _ProcessState:
         self.recorders: weakref.WeakSet[TimeRecorder] = weakref.WeakSet()
 
 
-_process = _ProcessState()
+#: shared with :mod:`twinkle.perf._current`, which binds recorders and reads this too
+process_state = _ProcessState()
 
 
 # A forked child inherits the parent's recorders, their queued spans and their pid. The
 # queued spans belong to the parent (which drains them itself), so the child drops its
 # copies and stamps its own pid and anchor (registered with the first recorder).
 def _register(recorder: TimeRecorder) -> None:
-    _process.recorders.add(recorder)
+    process_state.recorders.add(recorder)
     forget_in_child(_after_fork_in_child)
 
 
 def _after_fork_in_child() -> None:
-    _process.lock = threading.Lock()  # another of the parent's threads may have held it
-    for recorder in list(_process.recorders):
+    process_state.lock = threading.Lock()  # another of the parent's threads may have held it
+    for recorder in list(process_state.recorders):
         recorder._reset_after_fork()
 
 
@@ -227,7 +233,7 @@ class TimeRecorder:
         function's ``module.qualname``. An async function's span runs from the call
         to the end of its awaited body.
         """
-        return _timed(self, name, sync, attrs)
+        return timed_for(self, name, sync, attrs)
 
     def drain(self) -> list[Span]:
         """Remove and return the finished spans, in the order they closed.
@@ -276,7 +282,7 @@ class TimeRecorder:
         return f"<TimeRecorder pid={self._pid} pending={len(self._finished)}>"
 
 
-def _timed(
+def timed_for(
     recorder: TimeRecorder | None,
     name: object,
     sync: object,
@@ -314,7 +320,9 @@ def _decorate(
         name = f"{module}.{qualname}" if module else qualname
     is_async = inspect.iscoroutinefunction(fn)
     if sync is None:
-        return _tuple_wrapper(fn, name, attrs or None, recorder, is_async)
+        if is_async:
+            return _async_tuple_wrapper(fn, name, attrs or None, recorder)
+        return _tuple_wrapper(fn, name, attrs or None, recorder)
     span_name: str = name
     barrier: Barrier = sync
 
@@ -339,45 +347,52 @@ def _decorate(
     return wrapper
 
 
+def _async_tuple_wrapper(
+    fn: Callable[P, R],
+    name: str,
+    attrs: dict[str, Any] | None,
+    recorder: TimeRecorder | None,
+) -> Callable[P, R]:
+    """:func:`_tuple_wrapper` for a coroutine function: the span ends with its body."""
+    async_fn = cast("Callable[P, Any]", fn)
+
+    @functools.wraps(fn)
+    async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        target = current_recorder() if recorder is None else recorder
+        clock, append = target._clock, target._finished.append
+        start_ns = clock()
+        try:
+            result = await async_fn(*args, **kwargs)
+        except BaseException as error:
+            append((name, attrs, start_ns, clock(), _get_ident(), type(error)))
+            raise
+        append((name, attrs, start_ns, clock(), _get_ident(), None))
+        return result
+
+    return cast("Callable[P, R]", async_wrapper)
+
+
 def _tuple_wrapper(
     fn: Callable[P, R],
     name: str,
     attrs: dict[str, Any] | None,
     recorder: TimeRecorder | None,
-    is_async: bool,
 ) -> Callable[P, R]:
-    """Read the clock around the call and queue the record tuple directly.
+    """Read the clock around the call and queue the record tuple directly (not for a
+    coroutine function: :func:`_async_tuple_wrapper`).
 
     No SpanContext and no ``with``: a decorated call costs little more than its two
     clock readings. ``recorder=None`` looks up the current recorder at each call.
     """
-    if is_async:
-        async_fn = cast("Callable[P, Any]", fn)
-
-        @functools.wraps(fn)
-        async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            target = current_recorder() if recorder is None else recorder
-            clock, append = target._clock, target._finished.append
-            start_ns = clock()
-            try:
-                result = await async_fn(*args, **kwargs)
-            except BaseException as error:
-                append((name, attrs, start_ns, clock(), _get_ident(), type(error)))
-                raise
-            append((name, attrs, start_ns, clock(), _get_ident(), None))
-            return result
-
-        return cast("Callable[P, R]", async_wrapper)
-
     if recorder is None:
 
         @functools.wraps(fn)
         def current_wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             target = _current_get()
             if target is None:
-                target = _process.recorder
+                target = process_state.recorder
                 if target is None:
-                    target = _make_process_recorder()
+                    target = make_process_recorder()
             clock = target._clock
             start_ns = clock()
             try:
@@ -409,10 +424,11 @@ def _tuple_wrapper(
 
 
 # -- the current recorder -----------------------------------------------------------------
-_current: contextvars.ContextVar[TimeRecorder | None] = contextvars.ContextVar(
+#: the recorder :func:`~twinkle.perf.use_recorder` selected in this context, else None
+current_var: contextvars.ContextVar[TimeRecorder | None] = contextvars.ContextVar(
     "twinkle_perf_current_recorder", default=None
 )
-_current_get = _current.get
+_current_get = current_var.get
 
 
 def current_recorder() -> TimeRecorder:
@@ -424,115 +440,25 @@ def current_recorder() -> TimeRecorder:
     """
     recorder = _current_get()
     if recorder is None:
-        recorder = _process.recorder
+        recorder = process_state.recorder
         if recorder is None:
-            recorder = _make_process_recorder()
+            recorder = make_process_recorder()
     return recorder
 
 
-def _make_process_recorder() -> TimeRecorder:
-    with _process.lock:
-        if len(_process.bound) > 1:
+def make_process_recorder() -> TimeRecorder:
+    """The process recorder (the one bound, else the default, made now on first use): the
+    slow path of :func:`current_recorder` and of the module-level ``span()``/``@timed``."""
+    with process_state.lock:
+        if len(process_state.bound) > 1:
             raise InvalidArgumentError(
-                f"{len(_process.bound)} runs are in progress in this process, so a "
+                f"{len(process_state.bound)} runs are in progress in this process, so a "
                 "module-level span()/timed() cannot tell which run it belongs to; record "
                 "on the run's own recorder (run.recorder.span(...)) or select it with "
                 "`with twinkle.perf.use_recorder(run.recorder):`"
             )
-        if _process.recorder is None:
-            if _process.default is None:
-                _process.default = TimeRecorder()
-            _process.recorder = _process.default
-        return _process.recorder
-
-
-def _rebind() -> None:
-    bound = _process.bound
-    _process.recorder = bound[0] if len(bound) == 1 else None if bound else _process.default
-
-
-def bind_process_recorder(recorder: TimeRecorder) -> Callable[[], None]:
-    """Route module-level :func:`span`/:func:`timed` to ``recorder`` on every thread that
-    has no :func:`use_recorder` of its own, until the returned function is called.
-
-    A run session binds its recorder while it runs, so the convenience functions reach
-    the run's log from any thread. While two recorders are bound (two runs in one
-    process) a module-level span is ambiguous and raises an error that says how to pick
-    the run. Unbinding restores what was current before.
-    """
-    if not isinstance(recorder, TimeRecorder):
-        raise InvalidArgumentError(f"recorder must be a TimeRecorder, got {recorder!r}")
-    with _process.lock:
-        _process.bound.append(recorder)
-        _rebind()
-
-    def release() -> None:
-        with _process.lock:
-            if recorder in _process.bound:
-                _process.bound.remove(recorder)
-                _rebind()
-
-    return release
-
-
-def use_recorder(recorder: TimeRecorder) -> AbstractContextManager[TimeRecorder]:
-    """Make ``recorder`` the current recorder inside the ``with`` block (this context).
-
-    Contexts are per thread and per asyncio task: tasks created inside the block
-    inherit it, threads started inside it do not.
-    """
-    if not isinstance(recorder, TimeRecorder):
-        raise InvalidArgumentError(
-            f"recorder must be a TimeRecorder, got {recorder!r}; e.g. use_recorder(TimeRecorder())"
-        )
-    return _using(recorder)
-
-
-@contextmanager
-def _using(recorder: TimeRecorder) -> Iterator[TimeRecorder]:
-    token = _current.set(recorder)
-    try:
-        yield recorder
-    finally:
-        _current.reset(token)
-
-
-def span(name: str, /, *, sync: Barrier | None = None, **attrs: Any) -> SpanContext:
-    """:meth:`TimeRecorder.span` on the :func:`current_recorder`."""
-    recorder = _current_get()
-    if recorder is None:
-        recorder = _process.recorder
-        if recorder is None:
-            recorder = _make_process_recorder()
-    # The fast path of TimeRecorder.span, repeated: one more call would cost ~10%.
-    if name.__class__ is not str or not name or sync is not None:
-        return recorder._open(name, sync, attrs)
-    context = recorder._span_type()
-    context._name = name
-    context._attrs = attrs or None
-    return context
-
-
-@overload
-def timed(fn: Callable[P, R], /) -> Callable[P, R]: ...
-
-
-@overload
-def timed(
-    name: str | None = None, /, *, sync: Barrier | None = None, **attrs: Any
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-
-def timed(
-    name: str | Callable[..., Any] | None = None,
-    /,
-    *,
-    sync: Barrier | None = None,
-    **attrs: Any,
-) -> Any:
-    """:meth:`TimeRecorder.timed` recording into the :func:`current_recorder` of each call.
-
-    The recorder is looked up when the function is called, not when it is decorated,
-    so decorating at import creates nothing.
-    """
-    return _timed(None, name, sync, attrs)
+        if process_state.recorder is None:
+            if process_state.default is None:
+                process_state.default = TimeRecorder()
+            process_state.recorder = process_state.default
+        return process_state.recorder
