@@ -91,6 +91,9 @@ class WriterStats:
     lost: int  # items never delivered because the writer FAILED or was CUT_OFF
 
 
+_SLEEP = "how long the writer sleeps at most"
+
+
 @final
 class BatchWriter(Generic[T]):
     """Delivers put items in batches, on a writer thread or inline (see the module
@@ -159,15 +162,12 @@ class BatchWriter(Generic[T]):
                 f"wake_at must be an int in [1, capacity={capacity}] (queued items that wake "
                 f"the writer), got {wake_at!r}"
             )
-        interval_s = check_seconds(
-            "interval_s", interval_s, zero_ok=False, means="how long the writer sleeps at most"
-        )
         self.name = name
         self._deliver = deliver
         self._capacity = capacity
         self._drop = on_full == "drop"
         self._wake_at = wake_at
-        self._interval_s = interval_s
+        self._interval_s = check_seconds("interval_s", interval_s, zero_ok=False, means=_SLEEP)
         self._lock = threading.Lock()  # state, queue, counters
         self._deliver_lock = threading.Lock()  # one deliver at a time, in queue order
         self._wakeup = threading.Condition(self._lock)  # the thread: work or a new state
