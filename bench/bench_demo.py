@@ -30,7 +30,6 @@ from __future__ import annotations
 import cProfile
 import dataclasses
 import itertools
-import pstats
 import resource
 import statistics
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 import psutil
 
 from bench._harness import Row, median
+from bench._profile import CodeKey, hook_functions, plugin_shares
 from bench._workload import CONFIG, SPAN_NAMES, publish_iteration
 from twinkle.perf import TimeRecorder, memory_stats
 from twinkle.run import RunSession
@@ -52,7 +52,6 @@ CPU_TARGET = 0.003  # the observation's share of all-thread process CPU (A/B)
 WARMUP = 2  # iterations dropped from each demo run
 SPANS = (10, 100, 1000)
 WORKERS = (1, 2, 8)
-CodeKey = tuple[str, int, str]  # (file, first line, function name), as cProfile keys code
 
 
 # -- the demo, with and without observers ------------------------------------------------
@@ -268,7 +267,7 @@ def _synthetic(
     session = RunSession(out_dir=tmp, config=CONFIG, autoload=False)
     session.start()
     if hooks is not None:
-        hooks.update(_hook_functions(session))
+        hooks.update(hook_functions(session.pm))
     bus = session.bus
     recorders = [session.recorder]
     for k in range(1, workers):
@@ -340,20 +339,6 @@ def _scaling_rows(smoke: bool, tmp: str, demo_iteration_ns: float) -> list[Row]:
     return rows
 
 
-def _hook_functions(session: RunSession) -> dict[CodeKey, str]:
-    """(file, first line, name) of every hook implementation -> its plugin's name."""
-    found: dict[CodeKey, str] = {}
-    for caller in vars(session.pm.hook).values():
-        get_hookimpls = getattr(caller, "get_hookimpls", None)
-        if get_hookimpls is None:
-            continue
-        for impl in get_hookimpls():
-            code = getattr(impl.function, "__code__", None)
-            if code is not None:
-                found[(code.co_filename, code.co_firstlineno, code.co_name)] = impl.plugin_name
-    return found
-
-
 def _profile_rows(smoke: bool, tmp: str, top: int = 8) -> list[Row]:
     """Where the observers' time goes at 100 spans, 1 worker (cProfile, same workload).
 
@@ -367,13 +352,8 @@ def _profile_rows(smoke: bool, tmp: str, top: int = 8) -> list[Row]:
     profiler = cProfile.Profile()
     hooks: dict[CodeKey, str] = {}
     _synthetic(100, 1, iterations, tmp, profiler=profiler, hooks=hooks)
-    stats: dict[Any, Any] = pstats.Stats(profiler).stats
+    per_plugin, stats = plugin_shares(profiler, hooks)
     total = sum(entry[2] for entry in stats.values()) or 1.0
-    per_plugin: dict[str, float] = {}
-    for key, (_, _, _, cumulative, _) in stats.items():
-        plugin = hooks.get(key)
-        if plugin is not None:
-            per_plugin[plugin] = per_plugin.get(plugin, 0.0) + cumulative
     rows = [
         Row(
             "demo.observers profile",
@@ -383,8 +363,7 @@ def _profile_rows(smoke: bool, tmp: str, top: int = 8) -> list[Row]:
             1.0,
         )
     ]
-    for plugin, cumulative in sorted(per_plugin.items(), key=lambda kv: -kv[1]):
-        share = cumulative / total
+    for plugin, share in per_plugin.items():
         rows.append(
             Row(
                 "demo.observers profile",
@@ -395,7 +374,7 @@ def _profile_rows(smoke: bool, tmp: str, top: int = 8) -> list[Row]:
                 "all observers",
             )
         )
-    rest = 1 - sum(per_plugin.values()) / total
+    rest = 1 - sum(per_plugin.values())
     rows.append(
         Row(
             "demo.observers profile",
