@@ -40,17 +40,13 @@ from twinkle.metric._lengths import (
     MAX_LENGTH,
     all_lengths,
     check_quantile,
-    exact_fraction,
     is_int,
     nearest_rank,
-    sorted_lengths,
     uncount,
     validate_lengths,
 )
 
-# The length helpers' home is _lengths; these three are re-exported for the modules
-# that import them from here (twinkle.metric.throughput).
-__all__ = ["LengthHistogram", "exact_fraction", "nearest_rank", "sorted_lengths"]
+__all__ = ["LengthHistogram"]
 
 _STATE_VERSION: Final = 2  # 1 held approximate buckets above 4096 tokens
 # A query walks at most this many distinct lengths from its cursor before it re-derives

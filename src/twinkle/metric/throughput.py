@@ -34,12 +34,8 @@ from typing import Any, Final, final
 
 from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
-from twinkle.metric.histogram import (
-    LengthHistogram,
-    exact_fraction,
-    nearest_rank,
-    sorted_lengths,
-)
+from twinkle.metric._lengths import exact_fraction, nearest_rank, sorted_lengths
+from twinkle.metric.histogram import LengthHistogram
 
 __all__ = ["THROUGHPUT_KEYS", "ThroughputMetric"]
 
