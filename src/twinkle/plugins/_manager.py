@@ -116,7 +116,7 @@ class ObserverManager(pluggy.PluginManager):
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         self._check_free("unregister", name or type(plugin).__name__)
         removed = super().unregister(plugin, name)
-        self._builtin &= {name for name, _ in self.list_name_plugin()}
+        self._builtin &= {kept for kept, _ in self.list_name_plugin()}
         return removed
 
     def add_hookcall_monitoring(
