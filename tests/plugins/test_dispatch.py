@@ -1,5 +1,5 @@
-"""twinkle.plugins._hookcalls and _dispatch: each observer called in isolation (a raising one logged,
-counted and skipped), its time counted as overhead, events published from inside a
+"""twinkle.plugins._hookcalls and _dispatch: each observer called in isolation (a raising one
+logged, counted and skipped), its time counted as overhead, events published from inside a
 hook dispatched after the current one."""
 
 from __future__ import annotations
