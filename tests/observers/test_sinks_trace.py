@@ -511,3 +511,16 @@ def test_arrow_ends_waiting_for_their_other_end_are_bounded(
     _check_arrows(trace)
     (end,) = [e for e in trace if e["ph"] == "f"]
     assert end["ts"] == 100.004  # version 4's load; version 1's end was forgotten
+
+
+def test_a_span_that_is_not_json_leaves_its_batchs_other_lines_with_the_batch() -> None:
+    lines_of = trace_lines.TraceLines()
+    config = {"trace": {"budget_mb": None}}
+    head: list[bytes] = []
+    lines_of.add(RunStarted(RUN, 1_000_000, 5, ANCHOR, config), head)
+    good = Span("good", 1_100_000, 1_200_000, 1, 7, {}, None)
+    bad = Span("bad", 1_100_000, 1_200_000, 1, 7, {"x": object()}, None)
+    lines: list[bytes] = []
+    with pytest.raises(TypeError):
+        lines_of.add(SpanBatch(RUN, 1, 2, "main", ANCHOR, (good, bad)), lines)
+    assert [orjson.loads(line)["name"] for line in lines if b'"ph":"X"' in line] == ["good"]

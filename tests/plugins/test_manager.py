@@ -129,6 +129,18 @@ def test_the_builtins_are_what_twinkle_s_distribution_registered(fake_dist: Path
     assert not blocked.is_builtin("trace") and blocked.is_builtin("timeline")
 
 
+def test_a_blocked_builtin_is_not_marked_builtin_for_a_later_plugin_of_that_name() -> None:
+    class Plain:
+        pass
+
+    pm = make_plugin_manager(autoload=False, builtins=False)
+    pm.set_blocked("timing")
+    pm.register_builtin(Plain(), "timing")  # blocked: nothing is registered
+    pm.unblock("timing")
+    pm.register(Plain(), "timing")  # the caller's own, under that name
+    assert not pm.is_builtin("timing")
+
+
 def test_broken_plugin_import_names_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

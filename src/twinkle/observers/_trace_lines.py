@@ -107,9 +107,11 @@ class TraceLines:
         """Append ``event``'s run-level lines to ``lines``, then the windows' lines the
         budget decided to write (the same order however the events are batched)."""
         formatter = _FORMATTERS.get(type(event))
-        if formatter is not None:
-            formatter(self, event, lines)
-        lines += self._budget.ready()
+        try:
+            if formatter is not None:
+                formatter(self, event, lines)
+        finally:  # (a line that is not JSON raises: what was decided goes out still)
+            lines += self._budget.ready()
 
     def _on_path(self, path: PathSlices, lines: list[bytes]) -> None:
         """A window's critical path: a slice per stretch on the ``critical path`` track

@@ -1,6 +1,6 @@
 """The trace's tracks: which track an interval is drawn on (lanes for spans that
 overlap without nesting), what a track is named after, and the marker tracks of the
-run's process (:class:`~twinkle.observers.trace.TraceSink`, "Tracks")."""
+run's process (:class:`~twinkle.observers._trace_lines.TraceLines`, "Tracks")."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def training_phase(config: ObserverConfig | None) -> str | None:
 @final
 class Track:
     """One track of the trace and what it has carried so far (its name follows from
-    that at close: :class:`TraceSink`, "Tracks")."""
+    that at close: :class:`~twinkle.observers._trace_lines.TraceLines`, "Tracks")."""
 
     __slots__ = ("label", "own", "roles", "tid", "trainer", "where")
 

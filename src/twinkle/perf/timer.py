@@ -432,9 +432,10 @@ _current_get = current_var.get
 
 
 def current_recorder() -> TimeRecorder:
-    """The recorder module-level :func:`span` and :func:`timed` record into.
+    """The recorder module-level :func:`~twinkle.perf.span` and
+    :func:`~twinkle.perf.timed` record into.
 
-    That is the one set by :func:`use_recorder` in this context, else this process's
+    That is the one set by :func:`~twinkle.perf.use_recorder` in this context, else this process's
     default recorder, created on first use. New threads start from an empty context,
     so they see the process default unless run in a copied context.
     """

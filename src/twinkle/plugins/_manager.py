@@ -103,8 +103,8 @@ class ObserverManager(pluggy.PluginManager):
     def register_builtin(self, plugin: object, name: str) -> None:
         """Register ``plugin`` as one of twinkle's own observers (an entry point of the
         ``twinkle`` distribution): :meth:`is_builtin` says so from now on."""
-        self.register(plugin, name)
-        self._builtin.add(name)
+        if self.register(plugin, name) is not None:  # (None: the name is blocked)
+            self._builtin.add(name)
 
     def is_builtin(self, name: str) -> bool:
         """Whether plugin ``name`` is one of twinkle's own observers, registered from
