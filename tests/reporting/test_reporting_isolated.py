@@ -5,11 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
+import orjson
 import pytest
 
+import twinkle.reporting._history as history_module
 from twinkle.errors import InvalidArgumentError
-from twinkle.reporting import BackendHealth, IsolatedBackend, MetricRecord, make_record, with_seq
+from twinkle.reporting import (
+    BackendHealth,
+    IsolatedBackend,
+    MetricRecord,
+    make_record,
+    record_to_dict,
+    with_seq,
+)
 
 
 def _records(n: int, start: int = 0) -> list[MetricRecord]:
@@ -258,3 +268,49 @@ def test_records_beyond_the_queue_bound_are_counted_lost(hanging: list[Hanging])
 def test_a_bad_timeout_is_refused_by_name(bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match="backend_timeout_s"):
         IsolatedBackend(Recording(), name="x", timeout_s=bad)  # type: ignore[arg-type]
+
+
+def _record_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "metrics_raw.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(record_to_dict(r)) + b"\n" for r in _records(n)))
+    return path
+
+
+def test_a_resumed_runs_history_goes_first_in_batches_then_what_was_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history_module, "BATCH", 2)
+    path = _record_file(tmp_path, 5)
+    size = sum(len(line) for line in path.read_bytes().splitlines(keepends=True)[:4])
+    inner = Recording()
+    backend = IsolatedBackend(inner, name="rec")
+    backend.write_history(path, size, 4)  # the checkpoint's: the first 4 records
+    backend.write(_records(2, start=10))
+    path.rename(tmp_path / "renamed")  # (read from the file as it was opened)
+    backend.close()
+    assert inner.got == [0, 1, 2, 3, 10, 11]
+    assert inner.calls == ["write", "write", "write", "close"]
+    health = backend.health()
+    assert (health.records, health.records_written, health.records_lost) == (6, 6, 0)
+
+
+@pytest.mark.parametrize("lines", [3, 5])
+def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_failed(
+    tmp_path: Path, lines: int
+) -> None:
+    path = _record_file(tmp_path, 4)
+    inner = Recording()
+    backend = IsolatedBackend(inner, name="rec")
+    backend.write_history(path, path.stat().st_size, lines)
+    backend.close()
+    health = backend.health()
+    assert (health.records, health.records_failed, health.calls_failed) == (lines, lines, 1)
+    assert inner.calls == ["close"]  # (nothing of it written: the count is checked first)
+
+
+def test_a_history_that_cannot_be_opened_is_counted_failed(tmp_path: Path) -> None:
+    backend = IsolatedBackend(Recording(), name="rec")
+    backend.write_history(tmp_path / "gone.jsonl", 100, 2)
+    backend.close()
+    health = backend.health()
+    assert (health.records, health.records_failed, health.calls_failed) == (2, 2, 1)

@@ -31,6 +31,7 @@ exception: :class:`IsolatedBackend` times a plugin's calls, to cut off one that 
 from __future__ import annotations
 
 from twinkle.reporting._frozen import FrozenDict
+from twinkle.reporting._health import BackendHealth
 from twinkle.reporting._jsonl_files import make_dirs, sidecar_path
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting._record_values import NONFINITE_ATTR
@@ -38,7 +39,6 @@ from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, 
 from twinkle.reporting.fanout import BackendFanout
 from twinkle.reporting.isolated import (
     DEFAULT_BACKEND_TIMEOUT_S,
-    BackendHealth,
     IsolatedBackend,
     check_backend_timeout,
 )

@@ -21,9 +21,10 @@ import threading
 from collections.abc import Sequence
 
 from twinkle.errors import InvalidArgumentError, WriteError
+from twinkle.reporting._health import BackendHealth
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting.backends import Backend, SeqSource
-from twinkle.reporting.isolated import BackendHealth, IsolatedBackend
+from twinkle.reporting.isolated import IsolatedBackend
 from twinkle.reporting.record import MetricRecord
 
 __all__ = ["BackendFanout"]

@@ -32,19 +32,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final, final
 
 import msgspec
 
-from twinkle.checks import Count, NonEmpty, check_seconds
-from twinkle.errors import InvalidArgumentError, ReporterError
+from twinkle.checks import check_seconds
+from twinkle.errors import InvalidArgumentError, RecordError, ReporterError
+from twinkle.reporting._health import BackendHealth
+from twinkle.reporting._history import History
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.record import MetricRecord
 from twinkle.reporting.writer import BatchWriter, WriterState
 
 __all__ = [
     "DEFAULT_BACKEND_TIMEOUT_S",
-    "BackendHealth",
     "IsolatedBackend",
     "check_backend_timeout",
 ]
@@ -56,37 +58,6 @@ logger = logging.getLogger("twinkle.reporting")
 DEFAULT_BACKEND_TIMEOUT_S: Final = 30.0
 #: records that may wait for one isolated backend
 DEFAULT_MAX_RECORDS: Final = 65_536
-
-
-class BackendHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What one backend of a run did with the records handed to it (``summary.json`` →
-    ``backends``). ``records`` = ``records_written`` + ``records_failed`` +
-    ``records_lost`` once the backend is closed.
-
-    ``backend`` is the backend's own name (its file, store or run); ``isolated`` whether
-    it ran on a thread of its own (a plugin's) or was written by the reporter (the run's
-    own files); ``records_written`` went into ``write()`` calls that returned,
-    ``records_failed`` into calls that raised; ``records_lost`` never reached ``write()``
-    (its queue was full, it was cut off, its set-up failed) or, for the run's own files,
-    are still unwritten after a disk fault; ``calls_failed`` counts every call that raised;
-    ``slowest_call_seconds`` is its longest call (0.0 when not timed); ``cut_off`` says why
-    it was cut off, ``setup_error`` why it could not be opened (both None when not)."""
-
-    backend: NonEmpty
-    isolated: bool
-    records: Count = 0
-    records_written: Count = 0
-    records_failed: Count = 0
-    records_lost: Count = 0
-    calls_failed: Count = 0
-    slowest_call_seconds: float = 0.0
-    cut_off: str | None = None
-    setup_error: str | None = None
-
-    @property
-    def healthy(self) -> bool:
-        """Whether every record handed to it went into a ``write()`` that returned."""
-        return self.records_written == self.records and not (self.cut_off or self.setup_error)
 
 
 class _Call:
@@ -106,7 +77,7 @@ _CLOSE: Final = "close"
 _POLL_S: Final = 0.05
 #: after how long a closing run says which backend it waits for
 _SAY_WAITING_S: Final = 1.0
-_Item = tuple[MetricRecord, ...] | str
+_Item = tuple[MetricRecord, ...] | str | History
 
 
 @final
@@ -130,6 +101,7 @@ class IsolatedBackend:
         "_done",
         "_dropped",
         "_flush_queued",
+        "_history_left",
         "_lock",
         "_max_records",
         "_open_ok",
@@ -177,6 +149,7 @@ class IsolatedBackend:
         self._dropped = 0  # hand-overs refused on a full queue (for the log)
         self._flush_queued = False
         self._queued = 0  # records handed over, not yet taken by the thread
+        self._history_left = 0  # records of a resumed run's history not yet written
         self._written = 0
         self._records_failed = 0
         self._calls_failed = 0
@@ -222,6 +195,27 @@ class IsolatedBackend:
         if not taken:
             with self._lock:
                 self._queued -= n
+
+    def write_history(self, path: Path, size: int, lines: int) -> None:
+        """Queue the records of a resumed run that its checkpoint stands for: the first
+        ``size`` bytes (``lines`` records) of the record file ``path``, read back and
+        written on the backend's thread before anything queued after (never waits)."""
+        self._records += lines
+        try:
+            history = History(path, size, lines)
+        except OSError as exc:
+            self._failed("write", lines, exc)
+            return
+        with self._lock:
+            self._history_left += lines
+        taken = False
+        if self._writer.state is WriterState.OPEN:
+            with contextlib.suppress(ReporterError):  # (closed meanwhile: lost to it)
+                taken = self._writer.put(history)
+        if not taken:
+            history.close()
+            with self._lock:
+                self._history_left -= lines
 
     def flush(self) -> None:
         """Ask the backend's thread to flush it (never waits)."""
@@ -366,7 +360,7 @@ class IsolatedBackend:
 
     def _health(self, cut_off: str | None) -> BackendHealth:
         written, failed = self._written, self._records_failed
-        in_flight = 0 if cut_off else self._queued
+        in_flight = 0 if cut_off else self._queued + self._history_left
         return BackendHealth(
             backend=_name_of(self._backend, self.name),
             isolated=True,
@@ -392,6 +386,8 @@ class IsolatedBackend:
                     self._queued -= len(item)
                 if self._setup_error is None:
                     self._timed("write", functools.partial(self._backend.write, item), len(item))
+            elif isinstance(item, History):
+                self._deliver_history(item)
             elif item == _OPEN:
                 error = self._timed("open", self._open_backend, 0)
                 self._open_ok = error is None
@@ -409,6 +405,25 @@ class IsolatedBackend:
                 self._done.set()
         if self._cut is not None and items:
             self._close_abandoned()
+
+    def _deliver_history(self, history: History) -> None:
+        """Write a resumed run's history, a batch per call; what is not written when
+        the backend is left out or cut off is lost to it (its health says)."""
+        try:
+            for batch in history.batches():
+                if self._setup_error is not None or self._cut is not None:
+                    break
+                with self._lock:
+                    self._history_left -= len(batch)
+                self._timed("write", functools.partial(self._backend.write, batch), len(batch))
+        except (OSError, RecordError) as exc:
+            with self._lock:
+                left, self._history_left = self._history_left, 0
+            self._failed("write", left, exc)
+        finally:
+            history.close()
+            with self._lock:
+                self._history_left = 0
 
     def _close_abandoned(self) -> None:
         """The call that ran past its bound returned after all (on this thread, which the

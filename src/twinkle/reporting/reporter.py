@@ -34,10 +34,10 @@ from typing import Literal
 
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import InvalidArgumentError, RecordError, WriteError
+from twinkle.reporting._health import BackendHealth
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.fanout import BackendFanout
-from twinkle.reporting.isolated import BackendHealth
 from twinkle.reporting.record import MetricRecord, with_seq
 from twinkle.reporting.writer import BatchWriter, WriterState
 

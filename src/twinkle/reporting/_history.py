@@ -1,0 +1,82 @@
+"""The records a resumed run's checkpoint stands for, read back from its
+``metrics_raw.jsonl`` for a plugin's backend (docs/metrics.md, "Resuming from a
+checkpoint"): the observers do not make them again (they are fed only the log's tail),
+and the backend must still get every record of the run, in order, as a resume that
+fed the whole log would have handed it. Read on the backend's own thread, a batch at
+a time, so that neither the run nor memory waits on the run's length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final, final
+
+import orjson
+
+from twinkle.errors import RecordError
+from twinkle.reporting.record import MetricRecord, record_from_dict
+
+__all__ = ["History"]
+
+#: records per ``write()`` call
+BATCH: Final = 1024
+#: bytes read at a time
+_BLOCK: Final = 1 << 20
+
+
+@final
+class History:
+    """The first ``size`` bytes (``lines`` records) of the record file at ``path``,
+    opened now: the file may be renamed into place while the records are read."""
+
+    __slots__ = ("_file", "lines", "path", "size")
+
+    def __init__(self, path: Path, size: int, lines: int) -> None:
+        self.path, self.size, self.lines = path, size, lines
+        self._file = path.open("rb")
+
+    def batches(self) -> Iterator[tuple[MetricRecord, ...]]:
+        """The records, in file order, :data:`BATCH` at a time; raises
+        :class:`~twinkle.errors.RecordError` for a line that is not a record or a count
+        that differs from :attr:`lines` (the file changed since the checkpoint)."""
+        batch: list[MetricRecord] = []
+        count, more = 0, False
+        for line in self._lines():
+            if count == self.lines:
+                more = True  # (a line more than counted)
+                break
+            try:
+                batch.append(record_from_dict(orjson.loads(line)))
+            except (orjson.JSONDecodeError, RecordError) as exc:
+                raise RecordError(
+                    f"{self.path}: record {count + 1} cannot be read back: {exc}"
+                ) from exc
+            count += 1
+            if len(batch) == BATCH:
+                yield tuple(batch)
+                batch = []
+        if count < self.lines or more:
+            raise self._miscounted(count)
+        if batch:
+            yield tuple(batch)
+
+    def _miscounted(self, count: int) -> RecordError:
+        return RecordError(
+            f"{self.path}: its first {self.size} bytes do not hold the {self.lines} "
+            f"record(s) the checkpoint counted ({count} read)"
+        )
+
+    def _lines(self) -> Iterator[bytes]:
+        left, rest = self.size, b""
+        while left > 0:
+            block = self._file.read(min(_BLOCK, left))
+            if not block:
+                raise RecordError(f"{self.path} holds fewer than {self.size} bytes")
+            left -= len(block)
+            *whole, rest = (rest + block).split(b"\n")
+            yield from whole
+        if rest:
+            raise RecordError(f"{self.path}: its first {self.size} bytes end inside a line")
+
+    def close(self) -> None:
+        self._file.close()
