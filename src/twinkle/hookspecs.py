@@ -347,6 +347,34 @@ def twinkle_summary(event: RunFinished) -> dict[str, Any] | None:
 
 
 @hookspec
+def twinkle_checkpoint_state() -> object:
+    """What this observer keeps from the events it saw, for the run's checkpoint; None
+    when it keeps nothing (its hooks act on the events as they come, its backends on
+    the records). A plugin that implements this hook lets a restarted run resume from
+    the checkpoint (docs/metrics.md, "Resuming from a checkpoint"): the observers then
+    see only the events after it, :func:`twinkle_restore_state` gets this value back
+    before the first of them, and the plugin's backends get the records the checkpoint
+    stands for, read back from ``metrics_raw.jsonl`` in order, before any other. A
+    plugin without it makes every resume feed the run's whole log again (hours at the
+    end of a long run on many GPUs). Called on the thread that takes the checkpoint,
+    while no event is dispatched; the value must be plain data (None, bool, int, float,
+    str, bytes, and lists, tuples, dicts and sets of them), and what it holds must not
+    be changed by the plugin afterwards.
+    """
+
+
+@hookspec
+def twinkle_restore_state(state: object) -> None:
+    """A resume from the run's checkpoint: ``state`` is what this observer's
+    :func:`twinkle_checkpoint_state` returned when the checkpoint was taken (a copy),
+    given back after :func:`twinkle_configure` and before
+    :func:`twinkle_make_backends` and the first event. Not called for None.
+
+    :param state: the observer's state, as it returned it.
+    """
+
+
+@hookspec
 def twinkle_unconfigure(context: RunContext) -> None:
     """Once per run, last: flush and close whatever the plugin opened, except its
     backends (the run's reporter closes those, each on its own thread and bounded).

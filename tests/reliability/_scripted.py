@@ -54,6 +54,7 @@ def segment(
     wall_offset_ns: int = 0,
     fail: bool = False,
     blocked: tuple[str, ...] = (),
+    plugins: tuple[tuple[str, object], ...] = (),
 ) -> RunSession:
     """One process's stretch of run ``r`` under ``config`` (a fresh clock: a new
     process), continuing where the directory's log says the run stopped; ``fail``
@@ -69,6 +70,7 @@ def segment(
         background_writer=False,
         resume=True,
         blocked=blocked,
+        plugins=list(plugins),
     )
     with session as run:
         first = 0 if run.resumed is None else run.resumed.next_iteration

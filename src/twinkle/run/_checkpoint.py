@@ -11,7 +11,8 @@ so that a resume can tell the files still begin as they did.
 
 A resume uses it only when everything agrees: the same format, the same twinkle code
 (a digest of its sources) and Python, the same run, the same observers (twinkle's
-own only: a plugin rebuilds its outputs from the events it sees), the state's digest,
+own, and plugins that keep their state through ``twinkle_checkpoint_state``, with the
+same code; any other plugin rebuilds its outputs from the events it sees), the state's digest,
 and each file's length and digest. Anything else, it says why and feeds the whole log
 again, as a resume without a checkpoint does: never a wrong figure. The state is read
 by an unpickler that only makes twinkle's classes and plain Python values.
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import io
 import os
 import pickle
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -54,6 +56,7 @@ __all__ = [
     "load",
     "mark",
     "observers_of",
+    "plugins_without_state",
     "restore_observers",
     "snapshot_observers",
     "write",
@@ -142,40 +145,88 @@ class Checkpoint:
 
 
 def observers_of(pm: Any) -> list[str] | None:
-    """The names of the run's observers, sorted, when a checkpoint can hold them all
-    (twinkle's own), else None: a plugin rebuilds its outputs from the events it sees."""
+    """The run's observers, sorted by name, when a checkpoint can hold them all, else
+    None: twinkle's own by name, and each plugin that keeps its state through the
+    ``twinkle_checkpoint_state`` hook by name and code (:func:`_plugin_code`: a plugin
+    changed between the segments makes the checkpoint not fit); a plugin without that
+    hook rebuilds its outputs from every event it sees, so the whole log is fed again."""
     # (a blocked plugin is listed as None: not the run's)
     named = sorted(
         (item for item in pm.list_name_plugin() if item[1] is not None), key=lambda item: item[0]
     )
-    if not all(pm.is_builtin(name) for name, _ in named):
+    if plugins_without_state(pm):
         return None
-    return [name for name, _ in named]
+    return [
+        name if pm.is_builtin(name) else f"{name} ({_plugin_code(plugin)})"
+        for name, plugin in named
+    ]
+
+
+def plugins_without_state(pm: Any) -> list[str]:
+    """The run's plugins, not twinkle's own, that implement no
+    ``twinkle_checkpoint_state`` (a checkpoint cannot hold what they saw), sorted."""
+    keeping = _state_hooks(pm, "twinkle_checkpoint_state")
+    return sorted(
+        name
+        for name, plugin in pm.list_name_plugin()
+        if plugin is not None and not pm.is_builtin(name) and name not in keeping
+    )
+
+
+def _state_hooks(pm: Any, hook: str) -> dict[str, Callable[..., Any]]:
+    """Each plugin's implementation of ``hook`` (``twinkle_checkpoint_state`` or
+    ``twinkle_restore_state``), by plugin name."""
+    return {impl.plugin_name: impl.function for impl in getattr(pm.hook, hook).get_hookimpls()}
+
+
+def _plugin_code(plugin: object) -> str:
+    """A plugin's class as ``module.qualname`` and a digest of its module's source."""
+    kind = type(plugin)
+    return _code_of(kind.__module__, kind.__qualname__)
+
+
+@cache
+def _code_of(module: str, qualname: str) -> str:
+    name = f"{module}.{qualname}"
+    try:
+        source = Path(inspect.getfile(sys.modules[module])).read_bytes()
+    except (KeyError, OSError, TypeError):  # (a class made in code, without a file)
+        return name
+    return f"{name} {hashlib.sha256(source).hexdigest()[:16]}"
 
 
 #: the sinks whose state is what they hold back from their files
 _SINKS = (RawRecordsSink, WebUISink, TraceSink)
+#: the key under which a plugin's own state is kept (a plugin's is never a dict of vars)
+_PLUGIN_STATE: Final = "twinkle_checkpoint_state"
 
 
 def snapshot_observers(pm: Any) -> dict[str, Any]:
     """Each observer's state (the sinks': what they hold back from their files; the
-    event log's none: its file is all of it)."""
+    event log's none: its file is all of it; a plugin's: what its
+    ``twinkle_checkpoint_state`` returns; a plugin without that hook has none here,
+    and :func:`observers_of` says the checkpoint does not fit such a run)."""
     states: dict[str, Any] = {}
+    keeping = _state_hooks(pm, "twinkle_checkpoint_state")
     for name, plugin in pm.list_name_plugin():
         if plugin is None:  # blocked
             continue
-        if isinstance(plugin, _SINKS):
+        if not pm.is_builtin(name):
+            if name in keeping:
+                states[name] = {_PLUGIN_STATE: keeping[name]()}
+        elif isinstance(plugin, _SINKS):
             states[name] = plugin.checkpoint_state()
         elif not isinstance(plugin, EventLogSink):
             states[name] = dict(vars(plugin))
     return states
 
 
-def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> None:
-    """Give each configured observer its state back (the trace its file's first part).
-    The run's timeline (in its stash, shared by the observers) is the one configure
-    made, given the checkpoint's state: every observer's reference to the checkpoint's
-    is turned into one to it."""
+def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> dict[str, Exception]:
+    """Give each configured observer its state back (the trace its file's first part,
+    a plugin what it kept). The run's timeline (in its stash, shared by the observers)
+    is the one configure made, given the checkpoint's state: every observer's reference
+    to the checkpoint's is turned into one to it. Returns the plugins whose
+    ``twinkle_restore_state`` raised, with what it raised (the run leaves them out)."""
     live = context.stash[TIMELINE]
     saved = next(
         (state["timeline"] for name, state in states.items()
@@ -184,13 +235,24 @@ def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> N
     )  # fmt: skip
     if saved is not None:
         vars(live).update(vars(saved))
+    restoring = _state_hooks(pm, "twinkle_restore_state")
+    failed: dict[str, Exception] = {}
     for name, saved_state in states.items():
         plugin = pm.get_plugin(name)
+        if _PLUGIN_STATE in saved_state:
+            kept = saved_state[_PLUGIN_STATE]
+            if kept is not None and name in restoring:
+                try:
+                    restoring[name](kept)
+                except Exception as exc:  # (a plugin's fault is the plugin's)
+                    failed[name] = exc
+            continue
         state = {k: live if saved is not None and v is saved else v for k, v in saved_state.items()}
         if isinstance(plugin, _SINKS):
             plugin.restore(state)
         else:
             vars(plugin).update(state)
+    return failed
 
 
 @cache
@@ -298,7 +360,7 @@ _TWINKLE: Final = (
     "twinkle.perf.",
     "twinkle.run._summary",
     "twinkle.reporting._frozen",
-    "twinkle.reporting.isolated",
+    "twinkle.reporting._health",
 )
 #: the classes outside twinkle it may hold
 _PLAIN: Final = {

@@ -10,7 +10,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from twinkle.errors import TwinkleError
+from twinkle.errors import PluginError, TwinkleError
 from twinkle.events import Event, IterationStarted, RunStarted
 from twinkle.observers import (
     EVENTS_FILE,
@@ -85,7 +85,15 @@ class RunCheckpoints:
         self.latest = latest
         assert run.calls is not None
         run.calls.failures.update(state["failures"])
-        restore_observers(run.pm, state["observers"], run.context)
+        failed = restore_observers(run.pm, state["observers"], run.context)
+        for name, exc in failed.items():
+            why = (
+                f"its twinkle_restore_state raised {type(exc).__name__}: {exc} (it cannot "
+                "go on from the run's checkpoint)"
+            )
+            if run.calls.essential(name):  # (a required plugin: the start fails)
+                raise PluginError(f"required plugin {name!r}: {why}") from exc
+            run.calls.leave_out(name, why)
 
     def seen(self, event: Event) -> None:
         """Note the latest time the run's events reach (from its run_started on)."""

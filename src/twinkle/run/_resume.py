@@ -40,7 +40,12 @@ from twinkle.observers.sinks import EVENTS_FILE
 from twinkle.perf import Clock, ClockAnchor
 from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import make_dirs, sync_dir
-from twinkle.run._checkpoint import NO_CHECKPOINT, Checkpoint, observers_of
+from twinkle.run._checkpoint import (
+    NO_CHECKPOINT,
+    Checkpoint,
+    observers_of,
+    plugins_without_state,
+)
 from twinkle.run._checkpoint import load as load_checkpoint
 from twinkle.run._config import (
     RESUMABLE_CONFIG,
@@ -241,8 +246,9 @@ class RunDirectory:
         fed again, as without one)."""
         names = observers_of(pm)
         found: Checkpoint | str = (
-            "an observer plugin that is not twinkle's is loaded (a plugin rebuilds its "
-            "outputs from every event it sees)"
+            f"plugin(s) {plugins_without_state(pm)} keep no checkpoint state (a plugin "
+            "without the twinkle_checkpoint_state hook rebuilds its outputs from every "
+            "event it sees; docs/hooks.md)"
             if names is None
             else load_checkpoint(self.path, self.run_id, names)
         )

@@ -28,6 +28,7 @@ from twinkle.errors import (
 from twinkle.events import Event, EventBus, RunFinished, freeze
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
+    RAW_FILE,
     EventLogSink,
 )
 from twinkle.plugins import (
@@ -179,6 +180,8 @@ class Run:
             if self.context.checkpoint is not None:
                 self._restore(self.context.checkpoint)
             names, backends = self._backends(calls.make_backends(self.context))
+            if self.context.checkpoint is not None:
+                self._hand_history(backends, self.context.checkpoint)
             self.reporter = MetricsReporter(
                 backends, run_id=self.run_id, background=self._background, names=names
             )
@@ -233,6 +236,19 @@ class Run:
                     else IsolatedBackend(backend, name=name, timeout_s=self._backend_timeout_s)
                 )
         return names, backends
+
+    def _hand_history(self, backends: list[Backend], checkpoint: Checkpoint) -> None:
+        """A resume from ``checkpoint``: every plugin's backend gets first the records
+        the checkpoint stands for, read back from ``metrics_raw.jsonl`` (its observers
+        are fed only the log's tail), so that it gets every record of the run, in order,
+        as a resume feeding the whole log hands it (the run's own files have them). A
+        run that writes no files (a follower's copy) has no history to hand."""
+        raw = checkpoint.files.get(RAW_FILE)
+        if self.context.out_dir is None or raw is None:
+            return
+        for backend in backends:
+            if isinstance(backend, IsolatedBackend) and raw.lines:
+                backend.write_history(self.context.out_dir / raw.path, raw.size, raw.lines)
 
     def _wait_required(self, backends: list[Backend]) -> None:
         """A required plugin's backends are open before the run goes on (else the start

@@ -1,0 +1,165 @@
+"""A plugin that keeps its state through ``twinkle_checkpoint_state`` lets a restart
+resume from the run's checkpoint: it gets its state back, its backend every record of
+the run (the checkpoint's read back from metrics_raw.jsonl, then the tail's), exactly
+as a resume feeding the whole log gives them; a plugin changed between the segments,
+or one without the hook, makes the resume feed the whole log (docs/metrics.md,
+"Resuming from a checkpoint")."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from reliability._scripted import segment
+from reliability.test_checkpoint import HOUR, _outputs
+from reliability.test_reliability_resume import assert_replay_identical
+from twinkle.events import Event
+from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.reporting import MetricRecord, record_to_dict
+from twinkle.run._checkpoint import CHECKPOINT_FILE
+
+
+class Collected:
+    """A plugin's backend: every record handed to it, as a dict, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        self.records += [record_to_dict(r) for r in records]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Keeper:
+    """Counts the events it sees (its state) and gives the run a backend."""
+
+    def __init__(self, *, restore_fails: bool = False) -> None:
+        self.seen = 0
+        self.backend = Collected()
+        self.restored: object = None
+        self.restore_fails = restore_fails
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[Collected]:
+        return [self.backend]
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        self.seen += 1
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return {"seen": self.seen}
+
+    @hookimpl
+    def twinkle_restore_state(self, state: Any) -> None:
+        if self.restore_fails:
+            raise ValueError("this state is not mine")
+        self.restored = state
+        self.seen = state["seen"]
+
+
+def _twins(tmp_path: Path) -> tuple[Path, Path]:
+    segment(tmp_path / "with", iterations=3, plugins=(("keeper", Keeper()),))
+    assert (tmp_path / "with" / "r" / CHECKPOINT_FILE).exists()
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    return tmp_path / "with", tmp_path / "without"
+
+
+def _untimed(value: Any) -> Any:
+    """``value`` without the plugin backend's slowest call (a wall-clock time)."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k != "slowest_call_seconds"}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def _backends(run_dir: Path) -> dict[str, Any]:
+    return dict(orjson.loads((run_dir / "summary.json").read_bytes())["backends"])
+
+
+def test_a_plugin_keeping_its_state_resumes_from_the_checkpoint_with_every_record(
+    tmp_path: Path,
+) -> None:
+    with_, without = _twins(tmp_path)
+    for k in (1, 2):  # the second restart's checkpoint is the first restart's
+        (without / "r" / CHECKPOINT_FILE).unlink(missing_ok=True)
+        kept, fed = Keeper(), Keeper()
+        a = segment(with_, iterations=2, wall_offset_ns=k * HOUR, plugins=(("keeper", kept),))
+        b = segment(without, iterations=2, wall_offset_ns=k * HOUR, plugins=(("keeper", fed),))
+        assert a.resumed is not None and b.resumed is not None
+        assert a.resumed.restored_events == a.resumed.events > 0
+        assert b.resumed.restored_events == 0
+        assert kept.restored is not None and fed.restored is None
+        assert kept.seen == fed.seen  # its state came back: it saw what the other saw
+        # every record of the run, in order, the checkpoint's read back from the file
+        raw = [orjson.loads(x) for x in (with_ / "r" / "metrics_raw.jsonl").read_bytes().split()]
+        assert kept.backend.records == fed.backend.records == raw
+        assert _untimed(_outputs(with_ / "r")) == _untimed(_outputs(without / "r"))
+        health = _backends(with_ / "r")["keeper"]
+        assert _untimed(health) == _untimed(_backends(without / "r")["keeper"])
+        assert health["records"] == health["records_written"] == len(raw)
+    assert_replay_identical(with_ / "r", tmp_path)
+
+
+class Changed(Keeper):
+    """The plugin's code as another version of it has it."""
+
+
+def test_a_plugin_changed_between_the_segments_makes_the_resume_feed_the_whole_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_, _ = _twins(tmp_path)
+    changed = Changed()
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        a = segment(with_, iterations=1, wall_offset_ns=HOUR, plugins=(("keeper", changed),))
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert "it holds the state of observers" in caplog.text and "Changed" in caplog.text
+    assert changed.restored is None and changed.seen > a.resumed.events  # all of it again
+
+
+def test_a_plugin_whose_state_cannot_be_restored_is_left_out_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    with_, _ = _twins(tmp_path)
+    broken = Keeper(restore_fails=True)
+    a = segment(with_, iterations=1, wall_offset_ns=HOUR, plugins=(("keeper", broken),))
+    assert a.resumed is not None and a.resumed.restored_events == a.resumed.events
+    summary = orjson.loads((with_ / "r" / "summary.json").read_bytes())
+    assert (
+        "twinkle_restore_state raised ValueError: this state is not mine"
+        in (summary["plugins_left_out"]["keeper"])
+    )
+    assert broken.seen == 0 and broken.backend.records == []
+    assert summary["status"] == "ok"
+
+
+class Plain:
+    """A plugin without the hook: what it saw cannot be checkpointed."""
+
+    @hookimpl
+    def twinkle_event(self, event: Event) -> None:
+        pass
+
+
+def test_a_plugin_without_the_hook_is_named_when_the_whole_log_is_fed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_, _ = _twins(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        a = segment(with_, iterations=1, wall_offset_ns=HOUR, plugins=(("plain", Plain()),))
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert "plugin(s) ['plain'] keep no checkpoint state" in caplog.text
