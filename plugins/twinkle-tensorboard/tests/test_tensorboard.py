@@ -4,6 +4,7 @@ provider its scalars dashboard reads through."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -117,9 +118,16 @@ def test_blocked_it_writes_nothing(tmp_path: Path) -> None:
     assert not (run_dir / DIR).exists()
 
 
-def test_a_resumed_run_holds_every_record_once_in_one_file(tmp_path: Path) -> None:
+def test_a_resumed_run_holds_every_record_once_in_one_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     tensorboard_only(tmp_path, iterations=2)
-    run_dir = tensorboard_only(tmp_path, iterations=3, first_iteration=2)
+    assert (tmp_path / "r" / "checkpoint.bin").exists()
+    with caplog.at_level(logging.INFO, logger="twinkle"):
+        run_dir = tensorboard_only(tmp_path, iterations=3, first_iteration=2)
+    # the plugin keeps its state in the checkpoint: the resume starts from it (its
+    # records read back from metrics_raw.jsonl), not from the whole log
+    assert "resumes from its whole log" not in caplog.text
     assert len(list((run_dir / DIR).glob(EVENT_FILES))) == 1
     shown, want = read_tensorboard(run_dir / DIR), expected(run_dir)
     assert shown == want

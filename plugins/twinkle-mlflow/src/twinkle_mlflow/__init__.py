@@ -39,8 +39,9 @@ requires the plugin (``--require-plugin mlflow``,
 ``RunSession(required_plugins=["mlflow"])``) fails its start instead: its start waits
 for the store.
 
-**Resume and replay.** A resumed run (segment n) logs the whole run again, rebuilt from
-its event log, into an MLflow run of its own, ``<run_id>-s<n>`` (tag ``twinkle.segment``),
+**Resume and replay.** A resumed run (segment n) logs the whole run again (the records
+the run's checkpoint stands for read back from ``metrics_raw.jsonl``, the rest rebuilt
+from its event log) into an MLflow run of its own, ``<run_id>-s<n>`` (tag ``twinkle.segment``),
 so the newest MLflow run of a twinkle run is complete and none holds a point twice; the
 earlier ones are left as they were. A resume that fails before its segment begins
 deletes its MLflow run when its backend closes; one that was killed leaves its run
@@ -244,6 +245,13 @@ class MlflowSink:
     def twinkle_run_finished(self, event: RunFinished) -> None:
         if self._backend is not None and not self._segment:  # (not an earlier segment's)
             self._backend.status = _FINISHED if event.status == "ok" else _FAILED
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> None:
+        """Nothing to keep: the resumed run's backend is made for its segment, and a
+        resume from the run's checkpoint hands it the earlier records from
+        ``metrics_raw.jsonl`` (a restart need not feed the whole log again)."""
+        return None
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:

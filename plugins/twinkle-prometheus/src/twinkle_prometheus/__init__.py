@@ -269,6 +269,13 @@ class PrometheusSink:
             backend.figures.memory(backend.run_id, event)
 
     @hookimpl
+    def twinkle_checkpoint_state(self) -> None:
+        """Nothing to keep: the resumed run's backend is made for its segment, and a
+        resume from the run's checkpoint hands it the earlier records from
+        ``metrics_raw.jsonl`` (a restart need not feed the whole log again)."""
+        return None
+
+    @hookimpl
     def twinkle_unconfigure(self) -> None:
         self._backend = None
 

@@ -221,6 +221,13 @@ class TensorBoardSink:
             self._backend.publish_from(event.monotonic_ns)
 
     @hookimpl
+    def twinkle_checkpoint_state(self) -> None:
+        """Nothing to keep: the resumed run's backend is made for its segment, and a
+        resume from the run's checkpoint hands it the earlier records from
+        ``metrics_raw.jsonl`` (a restart need not feed the whole log again)."""
+        return None
+
+    @hookimpl
     def twinkle_unconfigure(self) -> None:
         # The run's reporter closed the backend, which removed a rebuild whose segment
         # never began: nothing of the plugin's own is left to close.

@@ -40,8 +40,9 @@ its start instead.
 
 **Resume and replay.** A resumed run (a restarted job on the same run directory, segment
 n) logs into a W&B run of its own, named ``<run_id>-s<n>``, in W&B group ``<run_id>``, that
-holds the whole run: the earlier segments' records, which the observers rebuild from the
-event log first, then the new segment's. So the newest W&B run of a group is complete
+holds the whole run: the earlier segments' records (those the run's checkpoint stands
+for read back from ``metrics_raw.jsonl``, the rest rebuilt from the event log) first,
+then the new segment's. So the newest W&B run of a group is complete
 — including what a crash kept from reaching W&B, and the last iteration of a crashed
 segment, which only the resume can finish — and none holds a record twice (appending to
 the earlier W&B run could do neither: what reached it cannot be told from the log). The
@@ -227,6 +228,13 @@ class WandbSink:
     def twinkle_run_finished(self, event: RunFinished) -> None:
         if self._backend is not None and not self._segment:  # (not an earlier segment's)
             self._backend.exit_code = 0 if event.status == "ok" else 1
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> None:
+        """Nothing to keep: the resumed run's backend is made for its segment, and a
+        resume from the run's checkpoint hands it the earlier records from
+        ``metrics_raw.jsonl`` (a restart need not feed the whole log again)."""
+        return None
 
     @hookimpl
     def twinkle_unconfigure(self) -> None:
