@@ -14,8 +14,9 @@ reports are built untimed). It runs at growing lengths; for each:
 * ``scale.resume``: a resumed session's ``start()`` on the finished run: from its
   checkpoint, at 10⁴ and 10⁵ events of a light run (goals: within 2x, 5 s at 10⁶
   extrapolated) and on the scenario's run; without one (the whole log fed again, as
-  for a run with a plugin of its own), extrapolated to 10⁶ events and three days; and
-  each checkpoint a running segment takes;
+  for a run with a plugin that keeps no checkpoint state), extrapolated to 10⁶ events
+  and three days; a resume with a plugin of its own loaded (a backend, as W&B's), from
+  the checkpoint against the whole log; and each checkpoint a running segment takes;
 * ``scale.replay``: events per second of ``twinkle replay``, against ``orjson.loads``
   of each line (the floor; goals 50k events/s and 6x the floor);
 * ``scale.report``: ``twinkle report --json`` in a child process: wall time and peak
@@ -47,8 +48,10 @@ import orjson
 import twinkle.run._checkpointing as run_module
 from bench._harness import Row
 from twinkle.cli import main as cli_main
+from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
+from twinkle.reporting import MetricRecord
 from twinkle.run import CHECKPOINT_FILE, RunSession, replay
 
 ENGINES, RANKS, SPANS = 64, 448, 50
@@ -119,7 +122,13 @@ def _report(worker: str, index: int, anchor: object, it: int, spans: int) -> Wor
 
 
 def _drive(
-    out: Path, iterations: int, workers: list[str], spans: int, *, builtins: bool = True
+    out: Path,
+    iterations: int,
+    workers: list[str],
+    spans: int,
+    *,
+    builtins: bool = True,
+    plugins: tuple[tuple[str, object], ...] = (),
 ) -> tuple[int, int]:
     """The run; returns the caller's CPU ns in receive() and the reports received
     (``builtins=False``: no observer at all, the bus alone)."""
@@ -133,6 +142,7 @@ def _drive(
         wall_clock=lambda: BASE_WALL + clock(),
         autoload=False,
         builtins=builtins,
+        plugins=list(plugins),
     ) as run:
         for it in range(iterations):
             clock.set(it * ITERATION_NS)
@@ -148,11 +158,57 @@ def _drive(
     return cpu, reports
 
 
-def _resume_s(run_dir: Path, iterations: int, *, checkpoint: bool, repeats: int = 1) -> float:
+class _Counted:
+    """A plugin's backend: counts the records it is handed."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    def write(self, records: list[MetricRecord]) -> None:
+        self.records += len(records)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Forwarding:
+    """A plugin with a backend of its own (as W&B's or TensorBoard's) that keeps no
+    checkpoint state: a resume feeds it the whole log."""
+
+    def __init__(self) -> None:
+        self.backend = _Counted()
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[_Counted]:
+        return [self.backend]
+
+
+class _Keeping(_Forwarding):
+    """The same plugin keeping its (empty) state in the checkpoint: a resume starts
+    from it, the backend handed the checkpoint's records from metrics_raw.jsonl."""
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return None
+
+
+def _resume_s(
+    run_dir: Path,
+    iterations: int,
+    *,
+    checkpoint: bool,
+    repeats: int = 1,
+    plugin: type[_Forwarding] | None = None,
+) -> tuple[float, float]:
     """A resumed session's start() on a copy of the finished run (on disk, as a job's
-    files are when it restarts: synced first), best of ``repeats``: from its checkpoint,
-    or (without it: as after a segment killed outright) from the whole log."""
-    best = float("inf")
+    files are when it restarts: synced first), and its start() to finish() (a
+    plugin's backend has every record then), best of ``repeats``: from its
+    checkpoint, or (without it: as after a segment killed outright) from the whole
+    log; with ``plugin`` loaded as ``plugin``."""
+    best = (float("inf"), float("inf"))
     for _ in range(repeats):
         copy = run_dir.parent / "resumed"
         shutil.copytree(run_dir, copy / "scale")
@@ -168,11 +224,13 @@ def _resume_s(run_dir: Path, iterations: int, *, checkpoint: bool, repeats: int 
             wall_clock=lambda clock=clock: BASE_WALL + clock(),
             autoload=False,
             resume=True,
+            plugins=[] if plugin is None else [("plugin", plugin())],
         )
         t0 = time.perf_counter()
         session.start()
-        best = min(best, time.perf_counter() - t0)
+        started = time.perf_counter() - t0
         session.finish()
+        best = min(best, (started, time.perf_counter() - t0))
         shutil.rmtree(copy)
     return best
 
@@ -233,8 +291,8 @@ def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
             driver_ns=cpu,
             reports=reports,
             sizes={name: os.path.getsize(run_dir / name) for name in FILES},
-            resume_s=_resume_s(run_dir, iterations, checkpoint=True, repeats=3),
-            refeed_s=_resume_s(run_dir, iterations, checkpoint=False),
+            resume_s=_resume_s(run_dir, iterations, checkpoint=True, repeats=3)[0],
+            refeed_s=_resume_s(run_dir, iterations, checkpoint=False)[0],
             replay_s=replay_s,
             floor_s=floor,
             report_s=report_s,
@@ -266,10 +324,40 @@ def _light_resumes(smoke: bool) -> list[tuple[int, float]]:
         with tempfile.TemporaryDirectory(prefix="twinkle-bench-resume-") as tmp:
             _drive(Path(tmp) / "runs", iterations, workers, spans)
             run_dir = Path(tmp) / "runs" / "scale"
-            with (run_dir / "events.jsonl").open("rb") as f:
-                events = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-            found.append((events, _resume_s(run_dir, iterations, checkpoint=True, repeats=3)))
+            resumed = _resume_s(run_dir, iterations, checkpoint=True, repeats=3)
+            found.append((_events(run_dir), resumed[0]))
     return found
+
+
+def _events(run_dir: Path) -> int:
+    with (run_dir / "events.jsonl").open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def _plugin_resume(smoke: bool) -> Row:
+    """A resume of the light run (10^5 events) with a plugin of its own loaded: one
+    that keeps its state in the checkpoint against one that does not (the whole log
+    fed again, as every plugin's resume was before the hook)."""
+    engines, ranks, spans = LIGHT
+    iterations = 300 if smoke else 3_000
+    with tempfile.TemporaryDirectory(prefix="twinkle-bench-resume-plugin-") as tmp:
+        _drive(Path(tmp) / "runs", iterations, _workers(engines, ranks), spans,
+               plugins=(("plugin", _Keeping()),))  # fmt: skip
+        run_dir = Path(tmp) / "runs" / "scale"
+        events = _events(run_dir)
+        kept = _resume_s(run_dir, iterations, checkpoint=True, repeats=3, plugin=_Keeping)
+        fed = _resume_s(run_dir, iterations, checkpoint=True, plugin=_Forwarding)
+    return Row(
+        "scale.resume",
+        f"resume from its checkpoint, a plugin with a backend loaded ({events:,} events)",
+        kept[0],
+        "s",
+        ratio=fed[0] / kept[0],
+        baseline="the same plugin keeping no checkpoint state: the whole log fed again",
+        note=f"start(); {fed[0]:.2f} s from the whole log; to finish() (the backend has "
+        f"every record, the checkpoint's read back from metrics_raw.jsonl on its own "
+        f"thread): {kept[1]:.2f} s against {fed[1]:.2f} s",
+    )
 
 
 def _checkpoint_cost(workers: list[str], spans: int, iterations: int) -> list[float]:
@@ -350,6 +438,10 @@ def run(smoke: bool) -> list[Row]:
             + " events (best of 3 each; the run's files synced first)",
         ),
     )
+    rows.insert(
+        next(i for i, r in enumerate(rows) if r.benchmark == "scale.resume") + 1,
+        _plugin_resume(smoke),
+    )
     return rows
 
 
@@ -424,7 +516,7 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
         Row(
             "scale.resume",
             f"resume a run of {b.events:,} events without a checkpoint (start() feeds the "
-            "whole log again: a run with a plugin of its own)",
+            "whole log again: a plugin keeping no checkpoint state)",
             b.refeed_s,
             "s",
             note=f"{a.refeed_s:.2f} s at {a.events:,} events; {refeed:,.0f} s at 10^6 events, "
