@@ -24,7 +24,6 @@ LONG_FUNCTIONS = {
     ("twinkle/observers/_config.py", "ObserverConfig.parse"): 81,
     ("twinkle/perf/stats.py", "memory_stats"): 67,
     ("twinkle/report/_limits_text.py", "limits_lines"): 75,
-    ("twinkle/run/_replay.py", "replay"): 84,
     ("twinkle/run/_session.py", "RunSession.__init__"): 74,
 }
 

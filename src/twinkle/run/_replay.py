@@ -353,25 +353,51 @@ def replay(
     """
     if not isinstance(force, bool):
         raise InvalidArgumentError(f"replay: force must be True or False, got {force!r}")
-    source_dir: Path | None = None
-    log: _EventLog | None = None
-    stream: Iterable[Event]
-    if isinstance(events, str | os.PathLike):
-        log_path = _log_path(events)
-        source_dir = log_path.resolve().parent
-        stream = log = _EventLog(log_path, defer_seq=True)
-        latest = _latest_logged_config(log_path)
-    else:
-        # (read whole: the newest segment's configuration is needed before the first)
-        stream = list(events)
-        latest = _latest_config(stream)
+    stream, log, latest = _source(events)
     target = None if out_dir is None else Path(out_dir)
-    if target is not None and source_dir is not None and target.resolve() == source_dir:
+    if target is not None and log is not None and target.resolve() == log.path.resolve().parent:
         raise ReplayError(
             f"replay output {str(target)!r} is the log's own directory; its files would "
             "be appended to: choose another --out directory"
         )
     iterator = iter(stream)
+    first = _first_event(iterator, log)
+    pm = plugin_manager or make_plugin_manager(
+        autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
+    )
+    staging = None if target is None else _Staging(target, force=force)
+    try:
+        count, summary, segments = _feed(pm, first, iterator, log, staging, latest=latest)
+    except BaseException:
+        if staging is not None:
+            staging.discard()
+        raise
+    if staging is not None:
+        staging.commit()
+    torn = None if log is None else log.torn_line
+    return ReplayResult(
+        target, count, summary, torn, 0 if log is None or torn is None else log.torn_bytes,
+        None if log is None else log.path, plugins_now=loaded_plugins(pm),
+        plugins_by_segment=segments,
+    )  # fmt: skip
+
+
+def _source(
+    events: str | os.PathLike[str] | Iterable[Event],
+) -> tuple[Iterable[Event], _EventLog | None, Mapping[str, Any] | None]:
+    """The events to replay, the log they are read from (None for event values) and
+    the newest segment's configuration (needed before the first event is fed)."""
+    if isinstance(events, str | os.PathLike):
+        log_path = _log_path(events)
+        log = _EventLog(log_path, defer_seq=True)
+        return log, log, _latest_logged_config(log_path)
+    stream = list(events)  # (read whole: the newest segment's configuration is needed first)
+    return stream, None, _latest_config(stream)
+
+
+def _first_event(iterator: Iterator[Event], log: _EventLog | None) -> RunStarted:
+    """The log's first event, a ``run_started`` with a valid run id (else ReplayError);
+    the log's sequence numbers checked from then on."""
     first = next(iterator, None)
     if not isinstance(first, RunStarted):
         torn = "" if log is None or log.torn_line is None else " (its only line is torn)"
@@ -385,29 +411,7 @@ def replay(
         raise ReplayError(f"the log's run_started event: {exc}") from exc
     if log is not None:
         log.check_seq()
-    pm = plugin_manager or make_plugin_manager(
-        autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
-    )
-    staging = None if target is None else _Staging(target, force=force)
-    try:
-        count, summary, segments = _feed(pm, first, iterator, log, staging, latest=latest)
-    except BaseException:
-        if staging is not None:
-            staging.discard()
-        raise
-    if staging is not None:
-        staging.commit()
-    torn_line, torn_bytes = (None, 0) if log is None else (log.torn_line, log.torn_bytes)
-    return ReplayResult(
-        target,
-        count,
-        summary,
-        torn_line,
-        torn_bytes if torn_line is not None else 0,
-        None if log is None else log.path,
-        plugins_now=loaded_plugins(pm),
-        plugins_by_segment=segments,
-    )
+    return first
 
 
 def _feed(
