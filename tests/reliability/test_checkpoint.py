@@ -82,18 +82,20 @@ def test_a_resume_from_the_checkpoint_writes_what_a_whole_log_resume_writes(
     assert_replay_identical(with_ / "r", tmp_path)
 
 
-def _killed_segment(out: Path, every: int = 10**9) -> None:
+def _killed_segment(out: Path, every: int = 10**9, *, plugins: str = "[]") -> None:
     """A process runs (or resumes) run ``r`` in ``out``, taking a checkpoint at the
     first iteration boundary after every ``every`` events, and is killed outright
-    mid-segment."""
+    mid-segment; ``plugins``: the session's, as Python source (the tests importable)."""
     script = textwrap.dedent(
         f"""
+        import sys
         import time
+        sys.path[:0] = {[str(p) for p in Path(__file__).resolve().parents[:2]]!r}
         import twinkle.run._checkpointing
         from twinkle.run import RunSession
         twinkle.run._checkpointing.CHECKPOINT_EVERY = {every}
         with RunSession(out_dir={str(out)!r}, run_id="r", config={CONFIG!r},
-                        autoload=False, resume=True) as run:
+                        autoload=False, resume=True, plugins={plugins}) as run:
             first = run.resumed.next_iteration if run.resumed else 0
             for i in range(first, first + 1000):
                 run.bus.iteration_started(i)

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from reliability._scripted import segment
-from reliability.test_checkpoint import HOUR, _outputs
+from reliability.test_checkpoint import HOUR, _killed_segment, _outputs
 from reliability.test_reliability_resume import assert_replay_identical
 from twinkle.events import Event
 from twinkle.hookspecs import RunContext, hookimpl
@@ -145,6 +145,39 @@ def test_a_plugin_whose_state_cannot_be_restored_is_left_out_and_the_run_goes_on
     )
     assert broken.seen == 0 and broken.backend.records == []
     assert summary["status"] == "ok"
+    # its state saw no event of that segment: the checkpoint the segment left does not
+    # fit a run with it, and the next resume feeds it the whole log
+    fine = Keeper()
+    b = segment(with_, iterations=1, wall_offset_ns=2 * HOUR, plugins=(("keeper", fine),))
+    assert b.resumed is not None and b.resumed.restored_events == 0
+    raw = [orjson.loads(x) for x in (with_ / "r" / "metrics_raw.jsonl").read_bytes().split()]
+    assert fine.backend.records == raw
+
+
+def test_a_resumed_segment_killed_after_its_checkpoint_hands_the_plugin_every_record(
+    tmp_path: Path,
+) -> None:
+    """Segments killed outright after their running checkpoints (the second resuming
+    from the first's, its record file rebuilt from the checkpoint's head): the restart's
+    plugin backend gets every record of the run, as a whole-log resume gives them."""
+    segment(tmp_path / "with", iterations=2, plugins=(("keeper", Keeper()),))
+    keeper = f"[('keeper', __import__({__name__!r}).Keeper())]"  # (this module's)
+    for _ in range(2):  # the second resumes from the first's checkpoint: a rebuild
+        _killed_segment(tmp_path / "with", every=20, plugins=keeper)
+    marked = orjson.loads((tmp_path / "with" / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    shutil.copytree(tmp_path / "with", tmp_path / "without")
+    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
+    kept, fed = Keeper(), Keeper()
+    a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR, plugins=(("keeper", kept),))
+    segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR, plugins=(("keeper", fed),))
+    assert a.resumed is not None and a.resumed.restored_events == marked["events"] > 0
+    raw = [
+        orjson.loads(x)
+        for x in (tmp_path / "with" / "r" / "metrics_raw.jsonl").read_bytes().split()
+    ]
+    assert kept.backend.records == fed.backend.records == raw
+    health = _backends(tmp_path / "with" / "r")["keeper"]
+    assert health["records_written"] == len(raw) and health["records_failed"] == 0
 
 
 class Plain:

@@ -27,7 +27,7 @@ import io
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -144,12 +144,14 @@ class Checkpoint:
         return config
 
 
-def observers_of(pm: Any) -> list[str] | None:
+def observers_of(pm: Any, *, leaving: Collection[str] = ()) -> list[str] | None:
     """The run's observers, sorted by name, when a checkpoint can hold them all, else
     None: twinkle's own by name, and each plugin that keeps its state through the
     ``twinkle_checkpoint_state`` hook by name and code (:func:`_plugin_code`: a plugin
     changed between the segments makes the checkpoint not fit); a plugin without that
-    hook rebuilds its outputs from every event it sees, so the whole log is fed again."""
+    hook rebuilds its outputs from every event it sees, so the whole log is fed again.
+    The names in ``leaving`` (observers the run left out: their state saw no event
+    since) are not listed, so that the checkpoint does not fit a run that has them."""
     # (a blocked plugin is listed as None: not the run's)
     named = sorted(
         (item for item in pm.list_name_plugin() if item[1] is not None), key=lambda item: item[0]
@@ -159,6 +161,7 @@ def observers_of(pm: Any) -> list[str] | None:
     return [
         name if pm.is_builtin(name) else f"{name} ({_plugin_code(plugin)})"
         for name, plugin in named
+        if name not in leaving
     ]
 
 
@@ -180,14 +183,17 @@ def _state_hooks(pm: Any, hook: str) -> dict[str, Callable[..., Any]]:
 
 
 def _plugin_code(plugin: object) -> str:
-    """A plugin's class as ``module.qualname`` and a digest of its module's source."""
+    """A plugin's class as ``module.qualname`` and a digest of its module's source (a
+    plugin that is a module: its name and a digest of its source)."""
+    if inspect.ismodule(plugin):
+        return _code_of(plugin.__name__, "")
     kind = type(plugin)
     return _code_of(kind.__module__, kind.__qualname__)
 
 
 @cache
 def _code_of(module: str, qualname: str) -> str:
-    name = f"{module}.{qualname}"
+    name = f"{module}.{qualname}" if qualname else module
     try:
         source = Path(inspect.getfile(sys.modules[module])).read_bytes()
     except (KeyError, OSError, TypeError):  # (a class made in code, without a file)

@@ -246,7 +246,7 @@ class RunCheckpoints:
             "last_iteration": run.order.last_iteration,
             "optimizer_steps": run.order.last_step,
         }
-        names = observers_of(run.pm)
+        names = observers_of(run.pm, leaving=() if run.calls is None else run.calls.left_out)
         assert names is not None
         return Checkpoint(run.run_id, events, files, scan, names, payload)
 
