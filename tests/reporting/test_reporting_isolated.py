@@ -314,3 +314,22 @@ def test_a_history_that_cannot_be_opened_is_counted_failed(tmp_path: Path) -> No
     backend.close()
     health = backend.health()
     assert (health.records, health.records_failed, health.calls_failed) == (2, 2, 1)
+
+
+def test_a_history_still_queued_when_its_backend_is_cut_off_is_closed(
+    tmp_path: Path, hanging: list[Hanging]
+) -> None:
+    now = [0.0]
+    inner = Hanging("open")
+    hanging.append(inner)
+    backend = IsolatedBackend(inner, name="hang", timeout_s=5.0, clock=lambda: now[0])
+    assert inner.entered.wait(5)  # (open() is the backend's first call)
+    path = _record_file(tmp_path, 3)
+    backend.write_history(path, path.stat().st_size, 3)  # queued behind the hung open()
+    now[0] = 5.5
+    backend.write(_records(1, start=3))  # past the bound: cut off
+    assert backend.health().cut_off is not None
+    assert backend._histories == []  # (closed: no file left open for the collector)
+    backend.close()
+    health = backend.health()
+    assert (health.records, health.records_written, health.records_lost) == (4, 0, 4)

@@ -101,6 +101,7 @@ class IsolatedBackend:
         "_done",
         "_dropped",
         "_flush_queued",
+        "_histories",
         "_history_left",
         "_lock",
         "_max_records",
@@ -150,6 +151,7 @@ class IsolatedBackend:
         self._flush_queued = False
         self._queued = 0  # records handed over, not yet taken by the thread
         self._history_left = 0  # records of a resumed run's history not yet written
+        self._histories: list[History] = []  # queued, not yet taken by the thread
         self._written = 0
         self._records_failed = 0
         self._calls_failed = 0
@@ -208,6 +210,7 @@ class IsolatedBackend:
             return
         with self._lock:
             self._history_left += lines
+            self._histories.append(history)
         taken = False
         if self._writer.state is WriterState.OPEN:
             with contextlib.suppress(ReporterError):  # (closed meanwhile: lost to it)
@@ -216,6 +219,7 @@ class IsolatedBackend:
             history.close()
             with self._lock:
                 self._history_left -= lines
+                self._histories.remove(history)
 
     def flush(self) -> None:
         """Ask the backend's thread to flush it (never waits)."""
@@ -334,6 +338,10 @@ class IsolatedBackend:
         if call is not None:  # (the stuck call is the slowest, though it never returned)
             self._slowest = max(self._slowest, self._clock() - call.started)
         self._writer.cut_off(why)
+        with self._lock:  # (the writer dropped its queue: the thread never takes them)
+            dropped, self._histories = self._histories, []
+        for history in dropped:
+            history.close()
         if not self._opened.is_set() and self._setup_error is None:
             self._setup_error = why  # never opened: the plugin is left out (summary.json)
         self._opened.set()
@@ -409,6 +417,8 @@ class IsolatedBackend:
     def _deliver_history(self, history: History) -> None:
         """Write a resumed run's history, a batch per call; what is not written when
         the backend is left out or cut off is lost to it (its health says)."""
+        with self._lock:
+            self._histories.remove(history)
         try:
             for batch in history.batches():
                 if self._setup_error is not None or self._cut is not None:
