@@ -24,6 +24,7 @@ from twinkle.observers import (
     WebUISink,
 )
 from twinkle.observers.placement import LatestTime
+from twinkle.reporting import Backend, IsolatedBackend
 from twinkle.run._checkpoint import (
     Checkpoint,
     FileMark,
@@ -94,6 +95,24 @@ class RunCheckpoints:
             if run.calls.essential(name):  # (a required plugin: the start fails)
                 raise PluginError(f"required plugin {name!r}: {why}") from exc
             run.calls.leave_out(name, why)
+
+    def hand_history(self, backends: list[Backend]) -> None:
+        """A resume from a checkpoint: every plugin's backend gets first the records
+        the checkpoint stands for, read back from the record file the run's own sink
+        set up for them (the checkpoint's lines, as this segment writes them: its
+        observers are fed only the log's tail), so that it gets every record of the
+        run, in order, as a resume feeding the whole log hands it. A run that writes no
+        files (a follower's copy) has no history to hand."""
+        if self.run.context.out_dir is None:
+            return
+        head = self._sink(RawRecordsSink).head()
+        if head is None or head[1] == 0:
+            return
+        path, lines = head
+        size = path.stat().st_size  # (no record of this segment's is written yet)
+        for backend in backends:
+            if isinstance(backend, IsolatedBackend):
+                backend.write_history(path, size, lines)
 
     def seen(self, event: Event) -> None:
         """Note the latest time the run's events reach (from its run_started on)."""

@@ -29,7 +29,6 @@ from twinkle.events import Event, EventBus, RunFinished, freeze
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     EventLogSink,
-    RawRecordsSink,
 )
 from twinkle.plugins import (
     DEFAULT_SLOW_CALL_S,
@@ -181,7 +180,7 @@ class Run:
                 self._restore(self.context.checkpoint)
             names, backends = self._backends(calls.make_backends(self.context))
             if self.context.checkpoint is not None:
-                self._hand_history(backends)
+                self.checkpoints.hand_history(backends)
             self.reporter = MetricsReporter(
                 backends, run_id=self.run_id, background=self._background, names=names
             )
@@ -236,23 +235,6 @@ class Run:
                     else IsolatedBackend(backend, name=name, timeout_s=self._backend_timeout_s)
                 )
         return names, backends
-
-    def _hand_history(self, backends: list[Backend]) -> None:
-        """A resume from a checkpoint: every plugin's backend gets first the records
-        the checkpoint stands for, read back from the record file the run's own sink
-        set up for them (the checkpoint's lines, as this segment writes them: its
-        observers are fed only the log's tail), so that it gets every record of the
-        run, in order, as a resume feeding the whole log hands it. A run that writes no
-        files (a follower's copy) has no history to hand."""
-        sink = next((p for p in self.pm.get_plugins() if isinstance(p, RawRecordsSink)), None)
-        head = None if sink is None else sink.head()
-        if self.context.out_dir is None or head is None or head[1] == 0:
-            return
-        path, lines = head
-        size = path.stat().st_size  # (no record of this segment's is written yet)
-        for backend in backends:
-            if isinstance(backend, IsolatedBackend):
-                backend.write_history(path, size, lines)
 
     def _wait_required(self, backends: list[Backend]) -> None:
         """A required plugin's backends are open before the run goes on (else the start
