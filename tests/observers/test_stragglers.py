@@ -17,6 +17,7 @@ is one worker (the run's own process): its side is not compared.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -38,30 +39,34 @@ CONFIG: dict[str, Any] = {
 TIMES = {1: (10, 10, 30), 2: (10, 40, 30), 3: (10, 10, 30), 4: (10, 10, 30)}
 
 
-def _spans(it: int) -> list[Span]:
+def _spans(it: int, times: dict[int, tuple[int, ...]]) -> list[Span]:
     at = it * 100
-    times = TIMES.get(it, (10, 10, 10))
+    ms_by_engine = times.get(it, (10,) * len(times[1]))
     out = [Span("train.step", at * MS, (at + 50) * MS, 1, 1, {"iteration": it}, None)]
-    for e, ms in enumerate(times):
-        tokens = 300 if (it, e) == (4, 2) else 100
+    for e, ms in enumerate(ms_by_engine):
+        tokens = 300 if (times is TIMES and (it, e) == (4, 2)) else 100
         attrs = {"iteration": it, "engine": f"e{e}", "tokens": tokens}
         out.append(Span("generate", at * MS, (at + ms) * MS, 10 + e, 1, attrs, None))
     return out
 
 
-@pytest.fixture(scope="module")
-def stragglers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    run, clock = manual_session(tmp_path_factory.mktemp("stragglers"), "s", CONFIG)
+def _stragglers(out: Path, times: dict[int, tuple[int, ...]]) -> dict[str, Any]:
+    run, clock = manual_session(out, "s", CONFIG)
     for it in range(6):
         clock.set(it * 100 * MS)
         run.bus.iteration_started(it)
         clock.set((it * 100 + 99) * MS)
-        run.bus.publish_spans("main", run.bus.anchor, _spans(it))
+        run.bus.publish_spans("main", run.bus.anchor, _spans(it, times))
     clock.set(600 * MS)
     run.finish()
     assert run.out_dir is not None
     summary = orjson.loads((run.out_dir / "summary.json").read_bytes())
     return summary["limits"]["stragglers"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def stragglers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _stragglers(tmp_path_factory.mktemp("stragglers"), TIMES)
 
 
 def test_a_chronic_straggler_and_a_one_off_are_told_apart(stragglers: dict[str, Any]) -> None:
@@ -76,6 +81,22 @@ def test_a_chronic_straggler_and_a_one_off_are_told_apart(stragglers: dict[str, 
     assert workers["e1"]["verdict"] == "one-off"
     assert workers["e1"]["median_ratio_to_peers"] == pytest.approx(0.5)
     assert workers["e0"]["verdict"] == "ok" and workers["e0"]["slow_iterations"] == 0
+
+
+def test_a_worker_slow_in_exactly_half_of_the_iterations_is_one_off(tmp_path: Path) -> None:
+    """Two engines; e1 takes 20 ms against e0's 10 on iterations 1 and 3 (2.0x: slow)
+    and 10 on 2 and 4 (1.0x): slow in 2 of 4, not more than half, so one-off, though
+    its median ratio, (1.0 + 2.0) / 2, reaches 1.5. A third slow iteration makes it
+    chronic."""
+    half = {1: (10, 20), 2: (10, 10), 3: (10, 20), 4: (10, 10)}
+    e1 = _stragglers(tmp_path / "half", half)["generation"]["workers"]["e1"]
+    assert (e1["slow_iterations"], e1["compared_iterations"]) == (2, 4)
+    assert e1["median_ratio_to_peers"] == pytest.approx(1.5)
+    assert e1["verdict"] == "one-off"
+    most = {**half, 4: (10, 20)}
+    assert _stragglers(tmp_path / "most", most)["generation"]["workers"]["e1"]["verdict"] == (
+        "chronic"
+    )
 
 
 def test_an_iteration_whose_workloads_differ_is_not_compared(stragglers: dict[str, Any]) -> None:

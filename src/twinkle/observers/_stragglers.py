@@ -24,7 +24,8 @@ __all__ = ["SLOW", "StragglerLedger"]
 
 #: a worker is slow on an iteration at this many times its peers' median seconds per unit
 SLOW = 1.5
-#: ... and chronic when slow on at least this share of the iterations compared (3 or more)
+#: ... and chronic when slow on more than this share of the iterations compared (3 or
+#: more): most of them, so that two equal workers whose times jitter are not called so
 CHRONIC_SHARE = 0.5
 CHRONIC_MIN = 3
 #: workloads are comparable when each worker's units lie within this factor of the median
@@ -203,7 +204,7 @@ def _units(workers: dict[str, _Work], tokens: bool) -> tuple[dict[str, int] | No
 
 
 def _worker(v: _Verdicts) -> dict[str, Any]:
-    chronic = v.compared >= CHRONIC_MIN and v.slow >= CHRONIC_SHARE * v.compared
+    chronic = v.compared >= CHRONIC_MIN and v.slow > CHRONIC_SHARE * v.compared
     return {
         # per unit, over the iterations measured in it
         **{
