@@ -295,8 +295,8 @@ def test_a_resumed_runs_history_goes_first_in_batches_then_what_was_queued(
 
 
 @pytest.mark.parametrize("lines", [3, 5])
-def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_failed(
-    tmp_path: Path, lines: int
+def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_lost(
+    tmp_path: Path, lines: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = _record_file(tmp_path, 4)
     inner = Recording()
@@ -304,16 +304,23 @@ def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_failed(
     backend.write_history(path, path.stat().st_size, lines)
     backend.close()
     health = backend.health()
-    assert (health.records, health.records_failed, health.calls_failed) == (lines, lines, 1)
+    assert (health.records, health.records_lost) == (lines, lines)
+    assert (health.records_failed, health.calls_failed) == (0, 0)  # (no call of its failed)
     assert inner.calls == ["close"]  # (nothing of it written: the count is checked first)
+    assert f"backend 'rec' lacks {lines} record(s) of the resumed run's history" in caplog.text
+    read = "4 read" if lines == 5 else "more read"
+    assert f"{lines} record(s) the checkpoint counted ({read})" in caplog.text
 
 
-def test_a_history_that_cannot_be_opened_is_counted_failed(tmp_path: Path) -> None:
+def test_a_history_that_cannot_be_opened_is_counted_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     backend = IsolatedBackend(Recording(), name="rec")
     backend.write_history(tmp_path / "gone.jsonl", 100, 2)
     backend.close()
     health = backend.health()
-    assert (health.records, health.records_failed, health.calls_failed) == (2, 2, 1)
+    assert (health.records, health.records_lost, health.records_failed) == (2, 2, 0)
+    assert "backend 'rec' lacks 2 record(s)" in caplog.text and "gone.jsonl" in caplog.text
 
 
 def test_a_history_still_queued_when_its_backend_is_cut_off_is_closed(

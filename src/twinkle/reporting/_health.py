@@ -20,10 +20,12 @@ class BackendHealth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     it ran on a thread of its own (a plugin's) or was written by the reporter (the run's
     own files); ``records_written`` went into ``write()`` calls that returned,
     ``records_failed`` into calls that raised; ``records_lost`` never reached ``write()``
-    (its queue was full, it was cut off, its set-up failed) or, for the run's own files,
-    are still unwritten after a disk fault; ``calls_failed`` counts every call that raised;
-    ``slowest_call_seconds`` is its longest call (0.0 when not timed); ``cut_off`` says why
-    it was cut off, ``setup_error`` why it could not be opened (both None when not)."""
+    (its queue was full, it was cut off, its set-up failed, or on a resume the run's
+    history, which a checkpoint stands for, could not be read back for it) or, for the
+    run's own files, are still unwritten after a disk fault; ``calls_failed`` counts
+    every call that raised; ``slowest_call_seconds`` is its longest call (0.0 when not
+    timed); ``cut_off`` says why it was cut off, ``setup_error`` why it could not be
+    opened (both None when not)."""
 
     backend: NonEmpty
     isolated: bool

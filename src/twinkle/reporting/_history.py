@@ -7,6 +7,7 @@ a time, so that neither the run nor memory waits on the run's length."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, final
@@ -16,7 +17,9 @@ import orjson
 from twinkle.errors import RecordError
 from twinkle.reporting.record import MetricRecord, record_from_dict
 
-__all__ = ["History"]
+__all__ = ["History", "say_unread"]
+
+logger = logging.getLogger("twinkle.reporting")
 
 #: records per ``write()`` call
 BATCH: Final = 1024
@@ -61,9 +64,10 @@ class History:
             yield tuple(batch)
 
     def _miscounted(self, count: int) -> RecordError:
+        read = f"{count} read" if count < self.lines else "more read"
         return RecordError(
             f"{self.path}: its first {self.size} bytes do not hold the {self.lines} "
-            f"record(s) the checkpoint counted ({count} read)"
+            f"record(s) the checkpoint counted ({read}): the file changed since"
         )
 
     def _lines(self) -> Iterator[bytes]:
@@ -80,3 +84,16 @@ class History:
 
     def close(self) -> None:
         self._file.close()
+
+
+def say_unread(backend: str, records: int, exc: Exception) -> None:
+    """Log that ``records`` of a resumed run's history could not be read back for the
+    backend named ``backend``: they are lost to it (no call of its failed; its health
+    counts them under ``records_lost``), and the run's own files have them."""
+    logger.error(
+        "backend %r lacks %d record(s) of the resumed run's history, which could not be "
+        "read back (the run's own files have them): %s",
+        backend,
+        records,
+        exc,
+    )

@@ -1,5 +1,4 @@
-"""``IsolatedBackend``: a backend behind a thread of its own, so that the run never waits
-for it; and ``BackendHealth``, what each backend of a run did with its records.
+"""``IsolatedBackend``: a backend behind a thread of its own, so that the run never waits.
 
 A third-party backend (a plugin's sink: a tracking server, a W&B service) may be slow,
 raise, or hang for ever on a dead server. The run's own files must not wait for it, nor
@@ -40,7 +39,7 @@ import msgspec
 from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError
 from twinkle.reporting._health import BackendHealth
-from twinkle.reporting._history import History
+from twinkle.reporting._history import History, say_unread
 from twinkle.reporting.backends import Backend
 from twinkle.reporting.record import MetricRecord
 from twinkle.reporting.writer import BatchWriter, WriterState
@@ -206,7 +205,7 @@ class IsolatedBackend:
         try:
             history = History(path, size, lines)
         except OSError as exc:
-            self._failed("write", lines, exc)
+            say_unread(self.name, lines, exc)
             return
         with self._lock:
             self._history_left += lines
@@ -429,7 +428,7 @@ class IsolatedBackend:
         except (OSError, RecordError) as exc:
             with self._lock:
                 left, self._history_left = self._history_left, 0
-            self._failed("write", left, exc)
+            say_unread(self.name, left, exc)
         finally:
             history.close()
             with self._lock:
