@@ -359,7 +359,10 @@ def twinkle_checkpoint_state() -> object:
     end of a long run on many GPUs). Called on the thread that takes the checkpoint,
     while no event is dispatched; the value must be plain data (None, bool, int, float,
     str, bytes, and lists, tuples, dicts and sets of them), and what it holds must not
-    be changed by the plugin afterwards.
+    be changed by the plugin afterwards. A value that is not (a class of the plugin's
+    own: a checkpoint makes no class but twinkle's), or one returned by a plugin
+    without :func:`twinkle_restore_state`, is named in a warning when the checkpoint is
+    taken, and none is: the next resume feeds the whole log.
     """
 
 

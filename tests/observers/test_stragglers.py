@@ -17,6 +17,7 @@ is one worker (the run's own process): its side is not compared.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +38,30 @@ CONFIG: dict[str, Any] = {
     "streaming": {"generation": "rollout", "training": "train"},
 }
 TIMES = {1: (10, 10, 30), 2: (10, 40, 30), 3: (10, 10, 30), 4: (10, 10, 30)}
+#: (iteration, engine) that generates 300 tokens (the others 100)
+LONG = (4, 2)
 
 
-def _spans(it: int, times: dict[int, tuple[int, ...]]) -> list[Span]:
+def _spans(it: int, times: Mapping[int, tuple[int, ...]], long: tuple[int, int]) -> list[Span]:
     at = it * 100
     ms_by_engine = times.get(it, (10,) * len(times[1]))
     out = [Span("train.step", at * MS, (at + 50) * MS, 1, 1, {"iteration": it}, None)]
     for e, ms in enumerate(ms_by_engine):
-        tokens = 300 if (times is TIMES and (it, e) == (4, 2)) else 100
+        tokens = 300 if (it, e) == long else 100
         attrs = {"iteration": it, "engine": f"e{e}", "tokens": tokens}
         out.append(Span("generate", at * MS, (at + ms) * MS, 10 + e, 1, attrs, None))
     return out
 
 
-def _stragglers(out: Path, times: dict[int, tuple[int, ...]]) -> dict[str, Any]:
+def _stragglers(
+    out: Path, times: Mapping[int, tuple[int, ...]], long: tuple[int, int] = (-1, -1)
+) -> dict[str, Any]:
     run, clock = manual_session(out, "s", CONFIG)
     for it in range(6):
         clock.set(it * 100 * MS)
         run.bus.iteration_started(it)
         clock.set((it * 100 + 99) * MS)
-        run.bus.publish_spans("main", run.bus.anchor, _spans(it, times))
+        run.bus.publish_spans("main", run.bus.anchor, _spans(it, times, long))
     clock.set(600 * MS)
     run.finish()
     assert run.out_dir is not None
@@ -66,7 +71,7 @@ def _stragglers(out: Path, times: dict[int, tuple[int, ...]]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stragglers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _stragglers(tmp_path_factory.mktemp("stragglers"), TIMES)
+    return _stragglers(tmp_path_factory.mktemp("stragglers"), TIMES, LONG)
 
 
 def test_a_chronic_straggler_and_a_one_off_are_told_apart(stragglers: dict[str, Any]) -> None:

@@ -196,3 +196,48 @@ def test_a_plugin_without_the_hook_is_named_when_the_whole_log_is_fed(
         a = segment(with_, iterations=1, wall_offset_ns=HOUR, plugins=(("plain", Plain()),))
     assert a.resumed is not None and a.resumed.restored_events == 0
     assert "plugin(s) ['plain'] keep no checkpoint state" in caplog.text
+
+
+class Mine:
+    """A value of the plugin's own class: a checkpoint does not make it (no code runs
+    when a checkpoint is read)."""
+
+    def __init__(self, seen: int) -> None:
+        self.seen = seen
+
+
+class OwnClass(Keeper):
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return Mine(self.seen)
+
+
+class NoRestore:
+    """Keeps a state and has no hook to take it back."""
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return {"seen": 1}
+
+
+@pytest.mark.parametrize(
+    ("plugin", "why"),
+    [
+        (OwnClass(), "a checkpoint cannot hold it (UnpicklingError: a checkpoint holds only"),
+        (NoRestore(), "it implements no twinkle_restore_state to take it back: add one"),
+    ],
+)
+def test_a_plugin_state_no_resume_could_take_back_is_named_when_the_checkpoint_is_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, plugin: object, why: str
+) -> None:
+    """Found when the checkpoint is taken, not at the resume: no checkpoint is written
+    and the warning names the plugin and the fix; the resume feeds it the whole log."""
+    with caplog.at_level(logging.WARNING, logger="twinkle.run"):
+        segment(tmp_path, iterations=3, plugins=(("mine", plugin),))
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    said = "plugin 'mine' returned a state from twinkle_checkpoint_state, and " + why
+    assert said in caplog.text
+    again = OwnClass()
+    a = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("mine", again),))
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert again.seen > a.resumed.events  # every event again: the log's and the segment's

@@ -36,6 +36,7 @@ from typing import Any, Final
 import orjson
 
 import twinkle
+from twinkle.errors import PluginError
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     TIMELINE,
@@ -214,17 +215,41 @@ def snapshot_observers(pm: Any) -> dict[str, Any]:
     and :func:`observers_of` says the checkpoint does not fit such a run)."""
     states: dict[str, Any] = {}
     keeping = _state_hooks(pm, "twinkle_checkpoint_state")
+    restoring = _state_hooks(pm, "twinkle_restore_state")
     for name, plugin in pm.list_name_plugin():
         if plugin is None:  # blocked
             continue
         if not pm.is_builtin(name):
             if name in keeping:
-                states[name] = {_PLUGIN_STATE: keeping[name]()}
+                states[name] = {_PLUGIN_STATE: _kept(name, keeping[name](), name in restoring)}
         elif isinstance(plugin, _SINKS):
             states[name] = plugin.checkpoint_state()
         elif not isinstance(plugin, EventLogSink):
             states[name] = dict(vars(plugin))
     return states
+
+
+def _kept(name: str, state: object, restorable: bool) -> object:
+    """The state plugin ``name``'s ``twinkle_checkpoint_state`` returned, when a
+    checkpoint can give it back (read back as a resume reads it: plain Python values and
+    twinkle's only), else a :class:`~twinkle.errors.PluginError` naming the plugin and
+    the fix (no checkpoint is taken: a resume feeds the plugin the whole log)."""
+    if state is None:
+        return None
+    why = None
+    if not restorable:
+        why = "it implements no twinkle_restore_state to take it back: add one"
+    else:
+        try:
+            _Unpickler(io.BytesIO(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))).load()
+        except Exception as exc:  # (whatever pickling raises)
+            why = (
+                f"a checkpoint cannot hold it ({type(exc).__name__}: {exc}): return plain "
+                "Python values (dict, list, str, int, float...), e.g. dataclasses.asdict()"
+            )
+    if why is None:
+        return state
+    raise PluginError(f"plugin {name!r} returned a state from twinkle_checkpoint_state, and {why}")
 
 
 def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> dict[str, Exception]:
