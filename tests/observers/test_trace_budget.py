@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from _recompute import span_list
 from observers.test_scripted_run import manual_session
@@ -233,3 +235,44 @@ def test_a_budgeted_trace_replays_to_the_same_bytes(long_run: Path, tmp_path: Pa
     assert (tmp_path / "again" / "trace.json").read_bytes() == (
         long_run / "trace.json"
     ).read_bytes()
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("open"), st.integers(0, 50), st.booleans()),
+            st.tuples(st.just("line"), st.integers(-10, 60), st.integers(1, 90)),
+            st.tuples(
+                st.just("spans"), st.lists(st.tuples(st.integers(-10, 60), st.integers(1, 90)))
+            ),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([None, 120, 400, 2_000]),
+)
+def test_spans_added_as_a_batch_are_decided_as_one_by_one(ops: list[Any], budget: Any) -> None:
+    """``add_spans`` hands out the same lines in the same order, and counts the same,
+    as ``add(..., span=True)`` line by line: windows opening, lines of older windows,
+    and windows decided in the middle of a batch included."""
+    one, batch = TraceBudget(budget), TraceBudget(budget)
+    out_one: list[bytes] = []
+    out_batch: list[bytes] = []
+    made = 0
+    for op in ops:
+        if op[0] == "open":
+            for b in (one, batch):
+                b.open(op[1], iteration=op[2])
+            continue
+        items = [(op[1], op[2])] if op[0] == "line" else op[1]
+        lines = []
+        for at, size in items:
+            made += 1
+            lines.append((at, b"x" * size + str(made).encode()))
+        for at, line in lines:
+            one.add(at, line, span=True)
+        batch.add_spans(lines)
+        out_one += one.ready()
+        out_batch += batch.ready()
+    assert out_batch == out_one
+    assert (out_batch + batch.finish()) == (out_one + one.finish())
+    assert batch.note() == one.note()

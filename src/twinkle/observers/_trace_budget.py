@@ -188,6 +188,31 @@ class TraceBudget:
             self.lines_left_out += 1
             self.spans_left_out += span
 
+    def add_spans(self, lines: list[tuple[int, bytes]]) -> None:
+        """Spans' lines, each ``(at_ns, line)``, as :meth:`add` takes them one by one
+        (the same decisions, in order): those of the newest window, still held, without
+        a call each (a worker's batch of spans is mostly that)."""
+        starts = self._starts
+        if self.budget is None or not starts or not self._held or self._newest is None:
+            for at_ns, line in lines:
+                self.add(at_ns, line, span=True)
+            return
+        newest_at, tail = starts[-1], self.budget // 4
+        newest, held = self._newest, self._held
+        newest_held = held[-1][1] is newest
+        for at_ns, line in lines:
+            if newest_held and at_ns >= newest_at:
+                newest.detail.append(line)
+                newest.detail_bytes += len(line) + 2
+                newest.spans += 1
+                self._held_bytes += len(line) + 2
+                if self._held_bytes > tail:
+                    self._decide_over_budget()
+                    newest_held = bool(held)  # (decided oldest first: the newest is last)
+            else:
+                self.add(at_ns, line, span=True)
+                newest_held = bool(held) and held[-1][1] is newest
+
     def ready(self) -> list[bytes]:
         """The lines decided since the last call, to write now."""
         out, self._ready = self._ready, []

@@ -28,6 +28,7 @@ from twinkle.observers._trace_budget import TraceBudget
 from twinkle.observers._trace_tracks import (
     ARROW_MEMORY,
     ITERATIONS_TRACK,
+    LANE_MEMORY,
     PATH_TRACK,
     WEIGHTS_TRACK,
     PathSlices,
@@ -200,32 +201,51 @@ class TraceLines:
         # Onto the run, from its start: where the timeline puts them (a skewed worker's
         # by their arrival).
         offset = place_batch(event, self._origin, self._skew).shift_ns - origin
+        spans: list[tuple[int, bytes]] = []  # (at, line) for the budget, a batch at a time
+        try:
+            self._each_span(event, offset, origin, lines, spans)
+        finally:  # (a span that is not JSON raises: the lines made before it go out still)
+            self._budget.add_spans(spans)
+
+    def _each_span(
+        self,
+        event: SpanBatch,
+        offset: int,
+        origin: int,
+        lines: list[bytes],
+        spans: list[tuple[int, bytes]],
+    ) -> None:
+        """Each span's line into ``spans`` (a process's name into ``lines``)."""
         source = event.source
-        own = source.startswith(OWN_SOURCE_PREFIX)
-        config, training = self._config, self._training
+        roles = self._roles_of(source)
+        # the last span's thread, its first lane and that lane's track
+        thread: tuple[int, int] | None = None
+        first_lane: list[tuple[int, int]] = []
+        first_track: Track | None = None
         for span in event.spans:
-            pid = span.pid
-            if pid not in self._processes and (self._origin is None or pid != self._origin.pid):
-                self._processes.add(pid)
-                name = f"{source} ({event.anchor.hostname}, pid {pid})"
-                lines.append(
-                    orjson.dumps(
-                        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
-                    )
-                )
-            track = self._track(pid, span.thread_id, span.start_ns, span.end_ns)
-            engine = span.attrs.get("engine")
-            if own:
-                track.own = track.own or source
+            pid, start, end = span.pid, span.start_ns, span.end_ns
+            if pid not in self._processes:
+                self._name_process(pid, source, event, lines)
+            # (the common case inline: after the spans on the thread's first lane)
+            if (
+                first_track is not None
+                and thread == (pid, span.thread_id)
+                and first_lane
+                and start >= first_lane[-1][1]
+            ):
+                first_lane.append((start, end))
+                if len(first_lane) > LANE_MEMORY:
+                    del first_lane[0]
+                track = first_track
             else:
-                phase = config.phase_of(span.name) if config is not None else None
-                if phase is not None and phase == training:
-                    track.trainer = True
-                else:
-                    role = str(engine) if engine else phase or source
-                    track.roles[role] = track.roles.get(role, 0) + 1
-            args = span.attrs if span.error is None else {**span.attrs, "error": span.error}
-            ts = (span.start_ns + offset) / 1000.0
+                track = self._track(pid, span.thread_id, start, end)
+                thread = (pid, span.thread_id)
+                first_lane = self._lanes[thread][0]
+                first_track = self._tracks[(pid, span.thread_id, 0)]
+            attrs = span.attrs
+            engine = attrs.get("engine")
+            roles(track, span.name, engine)
+            ts = (start + offset) / 1000.0
             line = orjson.dumps(
                 {
                     "name": span.name,
@@ -234,19 +254,51 @@ class TraceLines:
                     "pid": pid,
                     "tid": track.tid,
                     "ts": ts,
-                    "dur": (span.end_ns - span.start_ns) / 1000.0,
-                    "args": args,
+                    "dur": (end - start) / 1000.0,
+                    "args": attrs if span.error is None else {**attrs, "error": span.error},
                 }
             )
-            self._budget.add(span.start_ns + offset + origin, line, span=True)
-            version = span.attrs.get("version")
-            if (
-                span.name == "weights.load"
-                and isinstance(engine, str)
-                and type(version) is int
-                and version >= 0
-            ):  # the end of the publish's arrow to this engine
-                self._arrow_end((version, engine), (pid, track.tid, ts), False)
+            spans.append((start + offset + origin, line))
+            if span.name == "weights.load":
+                self._load_end(engine, attrs.get("version"), (pid, track.tid, ts), spans)
+
+    def _load_end(
+        self, engine: object, version: object, end: tuple[int, int, float], spans: list[Any]
+    ) -> None:
+        """An engine's ``weights.load`` of a version: the end of the publish's arrow to
+        it (its lines after the batch's spans so far)."""
+        if isinstance(engine, str) and type(version) is int and version >= 0:
+            self._budget.add_spans(spans)
+            spans.clear()
+            self._arrow_end((version, engine), end, False)
+
+    def _name_process(self, pid: int, source: str, event: SpanBatch, lines: list[bytes]) -> None:
+        """A ``process_name`` line for a worker's process, the first time it is seen."""
+        self._processes.add(pid)
+        if self._origin is None or pid != self._origin.pid:
+            name = f"{source} ({event.anchor.hostname}, pid {pid})"
+            process = {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+            lines.append(orjson.dumps(process))
+
+    def _roles_of(self, source: str) -> Callable[[Track, str, object], None]:
+        """What a span of ``source`` tells of its track's role (see the class doc)."""
+        if source.startswith(OWN_SOURCE_PREFIX):
+
+            def own(track: Track, name: str, engine: object) -> None:
+                track.own = track.own or source
+
+            return own
+        config, training = self._config, self._training
+
+        def role(track: Track, name: str, engine: object) -> None:
+            phase = config.phase_of(name) if config is not None else None
+            if phase is not None and phase == training:
+                track.trainer = True
+            else:
+                role = str(engine) if engine else phase or source
+                track.roles[role] = track.roles.get(role, 0) + 1
+
+        return role
 
     def _arrow_end(
         self,
