@@ -361,8 +361,10 @@ def twinkle_checkpoint_state() -> object:
     str, bytes, and lists, tuples, dicts and sets of them), and what it holds must not
     be changed by the plugin afterwards. A value that is not (a class of the plugin's
     own: a checkpoint makes no class but twinkle's), or one returned by a plugin
-    without :func:`twinkle_restore_state`, is named in a warning when the checkpoint is
-    taken, and none is: the next resume feeds the whole log.
+    without :func:`twinkle_restore_state`, or one this hook raises, is named in a
+    warning when the checkpoint is taken, and that checkpoint is not: the next resume
+    starts from an earlier one, or from the whole log. A plugin the run left out is
+    not asked.
     """
 
 

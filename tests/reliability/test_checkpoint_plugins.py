@@ -19,6 +19,7 @@ import pytest
 from reliability._scripted import segment
 from reliability.test_checkpoint import HOUR, _killed_segment, _outputs
 from reliability.test_reliability_resume import assert_replay_identical
+from twinkle.errors import PluginError
 from twinkle.events import Event
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.reporting import MetricRecord, record_to_dict
@@ -241,3 +242,70 @@ def test_a_plugin_state_no_resume_could_take_back_is_named_when_the_checkpoint_i
     a = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("mine", again),))
     assert a.resumed is not None and a.resumed.restored_events == 0
     assert again.seen > a.resumed.events  # every event again: the log's and the segment's
+
+
+class NotSetUp(Keeper):
+    """Cannot set up (the run leaves it out); its state was never made."""
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        raise PluginError("no server to report to")
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        raise AssertionError("a hook of a plugin the run left out was called")
+
+
+class Raising(Keeper):
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        raise KeyError("counts")
+
+
+def test_a_plugin_left_out_at_its_set_up_keeps_no_checkpoint_from_being_taken(
+    tmp_path: Path,
+) -> None:
+    segment(tmp_path, iterations=3, plugins=(("broken", NotSetUp()),))
+    summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    assert "no server to report to" in summary["plugins_left_out"]["broken"]
+    assert (tmp_path / "r" / CHECKPOINT_FILE).exists()  # (its hook not called)
+
+
+def test_a_state_hook_that_raises_is_named_and_no_checkpoint_is_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="twinkle.run"):
+        segment(tmp_path, iterations=3, plugins=(("raising", Raising()),))
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    assert "plugin 'raising': its twinkle_checkpoint_state raised KeyError: 'counts'" in (
+        caplog.text
+    )
+
+
+class SetUpOnce(Keeper):
+    """Sets up in the first segment, not in the resumed one."""
+
+    def __init__(self, *, fails: bool) -> None:
+        super().__init__()
+        self.fails = fails
+        self.asked = False  # (twinkle_restore_state called)
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        if self.fails:
+            raise PluginError("no server to report to")
+
+    @hookimpl
+    def twinkle_restore_state(self, state: Any) -> None:
+        self.asked = True
+        super().twinkle_restore_state(state)
+
+
+def test_a_plugin_left_out_at_the_resumes_set_up_is_not_given_its_state(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=3, plugins=(("flaky", SetUpOnce(fails=False)),))
+    left_out = SetUpOnce(fails=True)
+    a = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("flaky", left_out),))
+    assert a.resumed is not None and a.resumed.restored_events == a.resumed.events
+    summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
+    assert summary["status"] == "ok" and "flaky" in summary["plugins_left_out"]
+    assert not left_out.asked and left_out.seen == 0

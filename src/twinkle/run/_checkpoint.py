@@ -208,25 +208,40 @@ _SINKS = (RawRecordsSink, WebUISink, TraceSink)
 _PLUGIN_STATE: Final = "twinkle_checkpoint_state"
 
 
-def snapshot_observers(pm: Any) -> dict[str, Any]:
+def snapshot_observers(pm: Any, *, leaving: Collection[str] = ()) -> dict[str, Any]:
     """Each observer's state (the sinks': what they hold back from their files; the
     event log's none: its file is all of it; a plugin's: what its
     ``twinkle_checkpoint_state`` returns; a plugin without that hook has none here,
-    and :func:`observers_of` says the checkpoint does not fit such a run)."""
+    and :func:`observers_of` says the checkpoint does not fit such a run). The plugins
+    in ``leaving`` (left out of the run: none of their hooks is called again) have none
+    either: the checkpoint does not list them."""
     states: dict[str, Any] = {}
     keeping = _state_hooks(pm, "twinkle_checkpoint_state")
     restoring = _state_hooks(pm, "twinkle_restore_state")
     for name, plugin in pm.list_name_plugin():
-        if plugin is None:  # blocked
+        if plugin is None or name in leaving:  # blocked, or left out
             continue
         if not pm.is_builtin(name):
             if name in keeping:
-                states[name] = {_PLUGIN_STATE: _kept(name, keeping[name](), name in restoring)}
+                states[name] = {
+                    _PLUGIN_STATE: _kept(name, _call_kept(name, keeping[name]), name in restoring)
+                }
         elif isinstance(plugin, _SINKS):
             states[name] = plugin.checkpoint_state()
         elif not isinstance(plugin, EventLogSink):
             states[name] = dict(vars(plugin))
     return states
+
+
+def _call_kept(name: str, hook: Callable[[], object]) -> object:
+    """What plugin ``name``'s ``twinkle_checkpoint_state`` returns; what it raises, as
+    a :class:`~twinkle.errors.PluginError` naming it (no checkpoint is taken)."""
+    try:
+        return hook()
+    except Exception as exc:  # (a plugin's fault is the plugin's)
+        raise PluginError(
+            f"plugin {name!r}: its twinkle_checkpoint_state raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _kept(name: str, state: object, restorable: bool) -> object:
@@ -252,11 +267,14 @@ def _kept(name: str, state: object, restorable: bool) -> object:
     raise PluginError(f"plugin {name!r} returned a state from twinkle_checkpoint_state, and {why}")
 
 
-def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> dict[str, Exception]:
+def restore_observers(
+    pm: Any, states: dict[str, Any], context: RunContext, *, leaving: Collection[str] = ()
+) -> dict[str, Exception]:
     """Give each configured observer its state back (the trace its file's first part,
-    a plugin what it kept). The run's timeline (in its stash, shared by the observers)
-    is the one configure made, given the checkpoint's state: every observer's reference
-    to the checkpoint's is turned into one to it. Returns the plugins whose
+    a plugin what it kept; not one in ``leaving``, left out of the run at its
+    configure). The run's timeline (in its stash, shared by the observers) is the one
+    configure made, given the checkpoint's state: every observer's reference to the
+    checkpoint's is turned into one to it. Returns the plugins whose
     ``twinkle_restore_state`` raised, with what it raised (the run leaves them out)."""
     live = context.stash[TIMELINE]
     saved = next(
@@ -272,7 +290,7 @@ def restore_observers(pm: Any, states: dict[str, Any], context: RunContext) -> d
         plugin = pm.get_plugin(name)
         if _PLUGIN_STATE in saved_state:
             kept = saved_state[_PLUGIN_STATE]
-            if kept is not None and name in restoring:
+            if kept is not None and name in restoring and name not in leaving:
                 try:
                     restoring[name](kept)
                 except Exception as exc:  # (a plugin's fault is the plugin's)

@@ -86,7 +86,9 @@ class RunCheckpoints:
         self.latest = latest
         assert run.calls is not None
         run.calls.failures.update(state["failures"])
-        failed = restore_observers(run.pm, state["observers"], run.context)
+        failed = restore_observers(
+            run.pm, state["observers"], run.context, leaving=run.calls.left_out
+        )
         for name, exc in failed.items():
             why = (
                 f"its twinkle_restore_state raised {type(exc).__name__}: {exc} (it cannot "
@@ -241,7 +243,7 @@ class RunCheckpoints:
         WebUI file's open lines go into the file, not into the state)."""
         run = self.run
         assert run.calls is not None
-        observers = snapshot_observers(run.pm)
+        observers = snapshot_observers(run.pm, leaving=run.calls.left_out)
         if closing:
             for name, plugin in run.pm.list_name_plugin():
                 if isinstance(plugin, WebUISink):
