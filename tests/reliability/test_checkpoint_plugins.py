@@ -16,13 +16,14 @@ from typing import Any
 import orjson
 import pytest
 
-from reliability._scripted import segment
+from reliability._scripted import CONFIG, segment
 from reliability.test_checkpoint import HOUR, _killed_segment, _outputs
 from reliability.test_reliability_resume import assert_replay_identical
 from twinkle.errors import PluginError
 from twinkle.events import Event
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.reporting import MetricRecord, record_to_dict
+from twinkle.run import RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE
 
 
@@ -309,3 +310,43 @@ def test_a_plugin_left_out_at_the_resumes_set_up_is_not_given_its_state(tmp_path
     summary = orjson.loads((tmp_path / "r" / "summary.json").read_bytes())
     assert summary["status"] == "ok" and "flaky" in summary["plugins_left_out"]
     assert not left_out.asked and left_out.seen == 0
+
+
+class OpensOnce:
+    """A plugin whose backend opens in the first segment, not in the resumed one."""
+
+    def __init__(self, *, opens: bool) -> None:
+        self.opens = opens
+
+    @hookimpl
+    def twinkle_make_backends(self, context: RunContext) -> list[Collected]:
+        backend = Collected()
+        if not self.opens:
+            backend.open = self._gone  # type: ignore[attr-defined]
+        return [backend]
+
+    @staticmethod
+    def _gone() -> None:
+        raise ConnectionError("tracking server gone")
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return None
+
+
+def test_a_resume_whose_start_fails_hands_no_backend_the_history(tmp_path: Path) -> None:
+    segment(tmp_path, iterations=3, plugins=(("keeper", Keeper()), ("gone", OpensOnce(opens=True))))
+    kept = Keeper()
+    session = RunSession(
+        out_dir=tmp_path,
+        run_id="r",
+        config=CONFIG,
+        autoload=False,
+        plugins=[("keeper", kept), ("gone", OpensOnce(opens=False))],
+        required_plugins=["gone"],
+        resume=True,
+    )
+    with pytest.raises(PluginError, match="tracking server gone"):
+        session.start()
+    assert kept.restored is not None  # (from the checkpoint)
+    assert kept.backend.records == []  # (the start failed before the history went out)

@@ -296,8 +296,9 @@ def test_a_resumed_runs_history_goes_first_in_batches_then_what_was_queued(
 
 @pytest.mark.parametrize("lines", [3, 5])
 def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_lost(
-    tmp_path: Path, lines: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, lines: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(history_module, "BATCH", 2)  # (batches that could go out first)
     path = _record_file(tmp_path, 4)
     inner = Recording()
     backend = IsolatedBackend(inner, name="rec")
@@ -308,8 +309,7 @@ def test_a_history_that_is_not_what_the_checkpoint_counted_is_counted_lost(
     assert (health.records_failed, health.calls_failed) == (0, 0)  # (no call of its failed)
     assert inner.calls == ["close"]  # (nothing of it written: the count is checked first)
     assert f"backend 'rec' lacks {lines} record(s) of the resumed run's history" in caplog.text
-    read = "4 read" if lines == 5 else "more read"
-    assert f"{lines} record(s) the checkpoint counted ({read})" in caplog.text
+    assert f"hold 4 record(s), not the {lines} the checkpoint counted" in caplog.text
 
 
 def test_a_history_that_cannot_be_opened_is_counted_lost(
@@ -333,10 +333,78 @@ def test_a_history_still_queued_when_its_backend_is_cut_off_is_closed(
     assert inner.entered.wait(5)  # (open() is the backend's first call)
     path = _record_file(tmp_path, 3)
     backend.write_history(path, path.stat().st_size, 3)  # queued behind the hung open()
+    (history,) = backend._histories
     now[0] = 5.5
     backend.write(_records(1, start=3))  # past the bound: cut off
     assert backend.health().cut_off is not None
-    assert backend._histories == []  # (closed: no file left open for the collector)
+    assert backend._histories == [] and history._file.closed  # (no file left open)
     backend.close()
     health = backend.health()
     assert (health.records, health.records_written, health.records_lost) == (4, 0, 4)
+
+
+class Gated(Recording):
+    """Each write() waits for its turn: ``turns`` is released once per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns = threading.Semaphore(0)
+        self.writing = threading.Event()
+
+    def write(self, records: Sequence[MetricRecord]) -> None:
+        self.writing.set()
+        assert self.turns.acquire(timeout=10)
+        super().write(records)
+
+
+def test_two_histories_count_in_flight_until_each_batch_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is in flight while its write() runs; one history's end does not take
+    the other's records out of flight."""
+    monkeypatch.setattr(history_module, "BATCH", 2)
+    path = _record_file(tmp_path, 4)
+    inner = Gated()
+    backend = IsolatedBackend(inner, name="gated")
+    backend.write_history(path, path.stat().st_size, 4)
+    backend.write_history(path, path.stat().st_size, 4)
+    seen = []
+    for _ in range(4):  # each batch: in flight while written, then written
+        assert inner.writing.wait(10)
+        inner.writing.clear()
+        health = backend.health()
+        seen.append((health.records_written, health.records_lost))
+        inner.turns.release()
+    backend.close()
+    assert seen == [(0, 0), (2, 0), (4, 0), (6, 0)]
+    health = backend.health()
+    assert (health.records, health.records_written, health.records_lost) == (8, 8, 0)
+    assert inner.got == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_a_history_too_long_for_the_closing_bound_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write() returns in time; the records left when the bound ran out are named,
+    not a call that hung."""
+    monkeypatch.setattr(history_module, "BATCH", 1)
+    now = [0.0]
+    gate = threading.Event()
+
+    class Slow(Recording):
+        def write(self, records: Sequence[MetricRecord]) -> None:
+            assert gate.wait(10)  # (the first waits for the closing to begin)
+            time.sleep(0.01)
+            now[0] += 0.2  # (each call well within the 1 s bound)
+            super().write(records)
+
+    path = _record_file(tmp_path, 50)
+    backend = IsolatedBackend(Slow(), name="slow", timeout_s=1.0, clock=lambda: now[0])
+    backend.write_history(path, path.stat().st_size, 50)
+    backend.begin_close()
+    gate.set()
+    backend.close()
+    health = backend.health()
+    assert health.cut_off is not None and "writing what was queued (" in health.cut_off
+    assert "record(s) left) did not finish within 1 s of closing" in health.cut_off
+    assert health.records_written + health.records_lost == 50 and health.records_lost > 0

@@ -40,47 +40,49 @@ class History:
 
     def batches(self) -> Iterator[tuple[MetricRecord, ...]]:
         """The records, in file order, :data:`BATCH` at a time; raises
-        :class:`~twinkle.errors.RecordError` for a line that is not a record or a count
-        that differs from :attr:`lines` (the file changed since the checkpoint)."""
+        :class:`~twinkle.errors.RecordError` before the first when the lines differ from
+        :attr:`lines` (the file changed since the checkpoint: nothing of it is handed
+        out), and at a line that is not a record (the ones before it were)."""
+        counted, last = 0, b"\n"
+        for block in self._blocks():
+            counted += block.count(b"\n")
+            last = block[-1:]
+        if last != b"\n":
+            raise RecordError(f"{self.path}: its first {self.size} bytes end inside a line")
+        if counted != self.lines:
+            raise RecordError(
+                f"{self.path}: its first {self.size} bytes hold {counted} record(s), not the "
+                f"{self.lines} the checkpoint counted: the file changed since"
+            )
+        self._file.seek(0)
         batch: list[MetricRecord] = []
-        count, more = 0, False
-        for line in self._lines():
-            if count == self.lines:
-                more = True  # (a line more than counted)
-                break
+        for count, line in enumerate(self._lines(), 1):
             try:
                 batch.append(record_from_dict(orjson.loads(line)))
             except (orjson.JSONDecodeError, RecordError) as exc:
                 raise RecordError(
-                    f"{self.path}: record {count + 1} cannot be read back: {exc}"
+                    f"{self.path}: record {count} cannot be read back: {exc}"
                 ) from exc
-            count += 1
             if len(batch) == BATCH:
                 yield tuple(batch)
                 batch = []
-        if count < self.lines or more:
-            raise self._miscounted(count)
         if batch:
             yield tuple(batch)
 
-    def _miscounted(self, count: int) -> RecordError:
-        read = f"{count} read" if count < self.lines else "more read"
-        return RecordError(
-            f"{self.path}: its first {self.size} bytes do not hold the {self.lines} "
-            f"record(s) the checkpoint counted ({read}): the file changed since"
-        )
-
-    def _lines(self) -> Iterator[bytes]:
-        left, rest = self.size, b""
+    def _blocks(self) -> Iterator[bytes]:
+        left = self.size
         while left > 0:
             block = self._file.read(min(_BLOCK, left))
             if not block:
                 raise RecordError(f"{self.path} holds fewer than {self.size} bytes")
             left -= len(block)
+            yield block
+
+    def _lines(self) -> Iterator[bytes]:
+        rest = b""
+        for block in self._blocks():
             *whole, rest = (rest + block).split(b"\n")
             yield from whole
-        if rest:
-            raise RecordError(f"{self.path}: its first {self.size} bytes end inside a line")
 
     def close(self) -> None:
         self._file.close()

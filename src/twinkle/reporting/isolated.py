@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, final
+from typing import Final, NamedTuple, final
 
 import msgspec
 
@@ -59,14 +59,11 @@ DEFAULT_BACKEND_TIMEOUT_S: Final = 30.0
 DEFAULT_MAX_RECORDS: Final = 65_536
 
 
-class _Call:
+class _Call(NamedTuple):
     """What the backend's thread is doing now: which call, since when (for the bound)."""
 
-    __slots__ = ("name", "started")
-
-    def __init__(self, name: str, started: float) -> None:
-        self.name = name
-        self.started = started
+    name: str
+    started: float
 
 
 _OPEN: Final = "open"
@@ -216,7 +213,7 @@ class IsolatedBackend:
                 taken = self._writer.put(history)
         if not taken:
             history.close()
-            with self._lock:
+            with self._lock, contextlib.suppress(ValueError):  # (cut off: dropped already)
                 self._history_left -= lines
                 self._histories.remove(history)
 
@@ -259,8 +256,11 @@ class IsolatedBackend:
             raise
         self._check_stall()  # a call past its bound, or a thread that died, is named
         if self._cut is None and self._writer.state is WriterState.CLOSED and self._writer_cut():
-            call = self._call
-            doing = f"{call.name}()" if call is not None else "writing what was queued"
+            call, left = self._call, self._queued + self._history_left
+            if call is not None and (call.name != "write" or not left):
+                doing = f"{call.name}()"
+            else:  # (calls that each returned in time: too many records for the bound)
+                doing = f"writing what was queued ({left} record(s) left)"
             self._cut_off(f"{doing} did not finish within {self.timeout_s:g} s of closing")
 
     def _say_waiting(self, deadline: float) -> bool:
@@ -415,24 +415,25 @@ class IsolatedBackend:
 
     def _deliver_history(self, history: History) -> None:
         """Write a resumed run's history, a batch per call; what is not written when
-        the backend is left out or cut off is lost to it (its health says)."""
-        with self._lock:
+        the backend is left out or cut off, or cannot be read back, is lost to it (its
+        health says). A batch is in flight until its call returned."""
+        with self._lock, contextlib.suppress(ValueError):  # (cut off: dropped already)
             self._histories.remove(history)
+        left = history.lines  # (this history's, not yet written)
         try:
             for batch in history.batches():
                 if self._setup_error is not None or self._cut is not None:
                     break
+                self._timed("write", functools.partial(self._backend.write, batch), len(batch))
+                left -= len(batch)
                 with self._lock:
                     self._history_left -= len(batch)
-                self._timed("write", functools.partial(self._backend.write, batch), len(batch))
         except (OSError, RecordError) as exc:
-            with self._lock:
-                left, self._history_left = self._history_left, 0
             say_unread(self.name, left, exc)
         finally:
             history.close()
             with self._lock:
-                self._history_left = 0
+                self._history_left -= left
 
     def _close_abandoned(self) -> None:
         """The call that ran past its bound returned after all (on this thread, which the

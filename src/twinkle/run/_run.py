@@ -179,12 +179,10 @@ class Run:
             if self.context.checkpoint is not None:
                 self._restore(self.context.checkpoint)
             names, backends = self._backends(calls.make_backends(self.context))
-            if self.context.checkpoint is not None:
-                self.checkpoints.hand_history(backends)
-            self.reporter = MetricsReporter(
-                backends, run_id=self.run_id, background=self._background, names=names
-            )
+            self.reporter = self._reporter(names, backends)
             self._wait_required(backends)
+            if self.context.checkpoint is not None:  # (once the start cannot fail)
+                self.checkpoints.hand_history(backends)
             self.dispatcher = Dispatcher(
                 calls, self.reporter.report, background=self._background_dispatch
             )
@@ -235,6 +233,19 @@ class Run:
                     else IsolatedBackend(backend, name=name, timeout_s=self._backend_timeout_s)
                 )
         return names, backends
+
+    def _reporter(self, names: list[str], backends: list[Backend]) -> MetricsReporter:
+        """The run's reporter of ``backends``; when it cannot be made (its record file
+        unreadable), the plugins' backends, already started, are given up on."""
+        try:
+            return MetricsReporter(
+                backends, run_id=self.run_id, background=self._background, names=names
+            )
+        except BaseException as exc:
+            for backend in backends:
+                if isinstance(backend, IsolatedBackend):
+                    backend.cut_off(f"the run's start failed ({type(exc).__name__})")
+            raise
 
     def _wait_required(self, backends: list[Backend]) -> None:
         """A required plugin's backends are open before the run goes on (else the start
