@@ -350,3 +350,21 @@ def test_a_resume_whose_start_fails_hands_no_backend_the_history(tmp_path: Path)
         session.start()
     assert kept.restored is not None  # (from the checkpoint)
     assert kept.backend.records == []  # (the start failed before the history went out)
+
+
+def test_a_plugin_left_out_again_is_named_with_the_way_to_start_from_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    segment(tmp_path, iterations=3, plugins=(("broken", NotSetUp()),))
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        a = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("broken", NotSetUp()),))
+    assert a.resumed is not None and a.resumed.restored_events == 0
+    assert "a plugin its segment left out (one that could not set up) is not in" in caplog.text
+    b = segment(
+        tmp_path,
+        iterations=1,
+        wall_offset_ns=2 * HOUR,
+        plugins=(("broken", NotSetUp()),),
+        blocked=("broken",),
+    )
+    assert b.resumed is not None and b.resumed.restored_events == b.resumed.events

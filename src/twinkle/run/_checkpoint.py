@@ -389,8 +389,17 @@ def _disagreement(
     if checkpoint.run_id != run_id:
         return f"it is run {checkpoint.run_id!r}'s, not {run_id!r}'s"
     if checkpoint.observers != observers:
+        extra = sorted(set(observers) - set(checkpoint.observers))
+        hint = (
+            f"; {extra} not among them: a plugin its segment left out (one that could not "
+            "set up) is not in its checkpoint; block one that cannot set up here either "
+            "(blocked=[...], --block NAME) for a resume to start from the checkpoint"
+            if extra and set(checkpoint.observers) < set(observers)
+            else ""
+        )
         return (
-            f"it holds the state of observers {checkpoint.observers}, and this run has {observers}"
+            f"it holds the state of observers {checkpoint.observers}, and this run has "
+            f"{observers}{hint}"
         )
     payload = checkpoint.payload
     if len(payload) != header.get("payload_bytes") or hashlib.sha256(
