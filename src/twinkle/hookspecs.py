@@ -364,7 +364,9 @@ def twinkle_checkpoint_state() -> object:
     without :func:`twinkle_restore_state`, or one this hook raises, is named in a
     warning when the checkpoint is taken, and that checkpoint is not: the next resume
     starts from an earlier one, or from the whole log. A plugin the run left out is
-    not asked.
+    not asked. The checkpoint fits a later segment only with the plugin's class's
+    module unchanged (its source is digested, not the modules it imports): keep a
+    version number in a state whose meaning lives elsewhere.
     """
 
 
