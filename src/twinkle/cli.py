@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -130,13 +130,14 @@ def _check_plugin_options(args: argparse.Namespace) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from twinkle.run import replay
 
-    result = replay(
-        args.events,
-        args.out,
-        autoload=False if args.no_autoload else None,
-        blocked=args.block,
-        force=args.force,
-    )
+    with _progress_on_stderr():
+        result = replay(
+            args.events,
+            args.out,
+            autoload=False if args.no_autoload else None,
+            blocked=args.block,
+            force=args.force,
+        )
     summary = result.summary
     print(
         f"replayed {result.events} events of run {summary['run_id']!r} into {result.out_dir} "
@@ -152,6 +153,24 @@ def _replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+@contextlib.contextmanager
+def _progress_on_stderr() -> Iterator[None]:
+    """A long feed's progress (logger ``twinkle.progress``) printed on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("twinkle: %(message)s"))
+    progress = logging.getLogger("twinkle.progress")
+    level, propagate = progress.level, progress.propagate
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False  # (said once, whatever the application's logging)
+    try:
+        yield
+    finally:
+        progress.removeHandler(handler)
+        progress.setLevel(level)
+        progress.propagate = propagate
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -87,6 +87,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
         self.skipped = 0
         self.skipped_lines: list[int] = []
         self.lineno = 0
+        self.offset = start[0]  # bytes read up to the end of the line returned last
         self.torn_line: int | None = None
         self.torn_bytes = 0
         self.fragment_lines: list[int] = []
@@ -210,7 +211,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
                         lineno, start, line, f"expected a JSON object, got {type(obj).__name__}"
                     )
                     continue
-                self.lineno = lineno
+                self.lineno, self.offset = lineno, offset
                 yield obj
 
 

@@ -49,7 +49,7 @@ from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
-from twinkle.run._feed import LogFeeder
+from twinkle.run._feed import FeedProgress, LogFeeder
 from twinkle.run._run import Run
 
 __all__ = ["ReplayResult", "iter_events", "replay"]
@@ -126,6 +126,11 @@ class _EventLog(Iterator[Event]):
     def lineno(self) -> int:
         """Line number of the event returned last."""
         return self._reader.lineno
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the log read up to the end of the event returned last."""
+        return self._reader.offset
 
     def __iter__(self) -> _EventLog:
         return self
@@ -446,7 +451,15 @@ def _feed(
 
     try:
         try:
-            feeder.feed(events(), after_each=None if log is None else log.check_seq)
+            progress = None
+            if log is not None:
+                what = f"replay of run {first.run_id!r} ({log.path})"
+                progress = FeedProgress(what, log, log.path.stat().st_size)
+            feeder.feed(
+                events(),
+                after_each=None if log is None else log.check_seq,
+                progress=progress,
+            )
         except RecordError as exc:
             where = f"event {feeder.count + 1}" if log is None else f"{log.path}:{log.lineno}"
             raise ReplayError(f"{where}: {exc}") from exc

@@ -53,7 +53,7 @@ from twinkle.run._config import (
     describe_config_changes,
     refused_config_keys,
 )
-from twinkle.run._feed import LogFeeder
+from twinkle.run._feed import FeedProgress, LogFeeder
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run
 from twinkle.run._scan import Scan, fixed_config, logged_events, note, scan_of
@@ -304,7 +304,10 @@ class RunDirectory:
         # goes on, and the event log skips exactly the events fed again.
         bus.bind(_logged_already)
         try:
-            feeder.feed(logged_events(self.log, self.checkpoint), limit=scan.events)
+            events = logged_events(self.log, self.checkpoint)
+            what = f"run {self.run_id!r} resuming: its log fed again"
+            progress = FeedProgress(what, events, self.log.stat().st_size, fed_before=restored)
+            feeder.feed(events, limit=scan.events, progress=progress)
             if run.dispatcher is not None:
                 run.dispatcher.flush()  # (background dispatch: every one dispatched)
         finally:
