@@ -248,7 +248,8 @@ def _kept(name: str, state: object, restorable: bool) -> object:
     """The state plugin ``name``'s ``twinkle_checkpoint_state`` returned, when a
     checkpoint can give it back (read back as a resume reads it: plain Python values and
     twinkle's only), else a :class:`~twinkle.errors.PluginError` naming the plugin and
-    the fix (no checkpoint is taken: a resume feeds the plugin the whole log)."""
+    the fix (this checkpoint is not taken: a resume starts from an earlier one, or
+    feeds the whole log)."""
     if state is None:
         return None
     why = None
@@ -391,9 +392,9 @@ def _disagreement(
     if checkpoint.observers != observers:
         extra = sorted(set(observers) - set(checkpoint.observers))
         hint = (
-            f"; {extra} not among them: a plugin its segment left out (one that could not "
-            "set up) is not in its checkpoint; block one that cannot set up here either "
-            "(blocked=[...], --block NAME) for a resume to start from the checkpoint"
+            f"; {extra} not among them (new to the run, or left out of its segment: one "
+            "that could not set up; block one that cannot set up here either, "
+            "blocked=[...] or --block NAME, for a resume to start from the checkpoint)"
             if extra and set(checkpoint.observers) < set(observers)
             else ""
         )
