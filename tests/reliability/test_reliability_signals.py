@@ -209,7 +209,15 @@ def test_second_ctrl_c_while_the_demo_finishes_is_ignored_and_the_finish_complet
     assert ignored[0].startswith("twinkle: SIGINT again, ignored: the run is finishing"), err
     assert "twinkle: interrupted by SIGINT: the run finished as an error; its summary and " in err
     summary = check_finished_run(out / "r", "SIGINT")
-    assert summary["observer_failures"] == {}
+    # The first SIGINT may land inside an observer's hook on the main thread: that hook is
+    # counted (its state may be half made) and says so; no other failure is.
+    interrupted = {
+        name: 1
+        for name in summary["observer_failures"]
+        if f"observer {name!r} was interrupted" in err
+    }
+    assert summary["observer_failures"] == interrupted, err
+    assert len(interrupted) <= 1, err
 
 
 # -- a trainer of one's own ---------------------------------------------------------------
