@@ -65,13 +65,16 @@ def test_two_runs_in_progress_make_module_level_spans_an_error_that_says_what_to
     assert summary["spans"]["total"] == 1
 
 
-def test_every_publish_is_an_overhead_span_on_its_thread(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_every_publish_is_an_overhead_span_on_its_thread(tmp_path: Path, background: bool) -> None:
+    """Inline, the observers' work is inside the publish's span; with background
+    dispatch, inside the dispatch thread's span of the batch holding the event."""
     clock = ManualClock(0)
 
     class Slow:
         @hookimpl
         def twinkle_samples(self, event: object) -> None:
-            clock.advance(3_000_000)  # the observers' work, inside the publish
+            clock.advance(3_000_000)  # the observers' work
 
     with RunSession(
         out_dir=tmp_path,
@@ -80,15 +83,22 @@ def test_every_publish_is_an_overhead_span_on_its_thread(tmp_path: Path) -> None
         autoload=False,
         plugins=[("slow", Slow())],
         background_writer=False,
+        background_dispatch=background,
     ) as run:
         run.bus.iteration_started(0)
         clock.advance(10_000_000)
         run.bus.samples(iteration=0, phase="x", lengths=[1])
+        assert run.dispatcher is not None
+        run.dispatcher.flush()  # (the dispatch thread's clock reads before this one's)
         clock.advance(10_000_000)
     over = [s for s in _spans(tmp_path / "own") if s["name"] == "twinkle.observe"]
     events = {s["attrs"]["event"] for s in over}
     assert {"run_started", "iteration_started", "samples"} <= events
-    samples = [s for s in over if s["attrs"]["event"] == "samples"]
-    assert [(s["end_ns"] - s["start_ns"]) for s in samples] == [3_000_000]
+    lengths = {(s["attrs"]["event"], s["end_ns"] - s["start_ns"]) for s in over}
+    slow = "dispatch" if background else "samples"
+    assert (slow, 3_000_000) in lengths
+    assert {n for e, n in lengths if e != slow} == {0}  # nothing else moved the clock
+    threads = {s["attrs"]["event"]: s["thread_id"] for s in over}
+    assert (threads[slow] == threads["iteration_started"]) is not background
     assert run.summary is not None
     assert run.summary["seconds"]["overhead_seconds"] == 0.003

@@ -72,7 +72,9 @@ def scripted_run(
     Each iteration has a generation span, rollout samples, a training span, training
     samples, one optimizer step, a memory reading, a ``grpo`` scalar, a weight publish
     acknowledged by engine ``e0`` and a snapshot, on a manual clock (every time figure
-    is the same from call to call; the memory reading is this process's). A second
+    is the same from call to call, the observers dispatched on the publishing thread:
+    a dispatch thread's spans of its own time would read the clock while this loop
+    moves it; the memory reading is this process's). A second
     call with the same ``out_dir`` and ``run_id`` resumes the run (``resume=True`` unless
     ``session_options`` say otherwise), from the iteration after the last one its log
     holds unless ``first_iteration`` says otherwise (optimizer step ``i + 1`` is
@@ -86,6 +88,7 @@ def scripted_run(
         "clock": clock,
         "wall_clock": lambda: _WALL_ZERO_NS + clock(),
         "resume": True,
+        "background_dispatch": False,
         **session_options,
     }
     with RunSession(out_dir=out_dir, run_id=run_id, **options) as run:

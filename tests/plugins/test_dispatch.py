@@ -80,6 +80,7 @@ def test_slow_observer_time_is_deducted_as_overhead_and_others_still_run(tmp_pat
         autoload=False,
         plugins=[("slow", Slow()), ("good", good)],
         background_writer=False,
+        background_dispatch=False,  # (the observers on the trainer's thread)
     )
     with run:
         run.bus.iteration_started(0)

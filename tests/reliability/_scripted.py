@@ -58,7 +58,9 @@ def segment(
 ) -> RunSession:
     """One process's stretch of run ``r`` under ``config`` (a fresh clock: a new
     process), continuing where the directory's log says the run stopped; ``fail``
-    raises out of it after its iterations (the session finishes it as an error)."""
+    raises out of it after its iterations (the session finishes it as an error).
+    Dispatched on the publishing thread, as :func:`twinkle.testing.scripted_run` does:
+    two such segments write the same bytes."""
     clock = ManualClock(10**9)
     session = RunSession(
         out_dir=out,
@@ -68,6 +70,7 @@ def segment(
         clock=clock,
         wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
         background_writer=False,
+        background_dispatch=False,
         resume=True,
         blocked=blocked,
         plugins=list(plugins),

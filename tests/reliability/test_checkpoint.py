@@ -11,6 +11,7 @@ import os
 import pickle
 import shutil
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import twinkle.run._resume as resume_module
 from reliability._scripted import CONFIG, killed_when_ready, segment
 from reliability.test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
 from twinkle.errors import ReporterError
+from twinkle.events import IterationStarted
+from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
 from twinkle.run import RunSession
@@ -82,10 +85,13 @@ def test_a_resume_from_the_checkpoint_writes_what_a_whole_log_resume_writes(
     assert_replay_identical(with_ / "r", tmp_path)
 
 
-def _killed_segment(out: Path, every: int = 10**9, *, plugins: str = "[]") -> None:
+def _killed_segment(
+    out: Path, every: int = 10**9, *, plugins: str = "[]", background: bool = False
+) -> None:
     """A process runs (or resumes) run ``r`` in ``out``, taking a checkpoint at the
     first iteration boundary after every ``every`` events, and is killed outright
-    mid-segment; ``plugins``: the session's, as Python source (the tests importable)."""
+    mid-segment; ``plugins``: the session's, as Python source (the tests importable);
+    ``background``: its dispatch."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -95,7 +101,8 @@ def _killed_segment(out: Path, every: int = 10**9, *, plugins: str = "[]") -> No
         from twinkle.run import RunSession
         twinkle.run._checkpointing.CHECKPOINT_EVERY = {every}
         with RunSession(out_dir={str(out)!r}, run_id="r", config={CONFIG!r},
-                        autoload=False, resume=True, plugins={plugins}) as run:
+                        autoload=False, resume=True, plugins={plugins},
+                        background_dispatch={background}) as run:
             first = run.resumed.next_iteration if run.resumed else 0
             for i in range(first, first + 1000):
                 run.bus.iteration_started(i)
@@ -124,17 +131,19 @@ def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Pat
     assert_replay_identical(tmp_path / "with" / "r", tmp_path)
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 @pytest.mark.parametrize("resumed", [False, True])
 def test_a_segment_killed_outright_resumes_from_its_own_last_checkpoint(
-    tmp_path: Path, resumed: bool
+    tmp_path: Path, resumed: bool, background: bool
 ) -> None:
     """A running segment takes a checkpoint every few events (here 20): killed outright,
     its restart feeds only the events since the last one. Its record files then are a
     first segment's own, or (``resumed``) a rebuild's temporary ones, and its trace the
-    killed process's temporary file: a resume copies their heads from there."""
+    killed process's temporary file: a resume copies their heads from there. With
+    background dispatch too: there the checkpoint is taken on the dispatch thread."""
     if resumed:
         segment(tmp_path / "with", iterations=2, wall_offset_ns=0)
-    _killed_segment(tmp_path / "with", every=20)
+    _killed_segment(tmp_path / "with", every=20, background=background)
     marked = orjson.loads((tmp_path / "with" / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
     assert marked["files"]["trace.json"][3].endswith(".tmp")  # the killed process's
     shutil.copytree(tmp_path / "with", tmp_path / "without")
@@ -332,23 +341,60 @@ def test_no_checkpoint_is_taken_while_a_resume_feeds_the_log_again(
     assert (tmp_path / "r" / CHECKPOINT_FILE).exists()
 
 
-def test_with_background_dispatch_a_checkpoint_is_taken_at_the_end_only(
+class Gate:
+    """Holds the dispatch thread in iteration 6's boundary until let through (a plugin
+    that keeps a state, so the run still takes checkpoints)."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        if event.iteration == 6:
+            assert self.open.wait(30)
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return 0
+
+    @hookimpl
+    def twinkle_restore_state(self, state: object) -> None:
+        pass
+
+
+def test_with_background_dispatch_a_checkpoint_keeps_the_run_as_it_stood_at_its_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The dispatch thread lags the order the publishers check: a running segment's
-    state and order would not be at one event."""
-    monkeypatch.setattr(run_module, "CHECKPOINT_EVERY", 5)
+    """The dispatch thread takes a running segment's checkpoint at a boundary it
+    dispatched, while the publishers went on: the order and segments it keeps are those
+    of the boundary's queueing, not of the events checked since."""
+    monkeypatch.setattr(run_module, "CHECKPOINT_EVERY", 1)  # at every boundary
+    gate = Gate()
     with RunSession(
-        out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, background_dispatch=True
+        out_dir=tmp_path,
+        run_id="r",
+        config=CONFIG,
+        autoload=False,
+        background_dispatch=True,
+        plugins=[("gate", gate)],
     ) as run:
-        for i in range(20):
+        for i in range(7):
             run.bus.iteration_started(i)
             run.bus.samples(iteration=i, phase="rollout", lengths=[5], groups=1)
+            run.bus.optimizer_step(iteration=i, step=i + 1, samples=1)
+        # the dispatch thread is held in boundary 6; the steps of iteration 6 went by
+        gate.open.set()
         run.run.dispatcher.flush()  # type: ignore[union-attr]
-        assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
-    assert (tmp_path / "r" / CHECKPOINT_FILE).exists()
-    again = segment(tmp_path, iterations=1, wall_offset_ns=HOUR)
+        marked = orjson.loads((tmp_path / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+        assert marked["scan"]["last_iteration"] == 6
+        assert marked["scan"]["optimizer_steps"] == 6  # not 7: step 7 came after
+        lines = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
+        logged = [orjson.loads(line) for line in lines]
+        assert logged[marked["events"] - 1]["type"] == "iteration_started"
+        assert logged[marked["events"] - 1]["iteration"] == 6
+    again = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("gate", Gate()),))
     assert again.resumed is not None and again.resumed.restored_events == again.resumed.events
+    assert_replay_identical(tmp_path / "r", tmp_path)
 
 
 def test_the_unpickler_makes_twinkles_values_only() -> None:

@@ -315,8 +315,10 @@ BOUND_SCRIPT = textwrap.dedent(
         return real_write(fd, data)
 
     jsonl._os_write = slow_write
-    out, kill_at = sys.argv[1], int(sys.argv[2])
-    run = RunSession(out_dir=out, run_id="bound", autoload=False).start()
+    out, kill_at, background = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "background"
+    run = RunSession(
+        out_dir=out, run_id="bound", autoload=False, background_dispatch=background
+    ).start()
     for i in range(kill_at + 1):
         run.bus.iteration_started(i)
         for k in range(5):
@@ -326,15 +328,19 @@ BOUND_SCRIPT = textwrap.dedent(
 )
 
 
-def test_killed_run_loses_at_most_the_batches_in_flight(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dispatch", ["inline", "background"])
+def test_killed_run_loses_at_most_the_batches_in_flight(tmp_path: Path, dispatch: str) -> None:
     """EventLogSink hands a batch to its writer thread at each iteration boundary and never
     waits for it there; only a hand-over that finds MAX_BATCHES_IN_FLIGHT batches unwritten
     waits. With a disk 100x slower than the loop, a SIGKILL in iteration K still finds every
-    event up to the start of iteration K - MAX_BATCHES_IN_FLIGHT on disk."""
-    in_flight = EventLogSink.MAX_BATCHES_IN_FLIGHT
+    event up to the start of iteration K - MAX_BATCHES_IN_FLIGHT on disk. With background
+    dispatch, one iteration more: the dispatch thread lags the loop by at most the
+    iteration a boundary begins (its boundary is queued once every event before it was
+    dispatched), whose events a kill loses too."""
+    in_flight = EventLogSink.MAX_BATCHES_IN_FLIGHT + (dispatch == "background")
     kill_at = in_flight + 6
     proc = subprocess.run(
-        [sys.executable, "-c", BOUND_SCRIPT, str(tmp_path), str(kill_at)],
+        [sys.executable, "-c", BOUND_SCRIPT, str(tmp_path), str(kill_at), dispatch],
         timeout=120,
         check=False,
     )

@@ -387,12 +387,20 @@ def test_observer_raising_systemexit_or_ctrl_c_off_the_main_thread_is_counted_an
 def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_caller(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, exc: type[BaseException]
 ) -> None:
-    """Signal handlers run on the main thread in whatever frame it is in — often an
-    observer's: the user's Ctrl-C, or a SIGTERM handler calling sys.exit() (a preempted
-    job), must stop the caller, not be swallowed as an observer failure."""
+    """Signal handlers run on the main thread in whatever frame it is in — with inline
+    dispatch often an observer's: the user's Ctrl-C, or a SIGTERM handler calling
+    sys.exit() (a preempted job), must stop the caller, not be swallowed as an observer
+    failure. (With background dispatch no observer runs on the main thread: the test
+    above.)"""
     sees = SeesWeights()
     plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc))]
-    run = RunSession(out_dir=tmp_path, run_id="ctrl-c", autoload=False, plugins=plugins)
+    run = RunSession(
+        out_dir=tmp_path,
+        run_id="ctrl-c",
+        autoload=False,
+        plugins=plugins,
+        background_dispatch=False,
+    )
     with pytest.raises(exc, match="version 0"):
         with run:
             publish_weights_and_steps(run)

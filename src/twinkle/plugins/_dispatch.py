@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from twinkle.errors import WriteError
-from twinkle.events import EVENT_TYPES, Event
+from twinkle.events import EVENT_TYPES, Event, IterationStarted
 from twinkle.plugins._hookcalls import REPORTER_FAILURES, HookCalls
 from twinkle.reporting import BatchWriter, MetricRecord
 
@@ -45,20 +46,26 @@ class Dispatcher:
     run concurrently and never re-enter. A hook must therefore not *wait* for another
     thread that publishes: that thread waits for this dispatch to finish.
 
-    ``background=True`` moves the observers off the publishing threads: :meth:`submit`
-    hands the event to one dispatch thread (the run's
+    ``background=True`` (or :meth:`to_background` later) moves the observers off the
+    publishing threads: :meth:`submit` hands the event to one dispatch thread (a
     :class:`~twinkle.reporting.BatchWriter`, at most ``capacity`` events in flight; a
     publisher finding it full waits, counted) that calls the hooks in submit order.
-    Events are frozen values, so nothing the publisher holds changes under it; records
-    and outputs are the same as inline (a replay always dispatches inline). A hook that
+    Events are frozen values, so nothing the publisher holds changes under it; the
+    records are those of inline dispatch but for the figures of twinkle's own time
+    (below; a replay always dispatches inline, and gives the live run's). A hook that
     publishes is queued behind the current event either way. :meth:`flush` waits until
-    every event submitted so far was dispatched. The price: a process killed outright
-    also loses the events still queued for the dispatch thread (they have not reached
-    the event log), and the observers' own time is no longer timed as overhead on the
-    publishing threads (the timeline deducts only those threads' time). An observer
-    raising ``SystemExit`` or ``KeyboardInterrupt`` there is counted and skipped like
-    any failure (:class:`HookCalls`), so the dispatch thread goes on; only on the main
-    thread (inline dispatch) do they reach the publisher.
+    every event submitted so far was dispatched. The dispatch thread lags the
+    publishers by at most an iteration: an iteration boundary is queued once every
+    event submitted before it was dispatched (the publisher waits for that, which a
+    loop whose iterations outlast their observers' work does not), so a process killed
+    outright loses at most the events since the last boundary besides what the event
+    log has in flight. The observers' time is then twinkle's own time on the dispatch
+    thread (``timed``), not on the publishing threads (whose phases the timeline deducts
+    only their own threads' overhead from).
+    An observer raising ``SystemExit`` or ``KeyboardInterrupt`` there is counted and
+    skipped like any failure (:class:`HookCalls`), so the dispatch thread goes on; only
+    on the main thread (inline dispatch) do they reach the publisher (a Ctrl-C reaches
+    the main thread, wherever the observers run).
 
     ``report`` stamps the records the observers return (the run's reporter) before they
     go to :func:`~twinkle.hookspecs.twinkle_record`. A hook result that is not a list of
@@ -68,12 +75,14 @@ class Dispatcher:
     """
 
     __slots__ = (
+        "_capacity",
         "_event_hook",
         "_hooks",
         "_lock",
         "_owner",
         "_pending",
         "_thread",
+        "_timed",
         "calls",
         "events",
         "report",
@@ -109,14 +118,35 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._thread: BatchWriter[Event] | None = None
+        self._capacity = capacity
+        self._timed: Callable[[str], AbstractContextManager[object]] | None = None
         if background:
+            self.to_background()
+
+    def to_background(
+        self, timed: Callable[[str], AbstractContextManager[object]] | None = None
+    ) -> None:
+        """Dispatch on the dispatch thread from now on (a no-op when it does already);
+        what is queued inline is dispatched first. The run calls it once its start (or
+        its resume's feeding of the log) went by inline. ``timed(what)``: a span of
+        twinkle's own time, around each batch the thread dispatches."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._timed = timed
+            self._owner = _get_ident()
+            try:
+                while self._pending:
+                    self._dispatch_settled(self._pending.popleft())
+            finally:
+                self._owner = None
             self._thread = BatchWriter(
                 self._dispatch_batch,
                 name="observer dispatch",
                 thread_name="dispatch",
                 background=True,
-                capacity=capacity,
-                wake_at=min(256, capacity),
+                capacity=self._capacity,
+                wake_at=min(256, self._capacity),
                 interval_s=0.05,
             )
 
@@ -147,10 +177,19 @@ class Dispatcher:
         thread = self._thread
         me = _get_ident()
         if thread is not None and self._owner != me:
+            if type(event) is IterationStarted:
+                self._lag_one_iteration(thread)
             thread.put(event)
             return False
         self._pending.append(event)
         return self._owner != me
+
+    @staticmethod
+    def _lag_one_iteration(thread: BatchWriter[Event]) -> None:
+        """Before a boundary is queued: wait until every event queued before it was
+        dispatched (at once when it was), so that the dispatch thread never lags more
+        than the iteration the boundary begins."""
+        thread.settle()
 
     def drain(self) -> None:
         """The second half of :meth:`submit`: dispatch everything queued, in order."""
@@ -175,12 +214,18 @@ class Dispatcher:
 
     def _dispatch_batch(self, events: list[Event]) -> None:
         """The dispatch thread's work: each event, then what its hooks published."""
-        self._owner = _get_ident()
         pending = self._pending
-        for event in events:
-            pending.append(event)
-            while pending:
-                self._dispatch_settled(pending.popleft())
+        timed = self._timed
+        # (the lock: a publisher that found no thread yet may still drain inline)
+        with self._lock, nullcontext() if timed is None else timed("dispatch"):
+            self._owner = _get_ident()
+            try:
+                for event in events:
+                    pending.append(event)
+                    while pending:
+                        self._dispatch_settled(pending.popleft())
+            finally:
+                self._owner = None
 
     def _dispatch_settled(self, event: Event) -> None:
         self._dispatch(event)

@@ -5,6 +5,7 @@ reading back are :mod:`twinkle.run._checkpoint`'s."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 from pathlib import Path
@@ -34,6 +35,7 @@ from twinkle.run._checkpoint import (
     snapshot_observers,
 )
 from twinkle.run._checkpoint import write as write_checkpoint
+from twinkle.run._summary import Segment
 
 if TYPE_CHECKING:
     from twinkle.run._run import Run
@@ -49,16 +51,26 @@ CHECKPOINT_EVERY = 20_000
 _S = TypeVar("_S")
 
 
+#: what a checkpoint keeps of the run besides its observers: its order (last boundary,
+#: iteration and step) and its segments
+_Standing = tuple[tuple[Any, ...], list[Segment]]
+
+
 class RunCheckpoints:
     """What ``run``'s checkpoints need besides the run: the latest time its events
-    reach on its clock, and the events dispatched when the last one was taken."""
+    reach on its clock, the events dispatched when the last one was taken, and (with
+    background dispatch) how the run stood when each boundary was queued."""
 
-    __slots__ = ("latest", "run", "taken_at")
+    __slots__ = ("_at", "_queued", "latest", "run", "taken_at")
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.taken_at = 0  # events dispatched when the last checkpoint was taken
         self.latest: LatestTime | None = None  # (of the dispatched events)
+        #: (background dispatch) per boundary queued, not yet dispatched: the boundary
+        #: and how the run stood then, by the boundary's id
+        self._queued: dict[int, tuple[Event, _Standing]] = {}
+        self._at: tuple[Event, _Standing] | None = None  # the boundary being dispatched
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +130,8 @@ class RunCheckpoints:
 
     def seen(self, event: Event) -> None:
         """Note the latest time the run's events reach (from its run_started on)."""
+        if type(event) is IterationStarted and self._queued:
+            self._at = self._queued.pop(id(event), None)
         latest = self.latest
         if latest is None:
             if type(event) is not RunStarted:
@@ -128,31 +142,57 @@ class RunCheckpoints:
 
     def arm(self) -> None:
         """From now on (once a resume fed the logged events again), take a running
-        segment's checkpoints (:meth:`settled`): with inline dispatch only, where the
-        run's order is the dispatched events' (the dispatch thread lags the checks)."""
+        segment's checkpoints (:meth:`settled`)."""
         dispatcher = self.run.dispatcher
-        if dispatcher is not None and not dispatcher.background and self.enabled:
+        if dispatcher is not None and self.enabled:
             self.taken_at = dispatcher.events
             dispatcher.settled = self.settled
+
+    @property
+    def armed(self) -> bool:
+        dispatcher = self.run.dispatcher
+        return dispatcher is not None and dispatcher.settled is not None
+
+    def queued(self, boundary: IterationStarted) -> None:
+        """(Background dispatch, the order's lock held, armed) ``boundary`` is queued for
+        the dispatch thread: how the run stands now (its order and segments, which the
+        publishers move on before the boundary is dispatched) is what a checkpoint
+        taken at it keeps."""
+        self._queued[id(boundary)] = (boundary, self._standing())
+
+    def _standing(self) -> _Standing:
+        order = self.run.order
+        at = (order.last_boundary, order.last_iteration, order.last_step)
+        return at, [copy.copy(segment) for segment in self.run.segments]
 
     # -- a running segment's ------------------------------------------------------------
 
     def settled(self, event: Event) -> None:
         """After an iteration's boundary (dispatched, with what its hooks published), a
         checkpoint of the running segment once :data:`CHECKPOINT_EVERY` events went by
-        since the last: a segment killed outright resumes from it. Taken holding the
-        order's lock with nothing left to dispatch, so the state, the order and the
-        files are all at the same event."""
+        since the last: a segment killed outright resumes from it. Inline, taken holding
+        the order's lock with nothing left to dispatch; on the dispatch thread, with the
+        order and segments noted when the boundary was queued (:meth:`queued`): either
+        way the state, the order and the files are all at the same event."""
         dispatcher = self.run.dispatcher
         if type(event) is not IterationStarted or dispatcher is None:
             return
+        at, self._at = self._at, None
         if dispatcher.events - self.taken_at < CHECKPOINT_EVERY:
             return
         try:
+            if dispatcher.background:
+                # On the dispatch thread, which a publisher holding the order's lock may
+                # wait for: the run as it stood when the boundary was queued (None: an
+                # observer published it, nothing was noted).
+                if at is not None and at[0] is event:
+                    self.taken_at = dispatcher.events
+                    self._take_running(at[1])
+                return
             with self.run.order.lock:
                 if dispatcher.idle:
                     self.taken_at = dispatcher.events
-                    self._take_running()
+                    self._take_running(self._standing())
         except Exception as exc:  # (a checkpoint is never worth the run)
             _log.warning(
                 "run %r: no checkpoint at iteration %s (%s); a resume re-reads the log "
@@ -162,9 +202,9 @@ class RunCheckpoints:
                 exc,
             )
 
-    def _take_running(self) -> None:
-        """Write the running segment's checkpoint, unless a write failed (its error is
-        the run's to report) or left lines in memory."""
+    def _take_running(self, standing: _Standing) -> None:
+        """Write the running segment's checkpoint, the run as it ``standing``, unless a
+        write failed (its error is the run's to report) or left lines in memory."""
         run = self.run
         out = run.context.out_dir
         assert out is not None and run.reporter is not None
@@ -175,13 +215,13 @@ class RunCheckpoints:
         trace = self._sink(TraceSink).head()
         if trace is None or raw is None or webui is None:
             return
-        payload = self._state(closing=False)
+        payload = self._state(closing=False, standing=standing)
         log = out / EVENTS_FILE
         files = {EVENTS_FILE: mark(log, log.stat().st_size, logged)}
         for name, (path, lines) in ((RAW_FILE, raw), (WEBUI_FILE, webui)):
             files[name] = mark(path, path.stat().st_size, lines)
         files[TRACE_FILE] = mark(trace[0], trace[1], 0)
-        write_checkpoint(out, self._made(logged, files, payload))
+        write_checkpoint(out, self._made(logged, files, payload, standing))
 
     # -- a finished segment's -----------------------------------------------------------
 
@@ -198,7 +238,7 @@ class RunCheckpoints:
                 trace = self._sink(TraceSink).head()
                 if logged is None or trace is None:
                     return None  # (the failed write is the run's to report)
-                return self._state(closing=True), trace[1], logged
+                return self._state(closing=True, standing=self._standing()), trace[1], logged
         except Exception as exc:  # (whatever pickling raises)
             _log.warning(
                 "run %r: no checkpoint taken (%s); a resume re-reads the log",
@@ -227,7 +267,7 @@ class RunCheckpoints:
                 path = out / name
                 files[name] = mark(path, path.stat().st_size, _count_lines(path))
             files[TRACE_FILE] = mark(out / TRACE_FILE, trace, 0)
-            write_checkpoint(out, self._made(logged, files, payload))
+            write_checkpoint(out, self._made(logged, files, payload, self._standing()))
         except (OSError, TwinkleError) as exc:
             _log.warning(
                 "run %r: no checkpoint written (%s); a resume re-reads the log",
@@ -237,10 +277,11 @@ class RunCheckpoints:
 
     # -- both -------------------------------------------------------------------------
 
-    def _state(self, *, closing: bool) -> bytes:
-        """The run's state, pickled: its segments, order and observers' failures, and
-        each observer's state (``closing``: the segment's outputs close next, and the
-        WebUI file's open lines go into the file, not into the state)."""
+    def _state(self, *, closing: bool, standing: _Standing) -> bytes:
+        """The run's state, pickled: its segments and order (as ``standing``), the
+        observers' failures, and each observer's state (``closing``: the segment's
+        outputs close next, and the WebUI file's open lines go into the file, not into
+        the state)."""
         run = self.run
         assert run.calls is not None
         observers = snapshot_observers(run.pm, leaving=run.calls.left_out)
@@ -248,24 +289,27 @@ class RunCheckpoints:
             for name, plugin in run.pm.list_name_plugin():
                 if isinstance(plugin, WebUISink):
                     observers[name] = {**observers[name], "open": {}}
-        order = run.order
+        order, segments = standing
         state: dict[str, Any] = {
-            "segments": run.segments,
-            "order": (order.last_boundary, order.last_iteration, order.last_step),
+            "segments": segments,
+            "order": order,
             "failures": dict(run.calls.failures),
             "observers": observers,
         }
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def _made(self, events: int, files: dict[str, FileMark], payload: bytes) -> Checkpoint:
+    def _made(
+        self, events: int, files: dict[str, FileMark], payload: bytes, standing: _Standing
+    ) -> Checkpoint:
         run, latest = self.run, self.latest
         assert latest is not None
+        (_, last_iteration, last_step), segments = standing
         scan = {
-            "segments": len(run.segments),
+            "segments": len(segments),
             "last_ns": latest.ns,
             "last_wall_ns": latest.wall_ns,
-            "last_iteration": run.order.last_iteration,
-            "optimizer_steps": run.order.last_step,
+            "last_iteration": last_iteration,
+            "optimizer_steps": last_step,
         }
         names = observers_of(run.pm, leaving=() if run.calls is None else run.calls.left_out)
         assert names is not None

@@ -307,9 +307,7 @@ class RunDirectory:
             events = logged_events(self.log, self.checkpoint)
             what = f"run {self.run_id!r} resuming: its log fed again"
             progress = FeedProgress(what, events, self.log.stat().st_size, fed_before=restored)
-            feeder.feed(events, limit=scan.events, progress=progress)
-            if run.dispatcher is not None:
-                run.dispatcher.flush()  # (background dispatch: every one dispatched)
+            feeder.feed(events, limit=scan.events, progress=progress)  # (inline)
         finally:
             bus.bind(None)
         if feeder.count != scan.events:

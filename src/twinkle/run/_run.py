@@ -14,7 +14,8 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, final
 
 import pluggy
@@ -25,7 +26,7 @@ from twinkle.errors import (
     RecordError,
     TwinkleError,
 )
-from twinkle.events import Event, EventBus, RunFinished, freeze
+from twinkle.events import Event, EventBus, IterationStarted, RunFinished, freeze
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     EventLogSink,
@@ -183,9 +184,9 @@ class Run:
             self._wait_required(backends)
             if self.context.checkpoint is not None:  # (once the start cannot fail)
                 self.checkpoints.hand_history(backends)
-            self.dispatcher = Dispatcher(
-                calls, self.reporter.report, background=self._background_dispatch
-            )
+            # Inline until the run goes live (:meth:`go_live`): the start, and a resume's
+            # feeding of the log, are dispatched before start() returns.
+            self.dispatcher = Dispatcher(calls, self.reporter.report)
             if self.checkpoints.enabled:
                 self.dispatcher.seen = self.checkpoints.seen
         except BaseException:
@@ -210,9 +211,17 @@ class Run:
         self.restore_order(state["order"])
         self.checkpoints.restore(checkpoint)
 
-    def arm_checkpoints(self) -> None:
-        """Take a running segment's checkpoints from now on (:meth:`RunCheckpoints.arm`)."""
-        self.checkpoints.arm()
+    def go_live(self, timed: Callable[[str], AbstractContextManager[object]] | None) -> None:
+        """Once the start (or a resume's feeding of the log) went by: take a running
+        segment's checkpoints from now on (:meth:`RunCheckpoints.arm`), and dispatch on
+        the dispatch thread when the run was made with ``background_dispatch``, each
+        batch of it one span of twinkle's own time (``timed``: the bus's)."""
+        if self.dispatcher is None:
+            raise TwinkleError(f"run {self.run_id!r} is not started")
+        with self._order.lock:  # (no ordered event queued meanwhile)
+            if self._background_dispatch:
+                self.dispatcher.to_background(timed)
+            self.checkpoints.arm()
 
     def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
         """The run's backends, named after their plugins: twinkle's own (the run's files,
@@ -322,9 +331,17 @@ class Run:
             # (and logged), whichever threads publish.
             with self._order.lock:
                 self._order.check(event, self.segments, self.run_id)
+                if type(event) is IterationStarted and dispatcher.background:
+                    self._queue_boundary(event)
                 drain = dispatcher.enqueue(event)
             if drain:
                 dispatcher.drain()
+
+    def _queue_boundary(self, boundary: IterationStarted) -> None:
+        """(Background dispatch, the order's lock held) what a checkpoint taken at
+        ``boundary`` keeps of the run, noted before the publishers move it on."""
+        if self.checkpoints.armed:
+            self.checkpoints.queued(boundary)
 
     def finish(self) -> dict[str, Any]:
         """Close the run (after ``run_finished`` was submitted), then write

@@ -244,11 +244,9 @@ class RunSession:
             else:
                 assert directory is not None
                 self._resume(directory, scan)
-            if self.run.dispatcher is not None:
-                # (background dispatch) the event log has written the segment's first
-                # event through before start() returns: a kill now leaves a log to resume
-                self.run.dispatcher.flush()
-            self.run.arm_checkpoints()  # (the logged events fed again: none in between)
+            # (dispatched inline so far: the event log has written the segment's first
+            # event through, a kill now leaves a log to resume)
+            self.run.go_live(self.bus.own_work)  # (the logged events fed: none in between)
         except BaseException:
             try:
                 self.run.close()  # FAILED: it never finished
@@ -326,6 +324,8 @@ class RunSession:
             self._untie = None
         try:
             try:
+                if self.run.dispatcher is not None:  # (its slow calls: every event's)
+                    self.run.dispatcher.flush()
                 self.bus.run_finished(
                     status=status,
                     error=error,
