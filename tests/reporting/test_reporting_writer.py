@@ -331,6 +331,55 @@ def test_a_queue_below_wake_at_is_written_by_flush() -> None:
     w.close()
 
 
+def test_wake_has_the_thread_take_the_queue_before_its_interval() -> None:
+    """The observers' dispatch thread is woken at each iteration boundary: it starts on
+    the iteration just ended, not a minute later."""
+    sink = Sink()
+    w = writer(sink, background=True, wake_at=100, interval_s=60)
+    w.wake()  # nothing queued: nothing to do
+    for i in range(3):
+        w.put(i)
+    w.wake()
+    assert sink.entered.wait(5)  # (no flush: woken)
+    w.close()
+    assert sink.batches == [[0, 1, 2]]
+
+
+def test_wait_delivered_waits_for_that_many_items_and_no_more() -> None:
+    """A boundary waits until the one before it was dispatched, not for the events after
+    it."""
+    held, entered = threading.Event(), threading.Event()
+    delivered: list[int] = []
+
+    def deliver(batch: list[int]) -> None:
+        if 1 in batch:
+            entered.set()
+            assert held.wait(10)
+        delivered.extend(batch)
+
+    w = writer(deliver, background=True, wake_at=1)
+    w.put(0)
+    w.wait_delivered(1)
+    assert delivered == [0]
+    w.put(1)
+    assert entered.wait(5)
+    w.put(2)  # (queued behind the held delivery)
+    w.wait_delivered(1)  # at once: one item went through
+    done = threading.Event()
+
+    def wait_for_three() -> None:
+        w.wait_delivered(3)
+        done.set()
+
+    waiter = threading.Thread(target=wait_for_three)
+    waiter.start()
+    assert not done.wait(0.2)  # items 1 and 2 are not delivered yet
+    held.set()
+    waiter.join(5)
+    assert done.is_set() and delivered == [0, 1, 2]
+    w.close()
+
+
 def test_calling_the_writer_from_its_own_thread_is_refused() -> None:
     errors: list[BaseException] = []
     holder: list[BatchWriter[int]] = []

@@ -55,10 +55,11 @@ class Dispatcher:
     (below; a replay always dispatches inline, and gives the live run's). A hook that
     publishes is queued behind the current event either way. :meth:`flush` waits until
     every event submitted so far was dispatched. The dispatch thread lags the
-    publishers by at most an iteration: an iteration boundary is queued once every
-    event submitted before it was dispatched (the publisher waits for that, which a
-    loop whose iterations outlast their observers' work does not), so a process killed
-    outright loses at most the events since the last boundary besides what the event
+    publishers by at most an iteration: an iteration boundary wakes it (it starts on the
+    iteration just ended while the next one runs), and is queued once the boundary
+    before it was dispatched (the publisher waits for that, which a loop whose
+    iterations outlast their observers' work does not), so a process killed outright
+    loses at most the events since the boundary before the last, besides what the event
     log has in flight. The observers' time is then twinkle's own time on the dispatch
     thread (``timed``), not on the publishing threads (whose phases the timeline deducts
     only their own threads' overhead from).
@@ -75,6 +76,7 @@ class Dispatcher:
     """
 
     __slots__ = (
+        "_boundary_mark",
         "_capacity",
         "_event_hook",
         "_hooks",
@@ -119,6 +121,9 @@ class Dispatcher:
         self._owner: int | None = None
         self._thread: BatchWriter[Event] | None = None
         self._capacity = capacity
+        #: (background) the events queued up to the newest boundary, itself included:
+        #: the next boundary is queued once that many were dispatched
+        self._boundary_mark = 0
         self._timed: Callable[[str], AbstractContextManager[object]] | None = None
         if background:
             self.to_background()
@@ -177,19 +182,18 @@ class Dispatcher:
         thread = self._thread
         me = _get_ident()
         if thread is not None and self._owner != me:
-            if type(event) is IterationStarted:
-                self._lag_one_iteration(thread)
+            if type(event) is not IterationStarted:
+                thread.put(event)
+                return False
+            # A boundary: the one before it was dispatched first (the thread lags by at
+            # most an iteration), and the thread starts on what it ends now.
+            thread.wait_delivered(self._boundary_mark)
             thread.put(event)
+            self._boundary_mark = thread.accepted
+            thread.wake()
             return False
         self._pending.append(event)
         return self._owner != me
-
-    @staticmethod
-    def _lag_one_iteration(thread: BatchWriter[Event]) -> None:
-        """Before a boundary is queued: wait until every event queued before it was
-        dispatched (at once when it was), so that the dispatch thread never lags more
-        than the iteration the boundary begins."""
-        thread.settle()
 
     def drain(self) -> None:
         """The second half of :meth:`submit`: dispatch everything queued, in order."""

@@ -237,10 +237,26 @@ class BatchWriter(Generic[T]):
         with self._lock:
             return self._state is _OPEN and self._error is None
 
-    def _wait_delivered(self, call: str) -> None:
-        """(Lock held) wait until the thread delivered every item put so far."""
+    def wait_delivered(self, count: int) -> None:
+        """Wait until the thread delivered at least ``count`` items (at once when it did,
+        or when the writer is not open); a held error is left for the next call."""
+        with self._lock:
+            self._wait_delivered("wait_delivered()", count)
+
+    def wake(self) -> None:
+        """Have the thread take what is queued now, not at its next interval; never
+        waits (inline: a no-op)."""
+        with self._lock:
+            if self._thread is not None and self._queue:
+                self._urgent = True
+                if self._sleeping:
+                    self._wakeup.notify()
+
+    def _wait_delivered(self, call: str, target: int | None = None) -> None:
+        """(Lock held) wait until the thread delivered ``target`` items (None: every item
+        put so far)."""
         self._refuse_on_writer_thread(call)
-        target = self._accepted
+        target = self._accepted if target is None else target
         if self._thread is not None:
             while self._delivered < target and self._state is _OPEN:
                 self._urgent = True
@@ -335,6 +351,11 @@ class BatchWriter(Generic[T]):
     @property
     def dropped(self) -> int:
         return self._dropped
+
+    @property
+    def accepted(self) -> int:
+        """Items put and kept so far."""
+        return self._accepted
 
     @property
     def stats(self) -> WriterStats:
