@@ -47,6 +47,12 @@ LENGTHS = [100 + (i * 37) % 900 for i in range(128)]  # 128 trajectories' token 
 def publish_iteration(bus: EventBus, it: int, readings: Sequence[MemoryReading]) -> None:
     """Publish one iteration's events (:data:`EVENTS_PER_ITERATION` of them)."""
     bus.iteration_started(it)
+    publish_results(bus, it, readings)
+
+
+def publish_results(bus: EventBus, it: int, readings: Sequence[MemoryReading]) -> None:
+    """What :func:`publish_iteration` publishes after the boundary: the iteration's
+    results, which a training loop publishes once its work is done."""
     bus.samples(iteration=it, phase="rollout", lengths=LENGTHS, groups=16)
     bus.samples(iteration=it, phase="train", lengths=LENGTHS)
     bus.optimizer_step(iteration=it, step=2 * it + 1, samples=64)

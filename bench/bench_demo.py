@@ -12,13 +12,14 @@
   the run's active wall seconds (set-up before the first phase span left out), is the
   noise-free view of the same cost (it leaves out span recording on the caller and the
   writer threads' CPU, which the A/B includes).
-* ``demo.scaling``: the per-iteration observer CPU cost on the caller thread (publish +
-  dispatch: the iteration boundary flushing every worker's recorder, the samples, steps,
-  scalars, the workers' memory readings through ``bus.memory`` and a snapshot) of a
-  synthetic run with every built-in observer, as the spans per iteration (10, 100, 1000,
-  split evenly over the workers) and the simulated workers (1, 2, 8: one thread and one
-  attached recorder each, one memory reading each) grow. Spans are recorded by the
-  worker threads outside the timed section. Median per iteration; best of the rounds.
+* ``demo.scaling``: the per-iteration observer CPU cost, dispatched on the caller thread
+  to measure it there (publish + dispatch: the iteration boundary flushing every
+  worker's recorder, the samples, steps, scalars, the workers' memory readings through
+  ``bus.memory`` and a snapshot) of a synthetic run with every built-in observer, as the
+  spans per iteration (10, 100, 1000, split evenly over the workers) and the simulated
+  workers (1, 2, 8: one thread and one attached recorder each, one memory reading each)
+  grow. Spans are recorded by the worker threads outside the timed section. Median per
+  iteration; best of the rounds.
 * ``demo.observers profile``: where that cost goes, at 100 spans and 1 worker: the same
   workload under cProfile, each built-in observer's share (the cumulative time of its
   hook functions), the rest (bus, dispatcher, validation, draining, reporter), and the
@@ -259,12 +260,14 @@ def _synthetic(
 ) -> float:
     """Median caller-thread CPU ns per iteration of publish + dispatch
     (``time.thread_time_ns``: the writer threads' work, and their competing for the GIL,
-    are not the caller's cost; the demo's A/B rows count everything).
+    are not the caller's cost; the demo's A/B rows count everything). Dispatched on the
+    caller (``background_dispatch=False``) so that the observers' work is the measured
+    thread's: by default it runs on their dispatch thread.
 
     ``profiler`` is enabled around the publishing only; ``hooks`` receives which
     observer plugin each hook function's code belongs to.
     """
-    session = RunSession(out_dir=tmp, config=CONFIG, autoload=False)
+    session = RunSession(out_dir=tmp, config=CONFIG, autoload=False, background_dispatch=False)
     session.start()
     if hooks is not None:
         hooks.update(hook_functions(session.pm))

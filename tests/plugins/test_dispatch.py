@@ -4,6 +4,7 @@ hook dispatched after the current one."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,35 @@ def test_run_started_reaches_observers_with_the_config() -> None:
     ):
         pass
     assert seen == [{"total_steps": 7}]
+
+
+def test_a_boundary_is_queued_once_the_one_before_it_was_dispatched() -> None:
+    """The observers' dispatch thread (the default) lags the loop by at most an
+    iteration: a boundary waits for the one before it, and nothing else waits."""
+    gate, entered = threading.Event(), threading.Event()
+
+    class Holds:
+        @hookimpl
+        def twinkle_iteration_started(self, event: IterationStarted) -> None:
+            if event.iteration == 0:
+                entered.set()
+                assert gate.wait(10)
+
+    run = RunSession(out_dir=None, run_id="lag", autoload=False, plugins=[("holds", Holds())])
+    with run:
+        run.bus.iteration_started(0)
+        assert entered.wait(5)  # on the dispatch thread, held there
+        run.bus.scalars(iteration=0, name="x", values={"a": 1.0})  # queued: no wait
+        queued = threading.Event()
+
+        def next_boundary() -> None:
+            run.bus.iteration_started(1)
+            queued.set()
+
+        boundary = threading.Thread(target=next_boundary)
+        boundary.start()
+        assert not queued.wait(0.3)  # boundary 0 is still being dispatched
+        gate.set()
+        boundary.join(5)
+        assert queued.is_set()
+    assert run.summary is not None and run.summary["observer_failures"] == {}

@@ -186,6 +186,7 @@ def _scripted(tmp: Path, *, background_dispatch: bool, echo: bool = False) -> di
         assert run.dispatcher is not None
         run.dispatcher.flush()
         clock.advance(ns)
+
     echoes = Echo()
     config = {
         "phases": {"gen": ["generate"], "train": ["train"]},

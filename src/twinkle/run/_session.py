@@ -85,9 +85,10 @@ class RunSession:
     :param plugin_manager: a manager from :func:`~twinkle.plugins.make_plugin_manager`;
         else one is built from ``autoload``, ``builtins``, ``blocked`` and ``plugins``.
     :param background_writer: write records on a background thread.
-    :param background_dispatch: run the observers on one dispatch thread, off the
-        publishing threads (records and files are the same; see
-        :class:`~twinkle.plugins.Dispatcher`).
+    :param background_dispatch: run the observers on one dispatch thread (the default),
+        off the publishing threads, at most an iteration behind them (the records are
+        the same but for twinkle's own time, the dispatch thread's counted in it; see
+        :class:`~twinkle.plugins.Dispatcher`); False: on the publishing threads.
     :param slow_call_s: an observer call taking longer is logged and counted
         (``observer_slow_calls`` in the summary); None: calls are not timed.
     :param required_plugins: plugins the run must not go without: one that cannot set
@@ -123,7 +124,7 @@ class RunSession:
         blocked: Iterable[str] = (),
         plugins: Iterable[tuple[str, object]] = (),
         background_writer: bool = True,
-        background_dispatch: bool = False,
+        background_dispatch: bool = True,
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
         required_plugins: Iterable[str] = (),
         backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
