@@ -181,3 +181,61 @@ def test_a_boundary_is_queued_once_the_one_before_it_was_dispatched() -> None:
         boundary.join(5)
         assert queued.is_set()
     assert run.summary is not None and run.summary["observer_failures"] == {}
+
+
+def test_a_boundary_interrupted_while_it_waits_for_room_is_not_the_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C while a boundary waits for room in a full dispatch queue (here raised where
+    the wait is): the boundary was checked but never queued, so the run's order is as
+    before it, and the loop (or its restart) publishes that iteration again."""
+    from twinkle.plugins import Dispatcher
+
+    enqueue = Dispatcher.enqueue
+    interrupted: list[int] = []
+
+    def full_once(self: Dispatcher, event: Event) -> bool:
+        if isinstance(event, IterationStarted) and event.iteration == 1 and not interrupted:
+            interrupted.append(1)
+            raise KeyboardInterrupt
+        return enqueue(self, event)
+
+    monkeypatch.setattr(Dispatcher, "enqueue", full_once)
+    run = RunSession(out_dir=None, run_id="room", autoload=False)
+    with run:
+        run.bus.iteration_started(0)
+        with pytest.raises(KeyboardInterrupt):
+            run.bus.iteration_started(1)
+        assert run.run.order.last_iteration == 0
+        assert run.run.segments[-1].last_iteration == 0
+        run.bus.iteration_started(1)  # not "repeats iteration 1"
+    assert run.summary is not None and run.summary["status"] == "ok"
+    assert run.run.order.last_iteration == 1
+
+
+def test_a_ctrl_c_while_finish_waits_for_the_dispatch_thread_still_finishes_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """finish() waits for the dispatch thread before run_finished (its slow calls count
+    every event): a Ctrl-C there finishes the run all the same, then is raised."""
+    from twinkle.plugins import Dispatcher
+
+    flush = Dispatcher.flush
+    interrupted: list[int] = []
+
+    def interrupted_once(self: Dispatcher) -> None:
+        if not interrupted:
+            interrupted.append(1)
+            raise KeyboardInterrupt
+        flush(self)
+
+    run = RunSession(out_dir=tmp_path, run_id="fin", autoload=False)
+    run.start()
+    run.bus.iteration_started(0)
+    monkeypatch.setattr(Dispatcher, "flush", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        run.finish()
+    summary = orjson.loads((tmp_path / "fin" / "summary.json").read_bytes())
+    assert summary["status"] == "ok" and run.state.value == "finished"
+    log = (tmp_path / "fin" / "events.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["type"] for line in log[-2:]] == ["run_finished", "backends_closed"]

@@ -334,9 +334,9 @@ def test_killed_run_loses_at_most_the_batches_in_flight(tmp_path: Path, dispatch
     waits for it there; only a hand-over that finds MAX_BATCHES_IN_FLIGHT batches unwritten
     waits. With a disk 100x slower than the loop, a SIGKILL in iteration K still finds every
     event up to the start of iteration K - MAX_BATCHES_IN_FLIGHT on disk. With background
-    dispatch, one iteration more: the dispatch thread lags the loop by at most the
-    iteration a boundary begins (its boundary is queued once every event before it was
-    dispatched), whose events a kill loses too."""
+    dispatch, one iteration more: the dispatch thread lags the loop by at most one
+    boundary (a boundary is queued once the one before it was dispatched), and a kill
+    loses what it had not reached too."""
     in_flight = EventLogSink.MAX_BATCHES_IN_FLIGHT + (dispatch == "background")
     kill_at = in_flight + 6
     proc = subprocess.run(

@@ -55,14 +55,15 @@ class Dispatcher:
     (below; a replay always dispatches inline, and gives the live run's). A hook that
     publishes is queued behind the current event either way. :meth:`flush` waits until
     every event submitted so far was dispatched. The dispatch thread lags the
-    publishers by at most an iteration: an iteration boundary wakes it (it starts on the
-    iteration just ended while the next one runs), and is queued once the boundary
-    before it was dispatched (the publisher waits for that, which a loop whose
-    iterations outlast their observers' work does not), so a process killed outright
-    loses at most the events since the boundary before the last, besides what the event
-    log has in flight. The observers' time is then twinkle's own time on the dispatch
-    thread (``timed``), not on the publishing threads (whose phases the timeline deducts
-    only their own threads' overhead from).
+    publishers by at most one boundary: an iteration boundary wakes it (it starts on the
+    iteration just ended while the next one runs), and is submitted once the boundary
+    before it was dispatched (:meth:`wait_boundary`: the publisher waits for that, which
+    a loop whose iterations outlast their observers' work does not), so a process killed
+    outright loses at most the events since the boundary before the last (the previous
+    iteration's and the current one's), besides what the event log has in flight. The
+    observers' time is then twinkle's own time on the dispatch thread (``timed``), not
+    on the publishing threads (whose phases the timeline deducts only their own
+    threads' overhead from).
     An observer raising ``SystemExit`` or ``KeyboardInterrupt`` there is counted and
     skipped like any failure (:class:`HookCalls`), so the dispatch thread goes on; only
     on the main thread (inline dispatch) do they reach the publisher (a Ctrl-C reaches
@@ -173,6 +174,8 @@ class Dispatcher:
         the dispatching thread, then dispatches whatever is still queued; in the
         background, the dispatch thread takes it.
         """
+        if type(event) is IterationStarted:
+            self.wait_boundary()
         if self.enqueue(event):
             self.drain()
 
@@ -185,15 +188,22 @@ class Dispatcher:
             if type(event) is not IterationStarted:
                 thread.put(event)
                 return False
-            # A boundary: the one before it was dispatched first (the thread lags by at
-            # most an iteration), and the thread starts on what it ends now.
-            thread.wait_delivered(self._boundary_mark)
+            # A boundary (queued once the one before it was dispatched: wait_boundary):
+            # the thread starts on the iteration it ends now.
             thread.put(event)
             self._boundary_mark = thread.accepted
             thread.wake()
             return False
         self._pending.append(event)
         return self._owner != me
+
+    def wait_boundary(self) -> None:
+        """Before a boundary is submitted (background): wait until the newest boundary
+        queued was dispatched, so that the thread lags by at most one boundary. At once
+        inline, or on the dispatch thread (an observer publishing)."""
+        thread = self._thread
+        if thread is not None and self._owner != _get_ident():
+            thread.wait_delivered(self._boundary_mark)
 
     def drain(self) -> None:
         """The second half of :meth:`submit`: dispatch everything queued, in order."""

@@ -160,6 +160,10 @@ class RunCheckpoints:
         taken at it keeps."""
         self._queued[id(boundary)] = (boundary, self._standing())
 
+    def forget(self, event: Event) -> None:
+        """``event`` was not queued after all: no note of it is kept."""
+        self._queued.pop(id(event), None)
+
     def _standing(self) -> _Standing:
         order = self.run.order
         at = (order.last_boundary, order.last_iteration, order.last_step)

@@ -58,6 +58,25 @@ class EventOrder:
         """The state a checkpoint left: (last boundary, last iteration, last step)."""
         self.last_boundary, self.last_iteration, self.last_step = order
 
+    def mark(self, segments: list[Segment]) -> tuple[Any, ...]:
+        """What :meth:`check` may change of this state and of ``segments``, for
+        :meth:`roll_back` when the event checked cannot be queued after all."""
+        last = segments[-1] if segments else None
+        kept = (
+            None
+            if last is None
+            else (last.finish, last.backends, last.first_iteration, last.last_iteration)
+        )
+        return self.last_boundary, self.last_iteration, self.last_step, len(segments), kept
+
+    def roll_back(self, mark: tuple[Any, ...], segments: list[Segment]) -> None:
+        """This state and ``segments`` as :meth:`mark` found them."""
+        self.last_boundary, self.last_iteration, self.last_step, count, kept = mark
+        del segments[count:]
+        if kept is not None:
+            last = segments[-1]
+            last.finish, last.backends, last.first_iteration, last.last_iteration = kept
+
     def check(self, event: Event, segments: list[Segment], run_id: str) -> None:
         """Check that ``event`` (of a type in :data:`ORDERED`) fits run ``run_id`` so far,
         and note it: a boundary begins a segment of ``segments`` or finishes the last

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any, final
+from typing import Any, cast, final
 
 import pluggy
 
@@ -77,7 +77,8 @@ class RunState(enum.Enum):
 @final
 class Run:
     """One run's observers and outputs. :meth:`start`, :meth:`submit` events (or
-    :meth:`connect` a bus), then :meth:`finish` with the ``run_finished`` event.
+    :meth:`connect` a bus), :meth:`go_live` once the run's first events (or a resume's
+    feed of its log) went by, then :meth:`finish` with the ``run_finished`` event.
 
     :param pm: a manager from :func:`~twinkle.plugins.make_plugin_manager`; its plugin
         set is fixed from :meth:`start` until the run is closed.
@@ -85,7 +86,8 @@ class Run:
         and whether the events come from a log.
     :param background: write records on a background thread.
     :param background_dispatch: run the observers on one dispatch thread instead of the
-        publishing threads (:class:`~twinkle.plugins.Dispatcher`).
+        publishing threads from :meth:`go_live` on (inline until then:
+        :class:`~twinkle.plugins.Dispatcher`).
     :param required_plugins: plugins the run cannot go without: one that cannot set up
         fails the start (any other is left out, and the run goes on).
     :param backend_timeout_s: how long one call of a plugin's record backend may take
@@ -275,6 +277,18 @@ class Run:
                     f"--require-plugin {plugin}) to run without it"
                 )
 
+    def settled_slow_calls(self) -> tuple[dict[str, int] | None, BaseException | None]:
+        """The observers' slow calls once every event submitted so far was dispatched
+        (what ``run_finished`` says), and the Ctrl-C (or error) that cut that wait short:
+        the run finishes with the counts so far, then raises it."""
+        interrupted: BaseException | None = None
+        try:
+            if self.dispatcher is not None:
+                self.dispatcher.flush()
+        except BaseException as exc:
+            interrupted = exc
+        return (None if self.calls is None else dict(self.calls.slow)), interrupted
+
     def close_backends(self) -> dict[str, BackendHealth]:
         """Once ``run_finished`` went by: hand every record to the backends, close the
         plugins' (each within its bound) and say what every backend did with its records
@@ -327,21 +341,33 @@ class Run:
             self._order.check(event, self.segments, self.run_id)
             dispatcher.submit(event)
         else:
+            if type(event) is IterationStarted:
+                dispatcher.wait_boundary()  # (never waiting while holding the lock)
             # Checked and queued in one step: the order checked is the order dispatched
             # (and logged), whichever threads publish.
             with self._order.lock:
-                self._order.check(event, self.segments, self.run_id)
-                if type(event) is IterationStarted and dispatcher.background:
-                    self._queue_boundary(event)
-                drain = dispatcher.enqueue(event)
-            if drain:
+                drain = self._enqueue_checked(event, dispatcher)
+            if drain:  # (inline: outside the lock, which a running checkpoint takes)
                 dispatcher.drain()
 
-    def _queue_boundary(self, boundary: IterationStarted) -> None:
-        """(Background dispatch, the order's lock held) what a checkpoint taken at
-        ``boundary`` keeps of the run, noted before the publishers move it on."""
-        if self.checkpoints.armed:
-            self.checkpoints.queued(boundary)
+    def _enqueue_checked(self, event: Event, dispatcher: Dispatcher) -> bool:
+        """(The order's lock held) check ``event`` and queue it; one that cannot be
+        queued (refused, or a Ctrl-C while it waited for room) leaves the order as it
+        was: it is not the run's. True when the caller must then drain the queue."""
+        mark = self._order.mark(self.segments)
+        self._order.check(event, self.segments, self.run_id)
+        boundary = type(event) is IterationStarted and dispatcher.background
+        try:
+            if boundary and self.checkpoints.armed:
+                # what a checkpoint taken at it keeps of the run, before the
+                # publishers move it on
+                self.checkpoints.queued(cast(IterationStarted, event))
+            drain = dispatcher.enqueue(event)
+        except BaseException:
+            self._order.roll_back(mark, self.segments)
+            self.checkpoints.forget(event)
+            raise
+        return drain
 
     def finish(self) -> dict[str, Any]:
         """Close the run (after ``run_finished`` was submitted), then write

@@ -86,7 +86,7 @@ class RunSession:
         else one is built from ``autoload``, ``builtins``, ``blocked`` and ``plugins``.
     :param background_writer: write records on a background thread.
     :param background_dispatch: run the observers on one dispatch thread (the default),
-        off the publishing threads, at most an iteration behind them (the records are
+        off the publishing threads, at most a boundary behind them (the records are
         the same but for twinkle's own time, the dispatch thread's counted in it; see
         :class:`~twinkle.plugins.Dispatcher`); False: on the publishing threads.
     :param slow_call_s: an observer call taking longer is logged and counted
@@ -324,21 +324,21 @@ class RunSession:
             self._untie()
             self._untie = None
         try:
+            slow, interrupted = self.run.settled_slow_calls()
             try:
-                if self.run.dispatcher is not None:  # (its slow calls: every event's)
-                    self.run.dispatcher.flush()
                 self.bus.run_finished(
                     status=status,
                     error=error,
                     terminal_totals=terminal_totals,
                     records_dropped=reporter.stats.dropped,
                     process_wall_ns=self._process_wall_ns(),
-                    observer_slow_calls=self.run.calls.slow if self.run.calls else None,
+                    observer_slow_calls=slow,
                 )
             except BaseException:
                 self.run.close()  # FAILED: it never finished
                 raise
-            interrupted = self._close_backends()
+            closing = self._close_backends()  # (always: its backends_closed)
+            interrupted = interrupted or closing
             self.summary = self.run.finish()
             _warn_unhealthy(self.run_id, self.summary)
             if interrupted is not None:
