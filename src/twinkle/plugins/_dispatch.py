@@ -140,12 +140,7 @@ class Dispatcher:
             if self._thread is not None:
                 return
             self._timed = timed
-            self._owner = _get_ident()
-            try:
-                while self._pending:
-                    self._dispatch_settled(self._pending.popleft())
-            finally:
-                self._owner = None
+            self._dispatch_pending()
             self._thread = BatchWriter(
                 self._dispatch_batch,
                 name="observer dispatch",
@@ -207,14 +202,18 @@ class Dispatcher:
 
     def drain(self) -> None:
         """The second half of :meth:`submit`: dispatch everything queued, in order."""
-        pending = self._pending
         with self._lock:
-            self._owner = _get_ident()
-            try:
-                while pending:
-                    self._dispatch_settled(pending.popleft())
-            finally:
-                self._owner = None
+            self._dispatch_pending()
+
+    def _dispatch_pending(self) -> None:
+        """(Lock held) dispatch everything queued inline, in order, on this thread."""
+        pending = self._pending
+        self._owner = _get_ident()
+        try:
+            while pending:
+                self._dispatch_settled(pending.popleft())
+        finally:
+            self._owner = None
 
     @property
     def idle(self) -> bool:
