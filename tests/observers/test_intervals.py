@@ -58,6 +58,26 @@ def test_subtract_and_intersect_of_merged_lists_are_the_set_operations(
     assert both == merge(both)
 
 
+@settings(max_examples=300, deadline=None)
+@given(a=intervals_st, b=intervals_st, cuts=st.lists(st.integers(-20, 60), max_size=6))
+def test_subtract_takes_holes_that_touch(
+    a: list[Interval], b: list[Interval], cuts: list[int]
+) -> None:
+    # Holes sorted and disjoint but cut where they touch (as the critical path keeps
+    # what it covered): the same difference as the merged holes.
+    holes = merge(b)
+    for cut in cuts:
+        holes = [
+            part
+            for s, e in holes
+            for part in ((s, min(e, cut)), (max(s, cut), e))
+            if part[0] < part[1]
+        ]
+    difference = subtract(merge(a), holes)
+    assert points(difference) == points(a) - points(b)
+    assert difference == merge(difference)
+
+
 def reference_window(
     lo: int,
     hi: int,
@@ -115,6 +135,82 @@ def test_a_window_measures_unions_overlaps_and_logical_time_of_its_points(
     assert got.phase_logical_ns == want["logical"]
     assert got.overlap_ns == want["overlap"]
     assert list(got.phase_ns) == list(CONFIG.phases)  # every phase, in config order
+
+
+STREAMING = ObserverConfig.parse(
+    {
+        "phases": {"gen": ["gen"], "train": ["train.*"], "load": ["load"], "misc": ["misc"]},
+        "streaming": {"generation": "gen", "training": "train", "publish": "load"},
+    }
+)
+STREAMING_PHASE = {**PHASE, "misc": "misc"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    bounds=st.tuples(st.integers(-20, 60), st.integers(0, 50)),
+    spans=st.lists(
+        st.tuples(
+            st.sampled_from(sorted(STREAMING_PHASE)),
+            st.integers(-20, 60),
+            st.integers(0, 30),
+            st.integers(1, 3),
+        ),
+        max_size=10,
+    ),
+    overhead=st.lists(
+        st.tuples(st.integers(-20, 60), st.integers(0, 10), st.integers(1, 3)), max_size=6
+    ),
+)
+def test_the_critical_path_takes_each_instant_from_the_first_that_runs(
+    bounds: tuple[int, int],
+    spans: list[tuple[str, int, int, int]],
+    overhead: list[tuple[int, int, int]],
+) -> None:
+    lo, hi = bounds[0], bounds[0] + bounds[1]
+    window = set(range(lo, hi))
+    pieces = [(STREAMING_PHASE[name], s, s + d, tid) for name, s, d, tid in spans]
+    over = [(s, s + d, tid) for s, d, tid in overhead]
+    got = measure_window(lo, hi, pieces, over, STREAMING)
+    phase: dict[str, set[int]] = {p: set() for p in STREAMING.phases}
+    for name, start, end, _ in pieces:
+        if name is not None:
+            phase[name] |= points([(start, end)]) & window
+    own = points([(s, e) for s, e, _ in over]) & window
+    # The busier side first: the engines' generation and loads, or the trainer's.
+    engines = [("generation", phase["gen"]), ("publish", phase["load"])]
+    trainer = [("training", phase["train"])]
+    busier = len(phase["gen"] | phase["load"]) > len(phase["train"])
+    order = [*engines, *trainer] if busier else [*trainer, *reversed(engines)]
+    order += [("other", phase["misc"]), ("overhead", own)]
+    kind_at = {}
+    for x in sorted(window):
+        kind_at[x] = next((kind for kind, pts in order if x in pts), "idle")
+    assert got.path_ns == {k: sum(v == k for v in kind_at.values()) for k in got.path_ns}
+    assert sum(got.path_ns.values()) == hi - lo
+    stretches = [(k, x, x + 1) for x, k in sorted(kind_at.items())]
+    joined: list[tuple[str, int, int]] = []
+    for kind, s, e in stretches:  # the reference's unit stretches, each kind's joined
+        if joined and joined[-1][0] == kind and joined[-1][2] == s:
+            joined[-1] = (kind, joined[-1][1], e)
+        else:
+            joined.append((kind, s, e))
+    assert [(k, s, e) for k, s, e in _joined(got.path_slices)] == joined
+    assert got.busy_ns == len(set().union(*phase.values()))
+    assert got.overhead_ns == len(own)
+
+
+def _joined(slices: tuple[tuple[str, int, int], ...]) -> list[tuple[str, int, int]]:
+    """Stretches in time order, one kind's touching ones joined (the path may cut a
+    kind's stretch where another part's ended)."""
+    out: list[tuple[str, int, int]] = []
+    for kind, s, e in slices:
+        assert not out or out[-1][2] <= s  # in time order, disjoint
+        if out and out[-1][0] == kind and out[-1][2] == s:
+            out[-1] = (kind, out[-1][1], e)
+        else:
+            out.append((kind, s, e))
+    return out
 
 
 @settings(max_examples=300, deadline=None)

@@ -17,20 +17,21 @@ Interval = tuple[int, int]
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
     """The union as sorted, disjoint intervals (touching ones joined, empty ones dropped)."""
     out: list[Interval] = []
-    lo = hi = 0
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if not out:
-            lo, hi = start, end
+    ordered = iter(sorted(intervals))
+    for lo, hi in ordered:  # the first non-empty one
+        if hi > lo:
+            break
+    else:
+        return out
+    for start, end in ordered:
+        if start > hi:
+            if end <= start:  # empty (one that starts within the current one adds nothing)
+                continue
             out.append((lo, hi))
-        elif start <= hi:
-            if end > hi:
-                hi = end
-                out[-1] = (lo, hi)
-        else:
             lo, hi = start, end
-            out.append((lo, hi))
+        elif end > hi:
+            hi = end
+    out.append((lo, hi))
     return out
 
 
@@ -52,37 +53,47 @@ def clip(intervals: Iterable[Interval], lo: int, hi: int) -> list[Interval]:
 def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """``a ∩ b`` of two merged lists (see :func:`merge`), merged."""
     out: list[Interval] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        start = max(a[i][0], b[j][0])
-        end = min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
+    if not a or not b:
+        return out
+    rest_a, rest_b = iter(a), iter(b)
+    s1, e1 = next(rest_a)
+    s2, e2 = next(rest_b)
+    try:
+        while True:  # the interval that ends first is done with
+            if e1 < e2:
+                if s2 < e1:
+                    out.append((s1 if s1 > s2 else s2, e1))
+                s1, e1 = next(rest_a)
+            else:
+                if s1 < e2:
+                    out.append((s1 if s1 > s2 else s2, e2))
+                s2, e2 = next(rest_b)
+    except StopIteration:
+        return out
 
 
 def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """``a`` less ``b``, of two merged lists (see :func:`merge`), merged."""
+    """``a`` less ``b``: ``a`` merged (see :func:`merge`), ``b`` sorted and disjoint
+    (touching intervals may stay apart); merged."""
     out: list[Interval] = []
-    j = 0
-    n = len(b)
+    holes = iter(b)
+    hs, he = next(holes, _PAST)
     for start, end in a:
         cur = start
-        while j < n and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < n and b[k][0] < end:
-            hs, he = b[k]
+        while he <= cur:  # holes that end before the rest of ``a`` begins
+            hs, he = next(holes, _PAST)
+        while hs < end:
             if hs > cur:
                 out.append((cur, hs))
-            cur = he  # > cur: the skip above, and disjoint holes
-            if cur >= end:
+            if he >= end:  # it covers the rest (and maybe some of the next interval)
+                cur = end
                 break
-            k += 1
+            cur = he
+            hs, he = next(holes, _PAST)
         if cur < end:
             out.append((cur, end))
     return out
+
+
+#: after every hole: beyond any nanosecond (an int, as the intervals' bounds are)
+_PAST: Interval = (1 << 256, 1 << 256)

@@ -7,7 +7,7 @@ spans go where; this module only measures."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
 
 import msgspec
 
@@ -123,13 +123,6 @@ def _union_and_logical(
     return merge(iv for ivs in threads.values() for iv in ivs), union_ns(kept)
 
 
-def _union_of(lists: dict[Any, list[Interval]]) -> int:
-    """Length of the union of merged lists (one list: its own length)."""
-    if len(lists) <= 1:
-        return sum(map(length, lists.values()))
-    return union_ns(iv for ivs in lists.values() for iv in ivs)
-
-
 def measure_window(
     lo: int,
     hi: int,
@@ -162,7 +155,8 @@ def measure_window(
     for phase, threads in by_phase.items():
         merged[phase], logical[phase] = _union_and_logical(threads, holes)
         phase_ns[phase] = length(merged[phase])
-    path, slices = critical_path(lo, hi, merged, holes, config)
+    own = merge(iv for ivs in holes.values() for iv in ivs)
+    path, slices, busy = critical_path(lo, hi, merged, own, config)
     overlap_ns = dict.fromkeys(config.pairs, 0)
     if len(merged) > 1:
         for p, q in config.pairs:
@@ -170,8 +164,8 @@ def measure_window(
                 overlap_ns[p, q] = length(intersect(merged[p], merged[q]))
     return WindowTiming(
         wall_ns=hi - lo,
-        overhead_ns=_union_of(holes),
-        busy_ns=_union_of(merged),
+        overhead_ns=length(own),
+        busy_ns=length(busy),
         span_ns=span_ns,
         phase_ns=phase_ns,
         phase_logical_ns=logical,
@@ -190,44 +184,62 @@ def critical_path(
     lo: int,
     hi: int,
     merged: dict[str, list[Interval]],
-    holes: dict[int, list[Interval]],
+    overhead: list[Interval],
     config: ObserverConfig,
-) -> tuple[dict[str, int], tuple[tuple[str, int, int], ...]]:
+) -> tuple[dict[str, int], tuple[tuple[str, int, int], ...], list[Interval]]:
     """A window's wall cut by what its length waited on: at each instant the first that
     runs of the busier side's work (the trainer's training, or the engines' generation
     and weight loads: the side whose union covers more of the window, which the other
     side waits for), then the other side's, then another phase, twinkle's own work,
-    else idle. ``merged``: each phase's merged spans in the window; ``holes``: the
-    overhead per thread. Without a streaming configuration nothing is known to be
-    training or generation: every phase is ``other``. Returns the seconds per kind (in
-    :data:`PATH_KINDS` order) and the stretches, in time order."""
+    else idle. ``merged``: each phase's merged spans in the window; ``overhead``:
+    twinkle's own work in it, merged. Without a streaming configuration nothing is
+    known to be training or generation: every phase is ``other``. Returns the seconds
+    per kind (in :data:`PATH_KINDS` order), the stretches in time order, and the union
+    of every phase (sorted and disjoint; touching intervals may stay apart)."""
     roles: list[tuple[str, str | None]] = []
     if config.streaming is not None:
         generation, training = config.streaming
         trainer = [("training", training)]
         engines = [("generation", generation), ("publish", config.publish)]
-        engine_ivs = [iv for _, p in engines if p is not None for iv in merged.get(p, [])]
-        if length(merge(engine_ivs)) > length(merged.get(training, [])):
+        if _union_length(merged, generation, config.publish) > length(merged.get(training, [])):
             roles = [*engines, *trainer]
         else:
             roles = [*trainer, *reversed(engines)]
     named = {phase for _, phase in roles if phase is not None}
     others = merge(iv for p, ivs in merged.items() if p not in named for iv in ivs)
-    overhead = merge(iv for ivs in holes.values() for iv in ivs)
     parts = [(kind, merged.get(p, []) if p else []) for kind, p in roles]
-    parts += [("other", others), ("overhead", overhead)]
     path = dict.fromkeys(PATH_KINDS, 0)
     slices: list[tuple[str, int, int]] = []
+    # What the parts taken so far run: sorted and disjoint, as each part adds only what
+    # none before it covered (a C-level sort of two sorted runs, no merge pass).
     covered: list[Interval] = []
-    for kind, ivs in parts:
+    busy: list[Interval] = []
+    for kind, ivs in [*parts, ("other", others), ("overhead", overhead)]:
+        if kind == "overhead":
+            busy = covered
         exposed = subtract(ivs, covered) if covered else ivs
-        path[kind] = length(exposed)
-        slices += [(kind, s, e) for s, e in exposed]
-        covered = merge([*covered, *ivs])
+        if exposed:
+            path[kind] = length(exposed)
+            slices += [(kind, s, e) for s, e in exposed]
+            covered = sorted(covered + exposed) if covered else exposed
     idle = subtract([(lo, hi)], covered) if hi > lo else []
     slices += [("idle", s, e) for s, e in idle]
     path["idle"] = (hi - lo) - sum(path.values())
-    return path, tuple(sorted(slices, key=lambda x: (x[1], x[2])))
+    # The stretches are disjoint and none is empty: no two start together.
+    return path, tuple(sorted(slices, key=_start)), busy
+
+
+_start = itemgetter(1)
+
+
+def _union_length(merged: dict[str, list[Interval]], p: str, q: str | None) -> int:
+    """The length of the union of two phases' merged spans: each one's, less their
+    intersection's."""
+    a = merged.get(p, [])
+    if q is None or q == p:
+        return length(a)
+    b = merged.get(q, [])
+    return length(a) + length(b) - length(intersect(a, b))
 
 
 class AttributedTiming(msgspec.Struct, frozen=True):

@@ -450,8 +450,7 @@ class Timeline:
         if kept_from is None:
             return
         for data in (*self.open.values(), *self.future.values()):
-            for span in data.spans:
-                kept_from = min(kept_from, span[1])
+            kept_from = min([kept_from, *[span[1] for span in data.spans]])
         self.overhead = [iv for iv in self.overhead if iv[1] > kept_from]
 
     def accounting(self) -> dict[str, Any]:
