@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from twinkle.errors import ConfigError, RecordError
 from twinkle.events import SamplesObserved, dumps_event, event_from_dict
@@ -101,48 +103,88 @@ def _records(run_dir: Path, scope: str = "iteration") -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "mfu" and r["scope"] == scope]
 
 
-def test_a_samples_flops_are_the_formulas_sums() -> None:
-    hybrid = model_shape(
-        {
-            "model_type": "qwen3_5_text",
-            "hidden_size": 64,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "num_hidden_layers": 4,
-            "intermediate_size": 96,
-            "vocab_size": 100,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 8,
-            "linear_value_head_dim": 8,
-            "linear_conv_kernel_dim": 4,
-        }
-    )
-    sliding = model_shape(
-        {
-            "model_type": "mistral",
-            "hidden_size": 32,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "intermediate_size": 64,
-            "vocab_size": 50,
-            "sliding_window": 3,
-        }
-    )
-    for shape in (SHAPE, hybrid, sliding):
+_HYBRID = model_shape(
+    {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 4,
+        "intermediate_size": 96,
+        "vocab_size": 100,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+    }
+)
+_MISTRAL = {
+    "model_type": "mistral",
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "vocab_size": 50,
+}
+_SLIDING = model_shape({**_MISTRAL, "sliding_window": 3})
+#: sliding layers beside a full one, with no window given (each sees every key)
+_UNBOUNDED = model_shape({**_MISTRAL, "layer_types": ["sliding_attention", "full_attention"]})
+_SHAPES = [SHAPE, _HYBRID, _SLIDING, _UNBOUNDED]
+
+
+def test_a_batchs_flops_are_the_formulas_sums() -> None:
+    for shape in _SHAPES:
         flops = SampleFlops(shape, recompute=False)
         for n in (1, 2, 5, 17):
-            assert flops.training(n) == 3 * forward_flops(shape, [n])
+            assert flops.training([n]) == 3 * forward_flops(shape, [n])
             for p in (0, 1, n):
-                assert flops.generation(n, p) == generation_flops(shape, [p], [n - p])
-                assert flops.training(n, p) == training_flops(shape, [n], prompt_lengths=[p])
+                assert flops.generation([n], [p]) == generation_flops(shape, [p], [n - p])
+                assert flops.training([n], [p]) == training_flops(shape, [n], prompt_lengths=[p])
         again = SampleFlops(shape, recompute=True)
-        assert again.training(5) == training_flops(shape, [5], recompute=True)
-        assert again.training(5, 2) == training_flops(
+        assert again.training([5]) == training_flops(shape, [5], recompute=True)
+        assert again.training([5], [2]) == training_flops(
             shape, [5], recompute=True, prompt_lengths=[2]
         )
-    assert ModelShape.from_dict(hybrid.to_dict()) == hybrid
+    assert ModelShape.from_dict(_HYBRID.to_dict()) == _HYBRID
+    assert _UNBOUNDED.layer_types == ("sliding_attention", "full_attention")
+    assert _UNBOUNDED.sliding_window is None
+
+
+def test_a_sliding_windows_attention_by_hand() -> None:
+    # window 3, sequences of 2 and 5 tokens: 1 + 2 keys, and 1 + 2 + 3 + 3 + 3 keys
+    flops = SampleFlops(_SLIDING, recompute=False)
+    assert _SLIDING.layer_types == ("sliding_attention",) * 2
+    per_key = 4 * _SLIDING.heads * _SLIDING.head_dim
+    assert flops._attention([2, 5], 7) == per_key * 2 * (3 + 12)
+    # with no window each sees every key: 1 + 2, and 1 + 2 + 3 + 4 + 5
+    unbounded = SampleFlops(_UNBOUNDED, recompute=False)
+    assert unbounded._attention([2, 5], 7) == per_key * 2 * (3 + 15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shape=st.sampled_from(_SHAPES),
+    pairs=st.lists(
+        st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))),
+        max_size=12,
+    ),
+    recompute=st.booleans(),
+)
+def test_a_batchs_flops_are_its_samples_summed(
+    shape: ModelShape, pairs: list[tuple[int, int]], recompute: bool
+) -> None:
+    lengths = [n for n, _ in pairs]
+    prompts = [p for _, p in pairs]
+    flops = SampleFlops(shape, recompute)
+    assert flops.training(lengths) == training_flops(shape, lengths, recompute=recompute)
+    assert flops.training(lengths, prompts) == training_flops(
+        shape, lengths, recompute=recompute, prompt_lengths=prompts
+    )
+    completions = [n - p for n, p in pairs]
+    assert flops.generation(lengths, prompts) == generation_flops(shape, prompts, completions)
+    assert flops.generation(lengths, prompts) == sum(flops.generation([n], [p]) for n, p in pairs)
 
 
 def test_each_iteration_has_its_phases_flops_and_mfu(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ window), and the steady state. A share over 1 is not reported as MFU: it goes un
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from operator import mul
 from typing import Any
 
 from twinkle.events import IterationStarted, RunFinished, RunStarted, SamplesObserved
@@ -42,9 +44,11 @@ OVER_PEAK = (
 
 
 class SampleFlops:
-    """One sample's FLOPs for a model shape, by its length and prompt: the sums of
-    :func:`~twinkle.metric.training_flops` and :func:`~twinkle.metric.generation_flops`
-    with each layer's per-token and attention terms added up once."""
+    """A batch's FLOPs for a model shape, by its samples' lengths and prompts: the
+    sums of :func:`~twinkle.metric.training_flops` and
+    :func:`~twinkle.metric.generation_flops`, each layer's per-token and attention
+    terms added up once and the attention's triangles summed in closed form (from the
+    lengths' sum and sum of squares), not sample by sample."""
 
     def __init__(self, shape: ModelShape, recompute: bool) -> None:
         self.linear = sum(shape.linear_per_token().values())
@@ -55,22 +59,42 @@ class SampleFlops:
         self.window = shape.sliding_window
         self.passes = 4 if recompute else 3
 
-    def _attention(self, n: int) -> int:
-        total = self.full * (n * (n + 1) // 2)
+    def _attention(self, lengths: Sequence[int], total: int) -> int:
+        """The attention of sequences of ``lengths`` (``total`` tokens): position ``i``
+        of a full layer sees ``i`` keys, of a sliding one at most its window ``w``."""
+        keys = _triangles(lengths, total)
+        attention = self.full * keys
         if self.sliding:
-            w = self.window or n
-            c = min(w, n)
-            total += self.sliding * (c * (c + 1) // 2 + (n - c) * w)
-        return self.per_key * total
+            w = self.window
+            if not w:  # (no window: a full layer's)
+                attention += self.sliding * keys
+            else:  # (a sequence over w: w's triangle, then w keys per position)
+                short = [n for n in lengths if n <= w]
+                within = sum(short)
+                over = len(lengths) - len(short)
+                capped = w * (w + 1) // 2 * over + w * (total - within - over * w)
+                attention += self.sliding * (_triangles(short, within) + capped)
+        return self.per_key * attention
 
-    def training(self, n: int, prompt: int = 0) -> int:
-        """Training on ``n`` tokens, the LM head on those after ``prompt``."""
-        return self.passes * (n * self.linear + self._attention(n)) + 3 * (n - prompt) * self.head
+    def training(self, lengths: Sequence[int], prompts: Sequence[int] = ()) -> int:
+        """Training on sequences of ``lengths``, the LM head on each one's tokens after
+        its prompt (all of them without ``prompts``)."""
+        total = sum(lengths)
+        body = total * self.linear + self._attention(lengths, total)
+        return self.passes * body + 3 * (total - sum(prompts)) * self.head
 
-    def generation(self, n: int, prompt: int) -> int:
-        """Generating ``n - prompt`` tokens after ``prompt``: the last one is never fed."""
-        fed = n - 1 if n > prompt else n
-        return fed * self.linear + self._attention(fed) + (n - prompt) * self.head
+    def generation(self, lengths: Sequence[int], prompts: Sequence[int]) -> int:
+        """Generating each sequence's tokens after its prompt: the last one is never fed."""
+        fed = [n - 1 if n > p else n for n, p in zip(lengths, prompts, strict=True)]
+        total = sum(fed)
+        body = total * self.linear + self._attention(fed, total)
+        return body + (sum(lengths) - sum(prompts)) * self.head
+
+
+def _triangles(lengths: Sequence[int], total: int) -> int:
+    """Sum of ``n (n + 1) / 2`` over ``lengths`` (``total`` their sum)."""
+    squares: int = sum(map(mul, lengths, lengths))
+    return (squares + total) // 2
 
 
 class _Totals:
@@ -133,16 +157,17 @@ class MfuObserver(BuiltinObserver):
             if throughput[phase].samples != event.phase:
                 continue
             part = _Totals()
-            lengths, prompts = event.lengths, event.prompt_lengths or ()
+            lengths = event.lengths
+            prompts: Sequence[int] = event.prompt_lengths or ()
             part.tokens = sum(lengths)
-            cost = flops.generation if work == "generation" else flops.training
             if work == "training" and not config.completion_logits:
-                part.flops = sum(map(flops.training, lengths))
-            elif prompts:
-                part.flops = sum(map(cost, lengths, prompts))
-            else:  # (the LM head on every token: counted as such, and said)
-                part.flops = sum(cost(n, 0) for n in lengths)
-                part.no_prompt = len(lengths)
+                part.flops = flops.training(lengths)
+            else:
+                if not prompts:  # (the LM head on every token: counted as such, and said)
+                    prompts = (0,) * len(lengths)
+                    part.no_prompt = len(lengths)
+                cost = flops.generation if work == "generation" else flops.training
+                part.flops = cost(lengths, prompts)
             self.run[phase].add(part)
             upto = self.timeline.finalised_upto
             if upto is None or event.iteration > upto:  # (else late: the run's only)
