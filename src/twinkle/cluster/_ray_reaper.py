@@ -106,11 +106,13 @@ def _gone(proc: psutil.Process) -> bool:
 
 
 def _remove(session_dir: Path) -> None:
-    shutil.rmtree(session_dir, ignore_errors=True)
+    """The link to the session directory first, then the directory: once the directory
+    is gone, nothing points at it (the other order leaves a dangling link a moment)."""
     latest = session_dir.parent / "session_latest"
     with contextlib.suppress(OSError):
         if latest.is_symlink() and Path(os.readlink(latest)) == session_dir:
             latest.unlink()
+    shutil.rmtree(session_dir, ignore_errors=True)
 
 
 def main(spec: dict[str, Any]) -> None:
