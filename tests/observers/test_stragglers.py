@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from observers.test_scripted_run import manual_session
-from twinkle.observers._stragglers import _peer_medians
+from twinkle.observers._stragglers import StragglerLedger, _peer_medians, _Work
 from twinkle.perf import Span
 
 MS = 1_000_000
@@ -117,6 +117,32 @@ def test_a_side_with_one_worker_is_not_compared_saying_why(stragglers: dict[str,
         "abstained": {"fewer than two workers did this side's work": 4},
         "workers": {},
     }
+
+
+def test_every_iterations_ratios_go_once_the_steady_state_has_one() -> None:
+    """Two engines, 100 tokens each; e1 takes 30 ms against e0's 10 on warm-up
+    iteration 0 (3.0x), 10 on steady iterations 1-2 (1.0x), 50 on drain iteration 3.
+    Before a steady iteration the summary is every iteration's; after, the steady
+    state's alone, and the ledger keeps no other ratios (its state grows by those)."""
+    ledger = StragglerLedger()
+
+    def fold(it: int, e1_ms: int, steady: bool) -> None:
+        ledger.work["generation"][it] = {
+            name: _Work(ns=ms * MS, tokens=100, spans=1, with_tokens=1)
+            for name, ms in (("e0", 10), ("e1", e1_ms))
+        }
+        ledger.finalise(it, steady)
+
+    fold(0, 30, steady=False)
+    e1 = ledger.summary()["generation"]["workers"]["e1"]
+    assert (e1["median_ratio_to_peers"], e1["compared_iterations"]) == (3.0, 1)
+    fold(1, 10, steady=True)
+    fold(2, 10, steady=True)
+    fold(3, 50, steady=False)
+    assert "generation" not in ledger.every and "training" in ledger.every
+    e1 = ledger.summary()["generation"]["workers"]["e1"]
+    assert (e1["median_ratio_to_peers"], e1["compared_iterations"]) == (1.0, 2)
+    assert e1["seconds_per_token"] == pytest.approx(0.020 / 200)
 
 
 @given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=2, max_size=40))

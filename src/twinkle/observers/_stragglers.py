@@ -62,6 +62,11 @@ class _Side:
         self.abstained: dict[str, int] = {}
         self.units: set[str] = set()
 
+    @property
+    def empty(self) -> bool:
+        """No iteration folded in yet (compared or abstained on)."""
+        return not self.verdicts and not self.abstained
+
     def compare(self, workers: dict[str, _Work]) -> None:
         """Fold one iteration's work in: each worker against its peers' median."""
         tokens = all(w.with_tokens for w in workers.values())
@@ -118,13 +123,15 @@ class StragglerLedger:
     """Collects each side's work per iteration and worker from span batches, and folds
     an iteration in when it is finalised (its work then forgotten: memory grows with
     the workers, and by 8 bytes per worker and iteration compared, the ratios whose
-    exact median is reported). A span arriving after its iteration was finalised is
-    not counted."""
+    exact median is reported; once a side has a steady iteration folded in, the
+    summary reads its steady state's alone, and every iteration's are dropped). A span
+    arriving after its iteration was finalised is not counted."""
 
     def __init__(self) -> None:
         #: side -> iteration -> worker -> work, for the iterations not finalised yet
         self.work: dict[str, dict[int, dict[str, _Work]]] = {"generation": {}, "training": {}}
-        #: per side: over the steady state, and over every iteration
+        #: per side: over the steady state, and over every iteration (until the steady
+        #: state has one: the summary reads that side's steady state's from then on)
         self.steady = {side: _Side() for side in self.work}
         self.every = {side: _Side() for side in self.work}
         self.finalised: int | None = None
@@ -172,9 +179,12 @@ class StragglerLedger:
             workers = by_iteration.pop(iteration, None)
             if workers is None:
                 continue
-            self.every[side].compare(workers)
             if steady:
                 self.steady[side].compare(workers)
+            if self.steady[side].empty:
+                self.every[side].compare(workers)
+            else:  # (never read again: its ratios would grow the state for nothing)
+                self.every.pop(side, None)
 
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s ``stragglers``: per side, over the steady state (every
@@ -183,7 +193,7 @@ class StragglerLedger:
         out: dict[str, Any] = {}
         for side in self.work:
             chosen = self.steady[side]
-            if not chosen.verdicts and not chosen.abstained:
+            if chosen.empty:  # (then every iteration's is still there)
                 chosen = self.every[side]
             out[side] = chosen.summary()
         return out
