@@ -131,7 +131,9 @@ _MISTRAL = {
 _SLIDING = model_shape({**_MISTRAL, "sliding_window": 3})
 #: sliding layers beside a full one, with no window given (each sees every key)
 _UNBOUNDED = model_shape({**_MISTRAL, "layer_types": ["sliding_attention", "full_attention"]})
-_SHAPES = [SHAPE, _HYBRID, _SLIDING, _UNBOUNDED]
+#: ... and a window of 0 given with them (the formulas read it as none)
+_ZERO_WINDOW = ModelShape.from_dict({**_SLIDING.to_dict(), "sliding_window": 0})
+_SHAPES = [SHAPE, _HYBRID, _SLIDING, _UNBOUNDED, _ZERO_WINDOW]
 
 
 def test_a_batchs_flops_are_the_formulas_sums() -> None:

@@ -20,9 +20,10 @@ from twinkle.run._checkpoint import CHECKPOINT_FILE
 def _busy_segment(out: Path, every: int, ready_at: int) -> None:
     """A process runs (or resumes) run ``r`` in ``out`` with three threads publishing
     beside its loop (spans, samples, scalars, memory readings), a checkpoint every
-    ``every`` events, and is killed outright ``ready_at`` iterations in. Its loop takes
-    an optimizer step right after each boundary: the order moves on while the dispatch
-    thread takes the boundary's checkpoint."""
+    ``every`` events, and is killed outright ``ready_at`` iterations in (once it has a
+    checkpoint: a busy host may lag). Its loop takes an optimizer step right after each
+    boundary: the order moves on while the dispatch thread takes the boundary's
+    checkpoint."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -64,7 +65,12 @@ def _busy_segment(out: Path, every: int, ready_at: int) -> None:
                 with run.recorder.span("train.step", iteration=i):
                     time.sleep(0.002)
                 run.bus.samples(iteration=i, phase="train", lengths=[5], groups=1)
-                if i == first + {ready_at}:
+                if i == first + {ready_at}:  # (once a checkpoint is there: a busy host)
+                    deadline = time.monotonic() + 60
+                    while not (run.out_dir / "checkpoint.bin").exists():
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.01)
                     print("ready", flush=True)
         """
     )
