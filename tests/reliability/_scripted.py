@@ -61,19 +61,8 @@ def segment(
     raises out of it after its iterations (the session finishes it as an error).
     Dispatched on the publishing thread, as :func:`twinkle.testing.scripted_run` does:
     two such segments write the same bytes."""
-    clock = ManualClock(10**9)
-    session = RunSession(
-        out_dir=out,
-        run_id="r",
-        config=config,
-        autoload=False,
-        clock=clock,
-        wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
-        background_writer=False,
-        background_dispatch=False,
-        resume=True,
-        blocked=blocked,
-        plugins=list(plugins),
+    session, clock = segment_session(
+        out, config, wall_offset_ns=wall_offset_ns, blocked=blocked, plugins=plugins
     )
     with session as run:
         first = 0 if run.resumed is None else run.resumed.next_iteration
@@ -93,6 +82,32 @@ def segment(
         if fail:
             raise RuntimeError("the trainer broke")
     return session
+
+
+def segment_session(
+    out: Path,
+    config: dict[str, Any],
+    *,
+    wall_offset_ns: int,
+    blocked: tuple[str, ...] = (),
+    plugins: tuple[tuple[str, object], ...] = (),
+) -> tuple[RunSession, ManualClock]:
+    """The session of one of :func:`segment`'s processes (not started) and its clock."""
+    clock = ManualClock(10**9)
+    session = RunSession(
+        out_dir=out,
+        run_id="r",
+        config=config,
+        autoload=False,
+        clock=clock,
+        wall_clock=lambda: WALL0 + wall_offset_ns + clock(),
+        background_writer=False,
+        background_dispatch=False,
+        resume=True,
+        blocked=blocked,
+        plugins=list(plugins),
+    )
+    return session, clock
 
 
 def killed_when_ready(script: str) -> int:

@@ -27,7 +27,7 @@ from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
-from twinkle.run import RunSession
+from twinkle.run import Resumed, RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
 
 OUTPUTS = ("events.jsonl", *DERIVED)
@@ -146,15 +146,25 @@ def test_a_segment_killed_outright_resumes_from_its_own_last_checkpoint(
     _killed_segment(tmp_path / "with", every=20, background=background)
     marked = orjson.loads((tmp_path / "with" / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
     assert marked["files"]["trace.json"][3].endswith(".tmp")  # the killed process's
-    shutil.copytree(tmp_path / "with", tmp_path / "without")
-    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
-    a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR)
-    b = segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR)
-    assert a.resumed is not None and b.resumed is not None
-    assert 0 < a.resumed.restored_events == marked["events"] <= a.resumed.events
-    assert a.resumed.events - marked["events"] < 40  # the tail: since the last checkpoint
-    assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
-    assert_replay_identical(tmp_path / "with" / "r", tmp_path)
+    a = assert_resumes_agree(tmp_path, lambda out: segment(out, iterations=2, wall_offset_ns=HOUR))
+    assert a.events - a.restored_events < 40  # the tail: since the last checkpoint
+
+
+def assert_resumes_agree(tmp_path: Path, resume: Callable[[Path], RunSession]) -> Resumed:
+    """The run in ``tmp_path / "with"`` resumed by ``resume`` from its checkpoint, and a
+    copy of it without the checkpoint resumed from the whole log, write the same (and
+    what a replay of the first writes); the first's resume."""
+    with_, without = tmp_path / "with", tmp_path / "without"
+    marked = orjson.loads((with_ / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    shutil.copytree(with_, without)
+    (without / "r" / CHECKPOINT_FILE).unlink()
+    a, b = resume(with_).resumed, resume(without).resumed
+    assert a is not None and b is not None
+    assert 0 < a.restored_events == marked["events"] <= a.events
+    assert b.restored_events == 0 and b.events == a.events
+    assert _outputs(with_ / "r") == _outputs(without / "r")
+    assert_replay_identical(with_ / "r", tmp_path)
+    return a
 
 
 def test_a_resume_in_place_that_fails_cuts_the_record_files_back(

@@ -4,17 +4,13 @@ from the newest checkpoint writes what a restart from the whole log writes."""
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 from pathlib import Path
 
-import orjson
 import pytest
 
 from reliability._scripted import CONFIG, killed_when_ready, segment
-from reliability.test_checkpoint import HOUR, _outputs
-from reliability.test_reliability_resume import assert_replay_identical
-from twinkle.run._checkpoint import CHECKPOINT_FILE
+from reliability.test_checkpoint import HOUR, assert_resumes_agree
 
 
 def _busy_segment(out: Path, every: int, ready_at: int) -> None:
@@ -82,12 +78,4 @@ def test_a_busy_run_killed_outright_resumes_from_its_checkpoint_as_from_its_log(
     tmp_path: Path, every: int, ready_at: int
 ) -> None:
     _busy_segment(tmp_path / "with", every=every, ready_at=ready_at)
-    marked = orjson.loads((tmp_path / "with" / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
-    shutil.copytree(tmp_path / "with", tmp_path / "without")
-    (tmp_path / "without" / "r" / CHECKPOINT_FILE).unlink()
-    a = segment(tmp_path / "with", iterations=2, wall_offset_ns=HOUR)
-    b = segment(tmp_path / "without", iterations=2, wall_offset_ns=HOUR)
-    assert a.resumed is not None and b.resumed is not None
-    assert 0 < a.resumed.restored_events == marked["events"] <= a.resumed.events
-    assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
-    assert_replay_identical(tmp_path / "with" / "r", tmp_path)
+    assert_resumes_agree(tmp_path, lambda out: segment(out, iterations=2, wall_offset_ns=HOUR))
