@@ -54,26 +54,25 @@ class SampleFlops:
         self.linear = sum(shape.linear_per_token().values())
         self.head = shape.lm_head
         self.per_key = 4 * shape.heads * shape.head_dim
-        self.full = shape.layer_types.count("full_attention")
-        self.sliding = shape.layer_types.count("sliding_attention")
-        self.window = shape.sliding_window
+        full = shape.layer_types.count("full_attention")
+        sliding = shape.layer_types.count("sliding_attention")
+        self.window = shape.sliding_window or 0
+        # sliding layers without a window (None or 0) see every key, as full ones do
+        self.full = full if self.window else full + sliding
+        self.sliding = sliding if self.window else 0
         self.passes = 4 if recompute else 3
 
     def _attention(self, lengths: Sequence[int], total: int) -> int:
         """The attention of sequences of ``lengths`` (``total`` tokens): position ``i``
         of a full layer sees ``i`` keys, of a sliding one at most its window ``w``."""
-        keys = _triangles(lengths, total)
-        attention = self.full * keys
-        if self.sliding:
+        attention = self.full * _triangles(lengths, total)
+        if self.sliding:  # (a sequence over w: w's triangle, then w keys per position)
             w = self.window
-            if not w:  # (no window: a full layer's)
-                attention += self.sliding * keys
-            else:  # (a sequence over w: w's triangle, then w keys per position)
-                short = [n for n in lengths if n <= w]
-                within = sum(short)
-                over = len(lengths) - len(short)
-                capped = w * (w + 1) // 2 * over + w * (total - within - over * w)
-                attention += self.sliding * (_triangles(short, within) + capped)
+            short = [n for n in lengths if n <= w]
+            within = sum(short)
+            over = len(lengths) - len(short)
+            capped = w * (w + 1) // 2 * over + w * (total - within - over * w)
+            attention += self.sliding * (_triangles(short, within) + capped)
         return self.per_key * attention
 
     def training(self, lengths: Sequence[int], prompts: Sequence[int] = ()) -> int:
