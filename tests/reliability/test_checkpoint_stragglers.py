@@ -8,7 +8,6 @@ slow on two iterations in three (chronic), e1 on about one in five (one-off)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from reliability._scripted import segment_session
 from reliability.test_checkpoint import HOUR, assert_resumes_agree
 from twinkle.perf import Span
 from twinkle.run import RunSession
-from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
+from twinkle.run._checkpoint import CHECKPOINT_FILE, Checkpoint, load
 
 MS = 1_000_000
 
@@ -47,8 +46,11 @@ def _segment(out: Path, iterations: int, hour: int) -> RunSession:
 
 
 def _ledger(run_dir: Path) -> Any:
-    payload = (run_dir / CHECKPOINT_FILE).read_bytes().partition(b"\n")[2]
-    return _Unpickler(io.BytesIO(payload)).load()["observers"]["timing"]["stragglers"]
+    """The straggler ledger in the run's checkpoint, read as a resume reads it."""
+    header = orjson.loads((run_dir / CHECKPOINT_FILE).read_bytes().partition(b"\n")[0])
+    checkpoint = load(run_dir, "r", header["observers"])
+    assert isinstance(checkpoint, Checkpoint), checkpoint
+    return checkpoint.state()["observers"]["timing"]["stragglers"]
 
 
 def test_a_streaming_runs_stragglers_resume_from_the_checkpoint_as_from_the_log(

@@ -63,9 +63,8 @@ def _busy_segment(out: Path, every: int, ready_at: int) -> None:
                 run.bus.samples(iteration=i, phase="train", lengths=[5], groups=1)
                 if i == first + {ready_at}:  # (once a checkpoint is there: a busy host)
                     deadline = time.monotonic() + 60
-                    while not (run.out_dir / "checkpoint.bin").exists():
-                        if time.monotonic() > deadline:
-                            break
+                    checkpoint = run.out_dir / "checkpoint.bin"
+                    while not checkpoint.exists() and time.monotonic() < deadline:
                         time.sleep(0.01)
                     print("ready", flush=True)
         """
