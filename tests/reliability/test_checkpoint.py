@@ -14,6 +14,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -28,7 +29,7 @@ from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
 from twinkle.run import Resumed, RunSession
-from twinkle.run._checkpoint import CHECKPOINT_FILE, _Unpickler
+from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, _digest, _Unpickler
 
 OUTPUTS = ("events.jsonl", *DERIVED)
 HOUR = 3600 * 10**9
@@ -220,11 +221,43 @@ def _planted_code(run_dir: Path) -> None:
     head, _, _ = path.read_bytes().partition(b"\n")
     header = orjson.loads(head)
     payload = pickle.dumps(os.system)
-    import hashlib
-
-    header["payload_bytes"] = len(payload)
-    header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    header[DIGEST] = _digest(header, payload)
     path.write_bytes(orjson.dumps(header) + b"\n" + payload)
+
+
+def _edited_header(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """A checkpoint whose header line is edited by ``edit`` (still JSON, the state and
+    the digest as written)."""
+
+    def spoil(run_dir: Path) -> None:
+        path = run_dir / CHECKPOINT_FILE
+        head, _, payload = path.read_bytes().partition(b"\n")
+        header = orjson.loads(head)
+        edit(header)
+        path.write_bytes(orjson.dumps(header) + b"\n" + payload)
+
+    spoil.__name__ = edit.__name__
+    return spoil
+
+
+def _fewer_events(header: dict[str, Any]) -> None:
+    header["events"] -= 1
+
+
+def _later_iteration(header: dict[str, Any]) -> None:
+    header["scan"]["last_iteration"] += 1  # (the trainer would skip an iteration)
+
+
+def _fifo(run_dir: Path) -> None:
+    """A FIFO in the checkpoint's place: reading it would wait for a writer forever."""
+    (run_dir / CHECKPOINT_FILE).unlink()
+    os.mkfifo(run_dir / CHECKPOINT_FILE)
+
+
+def _link_to_device(run_dir: Path) -> None:
+    """A symbolic link to an endless device: reading it would fill the memory."""
+    (run_dir / CHECKPOINT_FILE).unlink()
+    (run_dir / CHECKPOINT_FILE).symlink_to("/dev/zero")
 
 
 def _changed_trace(run_dir: Path) -> None:
@@ -244,6 +277,10 @@ def _cut_records(run_dir: Path) -> None:
     ("spoil", "why"),
     [
         (_cut_payload, "cut or changed"),
+        (_edited_header(_fewer_events), "cut or changed"),
+        (_edited_header(_later_iteration), "cut or changed"),
+        (_fifo, "checkpoint.bin is not a regular file"),
+        (_link_to_device, "checkpoint.bin is a symbolic link"),
         (_garbage, "not a checkpoint twinkle wrote"),
         (_other_code, "written by another twinkle"),
         (_planted_code, "cannot be read back (UnpicklingError: a checkpoint holds only twinkle"),
@@ -267,6 +304,25 @@ def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(
     assert any(why in r.getMessage() and "whole log" in r.getMessage() for r in caplog.records)
     segment(without, iterations=2, wall_offset_ns=HOUR)
     assert _outputs(with_ / "r") == _outputs(without / "r")
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_record_file_that_is_a_fifo_fails_the_resume_naming_it(
+    tmp_path: Path, checkpoint: bool
+) -> None:
+    """A FIFO planted as ``metrics_raw.jsonl`` is neither waited on (a resume counts
+    the lines of the file it rebuilds) nor taken for the checkpoint's lines: the resume
+    fails at once naming the file and the fix, and the log is as it was."""
+    segment(tmp_path, iterations=3, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    if not checkpoint:
+        (run_dir / CHECKPOINT_FILE).unlink()
+    log = (run_dir / "events.jsonl").read_bytes()
+    (run_dir / "metrics_raw.jsonl").unlink()
+    os.mkfifo(run_dir / "metrics_raw.jsonl")
+    with pytest.raises(ReporterError, match=r"metrics_raw.jsonl is not a regular file.*move it"):
+        segment(tmp_path, iterations=2, wall_offset_ns=HOUR)
+    assert (run_dir / "events.jsonl").read_bytes() == log
 
 
 def test_a_resume_that_plans_more_steps_starts_from_the_checkpoint(

@@ -17,7 +17,13 @@ from twinkle.events import RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._config import ObserverConfig
-from twinkle.reporting import Backend, JsonlBackend, JsonlFileBackend, WebUIFlatBackend
+from twinkle.reporting import (
+    Backend,
+    JsonlBackend,
+    JsonlFileBackend,
+    WebUIFlatBackend,
+    open_regular,
+)
 
 __all__ = ["RAW_FILE", "WEBUI_FILE", "RawRecordsSink", "WebUISink"]
 
@@ -82,7 +88,7 @@ class _FileBackendSink(BuiltinObserver):
             return backend
         # The file a checkpoint marks, opened before the stale files go (a killed
         # segment's rebuild may be it)
-        source = None if mark is None else (path.parent / mark.path).open("rb")
+        source = None if mark is None else open_regular(path.parent / mark.path)
         with source or contextlib.nullcontext():
             _remove_stale(path)
             new = path.with_name(f".{path.name}.resume.{os.getpid()}.tmp")
@@ -247,7 +253,7 @@ def _count_lines(path: Path, start: int = 0) -> int:
     """The complete lines of ``path`` from byte ``start`` on (0 when there is no such
     file)."""
     try:
-        with path.open("rb") as file:
+        with open_regular(path) as file:
             file.seek(start)
             return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(1 << 20), b""))
     except FileNotFoundError:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from twinkle.reporting._frozen import FrozenDict
 from twinkle.reporting._health import BackendHealth
-from twinkle.reporting._jsonl_files import make_dirs, sidecar_path
+from twinkle.reporting._jsonl_files import make_dirs, open_regular, sidecar_path
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting._record_values import NONFINITE_ATTR
 from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, SeqSource
@@ -91,6 +91,7 @@ __all__ = [
     "is_record_kind",
     "make_dirs",
     "make_record",
+    "open_regular",
     "read_jsonl",
     "record_fields",
     "record_from_dict",

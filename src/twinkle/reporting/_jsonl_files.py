@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from twinkle.errors import ReporterError
 
@@ -26,6 +28,7 @@ __all__ = [
     "StrPath",
     "make_dirs",
     "open_appending",
+    "open_regular",
     "reporter_error",
     "sidecar_path",
 ]
@@ -146,3 +149,23 @@ def _open_in(dir_fd: int, path: Path, append: bool) -> tuple[int, bool, bool]:
         ) from None
     except OSError as exc:
         raise reporter_error(path, exc, "open") from exc
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file, else an :class:`OSError`
+    saying what it is: no symbolic link is followed and a FIFO is not waited on, so a
+    planted entry never hangs a reader nor has it read a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if path.is_symlink():
+            raise OSError(f"{path.name} is a symbolic link, which twinkle never follows") from exc
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{path.name} is not a regular file (mode {stat.filemode(mode)})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")

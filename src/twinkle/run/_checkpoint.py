@@ -14,8 +14,10 @@ A resume uses it only when everything agrees: the same format, the same twinkle 
 own, and plugins that keep their state through ``twinkle_checkpoint_state``, with the
 same code; any other plugin rebuilds its outputs from the events it sees), the state's digest,
 and each file's length and digest. Anything else, it says why and feeds the whole log
-again, as a resume without a checkpoint does: never a wrong figure. The state is read
-by an unpickler that only makes twinkle's classes and plain Python values.
+again, as a resume without a checkpoint does: never a wrong figure. One digest covers
+the header and the state together (a changed count in the header is as much a
+different checkpoint as a changed state). The state is read by an unpickler that only
+makes twinkle's classes and plain Python values.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from twinkle.observers import (
     TraceSink,
     WebUISink,
 )
-from twinkle.reporting import ReplacingFile
+from twinkle.reporting import ReplacingFile, open_regular
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -67,7 +69,9 @@ CHECKPOINT_FILE: Final = "checkpoint.bin"
 #: the files a checkpoint marks
 MARKED: Final = ("events.jsonl", "metrics_raw.jsonl", "metrics.jsonl", "trace.json")
 NO_CHECKPOINT: Final = "the run has no checkpoint"
-FORMAT: Final = 1
+FORMAT: Final = 2
+#: the header's key of the digest over the rest of the header and the state
+DIGEST: Final = "sha256"
 #: the bytes of a file's end that its digest covers
 TAIL_BYTES: Final = 64 * 1024
 
@@ -87,7 +91,7 @@ class FileMark:
     def matches(self, path: Path) -> str | None:
         """None when ``path`` still begins so, else why not."""
         try:
-            with path.open("rb") as f:
+            with open_regular(path) as f:
                 have = os.fstat(f.fileno()).st_size
                 if have < self.size:
                     return f"{path.name} holds {have} bytes, fewer than its {self.size}"
@@ -328,9 +332,8 @@ def write(out_dir: Path, checkpoint: Checkpoint) -> None:
         },
         "scan": checkpoint.scan,
         "observers": checkpoint.observers,
-        "payload_bytes": len(checkpoint.payload),
-        "payload_sha256": hashlib.sha256(checkpoint.payload).hexdigest(),
     }
+    header[DIGEST] = _digest(header, checkpoint.payload)
     out = ReplacingFile(out_dir / CHECKPOINT_FILE)  # synced, then renamed into place
     try:
         out.write(orjson.dumps(header) + b"\n" + checkpoint.payload)
@@ -340,16 +343,27 @@ def write(out_dir: Path, checkpoint: Checkpoint) -> None:
     out.commit()
 
 
+def _digest(header: Mapping[str, Any], payload: bytes) -> str:
+    """The SHA-256 of ``header`` (its JSON, keys sorted, without the digest) and the
+    state."""
+    fields = {k: v for k, v in header.items() if k != DIGEST}
+    digest = hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
+    digest.update(b"\n")
+    digest.update(payload)
+    return digest.hexdigest()
+
+
 def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
     """The checkpoint in ``out_dir`` when it can serve this resume (the run's id, its
     observers' names, every file as it marks it), else why not."""
     path = out_dir / CHECKPOINT_FILE
     try:
-        data = path.read_bytes()
+        with open_regular(path) as f:
+            data = f.read()
     except FileNotFoundError:
         return NO_CHECKPOINT
     except OSError as exc:
-        return f"cannot read {CHECKPOINT_FILE} ({exc.strerror or exc})"
+        return f"cannot read {CHECKPOINT_FILE} ({exc.strerror or exc}): remove it"
     head, _, payload = data.partition(b"\n")
     try:
         header = orjson.loads(head)
@@ -387,6 +401,8 @@ def _disagreement(
 ) -> str | None:
     if header.get("format") != FORMAT or header.get("code") != code_digest():
         return "it was written by another twinkle (or Python) than this one"
+    if header.get(DIGEST) != _digest(header, checkpoint.payload):
+        return f"{CHECKPOINT_FILE} is cut or changed (its digest differs)"
     if checkpoint.run_id != run_id:
         return f"it is run {checkpoint.run_id!r}'s, not {run_id!r}'s"
     if checkpoint.observers != observers:
@@ -402,11 +418,6 @@ def _disagreement(
             f"it holds the state of observers {checkpoint.observers}, and this run has "
             f"{observers}{hint}"
         )
-    payload = checkpoint.payload
-    if len(payload) != header.get("payload_bytes") or hashlib.sha256(
-        payload
-    ).hexdigest() != header.get("payload_sha256"):
-        return f"{CHECKPOINT_FILE} is cut or changed (its state's digest differs)"
     return None
 
 
