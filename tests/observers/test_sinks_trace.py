@@ -104,7 +104,8 @@ def test_a_trace_is_the_same_however_its_writer_batched_the_events(
     tmp_path: Path, budget_mb: int | None
 ) -> None:
     """A writer hands the sink whatever came since its last turn: one event, or many.
-    Each event's lines (a new process's name among them, mid-run) keep their place."""
+    Each event's lines keep their place, and a process first seen mid-run is named
+    (at the end, with the tracks: a process is named once a line of it is written)."""
     config = {"trace": {"budget_mb": budget_mb}}
     other = ClockAnchor(monotonic_ns=1_000_000, wall_ns=5, pid=8, hostname="node1")
     events: list[Event] = [RunStarted(RUN, 1_000_000, 5, ANCHOR, config)]
@@ -136,8 +137,8 @@ def test_a_trace_is_the_same_however_its_writer_batched_the_events(
         traces.append((out / "trace.json").read_bytes())
     assert traces[0] == traces[1]
     trace = orjson.loads(traces[0])
-    named = [i for i, e in enumerate(trace) if e["name"] == "process_name" and e["pid"] == 8]
-    assert named and named[0] < [e["name"] for e in trace].index("gen")
+    named = [e["args"]["name"] for e in trace if e["name"] == "process_name" and e["pid"] == 8]
+    assert named == ["engine (node1, pid 8)"]
 
 
 def test_without_an_output_directory_nothing_is_started_or_written(tmp_path: Path) -> None:

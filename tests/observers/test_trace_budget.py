@@ -17,8 +17,8 @@ from observers.test_scripted_run import manual_session
 from observers.test_sinks_trace import _check_trace_rules
 from twinkle.errors import ConfigError
 from twinkle.observers import ObserverConfig
-from twinkle.observers._trace_budget import TraceBudget
-from twinkle.perf import Span
+from twinkle.observers._trace_budget import Key, TraceBudget
+from twinkle.perf import ClockAnchor, Span
 from twinkle.run import replay
 
 MS = 1_000_000
@@ -76,6 +76,7 @@ def test_the_budget_keeps_the_tail_the_notable_windows_and_outlines_while_they_f
         "windows_left_out": 3,
         "spans_left_out": 7,  # it4-it8's details, late d and late 1'
         "lines_left_out": 11,  # those, it6-it8's outlines and late o
+        "names_left_out": 0,  # (none offered here)
     }
 
 
@@ -264,15 +265,76 @@ def test_spans_added_as_a_batch_are_decided_as_one_by_one(ops: list[Any], budget
                 b.open(op[1], iteration=op[2])
             continue
         items = [(op[1], op[2])] if op[0] == "line" else op[1]
-        lines = []
+        lines: list[tuple[int, bytes, Key]] = []
         for at, size in items:
             made += 1
-            lines.append((at, b"x" * size + str(made).encode()))
-        for at, line in lines:
-            one.add(at, line, span=True)
+            lines.append((at, b"x" * size + str(made).encode(), (1, made % 3)))
+        for at, line, key in lines:
+            one.add(at, line, span=True, key=key)
         batch.add_spans(lines)
         out_one += one.ready()
         out_batch += batch.ready()
     assert out_batch == out_one
     assert (out_batch + batch.finish()) == (out_one + one.finish())
     assert batch.note() == one.note()
+    assert batch.shown == one.shown
+
+
+def test_only_the_tracks_of_written_lines_are_shown_and_their_names_fit_in_an_eighth() -> None:
+    """Budget 800 (tail 200, in full 400): the set-up's 50 B line (52 with its ",\\n")
+    and it1's and it2's 150 B ones are written in full (52, 204, 356 of 400); it3's
+    would pass 400 and it4-it7 are ordinary: their detail is left out; it8, the tail,
+    is written in full. Only the tracks of written lines are shown. Names: five of 40
+    B (42 each) against 800 // 8 = 100: two fit, three are left out, counted."""
+    budget = TraceBudget(800)
+    budget.open(0, iteration=False)
+    budget.add(0, b"s" * 50, key=(1, 1))
+    for i in range(1, 9):
+        budget.open(i * 10, iteration=True)
+        budget.add(i * 10, b"d" * 150, span=True, key=(2, i))
+    written = budget.finish()
+    assert [len(line) for line in written] == [50, 150, 150, 150]
+    assert budget.shown == {(1, 1), (2, 1), (2, 2), (2, 8)}
+    names = [bytes([ord("a") + k]) * 40 for k in range(5)]
+    assert budget.names(names) == names[:2]
+    assert budget.note()["names_left_out"] == 3
+    assert TraceBudget(None).names(names) == names  # (no budget: every name)
+
+
+def test_a_run_whose_threads_and_processes_come_and_go_stays_within_its_budget(
+    tmp_path: Path,
+) -> None:
+    """Fresh thread ids every iteration (a pool made anew) and a fresh process for
+    half the workers (data-loader processes): 200 iterations of 8 workers' 10 spans on
+    5 threads each, budget 1 MB (~2.7 MB of span lines unbudgeted, ~0.8 MB of names
+    had every track been named). The trace stays within its budget, and only the
+    tracks and processes that a written line is on are named."""
+    run, clock = manual_session(tmp_path, "churn", {"trace": {"budget_mb": 1}})
+    for it in range(200):
+        clock.set(it * 10 * MS)
+        run.bus.iteration_started(it)
+        for w in range(8):
+            pid = 1_000 + w if w % 2 else 100_000 + it * 8 + w
+            anchor = ClockAnchor(monotonic_ns=0, wall_ns=0, pid=pid, hostname=f"node{w}")
+            start = it * 10 * MS
+            spans = [
+                Span("work", start + k * MS // 2, start + k * MS // 2 + 100, 5 * it + k % 5, pid,
+                     {"iteration": it, "k": k}, None)
+                for k in range(10)
+            ]  # fmt: skip
+            run.bus.publish_spans(f"worker{w}", anchor, spans)
+        clock.set(it * 10 * MS + 9 * MS)
+    clock.set(2_000 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    data = (run.out_dir / "trace.json").read_bytes()
+    assert len(data) <= 1_000_000
+    trace = orjson.loads(data)
+    _check_trace_rules(trace)
+    drawn = {(e["pid"], e.get("tid")) for e in trace if e["ph"] != "M"}
+    named = {(e["pid"], e["tid"]) for e in trace if e["name"] == "thread_name"}
+    assert named and named <= drawn
+    processes = {e["pid"] for e in trace if e["name"] == "process_name"}
+    assert len(processes) > 8 and processes <= {pid for pid, _ in drawn}
+    (note,) = [e["args"] for e in trace if e["name"] == "trace_budget"]
+    assert note["spans_left_out"] > 0 and note["names_left_out"] > 0  # (both bind)

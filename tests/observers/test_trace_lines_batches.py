@@ -53,7 +53,7 @@ def _lines(batches: list[list[Span]], budget_mb: float | None) -> tuple[list[byt
     trace.add(IterationStarted(RUN, 20_000, 6, 0), out)
     for spans in batches:
         trace.add(SpanBatch(RUN, 70_000, 7, "main", ANCHOR, tuple(spans)), out)
-    lines = [*out, *trace.tail().split(b",\n"), *trace.track_names().split(b",\n")]
+    lines = [*out, *trace.tail().split(b",\n")]
     named = [line for line in lines if b'"process_name"' in line]
     return named, [line for line in lines if b'"process_name"' not in line]
 

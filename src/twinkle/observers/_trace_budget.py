@@ -23,6 +23,11 @@ budget holds it, else is left out. The held lines are bounded by the tail's quar
 (a window larger than that alone is decided at once, while still open), so the
 sink's memory is too. Without a budget (``config.trace.budget_mb`` null) every line
 is written as it comes.
+
+A line may name the track it is drawn on (``(pid, tid)``; a counter's tid is 0): the
+budget notes the tracks that a written line is on (:attr:`TraceBudget.shown`), so that
+only those are named at the end (:meth:`TraceBudget.names`, in the last eighth), never
+a track whose lines were all left out.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FIRST_WINDOWS", "SLOW_AFTER", "SLOW_FACTOR", "TraceBudget"]
+__all__ = ["FIRST_WINDOWS", "SLOW_AFTER", "SLOW_FACTOR", "Key", "TraceBudget"]
+
+#: the track a line is drawn on: (pid, tid); None: a line on no track of its own
+Key = tuple[int, int] | None
 
 #: iterations of each segment written in full (the pipeline filling)
 FIRST_WINDOWS = 3
@@ -58,6 +66,9 @@ class _Window:
     end_ns: int | None = None
     outline: list[bytes] = field(default_factory=list)
     detail: list[bytes] = field(default_factory=list)
+    #: the tracks its outline lines and its detail lines are on
+    outline_keys: set[Key] = field(default_factory=set)
+    detail_keys: set[Key] = field(default_factory=set)
     spans: int = 0
     outline_bytes: int = 0
     detail_bytes: int = 0
@@ -110,6 +121,9 @@ class TraceBudget:
         self.windows = dict.fromkeys(Fate, 0)
         self.spans_left_out = 0
         self.lines_left_out = 0
+        self.names_left_out = 0
+        #: the tracks a written line is on (None among them: lines on none)
+        self.shown: set[Key] = set()
 
     # -- the windows -------------------------------------------------------------------
 
@@ -153,12 +167,21 @@ class TraceBudget:
 
     # -- the lines ---------------------------------------------------------------------
 
-    def add(self, at_ns: int, line: bytes, *, outline: bool = False, span: bool = False) -> None:
+    def add(
+        self,
+        at_ns: int,
+        line: bytes,
+        *,
+        outline: bool = False,
+        span: bool = False,
+        key: Key = None,
+    ) -> None:
         """A line of the trace, in the window holding ``at_ns`` (an ``outline`` line:
         a marker, a weight publish, a critical-path slice; a ``span``'s line counts as
-        one when left out)."""
+        one when left out), on track ``key``."""
         if self.budget is None or not self._starts:  # (no window yet: nothing holds it)
             self._ready.append(line)
+            self.shown.add(key)
             return
         starts = self._starts
         if at_ns >= starts[-1]:  # the newest window's: most lines
@@ -171,9 +194,11 @@ class TraceBudget:
             if outline:
                 window.outline.append(line)
                 window.outline_bytes += len(line) + 2
+                window.outline_keys.add(key)
             else:
                 window.detail.append(line)
                 window.detail_bytes += len(line) + 2
+                window.detail_keys.add(key)
                 window.spans += span
             self._held_bytes += len(line) + 2
             self._decide_over_budget()
@@ -184,33 +209,35 @@ class TraceBudget:
         if fate != Fate.LEFT_OUT and self.used[fate] + len(line) + 2 <= self._cap(fate):
             self._ready.append(line)
             self.used[fate] += len(line) + 2
+            self.shown.add(key)
         else:
             self.lines_left_out += 1
             self.spans_left_out += span
 
-    def add_spans(self, lines: list[tuple[int, bytes]]) -> None:
-        """Spans' lines, each ``(at_ns, line)``, as :meth:`add` takes them one by one
-        (the same decisions, in order): those of the newest window, still held, without
-        a call each (a worker's batch of spans is mostly that)."""
+    def add_spans(self, lines: list[tuple[int, bytes, Key]]) -> None:
+        """Spans' lines, each ``(at_ns, line, key)``, as :meth:`add` takes them one by
+        one (the same decisions, in order): those of the newest window, still held,
+        without a call each (a worker's batch of spans is mostly that)."""
         starts = self._starts
         if self.budget is None or not starts or not self._held or self._newest is None:
-            for at_ns, line in lines:
-                self.add(at_ns, line, span=True)
+            for at_ns, line, key in lines:
+                self.add(at_ns, line, span=True, key=key)
             return
         newest_at, tail = starts[-1], self.budget // 4
         newest, held = self._newest, self._held
         newest_held = held[-1][1] is newest
-        for at_ns, line in lines:
+        for at_ns, line, key in lines:
             if newest_held and at_ns >= newest_at:
                 newest.detail.append(line)
                 newest.detail_bytes += len(line) + 2
+                newest.detail_keys.add(key)
                 newest.spans += 1
                 self._held_bytes += len(line) + 2
                 if self._held_bytes > tail:
                     self._decide_over_budget()
                     newest_held = bool(held)  # (decided oldest first: the newest is last)
             else:
-                self.add(at_ns, line, span=True)
+                self.add(at_ns, line, span=True, key=key)
                 newest_held = bool(held) and held[-1][1] is newest
 
     def ready(self) -> list[bytes]:
@@ -226,6 +253,20 @@ class TraceBudget:
                 self._write(*self._held.popleft(), Fate.FULL)
         return self.ready()
 
+    def names(self, lines: list[bytes]) -> list[bytes]:
+        """Of the name lines ``lines`` (of the tracks and processes in :attr:`shown`,
+        the first to name first), those that fit in the budget's last eighth; the
+        others are left out, counted."""
+        if self.budget is None:
+            return lines
+        cap, used = self.budget // 8, 0
+        for count, line in enumerate(lines):
+            used += len(line) + 2
+            if used > cap:
+                self.names_left_out += len(lines) - count
+                return lines[:count]
+        return lines
+
     def note(self) -> dict[str, Any]:
         """What the trace left out, for its ``args``."""
         return {
@@ -235,6 +276,7 @@ class TraceBudget:
             "windows_left_out": self.windows[Fate.LEFT_OUT],
             "spans_left_out": self.spans_left_out,
             "lines_left_out": self.lines_left_out,
+            "names_left_out": self.names_left_out,
         }
 
     # -- deciding ----------------------------------------------------------------------
@@ -269,11 +311,14 @@ class TraceBudget:
             self.spans_left_out += window.spans
         else:
             self._ready += window.outline
+            self.shown |= window.outline_keys
             if fate == Fate.FULL:
                 self._ready += window.detail
+                self.shown |= window.detail_keys
                 self.used[Fate.FULL] += window.size
             else:
                 self.lines_left_out += len(window.detail)
                 self.spans_left_out += window.spans
                 self.used[Fate.OUTLINE] += window.outline_bytes
         window.outline, window.detail = [], []  # (written or left out: not held)
+        window.outline_keys, window.detail_keys = set(), set()

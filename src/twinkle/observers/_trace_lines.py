@@ -24,7 +24,7 @@ from twinkle.events import (
 )
 from twinkle.metric import convert_bytes
 from twinkle.observers._config import TRACE_BUDGET_MB, ClockSkewTolerance, ObserverConfig
-from twinkle.observers._trace_budget import TraceBudget
+from twinkle.observers._trace_budget import Key, TraceBudget
 from twinkle.observers._trace_tracks import (
     ARROW_MEMORY,
     ITERATIONS_TRACK,
@@ -52,10 +52,11 @@ class TraceLines:
     slices on its ``weights`` track; a segment's resume (``segment 1 resumed``) an instant
     event across every track.
 
-    **Tracks.** Every process is named (the run's by its run id, a worker's by its span
-    source). A thread's track is named by the role of the spans it carries, decided
-    over the whole run (names are written at close, so a thread is never named after
-    whatever span happened to come first):
+    **Tracks.** Every process is named (the run's by its run id, at its start; a
+    worker's by its span source, at close, when a line of it was written). A thread's
+    track is named by the role of the spans it carries, decided over the whole run
+    (names are written at close, so a thread is never named after whatever span
+    happened to come first; only a track that a written line is on is named):
 
     * ``trainer``: the track carries a span of the run's training phase (the config's
       ``streaming.training``, else its phase ``train``), whatever else it carries (a
@@ -89,7 +90,9 @@ class TraceLines:
         self._skew = ClockSkewTolerance()  # the run's, from its run_started
         self._config: ObserverConfig | None = None  # the run's phases (None: unreadable)
         self._training: str | None = None  # the run's training phase
-        self._processes: set[int] = set()
+        #: each worker process's ``process_name`` line, by pid, in order of first use
+        #: (written at close when a line of the process was)
+        self._process_names: dict[int, bytes] = {}
         # per (pid, thread or marker track): its lanes, each its outermost spans as
         # (start, end), in order
         self._lanes: dict[tuple[int, int | str], list[list[tuple[int, int]]]] = {}
@@ -123,24 +126,27 @@ class TraceLines:
         for kind, start, end in path.slices:
             slice_ = {"name": kind, "ph": "X", "cat": "critical path", "pid": pid, "tid": tid}
             slice_ |= {"ts": self._us(start), "dur": (end - start) / 1e3}
-            self._budget.add(start, orjson.dumps(slice_), outline=True)
+            self._budget.add(start, orjson.dumps(slice_), outline=True, key=(pid, tid))
 
-    def _marker(self, name: str, at_ns: int, scope: str = "t") -> bytes:
+    def _marker(self, name: str, at_ns: int, scope: str = "t") -> tuple[bytes, Key]:
         """An instant event on the run process's ``iterations`` track (``scope`` "g":
-        a line across every track, as a segment's start and end are)."""
+        a line across every track, as a segment's start and end are), and its track."""
         pid = self._origin.pid if self._origin else 0
         track = self._track(pid, ITERATIONS_TRACK, at_ns, at_ns)
         marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
-        return orjson.dumps({**marker, "ts": self._us(at_ns)})
+        return orjson.dumps({**marker, "ts": self._us(at_ns)}), (pid, track.tid)
 
     def _on_iteration(self, event: IterationStarted, lines: list[bytes]) -> None:
         at = event.monotonic_ns
         self._budget.open(at, iteration=True)
-        self._budget.add(at, self._marker(f"iteration {event.iteration}", at), outline=True)
+        line, key = self._marker(f"iteration {event.iteration}", at)
+        self._budget.add(at, line, outline=True, key=key)
 
     def _on_resumed(self, event: RunResumed, lines: list[bytes]) -> None:
         self._budget.open(event.monotonic_ns, iteration=False)
-        lines.append(self._marker(f"segment {event.segment} resumed", event.monotonic_ns, "g"))
+        line, key = self._marker(f"segment {event.segment} resumed", event.monotonic_ns, "g")
+        lines.append(line)
+        self._budget.shown.add(key)
 
     def _on_finished(self, event: RunFinished, lines: list[bytes]) -> None:
         self._budget.segment_finished(event.monotonic_ns)
@@ -159,7 +165,7 @@ class TraceLines:
             "dur": (event.end_ns - event.start_ns) / 1000.0,
             "args": {a.engine: self._us(a.acked_ns) for a in event.acks},
         }
-        self._budget.add(event.start_ns, orjson.dumps(slice_), outline=True)
+        self._budget.add(event.start_ns, orjson.dumps(slice_), outline=True, key=(pid, track.tid))
         for ack in event.acks:  # an arrow from the publish to each engine's load
             self._arrow_end((event.version, ack.engine), (pid, track.tid, ts), True)
 
@@ -172,7 +178,8 @@ class TraceLines:
             if r.device_reserved_bytes is not None:
                 mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
             line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": r.pid, "tid": 0}
-            self._budget.add(event.monotonic_ns, orjson.dumps({**line, "ts": ts, "args": mib}))
+            data = orjson.dumps({**line, "ts": ts, "args": mib})
+            self._budget.add(event.monotonic_ns, data, key=(r.pid, 0))
 
     def _on_started(self, event: RunStarted, lines: list[bytes]) -> None:
         self._origin = event.anchor
@@ -201,7 +208,8 @@ class TraceLines:
         # Onto the run, from its start: where the timeline puts them (a skewed worker's
         # by their arrival).
         offset = place_batch(event, self._origin, self._skew).shift_ns - origin
-        spans: list[tuple[int, bytes]] = []  # (at, line) for the budget, a batch at a time
+        # (at, line, track) for the budget, a batch at a time
+        spans: list[tuple[int, bytes, Key]] = []
         try:
             self._each_span(event, offset, origin, lines, spans)
         finally:  # (a span that is not JSON raises: the lines made before it go out still)
@@ -213,7 +221,7 @@ class TraceLines:
         offset: int,
         origin: int,
         lines: list[bytes],
-        spans: list[tuple[int, bytes]],
+        spans: list[tuple[int, bytes, Key]],
     ) -> None:
         """Each span's line into ``spans`` (a process's name into ``lines``)."""
         source = event.source
@@ -224,8 +232,8 @@ class TraceLines:
         first_track: Track | None = None
         for span in event.spans:
             pid, start, end = span.pid, span.start_ns, span.end_ns
-            if pid not in self._processes:
-                self._name_process(pid, source, event, lines)
+            if pid not in self._process_names:
+                self._name_process(pid, source, event)
             # (the common case inline: after the spans on the thread's first lane)
             if (
                 first_track is not None
@@ -258,7 +266,7 @@ class TraceLines:
                     "args": attrs if span.error is None else {**attrs, "error": span.error},
                 }
             )
-            spans.append((start + offset + origin, line))
+            spans.append((start + offset + origin, line, (pid, track.tid)))
             if span.name == "weights.load":
                 self._load_end(engine, attrs.get("version"), (pid, track.tid, ts), spans)
 
@@ -272,13 +280,15 @@ class TraceLines:
             spans.clear()
             self._arrow_end((version, engine), end, False)
 
-    def _name_process(self, pid: int, source: str, event: SpanBatch, lines: list[bytes]) -> None:
-        """A ``process_name`` line for a worker's process, the first time it is seen."""
-        self._processes.add(pid)
+    def _name_process(self, pid: int, source: str, event: SpanBatch) -> None:
+        """A worker's process's ``process_name`` line, made the first time it is seen
+        (the run's own process is named at its start: none)."""
+        line = b""
         if self._origin is None or pid != self._origin.pid:
             name = f"{source} ({event.anchor.hostname}, pid {pid})"
             process = {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
-            lines.append(orjson.dumps(process))
+            line = orjson.dumps(process)
+        self._process_names[pid] = line
 
     def _roles_of(self, source: str) -> Callable[[Track, str, object], None]:
         """What a span of ``source`` tells of its track's role (see the class doc)."""
@@ -355,29 +365,33 @@ class TraceLines:
         return track
 
     def tail(self) -> bytes:
-        """The windows the budget still holds, and a ``trace_budget`` metadata line:
-        what the trace shows of the run's windows and what it left out (each ending
-        ``,\n``)."""
+        """The trace's closing lines (each ending ``,\n``): the windows the budget still
+        holds, a ``trace_budget`` metadata line (what the trace shows of the run's
+        windows and what it left out) and the names of the processes and tracks that a
+        written line is on (a ``process_name`` line per worker process, then a
+        ``thread_name`` line per track, in order of first use, within the budget's last
+        eighth)."""
         pid = self._origin.pid if self._origin else 0
         lines = self._budget.finish()
-        note = {"name": "trace_budget", "ph": "M", "pid": pid, "args": self._budget.note()}
-        return b"".join(line + b",\n" for line in [*lines, orjson.dumps(note)])
-
-    def track_names(self) -> bytes:
-        """A ``thread_name`` line (each ending ``,\\n``) per track, in order of first use."""
-        return b"".join(
+        shown = self._budget.shown
+        pids = {key[0] for key in shown if key is not None}
+        names = [line for p, line in self._process_names.items() if line and p in pids]
+        names += [
             orjson.dumps(
                 {
                     "name": "thread_name",
                     "ph": "M",
-                    "pid": pid,
+                    "pid": p,
                     "tid": track.tid,
                     "args": {"name": track.title()},
                 }
             )
-            + b",\n"
-            for (pid, _, _), track in self._tracks.items()
-        )
+            for (p, _, _), track in self._tracks.items()
+            if (p, track.tid) in shown
+        ]
+        names = self._budget.names(names)  # (first: the note counts those left out)
+        note = {"name": "trace_budget", "ph": "M", "pid": pid, "args": self._budget.note()}
+        return b"".join(line + b",\n" for line in [*lines, orjson.dumps(note), *names])
 
 
 #: one formatter per type of what the sink writes lines for (the others write none)

@@ -179,7 +179,7 @@ class TraceSink(BuiltinObserver):
                     # The tail the budget held, what it left out; the tracks' names last:
                     # only now is every span of the run known (viewers read metadata
                     # wherever it is in the file).
-                    out.write(self._lines.tail() + self._lines.track_names() + self._END)
+                    out.write(self._lines.tail() + self._END)
                 except OSError as exc:
                     out.discard()
                     raise WriteError(
