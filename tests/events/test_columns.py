@@ -102,6 +102,32 @@ def test_any_batch_reads_back_as_it_was_written(spans: list[Span]) -> None:
     )
 
 
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@given(st.lists(st.tuples(_INT64, _INT64).map(sorted), min_size=1, max_size=4))
+def test_any_int64_times_read_back(times: list[list[int]]) -> None:
+    """Whatever int64 times a batch's spans have (a span from -2**63 to 2**62 lasts
+    more than 2**63 - 1 ns; a batch from 0 to 6e18 ends past t0 + the largest start +
+    the largest length), the log's reader takes what its writer wrote."""
+    spans = tuple(Span("a", start, end, 1, 2, {}, None) for start, end in times)
+    line = dumps_event(_batch(spans))
+    assert loads_event(line) == _batch(spans)
+    assert span_rows(json.loads(line)) == [s.to_dict() for s in spans]
+
+
+def test_a_batch_whose_largest_start_and_length_pass_int64_reads_back() -> None:
+    """t0 0, starts [0, 6e18], lengths [6e18, 0]: the bound t0 + max(start) + max(dur)
+    is 1.2e19, past 2**63 - 1; each span ends at 6e18, within it."""
+    spans = (
+        Span("a", 0, 6 * 10**18, 1, 1, {}, None),
+        Span("b", 6 * 10**18, 6 * 10**18, 1, 1, {}, None),
+    )
+    line = dumps_event(_batch(spans))
+    assert orjson.loads(line)["columns"]["dur"] == [6 * 10**18, 0]
+    assert loads_event(line) == _batch(spans)
+
+
 def test_the_log_of_an_older_twinkle_still_reads() -> None:
     old = msgspec.json.encode(_batch())  # the spans as a list of objects
     assert b'"spans":[{"name":"gen"' in old

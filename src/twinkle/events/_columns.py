@@ -8,7 +8,8 @@ item per span (in the batch's order), where a repeated value is written once:
   of its value in that table. An index column is left out when its table has one entry
   (every span uses it); ``errors`` is left out when no span ended by an exception.
 * ``t0``: the batch's earliest start; ``start``: per span, ``start_ns - t0``; ``dur``:
-  per span, ``end_ns - start_ns``.
+  per span, ``end_ns - start_ns`` (both below 2**64: a span's times are int64s, so
+  either can pass 2**63 - 1 when a batch holds negative times).
 * ``keys``: each distinct list of attribute names, in the order the span's attrs hold
   them; ``key``: per span, the index of its list (left out when there is one);
   ``values``: per attribute name, the values of the spans that have it, in span order.
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
-from operator import attrgetter, itemgetter, sub
-from typing import Any
+from operator import add, attrgetter, itemgetter, sub
+from typing import Annotated, Any
 
 import msgspec
 
@@ -39,6 +40,9 @@ _SCALARS = frozenset((str, int, float, bool, type(None)))
 
 __all__ = ["SpanBatchLine", "SpanColumns", "batch_line", "line_batch", "span_rows"]
 
+#: a span's start from ``t0``, or its length: the difference of two int64s
+Offset = Annotated[int, msgspec.Meta(ge=0)]  # (at most 2**64 - 1: from_columns checks the ends)
+
 
 class SpanColumns(
     msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
@@ -48,8 +52,8 @@ class SpanColumns(
     names: list[NonEmpty]
     name: list[Count] | None = None
     t0: Int64
-    start: list[Count]
-    dur: list[Count]
+    start: list[Offset]
+    dur: list[Offset]
     threads: list[Count]
     thread: list[Count] | None = None
     pids: list[Count]
@@ -209,7 +213,12 @@ def from_columns(cols: SpanColumns) -> tuple[Span, ...]:
             f"spans.columns.dur has {len(cols.dur)} entries for {n} starts: a line twinkle "
             "did not write"
         )
-    if n and cols.t0 + max(cols.start) + max(cols.dur) > INT64_MAX:
+    # (the bound first, in C: each span's end only when the bound does not settle it)
+    if (
+        n
+        and cols.t0 + max(cols.start) + max(cols.dur) > INT64_MAX
+        and cols.t0 + max(map(add, cols.start, cols.dur)) > INT64_MAX
+    ):
         raise RecordError("spans.columns: a span ends past 2**63 - 1 ns (t0 + start + dur)")
     names = _column(cols.names, cols.name, n, "name")
     threads = _column(cols.threads, cols.thread, n, "thread")
