@@ -193,6 +193,39 @@ def test_a_run_with_its_log_alone_is_reported_from_it_and_what_is_no_run_is_refu
     assert "is not a run directory" in capsys.readouterr().err
 
 
+def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_fix(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run a (3 iterations: 3 timing records) with its records cut after the second
+    iteration's timing record, at a line's end, or with a torn last line: the summary
+    counts 3, the records hold 2, or a line is not a record. Either is refused naming
+    the file and the replay that rebuilds it, never reported beside a summary it
+    contradicts (nor with a reader's option a command line has not)."""
+    cut, torn = tmp_path / "cut", tmp_path / "torn"
+    for copy_ in (cut, torn):
+        copy_.mkdir()
+        for name in ("events.jsonl", "summary.json", "metrics_raw.jsonl"):
+            (copy_ / name).write_bytes((runs[0] / name).read_bytes())
+    lines = (runs[0] / "metrics_raw.jsonl").read_bytes().splitlines(keepends=True)
+    timing = [i for i, x in enumerate(lines) if b'"kind":"timing","scope":"iteration"' in x]
+    assert len(timing) == 3
+    (cut / "metrics_raw.jsonl").write_bytes(b"".join(lines[: timing[1] + 1]))
+    with pytest.raises(InvalidArgumentError) as caught:
+        load_report(cut)
+    assert "holds the records of 2 iteration(s), but summary.json beside it counts 3" in str(
+        caught.value
+    )
+    assert f"twinkle replay {cut}/events.jsonl --out DIR" in str(caught.value)
+    (torn / "metrics_raw.jsonl").write_bytes(b"".join(lines)[:-10])
+    assert main(["report", str(torn)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"line {len(lines)}: invalid JSON" in err and "twinkle replay" in err
+    assert "on_error" not in err
+    (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
+    with pytest.raises(InvalidArgumentError, match="holds no event yet"):
+        load_report(cut)
+
+
 def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import struct

@@ -41,7 +41,7 @@ import msgspec
 import orjson
 
 from twinkle.checks import SafeName, explain
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, RecordError
 from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted, Status
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
@@ -117,6 +117,9 @@ class _Summary(msgspec.Struct, frozen=True):
     mfu: dict[str, Any] | None = None
     #: each worker's peaks (None: a summary from before it had them)
     memory_peaks: dict[str, dict[str, int]] | None = None
+    #: the iterations finalised: one ``timing`` record each (None: no timing observer)
+    iterations: int | None = None
+    records_dropped: int = 0
 
 
 def _read_summary(run: Path) -> _Summary:
@@ -165,6 +168,34 @@ def _check_covered(run: Path, summary: _Summary, first: RunStarted, logged: int)
         )
 
 
+def _finished_records(run: Path, summary: _Summary) -> list[dict[str, Any]]:
+    """A finished run's records, refused (naming the file, what is wrong and the fix)
+    when a line is not a record or when they are not the summary's: a run that
+    finished ``ok`` and dropped no record has a ``timing`` record per iteration its
+    summary counts (a file cut or added to after the run finished would otherwise be
+    reported beside a summary it contradicts)."""
+    path = run / RECORDS_FILE
+    reader = read_jsonl(path)
+    try:
+        records = list(reader)
+    except RecordError:
+        if reader.error is None:
+            raise
+        line, why = reader.error
+        raise InvalidArgumentError(
+            f"{str(path)!r} line {line}: {why}: {_replay_fix(run)}"
+        ) from None
+    timed = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
+    whole = summary.status == "ok" and summary.records_dropped == 0
+    if whole and summary.iterations is not None and timed != summary.iterations:
+        raise InvalidArgumentError(
+            f"{str(path)!r} holds the records of {timed} iteration(s), but {SUMMARY_FILE} "
+            f"beside it counts {summary.iterations}: the records were cut or added to after "
+            f"the run finished; {_replay_fix(run)}"
+        )
+    return records
+
+
 def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
     """The (scalar name, key) of the reward among the caller's ``scalars`` records:
     ``choice`` ("NAME.KEY") or the first ``reward_mean`` / ``reward`` key."""
@@ -192,6 +223,11 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     run = _run_dir(path)
     events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
     first_event = next(events, None)
+    if first_event is None:
+        raise InvalidArgumentError(
+            f"{str(run / EVENTS_FILE)!r} holds no event yet: a run just starting writes "
+            "its first in a moment (report it again), or one that never started wrote none"
+        )
     if not isinstance(first_event, RunStarted):
         raise InvalidArgumentError(
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
@@ -201,7 +237,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     if finished is not None:
         summary, logged = finished
         _check_covered(run, summary, first_event, logged)
-        records = list(read_jsonl(run / RECORDS_FILE))
+        records = _finished_records(run, summary)
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
     return _report(run, summary, records, first_event, iter(()), reward, live)
