@@ -28,8 +28,9 @@ from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter
-from twinkle.run import Resumed, RunSession
+from twinkle.run import Follower, Resumed, RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, _digest, _Unpickler
+from twinkle.run._follow import _line_ending_at
 
 OUTPUTS = ("events.jsonl", *DERIVED)
 HOUR = 3600 * 10**9
@@ -115,6 +116,54 @@ def _killed_segment(
         """
     )
     killed_when_ready(script)
+
+
+def _followed(run_dir: Path, *, from_checkpoint: bool) -> tuple[Any, ...]:
+    """What a follower of ``run_dir`` makes of its files: its snapshot's parts."""
+    with Follower(run_dir, from_checkpoint=from_checkpoint) as follower:
+        follower.poll()
+        snap = follower.snapshot()
+        if from_checkpoint:
+            assert follower.whole_log_why is None, follower.whole_log_why
+    return snap.events, snap.finished, snap.summary, snap.records
+
+
+@pytest.mark.parametrize("every", [10**9, 20])
+def test_a_run_in_progress_is_followed_from_its_checkpoint_as_from_its_whole_log(
+    tmp_path: Path, every: int
+) -> None:
+    """A finished segment, then one killed outright: the checkpoint is the finished
+    one's (``every`` 10**9) or the killed one's own, running (20). A follower (``twinkle
+    report`` of a run in progress, ``twinkle watch``) starts from it, reading the log
+    after it and the records before it from ``metrics_raw.jsonl``: its snapshot is the
+    one a follower of the whole log makes; one whose records are not what the
+    checkpoint marks reads the whole log, saying why."""
+    segment(tmp_path, iterations=3, wall_offset_ns=0)
+    _killed_segment(tmp_path, every)
+    run_dir = tmp_path / "r"
+    marked = orjson.loads((run_dir / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    logged = len((run_dir / "events.jsonl").read_bytes().splitlines())
+    # the killed segment's events after it; or (its own, running) none or a few: the
+    # follower's last event is then the one before the checkpoint's offset
+    assert 0 < marked["events"] < logged if every > 20 else 0 < marked["events"] <= logged
+    assert (every == 20) == (marked["scan"]["segments"] == 2)
+    whole = _followed(run_dir, from_checkpoint=False)
+    assert whole[:2] == (logged, False)
+    assert _followed(run_dir, from_checkpoint=True) == whole
+    size, _, _, name = marked["files"]["metrics_raw.jsonl"]
+    os.truncate(run_dir / name, size - 1)
+    with Follower(run_dir) as follower:
+        assert f"metrics_raw.jsonl holds {size - 1} bytes, fewer than its {size}" in str(
+            follower.whole_log_why
+        )
+
+
+def test_the_line_before_an_offset_is_found_however_long(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    lines = [b"a" * 10, b"b" * 300_000, b"c" * 5]
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    ends = [11, 11 + 300_001, 11 + 300_001 + 6]
+    assert [_line_ending_at(path, end) for end in ends] == lines
 
 
 def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Path) -> None:

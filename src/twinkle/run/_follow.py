@@ -8,13 +8,17 @@ directory. Only complete lines are read (a line still being written, or torn by 
 crash, waits until its newline arrives). The observers run in this process, with the
 run's configuration; a resumed segment whose configuration differs (``total_steps``,
 ``x_`` keys) starts them again from the first line with the new one, as a resumed
-session does. A snapshot copies their state (as a checkpoint does), closes the copy at
-the last event read and takes its summary and its last records: the running observers
-go on from where they were.
+session does. They start from the run's checkpoint when it can serve (as a resume's
+does: the same twinkle, observers all twinkle's own, the files as it marks them): only
+the log after it is read, and the records before it are the ``metrics_raw.jsonl``
+lines it covers, so following a run of days starts in seconds. A snapshot copies
+their state (as a checkpoint does), closes the copy at the last event read and takes
+its summary and its last records: the running observers go on from where they were.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import socket
@@ -26,15 +30,15 @@ from typing import Any
 import orjson
 import psutil
 
-from twinkle.errors import ReplayError, TwinkleError
+from twinkle.errors import RecordError, ReplayError, TwinkleError
 from twinkle.events import Event, RunFinished, RunResumed, RunStarted, event_from_dict
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.locks import RUN_LOCK_FILE
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import make_plugin_manager
-from twinkle.reporting import MAX_LINE_BYTES, MetricRecord, record_to_dict
-from twinkle.run._checkpoint import Checkpoint, snapshot_observers
+from twinkle.reporting import MAX_LINE_BYTES, MetricRecord, open_regular, record_to_dict
+from twinkle.run._checkpoint import Checkpoint, FileMark, load, observers_of, snapshot_observers
 from twinkle.run._run import Run
 
 __all__ = ["Follower", "Snapshot", "Writer", "writer_of"]
@@ -43,6 +47,8 @@ __all__ = ["Follower", "Snapshot", "Writer", "writer_of"]
 _SINKS = ("events", "metrics_raw", "webui", "trace")
 #: the most bytes read per poll (a long log is taken in several polls)
 _READ_BYTES = 16 << 20
+#: the record file whose lines a checkpoint covers are the records before it
+_RECORDS_FILE = "metrics_raw.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +101,19 @@ def _running(pid: int, since_ns: int | None) -> bool:
 
 
 class _Records:
-    """The records the observers make, as ``metrics_raw.jsonl`` holds them."""
+    """The records the observers make, as ``metrics_raw.jsonl`` holds them: each
+    ``seq`` its place in the file, the first ``start`` (the records before these: the
+    ones a checkpoint covers, or a snapshot's before its close)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 0) -> None:
+        self.start = start
         self.records: list[dict[str, Any]] = []
 
     @hookimpl
     def twinkle_record(self, record: MetricRecord) -> None:
-        self.records.append(orjson.loads(orjson.dumps(record_to_dict(record))))
+        line = orjson.loads(orjson.dumps(record_to_dict(record)))
+        line[SEQ_KEY] = self.start + len(self.records)  # (a follower's reporter: from 0)
+        self.records.append(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +134,7 @@ class Follower:
     """Reads ``events.jsonl`` of ``run_dir`` as it grows (:meth:`poll`) and gives the
     figures so far (:meth:`snapshot`)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, from_checkpoint: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / EVENTS_FILE
         if not self.path.is_file():
@@ -132,6 +143,11 @@ class Follower:
                 "(runs/<run_id>), once its run has started"
             )
         self._reset()
+        #: why the observers did not start from the run's checkpoint (None: they did,
+        #: or none was tried)
+        self.whole_log_why: str | None = None
+        if from_checkpoint:
+            self.whole_log_why = self._from_checkpoint()
 
     def _reset(self, config: Mapping[str, Any] | None = None) -> None:
         self._offset = 0
@@ -141,6 +157,53 @@ class Follower:
         self._config = config
         self._run: Run | None = None
         self._records = _Records()
+
+    def _from_checkpoint(self) -> str | None:
+        """Start the observers from the run's checkpoint, the log's offset, events and
+        records where it stands; else (the whole log to be read) why not."""
+        first = self._first_event()
+        if first is None:
+            return "the log holds no complete line yet"
+        names = observers_of(make_plugin_manager(autoload=False))
+        found = load(self.run_dir, first.run_id, names or [])
+        if isinstance(found, str):
+            return found
+        log = found.files[EVENTS_FILE]
+        try:
+            records = _covered_records(self.run_dir, found.files[_RECORDS_FILE])
+            last = _decoded(_line_ending_at(self.path, log.size), found.events - 1)
+        except (OSError, RecordError, ReplayError) as exc:
+            return f"the files it marks changed since ({exc})"
+        state = found.state()
+        held = dataclasses.replace(
+            found,
+            files={},
+            observers=[n for n in found.observers if n not in _SINKS],
+            payload=b"",
+            _state={
+                **state,
+                "observers": {n: v for n, v in state["observers"].items() if n not in _SINKS},
+            },
+        )  # (the follower writes no file: no sink of its own)
+        self.first, self.last = first, last
+        self._config = found.segment_config()
+        self._records.records = records
+        self._run = self._start(self._config, checkpoint=held)
+        self._offset, self.events = log.size, found.events
+        return None
+
+    def _first_event(self) -> RunStarted | None:
+        """The log's first event when it is a whole line (else None)."""
+        with open_regular(self.path) as f:
+            line = f.readline(MAX_LINE_BYTES)
+        if not line.endswith(b"\n"):
+            return None
+        event = self._decode(line)
+        if not isinstance(event, RunStarted):
+            raise ReplayError(
+                f"{self.path} must start with a run_started event, got {event.TYPE!r}"
+            )
+        return event
 
     @property
     def finished(self) -> bool:
@@ -237,7 +300,7 @@ class Follower:
         first, last = self.first, self.last
         if first is None or last is None:
             raise ReplayError(f"{self.path} holds no complete line yet: poll again later")
-        closing = _Records()
+        closing = _Records(len(self._records.records))
         copy = self._copy(closing)
         try:
             if copy.finished is None:
@@ -286,6 +349,42 @@ class Follower:
         run, self._run = self._run, None
         if run is not None:
             run.close()
+
+
+def _covered_records(run_dir: Path, mark: FileMark) -> list[dict[str, Any]]:
+    """The records a checkpoint's mark of ``metrics_raw.jsonl`` covers: its file's
+    first ``mark.size`` bytes, ``mark.lines`` lines."""
+    with open_regular(run_dir / mark.path) as f:
+        data = f.read(mark.size)
+    lines = data.splitlines()
+    if len(data) != mark.size or len(lines) != mark.lines:
+        raise RecordError(f"{mark.path} no longer holds the {mark.lines} lines it held")
+    return [orjson.loads(line) for line in lines]
+
+
+def _line_ending_at(path: Path, end: int) -> bytes:
+    """The line of ``path`` whose newline is its byte ``end - 1``."""
+    with open_regular(path) as f:
+        window = 1 << 16
+        while True:
+            begin = max(0, end - 1 - window)
+            f.seek(begin)
+            data = f.read(end - 1 - begin)
+            cut = data.rfind(b"\n")
+            if cut >= 0 or begin == 0:
+                return data[cut + 1 :]
+            window *= 4
+
+
+def _decoded(line: bytes, seq: int) -> Event:
+    """The event of the log's line ``line``, number ``seq`` (0-based)."""
+    try:
+        data = orjson.loads(line)
+        if not isinstance(data, dict) or data.pop(SEQ_KEY, seq) != seq:
+            raise ReplayError(f"line {seq + 1} is not the event it was")
+        return event_from_dict(data)
+    except (orjson.JSONDecodeError, TwinkleError) as exc:
+        raise ReplayError(f"line {seq + 1}: {exc}") from None
 
 
 def _in_progress(summary: dict[str, Any]) -> dict[str, Any]:
