@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from _recompute import read_events
+from observers.test_scripted_run import manual_session
 from twinkle.cli import EXIT_USAGE, main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
@@ -224,6 +225,33 @@ def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_
     (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
     with pytest.raises(InvalidArgumentError, match="holds no event yet"):
         load_report(cut)
+
+
+def test_a_throughput_tag_whose_samples_never_came_is_named_with_its_fix(
+    tmp_path: Path,
+) -> None:
+    """The configuration counts ``train`` samples the loop never publishes (the
+    README's trainer without its train samples): the throughput reads 0 and the
+    report says why, with the call that fixes it."""
+    config = {
+        "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "throughput": {"rollout": {"samples": "rollout", "devices": 1},
+                       "train": {"samples": "train", "devices": 1}},
+    }  # fmt: skip
+    run, clock = manual_session(tmp_path, "untagged", config)
+    for it in range(4):
+        clock.set(it * 10**9)
+        run.bus.iteration_started(it)
+        run.bus.samples(iteration=it, phase="rollout", lengths=[8, 9])
+    clock.set(4 * 10**9)
+    run.finish()
+    report = load_report(tmp_path / "untagged")
+    assert list(report["missing_sample_tags"]) == ["train"]
+    text = format_report(report)
+    assert (
+        "no train samples    counted by throughput.train but no samples event had "
+        "phase='train'; publish bus.samples(phase='train', ...)"
+    ) in text
 
 
 def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Path) -> None:

@@ -120,6 +120,8 @@ class _Summary(msgspec.Struct, frozen=True):
     #: the iterations finalised: one ``timing`` record each (None: no timing observer)
     iterations: int | None = None
     records_dropped: int = 0
+    #: each sample tag the configuration counts that no samples event carried, and why
+    missing_sample_tags: dict[str, str] = {}
 
 
 def _read_summary(run: Path) -> _Summary:
@@ -377,6 +379,7 @@ def _figures(
         "limits": dict(summary.limits),
         "mfu": summary.mfu,
         "seconds": _seconds(summary.seconds, phases),
+        "missing_sample_tags": dict(summary.missing_sample_tags),
     }
     return report
 
