@@ -81,7 +81,7 @@ def test_replay_refuses_to_write_into_the_logs_own_directory(run_dir: Path) -> N
 
 
 def test_replay_of_a_missing_log_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ReplayError, match="does not exist"):
+    with pytest.raises(ReplayError, match=r"does not exist or is not a file: give a run's dir"):
         replay(tmp_path / "nope.jsonl", tmp_path / "out")
 
 

@@ -20,6 +20,9 @@ from pathlib import Path
 import pyte
 import pytest
 
+from twinkle.errors import ReplayError
+from twinkle.run import Follower
+
 COLS, ROWS = 240, 70
 DEMO = [sys.executable, "-m", "twinkle.cli", "demo", "--no-progress", "--engines", "1"]
 
@@ -143,3 +146,7 @@ def test_watch_of_a_missing_run_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "twinkle: error:" in done.stderr and "holds no events.jsonl" in done.stderr
+    log = tmp_path / "events.jsonl"  # the run's log given for its directory
+    log.write_bytes(b"")
+    with pytest.raises(ReplayError, match=r"is a file: give its run's directory"):
+        Follower(log)

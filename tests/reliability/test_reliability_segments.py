@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from twinkle.cli import main
+from twinkle.demo.cli import format_summary
 from twinkle.report import format_report, load_report
 from twinkle.run import RunSession
 from twinkle.testing import SCRIPTED_CONFIG, crashed_run
@@ -93,6 +94,11 @@ def test_process_wall_and_planned_steps_are_per_segment_and_totalled(demo_twice:
     assert {line["total_steps"] for line in lines} == {7}  # the plan the run reached
     walls = [first["process_wall_seconds"], second["process_wall_seconds"]]
     assert summary["process_wall_seconds"] == pytest.approx(sum(walls), abs=1e-9)
+    # the demo's own summary says its model started afresh in the second process
+    assert "segments                2: each process's model started from its initial " in (
+        format_summary(summary)
+    )
+    assert "segments" not in format_summary({**summary, "segments": [first]})
 
 
 def test_the_report_marks_each_segment(demo_twice: Path) -> None:

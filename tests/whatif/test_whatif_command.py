@@ -45,7 +45,11 @@ def test_json_and_the_plot_and_the_kept_prediction(
     assert all(r["recorded_seconds"] and r["predicted_seconds"] for r in data["iterations"])
     assert plot.stat().st_size > 0
     assert (out_dir / "events.jsonl").is_file() and (out_dir / "summary.json").is_file()
+    assert data["predicted_run"] == str(out_dir)
     assert main(["report", str(run), str(out_dir)]) == 0  # a predicted run is a run
+    capsys.readouterr()
+    assert main(args) == 0  # without --out: its files are gone, so no path to them
+    assert json.loads(capsys.readouterr().out)["predicted_run"] is None
 
 
 @pytest.mark.parametrize(

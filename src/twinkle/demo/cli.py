@@ -37,7 +37,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     from twinkle.demo.config import BACKENDS, DEFAULT_LR, ENGINES, DemoConfig
 
     d = DemoConfig()
-    p.add_argument("--iterations", type=int, default=d.iterations, metavar="N")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=d.iterations,
+        metavar="N",
+        help=f"iterations this process runs (default {d.iterations}; a resumed run: N more)",
+    )
     p.add_argument("--out", default="runs", metavar="DIR", help="the run goes to DIR/<run_id>/")
     p.add_argument("--run-id", default=None, help="default: time, pid and a random suffix")
     p.add_argument(
@@ -121,7 +127,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue run --run-id even though it finished ok (without it, a run that "
-        "finished ok is refused; one that crashed or ended in error is continued)",
+        "finished ok is refused; one that crashed or ended in error is continued); the "
+        "run's numbering, timeline and figures go on, the tiny model starts again from its "
+        "initial weights (the demo keeps no model checkpoint: the reward starts over)",
     )
     p.add_argument(
         "--backend-timeout",
@@ -235,6 +243,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             "outside their windows)",
             f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
             "(the process's, interpreter start-up included)",
+            *(
+                [
+                    f"  segments                {len(segments)}: each process's model started "
+                    "from its initial weights (the demo keeps no model checkpoint)"
+                ]
+                if len(segments := summary.get("segments") or []) > 1
+                else []
+            ),
         ]
     )
 

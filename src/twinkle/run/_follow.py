@@ -137,6 +137,11 @@ class Follower:
     def __init__(self, run_dir: str | os.PathLike[str], *, from_checkpoint: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / EVENTS_FILE
+        if self.run_dir.is_file():
+            raise ReplayError(
+                f"{str(self.run_dir)!r} is a file: give its run's directory (runs/<run_id>), "
+                f"the one holding {EVENTS_FILE}"
+            )
         if not self.path.is_file():
             raise ReplayError(
                 f"{str(self.run_dir)!r} holds no {EVENTS_FILE} (yet): give a run's directory "

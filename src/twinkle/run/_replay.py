@@ -212,7 +212,10 @@ def _log_path(events: str | os.PathLike[str]) -> Path:
             )
         return log
     if not path.is_file():
-        raise ReplayError(f"event log {str(path)!r} does not exist or is not a file")
+        raise ReplayError(
+            f"{str(path)!r} does not exist or is not a file: give a run's directory "
+            f"(runs/<run_id>) or its {EVENTS_FILE}"
+        )
     return path
 
 

@@ -50,6 +50,8 @@ def whatif_command(args: argparse.Namespace) -> int:
             _plot(prediction, args.plot)
         if args.json:
             out = prediction.to_dict()
+            if args.out is None:  # (its files are gone once this command ends)
+                out["predicted_run"] = None
             out["reproduction"] = _reproduction(check)
             print(json.dumps(out, indent=1))
         else:
