@@ -31,3 +31,17 @@ def bare_run(tmp_path: Path) -> Path:
     events[0] = msgspec.structs.replace(events[0], config=config)
     replay(events, tmp_path / "bare", autoload=False)
     return tmp_path / "bare"
+
+
+@pytest.fixture
+def shared_run(tmp_path: Path) -> Path:
+    """The same run with its trainer and engine on one device (the demo's: one host's
+    CPU)."""
+    config = dict(CONFIG)
+    config["placement"] = {
+        name: {**worker, "devices": ["host-cpu"]} for name, worker in CONFIG["placement"].items()
+    }
+    events = recorded_events()
+    events[0] = msgspec.structs.replace(events[0], config=config)
+    replay(events, tmp_path / "shared", autoload=False)
+    return tmp_path / "shared"

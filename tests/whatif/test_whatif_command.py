@@ -118,6 +118,27 @@ def test_the_report_ends_with_what_would_help(
     assert "what would help (predicted by twinkle whatif" in capsys.readouterr().out
 
 
+def test_a_worker_added_on_a_shared_device_is_not_predicted(
+    shared_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Trainer and engine on one device: an added engine or rank would share it, where
+    the model gives each its own compute. ``--whatif`` gives those rows no ratio, and
+    says why; ``twinkle whatif`` names the worker; the other changes are predicted."""
+    assert main(["report", str(shared_run), "--whatif", "--json"]) == 0
+    rows = {r["change"]: r for r in json.loads(capsys.readouterr().out)["what_would_help"]}
+    for change in ("+1 engine", "+1 trainer rank"):
+        assert rows[change]["speedup"] is None and rows[change]["per_device"] is None
+        (worker,) = rows[change]["settings"]["shared"]  # (the one added)
+        assert rows[change]["not_predicted"].startswith(f"{worker} would share a device")
+    assert rows["+1 trainer rank"]["settings"]["shared"] == ["rank1"]
+    assert rows["2x faster training"]["speedup"] is not None  # (no worker added)
+    assert rows["2x faster training"]["not_predicted"] is None
+    assert main(["report", str(shared_run), "--whatif"]) == 0
+    assert "-           -  (not predicted: rank1 would share a device" in capsys.readouterr().out
+    assert main(["whatif", str(shared_run), "--ranks", "2"]) == 0
+    assert "not a prediction for rank1: it would share a device" in capsys.readouterr().out
+
+
 def test_a_run_it_cannot_predict_keeps_its_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -102,6 +102,12 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         shares = paths[which] or {}
         parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v and v >= 0.005)
         lines.append(f"  critical path, {which}: {parts or '-'}")
+    if s["shared"]:
+        lines.append(
+            f"not a prediction for {', '.join(s['shared'])}: it would share a device with the "
+            "recorded workers (their placement), where the model gives each engine and rank "
+            "a device of its own; what it adds there is overstated"
+        )
     error = _reproduction(check)["steady_tokens_per_s_per_device"]
     if error is not None:
         lines.append(

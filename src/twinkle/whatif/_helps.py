@@ -54,14 +54,18 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
             p = predict(recorded, make(settings))
             try:
                 after = _steady(p)
+                # A worker added on a device another uses adds no compute there, where
+                # the model gives it its own: no ratio, and why.
+                shared = p.settings["shared"]
                 out.append(
                     {
                         "change": label,
                         "settings": p.settings,
                         "steady_tokens_per_s": after[0],
                         "steady_tokens_per_s_per_device": after[1],
-                        "speedup": _ratio(before[0], after[0]),
-                        "per_device": _ratio(before[1], after[1]),
+                        "speedup": None if shared else _ratio(before[0], after[0]),
+                        "per_device": None if shared else _ratio(before[1], after[1]),
+                        "not_predicted": _shared_why(shared) if shared else None,
                     }
                 )
             finally:
@@ -69,6 +73,13 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
         return out
     finally:
         shutil.rmtree(base.out_dir, ignore_errors=True)
+
+
+def _shared_why(shared: list[str]) -> str:
+    return (
+        f"{', '.join(shared)} would share a device with the recorded workers: the model "
+        "gives each engine and rank a device of its own"
+    )
 
 
 def _x(value: float | None) -> str:
@@ -83,5 +94,6 @@ def format_helps(rows: list[dict[str, Any]]) -> str:
         f"  {'change':<22}{'tokens/s':>10}{'per device':>12}",
     ]
     for r in rows:
-        lines.append(f"  {r['change']:<22}{_x(r['speedup']):>10}{_x(r['per_device']):>12}")
+        why = "" if r.get("not_predicted") is None else f"  (not predicted: {r['not_predicted']})"
+        lines.append(f"  {r['change']:<22}{_x(r['speedup']):>10}{_x(r['per_device']):>12}{why}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from twinkle.whatif._recorded import Recorded, shifted
 from twinkle.whatif._schedule import Plan, Timeline
 from twinkle.whatif._work import trainer_workers
 
-__all__ = ["predicted_events", "write_prediction"]
+__all__ = ["added_on_shared_devices", "predicted_events", "write_prediction"]
 
 #: the predicted run's id: the recorded run's with this suffix
 SUFFIX = "-whatif"
@@ -78,6 +78,26 @@ def _placement(
             name = trainers[r] if r < len(trainers) else f"rank{r}"
             out[name] = _device_of(placement, trainers[r % len(trainers)], name, trainers)
     return out
+
+
+def added_on_shared_devices(recorded: Recorded, plan: Plan, ranks: int | None) -> list[str]:
+    """The engines and trainer ranks the prediction adds (not in the recorded
+    placement) whose devices another worker uses too: the model gives each engine and
+    rank compute of its own, which a shared device does not add (none without a
+    placement: the run named no device)."""
+    placement = recorded.first.config.get("placement")
+    if not isinstance(placement, Mapping) or not placement:
+        return []
+    predicted = _placement(_thawed(placement), recorded, plan, ranks)
+    used: dict[str, int] = {}
+    for worker in predicted.values():
+        for device in worker.get("devices", ()):
+            used[device] = used.get(device, 0) + 1
+    return [
+        name
+        for name, worker in predicted.items()
+        if name not in placement and any(used[d] > 1 for d in worker.get("devices", ()))
+    ]
 
 
 def _device_of(
