@@ -599,7 +599,7 @@ def cli_cases(tmp: Path, log: Path) -> list[tuple[str, list[str], str]]:
         (
             "missing log",
             ["replay", str(tmp / "nope.jsonl"), "--out", str(tmp / "o")],
-            r"event log '.*nope\.jsonl' does not exist",
+            r"'.*nope\.jsonl' does not exist or is not a file: give a run's directory",
         ),
         (
             "out is a file",

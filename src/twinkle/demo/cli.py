@@ -100,6 +100,12 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     _add_schedule_arguments(p, d.overlap)
     _add_scenario_arguments(p)
+    _add_run_arguments(p)
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """What the run observes and writes, and how it goes on: observers, progress, MFU's
+    peak, required plugins, resuming, a plugin backend's timeout."""
     p.add_argument(
         "--no-observers",
         action="store_true",

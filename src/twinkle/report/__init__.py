@@ -257,6 +257,7 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     """The report of a run's parts (``events``: the log after its first event, read for
     the memory peaks of a summary from before it had them)."""
     report = _figures(run, summary, records, first_event, reward)
+    report["missing_sample_tags"] = dict(summary.missing_sample_tags)
     report["live"] = live
     if live is not None and live["state"] != "finished":
         report["status"] = live["state"]  # in progress, or stopped
@@ -379,7 +380,6 @@ def _figures(
         "limits": dict(summary.limits),
         "mfu": summary.mfu,
         "seconds": _seconds(summary.seconds, phases),
-        "missing_sample_tags": dict(summary.missing_sample_tags),
     }
     return report
 
