@@ -111,3 +111,36 @@ def test_late_readings_are_counted_and_every_reading_is_in_the_peaks(
     assert summary["memory_late_readings"] == 2  # 999 (iteration 0, finalised), 777 (9)
     assert summary["memory_max"]["host_rss_bytes"] == {"bytes": 999, "worker": "trainer"}
     check_replay(run_dir, tmp_path / "replayed")
+
+
+def test_a_worker_reading_two_devices_counts_each_device_and_its_process_once(
+    tmp_path: Path,
+) -> None:
+    """Iteration 0: worker ``two`` (one process on two GPUs) reads cuda:0 (10 B
+    allocated, RSS 50) then cuda:1 (20 B, RSS 60), then cuda:0 again (12 B, RSS 70);
+    worker ``one`` reads cuda:0 (5 B, RSS 40). Device fields: each device's latest,
+    12 + 20 + 5 = 37 over 3 devices (max 20, ``two``); host fields: each worker's latest
+    reading, 70 + 40 = 110 over 2 workers."""
+
+    def gpu(worker: str, device: str, allocated: int, rss: int) -> MemoryReading:
+        return MemoryReading(worker, None, 1, "h", device, rss, rss, allocated, allocated, 0, 0)
+
+    run, clock = manual_session(tmp_path, "devices", CONFIG)
+    clock.set(10 * MS)
+    run.bus.iteration_started(0)
+    clock.set(20 * MS)
+    run.bus.memory([gpu("two", "cuda:0", 10, 50), gpu("two", "cuda:1", 20, 60)], iteration=0)
+    run.bus.memory([gpu("one", "cuda:0", 5, 40), gpu("two", "cuda:0", 12, 70)], iteration=0)
+    clock.set(100 * MS)
+    run.bus.iteration_started(1)
+    clock.set(200 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    record = _memory_records(run.out_dir)[0]
+    values = record["values"]
+    assert (values["device_allocated_bytes_sum"], values["device_allocated_workers"]) == (37, 3)
+    assert values["device_allocated_bytes_max"] == 20
+    assert record["attrs"]["device_allocated_argmax_worker"] == "two"
+    assert (values["host_rss_bytes_sum"], values["host_rss_workers"]) == (110, 2)
+    assert record["attrs"]["workers"] == ["one", "two"]
+    check_replay(run.out_dir, tmp_path / "replayed")

@@ -6,7 +6,10 @@ iteration whose window holds the event's time (one in the set-up window belongs 
 none). When an iteration is finalised (with its timing and throughput records), one
 ``memory`` record (scope ``iteration``) reduces each worker's latest reading of it: for
 every field, max/min/mean/sum in bytes, how many workers reported it, and (in
-``attrs``) which worker holds the max. So a record never holds another window's
+``attrs``) which worker holds the max. A worker reading several devices (one process
+on two GPUs: a reading per device) has each device's latest reading in the device
+fields, and its latest reading of any device in the host fields (its process is
+counted once). So a record never holds another window's
 readings, nor a part of its own: the flat file's line of an iteration is the reduction
 of every worker that reported in it. A reading for an iteration already finalised (or
 one that never starts) is *late*: in no record, counted in the summary. The summary
@@ -30,16 +33,22 @@ from twinkle.reporting import MetricRecord, make_record
 #: the fields of a reading that are peaks: ``summary.json`` ``memory_peaks`` gives each
 #: worker's highest
 PEAK_FIELDS = ("host_peak_rss_bytes", "device_allocated_peak_bytes", "device_reserved_peak_bytes")
+#: the fields of a worker's process (reduced over workers) and those of one of its
+#: devices (reduced over each worker's devices)
+_HOST_FIELDS = tuple(f for f in MEMORY_FIELDS if f.startswith("host_"))
+_DEVICE_FIELDS = tuple(f for f in MEMORY_FIELDS if not f.startswith("host_"))
 
 __all__ = ["PEAK_FIELDS", "MemoryObserver"]
 
 
 @dataclass(slots=True)
 class _Window:
-    """An iteration's readings so far: each worker's latest, and the newest event's
-    times (the record's)."""
+    """An iteration's readings so far: each worker's latest (``host``) and each of its
+    devices' latest (``latest``, by worker and device), and the newest event's times
+    (the record's)."""
 
-    latest: dict[str, MemoryReading] = field(default_factory=dict)
+    host: dict[str, MemoryReading] = field(default_factory=dict)
+    latest: dict[tuple[str, str], MemoryReading] = field(default_factory=dict)
     readings: int = 0
     wall_ns: int = 0
     monotonic_ns: int = 0
@@ -88,7 +97,8 @@ class MemoryObserver(BuiltinObserver):
         if window is None:
             window = self.pending[iteration] = _Window()
         for reading in event.readings:
-            window.latest[reading.worker_id] = reading
+            window.host[reading.worker_id] = reading
+            window.latest[(reading.worker_id, reading.device)] = reading
         window.readings += len(event.readings)
         window.wall_ns, window.monotonic_ns = event.wall_ns, event.monotonic_ns
 
@@ -127,7 +137,8 @@ class MemoryObserver(BuiltinObserver):
             window = self.pending.pop(done.data.iteration, None)
             if window is None:
                 continue
-            report = memory_report(list(window.latest.values()), unit="B")
+            host = memory_report(list(window.host.values()), unit="B", fields=_HOST_FIELDS)
+            devices = memory_report(list(window.latest.values()), unit="B", fields=_DEVICE_FIELDS)
             records.append(
                 make_record(
                     kind="memory",
@@ -137,8 +148,8 @@ class MemoryObserver(BuiltinObserver):
                     iteration=done.data.iteration,
                     wall_ns=window.wall_ns,
                     monotonic_ns=window.monotonic_ns,
-                    values=report.values,
-                    attrs={**report.attrs, "workers": sorted(window.latest)},
+                    values={**host.values, **devices.values},
+                    attrs={**host.attrs, **devices.attrs, "workers": sorted(window.host)},
                 )
             )
         return records
