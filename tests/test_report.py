@@ -13,10 +13,12 @@ import pytest
 
 from _recompute import read_events
 from observers.test_scripted_run import manual_session
+from reliability._scripted import segment
 from twinkle.cli import EXIT_USAGE, main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import InvalidArgumentError
+from twinkle.hookspecs import hookimpl
 from twinkle.report import (
     PLOTS,
     compare,
@@ -407,3 +409,32 @@ def test_parts_are_shown_so_they_add_up(total: float, parts: list[float], shown:
     from twinkle.report._text import split_exactly
 
     assert split_exactly(total, parts) == shown
+
+
+class _Claims:
+    """A plugin whose summary part takes built-in keys' names (and a scalar named
+    ``iterations`` that is no count)."""
+
+    @hookimpl
+    def twinkle_summary(self) -> dict[str, Any]:
+        return {"iterations": "n/a", "window": {"tokens": -1}}
+
+
+@pytest.mark.parametrize("blocked", [(), ("timing",)])
+def test_a_plugins_summary_keys_never_take_twinkles_own(
+    tmp_path: Path, blocked: tuple[str, ...]
+) -> None:
+    """The built-in observers' parts are merged first: their ``iterations`` and
+    ``window`` are the summary's, the plugin's are kept as ``claims.<key>``, and the
+    report reads the run's figures (with timing blocked, no count is checked)."""
+    segment(tmp_path, iterations=3, wall_offset_ns=0, blocked=blocked,
+            plugins=(("claims", _Claims()),))  # fmt: skip
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["claims.window"] == {"tokens": -1}
+    assert summary["window"]["tokens"] >= 0
+    if blocked:  # (no built-in part has it: the plugin's own)
+        assert summary["iterations"] == "n/a"
+    else:
+        assert (summary["iterations"], summary["claims.iterations"]) == (3, "n/a")
+    report = load_report(tmp_path / "r")
+    assert len(report["iterations"]) == 3  # (rows from the throughput records too)

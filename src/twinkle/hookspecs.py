@@ -339,8 +339,9 @@ def twinkle_record(record: MetricRecord) -> None:
 def twinkle_summary(event: RunFinished) -> dict[str, Any] | None:
     """After :func:`twinkle_run_finished`: this observer's part of ``summary.json``.
 
-    Keys of all parts are merged into one object; a key two plugins both return is kept
-    under ``"<plugin>.<key>"`` for the later one.
+    Keys of all parts are merged into one object, twinkle's own observers' parts first
+    (their keys are the ones readers such as ``twinkle report`` read); a key two plugins
+    both return is kept under ``"<plugin>.<key>"`` for the later one.
 
     :param event: the run's final event.
     """

@@ -338,3 +338,47 @@ def test_a_run_whose_threads_and_processes_come_and_go_stays_within_its_budget(
     assert len(processes) > 8 and processes <= {pid for pid, _ in drawn}
     (note,) = [e["args"] for e in trace if e["name"] == "trace_budget"]
     assert note["spans_left_out"] > 0 and note["names_left_out"] > 0  # (both bind)
+
+
+def test_a_weights_arrow_ends_on_named_tracks_whatever_became_of_the_load(
+    tmp_path: Path,
+) -> None:
+    """Budget 1 MB: a publish in iteration 2 (written in full) and engine0's load of
+    its version in iteration 3, on a thread of its own; later iterations' padding makes
+    the load's window go to its outline. The arrow is written with the publish's
+    window, and both its ends' tracks are named (none is left out for room)."""
+    run, clock = manual_session(tmp_path, "arrow", {"trace": {"budget_mb": 1}})
+    bus, anchor = run.bus, run.bus.anchor
+    pid = anchor.pid
+
+    def pad(t: int, n: int, tid: int) -> list[Span]:
+        return [
+            Span("pad", t + 3 * MS + k * 10_000, t + 3 * MS + k * 10_000 + 5_000, tid, pid,
+                 {"x": "y" * 100}, None)
+            for k in range(n)
+        ]  # fmt: skip
+
+    bus.publish_spans("main", anchor, pad(0, 2_300, 2))
+    for it in range(12):
+        t = (it + 1) * 100 * MS
+        clock.set(t)
+        bus.iteration_started(it)
+        spans = [Span("step", t + MS, t + 2 * MS, 1, pid, {"iteration": it}, None)]
+        if it == 3:
+            load = {"engine": "engine0", "version": 1}
+            spans.insert(0, Span("weights.load", t + MS, t + 2 * MS, 999, pid, load, None))
+        bus.publish_spans("main", anchor, spans + (pad(t, 600, 3) if it >= 4 else []))
+        if it == 2:
+            bus.weights_published(
+                1, start_ns=t + 50 * MS, end_ns=t + 60 * MS, acks=[("engine0", t + 60 * MS)]
+            )
+        clock.set(t + 90 * MS)
+    clock.set(2_000 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    trace = orjson.loads((run.out_dir / "trace.json").read_bytes())
+    (note,) = [e["args"] for e in trace if e["name"] == "trace_budget"]
+    assert note["names_left_out"] == 0 and note["windows_in_outline"] > 0
+    ends = {(e["pid"], e["tid"]) for e in trace if e["ph"] in ("s", "f")}
+    named = {(e["pid"], e["tid"]) for e in trace if e["name"] == "thread_name"}
+    assert len(ends) == 2 and ends <= named

@@ -23,7 +23,7 @@ import twinkle.run._checkpointing as run_module
 import twinkle.run._resume as resume_module
 from reliability._scripted import CONFIG, killed_when_ready, segment
 from reliability.test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
-from twinkle.errors import ReporterError
+from twinkle.errors import ReplayError, ReporterError
 from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
@@ -156,6 +156,55 @@ def test_a_run_in_progress_is_followed_from_its_checkpoint_as_from_its_whole_log
         assert f"metrics_raw.jsonl holds {size - 1} bytes, fewer than its {size}" in str(
             follower.whole_log_why
         )
+
+
+def test_a_follower_reads_the_whole_log_when_the_checkpoint_cannot_serve_it(
+    tmp_path: Path,
+) -> None:
+    """Not a failure of the report or the watch, the whole log read instead (saying
+    why), as its snapshot: a line before the checkpoint's last 64 KiB that is no record
+    (its digest cannot see it), and the log behind a symbolic link."""
+    segment(tmp_path, iterations=60, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    whole = _followed(run_dir, from_checkpoint=False)
+    records = run_dir / "metrics_raw.jsonl"
+    data = records.read_bytes()
+    assert len(data) > 2 * 64 * 1024
+    first = data.index(b"\n")
+    records.write_bytes(b"{" * first + data[first:])  # (the same length)
+    with Follower(run_dir) as follower:
+        assert "the files it marks changed since" in str(follower.whole_log_why)
+    records.write_bytes(data)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for entry in run_dir.iterdir():
+        if entry.name != "events.jsonl":
+            shutil.copy(entry, linked / entry.name)
+    (linked / "events.jsonl").symlink_to(run_dir / "events.jsonl")
+    with Follower(linked) as follower:
+        assert "events.jsonl is a symbolic link" in str(follower.whole_log_why)
+        follower.poll()
+        snap = follower.snapshot()
+    assert (snap.events, snap.finished, snap.summary, snap.records) == whole
+
+
+def test_a_follower_of_segments_configured_a_b_a_reads_the_log_once_more_at_most(
+    tmp_path: Path,
+) -> None:
+    """Three segments planning 10, 20 and 10 steps (a resume may change total_steps):
+    the observers work to the newest segment's configuration. Reading the log whole,
+    the follower starts again once per later configuration, never again for an
+    earlier one met on the way (A, B, A looped forever before), and its snapshot is the
+    replay's."""
+    for k, steps in enumerate((10, 20, 10)):
+        segment(tmp_path, {**CONFIG, "total_steps": steps}, iterations=2, wall_offset_ns=k * HOUR)
+    run_dir = tmp_path / "r"
+    logged, finished, summary, records = _followed(run_dir, from_checkpoint=False)
+    assert logged == len((run_dir / "events.jsonl").read_bytes().splitlines())
+    assert finished and summary == orjson.loads((run_dir / "summary.json").read_bytes())
+    assert records == [
+        orjson.loads(x) for x in (run_dir / "metrics_raw.jsonl").read_bytes().splitlines()
+    ]
 
 
 def test_the_line_before_an_offset_is_found_however_long(tmp_path: Path) -> None:
@@ -528,3 +577,16 @@ def test_the_unpickler_makes_twinkles_values_only() -> None:
         _Unpickler(io.BytesIO(pickle.dumps(os.system))).load()
     plain = {"a": [1, 2.5, None], "b": {3}, "c": (b"x",)}
     assert _Unpickler(io.BytesIO(pickle.dumps(plain))).load() == plain
+
+
+def test_a_log_whose_first_line_is_bad_is_refused_when_read_not_when_followed(
+    tmp_path: Path,
+) -> None:
+    """``twinkle watch`` takes a follower that cannot be made for a run not started
+    yet: the bad first line is refused by the first read (naming it), not by the
+    follower's making (which would wait for the run for ever)."""
+    (tmp_path / "events.jsonl").write_bytes(b'{"type":"iteration_started","x":1}\n')
+    follower = Follower(tmp_path)
+    assert "events.jsonl:1" in str(follower.whole_log_why)
+    with pytest.raises(ReplayError, match=r"events\.jsonl:1: .*unknown field"):
+        follower.poll()

@@ -333,11 +333,12 @@ class TraceLines:
         arrow = {"name": "weights", "cat": "weights", "id": self._arrows}
         # (both ends in the window of its start: the budget keeps or drops them together)
         at = round(start[2] * 1000) + (self._origin.monotonic_ns if self._origin else 0)
-        for end_line in (
-            {**arrow, "ph": "s", "pid": start[0], "tid": start[1], "ts": start[2]},
-            {**arrow, "ph": "f", "bp": "e", "pid": finish[0], "tid": finish[1], "ts": finish[2]},
-        ):
-            self._budget.add(at, orjson.dumps(end_line))
+        for (pid, tid, ts), end_line in (
+            (start, {**arrow, "ph": "s"}),
+            (finish, {**arrow, "ph": "f", "bp": "e"}),
+        ):  # (each on the track of its end: named when the line is written)
+            end_line |= {"pid": pid, "tid": tid, "ts": ts}
+            self._budget.add(at, orjson.dumps(end_line), key=(pid, tid))
 
     def _track(self, pid: int, thread: int | str, start: int, end: int) -> Track:
         """The track an interval ``[start, end)`` of ``thread`` (a thread ident, or a

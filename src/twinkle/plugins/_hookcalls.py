@@ -160,6 +160,10 @@ class HookCalls:
         calls = self._calls("twinkle_make_backends", {"context": context}, TwinkleError)
         return [(name, backend) for name, result in calls for backend in result]
 
+    def builtin(self, name: str) -> bool:
+        """Whether plugin ``name`` is one of twinkle's own observers."""
+        return self._pm.is_builtin(name)
+
     def essential(self, name: str) -> bool:
         """Whether the run cannot go on without plugin ``name``: one of twinkle's own
         observers (its outputs are the run's), or one the caller requires."""

@@ -117,8 +117,9 @@ class _Summary(msgspec.Struct, frozen=True):
     mfu: dict[str, Any] | None = None
     #: each worker's peaks (None: a summary from before it had them)
     memory_peaks: dict[str, dict[str, int]] | None = None
-    #: the iterations finalised: one ``timing`` record each (None: no timing observer)
-    iterations: int | None = None
+    #: the iterations finalised, one ``timing`` record each (the timing observer's key
+    #: when it ran; else whatever a plugin's part put there)
+    iterations: Any = None
     records_dropped: int = 0
     #: each sample tag the configuration counts that no samples event carried, and why
     missing_sample_tags: dict[str, str] = {}
@@ -170,12 +171,13 @@ def _check_covered(run: Path, summary: _Summary, first: RunStarted, logged: int)
         )
 
 
-def _finished_records(run: Path, summary: _Summary) -> list[dict[str, Any]]:
+def _finished_records(run: Path, summary: _Summary, timed: bool) -> list[dict[str, Any]]:
     """A finished run's records, refused (naming the file, what is wrong and the fix)
     when a line is not a record or when they are not the summary's: a run that
     finished ``ok`` and dropped no record has a ``timing`` record per iteration its
     summary counts (a file cut or added to after the run finished would otherwise be
-    reported beside a summary it contradicts)."""
+    reported beside a summary it contradicts; ``timed``: the timing observer ran, the
+    summary's ``iterations`` is its count)."""
     path = run / RECORDS_FILE
     reader = read_jsonl(path)
     try:
@@ -187,11 +189,11 @@ def _finished_records(run: Path, summary: _Summary) -> list[dict[str, Any]]:
         raise InvalidArgumentError(
             f"{str(path)!r} line {line}: {why}: {_replay_fix(run)}"
         ) from None
-    timed = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
-    whole = summary.status == "ok" and summary.records_dropped == 0
-    if whole and summary.iterations is not None and timed != summary.iterations:
+    count = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
+    whole = timed and summary.status == "ok" and summary.records_dropped == 0
+    if whole and count != summary.iterations:
         raise InvalidArgumentError(
-            f"{str(path)!r} holds the records of {timed} iteration(s), but {SUMMARY_FILE} "
+            f"{str(path)!r} holds the records of {count} iteration(s), but {SUMMARY_FILE} "
             f"beside it counts {summary.iterations}: the records were cut or added to after "
             f"the run finished; {_replay_fix(run)}"
         )
@@ -239,7 +241,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     if finished is not None:
         summary, logged = finished
         _check_covered(run, summary, first_event, logged)
-        records = _finished_records(run, summary)
+        records = _finished_records(run, summary, "timing" in first_event.plugins)
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
     return _report(run, summary, records, first_event, iter(()), reward, live)

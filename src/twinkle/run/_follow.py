@@ -154,9 +154,13 @@ class Follower:
         if from_checkpoint:
             self.whole_log_why = self._from_checkpoint()
 
-    def _reset(self, config: Mapping[str, Any] | None = None) -> None:
+    def _reset(self, config: Mapping[str, Any] | None = None, at: int = -1) -> None:
+        """Read the log from its first line, the observers configured with ``config``
+        (None: its first event's), the one of its event number ``at`` (a resumed
+        segment's: no event up to it starts them again)."""
         self._offset = 0
         self.events = 0
+        self._configured_at = at
         self.first: RunStarted | None = None
         self.last: Event | None = None
         self._config = config
@@ -166,7 +170,10 @@ class Follower:
     def _from_checkpoint(self) -> str | None:
         """Start the observers from the run's checkpoint, the log's offset, events and
         records where it stands; else (the whole log to be read) why not."""
-        first = self._first_event()
+        try:
+            first = self._first_event()
+        except ReplayError as exc:  # (the log read from its first line says it again)
+            return str(exc)
         if first is None:
             return "the log holds no complete line yet"
         names = observers_of(make_plugin_manager(autoload=False))
@@ -177,7 +184,7 @@ class Follower:
         try:
             records = _covered_records(self.run_dir, found.files[_RECORDS_FILE])
             last = _decoded(_line_ending_at(self.path, log.size), found.events - 1)
-        except (OSError, RecordError, ReplayError) as exc:
+        except (OSError, RecordError, ReplayError, orjson.JSONDecodeError) as exc:
             return f"the files it marks changed since ({exc})"
         state = found.state()
         held = dataclasses.replace(
@@ -198,8 +205,9 @@ class Follower:
         return None
 
     def _first_event(self) -> RunStarted | None:
-        """The log's first event when it is a whole line (else None)."""
-        with open_regular(self.path) as f:
+        """The log's first event when it is a whole line (else None); read as the
+        follower reads the log (through a symbolic link too)."""
+        with self.path.open("rb") as f:
             line = f.readline(MAX_LINE_BYTES)
         if not line.endswith(b"\n"):
             return None
@@ -274,10 +282,20 @@ class Follower:
                 )
             self.first = event
             self._run = self._start(event.config if self._config is None else self._config)
-        elif isinstance(event, RunResumed) and event.config != self._run.context.config:
-            # The observers work to the newest segment's configuration: start again.
+        elif (
+            isinstance(event, RunResumed)
+            and self.events > self._configured_at
+            and event.config != self._run.context.config
+        ):
+            # The observers work to the newest segment's configuration: start again
+            # (an earlier segment's, met again on the way, starts nothing: A, B, A).
             self.close()
-            self._reset(event.config)
+            self._reset(event.config, self.events)
+            if self.whole_log_why is None:
+                self.whole_log_why = (
+                    f"segment {event.segment} changed the configuration: the observers "
+                    "read the log again from its first line with it"
+                )
             return False
         self._run.submit(event)
         self._run.checkpoints.seen(event)
@@ -364,7 +382,10 @@ def _covered_records(run_dir: Path, mark: FileMark) -> list[dict[str, Any]]:
     lines = data.splitlines()
     if len(data) != mark.size or len(lines) != mark.lines:
         raise RecordError(f"{mark.path} no longer holds the {mark.lines} lines it held")
-    return [orjson.loads(line) for line in lines]
+    records = [orjson.loads(line) for line in lines]
+    if not all(isinstance(r, dict) for r in records):
+        raise RecordError(f"{mark.path} holds a line that is not a record")
+    return records
 
 
 def _line_ending_at(path: Path, end: int) -> bytes:

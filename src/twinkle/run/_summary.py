@@ -70,6 +70,7 @@ def build_summary(
         if taken:
             calls.count(name, "set the run's own summary key(s) %s, which were ignored", taken)
         parts.append((name, {k: v for k, v in part.items() if k not in BASE_SUMMARY_KEYS}))
+    parts.sort(key=lambda item: not calls.builtin(item[0]))  # (twinkle's own keys first)
     summary: dict[str, Any] = merge_summary(parts)
     summary.update(
         run_id=event.run_id,
