@@ -134,7 +134,7 @@ class TraceLines:
         pid = self._origin.pid if self._origin else 0
         track = self._track(pid, ITERATIONS_TRACK, at_ns, at_ns)
         marker = {"name": name, "ph": "i", "s": scope, "pid": pid, "tid": track.tid}
-        return orjson.dumps({**marker, "ts": self._us(at_ns)}), (pid, track.tid)
+        return orjson.dumps({**marker, "ts": self._us(at_ns)}), track.key
 
     def _on_iteration(self, event: IterationStarted, lines: list[bytes]) -> None:
         at = event.monotonic_ns
@@ -266,7 +266,7 @@ class TraceLines:
                     "args": attrs if span.error is None else {**attrs, "error": span.error},
                 }
             )
-            spans.append((start + offset + origin, line, (pid, track.tid)))
+            spans.append((start + offset + origin, line, track.key))
             if span.name == "weights.load":
                 self._load_end(engine, attrs.get("version"), (pid, track.tid, ts), spans)
 
@@ -358,10 +358,10 @@ class TraceLines:
         if track is None:
             tid = self._last_tid[pid] = self._last_tid.get(pid, 0) + 1
             if isinstance(thread, str):  # a marker track: named by what it shows
-                track = Track(tid, thread, f"lane {number}" if number else None)
+                track = Track(pid, tid, thread, f"lane {number}" if number else None)
             else:
                 where = f"thread {thread}, lane {number}" if number else f"thread {thread}"
-                track = Track(tid, None, where)
+                track = Track(pid, tid, None, where)
             self._tracks[key] = track
         return track
 

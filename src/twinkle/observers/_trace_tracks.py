@@ -57,10 +57,11 @@ class Track:
     """One track of the trace and what it has carried so far (its name follows from
     that at close: :class:`~twinkle.observers._trace_lines.TraceLines`, "Tracks")."""
 
-    __slots__ = ("label", "own", "roles", "tid", "trainer", "where")
+    __slots__ = ("key", "label", "own", "roles", "tid", "trainer", "where")
 
-    def __init__(self, tid: int, label: str | None, where: str | None) -> None:
+    def __init__(self, pid: int, tid: int, label: str | None, where: str | None) -> None:
         self.tid = tid
+        self.key = (pid, tid)  # its lines' key in the trace's budget
         self.label = label  # a marker track's fixed name
         self.where = where  # "thread N", "thread N, lane k", "lane k" or None
         self.trainer = False  # carried a span of the run's training phase
