@@ -21,7 +21,9 @@ reports are built untimed). It runs at growing lengths; for each:
 * ``scale.replay``: events per second of ``twinkle replay``, against ``orjson.loads``
   of each line (the floor; goals 50k events/s and 6x the floor);
 * ``scale.report``: ``twinkle report --json`` in a child process: wall time and peak
-  RSS (its ``VmHWM``; goals 2 min and 1 GiB at three days);
+  RSS (its ``VmHWM``; goals 2 min and 1 GiB at three days); and what a report of the
+  run in progress (``twinkle watch`` too) reads it through, a follower's snapshot, from
+  the run's checkpoint against from its whole log;
 * ``scale.trace``: ``trace.json``'s size at each length under the scenario's budget
   (``config.trace.budget_mb``, small here so that the run passes it).
 
@@ -53,7 +55,7 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord
-from twinkle.run import CHECKPOINT_FILE, RunSession, replay
+from twinkle.run import CHECKPOINT_FILE, Follower, RunSession, replay
 
 ENGINES, RANKS, SPANS = 64, 448, 50
 ITERATION_NS = 30 * 10**9
@@ -91,6 +93,8 @@ class Measured:
     report_s: float
     report_rss: int
     report_own_s: float  # in this process: without a child's start-up
+    follow_s: float  # a follower's snapshot of the run, from its checkpoint
+    follow_whole_s: float  # the same from the whole log
 
 
 def _workers(engines: int, ranks: int) -> list[str]:
@@ -278,6 +282,19 @@ def _report_cost(run_dir: Path, repeats: int = 3) -> tuple[float, int, float]:
     return wall, rss, min(own)
 
 
+def _follow_s(run_dir: Path, *, from_checkpoint: bool, repeats: int = 1) -> float:
+    """A follower's snapshot of the run (what ``twinkle report`` of a run in progress
+    and ``twinkle watch`` read), best of ``repeats``."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        with Follower(run_dir, from_checkpoint=from_checkpoint) as follower:
+            follower.poll()
+            follower.snapshot()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
     with tempfile.TemporaryDirectory(prefix="twinkle-bench-scale-") as tmp:
         base = Path(tmp)
@@ -308,6 +325,8 @@ def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
             report_s=report_s,
             report_rss=report_rss,
             report_own_s=report_own_s,
+            follow_s=_follow_s(run_dir, from_checkpoint=True, repeats=3),
+            follow_whole_s=_follow_s(run_dir, from_checkpoint=False),
         )
 
 
@@ -576,6 +595,20 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
             met=goal(report_rss <= GOAL_REPORT_BYTES),
             note=f"{a.report_rss / 2**20:,.0f} MiB at {a.iterations} iterations; "
             f"{report_rss / 2**30:,.1f} GiB at 3 days",
+        )
+    )
+    rows.append(
+        Row(
+            "scale.report",
+            f"a run in progress, {b.iterations} iterations: a follower's snapshot (report, "
+            "watch) from its checkpoint",
+            b.follow_s,
+            "s",
+            ratio=b.follow_whole_s / b.follow_s,
+            baseline="the same from the whole log",
+            note=f"{a.follow_s:.2f} s at {a.iterations} iterations; "
+            f"{_extend('follow_s', a, b, DAYS_3):,.1f} s at 3 days, against "
+            f"{_extend('follow_whole_s', a, b, DAYS_3) / 3600:,.1f} h from the whole log",
         )
     )
     return rows
