@@ -29,6 +29,7 @@ from twinkle.report import (
     time_parts,
     write_plots,
 )
+from twinkle.report._text import memory_lines
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
 
@@ -438,3 +439,23 @@ def test_a_plugins_summary_keys_never_take_twinkles_own(
         assert (summary["iterations"], summary["claims.iterations"]) == (3, "n/a")
     report = load_report(tmp_path / "r")
     assert len(report["iterations"]) == 3  # (rows from the throughput records too)
+
+
+def test_the_text_names_the_workers_with_the_highest_peaks_of_many() -> None:
+    """Ten workers, w0..w9, w<k> peaking at k MiB (host) and w3 at 50 MiB (device): the
+    eight highest by their highest peak (w3, then w9 down to w3's rank), one label for
+    the block, and how many the JSON holds; three workers are named in their order."""
+    mib = 2**20
+    peaks = {f"w{k}": {"host_peak_rss_bytes": k * mib} for k in range(10)}
+    peaks["w3"]["device_allocated_peak_bytes"] = 50 * mib
+    lines = memory_lines({"memory_peak_bytes": peaks})
+    assert [line[20:].split(":")[0] for line in lines[:-1]] == [
+        "w3", "w9", "w8", "w7", "w6", "w5", "w4", "w2",
+    ]  # fmt: skip
+    assert lines[0].startswith("peak memory         w3: host_peak_rss 3 MiB")
+    assert all(line.startswith(" " * 20) for line in lines[1:])
+    assert lines[-1].strip() == (
+        "(the 8 highest of 10 workers; every one: report --json, memory_peak_bytes)"
+    )
+    few = memory_lines({"memory_peak_bytes": {w: peaks[w] for w in ("w2", "w0", "w1")}})
+    assert [line[20:].split(":")[0] for line in few] == ["w2", "w0", "w1"]

@@ -337,15 +337,31 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     return as_text(lines)
 
 
+#: the workers whose peak memory the text names, at most (the JSON has every one)
+MEMORY_WORKERS = 8
+
+
 def memory_lines(report: Mapping[str, Any]) -> list[str]:
-    return [
-        f"peak memory         {worker}: "
+    """Each worker's peaks; of many workers, those holding the highest (any field),
+    then how many more the JSON report holds."""
+    peaks: Mapping[str, Mapping[str, int]] = report["memory_peak_bytes"]
+    workers = list(peaks)
+    if len(workers) > MEMORY_WORKERS:
+        workers = sorted(workers, key=lambda w: (-max(peaks[w].values(), default=0), w))
+    lines = [
+        f"{'peak memory' if not k else '':<20}{worker}: "
         + ", ".join(
-            f"{k.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
-            for k, v in peaks.items()
+            f"{name.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
+            for name, v in peaks[worker].items()
         )
-        for worker, peaks in report["memory_peak_bytes"].items()
+        for k, worker in enumerate(workers[:MEMORY_WORKERS])
     ]
+    if len(workers) > MEMORY_WORKERS:
+        lines.append(
+            f"{'':<20}(the {MEMORY_WORKERS} highest of {len(workers)} workers; every one: "
+            "report --json, memory_peak_bytes)"
+        )
+    return lines
 
 
 def live_lines(report: Mapping[str, Any]) -> list[str]:
