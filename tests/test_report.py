@@ -29,6 +29,7 @@ from twinkle.report import (
     time_parts,
     write_plots,
 )
+from twinkle.report._limits_text import _stragglers
 from twinkle.report._text import memory_lines
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
@@ -459,3 +460,20 @@ def test_the_text_names_the_workers_with_the_highest_peaks_of_many() -> None:
     )
     few = memory_lines({"memory_peak_bytes": {w: peaks[w] for w in ("w2", "w0", "w1")}})
     assert [line[20:].split(":")[0] for line in few] == ["w2", "w0", "w1"]
+
+
+def test_a_line_of_stragglers_names_eight_workers_at_most() -> None:
+    """Of three workers none slow: named; of ten: counted. Ten slow: the first eight
+    named, then how many more the JSON holds."""
+    ok = {"verdict": "ok"}
+    slow = {"verdict": "chronic", "median_ratio_to_peers": 2.0, "slow_iterations": 5,
+            "compared_iterations": 6}  # fmt: skip
+    few = {"unit": "token", "workers": {f"e{k}": ok for k in range(3)}}
+    assert _stragglers("generation", few) == "generation: none of e0, e1, e2"
+    many = {"unit": "token", "workers": {f"e{k}": ok for k in range(10)}}
+    assert _stragglers("generation", many) == "generation: none of its 10 workers"
+    all_slow = {"unit": "token", "workers": {f"e{k}": slow for k in range(10)}}
+    line = _stragglers("generation", all_slow)
+    assert line.count("chronic (2.0x its peers' seconds per token, slow in 5 of 6") == 8
+    assert line.startswith("generation: e0 chronic") and "e7 chronic" in line
+    assert "e8" not in line and line.endswith(", and 2 more (report --json)")

@@ -111,7 +111,15 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
         for name, w in workers.items()
         if w.get("verdict") != "ok"
     ]
-    return f"{side}: " + (", ".join(slow) if slow else f"none of {', '.join(workers)}")
+    if not slow:
+        named = ", ".join(workers) if len(workers) <= _NAMED else f"its {len(workers)} workers"
+        return f"{side}: none of {named}"
+    more = f", and {len(slow) - _NAMED} more (report --json)" if len(slow) > _NAMED else ""
+    return f"{side}: " + ", ".join(slow[:_NAMED]) + more
+
+
+#: the workers a line names at most (the JSON report has every one)
+_NAMED = 8
 
 
 #: the critical path's kinds, as docs/metrics.md orders them
