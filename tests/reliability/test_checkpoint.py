@@ -27,10 +27,9 @@ from twinkle.errors import ReplayError, ReporterError
 from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
-from twinkle.reporting import JsonlWriter
+from twinkle.reporting import JsonlWriter, line_ending_at
 from twinkle.run import Follower, Resumed, RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, _digest, _Unpickler
-from twinkle.run._follow import _line_ending_at
 
 OUTPUTS = ("events.jsonl", *DERIVED)
 HOUR = 3600 * 10**9
@@ -212,7 +211,8 @@ def test_the_line_before_an_offset_is_found_however_long(tmp_path: Path) -> None
     lines = [b"a" * 10, b"b" * 300_000, b"c" * 5]
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     ends = [11, 11 + 300_001, 11 + 300_001 + 6]
-    assert [_line_ending_at(path, end) for end in ends] == lines
+    assert [line_ending_at(path, end, 10**6) for end in ends] == lines
+    assert line_ending_at(path, ends[1], 200_000) is None  # (past the limit)
 
 
 def test_a_segment_killed_after_the_checkpoint_is_fed_from_the_log(tmp_path: Path) -> None:

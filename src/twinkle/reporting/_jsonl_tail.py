@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from twinkle.reporting._jsonl_files import CHUNK_BYTES
 
-__all__ = ["is_json", "is_json_object", "last_object", "line_start", "pread"]
+__all__ = ["is_json", "is_json_object", "last_object", "line_ending_at", "line_start", "pread"]
 
 
 def is_json_object(line: bytes) -> bool:
@@ -70,6 +71,15 @@ def line_start(fd: int, end: int, limit: int) -> int | None:
             break
         pos = lo
     return None if end - start > limit else start
+
+
+def line_ending_at(path: Path, end: int, limit: int) -> bytes | None:
+    """The line of ``path`` whose newline is its byte ``end - 1`` (without it); None
+    when it would be longer than ``limit`` bytes."""
+    with path.open("rb") as f:
+        fd = f.fileno()
+        start = line_start(fd, end - 1, limit)
+        return None if start is None else pread(fd, end - 1 - start, start)
 
 
 def last_object(

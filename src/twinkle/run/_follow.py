@@ -37,7 +37,13 @@ from twinkle.locks import RUN_LOCK_FILE
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import make_plugin_manager
-from twinkle.reporting import MAX_LINE_BYTES, MetricRecord, open_regular, record_to_dict
+from twinkle.reporting import (
+    MAX_LINE_BYTES,
+    MetricRecord,
+    line_ending_at,
+    open_regular,
+    record_to_dict,
+)
 from twinkle.run._checkpoint import Checkpoint, FileMark, load, observers_of, snapshot_observers
 from twinkle.run._run import Run
 
@@ -183,7 +189,10 @@ class Follower:
         log = found.files[EVENTS_FILE]
         try:
             records = _covered_records(self.run_dir, found.files[_RECORDS_FILE])
-            last = _decoded(_line_ending_at(self.path, log.size), found.events - 1)
+            line = line_ending_at(self.path, log.size, MAX_LINE_BYTES)
+            if line is None:
+                raise ReplayError(f"its last event's line is longer than {MAX_LINE_BYTES} bytes")
+            last = self._decode(line, found.events - 1)
         except (OSError, RecordError, ReplayError, orjson.JSONDecodeError) as exc:
             return f"the files it marks changed since ({exc})"
         state = found.state()
@@ -211,7 +220,10 @@ class Follower:
             line = f.readline(MAX_LINE_BYTES)
         if not line.endswith(b"\n"):
             return None
-        event = self._decode(line)
+        return self._started(self._decode(line))
+
+    def _started(self, event: Event) -> RunStarted:
+        """``event``, the log's first, when it is a ``run_started`` (else ReplayError)."""
         if not isinstance(event, RunStarted):
             raise ReplayError(
                 f"{self.path} must start with a run_started event, got {event.TYPE!r}"
@@ -256,17 +268,20 @@ class Follower:
         self._offset += end
         return data[:end].splitlines()
 
-    def _decode(self, line: bytes) -> Event:
-        where = f"{self.path}:{self.events + 1}"
+    def _decode(self, line: bytes, seq: int | None = None) -> Event:
+        """The event of the log's line ``line``, number ``seq`` (0-based; None: the next
+        to read), its ``seq`` checked."""
+        seq = self.events if seq is None else seq
+        where = f"{self.path}:{seq + 1}"
         try:
             data = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise ReplayError(f"{where}: not JSON ({exc}): not a line twinkle wrote") from None
         if not isinstance(data, dict):
             raise ReplayError(f"{where}: not a JSON object: not a line twinkle wrote")
-        seq = data.pop(SEQ_KEY, None)
-        if seq is not None and seq != self.events:
-            raise ReplayError(f"{where}: seq {seq} where {self.events} was due")
+        logged = data.pop(SEQ_KEY, None)
+        if logged is not None and logged != seq:
+            raise ReplayError(f"{where}: seq {logged} where {seq} was due")
         try:
             return event_from_dict(data)
         except TwinkleError as exc:
@@ -276,11 +291,7 @@ class Follower:
         """Feed ``event``; False when it made the follower start again (a resumed
         segment's configuration differs): the log is then read from its first line."""
         if self._run is None:
-            if not isinstance(event, RunStarted):
-                raise ReplayError(
-                    f"{self.path} must start with a run_started event, got {event.TYPE!r}"
-                )
-            self.first = event
+            self.first = event = self._started(event)
             self._run = self._start(event.config if self._config is None else self._config)
         elif (
             isinstance(event, RunResumed)
@@ -386,31 +397,6 @@ def _covered_records(run_dir: Path, mark: FileMark) -> list[dict[str, Any]]:
     if not all(isinstance(r, dict) for r in records):
         raise RecordError(f"{mark.path} holds a line that is not a record")
     return records
-
-
-def _line_ending_at(path: Path, end: int) -> bytes:
-    """The line of ``path`` whose newline is its byte ``end - 1``."""
-    with open_regular(path) as f:
-        window = 1 << 16
-        while True:
-            begin = max(0, end - 1 - window)
-            f.seek(begin)
-            data = f.read(end - 1 - begin)
-            cut = data.rfind(b"\n")
-            if cut >= 0 or begin == 0:
-                return data[cut + 1 :]
-            window *= 4
-
-
-def _decoded(line: bytes, seq: int) -> Event:
-    """The event of the log's line ``line``, number ``seq`` (0-based)."""
-    try:
-        data = orjson.loads(line)
-        if not isinstance(data, dict) or data.pop(SEQ_KEY, seq) != seq:
-            raise ReplayError(f"line {seq + 1} is not the event it was")
-        return event_from_dict(data)
-    except (orjson.JSONDecodeError, TwinkleError) as exc:
-        raise ReplayError(f"line {seq + 1}: {exc}") from None
 
 
 def _in_progress(summary: dict[str, Any]) -> dict[str, Any]:
