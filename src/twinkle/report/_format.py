@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["num"]
+__all__ = ["NAMED_WORKERS", "num"]
+
+#: the workers a line of the text report names at most (the JSON report has every one)
+NAMED_WORKERS = 8
 
 
 def num(value: Any, digits: int = 3) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from twinkle.report._format import num
+from twinkle.report._format import NAMED_WORKERS, num
 
 __all__ = ["limits_lines"]
 
@@ -112,14 +112,14 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
         if w.get("verdict") != "ok"
     ]
     if not slow:
-        named = ", ".join(workers) if len(workers) <= _NAMED else f"its {len(workers)} workers"
-        return f"{side}: none of {named}"
-    more = f", and {len(slow) - _NAMED} more (report --json)" if len(slow) > _NAMED else ""
-    return f"{side}: " + ", ".join(slow[:_NAMED]) + more
-
-
-#: the workers a line names at most (the JSON report has every one)
-_NAMED = 8
+        many = len(workers) > NAMED_WORKERS
+        return f"{side}: none of " + (f"its {len(workers)} workers" if many else ", ".join(workers))
+    more = len(slow) - NAMED_WORKERS
+    return (
+        f"{side}: "
+        + ", ".join(slow[:NAMED_WORKERS])
+        + (f", and {more} more (report --json)" if more > 0 else "")
+    )
 
 
 #: the critical path's kinds, as docs/metrics.md orders them

@@ -11,7 +11,7 @@ from typing import Any
 from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
-from twinkle.report._format import num
+from twinkle.report._format import NAMED_WORKERS, num
 from twinkle.report._limits_text import limits_lines
 
 __all__ = [
@@ -337,16 +337,12 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     return as_text(lines)
 
 
-#: the workers whose peak memory the text names, at most (the JSON has every one)
-MEMORY_WORKERS = 8
-
-
 def memory_lines(report: Mapping[str, Any]) -> list[str]:
     """Each worker's peaks; of many workers, those holding the highest (any field),
     then how many more the JSON report holds."""
     peaks: Mapping[str, Mapping[str, int]] = report["memory_peak_bytes"]
     workers = list(peaks)
-    if len(workers) > MEMORY_WORKERS:
+    if len(workers) > NAMED_WORKERS:
         workers = sorted(workers, key=lambda w: (-max(peaks[w].values(), default=0), w))
     lines = [
         f"{'peak memory' if not k else '':<20}{worker}: "
@@ -354,11 +350,11 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
             f"{name.removesuffix('_bytes')} {convert_bytes(v, 'MiB'):,.0f} MiB"
             for name, v in peaks[worker].items()
         )
-        for k, worker in enumerate(workers[:MEMORY_WORKERS])
+        for k, worker in enumerate(workers[:NAMED_WORKERS])
     ]
-    if len(workers) > MEMORY_WORKERS:
+    if len(workers) > NAMED_WORKERS:
         lines.append(
-            f"{'':<20}(the {MEMORY_WORKERS} highest of {len(workers)} workers; every one: "
+            f"{'':<20}(the {NAMED_WORKERS} highest of {len(workers)} workers; every one: "
             "report --json, memory_peak_bytes)"
         )
     return lines
