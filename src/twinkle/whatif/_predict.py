@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections import Counter
 from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,17 @@ def added_on_shared_devices(recorded: Recorded, plan: Plan, ranks: int | None) -
     if not isinstance(placement, Mapping) or not placement:
         return []
     predicted = _placement(_thawed(placement), recorded, plan, ranks)
-    used: dict[str, int] = {}
-    for worker in predicted.values():
-        for device in worker.get("devices", ()):
-            used[device] = used.get(device, 0) + 1
+    used = _device_uses(predicted)
     return [
         name
         for name, worker in predicted.items()
         if name not in placement and any(used[d] > 1 for d in worker.get("devices", ()))
     ]
+
+
+def _device_uses(placement: Mapping[str, Any]) -> Counter[str]:
+    """How many of the placement's workers use each device."""
+    return Counter(d for worker in placement.values() for d in worker.get("devices", ()))
 
 
 def _device_of(
@@ -107,10 +110,7 @@ def _device_of(
     worker) when each of ``peers`` had devices no other worker used, else the shared
     ones (the demo's workers all on one host's CPU)."""
     entry: dict[str, Any] = copy.deepcopy(placement[template])
-    used: dict[str, int] = {}
-    for worker in placement.values():
-        for device in worker.get("devices", ()):
-            used[device] = used.get(device, 0) + 1
+    used = _device_uses(placement)
     own = all(
         placement[p].get("devices") and all(used[d] == 1 for d in placement[p]["devices"])
         for p in peers
