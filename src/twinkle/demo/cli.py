@@ -235,6 +235,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         if "verdict" in limits
         else "n/a (is timing blocked?)"
     )
+    segments = len(summary.get("segments") or [])
+    restarts = (
+        [
+            f"  segments                {segments}: each process's model started from its "
+            "initial weights (the demo keeps no model checkpoint)"
+        ]
+        if segments > 1
+        else []
+    )
     return "\n".join(
         [
             f"run {summary['run_id']}: {summary['status']}",
@@ -249,14 +258,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             "outside their windows)",
             f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
             "(the process's, interpreter start-up included)",
-            *(
-                [
-                    f"  segments                {len(segments)}: each process's model started "
-                    "from its initial weights (the demo keeps no model checkpoint)"
-                ]
-                if len(segments := summary.get("segments") or []) > 1
-                else []
-            ),
+            *restarts,
         ]
     )
 
