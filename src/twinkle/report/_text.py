@@ -17,11 +17,13 @@ from twinkle.report._limits_text import limits_lines
 __all__ = [
     "FLAG_NAMES",
     "LEGEND",
+    "LEGEND_TITLE",
     "format_compare",
     "format_report",
     "as_text",
     "iteration_cells",
     "iteration_table",
+    "legend_lines",
     "live_lines",
     "memory_lines",
     "split_exactly",
@@ -39,20 +41,28 @@ VERDICT_NAMES = {
 #: how the table names each window flag (``attrs.window_flags``)
 FLAG_NAMES = {"warmup": "warm-up", "drain": "drain", "partial": "partial"}
 
+LEGEND_TITLE = "columns (docs/metrics.md, 'Report columns'):"
+#: what each kind of column shows, in the table's order (the legend lists the kinds
+#: the table has; iter, tokens and reward say what they are)
 LEGEND = (
-    "columns (docs/metrics.md, 'Report columns'):",
-    "  seg                the segment (a resumed run's process) the iteration ran in",
-    "  limit              what bounds the window: train, gen, publish, mixed, - (no verdict)",
-    "  flag               warm-up (a segment's first), drain (its last), partial (cut short):"
-    " left out of the steady state",
-    "  tok/s/dev          the iteration's tokens over its window's logical seconds (window view)",
-    "  <phase> tok/s/dev  the phase's tokens over the time its work took (attributed view)",
-    "  wall/busy/idle s   its window, from its boundary to the next (window view)",
-    "  <phase> s          the phase's union within the window (window view)",
-    "  attr <phase> s     the phase's work done for the iteration, wherever it ran (attributed)",
-    "  <gen>&<train> s    generation and training at once within the window (window view)",
-    "  <phase> MFU %      the phase's model FLOP/s per device over the peak (HFU: recomputed"
-    " activations counted); ! over 100%: implied, not a utilisation",
+    ("seg", "the segment (a resumed run's process) the iteration ran in"),
+    ("limit", "what bounds the window: train, gen, publish, mixed, - (no verdict)"),
+    (
+        "flag",
+        "warm-up (a segment's first), drain (its last), partial (cut short): left out of "
+        "the steady state",
+    ),
+    ("tok/s/dev", "the iteration's tokens over its window's logical seconds (window view)"),
+    ("<phase> tok/s/dev", "the phase's tokens over the time its work took (attributed view)"),
+    ("wall/busy/idle s", "its window, from its boundary to the next (window view)"),
+    ("<phase> s", "the phase's union within the window (window view)"),
+    ("attr <phase> s", "the phase's work done for the iteration, wherever it ran (attributed)"),
+    ("<gen>&<train> s", "generation and training at once within the window (window view)"),
+    (
+        "<phase> MFU %",
+        "the phase's model FLOP/s per device over the peak (HFU: recomputed activations "
+        "counted); ! over 100%: implied, not a utilisation",
+    ),
 )
 
 
@@ -112,7 +122,7 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
     """The per-iteration table's header and rows of cells (as the text table shows
     them; the HTML report's too)."""
     phases, rated = report["loop_phases"], report["throughput_phases"]
-    segmented = len(report.get("segments", ())) > 1
+    segmented = _segmented(report)
     header = ["iter", *(["seg"] if segmented else []), "flag", "limit", "tokens", "tok/s/dev"]
     header += [f"{p} tok/s/dev" for p in rated]
     header += ["wall s", "busy s", "idle s"]
@@ -142,6 +152,27 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
             row.append(num(r.get("reward")))
         rows.append(row)
     return header, rows
+
+
+def legend_lines(report: Mapping[str, Any]) -> list[str]:
+    """What each column of the report's table shows: the kinds of column it has."""
+    shown = {"limit", "flag", "tok/s/dev", "wall/busy/idle s"}
+    if _segmented(report):
+        shown.add("seg")
+    if report["throughput_phases"]:
+        shown.add("<phase> tok/s/dev")
+    if report["loop_phases"]:
+        shown |= {"<phase> s", "attr <phase> s"}
+    if report.get("streaming") is not None:
+        shown.add("<gen>&<train> s")
+    if _mfu_phases(report):
+        shown.add("<phase> MFU %")
+    return [LEGEND_TITLE, *(f"  {name:<18} {text}" for name, text in LEGEND if name in shown)]
+
+
+def _segmented(report: Mapping[str, Any]) -> bool:
+    """Whether the run has more than one segment (the table then has a ``seg`` column)."""
+    return len(report.get("segments", ())) > 1
 
 
 def _segment(s: Mapping[str, Any]) -> str:
@@ -305,9 +336,8 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines += [*live_lines(report), ""]
     lines += [*limits_lines(report), ""]
     lines += iteration_table(report)
-    segments = report.get("segments", [])
-    if len(segments) > 1:
-        lines += ["", "segments            " + ", ".join(map(_segment, segments))]
+    if _segmented(report):
+        lines += ["", "segments            " + ", ".join(map(_segment, report["segments"]))]
     seconds = report["seconds"]
     lines += ["", *throughput_lines(report), *_device_lines(report.get("placement") or {})]
     lines += mfu_lines(report)
@@ -333,7 +363,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
         )
     lines += memory_lines(report)
     if legend:
-        lines += ["", *LEGEND]
+        lines += ["", *legend_lines(report)]
     return as_text(lines)
 
 
