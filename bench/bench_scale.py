@@ -55,7 +55,7 @@ from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import MetricRecord
-from twinkle.run import CHECKPOINT_FILE, Follower, RunSession, replay
+from twinkle.run import CHECKPOINT_FILE, Follower, RunSession, iter_events, replay
 
 ENGINES, RANKS, SPANS = 64, 448, 50
 ITERATION_NS = 30 * 10**9
@@ -90,6 +90,7 @@ class Measured:
     refeed_s: float
     replay_s: float
     floor_s: float
+    read_s: float  # iter_events: the log read into the events every observer is handed
     report_s: float
     report_rss: int
     report_own_s: float  # in this process: without a child's start-up
@@ -307,6 +308,10 @@ def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
             orjson.loads(line)
         floor = time.perf_counter() - t0
         t0 = time.perf_counter()
+        for _ in iter_events(log):
+            pass
+        read_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         replay(log, base / "replayed")
         replay_s = time.perf_counter() - t0
         report_s, report_rss, report_own_s = _report_cost(run_dir)
@@ -322,6 +327,7 @@ def _measure(iterations: int, workers: list[str], spans: int) -> Measured:
             refeed_s=_resume_s(run_dir, iterations, checkpoint=False)[0],
             replay_s=replay_s,
             floor_s=floor,
+            read_s=read_s,
             report_s=report_s,
             report_rss=report_rss,
             report_own_s=report_own_s,
@@ -556,6 +562,16 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
         )
     )
     rate = b.events / b.replay_s
+    met = rate >= GOAL_REPLAY_EVENTS_S and b.replay_s / b.floor_s <= GOAL_REPLAY_FLOOR
+    read = b.read_s / b.floor_s
+    why = (
+        f"; not met: reading the log into the span objects every observer is handed is "
+        f"{read:.0f}x the floor alone ({SPANS} spans a line: a span and its attrs built per "
+        "span, next row), so <= 6x needs observers that read a batch's columns, which "
+        "twinkle does not have"
+        if not met and read > GOAL_REPLAY_FLOOR
+        else ""
+    )
     rows.append(
         Row(
             "scale.replay",
@@ -565,8 +581,18 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
             ratio=b.replay_s / b.floor_s,
             baseline="orjson.loads of each line",
             target=f">= {GOAL_REPLAY_EVENTS_S:,} events/s, <= {GOAL_REPLAY_FLOOR:g}x",
-            met=goal(rate >= GOAL_REPLAY_EVENTS_S and b.replay_s / b.floor_s <= GOAL_REPLAY_FLOOR),
-            note=f"{_extend('replay_s', a, b, DAYS_3) / 3600:,.1f} h at 3 days",
+            met=goal(met),
+            note=f"{_extend('replay_s', a, b, DAYS_3) / 3600:,.1f} h at 3 days{why}",
+        )
+    )
+    rows.append(
+        Row(
+            "scale.replay",
+            "ref: iter_events(events.jsonl): read + decode + check into span objects",
+            b.events / b.read_s,
+            "events/s",
+            ratio=b.read_s / b.floor_s,
+            baseline="orjson.loads of each line",
         )
     )
     # the child's wall now, and what the report's own work adds per iteration after
