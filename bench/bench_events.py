@@ -46,8 +46,8 @@ from bench._workload import (
     publish_iteration,
     publish_results,
 )
-from twinkle.events import SIGNALS
-from twinkle.perf import memory_stats
+from twinkle.events import OVERHEAD_SOURCE, SIGNALS, EventBus
+from twinkle.perf import TimeRecorder, memory_stats
 from twinkle.plugins import make_plugin_manager
 from twinkle.run import RunSession, iter_events, replay
 
@@ -104,6 +104,22 @@ def _publish_loop(
             publish_results(bus, it, readings)
             cpu.ns += clock() - t0
             dispatcher.flush()
+
+    return loop
+
+
+def _bus_loop(bus: EventBus, cpu: _PublishCpu) -> Callable[[int], None]:
+    """The iteration mix on a bus bound to no run: built, stamped, checked, sent to no
+    receiver (its boundary flushes the attached recorders)."""
+    counter = itertools.count()
+    readings = [memory_stats()]
+    clock = time.thread_time_ns
+
+    def loop(n: int) -> None:
+        t0 = clock()
+        for _ in range(n):
+            publish_iteration(bus, next(counter), readings)
+        cpu.ns += clock() - t0
 
     return loop
 
@@ -179,6 +195,9 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
         background_dispatch=False,
     )
     bare = RunSession(out_dir=None, config=CONFIG, builtins=False, autoload=False)
+    own = TimeRecorder()
+    owned_bus = EventBus("bench-bus-own", overhead=own)
+    owned_bus.attach(own, source=OVERHEAD_SOURCE)
     observed.start()
     saturated.start()
     inline.start()
@@ -190,6 +209,8 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
             "saturated": (_publish_loop(saturated, cpu), saturated.recorder.drain),
             "inline": (_publish_loop(inline, cpu), inline.recorder.drain),
             "bare_session": (_publish_loop(bare, cpu, catch_up=True), bare.recorder.drain),
+            "bus": (_bus_loop(EventBus("bench-bus"), cpu), _nothing),
+            "bus_own": (_bus_loop(owned_bus, cpu), _nothing),
             "blinker": (_blinker_loop(_sample_events(), cpu), _nothing),
         }
         ns = interleaved_with_cleanup(
@@ -208,6 +229,14 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
     saturated_ratio = per_event["saturated"] / blinker
     inline_ratio = per_event["inline"] / blinker
     bare_ratio = per_event["bare_session"] / blinker
+    bus_ratio, own_ratio = per_event["bus"] / blinker, per_event["bus_own"] / blinker
+    parts = (
+        f"building, stamping and checking each event {bus_ratio:.1f}x (a replay must "
+        "accept what the bus accepts), twinkle's own-time span per call "
+        f"{own_ratio - bus_ratio:.1f}x, the run's order check, queue and boundary (the "
+        "recorders flushed, the dispatch thread woken and kept within one boundary) "
+        f"{bare_ratio - own_ratio:.1f}x (the rows below)"
+    )
     return [
         Row(
             "events.publish",
@@ -256,7 +285,24 @@ def _publish_rows(smoke: bool, tmp: str) -> list[Row]:
             "blinker send, 1 no-op receiver",
             target=f"<= {BARE_TARGET:g}x",
             met=bare_ratio <= BARE_TARGET,
-            note="build + stamp + validate + send + overhead span + lifecycle check + queue",
+            note=f"build + stamp + validate + send + overhead span + lifecycle check + queue: "
+            f"{parts}",
+        ),
+        Row(
+            "events.publish",
+            "part: an EventBus bound to no run (build, stamp, check; no receiver), caller CPU",
+            per_event["bus"] / 1_000,
+            "us/event",
+            bus_ratio,
+            "blinker send, 1 no-op receiver",
+        ),
+        Row(
+            "events.publish",
+            "part: the same with twinkle's own-time recorder (a span per call), caller CPU",
+            per_event["bus_own"] / 1_000,
+            "us/event",
+            own_ratio,
+            "blinker send, 1 no-op receiver",
         ),
         Row(
             "events.publish",
