@@ -37,7 +37,7 @@ import enum
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex
 
 __all__ = ["FIRST_WINDOWS", "SLOW_AFTER", "SLOW_FACTOR", "Key", "TraceBudget"]
 
@@ -56,6 +56,12 @@ class Fate(enum.IntEnum):
     LEFT_OUT = 0
     OUTLINE = 1
     FULL = 2
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type[Fate], tuple[int]]:
+        # By value on every Python: early 3.11 releases (3.11.2, Debian 12's) pickle a
+        # member as getattr(class, name), which a checkpoint's unpickler refuses (a
+        # getattr reaches anything), so no checkpoint there would ever serve a resume.
+        return Fate, (int(self),)
 
 
 @dataclass(slots=True)
