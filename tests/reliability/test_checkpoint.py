@@ -6,6 +6,7 @@ figure."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import pickle
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
+import twinkle.run._checkpoint as checkpoint_module
 import twinkle.run._checkpointing as run_module
 import twinkle.run._resume as resume_module
 from reliability._scripted import CONFIG, killed_when_ready, segment
@@ -29,7 +31,7 @@ from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter, line_ending_at
 from twinkle.run import Follower, Resumed, RunSession
-from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, _digest, _Unpickler
+from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, HEADER_BYTES, _digest, _Unpickler
 
 OUTPUTS = ("events.jsonl", *DERIVED)
 HOUR = 3600 * 10**9
@@ -365,6 +367,12 @@ def _changed_trace(run_dir: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _huge(run_dir: Path) -> None:
+    """3 GB of zeros (a sparse file): no header line."""
+    with (run_dir / CHECKPOINT_FILE).open("wb") as f:
+        f.truncate(3 * 2**30)
+
+
 def _cut_records(run_dir: Path) -> None:
     path = run_dir / "metrics_raw.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
@@ -380,6 +388,7 @@ def _cut_records(run_dir: Path) -> None:
         (_fifo, "checkpoint.bin is not a regular file"),
         (_link_to_device, "checkpoint.bin is a symbolic link"),
         (_garbage, "not a checkpoint twinkle wrote"),
+        (_huge, "not a checkpoint twinkle wrote"),
         (_other_code, "written by another twinkle"),
         (_planted_code, "cannot be read back (UnpicklingError: a checkpoint holds only twinkle"),
         (_changed_trace, "trace.json no longer begins with the bytes"),
@@ -402,6 +411,58 @@ def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(
     assert any(why in r.getMessage() and "whole log" in r.getMessage() for r in caplog.records)
     segment(without, iterations=2, wall_offset_ns=HOUR)
     assert _outputs(with_ / "r") == _outputs(without / "r")
+
+
+class _Counted:
+    """A file whose bytes read are counted."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.read_bytes = f, 0
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.f.readline(size)
+        self.read_bytes += len(line)
+        return line
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.read_bytes += len(data)
+        return data
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
+@pytest.mark.parametrize("spoil", [_huge, _other_code])
+def test_a_checkpoint_another_code_wrote_is_not_read_past_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: Callable[[Path], None]
+) -> None:
+    """A 3 GB file with no header line used to be read whole (a MemoryError under a
+    memory limit, 20 s and 6 GB without); it is read to its first MiB, and a header of
+    another code's to its end of line: the state is read only for this code's."""
+    segment(tmp_path, iterations=3, wall_offset_ns=0)
+    run_dir = tmp_path / "r"
+    spoil(run_dir)
+    opened: list[_Counted] = []
+    real = checkpoint_module.open_regular
+
+    def counted(path: Path) -> _Counted:
+        opened.append(_Counted(real(path)))
+        return opened[-1]
+
+    monkeypatch.setattr(checkpoint_module, "open_regular", counted)
+    why = checkpoint_module.load(run_dir, "r", [])
+    assert isinstance(why, str)
+    [f] = opened
+    if spoil is _huge:
+        assert "not a checkpoint twinkle wrote" in why
+        assert f.read_bytes == HEADER_BYTES + 1
+    else:
+        assert "written by another twinkle" in why
+        assert f.read_bytes < 10_000 < os.path.getsize(run_dir / CHECKPOINT_FILE)
 
 
 @pytest.mark.parametrize("checkpoint", [True, False])
@@ -559,6 +620,30 @@ def test_with_background_dispatch_a_checkpoint_keeps_the_run_as_it_stood_at_its_
     again = segment(tmp_path, iterations=1, wall_offset_ns=HOUR, plugins=(("gate", Gate()),))
     assert again.resumed is not None and again.resumed.restored_events == again.resumed.events
     assert_replay_identical(tmp_path / "r", tmp_path)
+
+
+class _Colour(enum.Enum):
+    RED = 1
+
+
+def test_twinkles_enums_read_back_where_python_pickles_them_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python 3.11.2 pickles an enum member as ``getattr(class, name)``, which the
+    checkpoint's unpickler refuses: every checkpoint there was passed over, as the
+    trace budget's state holds ``Fate`` members. They pickle by value on any Python."""
+    import io
+
+    from twinkle.observers._trace_budget import Fate
+
+    def by_name(self: enum.Enum, protocol: int) -> tuple[Any, ...]:  # (3.11.2's)
+        return getattr, (type(self), self._name_)
+
+    monkeypatch.setattr(enum.Enum, "__reduce_ex__", by_name)
+    with pytest.raises(pickle.UnpicklingError, match=r"not builtins\.getattr"):
+        _Unpickler(io.BytesIO(pickle.dumps(_Colour.RED))).load()  # (an enum of its own)
+    members = [Fate.FULL, Fate.LEFT_OUT, Fate.OUTLINE]
+    assert _Unpickler(io.BytesIO(pickle.dumps(members))).load() == members
 
 
 def test_the_unpickler_makes_twinkles_values_only() -> None:

@@ -74,6 +74,9 @@ FORMAT: Final = 2
 DIGEST: Final = "sha256"
 #: the bytes of a file's end that its digest covers
 TAIL_BYTES: Final = 64 * 1024
+#: the most bytes a checkpoint's header line may take (its file marks and observers'
+#: names: a few KiB); a file whose first line is longer is not read further
+HEADER_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,14 +362,18 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
     path = out_dir / CHECKPOINT_FILE
     try:
         with open_regular(path) as f:
-            data = f.read()
+            head = f.readline(HEADER_BYTES + 1)
+            header = _header(head)
+            # (the state is read only for a header this code wrote)
+            payload = f.read() if isinstance(header, dict) and _ours(header) else b""
     except FileNotFoundError:
         return NO_CHECKPOINT
     except OSError as exc:
         return f"cannot read {CHECKPOINT_FILE} ({exc.strerror or exc}): remove it"
-    head, _, payload = data.partition(b"\n")
+    unreadable = f"{CHECKPOINT_FILE} is not a checkpoint twinkle wrote (its header is unreadable)"
+    if not isinstance(header, dict):
+        return unreadable
     try:
-        header = orjson.loads(head)
         checkpoint = Checkpoint(
             run_id=header["run_id"],
             events=int(header["events"]),
@@ -377,8 +384,8 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
         )
         if sorted(checkpoint.files) != sorted(MARKED):
             raise ValueError("files")
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return f"{CHECKPOINT_FILE} is not a checkpoint twinkle wrote (its header is unreadable)"
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return unreadable
     why = _disagreement(header, checkpoint, run_id, observers)
     if why is None:
         for _, file_mark in sorted(checkpoint.files.items()):
@@ -396,10 +403,27 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
     return checkpoint if why is None else why
 
 
+def _header(line: bytes) -> dict[str, Any] | None:
+    """A checkpoint's header: its first line's JSON object (None: no line within
+    :data:`HEADER_BYTES`, or not a JSON object)."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        header = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _ours(header: Mapping[str, Any]) -> bool:
+    """Whether ``header`` says this code (this twinkle, this Python) wrote it."""
+    return header.get("format") == FORMAT and header.get("code") == code_digest()
+
+
 def _disagreement(
     header: dict[str, Any], checkpoint: Checkpoint, run_id: str, observers: list[str]
 ) -> str | None:
-    if header.get("format") != FORMAT or header.get("code") != code_digest():
+    if not _ours(header):
         return "it was written by another twinkle (or Python) than this one"
     if header.get(DIGEST) != _digest(header, checkpoint.payload):
         return f"{CHECKPOINT_FILE} is cut or changed (its digest differs)"
