@@ -30,6 +30,7 @@ from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter, line_ending_at
+from twinkle.reporting._jsonl_files import open_regular
 from twinkle.run import Follower, Resumed, RunSession
 from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, HEADER_BYTES, _digest, _Unpickler
 
@@ -420,12 +421,12 @@ class _Counted:
         self.f, self.read_bytes = f, 0
 
     def readline(self, size: int = -1) -> bytes:
-        line = self.f.readline(size)
+        line: bytes = self.f.readline(size)
         self.read_bytes += len(line)
         return line
 
     def read(self, size: int = -1) -> bytes:
-        data = self.f.read(size)
+        data: bytes = self.f.read(size)
         self.read_bytes += len(data)
         return data
 
@@ -447,7 +448,7 @@ def test_a_checkpoint_another_code_wrote_is_not_read_past_its_header(
     run_dir = tmp_path / "r"
     spoil(run_dir)
     opened: list[_Counted] = []
-    real = checkpoint_module.open_regular
+    real = open_regular
 
     def counted(path: Path) -> _Counted:
         opened.append(_Counted(real(path)))

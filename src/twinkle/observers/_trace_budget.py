@@ -37,7 +37,7 @@ import enum
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, SupportsIndex
+from typing import Any
 
 __all__ = ["FIRST_WINDOWS", "SLOW_AFTER", "SLOW_FACTOR", "Key", "TraceBudget"]
 
@@ -57,7 +57,7 @@ class Fate(enum.IntEnum):
     OUTLINE = 1
     FULL = 2
 
-    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[type[Fate], tuple[int]]:
+    def __reduce_ex__(self, protocol: object) -> tuple[type[Fate], tuple[int]]:
         # By value on every Python: early 3.11 releases (3.11.2, Debian 12's) pickle a
         # member as getattr(class, name), which a checkpoint's unpickler refuses (a
         # getattr reaches anything), so no checkpoint there would ever serve a resume.
