@@ -5,6 +5,9 @@ gives (its status aside), and the followed observers go on unchanged by it."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import pytest
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import ReplayError
+from twinkle.locks import RUN_LOCK_FILE
 from twinkle.report import load_report
 from twinkle.run import Follower, replay, writer_of
 
@@ -93,6 +97,39 @@ def test_the_report_of_a_stopped_run_is_its_log_so_far(two_segments: Path, tmp_p
         "events": 60,
     }  # fmt: skip
     assert load_report(two_segments)["live"] is None  # a finished run's: its own files
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _huge(path: Path) -> None:
+    with path.open("wb") as f:
+        f.truncate(3 * 2**30)  # (sparse)
+
+
+def _to_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _negative_pid(path: Path) -> None:
+    path.write_bytes(orjson.dumps({"pid": -5, "hostname": socket.gethostname()}))
+
+
+@pytest.mark.parametrize("plant", [_fifo, _huge, _to_zero, _negative_pid])
+def test_a_lock_file_twinkle_did_not_write_is_no_writer(
+    two_segments: Path, tmp_path: Path, plant: Callable[[Path], None]
+) -> None:
+    """A FIFO as the lock file hung the report, a 3 GB one or a link to /dev/zero was
+    read whole (MemoryError), a negative pid failed it with psutil's ValueError: a
+    stopped run's report names no writer, whatever its lock file."""
+    lines = (two_segments / "events.jsonl").read_bytes().splitlines(keepends=True)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "events.jsonl").write_bytes(b"".join(lines[:60]))
+    plant(cut / RUN_LOCK_FILE)
+    assert writer_of(cut) is None
+    assert load_report(cut)["status"] == "stopped"
 
 
 def test_a_log_cut_shorter_while_followed_is_refused(two_segments: Path, tmp_path: Path) -> None:

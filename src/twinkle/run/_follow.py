@@ -73,18 +73,26 @@ class Writer:
         return where if self.alive else f"{where}, which is gone"
 
 
+#: the most bytes of a lock file read (twinkle's hold a pid, a host and a time: ~80 B)
+_LOCK_BYTES = 4096
+
+
 def writer_of(run_dir: Path) -> Writer | None:
     """The process holding ``run_dir``, from its lock file (read, never locked); None
-    when no process holds it (the file is removed as its writer lets go)."""
+    when no process holds it (the file is removed as its writer lets go) or the file is
+    not one twinkle writes (not a small regular file holding a JSON object)."""
     try:
-        data = orjson.loads((run_dir / RUN_LOCK_FILE).read_bytes() or b"{}")
-    except (OSError, orjson.JSONDecodeError):
+        with open_regular(run_dir / RUN_LOCK_FILE) as f:
+            data = orjson.loads(f.read(_LOCK_BYTES + 1) or b"{}")
+    except (OSError, orjson.JSONDecodeError):  # (longer than _LOCK_BYTES: cut, not JSON)
         return None
     if not isinstance(data, dict):
         return None
     pid, host = data.get("pid"), data.get("hostname")
-    if not isinstance(pid, int) or isinstance(pid, bool):
+    if pid is None:  # (empty: a process is taking the lock, its line not yet written)
         return Writer(None, host if isinstance(host, str) else None, None)
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
     if host != socket.gethostname():
         return Writer(pid, host, None)
     since = data.get("since_unix_ns")
