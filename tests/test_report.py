@@ -226,6 +226,12 @@ def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_
     err = capsys.readouterr().err
     assert f"line {len(lines)}: invalid JSON" in err and "twinkle replay" in err
     assert "on_error" not in err
+    # a line that is JSON but no record (it failed the report with KeyError 'scope')
+    (torn / "metrics_raw.jsonl").write_bytes(b"".join(lines[:2]) + b'{"kind": "timing"}\n')
+    with pytest.raises(InvalidArgumentError) as caught:
+        load_report(torn)
+    assert "metrics_raw.jsonl' line 3: not a record" in str(caught.value)
+    assert f"twinkle replay {torn}/events.jsonl --out DIR" in str(caught.value)
     (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
     with pytest.raises(InvalidArgumentError, match="holds no event yet"):
         load_report(cut)

@@ -176,6 +176,16 @@ def test_a_follower_reads_the_whole_log_when_the_checkpoint_cannot_serve_it(
     records.write_bytes(b"{" * first + data[first:])  # (the same length)
     with Follower(run_dir) as follower:
         assert "the files it marks changed since" in str(follower.whole_log_why)
+    # JSON, but no record (it failed the snapshot with KeyError 'scope')
+    other = orjson.dumps({"kind": "timing", "x": "y" * (first - 24)})
+    assert len(other) == first
+    records.write_bytes(other + data[first:])
+    with Follower(run_dir) as follower:
+        why = str(follower.whole_log_why)
+        assert "metrics_raw.jsonl line 1: not a record" in why and "scope" in why
+        follower.poll()
+        snap = follower.snapshot()
+    assert (snap.events, snap.finished, snap.summary, snap.records) == whole
     records.write_bytes(data)
     linked = tmp_path / "linked"
     linked.mkdir()

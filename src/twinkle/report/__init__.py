@@ -48,7 +48,7 @@ from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._log_segments import logged_segments
 from twinkle.report._plots import PLOTS, time_parts, write_plots
 from twinkle.report._text import format_compare, format_report
-from twinkle.reporting import read_jsonl
+from twinkle.reporting import check_record_line, read_jsonl
 from twinkle.run import SUMMARY_FILE, Follower, Snapshot, iter_events, writer_of
 
 __all__ = [
@@ -189,6 +189,13 @@ def _finished_records(run: Path, summary: _Summary, timed: bool) -> list[dict[st
         raise InvalidArgumentError(
             f"{str(path)!r} line {line}: {why}: {_replay_fix(run)}"
         ) from None
+    for line, record in enumerate(records, 1):
+        try:
+            check_record_line(record)
+        except RecordError as exc:
+            raise InvalidArgumentError(
+                f"{str(path)!r} line {line}: {exc}: {_replay_fix(run)}"
+            ) from None
     count = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
     whole = timed and summary.status == "ok" and summary.records_dropped == 0
     if whole and count != summary.iterations:

@@ -48,6 +48,7 @@ from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
 from twinkle.reporting.record import (
     SCOPES,
     MetricRecord,
+    check_record_line,
     flat_key,
     is_record_kind,
     make_record,
@@ -88,6 +89,7 @@ __all__ = [
     "WebUIFlatBackend",
     "WriterState",
     "WriterStats",
+    "check_record_line",
     "flat_key",
     "is_record_kind",
     "line_ending_at",

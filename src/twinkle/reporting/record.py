@@ -50,6 +50,7 @@ from twinkle.reporting._record_values import JSON_INT_MAX, normalise
 __all__ = [
     "SCOPES",
     "MetricRecord",
+    "check_record_line",
     "flat_key",
     "is_record_kind",
     "make_record",
@@ -261,6 +262,27 @@ def record_fields(record: MetricRecord) -> dict[str, Any]:
         "values": record.values,
         "attrs": record.attrs,
     }
+
+
+class _RecordLine(msgspec.Struct):
+    """What a reader of a record file relies on in each line (a record in full is
+    :func:`record_from_dict`'s to check, at several times the cost)."""
+
+    kind: str
+    scope: str
+    iteration: int | None
+    values: dict[str, Any]
+    attrs: dict[str, Any]
+
+
+def check_record_line(data: object) -> None:
+    """Raise :class:`RecordError` unless ``data`` (a record file's line, parsed) has a
+    record's shape: an object whose ``kind`` and ``scope`` are strings, ``iteration``
+    an int or null, ``values`` and ``attrs`` objects."""
+    try:
+        msgspec.convert(data, _RecordLine)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"not a record ({exc})") from None
 
 
 def record_from_dict(data: Mapping[str, Any]) -> MetricRecord:

@@ -40,6 +40,7 @@ from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import (
     MAX_LINE_BYTES,
     MetricRecord,
+    check_record_line,
     line_ending_at,
     open_regular,
     record_to_dict,
@@ -402,8 +403,11 @@ def _covered_records(run_dir: Path, mark: FileMark) -> list[dict[str, Any]]:
     if len(data) != mark.size or len(lines) != mark.lines:
         raise RecordError(f"{mark.path} no longer holds the {mark.lines} lines it held")
     records = [orjson.loads(line) for line in lines]
-    if not all(isinstance(r, dict) for r in records):
-        raise RecordError(f"{mark.path} holds a line that is not a record")
+    for n, record in enumerate(records, 1):
+        try:
+            check_record_line(record)
+        except RecordError as exc:
+            raise RecordError(f"{mark.path} line {n}: {exc}") from None
     return records
 
 
