@@ -150,3 +150,26 @@ def test_watch_of_a_missing_run_says_so(tmp_path: Path) -> None:
     log.write_bytes(b"")
     with pytest.raises(ReplayError, match=r"is a file: give its run's directory"):
         Follower(log)
+
+
+@pytest.mark.parametrize("planted", ["file", "fifo", "directory"])
+def test_watch_of_what_no_wait_mends_fails_at_once(tmp_path: Path, planted: str) -> None:
+    """A file given for the run, or a run whose events.jsonl is a FIFO or a directory:
+    ``watch`` said it waited for the log, for ever; it fails at once, naming it."""
+    run = tmp_path / "r"
+    if planted == "file":
+        run.write_bytes(b"hi\n")
+        why = "is a file: give its run's directory"
+    else:
+        run.mkdir()
+        log = run / "events.jsonl"
+        os.mkfifo(log) if planted == "fifo" else log.mkdir()
+        why = "events.jsonl' is not a regular file (" + (
+            "mode p" if planted == "fifo" else "a directory"
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.cli", "watch", str(run), "--interval", "0.2"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert why in done.stderr and "waiting for" not in done.stdout

@@ -13,12 +13,14 @@ a restart with the same run id resumes it, and the view follows.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from twinkle.errors import ReplayError
+from twinkle.observers import EVENTS_FILE
 from twinkle.report import live_report
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._text import (
@@ -78,13 +80,14 @@ def _open(
     run: Path, console: Any, interval_s: float, sleep: Callable[[float], None], once: bool
 ) -> Follower:
     """A follower of ``run`` once its log holds a line: waited for (said once), or with
-    ``once`` a :class:`~twinkle.errors.ReplayError` saying it is not there."""
+    ``once`` a :class:`~twinkle.errors.ReplayError` saying it is not there. What no
+    wait mends (``run`` a file, its log not a regular file) is raised at once."""
     said = False
     while True:
         try:
             follower = Follower(run)
         except ReplayError:
-            if once:
+            if once or run.is_file() or os.path.lexists(run / EVENTS_FILE):
                 raise
             if not said:
                 console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)

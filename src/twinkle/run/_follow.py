@@ -22,6 +22,7 @@ import dataclasses
 import os
 import pickle
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,11 @@ class Follower:
                 f"the one holding {EVENTS_FILE}"
             )
         if not self.path.is_file():
+            if os.path.lexists(self.path):
+                raise ReplayError(
+                    f"{str(self.path)!r} is not a regular file ({_kind(self.path)}): a run's "
+                    f"log is one; give the directory of a run twinkle writes"
+                )
             raise ReplayError(
                 f"{str(self.run_dir)!r} holds no {EVENTS_FILE} (yet): give a run's directory "
                 "(runs/<run_id>), once its run has started"
@@ -392,6 +398,14 @@ class Follower:
         run, self._run = self._run, None
         if run is not None:
             run.close()
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` (not a regular file) is, in words."""
+    if path.is_symlink():
+        return "a symbolic link to nothing" if not path.exists() else "a symbolic link"
+    mode = path.lstat().st_mode
+    return "a directory" if stat.S_ISDIR(mode) else f"mode {stat.filemode(mode)}"
 
 
 def _covered_records(run_dir: Path, mark: FileMark) -> list[dict[str, Any]]:
