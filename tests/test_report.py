@@ -132,6 +132,32 @@ def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
     assert text.splitlines()[3].split() == ["figure", "A", "B", "B", "/", "A"]
 
 
+def test_report_json_is_strict_json_whatever_the_figures(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two summaries with extreme (finite, valid) wall seconds: B / A is past a float's
+    range. ``report --json A B`` printed ``"ratio": Infinity``, which JSON readers
+    refuse; the ratio is null (no ratio), and the output strict JSON."""
+    copies = []
+    for name, wall in (("a", 1e-300), ("b", 1e300)):
+        copy_ = tmp_path / name
+        copy_.mkdir()
+        for file in ("events.jsonl", "summary.json", "metrics_raw.jsonl"):
+            (copy_ / file).write_bytes((runs[0] / file).read_bytes())
+        summary = json.loads((copy_ / "summary.json").read_text())
+        summary["seconds"]["wall_seconds"] = wall
+        (copy_ / "summary.json").write_text(json.dumps(summary))
+        copies.append(str(copy_))
+    assert main(["report", "--json", *copies]) == 0
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    [wall] = [r for r in out["compare"] if r["figure"] == "wall_seconds"]
+    assert (wall["a"], wall["b"], wall["ratio"]) == (1e-300, 1e300, None)
+
+
 def test_concurrency_is_never_called_a_saving_and_a_saving_only_where_measured(
     runs: tuple[Path, Path],
 ) -> None:

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from twinkle.checks import printable
 from twinkle.errors import InvalidArgumentError, TwinkleError
@@ -53,15 +54,22 @@ def report_command(args: argparse.Namespace, helps: Helps | None = None) -> int:
                 extra = f"\n\nwhat would help: not predicted: {exc}"
             else:
                 first["what_would_help"], extra = rows, "\n\n" + show(rows)
-        print(json.dumps(first, indent=1) if args.json else format_report(first) + extra)
+        print(_json(first) if args.json else format_report(first) + extra)
         return 0
     if args.json:
         both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}
         both["streaming_effect"] = streaming_effect(first, second)
-        print(json.dumps(both, indent=1))
+        print(_json(both))
     else:
         print(format_compare(first, second))
     return 0
+
+
+def _json(report: Any) -> str:
+    """``report`` as strict JSON (orjson: a value that is not finite is null, as in
+    ``summary.json``; ``json.dumps`` would write ``NaN`` or ``Infinity``, which JSON
+    readers refuse)."""
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def watch_command(args: argparse.Namespace) -> int:

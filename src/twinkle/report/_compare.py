@@ -3,6 +3,7 @@ throughput where the two runs measure it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,7 @@ def streaming_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, An
     if overlapped["window"].get(key) is None or other["window"].get(key) is None:
         key, figure = "tokens_per_s_per_device", "whole loop"
     with_, without = overlapped["window"].get(key), other["window"].get(key)
-    ratio = with_ / without if isinstance(with_, int | float) and without else None
+    ratio = _finite(with_ / without) if isinstance(with_, int | float) and without else None
     return {
         "overlapped": "b" if share_b > 0 else "a",
         "figure": figure,
@@ -75,13 +76,20 @@ def streaming_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, An
 
 
 def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Figure by figure: A's, B's and B / A (None where either lacks it or A is 0)."""
+    """Figure by figure: A's, B's and B / A (None where either lacks it, A is 0 or the
+    ratio is past a float's range)."""
     fa, fb = _figures(a), _figures(b)
     rows = []
     for name in [*fa, *(n for n in fb if n not in fa)]:
         va, vb = fa.get(name), fb.get(name)
         ratio = None
         if isinstance(va, int | float) and isinstance(vb, int | float) and va != 0:
-            ratio = vb / va
+            ratio = _finite(vb / va)
         rows.append({"figure": name, "a": va, "b": vb, "ratio": ratio})
     return rows
+
+
+def _finite(ratio: float) -> float | None:
+    """``ratio``, or None when it is past a float's range (a figure of 1e300 over one of
+    1e-300: no ratio to print)."""
+    return ratio if math.isfinite(ratio) else None
