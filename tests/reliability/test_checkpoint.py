@@ -32,7 +32,15 @@ from twinkle.observers._record_sinks import _copy_replanned
 from twinkle.reporting import JsonlWriter, line_ending_at
 from twinkle.reporting._jsonl_files import open_regular
 from twinkle.run import Follower, Resumed, RunSession
-from twinkle.run._checkpoint import CHECKPOINT_FILE, DIGEST, HEADER_BYTES, _digest, _Unpickler
+from twinkle.run._checkpoint import (
+    CHECKPOINT_FILE,
+    DIGEST,
+    HEADER_BYTES,
+    Checkpoint,
+    _digest,
+    _Unpickler,
+)
+from twinkle.run._checkpoint import write as write_checkpoint
 
 OUTPUTS = ("events.jsonl", *DERIVED)
 HOUR = 3600 * 10**9
@@ -134,8 +142,9 @@ def _followed(run_dir: Path, *, from_checkpoint: bool) -> tuple[Any, ...]:
 def test_a_run_in_progress_is_followed_from_its_checkpoint_as_from_its_whole_log(
     tmp_path: Path, every: int
 ) -> None:
-    """A finished segment, then one killed outright: the checkpoint is the finished
-    one's (``every`` 10**9) or the killed one's own, running (20). A follower (``twinkle
+    """A finished segment, then one killed outright: the checkpoint is the killed
+    one's own, taken as it began (``every`` 10**9) or a running one's at a later
+    boundary (20). A follower (``twinkle
     report`` of a run in progress, ``twinkle watch``) starts from it, reading the log
     after it and the records before it from ``metrics_raw.jsonl``: its snapshot is the
     one a follower of the whole log makes; one whose records are not what the
@@ -144,11 +153,13 @@ def test_a_run_in_progress_is_followed_from_its_checkpoint_as_from_its_whole_log
     _killed_segment(tmp_path, every)
     run_dir = tmp_path / "r"
     marked = orjson.loads((run_dir / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
-    logged = len((run_dir / "events.jsonl").read_bytes().splitlines())
-    # the killed segment's events after it; or (its own, running) none or a few: the
-    # follower's last event is then the one before the checkpoint's offset
-    assert 0 < marked["events"] < logged if every > 20 else 0 < marked["events"] <= logged
-    assert (every == 20) == (marked["scan"]["segments"] == 2)
+    lines = (run_dir / "events.jsonl").read_bytes().splitlines()
+    logged = len(lines)
+    began = 1 + next(i for i, line in enumerate(lines) if b'"type":"run_resumed"' in line)
+    # the killed segment's events after it (as it began); or (a later one) none or a
+    # few: the follower's last event is then the one before the checkpoint's offset
+    assert marked["scan"]["segments"] == 2
+    assert marked["events"] == began < logged if every > 20 else began <= marked["events"]
     whole = _followed(run_dir, from_checkpoint=False)
     assert whole[:2] == (logged, False)
     assert _followed(run_dir, from_checkpoint=True) == whole
@@ -562,19 +573,65 @@ def test_a_run_with_a_built_in_observer_blocked_resumes_from_its_checkpoint(
     assert _outputs(tmp_path / "with" / "r") == _outputs(tmp_path / "without" / "r")
 
 
+@pytest.mark.parametrize("first", ["finished", "killed"])
+def test_a_resume_killed_before_its_first_boundary_leaves_a_checkpoint_that_fits(
+    tmp_path: Path, first: str
+) -> None:
+    """A resume re-plans ``metrics.jsonl`` (a new ``total_steps``) and removes the killed
+    process's temporary trace, both files the checkpoint it came from marks; killed
+    before its first boundary (in its set-up: loading a model), it left no checkpoint
+    that fits, and every later resume read the whole log. Its own, taken as it began,
+    serves the next resume, which writes what a resume from the whole log writes."""
+    if first == "finished":
+        segment(tmp_path, iterations=3, wall_offset_ns=0)
+    else:
+        _killed_segment(tmp_path, every=20)
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import time
+        sys.path[:0] = {[str(p) for p in Path(__file__).resolve().parents[:2]]!r}
+        from twinkle.run import RunSession
+        with RunSession(out_dir={str(tmp_path)!r}, run_id="r",
+                        config={ {**CONFIG, "total_steps": 77}!r}, autoload=False,
+                        resume=True) as run:
+            print("ready", flush=True)
+            time.sleep(60)
+        """
+    )
+    killed_when_ready(script)
+    without = tmp_path / "without"
+    shutil.copytree(tmp_path / "r", without / "r")
+    (without / "r" / CHECKPOINT_FILE).unlink()
+    a = segment(tmp_path, {**CONFIG, "total_steps": 77}, iterations=2, wall_offset_ns=HOUR)
+    assert a.resumed is not None and a.resumed.restored_events == a.resumed.events
+    segment(without, {**CONFIG, "total_steps": 77}, iterations=2, wall_offset_ns=HOUR)
+    assert _outputs(tmp_path / "r") == _outputs(without / "r")
+    assert_replay_identical(tmp_path / "r", tmp_path)
+
+
 def test_no_checkpoint_is_taken_while_a_resume_feeds_the_log_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Checkpoints start once the logged events went by again: one taken among them
-    would say the whole log was seen."""
+    would say the whole log was seen. The first is the resumed segment's own, once it
+    began: it covers every event logged, its run_resumed the last."""
     segment(tmp_path, iterations=30, wall_offset_ns=0)
     (tmp_path / "r" / CHECKPOINT_FILE).unlink()
     monkeypatch.setattr(run_module, "CHECKPOINT_EVERY", 5)
+    taken: list[int] = []
+
+    def write(out: Path, checkpoint: Checkpoint) -> None:
+        taken.append(checkpoint.events)
+        write_checkpoint(out, checkpoint)
+
+    monkeypatch.setattr(run_module, "write_checkpoint", write)
     session = RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, autoload=False, resume=True)
     session.start()
-    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    lines = (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()
+    assert taken == [len(lines)] and b'"type":"run_resumed"' in lines[-1]
     session.finish()
-    assert (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    assert len(taken) == 2 and (tmp_path / "r" / CHECKPOINT_FILE).exists()
 
 
 class Gate:

@@ -1,7 +1,7 @@
 """The checkpoints one :class:`~twinkle.run.Run` takes: a running segment's, at an
-iteration boundary every :data:`CHECKPOINT_EVERY` events, and a finished segment's, at
-its end (docs/metrics.md, "Resuming from a checkpoint"); the file format and the
-reading back are :mod:`twinkle.run._checkpoint`'s."""
+iteration boundary every :data:`CHECKPOINT_EVERY` events (and a resumed one's as it
+began), and a finished segment's, at its end (docs/metrics.md, "Resuming from a
+checkpoint"); the file format and the reading back are :mod:`twinkle.run._checkpoint`'s."""
 
 from __future__ import annotations
 
@@ -147,6 +147,25 @@ class RunCheckpoints:
         if dispatcher is not None and self.enabled:
             self.taken_at = dispatcher.events
             dispatcher.settled = self.settled
+
+    def take_resumed(self) -> None:
+        """(Inline, the order's lock held) a resumed segment's checkpoint, as soon as it
+        began: its resume may have changed files the checkpoint it came from marks (a
+        new ``total_steps`` re-plans ``metrics.jsonl``; a killed process's temporary
+        trace is removed), so a kill before the segment's first boundary checkpoint
+        would leave none that fits them, and the next resume would read the whole log."""
+        dispatcher = self.run.dispatcher
+        if dispatcher is None or not self.enabled or not dispatcher.idle:
+            return
+        try:
+            self._take_running(self._standing())
+        except Exception as exc:  # (a checkpoint is never worth the run)
+            _log.warning(
+                "run %r: no checkpoint as its segment began (%s); a resume re-reads the log "
+                "since the last one",
+                self.run.run_id,
+                exc,
+            )
 
     @property
     def armed(self) -> bool:

@@ -215,12 +215,15 @@ class Run:
 
     def go_live(self, timed: Callable[[str], AbstractContextManager[object]] | None) -> None:
         """Once the start (or a resume's feeding of the log) went by: take a running
-        segment's checkpoints from now on (:meth:`RunCheckpoints.arm`), and dispatch on
+        segment's checkpoints from now on (:meth:`RunCheckpoints.arm`; a resumed one's
+        first at once, :meth:`RunCheckpoints.take_resumed`), and dispatch on
         the dispatch thread when the run was made with ``background_dispatch``, each
         batch of it one span of twinkle's own time (``timed``: the bus's)."""
         if self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not started")
         with self._order.lock:  # (no ordered event queued meanwhile)
+            if len(self.segments) > 1:  # (resumed: its run_resumed dispatched, inline)
+                self.checkpoints.take_resumed()
             if self._background_dispatch:
                 self.dispatcher.to_background(timed)
             self.checkpoints.arm()
