@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,9 @@ def test_a_run_with_its_log_alone_is_reported_from_it_and_what_is_no_run_is_refu
     assert {**from_log, "run_dir": "", "live": None} == {**own, "run_dir": ""}
     (alone / "events.jsonl").unlink()
     with pytest.raises(InvalidArgumentError, match=r"has no summary\.json, metrics_raw\.jsonl"):
+        load_report(alone)
+    os.mkfifo(alone / "events.jsonl")  # (it said the log was missing)
+    with pytest.raises(InvalidArgumentError, match=r"events\.jsonl' is not a regular file"):
         load_report(alone)
     with pytest.raises(InvalidArgumentError, match=r"--reward 'grpo\.nope' names no scalar"):
         load_report(runs[0], reward="grpo.nope")

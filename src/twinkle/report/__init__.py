@@ -80,6 +80,11 @@ def _run_dir(path: str | os.PathLike[str]) -> Path:
             "(runs/<run_id>/, holding summary.json, metrics_raw.jsonl and events.jsonl)"
         )
     if not (run / EVENTS_FILE).is_file():
+        if os.path.lexists(run / EVENTS_FILE):  # (a FIFO, a directory, a broken link)
+            raise InvalidArgumentError(
+                f"{str(run / EVENTS_FILE)!r} is not a regular file: a run's log is one; "
+                "give the directory of a run twinkle writes"
+            )
         missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
         raise InvalidArgumentError(
             f"{str(run)!r} has no {', '.join(missing)}: it is not a twinkle run's directory"
