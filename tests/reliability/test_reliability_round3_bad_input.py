@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
 import re
 import signal
 import warnings
@@ -29,7 +30,7 @@ from _recompute import span_list
 from twinkle.checks import OWN_SOURCE_PREFIX
 from twinkle.engines import Engine, EnginePool, StartContext
 from twinkle.engines.vllm import VllmConfig
-from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.errors import InvalidArgumentError, RecordError, TwinkleError
 from twinkle.events import OVERHEAD_SOURCE, ScalarsObserved
 from twinkle.perf import Span, TimeRecorder, WorkerRecorder
 from twinkle.run import RunSession, SignalInterrupt, finish_on_signals, replay
@@ -329,6 +330,41 @@ def test_a_span_attr_whose_repr_raises_keeps_the_boundary_and_the_span(
     assert spans["generate"]["attrs"] == {"<unrepresentable Unprintable>": "1"}  # as its repr
     assert "'train.step'" in caplog.text and "['obj']" in caplog.text
     assert run.summary is not None and run.summary["status"] == "ok"
+    assert_replays_identically(tmp_path / "r", tmp_path / "again")
+
+
+def test_a_span_with_text_that_is_not_utf8_is_logged_with_it_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file name from os.fsdecode (lone surrogates) as a span's name, error, attr key
+    or value: the log could not write the batch (every span of it missing from the
+    log, status ok, a replay differing). The surrogates are escaped (a value is written
+    as its repr), the batch is logged and replays; a worker named so is refused."""
+    odd = os.fsdecode(b"data/\xff.bin")
+    with session(tmp_path) as run:
+        run.bus.iteration_started(0)
+        with run.recorder.span("ok", path=odd, iteration=0):
+            pass
+        with run.recorder.span(odd, **{odd: 1}):
+            pass
+        spans = [Span("generate", 1, 2, 1, 1, {"iteration": 0}, odd)]
+        run.bus.publish_spans("w1", run.bus.anchor, spans)
+        with pytest.raises(InvalidArgumentError, match=r"source 'data/\\udcff.bin' is not valid"):
+            run.bus.publish_spans(odd, run.bus.anchor, spans)
+        hostname = msgspec.structs.replace(run.bus.anchor, hostname=odd)
+        with pytest.raises(RecordError, match=r"spans\.anchor\['hostname'\] is not valid UTF-8"):
+            run.bus.publish_spans("w2", hostname, spans)
+        with caplog.at_level(logging.WARNING, logger="twinkle.events"):
+            run.bus.iteration_started(1)
+    logged = events(tmp_path / "r")
+    shown = "data/\\udcff.bin"
+    found = {s["name"]: s for e in logged if e["type"] == "spans" for s in span_list(e)}
+    assert found["ok"]["attrs"] == {"path": repr(odd), "iteration": 0}
+    assert found[shown]["attrs"] == {shown: 1}
+    assert found["generate"]["error"] == shown
+    assert "not UTF-8 text" in caplog.text
+    assert run.summary is not None and run.summary["status"] == "ok"
+    assert run.summary["observer_failures"] == {}
     assert_replays_identically(tmp_path / "r", tmp_path / "again")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, Union
 
 import msgspec
@@ -95,6 +95,7 @@ def _frozen(event: _E) -> _E:
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_builtin)
 _to_builtins = msgspec.to_builtins
+_TEXT = msgspec.json.Encoder().encode  # (a value's JSON: UnicodeEncodeError on a surrogate)
 _convert = msgspec.convert
 _DECODER = msgspec.json.Decoder(_ANY_EVENT)
 _JSON = "str, int, float, bool, None, lists and dicts with str keys"
@@ -139,7 +140,49 @@ def validate_event(event: _E) -> _E:
         checked: _E = _convert(data, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
+    try:
+        _TEXT(checked)  # (in C: every str of it is text the log can write)
+    except UnicodeEncodeError:
+        raise RecordError(
+            f"{event.TYPE}{_not_text(data)} is not valid UTF-8 (a lone surrogate, as "
+            "os.fsdecode gives for bytes that are not UTF-8): pass text (decode bytes with "
+            "errors='replace', or os.fsencode(name).decode(errors='backslashreplace'))"
+        ) from None
     return _frozen(checked)
+
+
+def _not_text(value: Any, path: str = "") -> str:
+    """Where in ``value`` (plain JSON values) the first str that is not UTF-8 text is,
+    as ``.field[index]['key']``."""
+    if isinstance(value, str):
+        return path if not _is_text(value) else ""
+    pairs: Iterable[tuple[Any, Any]] = ()
+    if isinstance(value, dict):
+        for k in value:
+            if isinstance(k, str) and not _is_text(k):
+                return f"{path}[{k!r}] (the key)"
+        pairs = ((f"[{k!r}]" if path else f".{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        pairs = ((f"[{i}]", v) for i, v in enumerate(value))
+    for step, item in pairs:
+        found = _not_text(item, path + step)
+        if found:
+            return found
+    return ""
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` encodes to UTF-8 (no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(value: str) -> str:
+    """``value`` with each lone surrogate written as its escape (``\\udcff``)."""
+    return value if _is_text(value) else value.encode(errors="backslashreplace").decode()
 
 
 def read_back(value: Any) -> Any:
@@ -290,37 +333,65 @@ def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
     written as ``<unrepresentable TYPE>``: the spans are flushed at an iteration's
     boundary, which an attribute must never take down with it."""
     out: list[Any] | None = None
+    texts = _encodes(spans)  # (the common case, in C: every name, key and value is text)
     for i, span in enumerate(spans):
         if type(span) is not Span:
             continue  # validation names it
         attrs = span.attrs
-        if not attrs or _flat(attrs):
+        if (texts or _encodes(span)) and (not attrs or _flat(attrs)):
             continue  # the common case: flat str, bool, None, 64-bit ints, finite floats
-        fixed: dict[str, Any] = {}
-        bad: list[str] = []
-        for k, v in attrs.items():
-            key = k if isinstance(k, str) else _shown(k, str)
-            try:
-                fixed[key] = read_back(v) if isinstance(k, str) else _shown(v)
-            except (TypeError, ValueError):
-                fixed[key] = _shown(v)
-                bad.append(key)
-            else:
-                if not isinstance(k, str):
-                    bad.append(key)
-        if bad:
-            _log.warning(
-                "span %r (source %r) has attribute(s) %s that are not JSON; written as "
-                "their repr (<unrepresentable TYPE> where the repr raised): pass str, "
-                "int, float, bool, None, lists or dicts",
-                span.name,
-                source,
-                sorted(bad),
-            )
         if out is None:
             out = list(spans)
-        out[i] = msgspec.structs.replace(span, attrs=fixed)
+        out[i] = _loggable(span, source)
     return spans if out is None else tuple(out)
+
+
+def _encodes(value: object) -> bool:
+    """Whether ``value`` (spans) encodes to JSON as it is."""
+    try:
+        _TEXT(value)
+    except (TypeError, ValueError, OverflowError):  # (UnicodeEncodeError: a ValueError)
+        return False
+    return True
+
+
+def _loggable(span: Span, source: str) -> Span:
+    """``span`` as the log can hold it: a name or an error that is not UTF-8 text with
+    its lone surrogates escaped, attrs as :func:`loggable_spans` says (a key not text
+    escaped too)."""
+    name, error = _escaped(span.name), span.error
+    if isinstance(error, str):
+        error = _escaped(error)
+    if name != span.name or error != span.error:
+        _log.warning(
+            "span %r (source %r): its name or error is not UTF-8 text; written with its "
+            "lone surrogates escaped: pass text (os.fsdecode gives surrogates for bytes "
+            "that are not UTF-8)",
+            name,
+            source,
+        )
+    fixed: dict[str, Any] = {}
+    bad: list[str] = []
+    for k, v in span.attrs.items():
+        key = _escaped(k) if isinstance(k, str) else _shown(k, str)
+        try:
+            fixed[key] = read_back(v) if isinstance(k, str) else _shown(v)
+        except (TypeError, ValueError):
+            fixed[key] = _shown(v)
+            bad.append(key)
+        else:
+            if key != k:
+                bad.append(key)
+    if bad:
+        _log.warning(
+            "span %r (source %r) has attribute(s) %s that are not JSON; written as "
+            "their repr (<unrepresentable TYPE> where the repr raised): pass str, "
+            "int, float, bool, None, lists or dicts",
+            name,
+            source,
+            sorted(bad),
+        )
+    return msgspec.structs.replace(span, name=name, error=error, attrs=fixed)
 
 
 def _shown(value: object, show: Callable[[object], str] = repr) -> str:
