@@ -363,6 +363,17 @@ def caller_source(value: str, what: str) -> str:
     """``value`` (a non-empty str) unless it is a span source of twinkle's own
     (:data:`OWN_SOURCE_PREFIX`): a caller's recorder or worker under such a name would
     have its spans taken for twinkle's."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            f"{what} must be a str, got {type(value).__name__}: {value!r:.100}"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"{what} {value!r:.200} is not valid UTF-8 (a lone surrogate, as os.fsdecode "
+            "gives for bytes that are not UTF-8): name it in text"
+        ) from None
     if value.startswith(OWN_SOURCE_PREFIX):
         raise InvalidArgumentError(
             f"{what} {value!r:.200} is reserved: span sources starting "

@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from _recompute import check_replay, check_run, span_list
-from twinkle.errors import InvalidArgumentError
-from twinkle.perf import WorkerReport
+from twinkle.errors import InvalidArgumentError, RecordError
+from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
+from twinkle.perf.stats import MemoryReading
 from twinkle.run import RunSession
 
 CONFIG = {
@@ -99,3 +101,47 @@ def test_receive_refuses_what_is_not_a_report(tmp_path: Path) -> None:
     with RunSession(out_dir=None, config=CONFIG, autoload=False) as run:
         with pytest.raises(InvalidArgumentError, match=r"receive\(\) takes a twinkle\.perf"):
             run.receive({"worker": "w"}, iteration=0)  # type: ignore[arg-type]
+
+
+def _report(spans: tuple[Span, ...], worker: object = "engine0") -> WorkerReport:
+    anchor = ClockAnchor(monotonic_ns=0, wall_ns=10**18, pid=7, hostname="node1")
+    reading = MemoryReading("engine0", 0, 7, "node1", "cpu", 2**20, 2**20, 0, 0, 0, 0)
+    return WorkerReport(worker, anchor, spans, (reading,))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["iteration", "backwards", "worker", "surrogate"])
+def test_a_report_refused_is_refused_whole(tmp_path: Path, bad: str) -> None:
+    """A report whose memory iteration is -1, one of whose spans ends before it starts,
+    whose worker is no str, or whose worker name cannot be written (a lone surrogate):
+    its spans reached the log and the figures, its readings did not (or a raw
+    AttributeError, or finish() failing on the name). It is refused with an error naming
+    the culprit, and the run is as if it never came."""
+    good = Span("generate", 100, 900, 1, 7, {"iteration": 0}, None)
+    spans = (good, Span("generate", 900, 100, 1, 7, {}, None)) if bad == "backwards" else (good,)
+    worker = {"worker": 5, "surrogate": "engine\udc80"}.get(bad, "engine0")
+    why = {
+        "iteration": r"memory\.iteration",
+        "backwards": r"report of worker 'engine0' was refused, nothing of it published",
+        "worker": r"report\.worker must be a str, got int",
+        "surrogate": r"report\.worker 'engine\\udc80' is not valid UTF-8",
+    }[bad]
+    outs = []
+    for refused in (True, False):
+        out = tmp_path / str(refused)
+        clock = ManualClock(0)
+        with RunSession(out_dir=out, run_id="r", config=CONFIG, clock=clock, autoload=False,
+                        wall_clock=lambda: 10**18 + clock()) as run:  # fmt: skip
+            run.bus.iteration_started(0)
+            clock.advance(10**9)
+            if refused:
+                with pytest.raises((RecordError, InvalidArgumentError), match=why):
+                    run.receive(_report(spans, worker), iteration=-1 if bad == "iteration" else 0)
+            clock.advance(10**9)
+        outs.append(out / "r")
+    logged = [orjson.loads(x) for x in (outs[0] / "events.jsonl").read_bytes().splitlines()]
+    assert not [
+        e for e in logged if e["type"] == "memory" or e.get("source", "").startswith("engine")
+    ]
+    for name in ("metrics_raw.jsonl", "metrics.jsonl"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes()
+    check_replay(outs[0], tmp_path / "replayed")

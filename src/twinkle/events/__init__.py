@@ -15,6 +15,7 @@ from twinkle.events._codec import (
 )
 from twinkle.events._columns import span_rows
 from twinkle.events._frozen import FrozenDict, FrozenList, freeze
+from twinkle.events._report import publish_report
 from twinkle.events._signals import (
     SIGNALS,
     backends_closed,
@@ -92,6 +93,7 @@ __all__ = [
     "snapshot",
     "span_rows",
     "spans",
+    "publish_report",
     "validate_event",
     "weights_published",
 ]

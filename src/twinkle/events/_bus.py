@@ -132,7 +132,8 @@ class EventBus:
         """The run clock's current reading."""
         return self._clock()
 
-    def _times(self) -> tuple[int, int]:
+    def times(self) -> tuple[int, int]:
+        """The run's clocks read now (monotonic ns, unix-epoch ns): an event's stamp."""
         return self._clock(), self._wall_clock()
 
     # -- publishing -------------------------------------------------------------------
@@ -177,9 +178,17 @@ class EventBus:
         self._bound = None
         self._refusal = reason
 
+    def publish_all(self, events: Sequence[Event], what: str) -> None:
+        """Publish ``events`` as one (a span of twinkle's own time named ``what``): each
+        is checked before any is sent, so one refused refuses them all."""
+        with self.own_work(what):
+            for event in [validate_event(e) for e in events] if self.validate else events:
+                self._deliver(event)
+
     def _send(self, event: _E) -> _E:
-        if self.validate:
-            event = validate_event(event)
+        return self._deliver(validate_event(event) if self.validate else event)
+
+    def _deliver(self, event: _E) -> _E:
         bound = self._bound
         if bound is not None:
             bound(event)
@@ -285,7 +294,7 @@ class EventBus:
         dropped: int = 0,
         sent_anchor: ClockAnchor | None = None,
     ) -> None:
-        mono, wall = self._times()
+        mono, wall = self.times()
         batch = loggable_spans(tuple(spans), source)
         bad = [s for s in batch if type(s) is Span and s.end_ns < s.start_ns]
         if bad:
@@ -307,7 +316,7 @@ class EventBus:
         """Publish :class:`RunStarted` with the caller's observer configuration, the
         names of the observer plugins the run loaded and those it left out (why)."""
         with self.own_work(RunStarted.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             fields = segment_fields(config, plugins, plugins_left_out)
             event = self._send(RunStarted(self.run_id, mono, wall, self.anchor, *fields))
         return event
@@ -327,7 +336,7 @@ class EventBus:
             self.anchor = ClockAnchor.read(
                 self._clock, self._wall_clock, hostname=self.anchor.hostname
             )
-            mono, wall = self._times()
+            mono, wall = self.times()
             fields = segment_fields(config, plugins, plugins_left_out)
             event = self._send(RunResumed(self.run_id, mono, wall, self.anchor, segment, *fields))
         return event
@@ -338,7 +347,7 @@ class EventBus:
         The boundary time is read *before* the flush, so the observers' work of flushing
         and dispatching belongs to the new iteration and arrives before its end."""
         with self.own_work(IterationStarted.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             backwards: list[str] = []
             self._flush_spans(backwards)
             event = self._send(IterationStarted(self.run_id, mono, wall, iteration))
@@ -351,7 +360,7 @@ class EventBus:
         """Publish :class:`WeightsPublished` (``acks``: (engine, acked_ns) pairs)."""
         acks = items(WeightsPublished, "acks", acks, "(engine, acked_ns) pairs")
         with self.own_work(WeightsPublished.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             acked = tuple(EngineAck(engine, acked_ns) for engine, acked_ns in acks)
             event = self._send(
                 WeightsPublished(self.run_id, mono, wall, version, start_ns, end_ns, acked)
@@ -361,7 +370,7 @@ class EventBus:
     def snapshot(self, state: Mapping[str, Any]) -> Snapshot:
         """Publish a :class:`Snapshot` of driver state (a plain dict)."""
         with self.own_work(Snapshot.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             event = self._send(Snapshot(self.run_id, mono, wall, mapping(Snapshot, "state", state)))
         return event
 
@@ -378,7 +387,7 @@ class EventBus:
         (``prompt_lengths``: each sample's prompt tokens, counted in its length too; none
         given, none logged)."""
         with self.own_work(SamplesObserved.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             event = self._send(
                 SamplesObserved(
                     self.run_id,
@@ -397,7 +406,7 @@ class EventBus:
     def optimizer_step(self, *, iteration: int, step: int, samples: int = 0) -> OptimizerStep:
         """Publish an :class:`OptimizerStep` (``step``: optimizer steps so far, 1-based)."""
         with self.own_work(OptimizerStep.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             event = self._send(OptimizerStep(self.run_id, mono, wall, iteration, step, samples))
         return event
 
@@ -415,7 +424,7 @@ class EventBus:
         if not is_record_kind(name) or name in self._reserved:
             raise scalars_name_error(name, self._reserved)
         with self.own_work(ScalarsObserved.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             figures = mapping(ScalarsObserved, "values", values)
             figure_keys(name, figures)
             event = self._send(ScalarsObserved(self.run_id, mono, wall, iteration, name, figures))
@@ -424,7 +433,7 @@ class EventBus:
     def memory(self, readings: Iterable[MemoryReading], *, iteration: int | None) -> MemoryReadings:
         """Publish raw per-worker memory readings."""
         with self.own_work(MemoryReadings.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             event = self._send(
                 MemoryReadings(
                     self.run_id,
@@ -449,7 +458,7 @@ class EventBus:
         """Publish :class:`RunFinished` after flushing every recorder (the end time is
         read before the flush, as for :meth:`iteration_started`)."""
         with self.own_work(RunFinished.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             backwards: list[str] = []
             self._flush_spans(backwards)
             event = self._send(
@@ -472,6 +481,6 @@ class EventBus:
         """Publish :class:`BackendsClosed`: what each record backend of this segment did
         with its records (after ``run_finished``, once the plugins' backends closed)."""
         with self.own_work(BackendsClosed.TYPE):
-            mono, wall = self._times()
+            mono, wall = self.times()
             event = self._send(BackendsClosed(self.run_id, mono, wall, dict(backends)))
         return event

@@ -34,7 +34,6 @@ from typing import Any
 
 import pluggy
 
-from twinkle.checks import caller_source
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import (
     InvalidArgumentError,
@@ -45,6 +44,7 @@ from twinkle.events import (
     EventBus,
     RunFinished,
     Status,
+    publish_report,
     validate_event,
 )
 from twinkle.hookspecs import RunContext
@@ -418,22 +418,15 @@ class RunSession:
         ``report.worker`` on its own clock anchor (counting the spans it dropped; the
         timeline checks that anchor against the report's send time and its arrival now,
         docs/scale-out.md), and its memory readings as taken during ``iteration`` (None:
-        outside any, or not known; its spans are placed by their own times either way)."""
+        outside any, or not known; its spans are placed by their own times either way).
+        A report refused (a span ending before it starts, a field its checks refuse) is
+        refused whole: nothing of it is published."""
         if not isinstance(report, WorkerReport):
             raise InvalidArgumentError(
                 f"receive() takes a twinkle.perf.WorkerReport (from WorkerRecorder.report() "
                 f"in the worker), got {type(report).__name__}: {report!r:.100}"
             )
-        caller_source(report.worker, "report.worker")  # before any of it is published
-        self.bus.publish_spans(
-            report.worker,
-            report.anchor,
-            report.spans,
-            dropped=report.spans_dropped,
-            sent_anchor=report.sent_anchor,
-        )
-        if report.readings:
-            self.bus.memory(report.readings, iteration=iteration)
+        publish_report(self.bus, report, iteration)  # (refused whole, or published)
 
     @property
     def failures(self) -> dict[str, int]:
