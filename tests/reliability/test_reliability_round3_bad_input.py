@@ -345,7 +345,7 @@ def test_a_span_with_text_that_is_not_utf8_is_logged_with_it_escaped(
         run.bus.iteration_started(0)
         with run.recorder.span("ok", path=odd, iteration=0):
             pass
-        with run.recorder.span(odd, **{odd: 1}):
+        with run.recorder.span(odd, **{odd: 1}):  # type: ignore[arg-type]
             pass
         spans = [Span("generate", 1, 2, 1, 1, {"iteration": 0}, odd)]
         run.bus.publish_spans("w1", run.bus.anchor, spans)
