@@ -29,6 +29,7 @@ from twinkle.errors import ReplayError, ReporterError
 from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
+from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
 from twinkle.reporting import JsonlWriter, line_ending_at
 from twinkle.reporting._jsonl_files import open_regular
 from twinkle.run import Follower, Resumed, RunSession
@@ -743,3 +744,27 @@ def test_a_log_whose_first_line_is_bad_is_refused_when_read_not_when_followed(
     assert "events.jsonl:1" in str(follower.whole_log_why)
     with pytest.raises(ReplayError, match=r"events\.jsonl:1: .*unknown field"):
         follower.poll()
+
+
+def test_a_checkpoint_that_cannot_be_written_never_fails_the_finish(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's anchor (each field within its bounds) placing a span's end past 2**64
+    ns: the checkpoint's header cannot hold that time, and finish() raised a TypeError
+    after summary.json said ok. The checkpoint is left out, saying so; the run finishes
+    and replays."""
+    clock = ManualClock(0)
+    big = 2**63 - 1
+    with caplog.at_level(logging.WARNING, logger="twinkle.run"):
+        with RunSession(out_dir=tmp_path, run_id="r", config=CONFIG, clock=clock,
+                        autoload=False) as run:  # fmt: skip
+            run.bus.iteration_started(0)
+            clock.advance(10**9)
+            anchor = ClockAnchor(monotonic_ns=-(2**63), wall_ns=big, pid=7, hostname="h")
+            spans = (Span("generate", big - 10, big, 1, 7, {}, None),)
+            run.receive(WorkerReport("engine0", anchor, spans))
+            clock.advance(10**9)
+    assert run.summary is not None and run.summary["status"] == "ok"
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    assert "no checkpoint written (Integer exceeds 64-bit range)" in caplog.text
+    assert_replay_identical(tmp_path / "r", tmp_path)

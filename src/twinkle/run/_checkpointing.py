@@ -11,7 +11,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from twinkle.errors import PluginError, TwinkleError
+from twinkle.errors import PluginError
 from twinkle.events import Event, IterationStarted, RunStarted
 from twinkle.observers import (
     EVENTS_FILE,
@@ -291,7 +291,7 @@ class RunCheckpoints:
                 files[name] = mark(path, path.stat().st_size, _count_lines(path))
             files[TRACE_FILE] = mark(out / TRACE_FILE, trace, 0)
             write_checkpoint(out, self._made(logged, files, payload, self._standing()))
-        except (OSError, TwinkleError) as exc:
+        except Exception as exc:  # (a checkpoint is never worth the run: any failure)
             _log.warning(
                 "run %r: no checkpoint written (%s); a resume re-reads the log",
                 self.run.run_id,
