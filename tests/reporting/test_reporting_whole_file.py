@@ -3,6 +3,7 @@ keeps the previous file."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,24 @@ def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(
     with pytest.raises(WriteError, match=r"cannot write .*taken'.*previous file .* is kept"):
         out.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_what_killed_writers_left_is_removed_also_under_this_processs_pid(
+    tmp_path: Path,
+) -> None:
+    """A container's first process restarted has the pid of the one killed: the
+    temporary file that one left (up to 7/8 of the trace's budget) was kept as this
+    process's own, one more per restart. It goes; a file this process has open stays,
+    and so does one of a live process."""
+    path = tmp_path / "trace.json"
+    mine = ReplacingFile(path)  # open in this process
+    same_pid = tmp_path / f".trace.json.{os.getpid()}.0badf00d.tmp"  # the killed one's
+    same_pid.write_bytes(b"[{...")
+    live = tmp_path / f".trace.json.{os.getppid()}.00c0ffee.tmp"  # a live process's
+    live.write_bytes(b"[{...")
+    again = ReplacingFile(path)
+    assert not same_pid.exists()
+    assert mine.tmp.exists() and live.exists() and again.tmp.exists()
+    mine.discard()
+    again.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "trace.json"]

@@ -21,7 +21,7 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 from twinkle.errors import InvalidArgumentError, ReporterError, WriteError
 from twinkle.reporting._jsonl_files import FILE_MODE, StrPath, make_dirs, reporter_error
@@ -41,11 +41,16 @@ class ReplacingFile:
     ``path`` itself must not be a symlink (:class:`~twinkle.errors.ReporterError` naming
     it). Opening it creates missing parent directories (mode 0755) and removes the
     temporary files of ``path`` that writers killed before their commit left (those of
-    processes no longer alive here); the file gets mode 0644 less the umask. Not
-    thread-safe: one writer at a time.
+    processes no longer alive here, or of an earlier process with this one's pid, as a
+    container's first process restarted has; not this process's own); the file gets
+    mode 0644 less the umask. Not thread-safe: one writer at a time.
     """
 
     __slots__ = ("_file", "path", "tmp")
+
+    #: the temporary files this process has open (a killed earlier process may have had
+    #: the same pid, a container's first process: its files are stale, these are not)
+    _open_here: ClassVar[set[Path]] = set()
 
     def __init__(self, path: StrPath, *, buffering: int = 1 << 20) -> None:
         if not isinstance(path, str | os.PathLike):
@@ -64,6 +69,7 @@ class ReplacingFile:
             self.tmp = parent / f".{self.path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
             try:
                 fd = os.open(self.tmp, flags, FILE_MODE)
+                ReplacingFile._open_here.add(self.tmp)
                 break
             except FileExistsError:
                 continue  # a name taken (by a planted file too): draw another
@@ -75,7 +81,9 @@ class ReplacingFile:
         prefix = f".{self.path.name}."
         for tmp in self.path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
             pid = tmp.name[len(prefix) :].split(".", 1)[0]
-            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            if not pid.isdigit() or tmp in self._open_here:
+                continue
+            if int(pid) != os.getpid() and _alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 tmp.unlink()  # (unlink removes a link itself, never what it points at)
@@ -108,6 +116,7 @@ class ReplacingFile:
                 f.close()
             # rename() replaces a link planted meanwhile; it never writes through one.
             os.replace(self.tmp, self.path)
+            ReplacingFile._open_here.discard(self.tmp)
         except OSError as exc:
             self._unlink()
             raise WriteError(
@@ -126,6 +135,7 @@ class ReplacingFile:
             self._unlink()
 
     def _unlink(self) -> None:
+        ReplacingFile._open_here.discard(self.tmp)
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
 
