@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
@@ -19,6 +20,7 @@ from twinkle.events import (
     EngineAck,
     Event,
     IterationStarted,
+    MemoryReadings,
     RunFinished,
     RunStarted,
     SpanBatch,
@@ -27,6 +29,7 @@ from twinkle.events import (
 from twinkle.hookspecs import RunContext
 from twinkle.observers import TraceSink
 from twinkle.perf import ClockAnchor, ManualClock, Span
+from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import ReplacingFile
 from twinkle.run import RunSession, replay
 
@@ -258,6 +261,42 @@ def test_a_demo_trace_follows_the_format_and_holds_every_span(tmp_path: Path) ->
 
 
 # -- tracks named by what runs on them ----------------------------------------------------
+
+
+def test_processes_of_two_hosts_with_one_pid_are_two_processes(tmp_path: Path) -> None:
+    """Workers in containers have the same small pids: worker1 on node-b (pid 7) was
+    drawn in worker0's process (node-a, pid 7), its spans half over worker0's on one
+    track; a worker with the run's own pid on another host in the run's process. Each
+    (host, pid) is a process of its own in the trace, named by its source, host and real
+    pid; a process seen only in memory readings is named too."""
+    sink = TraceSink()
+    sink.twinkle_configure(RunContext(run_id=RUN, out_dir=tmp_path, config={}))
+    sink.twinkle_run_started(RunStarted(RUN, 1_000_000, 5, ANCHOR))
+
+    def work(source: str, host: str, pid: int, start: int) -> None:
+        anchor = msgspec.structs.replace(ANCHOR, hostname=host, pid=pid)
+        span = Span(f"{source} work", start, start + 30_000_000, 1, pid, {}, None)
+        sink.twinkle_spans(SpanBatch(RUN, 1, 2, source, anchor, (span,)))
+
+    work("worker0", "node-a", 8, 10_000_000)
+    work("worker1", "node-b", 8, 30_000_000)  # (half over worker0's, were they one)
+    work("remote", "node-c", ANCHOR.pid, 50_000_000)
+    reading = MemoryReading("rank3", 3, 4321, "node-d", "cpu", 2**20, 2**20, 0, 0, 0, 0)
+    sink.twinkle_memory(MemoryReadings(RUN, 60_000_000, 6, 0, (reading,)))
+    sink.twinkle_run_finished(RunFinished(RUN, 10**12, 9))
+    sink.twinkle_unconfigure()
+    trace = _trace(tmp_path / "trace.json")
+    pids = {e["name"]: e["pid"] for e in trace if e["ph"] in "XC"}
+    assert pids["worker0 work"] == 8 and pids["memory rank3"] == 4321
+    others = {pids["worker1 work"], pids["remote work"]}
+    assert len(others) == 2 and not others & {8, 4321, ANCHOR.pid}
+    named = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert named[8] == "worker0 (node-a, pid 8)"
+    assert named[pids["worker1 work"]] == "worker1 (node-b, pid 8)"
+    assert named[pids["remote work"]] == f"remote (node-c, pid {ANCHOR.pid})"
+    assert named[4321] == "rank3 (node-d, pid 4321)"
+    assert named[ANCHOR.pid] == f"{RUN} ({ANCHOR.hostname})"
+    _check_trace_rules(trace)
 
 
 def _names(trace: list[dict[str, Any]]) -> dict[tuple[int, int], str]:

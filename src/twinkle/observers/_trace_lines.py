@@ -41,6 +41,10 @@ from twinkle.perf import ClockAnchor
 
 __all__ = ["TraceLines"]
 
+#: the first of the pids the trace gives a process whose own pid another host's process
+#: has in it already (above any pid a system gives: Linux's are below 2**22)
+OWN_PIDS = 10**9
+
 
 class TraceLines:
     """The lines of a run's trace, made event by event in the order the events came.
@@ -53,7 +57,10 @@ class TraceLines:
     event across every track.
 
     **Tracks.** Every process is named (the run's by its run id, at its start; a
-    worker's by its span source, at close, when a line of it was written). A thread's
+    worker's by its span source or its readings' worker, its host and its pid, at
+    close, when a line of it was written); a process is known by its host and pid, and
+    one whose pid another host's process has in the trace gets one of its own from
+    :data:`OWN_PIDS` up, so that two are never drawn as one. A thread's
     track is named by the role of the spans it carries, decided over the whole run
     (names are written at close, so a thread is never named after whatever span
     happened to come first; only a track that a written line is on is named):
@@ -90,9 +97,14 @@ class TraceLines:
         self._skew = ClockSkewTolerance()  # the run's, from its run_started
         self._config: ObserverConfig | None = None  # the run's phases (None: unreadable)
         self._training: str | None = None  # the run's training phase
-        #: each worker process's ``process_name`` line, by pid, in order of first use
-        #: (written at close when a line of the process was)
+        #: each process's ``process_name`` line, by its pid in the trace, in order of
+        #: first use (written at close when a line of the process was; the run's own
+        #: process is named at its start: none here)
         self._process_names: dict[int, bytes] = {}
+        #: each process's pid in the trace, by (host, pid): its own, unless a process of
+        #: another host has that number in the trace already (then one from OWN_PIDS up)
+        self._trace_pids: dict[tuple[str, int], int] = {}
+        self._next_pid = OWN_PIDS
         # per (pid, thread or marker track): its lanes, each its outermost spans as
         # (start, end), in order
         self._lanes: dict[tuple[int, int | str], list[list[tuple[int, int]]]] = {}
@@ -177,9 +189,10 @@ class TraceLines:
                 mib["device_allocated_MiB"] = convert_bytes(r.device_allocated_bytes, "MiB")
             if r.device_reserved_bytes is not None:
                 mib["device_reserved_MiB"] = convert_bytes(r.device_reserved_bytes, "MiB")
-            line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": r.pid, "tid": 0}
+            pid = self._trace_pid(r.hostname, r.pid, r.worker_id)
+            line = {"name": f"memory {r.worker_id}", "ph": "C", "pid": pid, "tid": 0}
             data = orjson.dumps({**line, "ts": ts, "args": mib})
-            self._budget.add(event.monotonic_ns, data, key=(r.pid, 0))
+            self._budget.add(event.monotonic_ns, data, key=(pid, 0))
 
     def _on_started(self, event: RunStarted, lines: list[bytes]) -> None:
         self._origin = event.anchor
@@ -198,6 +211,8 @@ class TraceLines:
         name = {"name": f"{event.run_id} ({event.anchor.hostname})"}
         process = {"name": "process_name", "ph": "M", "pid": event.anchor.pid, "args": name}
         lines.append(orjson.dumps(process))
+        self._trace_pids[(event.anchor.hostname, event.anchor.pid)] = event.anchor.pid
+        self._process_names[event.anchor.pid] = b""
 
     def _us(self, ns: int) -> float:
         origin = self._origin.monotonic_ns if self._origin is not None else 0
@@ -224,16 +239,17 @@ class TraceLines:
         spans: list[tuple[int, bytes, Key]],
     ) -> None:
         """Each span's line into ``spans`` (a process's name into ``lines``)."""
-        source = event.source
+        source, host = event.source, event.anchor.hostname
         roles = self._roles_of(source)
+        pids: dict[int, int] = {}  # (the batch's: a span's pid -> its pid in the trace)
         # the last span's thread, its first lane and that lane's track
         thread: tuple[int, int] | None = None
         first_lane: list[tuple[int, int]] = []
         first_track: Track | None = None
         for span in event.spans:
-            pid, start, end = span.pid, span.start_ns, span.end_ns
-            if pid not in self._process_names:
-                self._name_process(pid, source, event)
+            pid, start, end = pids.get(span.pid), span.start_ns, span.end_ns
+            if pid is None:
+                pid = pids[span.pid] = self._trace_pid(host, span.pid, source)
             # (the common case inline: after the spans on the thread's first lane)
             if (
                 first_track is not None
@@ -280,15 +296,23 @@ class TraceLines:
             spans.clear()
             self._arrow_end((version, engine), end, False)
 
-    def _name_process(self, pid: int, source: str, event: SpanBatch) -> None:
-        """A worker's process's ``process_name`` line, made the first time it is seen
-        (the run's own process is named at its start: none)."""
-        line = b""
-        if self._origin is None or pid != self._origin.pid:
-            name = f"{source} ({event.anchor.hostname}, pid {pid})"
-            process = {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
-            line = orjson.dumps(process)
-        self._process_names[pid] = line
+    def _trace_pid(self, host: str, pid: int, source: str) -> int:
+        """The pid in the trace of process ``pid`` on ``host``, named after ``source``
+        (a span batch's, a reading's worker) the first time it is seen: its own pid,
+        unless another host's process has that number in the trace already (two
+        containers' first processes, both pid 1), which would merge the two."""
+        key = (host, pid)
+        found = self._trace_pids.get(key)
+        if found is not None:
+            return found
+        found = pid
+        while found in self._process_names:
+            found, self._next_pid = self._next_pid, self._next_pid + 1
+        self._trace_pids[key] = found
+        name = {"name": f"{source} ({host}, pid {pid})"}
+        line = {"name": "process_name", "ph": "M", "pid": found, "args": name}
+        self._process_names[found] = orjson.dumps(line)
+        return found
 
     def _roles_of(self, source: str) -> Callable[[Track, str, object], None]:
         """What a span of ``source`` tells of its track's role (see the class doc)."""
