@@ -15,6 +15,7 @@ import pytest
 
 import twinkle.observers._trace_lines as trace_lines
 from _recompute import span_list
+from observers.test_scripted_run import manual_session
 from twinkle.errors import WriteError
 from twinkle.events import (
     EngineAck,
@@ -28,7 +29,7 @@ from twinkle.events import (
 )
 from twinkle.hookspecs import RunContext
 from twinkle.observers import TraceSink
-from twinkle.perf import ClockAnchor, ManualClock, Span
+from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
 from twinkle.reporting import ReplacingFile
 from twinkle.run import RunSession, replay
@@ -296,6 +297,35 @@ def test_processes_of_two_hosts_with_one_pid_are_two_processes(tmp_path: Path) -
     assert named[pids["remote work"]] == f"remote (node-c, pid {ANCHOR.pid})"
     assert named[4321] == "rank3 (node-d, pid 4321)"
     assert named[ANCHOR.pid] == f"{RUN} ({ANCHOR.hostname})"
+    _check_trace_rules(trace)
+
+
+def test_a_skewed_workers_spans_are_laned_as_they_are_drawn(tmp_path: Path) -> None:
+    """A worker whose wall clock is 100 s ahead (past the tolerance): each report is
+    placed by its own arrival. Spans back to back on one thread, [100, 200) and
+    [200, 300) ms, in two reports delivered after 50 and 10 ms, are drawn at [150, 250)
+    and [210, 310): they were put on one track by their own times, half over each
+    other. Lanes are told on the times drawn."""
+    ms = 1_000_000
+    run, clock = manual_session(tmp_path, "skew", {})
+    here = run.bus.anchor
+    ahead = ClockAnchor(here.monotonic_ns, here.wall_ns + 100 * 10**9, 4242, "node-b")
+
+    def sent(at: int) -> ClockAnchor:
+        return msgspec.structs.replace(ahead, monotonic_ns=at, wall_ns=ahead.wall_ns + at)
+
+    run.bus.iteration_started(0)
+    for name, start, arrives in (("a", 100, 250), ("b", 200, 310)):
+        clock.set(arrives * ms)
+        span = Span(name, start * ms, (start + 100) * ms, 1, 4242, {}, None)
+        run.receive(WorkerReport("w", ahead, (span,), sent_anchor=sent((start + 100) * ms)))
+    clock.set(400 * ms)
+    run.finish()
+    assert run.out_dir is not None
+    trace = _trace(run.out_dir / "trace.json")
+    drawn = {e["name"]: e for e in trace if e.get("cat") == "w"}
+    assert (drawn["a"]["ts"], drawn["b"]["ts"]) == (150_000.0, 210_000.0)
+    assert drawn["a"]["tid"] != drawn["b"]["tid"]
     _check_trace_rules(trace)
 
 

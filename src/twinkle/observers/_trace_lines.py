@@ -247,7 +247,9 @@ class TraceLines:
         first_lane: list[tuple[int, int]] = []
         first_track: Track | None = None
         for span in event.spans:
-            pid, start, end = pids.get(span.pid), span.start_ns, span.end_ns
+            # (as drawn: since the run's start, on its timeline; a skewed worker's batches
+            # are placed each by its arrival, so its lanes are told on these times)
+            pid, start, end = pids.get(span.pid), span.start_ns + offset, span.end_ns + offset
             if pid is None:
                 pid = pids[span.pid] = self._trace_pid(host, span.pid, source)
             # (the common case inline: after the spans on the thread's first lane)
@@ -269,7 +271,7 @@ class TraceLines:
             attrs = span.attrs
             engine = attrs.get("engine")
             roles(track, span.name, engine)
-            ts = (start + offset) / 1000.0
+            ts = start / 1000.0
             line = orjson.dumps(
                 {
                     "name": span.name,
@@ -282,7 +284,7 @@ class TraceLines:
                     "args": attrs if span.error is None else {**attrs, "error": span.error},
                 }
             )
-            spans.append((start + offset + origin, line, track.key))
+            spans.append((start + origin, line, track.key))
             if span.name == "weights.load":
                 self._load_end(engine, attrs.get("version"), (pid, track.tid, ts), spans)
 
