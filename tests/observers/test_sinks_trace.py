@@ -329,6 +329,32 @@ def test_a_skewed_workers_spans_are_laned_as_they_are_drawn(tmp_path: Path) -> N
     _check_trace_rules(trace)
 
 
+@pytest.mark.parametrize("start_ms", [5, 0])
+def test_a_span_reaching_back_past_the_spans_a_lane_keeps_still_nests(
+    tmp_path: Path, start_ms: int
+) -> None:
+    """One thread: ``first`` [0, 10) ms, 600 spans back to back after it (more than a
+    lane keeps, LANE_MEMORY), then one opened by hand at 5 ms and closed after them
+    all: half over ``first``, it was put on the thread's track past the spans a lane
+    keeps. It goes to a lane of its own; opened at 0 ms it encloses them all, and
+    shares the thread's track."""
+    ms = 1_000_000
+    run, clock = manual_session(tmp_path, "lanes", {})
+    run.bus.iteration_started(0)
+    pid = run.bus.anchor.pid
+    spans = [Span("first", 0, 10 * ms, 77, pid, {}, None)]
+    spans += [Span("step", (10 + k) * ms, (11 + k) * ms, 77, pid, {}, None) for k in range(600)]
+    spans.append(Span("by_hand", start_ms * ms, 620 * ms, 77, pid, {}, None))
+    clock.set(630 * ms)
+    run.bus.publish_spans("main", run.bus.anchor, spans)
+    run.finish()
+    assert run.out_dir is not None
+    trace = _trace(run.out_dir / "trace.json")
+    tids = {e["name"]: e["tid"] for e in trace if e["ph"] == "X"}
+    assert (tids["by_hand"] == tids["first"]) == (start_ms == 0)
+    _check_trace_rules(trace)
+
+
 def _names(trace: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
     return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
 

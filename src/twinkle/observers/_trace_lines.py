@@ -35,6 +35,7 @@ from twinkle.observers._trace_tracks import (
     Track,
     nest,
     training_phase,
+    trim,
 )
 from twinkle.observers.placement import place_batch
 from twinkle.perf import ClockAnchor
@@ -261,7 +262,7 @@ class TraceLines:
             ):
                 first_lane.append((start, end))
                 if len(first_lane) > LANE_MEMORY:
-                    del first_lane[0]
+                    trim(first_lane)
                 track = first_track
             else:
                 track = self._track(pid, span.thread_id, start, end)

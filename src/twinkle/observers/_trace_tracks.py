@@ -19,6 +19,7 @@ __all__ = [
     "PathSlices",
     "Track",
     "nest",
+    "trim",
     "training_phase",
 ]
 
@@ -80,7 +81,8 @@ class Track:
         return label if self.where is None else f"{label} ({self.where})"
 
 
-#: outermost spans remembered per lane (a span reaching back past them is not checked)
+#: outermost spans remembered per lane, the oldest of them as one stretch (a span
+#: reaching back into that stretch nests only when it encloses it whole)
 LANE_MEMORY = 512
 
 
@@ -102,6 +104,16 @@ def nest(tops: list[tuple[int, int]], start: int, end: int) -> bool:
         return False  # it starts in the middle of a span it does not enclose
     del tops[first:]
     tops.append((start, end))
-    if len(tops) > LANE_MEMORY:
-        del tops[: len(tops) - LANE_MEMORY]
+    trim(tops)
     return True
+
+
+def trim(tops: list[tuple[int, int]]) -> None:
+    """Keep a lane's outermost spans to :data:`LANE_MEMORY`: the oldest become one
+    stretch, from the first's start to the last's end. A span reaching back into it
+    then nests only when it encloses it whole (else it goes to another lane: never one
+    drawn half over a span forgotten), and it is never the lane's last (``nest``
+    checks a newcomer that closed first against the last only)."""
+    if len(tops) > LANE_MEMORY:
+        cut = len(tops) - LANE_MEMORY + 1
+        tops[:cut] = [(tops[0][0], tops[cut - 1][1])]
