@@ -18,7 +18,7 @@ from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import ReplayError
 from twinkle.locks import RUN_LOCK_FILE
-from twinkle.report import load_report
+from twinkle.report import format_report, load_report
 from twinkle.run import Follower, replay, writer_of
 
 CFG = DemoConfig(iterations=4, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
@@ -94,8 +94,9 @@ def test_the_report_of_a_stopped_run_is_its_log_so_far(two_segments: Path, tmp_p
     assert report["status"] == "stopped" and writer_of(cut) is None
     assert report["live"] == {
         "state": "stopped", "writer": None, "pid": None, "host": None, "alive": None,
-        "events": 60,
+        "events": 60, "whole_log_why": "the run has no checkpoint",
     }  # fmt: skip
+    assert "60 events (read from the whole log: the run has no checkpoint)" in format_report(report)
     assert load_report(two_segments)["live"] is None  # a finished run's: its own files
 
 

@@ -315,8 +315,9 @@ def snapshot_parts(
     run: Path, snap: Snapshot
 ) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:
     """A follower's snapshot of ``run`` as a report's parts: its summary, its records
-    and ``live`` (the state: ``finished``, ``in progress`` or ``stopped``, and who
-    writes it, from the run directory's lock file)."""
+    and ``live`` (the state: ``finished``, ``in progress`` or ``stopped``, who writes
+    it, from the run directory's lock file, and why the log was read whole, not from
+    the run's checkpoint)."""
     writer = writer_of(run)
     gone = writer is None or writer.alive is False
     live = {
@@ -326,6 +327,7 @@ def snapshot_parts(
         "host": None if writer is None else writer.host,
         "alive": None if writer is None else writer.alive,
         "events": snap.events,
+        "whole_log_why": snap.whole_log_why,
     }
     return msgspec.convert(snap.summary, _Summary), snap.records, live
 

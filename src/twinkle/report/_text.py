@@ -397,6 +397,8 @@ def live_lines(report: Mapping[str, Any]) -> list[str]:
     if not live or live["state"] == "finished":
         return []
     events = f"the figures of its first {live['events']:,} events"
+    if live.get("whole_log_why"):  # (a long run's report takes long: say why)
+        events += f" (read from the whole log: {live['whole_log_why']})"
     if live["state"] == "in progress":
         return [f"in progress ({live['writer']}): {events}, closed at the last"]
     writer = "" if live["writer"] is None else f" ({live['writer']})"

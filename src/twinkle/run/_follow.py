@@ -137,13 +137,16 @@ class Snapshot:
     """The run as its log stood: ``events`` read, the summary the run would have had it
     finished at the last of them (``summary``; its ``status`` is the log's when it
     finished, else ``"in progress"``), every record so far (the finalised iterations',
-    then those the close made), and ``finished``: the log ends with ``run_finished``."""
+    then those the close made), and ``finished``: the log ends with ``run_finished``;
+    ``whole_log_why``: the follower's (why it read the whole log, not from the run's
+    checkpoint; None when it started from the checkpoint or was not to try)."""
 
     events: int
     summary: dict[str, Any]
     records: list[dict[str, Any]] = field(repr=False)
     finished: bool
     first: RunStarted = field(repr=False)
+    whole_log_why: str | None = None
 
 
 class Follower:
@@ -366,7 +369,7 @@ class Follower:
         if not self.finished:
             summary = _in_progress(summary)
         records = self._records.records + closing.records
-        return Snapshot(self.events, summary, records, self.finished, first)
+        return Snapshot(self.events, summary, records, self.finished, first, self.whole_log_why)
 
     def _copy(self, records: _Records) -> Run:
         """A run whose observers hold a copy of the running ones' state (as a
