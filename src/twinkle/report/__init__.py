@@ -35,20 +35,27 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any
 
 import msgspec
-import orjson
 
-from twinkle.checks import SafeName, explain
-from twinkle.errors import InvalidArgumentError, RecordError
-from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted, Status
+from twinkle.errors import InvalidArgumentError
+from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._log_segments import logged_segments
 from twinkle.report._plots import PLOTS, time_parts, write_plots
+from twinkle.report._run_files import (
+    RECORDS_FILE,
+    SUMMARY_MAX_BYTES,
+    Segment,
+    Summary,
+    check_covered,
+    finished_records,
+    read_summary,
+    run_dir,
+)
 from twinkle.report._text import format_compare, format_report
-from twinkle.reporting import check_record_line, read_jsonl
 from twinkle.run import SUMMARY_FILE, Follower, Snapshot, iter_events, writer_of
 
 __all__ = [
@@ -65,151 +72,7 @@ __all__ = [
     "write_plots",
 ]
 
-RECORDS_FILE = "metrics_raw.jsonl"
 _REWARD_KEYS = ("reward_mean", "reward")
-#: the largest summary.json read: a run's is a few KiB (a thousand scalars, some hundred
-#: KiB); past this it is not a summary twinkle wrote, and reading it could exhaust memory
-SUMMARY_MAX_BYTES: Final = 64 * 1024 * 1024
-
-
-def _run_dir(path: str | os.PathLike[str]) -> Path:
-    run = Path(path)
-    if not run.is_dir():
-        raise InvalidArgumentError(
-            f"{str(run)!r} is not a run directory: give the directory a run wrote "
-            "(runs/<run_id>/, holding summary.json, metrics_raw.jsonl and events.jsonl)"
-        )
-    if not (run / EVENTS_FILE).is_file():
-        if os.path.lexists(run / EVENTS_FILE):  # (a FIFO, a directory, a broken link)
-            raise InvalidArgumentError(
-                f"{str(run / EVENTS_FILE)!r} is not a regular file: a run's log is one; "
-                "give the directory of a run twinkle writes"
-            )
-        missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
-        raise InvalidArgumentError(
-            f"{str(run)!r} has no {', '.join(missing)}: it is not a twinkle run's directory"
-        )
-    return run
-
-
-def _replay_fix(run: Path) -> str:
-    """How to get files to report from a run's log alone."""
-    return f"replay its log first (twinkle replay {run}/{EVENTS_FILE} --out DIR) and report DIR"
-
-
-class _Segment(msgspec.Struct, frozen=True):
-    """A segment as ``summary.json`` lists it (what the report checks of it)."""
-
-    segment: int
-    status: Status | Literal["in progress"] | None
-    first_iteration: int | None = None
-    last_iteration: int | None = None
-
-
-class _Summary(msgspec.Struct, frozen=True):
-    """What the report reads of ``summary.json`` (the observers' other parts are not
-    checked here)."""
-
-    run_id: SafeName
-    status: Status | Literal["in progress"]
-    segments: list[_Segment]
-    window: dict[str, int | float | None] = {}
-    phase_windows: dict[str, dict[str, int | float | None]] = {}
-    placement: dict[str, Any] = {}
-    limits: dict[str, Any] = {}
-    seconds: dict[str, int | float | None] = {}
-    #: model FLOPs utilisation (``config.mfu``; None: the run had none)
-    mfu: dict[str, Any] | None = None
-    #: each worker's peaks (None: a summary from before it had them)
-    memory_peaks: dict[str, dict[str, int]] | None = None
-    #: the iterations finalised, one ``timing`` record each (the timing observer's key
-    #: when it ran; else whatever a plugin's part put there)
-    iterations: Any = None
-    records_dropped: int = 0
-    #: each sample tag the configuration counts that no samples event carried, and why
-    missing_sample_tags: dict[str, str] = {}
-
-
-def _read_summary(run: Path) -> _Summary:
-    """The run's ``summary.json``, refused (naming the file, what is wrong and the fix)
-    when it is too big, not JSON or not of :class:`_Summary`'s shape."""
-    path = run / SUMMARY_FILE
-    fix = f"it is not a summary twinkle wrote (or it was cut): {_replay_fix(run)}"
-    with path.open("rb") as f:
-        # The size first: a file of gigabytes is refused without reading it.
-        size = os.fstat(f.fileno()).st_size
-        data = b"" if size > SUMMARY_MAX_BYTES else f.read(SUMMARY_MAX_BYTES + 1)
-    if max(size, len(data)) > SUMMARY_MAX_BYTES:
-        raise InvalidArgumentError(
-            f"{str(path)!r} holds {max(size, len(data)):,} bytes, more than the "
-            f"{SUMMARY_MAX_BYTES:,} a run's summary may: {fix}"
-        )
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"{str(path)!r} is not JSON ({exc}): {fix}") from None
-    try:
-        return msgspec.convert(parsed, _Summary)
-    except msgspec.ValidationError as exc:
-        raise InvalidArgumentError(
-            f"{str(path)!r}: {explain(exc, parsed, 'summary')}: {fix}"
-        ) from None
-
-
-def _check_covered(run: Path, summary: _Summary, first: RunStarted, logged: int) -> None:
-    """Refuse a summary that does not cover the run's log (``logged`` segments): another
-    run's, or one of more segments than the log holds (the log was cut or replaced
-    after the summary was written). One of fewer segments is a run still being written,
-    or stopped: it is reported from its log (:func:`_snapshot`)."""
-    path = run / SUMMARY_FILE
-    if summary.run_id != first.run_id:
-        raise InvalidArgumentError(
-            f"{str(path)!r} is the summary of run {summary.run_id!r}, but {EVENTS_FILE} "
-            f"beside it is the log of run {first.run_id!r}: {_replay_fix(run)}"
-        )
-    covered = len(summary.segments)
-    if logged < covered:
-        raise InvalidArgumentError(
-            f"{str(run)!r}: its {EVENTS_FILE} holds {logged} segment(s) of the run, but its "
-            f"{SUMMARY_FILE} covers {covered}: the summary is stale (the log was cut or "
-            f"replaced after the summary was written); {_replay_fix(run)}"
-        )
-
-
-def _finished_records(run: Path, summary: _Summary, timed: bool) -> list[dict[str, Any]]:
-    """A finished run's records, refused (naming the file, what is wrong and the fix)
-    when a line is not a record or when they are not the summary's: a run that
-    finished ``ok`` and dropped no record has a ``timing`` record per iteration its
-    summary counts (a file cut or added to after the run finished would otherwise be
-    reported beside a summary it contradicts; ``timed``: the timing observer ran, the
-    summary's ``iterations`` is its count)."""
-    path = run / RECORDS_FILE
-    reader = read_jsonl(path)
-    try:
-        records = list(reader)
-    except RecordError:
-        if reader.error is None:
-            raise
-        line, why = reader.error
-        raise InvalidArgumentError(
-            f"{str(path)!r} line {line}: {why}: {_replay_fix(run)}"
-        ) from None
-    for line, record in enumerate(records, 1):
-        try:
-            check_record_line(record)
-        except RecordError as exc:
-            raise InvalidArgumentError(
-                f"{str(path)!r} line {line}: {exc}: {_replay_fix(run)}"
-            ) from None
-    count = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
-    whole = timed and summary.status == "ok" and summary.records_dropped == 0
-    if whole and count != summary.iterations:
-        raise InvalidArgumentError(
-            f"{str(path)!r} holds the records of {count} iteration(s), but {SUMMARY_FILE} "
-            f"beside it counts {summary.iterations}: the records were cut or added to after "
-            f"the run finished; {_replay_fix(run)}"
-        )
-    return records
 
 
 def _reward(scalars: list[dict[str, Any]], choice: str | None) -> tuple[str, str] | None:
@@ -236,7 +99,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     still being written (or stopped before it finished) is reported from its log so
     far, read through the run's observers (:class:`~twinkle.run.Follower`): its
     ``status`` is ``in progress`` and ``live`` says who writes it."""
-    run = _run_dir(path)
+    run = run_dir(path)
     events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
     first_event = next(events, None)
     if first_event is None:
@@ -252,8 +115,8 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     finished = _finished(run, first_event)
     if finished is not None:
         summary, logged = finished
-        _check_covered(run, summary, first_event, logged)
-        records = _finished_records(run, summary, "timing" in first_event.plugins)
+        check_covered(run, summary, first_event, logged)
+        records = finished_records(run, summary, "timing" in first_event.plugins)
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
     return _report(run, summary, records, first_event, iter(()), reward, live)
@@ -261,7 +124,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
 
 def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     run: Path,
-    summary: _Summary,
+    summary: Summary,
     records: list[dict[str, Any]],
     first_event: RunStarted,
     events: Iterator[Any],
@@ -290,21 +153,21 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     return report
 
 
-def _finished(run: Path, first: RunStarted) -> tuple[_Summary, int] | None:
+def _finished(run: Path, first: RunStarted) -> tuple[Summary, int] | None:
     """The run's summary and the segments its log holds when its files are a finished
     run's: a summary and records that cover every segment of the log (a summary of
     another run, or of more segments than the log holds, is refused by
     :func:`_check_covered`); None for a run still being written, or stopped."""
     if not (run / SUMMARY_FILE).is_file() or not (run / RECORDS_FILE).is_file():
         return None
-    summary = _read_summary(run)
+    summary = read_summary(run)
     logged = logged_segments(run / EVENTS_FILE)  # (the log read once, in chunks)
     if summary.run_id != first.run_id or len(summary.segments) >= logged:
         return summary, logged
     return None
 
 
-def _snapshot(run: Path) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:
+def _snapshot(run: Path) -> tuple[Summary, list[dict[str, Any]], dict[str, Any]]:
     """The summary and records of the run's log so far, and who writes it."""
     with Follower(run) as follower:
         follower.poll()
@@ -313,7 +176,7 @@ def _snapshot(run: Path) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]
 
 def snapshot_parts(
     run: Path, snap: Snapshot
-) -> tuple[_Summary, list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[Summary, list[dict[str, Any]], dict[str, Any]]:
     """A follower's snapshot of ``run`` as a report's parts: its summary, its records
     and ``live`` (the state: ``finished``, ``in progress`` or ``stopped``, who writes
     it, from the run directory's lock file, and why the log was read whole, not from
@@ -329,7 +192,7 @@ def snapshot_parts(
         "events": snap.events,
         "whole_log_why": snap.whole_log_why,
     }
-    return msgspec.convert(snap.summary, _Summary), snap.records, live
+    return msgspec.convert(snap.summary, Summary), snap.records, live
 
 
 def live_report(run: Path, snap: Snapshot, *, reward: str | None = None) -> dict[str, Any]:
@@ -340,7 +203,7 @@ def live_report(run: Path, snap: Snapshot, *, reward: str | None = None) -> dict
 
 def _figures(
     run: Path,
-    summary: _Summary,
+    summary: Summary,
     records: list[dict[str, Any]],
     first_event: RunStarted,
     reward: str | None,
@@ -466,7 +329,7 @@ def _utilisation(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _segments(listed: list[_Segment]) -> list[dict[str, Any]]:
+def _segments(listed: list[Segment]) -> list[dict[str, Any]]:
     return [
         {
             "segment": s.segment,
@@ -479,7 +342,7 @@ def _segments(listed: list[_Segment]) -> list[dict[str, Any]]:
 
 
 def _from_log(
-    events: Iterable[Any], listed: list[_Segment]
+    events: Iterable[Any], listed: list[Segment]
 ) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]]]:
     """From the rest of the log: each worker's highest reading of each peak field
     (fields it never reported are left out), and each segment of the run with its first
