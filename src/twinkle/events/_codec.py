@@ -140,8 +140,11 @@ def validate_event(event: _E) -> _E:
         checked: _E = _convert(data, kind)
     except msgspec.ValidationError as exc:
         raise _invalid(exc, event.TYPE, data) from None
+    if kind is SpanBatch:  # (its spans' text escaped, the rest checked)
+        checked = _text_spans(checked)  # type: ignore[arg-type, assignment]
+        data = {k: data[k] for k in ("source", "anchor", "sent_anchor") if k in data}
     try:
-        _TEXT(checked)  # (in C: every str of it is text the log can write)
+        _TEXT(data if kind is SpanBatch else checked)  # (in C: every str of it is text)
     except UnicodeEncodeError:
         raise RecordError(
             f"{event.TYPE}{_not_text(data)} is not valid UTF-8 (a lone surrogate, as "
@@ -149,6 +152,15 @@ def validate_event(event: _E) -> _E:
             "errors='replace', or os.fsencode(name).decode(errors='backslashreplace'))"
         ) from None
     return _frozen(checked)
+
+
+def _text_spans(batch: SpanBatch) -> SpanBatch:
+    """``batch`` with each span whose name, error or attrs hold text that is not UTF-8
+    escaped (:func:`loggable_spans`' rule: a drained span is never refused for it)."""
+    if _encodes(batch.spans):  # (the common case, one call in C)
+        return batch
+    spans = tuple(s if _encodes(s) else _loggable(s, batch.source) for s in batch.spans)
+    return msgspec.structs.replace(batch, spans=spans)
 
 
 def _not_text(value: Any, path: str = "") -> str:
@@ -331,14 +343,14 @@ def loggable_spans(spans: tuple[Any, ...], source: str) -> tuple[Any, ...]:
     span and the rest of its batch still reach the observers and the log (the span was
     already drained: refusing it would lose it). A value whose ``repr`` raises too is
     written as ``<unrepresentable TYPE>``: the spans are flushed at an iteration's
-    boundary, which an attribute must never take down with it."""
+    boundary, which an attribute must never take down with it. (Text that is not UTF-8
+    is escaped as the batch is checked, :func:`validate_event`.)"""
     out: list[Any] | None = None
-    texts = _encodes(spans)  # (the common case, in C: every name, key and value is text)
     for i, span in enumerate(spans):
         if type(span) is not Span:
             continue  # validation names it
         attrs = span.attrs
-        if (texts or _encodes(span)) and (not attrs or _flat(attrs)):
+        if not attrs or _flat(attrs):
             continue  # the common case: flat str, bool, None, 64-bit ints, finite floats
         if out is None:
             out = list(spans)
