@@ -144,3 +144,32 @@ def test_a_worker_reading_two_devices_counts_each_device_and_its_process_once(
     assert (values["host_rss_bytes_sum"], values["host_rss_workers"]) == (110, 2)
     assert record["attrs"]["workers"] == ["one", "two"]
     check_replay(run.out_dir, tmp_path / "replayed")
+
+
+def test_a_sum_past_a_64_bit_integer_is_a_float_and_no_record_is_lost(tmp_path: Path) -> None:
+    """Iteration 0: three workers each read 2**63 - 1 bytes (a reading's bound); iteration
+    1: one reads 1. The sum, 3 * (2**63 - 1), fits no record's int: the observer failed
+    and both iterations' records were lost. It is written as a float (2.767e19); the
+    max, min and mean stay ints, and iteration 1's record is whole."""
+    big = 2**63 - 1
+    run, clock = manual_session(tmp_path, "huge", CONFIG)
+    clock.set(10 * MS)
+    run.bus.iteration_started(0)
+    clock.set(20 * MS)
+    run.bus.memory([_reading(w, big) for w in ("a", "b", "c")], iteration=0)
+    clock.set(100 * MS)
+    run.bus.iteration_started(1)
+    clock.set(120 * MS)
+    run.bus.memory([_reading("a", 1)], iteration=1)
+    clock.set(200 * MS)
+    run.finish()
+    assert run.out_dir is not None and run.summary is not None
+    assert run.summary["observer_failures"] == {}
+    records = _memory_records(run.out_dir)
+    assert sorted(records) == [0, 1]
+    values = records[0]["values"]
+    assert values["host_rss_bytes_sum"] == float(3 * big)
+    assert type(values["host_rss_bytes_sum"]) is float
+    assert (values["host_rss_bytes_max"], values["host_rss_bytes_mean"]) == (big, big)
+    assert records[1]["values"]["host_rss_bytes_sum"] == 1
+    check_replay(run.out_dir, tmp_path / "replayed")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from twinkle.checks import plain_number, short_repr
+from twinkle.checks import INT64_MAX, plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf.dist import all_gather_json, initialised_dist
 from twinkle.perf.stats import MemoryReading
@@ -198,10 +198,12 @@ class MemoryMetrics:
 
 
 def _in_unit(total: int, count: int, size: int) -> int | float:
-    """``total / (count * size)``: whole bytes stay integers (a mean rounded half up);
-    other units as one exact int division, so correctly rounded."""
+    """``total / (count * size)``: whole bytes stay integers (a mean rounded half up;
+    a sum past a 64-bit integer, which no record can hold, a float); other units as one
+    exact int division, so correctly rounded."""
     if size == 1:
-        return (2 * total + count) // (2 * count)
+        whole = (2 * total + count) // (2 * count)
+        return whole if whole <= INT64_MAX else float(whole)
     return total / (count * size)
 
 
