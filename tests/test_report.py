@@ -157,6 +157,12 @@ def test_report_json_is_strict_json_whatever_the_figures(
     out = json.loads(capsys.readouterr().out, parse_constant=refuse)
     [wall] = [r for r in out["compare"] if r["figure"] == "wall_seconds"]
     assert (wall["a"], wall["b"], wall["ratio"]) == (1e-300, 1e300, None)
+    # a run directory whose name is not UTF-8 (a Latin-1 name, decoded as surrogates)
+    odd = tmp_path / os.fsdecode(b"caf\xe9")
+    (tmp_path / "a").rename(odd)
+    assert main(["report", "--json", str(odd)]) == 0
+    text = capsys.readouterr().out
+    assert text.isascii() and json.loads(text)["run_dir"] == str(odd)
 
 
 def test_concurrency_is_never_called_a_saving_and_a_saving_only_where_measured(
@@ -261,7 +267,7 @@ def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_
     (torn / "metrics_raw.jsonl").write_bytes(b"".join(lines[:2]) + b'{"kind": "timing"}\n')
     with pytest.raises(InvalidArgumentError) as caught:
         load_report(torn)
-    assert "metrics_raw.jsonl' line 3: not a record" in str(caught.value)
+    assert "metrics_raw.jsonl', its record 3: not a record" in str(caught.value)
     assert f"twinkle replay {torn}/events.jsonl --out DIR" in str(caught.value)
     (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
     with pytest.raises(InvalidArgumentError, match="holds no event yet"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from twinkle.checks import INT64_MAX, plain_number, short_repr
+from twinkle.checks import plain_number, short_repr
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf.dist import all_gather_json, initialised_dist
 from twinkle.perf.stats import MemoryReading
@@ -197,13 +197,17 @@ class MemoryMetrics:
     attrs: dict[str, str | None]
 
 
+#: the largest int a record holds (a JSON reader's unsigned 64 bits)
+_RECORD_INT_MAX: Final = 2**64 - 1
+
+
 def _in_unit(total: int, count: int, size: int) -> int | float:
     """``total / (count * size)``: whole bytes stay integers (a mean rounded half up;
-    a sum past a 64-bit integer, which no record can hold, a float); other units as one
+    a sum past what a record's int holds, 2**64 - 1, a float); other units as one
     exact int division, so correctly rounded."""
     if size == 1:
         whole = (2 * total + count) // (2 * count)
-        return whole if whole <= INT64_MAX else float(whole)
+        return whole if whole <= _RECORD_INT_MAX else float(whole)
     return total / (count * size)
 
 

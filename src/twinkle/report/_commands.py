@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from twinkle.checks import printable
 from twinkle.errors import InvalidArgumentError, TwinkleError
@@ -66,10 +66,22 @@ def report_command(args: argparse.Namespace, helps: Helps | None = None) -> int:
 
 
 def _json(report: Any) -> str:
-    """``report`` as strict JSON (orjson: a value that is not finite is null, as in
-    ``summary.json``; ``json.dumps`` would write ``NaN`` or ``Infinity``, which JSON
-    readers refuse)."""
-    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+    """``report`` as strict JSON, in ASCII: a value that is not finite is null, as in
+    ``summary.json`` (``json.dumps`` alone writes ``NaN`` or ``Infinity``, which JSON
+    readers refuse; orjson, which writes null, refuses a path that is not UTF-8, as a
+    run directory's name may be, where ``json`` escapes it)."""
+    return json.dumps(_finite(report), indent=1, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each float that is not finite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def watch_command(args: argparse.Namespace) -> int:

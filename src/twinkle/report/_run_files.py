@@ -157,12 +157,12 @@ def finished_records(run: Path, summary: Summary, timed: bool) -> list[dict[str,
             raise
         line, why = reader.error
         raise InvalidArgumentError(f"{str(path)!r} line {line}: {why}: {replay_fix(run)}") from None
-    for line, record in enumerate(records, 1):
+    for number, record in enumerate(records, 1):
         try:
             check_record_line(record)
         except RecordError as exc:
             raise InvalidArgumentError(
-                f"{str(path)!r} line {line}: {exc}: {replay_fix(run)}"
+                f"{str(path)!r}, its record {number}: {exc}: {replay_fix(run)}"
             ) from None
     count = sum(1 for r in records if r.get("kind") == "timing" and r.get("scope") == "iteration")
     whole = timed and summary.status == "ok" and summary.records_dropped == 0

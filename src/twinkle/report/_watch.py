@@ -87,8 +87,9 @@ def _open(
         try:
             follower = Follower(run)
         except ReplayError:
-            if once or run.is_file() or os.path.lexists(run / EVENTS_FILE):
-                raise
+            log = run / EVENTS_FILE
+            if once or run.is_file() or (os.path.lexists(log) and not log.is_file()):
+                raise  # (a log made meanwhile is read next time round)
             if not said:
                 console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
                 said = True
