@@ -33,7 +33,7 @@ from __future__ import annotations
 from twinkle.reporting._frozen import FrozenDict
 from twinkle.reporting._health import BackendHealth
 from twinkle.reporting._jsonl_files import make_dirs, open_regular, sidecar_path
-from twinkle.reporting._jsonl_tail import line_ending_at
+from twinkle.reporting._jsonl_tail import json_object, line_ending_at
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting._record_values import NONFINITE_ATTR
 from twinkle.reporting.backends import Backend, JsonlBackend, JsonlFileBackend, SeqSource
@@ -92,6 +92,7 @@ __all__ = [
     "check_record_line",
     "flat_key",
     "is_record_kind",
+    "json_object",
     "line_ending_at",
     "make_dirs",
     "make_record",

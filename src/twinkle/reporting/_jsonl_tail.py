@@ -17,7 +17,15 @@ import orjson
 
 from twinkle.reporting._jsonl_files import CHUNK_BYTES
 
-__all__ = ["is_json", "is_json_object", "last_object", "line_ending_at", "line_start", "pread"]
+__all__ = [
+    "is_json",
+    "is_json_object",
+    "json_object",
+    "last_object",
+    "line_ending_at",
+    "line_start",
+    "pread",
+]
 
 
 def is_json_object(line: bytes) -> bool:
@@ -35,7 +43,8 @@ def is_json(line: bytes) -> bool:
     return True
 
 
-def _parse_object(line: bytes) -> dict[str, Any] | None:
+def json_object(line: bytes) -> dict[str, Any] | None:
+    """``line``'s JSON object (None: blank, not JSON, or JSON but no object)."""
     if not line.strip():
         return None
     try:
@@ -97,7 +106,7 @@ def last_object(
     overlong = False
 
     def match(line: bytes) -> dict[str, Any] | None:
-        obj = _parse_object(line)
+        obj = json_object(line)
         return obj if obj is not None and (predicate is None or predicate(obj)) else None
 
     pos = size

@@ -48,7 +48,7 @@ from twinkle.observers import (
     TraceSink,
     WebUISink,
 )
-from twinkle.reporting import ReplacingFile, open_regular
+from twinkle.reporting import ReplacingFile, json_object, open_regular
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -406,13 +406,7 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
 def _header(line: bytes) -> dict[str, Any] | None:
     """A checkpoint's header: its first line's JSON object (None: no line within
     :data:`HEADER_BYTES`, or not a JSON object)."""
-    if not line.endswith(b"\n"):
-        return None
-    try:
-        header = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return header if isinstance(header, dict) else None
+    return json_object(line) if line.endswith(b"\n") else None
 
 
 def _ours(header: Mapping[str, Any]) -> bool:
