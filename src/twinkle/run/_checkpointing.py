@@ -155,17 +155,8 @@ class RunCheckpoints:
         trace is removed), so a kill before the segment's first boundary checkpoint
         would leave none that fits them, and the next resume would read the whole log."""
         dispatcher = self.run.dispatcher
-        if dispatcher is None or not self.enabled or not dispatcher.idle:
-            return
-        try:
-            self._take_running(self._standing())
-        except Exception as exc:  # (a checkpoint is never worth the run)
-            _log.warning(
-                "run %r: no checkpoint as its segment began (%s); a resume re-reads the log "
-                "since the last one",
-                self.run.run_id,
-                exc,
-            )
+        if dispatcher is not None and self.enabled and dispatcher.idle:
+            self._try_running(None, "as its segment began")
 
     @property
     def armed(self) -> bool:
@@ -203,25 +194,31 @@ class RunCheckpoints:
         at, self._at = self._at, None
         if dispatcher.events - self.taken_at < CHECKPOINT_EVERY:
             return
+        when = f"at iteration {getattr(event, 'iteration', '?')}"
+        if dispatcher.background:
+            # On the dispatch thread, which a publisher holding the order's lock may
+            # wait for: the run as it stood when the boundary was queued (None: an
+            # observer published it, nothing was noted).
+            if at is not None and at[0] is event:
+                self.taken_at = dispatcher.events
+                self._try_running(at[1], when)
+            return
+        with self.run.order.lock:
+            if dispatcher.idle:
+                self.taken_at = dispatcher.events
+                self._try_running(None, when)
+
+    def _try_running(self, standing: _Standing | None, when: str) -> None:
+        """:meth:`_take_running` of the run as it ``standing`` (None: as it stands now),
+        or a warning saying why no checkpoint was taken ``when``: a checkpoint is never
+        worth the run."""
         try:
-            if dispatcher.background:
-                # On the dispatch thread, which a publisher holding the order's lock may
-                # wait for: the run as it stood when the boundary was queued (None: an
-                # observer published it, nothing was noted).
-                if at is not None and at[0] is event:
-                    self.taken_at = dispatcher.events
-                    self._take_running(at[1])
-                return
-            with self.run.order.lock:
-                if dispatcher.idle:
-                    self.taken_at = dispatcher.events
-                    self._take_running(self._standing())
-        except Exception as exc:  # (a checkpoint is never worth the run)
+            self._take_running(self._standing() if standing is None else standing)
+        except Exception as exc:
             _log.warning(
-                "run %r: no checkpoint at iteration %s (%s); a resume re-reads the log "
-                "since the last one",
+                "run %r: no checkpoint %s (%s); a resume re-reads the log since the last one",
                 self.run.run_id,
-                getattr(event, "iteration", "?"),
+                when,
                 exc,
             )
 
