@@ -37,6 +37,7 @@ __all__ = [
     "run_id",
     "explain",
     "is_safe_name",
+    "is_text",
     "key_problem",
     "plain_number",
     "plain_numbers",
@@ -359,6 +360,16 @@ def value_key(key: object, where: str) -> str:
 OWN_SOURCE_PREFIX: Final = "twinkle."
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` encodes to UTF-8 (no lone surrogate, as ``os.fsdecode`` gives
+    for bytes that are not UTF-8): what the event log can write."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def caller_source(value: str, what: str) -> str:
     """``value`` (a non-empty str) unless it is a span source of twinkle's own
     (:data:`OWN_SOURCE_PREFIX`): a caller's recorder or worker under such a name would
@@ -367,13 +378,11 @@ def caller_source(value: str, what: str) -> str:
         raise InvalidArgumentError(
             f"{what} must be a str, got {type(value).__name__}: {value!r:.100}"
         )
-    try:
-        value.encode()
-    except UnicodeEncodeError:
+    if not is_text(value):
         raise InvalidArgumentError(
             f"{what} {value!r:.200} is not valid UTF-8 (a lone surrogate, as os.fsdecode "
             "gives for bytes that are not UTF-8): name it in text"
-        ) from None
+        )
     if value.startswith(OWN_SOURCE_PREFIX):
         raise InvalidArgumentError(
             f"{what} {value!r:.200} is reserved: span sources starting "

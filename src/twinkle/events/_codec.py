@@ -20,7 +20,7 @@ from typing import Any, TypeVar, Union
 import msgspec
 import orjson
 
-from twinkle.checks import INT64_MAX, INT64_MIN, explain
+from twinkle.checks import INT64_MAX, INT64_MIN, explain, is_text
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import RecordError
 from twinkle.events._columns import SpanBatchLine, batch_line, line_batch
@@ -167,11 +167,11 @@ def _not_text(value: Any, path: str = "") -> str:
     """Where in ``value`` (plain JSON values) the first str that is not UTF-8 text is,
     as ``.field[index]['key']``."""
     if isinstance(value, str):
-        return path if not _is_text(value) else ""
+        return path if not is_text(value) else ""
     pairs: Iterable[tuple[Any, Any]] = ()
     if isinstance(value, dict):
         for k in value:
-            if isinstance(k, str) and not _is_text(k):
+            if isinstance(k, str) and not is_text(k):
                 return f"{path}[{k!r}] (the key)"
         pairs = ((f"[{k!r}]" if path else f".{k}", v) for k, v in value.items())
     elif isinstance(value, list | tuple):
@@ -183,18 +183,9 @@ def _not_text(value: Any, path: str = "") -> str:
     return ""
 
 
-def _is_text(value: str) -> bool:
-    """Whether ``value`` encodes to UTF-8 (no lone surrogate)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _escaped(value: str) -> str:
     """``value`` with each lone surrogate written as its escape (``\\udcff``)."""
-    return value if _is_text(value) else value.encode(errors="backslashreplace").decode()
+    return value if is_text(value) else value.encode(errors="backslashreplace").decode()
 
 
 def read_back(value: Any) -> Any:
