@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,19 @@ def test_version_names_twinkle_and_python(capsys: pytest.CaptureFixture[str]) ->
     assert done.value.code == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("twinkle 0.") and f"Python {platform.python_version()}" in out
+
+
+def test_python_m_twinkle_is_the_command(tmp_path: Path) -> None:
+    # (where the environment's scripts folder is not on PATH)
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle", "report", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith("twinkle: error: ") and "is not a run directory" in done.stderr
 
 
 def test_plugins_lists_every_builtin_and_what_a_run_would_do(
