@@ -520,3 +520,15 @@ def test_a_line_of_stragglers_names_eight_workers_at_most() -> None:
     assert line.count("chronic (2.0x its peers' seconds per token, slow in 5 of 6") == 8
     assert line.startswith("generation: e0 chronic") and "e7 chronic" in line
     assert "e8" not in line and line.endswith(", and 2 more (report --json)")
+
+
+def test_a_side_not_compared_says_why_per_iteration_count() -> None:
+    one = {"unit": "token", "workers": {}, "abstained": {"fewer than two workers": 1}}
+    assert _stragglers("training", one) == (
+        "training: not compared (1 iteration: fewer than two workers)"
+    )
+    two = {"unit": "token", "workers": {}, "abstained": {"fewer than two workers": 2, "x": 3}}
+    assert _stragglers("training", two) == (
+        "training: not compared (2 iterations: fewer than two workers, 3 iterations: x)"
+    )
+    assert _stragglers("training", {"workers": {}}) == "training: not compared (no work seen)"

@@ -102,7 +102,10 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
     workers were not compared."""
     workers = found.get("workers", {})
     if not workers:
-        why = ", ".join(f"{n} iterations: {r}" for r, n in found.get("abstained", {}).items())
+        why = ", ".join(
+            f"{n} iteration{'' if n == 1 else 's'}: {r}"
+            for r, n in found.get("abstained", {}).items()
+        )
         return f"{side}: not compared ({why or 'no work seen'})"
     slow = [
         f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
