@@ -30,6 +30,17 @@ def test_a_report_carries_the_spans_since_the_last_one_and_a_memory_reading() ->
     assert again.spans == () and again.readings == ()
 
 
+def test_a_worker_named_another_process_reads_its_memory_under_that_name() -> None:
+    """A recorder given a pid and host (a pod's name, say) stamps its memory readings as
+    it stamps its spans: one process in the run and in the trace, not two."""
+    worker = WorkerRecorder("engine0", pid=4242, hostname="pod-a")
+    report = worker.report()
+    [reading] = report.readings
+    assert (reading.pid, reading.hostname) == (4242, "pod-a")
+    assert (report.anchor.pid, report.anchor.hostname) == (4242, "pod-a")
+    assert reading.worker_id == "engine0" and reading.host_rss_bytes > 0
+
+
 def test_spans_beyond_the_bound_are_dropped_and_counted() -> None:
     worker = WorkerRecorder("w", max_spans=3, clock=ManualClock())
     for i in range(5):

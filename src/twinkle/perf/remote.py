@@ -89,8 +89,8 @@ class WorkerRecorder:
     :param max_spans: the most spans one report carries; the rest are dropped and
         counted (a worker reporting every iteration stays far below the default).
     :param clock: the worker's monotonic ns clock; ``wall_clock``: unix ns.
-    :param pid, hostname: the identity stamped on its spans and anchors (default: this
-        process's), as for :class:`~twinkle.perf.TimeRecorder`.
+    :param pid, hostname: the identity stamped on its spans, anchors and memory readings
+        (default: this process's), as for :class:`~twinkle.perf.TimeRecorder`.
 
     Record with :meth:`span` (or :attr:`recorder`), then ship :meth:`report`.
     """
@@ -135,7 +135,10 @@ class WorkerRecorder:
         dropped = max(0, len(spans) - self._max_spans)
         readings: tuple[MemoryReading, ...] = ()
         if memory:
-            readings = (memory_stats(device=self._device, worker_id=self.worker, rank=self._rank),)
+            reading = memory_stats(device=self._device, worker_id=self.worker, rank=self._rank)
+            # (under the identity its spans carry: one process in the run, and the trace)
+            anchor = self.recorder.anchor
+            readings = (msgspec.structs.replace(reading, pid=anchor.pid, hostname=anchor.hostname),)
         return WorkerReport(
             self.worker,
             self.recorder.anchor,
