@@ -67,6 +67,7 @@ def grpo(
         "num_generations": 4,
         "max_completion_length": 8,
         "logging_steps": 1,
+        "save_strategy": "no",
         **config,
     }
     return GRPOTrainer(
@@ -79,7 +80,6 @@ def grpo(
             output_dir=str(tmp / "trl"),
             max_steps=steps,
             report_to=[],
-            save_strategy="no",
             use_cpu=True,
             disable_tqdm=True,
             **args,
@@ -307,10 +307,47 @@ def test_a_second_train_call_with_the_run_id_resumes_the_run(
     assert [e["iteration"] for e in got.of_type("iteration_started")] == [0, 1, 2, 3]
     assert [e["step"] for e in got.of_type("optimizer_step")] == [1, 2, 3, 4]
     assert got.summary["status"] == "ok" and len(got.summary["segments"]) == 2
-    assert got.summary["counts"]["optimizer_updates"]["accumulated"] == 4
+    # each segment compared with TRL's own counts of it (the second's from step 0 again)
+    counts = got.summary["counts"]
+    assert counts["optimizer_updates"] == {**counts["optimizer_updates"], "accumulated": 4,
+                                           "terminal": 4, "discrepancy": 0}  # fmt: skip
+    tokens = counts["tokens_rollout"]
+    assert tokens["terminal"] == tokens["accumulated"] > 0 and tokens["discrepancy"] == 0
     replay(got.run_dir, tmp_path / "again")
     for name in FILES:
         assert (tmp_path / "again" / name).read_bytes() == (got.run_dir / name).read_bytes(), name
+
+
+def test_a_resume_from_an_older_checkpoint_says_which_steps_are_done_again(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
+) -> None:
+    """4 steps saved at 2 and 4; a restarted job resumes from checkpoint-2 up to step 6:
+    TRL does steps 3 and 4 again. The run counts each update it saw (8, steps 1-8), says
+    so, and each segment's counts equal TRL's own for it (the second's from its
+    checkpoint's: TRL restores its counts)."""
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo")
+    saving = {"save_strategy": "steps", "save_steps": 2}
+    first = grpo(tmp_path, tokenizer, callback, steps=4, **saving)
+    first.train()
+    tokens_at_2 = json.loads((tmp_path / "trl" / "checkpoint-2" / "trainer_state.json")
+                             .read_text())["num_input_tokens_seen"]  # fmt: skip
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo")  # a new job's
+    again = grpo(tmp_path, tokenizer, callback, steps=6, **saving)
+    with caplog.at_level(logging.WARNING, logger="twinkle.integrations.trl"):
+        again.train(resume_from_checkpoint=str(tmp_path / "trl" / "checkpoint-2"))
+    assert again.state.global_step == 6
+    (said,) = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
+    assert "recorded 4 optimizer step(s)" in said and "global_step 2" in said
+    assert "global_step + 2 from here" in said
+    got = _read(again, callback, tmp_path / "runs")
+    assert [e["step"] for e in got.of_type("optimizer_step")] == list(range(1, 9))
+    counts = got.summary["counts"]
+    assert (counts["optimizer_updates"]["accumulated"], counts["optimizer_updates"]["terminal"],
+            counts["optimizer_updates"]["discrepancy"]) == (8, 8, 0)  # fmt: skip
+    tokens = counts["tokens_rollout"]
+    whole = again.state.num_input_tokens_seen  # steps 1-2 once, 3-6 (TRL's)
+    assert tokens["terminal"] == tokens["accumulated"] > whole > tokens_at_2
+    assert tokens["discrepancy"] == 0
 
 
 def test_a_plain_transformers_trainer_counts_its_attention_mask_tokens(

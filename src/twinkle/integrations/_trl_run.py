@@ -89,6 +89,8 @@ class ObservedRun:
         self.first_iteration = int(lead["first_iteration"])
         self.steps_before = int(lead["steps_before"])
         self.start_step = int(state.global_step)
+        if self.session is not None and self.steps_before > self.start_step:
+            _redone(self.run_id, self.steps_before, self.start_step)
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
         self.in_training_step = False
@@ -127,7 +129,6 @@ class ObservedRun:
                     self.link.join({"error": f"{type(exc).__name__}: {exc}"})
                 raise
             resumed = self.session.resumed
-            self.resumed = resumed is not None
             lead = {
                 "first_iteration": 0 if resumed is None else resumed.next_iteration,
                 "steps_before": 0 if resumed is None else resumed.optimizer_steps,
@@ -146,7 +147,6 @@ class ObservedRun:
             lead = self.link.join({})[0]
             if "error" in lead:
                 raise TwinkleError(f"rank 0 could not start twinkle's run: {lead['error']}")
-            self.resumed = False
             self.run_id = f"{self.owner.run_id or 'the run'} (rank {self.rank})"
             self.worker = WorkerRecorder(f"rank{self.rank}", rank=self.rank)
             self.bus = RankBus(None)
@@ -269,11 +269,10 @@ class ObservedRun:
             self._restore()
         if self.session is None:
             return
-        totals: dict[str, int] | None = None
-        if not self.resumed:  # a resumed run's totals cover every segment: TRL's do not
-            totals = {"optimizer_updates": int(state.global_step) - self.start_step}
-            if self.generates and self.TOKENS_SEEN:
-                totals["tokens_rollout"] = int(state.num_input_tokens_seen) - self.start_tokens
+        # This segment's own (a resumed train() restored TRL's counts as they stood)
+        totals = {"optimizer_updates": int(state.global_step) - self.start_step}
+        if self.generates and self.TOKENS_SEEN:
+            totals["tokens_rollout"] = int(state.num_input_tokens_seen) - self.start_tokens
         self.session.finish(terminal_totals=totals)
 
     def fail(self, reason: BaseException | str) -> None:
@@ -465,3 +464,21 @@ class ObservedRun:
 
 
 _MISSING = object()
+
+
+def _redone(run_id: str, steps: int, start_step: int) -> None:
+    """Say that this train() starts behind the run's last step (TRL resumed from an
+    older checkpoint, or from none): the steps after its start are done again, and the
+    run counts them again."""
+    log.warning(
+        "twinkle: run %r recorded %d optimizer step(s), and this train() starts at TRL's "
+        "global_step %d (its checkpoint's, or 0 without one): the steps after it are done "
+        "again, and twinkle counts every optimizer update it sees (its step is TRL's "
+        "global_step + %d from here; each 'trl' scalar record holds TRL's global_step; "
+        "each segment's counts are compared with TRL's own). Resuming from the newest "
+        "checkpoint redoes the least",
+        run_id,
+        steps,
+        start_step,
+        steps - start_step,
+    )
