@@ -1,6 +1,8 @@
 """``twinkle report --html``: one self-contained page, opened in a real headless browser
 (Debian's ``chromium``, driven by playwright): it loads with no console error and no
-network request, its plots are drawn, and every figure it shows is the summary's."""
+network request, its plots are drawn, and every figure it shows is the summary's. The
+run's own text (its workers', threads', phases', spans' names) reaches the plots as
+written, never as the HTML plotly.js draws."""
 
 from __future__ import annotations
 
@@ -16,12 +18,24 @@ import pytest
 from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
+from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
+from twinkle.perf.stats import MemoryReading
+from twinkle.run import RunSession
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
 )
 CFG = DemoConfig(iterations=5, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
+#: names a run may give that plotly.js would draw as HTML: a live link, bold, a new line
+WORKER, PHASE, ENGINE, SPAN = (
+    "<a href='https://evil.example/x'>rank1</a>",
+    "<b>gen</b>",
+    "<B>eng</B>",
+    '<br>odd & "end"',
+)
+#: the one text with a tag in the figures: the timeline's hover, twinkle's own
+HOVER = "%{hovertext}: %{x:.4f} s<extra></extra>"
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +44,90 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     run_demo(CFG, out_dir=out, run_id="a", autoload=False)
     run_demo(dataclasses.replace(CFG, iterations=6), out_dir=out, run_id="b", autoload=False)
     return out / "a", out / "b"
+
+
+@pytest.fixture(scope="module")
+def named_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose worker (a second process, on host ``<br>host``), its engine, a phase
+    and a span are named with HTML tags."""
+    config = {
+        "phases": {PHASE: ["generate"], "train": ["train.step"]},
+        "window": {"samples": "rollout", "devices": 1},
+        "streaming": {"generation": PHASE, "training": "train"},
+    }
+    out, clock = tmp_path_factory.mktemp("named"), ManualClock(0)
+    anchor = ClockAnchor(monotonic_ns=0, wall_ns=10**18, pid=7, hostname="<br>host")
+    with RunSession(out_dir=out, run_id="r", config=config, clock=clock, autoload=False,
+                    wall_clock=lambda: 10**18 + clock()) as run:  # fmt: skip
+        for it in range(3):
+            run.bus.iteration_started(it)
+            t = clock()
+            clock.advance(10**8)
+            spans = (
+                Span("generate", t, t + 5 * 10**7, 1, 7, {"engine": ENGINE}, None),
+                Span("train.step", t + 5 * 10**7, t + 9 * 10**7, 2, 7, {}, None),
+                Span(SPAN, t, t + 10**7, 3, 7, {}, None),
+            )
+            reading = MemoryReading(WORKER, 0, 7, "<br>host", "cpu", 2**20, 2**20, 0, 0, 0, 0)
+            run.receive(WorkerReport(WORKER, anchor, spans, (reading,)), iteration=it)
+            run.bus.samples(iteration=it, phase="rollout", lengths=[5, 7])
+            with run.recorder.span("train.step", iteration=it):
+                clock.advance(10**8)
+    return out / "r"
+
+
+def _figures(page: str) -> dict[str, dict[str, Any]]:
+    """The plotly figures the page embeds (its data and layout), by their div's id."""
+    decoder, found = json.JSONDecoder(), {}
+    for call in page.split("Plotly.newPlot(")[1:]:
+        div_id, end = decoder.raw_decode(call.lstrip())
+        rest = call.lstrip()[end:].lstrip().removeprefix(",").lstrip()
+        data, end = decoder.raw_decode(rest)
+        layout, _ = decoder.raw_decode(rest[end:].lstrip().removeprefix(",").lstrip())
+        found[div_id] = {"data": data, "layout": layout}
+    return found
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in a figure's JSON."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+def test_the_runs_names_reach_the_plots_escaped(named_run: Path, tmp_path: Path) -> None:
+    page = tmp_path / "named.html"
+    assert main(["report", str(named_run), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert not [n for n in (WORKER, PHASE, ENGINE, SPAN) if n in text]  # (nor outside them)
+    figures = _figures(text)
+    assert "plot-peak-memory-per-worker" in figures and len(figures) >= 5
+    tagged = {t for t in _texts(figures) if "<" in t or ">" in t}
+    assert tagged <= {HOVER}  # (a figure's text is the run's, escaped, but for its hover)
+    memory = figures["plot-peak-memory-per-worker"]["data"]
+    assert memory[0]["x"] == ["&lt;a href=&#39;https://evil.example/x&#39;&gt;rank1&lt;/a&gt;"]
+    time_ = {t["name"] for t in figures["plot-each-iteration-s-window"]["data"]}
+    assert "&lt;b&gt;gen&lt;/b&gt; and train at once" in time_
+    (timeline,) = (f for k, f in figures.items() if k.startswith("plot-each-worker-s-spans"))
+    assert "&lt;b&gt;gen&lt;/b&gt;" in {t["name"] for t in timeline["data"]}
+    assert "&lt;B&gt;eng&lt;/B&gt;" in {y for t in timeline["data"] for y in t["y"]}
+    hovers = {h for t in timeline["data"] for h in t["hovertext"]}
+    assert "&lt;br&gt;odd &amp; &#34;end&#34;" in hovers
+
+
+@needs_chromium
+def test_the_runs_names_are_shown_as_written(named_run: Path, tmp_path: Path) -> None:
+    page = tmp_path / "named.html"
+    assert main(["report", str(named_run), "--html", str(page)]) == 0
+    seen = _open(page)
+    assert seen["errors"] == [] and seen["requests"] == []
+    assert seen["links"] == 0  # (the worker's name was a live link)
+    assert WORKER in seen["ticks"] and ENGINE in seen["ticks"]
+    assert PHASE in seen["legend"]
 
 
 def _open(page_path: Path, screenshot: Path | None = None) -> dict[str, Any]:
@@ -59,11 +157,20 @@ def _open(page_path: Path, screenshot: Path | None = None) -> dict[str, Any]:
             rows = page.eval_on_selector_all(
                 "table.iterations tr[data-iteration]", "els => els.map(e => e.dataset.iteration)"
             )
+            labels = {
+                part: page.eval_on_selector_all(
+                    f".js-plotly-plot {part}", "els => els.map(e => e.textContent)"
+                )
+                for part in (".xtick text, .ytick text", ".legendtext")
+            }
+            links = page.eval_on_selector_all(".js-plotly-plot svg a", "els => els.length")
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=False)
         finally:
             browser.close()
-    return {"errors": errors, "requests": requests, "shown": shown, "plots": plots, "rows": rows}
+    return {"errors": errors, "requests": requests, "shown": shown, "plots": plots, "rows": rows,
+            "ticks": labels[".xtick text, .ytick text"], "legend": labels[".legendtext"],
+            "links": links}  # fmt: skip
 
 
 def _summary_value(summary: dict[str, Any], report: dict[str, Any], key: str) -> Any:
@@ -77,6 +184,7 @@ def _summary_value(summary: dict[str, Any], report: dict[str, Any], key: str) ->
     return report["seconds"][name]  # (the report's seconds are the summary's, renamed)
 
 
+@needs_chromium
 def test_the_page_loads_offline_and_shows_the_summarys_figures(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,6 +210,7 @@ def test_the_page_loads_offline_and_shows_the_summarys_figures(
     assert seen["rows"] == [str(r["iteration"]) for r in report["iterations"]]
 
 
+@needs_chromium
 def test_two_runs_are_overlaid(runs: tuple[Path, Path], tmp_path: Path) -> None:
     page = tmp_path / "ab.html"
     assert main(["report", str(runs[0]), str(runs[1]), "--html", str(page)]) == 0

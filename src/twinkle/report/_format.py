@@ -1,15 +1,18 @@
 """How the report writes a figure (the text report, its limits block and the HTML page
-alike)."""
+alike), and the run's text as the HTML page's plots show it."""
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
-__all__ = ["NAMED_WORKERS", "num"]
+__all__ = ["NAMED_WORKERS", "num", "plotly_text"]
 
 #: the workers a line of the text report names at most (the JSON report has every one)
 NAMED_WORKERS = 8
+#: quotes as the numeric references plotly.js decodes (it knows no ``&quot;``)
+_QUOTES = str.maketrans({'"': "&#34;", "'": "&#39;"})
 
 
 def num(value: Any, digits: int = 3) -> str:
@@ -22,3 +25,11 @@ def num(value: Any, digits: int = 3) -> str:
     if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
+
+
+def plotly_text(text: object) -> str:
+    """``text`` (a run's name of a worker, thread, phase, span...) for a plotly figure,
+    shown as written: plotly.js draws a subset of HTML in trace names, tick labels and
+    hover text (``<a href>`` a live link, ``<b>``, ``<br>``...), and decodes ``&amp;``,
+    ``&lt;``, ``&gt;`` and numeric references in them, after telling the tags apart."""
+    return html.escape(str(text), quote=False).translate(_QUOTES)

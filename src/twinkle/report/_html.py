@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.report._format import num
+from twinkle.report._format import num, plotly_text
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._plots import time_parts
 from twinkle.report._text import iteration_cells, live_lines
@@ -148,11 +148,11 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
         rows = r["iterations"]
         its = [row["iteration"] for row in rows]
         overall = [row.get("tokens_per_s_per_device") for row in rows]
-        rate.add_scatter(x=its, y=overall, name=_tagged(tag, "iteration (its window)"),
+        rate.add_scatter(x=its, y=overall, name=_label(tag, "iteration (its window)"),
                          line={"dash": dash})  # fmt: skip
         for phase in r.get("throughput_phases", []):
             values = [row.get("phase_tokens_per_s_per_device", {}).get(phase) for row in rows]
-            rate.add_scatter(x=its, y=values, name=_tagged(tag, f"{phase} (its work's time)"),
+            rate.add_scatter(x=its, y=values, name=_label(tag, f"{phase} (its work's time)"),
                              line={"dash": dash, "width": 1})  # fmt: skip
         pair = r.get("streaming")
         timed = [row for row in rows if "window_wall_seconds" in row]
@@ -160,24 +160,24 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
         for part in dict.fromkeys(p for stack in stacks for p in stack):
             time_.add_bar(x=[row["iteration"] for row in timed],
                           y=[stack.get(part, 0.0) for stack in stacks],
-                          name=_tagged(tag, part), offsetgroup=tag or "A")  # fmt: skip
+                          name=_label(tag, part), offsetgroup=tag or "A")  # fmt: skip
         windows = [row for row in rows if row.get("window_path_seconds")]
         kinds = dict.fromkeys(k for row in windows for k in row["window_path_seconds"])
         for kind in kinds:
             path.add_bar(x=[row["iteration"] for row in windows],
                          y=[row["window_path_seconds"].get(kind) or 0.0 for row in windows],
-                         name=_tagged(tag, kind), offsetgroup=tag or "A")  # fmt: skip
+                         name=_label(tag, kind), offsetgroup=tag or "A")  # fmt: skip
         for field in sorted({f for p in r["memory_peak_bytes"].values() for f in p}):
             workers = list(r["memory_peak_bytes"])
-            memory.add_bar(x=[_tagged(tag, w) for w in workers],
+            memory.add_bar(x=[_label(tag, w) for w in workers],
                            y=[r["memory_peak_bytes"][w].get(field, 0) / 2**20 for w in workers],
-                           name=field)  # fmt: skip
+                           name=_label("", field))  # fmt: skip
         rewards = [
             (row["iteration"], row["reward"]) for row in rows if row.get("reward") is not None
         ]
         if rewards:
             reward.add_scatter(x=[i for i, _ in rewards], y=[v for _, v in rewards],
-                               name=_tagged(tag, r["reward"]), line={"dash": dash})  # fmt: skip
+                               name=_label(tag, r["reward"]), line={"dash": dash})  # fmt: skip
     rate.update_layout(xaxis_title="iteration", yaxis_title="tokens/s/device")
     time_.update_layout(barmode="stack", xaxis_title="iteration", yaxis_title="seconds")
     path.update_layout(barmode="stack", xaxis_title="iteration", yaxis_title="seconds")
@@ -221,14 +221,15 @@ def _timeline(go: Any, report: Mapping[str, Any]) -> Any:
         bar = bars.setdefault(phase, {"x": [], "base": [], "y": [], "text": []})
         bar["x"].append(e.get("dur", 0) / 1e6)
         bar["base"].append(e["ts"] / 1e6)
-        bar["y"].append(tracks.get((e["pid"], e["tid"]), f"{e['pid']}/{e['tid']}").split(" (")[0])
-        bar["text"].append(e["name"])
+        track = tracks.get((e["pid"], e["tid"]), f"{e['pid']}/{e['tid']}")
+        bar["y"].append(_label("", track.split(" (")[0]))
+        bar["text"].append(_label("", e["name"]))
     if not bars:
         return None
     fig = go.Figure(layout={"height": 420, "margin": {"t": 30}, "barmode": "overlay"})
     for phase, bar in bars.items():
-        fig.add_bar(orientation="h", name=phase, x=bar["x"], base=bar["base"], y=bar["y"],
-                    hovertext=bar["text"],
+        fig.add_bar(orientation="h", name=_label("", phase), x=bar["x"], base=bar["base"],
+                    y=bar["y"], hovertext=bar["text"],
                     hovertemplate="%{hovertext}: %{x:.4f} s<extra></extra>")  # fmt: skip
     fig.update_layout(xaxis_title="seconds since the run started")
     return fig
@@ -236,6 +237,12 @@ def _timeline(go: Any, report: Mapping[str, Any]) -> Any:
 
 def _tagged(tag: str, name: str) -> str:
     return f"{tag}: {name}" if tag else name
+
+
+def _label(tag: str, name: str) -> str:
+    """A figure's label (a trace's name, a tick, a hover text): the run's text shown as
+    written, never as plotly's HTML (every label of a figure is made here)."""
+    return plotly_text(_tagged(tag, name))
 
 
 def _id(name: str) -> str:
