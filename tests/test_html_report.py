@@ -20,8 +20,10 @@ from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
+from twinkle.report._timeline import Timeline, timeline
 from twinkle.run import RunSession
 
+go = pytest.importorskip("plotly.graph_objects", reason="needs plotly: pip install twinkle[report]")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
@@ -223,3 +225,70 @@ def test_two_runs_are_overlaid(runs: tuple[Path, Path], tmp_path: Path) -> None:
     assert drawn["plot-throughput"] >= 2  # A's and B's lines, on one plot
     assert {"plot-a--each-worker-s-spans--the-last-iterations",
             "plot-b--each-worker-s-spans--the-last-iterations"} <= set(drawn)  # fmt: skip
+
+
+def _timeline_of(
+    run_dir: Path, processes: dict[int, str], threads: dict[tuple[int, int], str], **kw: Any
+) -> Timeline:
+    """The timeline of a hand-made trace: the processes and threads named, each thread
+    with one training span."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+        for pid, name in processes.items()
+    ]
+    for k, ((pid, tid), name) in enumerate(threads.items()):
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"name": name}})  # fmt: skip
+        events.append({"name": "train.step", "ph": "X", "pid": pid, "tid": tid,
+                       "ts": 1000.0 * k, "dur": 500.0, "args": {}})  # fmt: skip
+    (run_dir / "trace.json").write_bytes(json.dumps(events).encode())
+    report = {"run_dir": str(run_dir), "phase_patterns": {"train": ["train.*"]}}
+    drawn = timeline(go, report, **kw)
+    assert drawn is not None
+    return drawn
+
+
+def _rows(drawn: Timeline) -> list[str]:
+    """The timeline's rows, top to bottom (each with a span on it)."""
+    rows: list[str] = drawn.figure.layout.yaxis.categoryarray
+    assert {y for bar in drawn.figure.data for y in bar.y} == set(rows)
+    return list(rows)
+
+
+def test_the_timeline_tells_two_processes_trainers_apart(tmp_path: Path) -> None:
+    drawn = _timeline_of(
+        tmp_path,
+        {100: "run (vm)", 200: "rank1 (vm, pid 200)"},
+        {(100, 1): "trainer (thread 11)", (100, 2): "engine0 (thread 12)",
+         (200, 1): "trainer (thread 21)"},
+    )  # fmt: skip
+    assert _rows(drawn) == ["run/trainer", "engine0", "rank1/trainer"]
+    assert drawn.left_out == ""
+
+
+def test_one_workers_name_on_two_hosts_is_told_apart_by_the_whole_process(
+    tmp_path: Path,
+) -> None:
+    drawn = _timeline_of(
+        tmp_path,
+        {100: "rank1 (a, pid 1)", 200: "rank1 (b, pid 1)"},
+        {(100, 1): "trainer (thread 1)", (200, 1): "trainer (thread 1)"},
+    )
+    assert _rows(drawn) == ["rank1 (a, pid 1)/trainer", "rank1 (b, pid 1)/trainer"]
+
+
+def test_a_timeline_of_many_workers_draws_its_first_rows_and_says_which_are_left_out(
+    tmp_path: Path,
+) -> None:
+    ranks = range(1, 6)
+    drawn = _timeline_of(
+        tmp_path,
+        {100: "run (vm)"} | {200 + k: f"rank{k} (vm, pid {200 + k})" for k in ranks},
+        {(100, 1): "trainer (thread 1)"} | {(200 + k, 1): "trainer (thread 1)" for k in ranks},
+        max_rows=3,
+    )
+    assert _rows(drawn) == ["run/trainer", "rank1/trainer", "rank2/trainer"]
+    assert drawn.left_out == (
+        "6 threads' rows, the first 3 drawn; 3 left out (rank3/trainer … rank5/trainer): "
+        "trace.json has them all"
+    )

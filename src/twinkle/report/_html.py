@@ -5,9 +5,10 @@ request, it opens offline) and the data of each plot. It holds the run's status 
 what limits it, its figures, the per-iteration table (the text report's cells), and
 interactive plots (zoom, pan, hover values): tokens/s/device per iteration, each
 window's time, its critical path, peak memory per worker, the reward, and a timeline
-of each worker's spans over the last iterations (from ``trace.json``), coloured by
-phase. With a second run, B's plots are drawn over A's, and both runs' figures and
-tables are shown.
+of each worker's spans over the last iterations (from ``trace.json``), a row per
+thread, coloured by phase (:mod:`twinkle.report._timeline`). The run's names (its
+workers', threads', phases', spans') are shown as written, in the plots too. With a
+second run, B's plots are drawn over A's, and both runs' figures and tables are shown.
 
 Every figure shown carries its exact value in ``data-value`` beside the name of the
 report key it comes from (``data-key``): what the page says can be checked against
@@ -19,24 +20,18 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Mapping
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.report._format import num, plotly_text
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._plots import time_parts
 from twinkle.report._text import iteration_cells, live_lines
+from twinkle.report._timeline import timeline
 
-__all__ = ["TIMELINE_ITERATIONS", "html_report", "write_html"]
+__all__ = ["html_report", "write_html"]
 
-#: the iterations the timeline of spans shows (the last ones of the trace)
-TIMELINE_ITERATIONS = 6
-#: the largest trace.json read for the timeline (a larger one is left out, said so)
-_TRACE_MAX_BYTES = 64 << 20
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; }
@@ -98,9 +93,11 @@ def html_report(report: Mapping[str, Any], *, other: Mapping[str, Any] | None = 
         parts.append(_run_section(tag, r))
     parts.append("</div>")
     plots = _plots(go, [(t, r) for t, r in runs if r is not None])
-    for name, fig in plots:
+    for name, fig, left_out in plots:
         parts.append(f"<h2>{_e(name)}</h2>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=_id(name)))
+        if left_out:
+            parts.append(f"<p class='left-out'>{_e(left_out)}</p>")
     for tag, r in runs:
         assert r is not None
         parts.append(f"<h2>{_e(_tagged(tag, 'per iteration'))}</h2>")
@@ -139,8 +136,8 @@ def _table(report: Mapping[str, Any]) -> str:
     return f"<table class='iterations'><tr>{head}</tr>{body}</table>"
 
 
-def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, Any]]:
-    """The page's plotly figures, by title."""
+def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, Any, str]]:
+    """The page's plotly figures: each one's title, figure and what it left out."""
     layout = {"height": 420, "margin": {"t": 30}, "hovermode": "closest"}
     rate, time_, path, memory, reward = (go.Figure(layout=layout) for _ in range(5))
     for tag, r in runs:
@@ -183,56 +180,17 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
     path.update_layout(barmode="stack", xaxis_title="iteration", yaxis_title="seconds")
     memory.update_layout(barmode="group", yaxis_title="MiB")
     reward.update_layout(xaxis_title="iteration", yaxis_title="reward")
-    plots = [("throughput", rate), ("each iteration's window", time_),
-             ("critical path per window (what its length waited on)", path),
-             ("peak memory per worker", memory)]  # fmt: skip
+    plots = [("throughput", rate, ""), ("each iteration's window", time_, ""),
+             ("critical path per window (what its length waited on)", path, ""),
+             ("peak memory per worker", memory, "")]  # fmt: skip
     if reward.data:
-        plots.append(("reward", reward))
+        plots.append(("reward", reward, ""))
     for tag, r in runs:
-        timeline = _timeline(go, r)
-        if timeline is not None:
-            plots.append((_tagged(tag, "each worker's spans, the last iterations"), timeline))
+        drawn = timeline(go, r)
+        if drawn is not None:
+            title = _tagged(tag, "each worker's spans, the last iterations")
+            plots.append((title, drawn.figure, drawn.left_out))
     return plots
-
-
-def _timeline(go: Any, report: Mapping[str, Any]) -> Any:
-    """Each worker's spans (a track of ``trace.json``) over the last
-    :data:`TIMELINE_ITERATIONS` iterations, coloured by phase; None without a trace."""
-    trace = Path(report["run_dir"]) / "trace.json"
-    try:
-        if trace.stat().st_size > _TRACE_MAX_BYTES:
-            return None
-        events = orjson.loads(trace.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None  # (none yet, or a run in progress: its trace is written at the end)
-    if not isinstance(events, list):
-        return None
-    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-              if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
-    marks = sorted(e["ts"] for e in events if e.get("ph") == "i")
-    since = marks[-TIMELINE_ITERATIONS] if len(marks) >= TIMELINE_ITERATIONS else 0.0
-    phases = report.get("phase_patterns") or {}
-    bars: dict[str, dict[str, list[Any]]] = {}
-    for e in events:
-        if e.get("ph") != "X" or e["ts"] + e.get("dur", 0) < since:
-            continue
-        phase = next((p for p, pats in phases.items()
-                      if any(fnmatchcase(e["name"], pat) for pat in pats)), "other")  # fmt: skip
-        bar = bars.setdefault(phase, {"x": [], "base": [], "y": [], "text": []})
-        bar["x"].append(e.get("dur", 0) / 1e6)
-        bar["base"].append(e["ts"] / 1e6)
-        track = tracks.get((e["pid"], e["tid"]), f"{e['pid']}/{e['tid']}")
-        bar["y"].append(_label("", track.split(" (")[0]))
-        bar["text"].append(_label("", e["name"]))
-    if not bars:
-        return None
-    fig = go.Figure(layout={"height": 420, "margin": {"t": 30}, "barmode": "overlay"})
-    for phase, bar in bars.items():
-        fig.add_bar(orientation="h", name=_label("", phase), x=bar["x"], base=bar["base"],
-                    y=bar["y"], hovertext=bar["text"],
-                    hovertemplate="%{hovertext}: %{x:.4f} s<extra></extra>")  # fmt: skip
-    fig.update_layout(xaxis_title="seconds since the run started")
-    return fig
 
 
 def _tagged(tag: str, name: str) -> str:
