@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from _recompute import read_events
-from observers.test_scripted_run import manual_session
+from observers.test_scripted_run import CONFIG, manual_session
 from reliability._scripted import segment
 from twinkle.cli import EXIT_USAGE, main
 from twinkle.demo.config import DemoConfig
@@ -532,3 +532,30 @@ def test_a_side_not_compared_says_why_per_iteration_count() -> None:
         "training: not compared (2 iterations: fewer than two workers, 3 iterations: x)"
     )
     assert _stragglers("training", {"workers": {}}) == "training: not compared (no work seen)"
+
+
+#: how a run stopped by SIGTERM ends (twinkle.run.finish_on_signals)
+SIGTERM_ERROR = "SignalInterrupt: SIGTERM (signal 15): the process was asked to stop"
+
+
+def ended_in_error(out_dir: Path, run_id: str = "failed") -> Path:
+    """A run of three iterations that ended in error (:data:`SIGTERM_ERROR`)."""
+    run, clock = manual_session(out_dir, run_id, CONFIG)
+    for it in range(3):
+        clock.set(it * 10**8)
+        run.bus.iteration_started(it)
+    clock.set(3 * 10**8)
+    run.finish(status="error", error=SIGTERM_ERROR)
+    return out_dir / run_id
+
+
+def test_a_run_that_ended_in_error_shows_its_error_under_its_line(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    report = load_report(ended_in_error(tmp_path))
+    assert report["status"] == "error" and report["error"] == SIGTERM_ERROR
+    lines = format_report(report).splitlines()
+    assert lines[0].startswith("run failed (error): ")
+    assert lines[1] == f"error               {SIGTERM_ERROR}"
+    ok = load_report(runs[0])  # (a run that ended well: no such line)
+    assert ok["error"] is None and "\nerror " not in format_report(ok)

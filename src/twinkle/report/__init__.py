@@ -245,6 +245,7 @@ def _figures(
         "run_id": summary.run_id,
         "run_dir": str(run),
         "status": summary.status,
+        "error": summary.error,
         "phases": phases,
         # each phase's span-name patterns (config.phases): the HTML timeline's colours
         "phase_patterns": {p: list(names) for p, names in config.get("phases", {}).items()},

@@ -78,6 +78,8 @@ class Summary(msgspec.Struct, frozen=True):
     run_id: SafeName
     status: Status | Literal["in progress"]
     segments: list[Segment]
+    #: how the run ended when it ended in error (its last segment's ``run_finished``)
+    error: str | None = None
     window: dict[str, int | float | None] = {}
     phase_windows: dict[str, dict[str, int | float | None]] = {}
     placement: dict[str, Any] = {}

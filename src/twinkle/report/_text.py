@@ -21,6 +21,7 @@ __all__ = [
     "format_compare",
     "format_report",
     "as_text",
+    "head_lines",
     "iteration_cells",
     "iteration_table",
     "legend_lines",
@@ -332,8 +333,7 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
 def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     """The report as text: the per-iteration table, the run's figures (the steady state
     first) and, with ``legend``, what each column shows."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
-    lines += [*live_lines(report), ""]
+    lines = [*head_lines(report), ""]
     lines += [*limits_lines(report), ""]
     lines += iteration_table(report)
     if _segmented(report):
@@ -388,6 +388,15 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
             "report --json, memory_peak_bytes)"
         )
     return lines
+
+
+def head_lines(report: Mapping[str, Any]) -> list[str]:
+    """The run, its status and directory; the error it ended in (``summary.json``'s
+    ``error``, a run that ended in error); and what a run not finished says of it."""
+    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
+    if report.get("error"):
+        lines.append(f"{'error':<20}{report['error']}")
+    return [*lines, *live_lines(report)]
 
 
 def live_lines(report: Mapping[str, Any]) -> list[str]:
