@@ -1,12 +1,15 @@
 """``twinkle watch`` through a terminal (a pty, its screen kept by pyte) following a
 demo written by another process: in progress, killed, resumed, finished. Each stage's
-screen is printed (``pytest -s`` shows it); and ``twinkle report`` of a live run."""
+screen is printed (``pytest -s`` shows it); and ``twinkle report`` of a live run. Its
+view fitted to small terminals (rich consoles of a given size)."""
 
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -19,8 +22,15 @@ from pathlib import Path
 
 import pyte
 import pytest
+from rich.console import Console
+from rich.text import Text
 
+from twinkle.demo.config import DemoConfig
+from twinkle.demo.runner import run_demo
 from twinkle.errors import ReplayError
+from twinkle.report import format_report, load_report
+from twinkle.report._live_view import LiveView
+from twinkle.report._watch import watch
 from twinkle.run import Follower
 
 COLS, ROWS = 240, 70
@@ -173,3 +183,71 @@ def test_watch_of_what_no_wait_mends_fails_at_once(tmp_path: Path, planted: str)
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert why in done.stderr and "waiting for" not in done.stdout
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished demo of 12 iterations."""
+    out = tmp_path_factory.mktemp("watch")
+    config = DemoConfig(
+        iterations=12, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8
+    )
+    run_demo(config, out_dir=out, run_id="d", autoload=False)
+    return out / "d"
+
+
+def _drawn(view: object, width: int, height: int) -> list[str]:
+    """The lines ``view`` draws on a console of ``width`` x ``height``."""
+    out = io.StringIO()
+    Console(file=out, width=width, height=height, color_system=None).print(view)
+    return out.getvalue().splitlines()
+
+
+def _one(lines: list[str]) -> str:
+    """The lines as one text, wrapped lines joined again."""
+    return " ".join(" ".join(lines).split())
+
+
+@pytest.mark.parametrize(("width", "height"), [(120, 24), (80, 24), (100, 30)])
+def test_a_small_terminal_shows_the_headline_and_the_newest_rows(
+    demo: Path, width: int, height: int
+) -> None:
+    report = load_report(demo)
+    lines = _drawn(LiveView(report), width, height)
+    assert len(lines) <= height - 1  # (the bottom row: where the cursor rests after)
+    assert max(map(len, lines)) <= width
+    text = _one(lines)
+    for headline in ("What limits this run", "verdict", "steady state", "whole loop"):
+        assert headline in text
+    assert "peak memory" in text and f"{report['limits']['verdict']}:" in text
+    rows = [int(line.split()[0]) for line in lines if line[:4].strip().isdigit()]
+    total = len(report["iterations"])
+    assert rows and rows == list(range(total - len(rows), total))  # the newest, in order
+    older = total - len(rows)
+    assert f"(the newest {len(rows)} of {total} iterations: {older} older not shown; " in text
+    assert "twinkle report has all of them" in text
+    table = len(next(x for x in format_report(report).splitlines() if x.startswith("iter")))
+    assert f"(the table is {table} columns wide, cropped at {width}" in text
+    assert any(line.endswith("\u2026") for line in lines if line.startswith("iter"))
+
+
+def test_a_narrow_terminal_wraps_the_text_and_a_tall_one_shows_every_row(demo: Path) -> None:
+    report = load_report(demo)
+    lines = _drawn(LiveView(report), 40, 200)
+    assert max(map(len, lines)) <= 40
+    reason = " ".join(report["limits"]["reason"].split())
+    assert f"{report['limits']['verdict']}: {reason}" in _one(lines)  # wrapped, not cut
+    window = report["window"]
+    assert f"{window['steady_tokens_per_s_per_device']:,.0f} tokens/s/device" in _one(lines)
+    tall = _drawn(LiveView(report), 400, 70)
+    rows = [int(line.split()[0]) for line in tall if line[:4].strip().isdigit()]
+    assert rows == list(range(len(report["iterations"])))
+    assert not any(re.match(r"\(the (newest|table)", line) for line in tall)
+
+
+def test_watch_in_a_terminal_draws_the_fitted_view(demo: Path) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=120, height=24, force_terminal=True, color_system=None)
+    assert watch(demo, once=True, console=console) == 0
+    shown = Text.from_ansi(out.getvalue()).plain
+    assert "verdict" in shown and "whole loop" in shown and "older not shown" in shown

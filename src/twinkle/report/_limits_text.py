@@ -10,7 +10,11 @@ from typing import Any
 
 from twinkle.report._format import NAMED_WORKERS, num
 
-__all__ = ["limits_lines"]
+__all__ = ["HEADLINE_LINES", "limits_lines"]
+
+#: how many of :func:`limits_lines`' first lines are its headline: the title, the
+#: verdict, the windows counted and the critical path (what a short view keeps)
+HEADLINE_LINES = 4
 
 
 def limits_lines(report: Mapping[str, Any]) -> list[str]:

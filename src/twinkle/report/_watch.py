@@ -1,14 +1,16 @@
 """``twinkle watch RUN``: a run followed while another process writes it, its view
 refreshed in place in the terminal.
 
-The view is :func:`format_live` of a
-:class:`~twinkle.run.Follower`'s snapshot: the same figures ``twinkle report`` gives,
-of the log so far. rich's :class:`~rich.live.Live` redraws it in place (and sizes it to
-the terminal); on a stream that is no terminal (a pipe, a file) each new view is
-printed once, after a rule. The watch ends when the run finishes (its last segment's
-``run_finished`` is in the log and its writer let go of the directory), on Ctrl-C, or
-after one view with ``once``. A run whose writer died keeps being watched, as it says:
-a restart with the same run id resumes it, and the view follows.
+The view is the report of a :class:`~twinkle.run.Follower`'s snapshot: the same
+figures ``twinkle report`` gives, of the log so far. In a terminal rich's
+:class:`~rich.live.Live` redraws it in place as a
+:class:`~twinkle.report._live_view.LiveView`, fitted to the terminal's size at each
+redraw (its text wrapped, the table's newest rows in the height left); on a stream
+that is no terminal (a pipe, a file) each new view is printed whole
+(:func:`format_live`), once, after a rule. The watch ends when the run finishes (its
+last segment's ``run_finished`` is in the log and its writer let go of the directory),
+on Ctrl-C, or after one view with ``once``. A run whose writer died keeps being watched, as it
+says: a restart with the same run id resumes it, and the view follows.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from twinkle.report import live_report
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._text import (
     as_text,
+    head_lines,
     iteration_table,
-    live_lines,
     memory_lines,
     throughput_lines,
 )
@@ -34,8 +36,10 @@ from twinkle.run import Follower
 
 __all__ = ["format_live", "watch"]
 
-#: rows of the terminal the view leaves to everything but the table's iterations
+#: rows of the terminal a printed view (no terminal) leaves to everything but the
+#: table's iterations
 _AROUND_TABLE = 30
+_WATCHING_ON = "watching on: a restart with the same run id resumes it (Ctrl-C to stop)"
 
 
 def watch(
@@ -48,32 +52,52 @@ def watch(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Follow ``run_dir``, showing its view on ``console`` (a :class:`rich.console.Console`;
-    default: stdout) every ``interval_s`` seconds the log grew; returns the exit code: 0
-    once the run finished (or after one view with ``once``). A run directory without a
-    log yet is waited for (with ``once``: :class:`~twinkle.errors.ReplayError`)."""
+    default: stdout) every ``interval_s`` seconds the log grew (or a terminal was
+    resized); returns the exit code: 0 once the run finished (or after one view with
+    ``once``). A run directory without a log yet is waited for (with ``once``:
+    :class:`~twinkle.errors.ReplayError`)."""
     from rich.console import Console
     from rich.live import Live
-    from rich.text import Text
 
     console = console or Console()
     run = Path(run_dir)
     follower = _open(run, console, interval_s, sleep, once)
     with follower:
-        shown: tuple[int, str] | None = None
-        with Live(console=console, auto_refresh=False, transient=False) as live:
+        shown: tuple[int, str, Any] | None = None
+        # (a view taller than the terminal is cut with rich's "...": LiveView fits it)
+        with Live(console=console, auto_refresh=False, vertical_overflow="ellipsis") as live:
             while True:
                 follower.poll()
-                view, state = _view(run, follower, reward, console.size.height)
-                if (follower.events, state) != shown:
-                    shown = (follower.events, state)
-                    if console.is_terminal:  # (a table wider than the terminal: cut, not wrapped)
-                        live.update(Text(view, no_wrap=True, overflow="crop"), refresh=True)
-                    else:
-                        console.rule()
-                        console.print(Text(view), soft_wrap=True)
+                report, state = _look(run, follower, reward)
+                size = console.size if console.is_terminal else None
+                if (follower.events, state, size) != shown:
+                    shown = (follower.events, state, size)
+                    _show(console, live, run, report, state)
                 if once or state == "finished":
                     return 0
                 sleep(interval_s)
+
+
+def _show(console: Any, live: Any, run: Path, report: dict[str, Any] | None, state: str) -> None:
+    """The view of ``report`` drawn in place on a terminal (:class:`LiveView`, fitted to
+    it), else printed whole after a rule."""
+    from rich.text import Text
+
+    from twinkle.report._live_view import LiveView  # (rich: imported once watching)
+
+    trailer = [] if state != "stopped" else ["", _WATCHING_ON]
+    if report is None:
+        view: Any = Text(f"{run}: no event yet")
+    elif console.is_terminal:
+        view = LiveView(report, trailer=trailer)
+    else:
+        lines = format_live(report, rows=max(3, console.size.height - _AROUND_TABLE))
+        view = Text("\n".join([lines, *trailer]))
+    if console.is_terminal:
+        live.update(view, refresh=True)
+    else:
+        console.rule()
+        console.print(view, soft_wrap=True)
 
 
 def _open(
@@ -106,8 +130,7 @@ def format_live(report: Mapping[str, Any], *, rows: int) -> str:
     """``twinkle watch``'s view: the run's state, what limits it, the last ``rows``
     iterations of the table, its throughput and memory (one vocabulary with
     :func:`format_report`)."""
-    lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
-    lines += [*live_lines(report), ""]
+    lines = [*head_lines(report), ""]
     lines += [*limits_lines(report), ""]
     table = iteration_table(report)
     shown = table[2:][-rows:] if rows > 0 else []
@@ -119,16 +142,13 @@ def format_live(report: Mapping[str, Any], *, rows: int) -> str:
     return as_text(lines)
 
 
-def _view(run: Path, follower: Follower, reward: str | None, height: int) -> tuple[str, str]:
-    """The view of the log so far and the run's state (``finished``, ``in progress`` or
-    ``stopped``)."""
+def _look(run: Path, follower: Follower, reward: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The report of the log so far (None before its first event) and the run's state
+    (``finished``, ``in progress`` or ``stopped``)."""
     if not follower.events:
-        return f"{run}: no event yet", "in progress"
+        return None, "in progress"
     report = live_report(run, follower.snapshot(), reward=reward)
     state = report["live"]["state"]
     if state == "finished" and report["live"]["alive"]:
         state = "in progress"  # (its writer still closes its files: watched on)
-    view = format_live(report, rows=max(3, height - _AROUND_TABLE))
-    if state == "stopped":
-        view += "\n\nwatching on: a restart with the same run id resumes it (Ctrl-C to stop)"
-    return view, state
+    return report, state
