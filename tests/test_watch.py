@@ -1,7 +1,8 @@
 """``twinkle watch`` through a terminal (a pty, its screen kept by pyte) following a
 demo written by another process: in progress, killed, resumed, finished. Each stage's
 screen is printed (``pytest -s`` shows it); and ``twinkle report`` of a live run. Its
-view fitted to small terminals (rich consoles of a given size)."""
+view fitted to small terminals (rich consoles of a given size), and a run that ended in
+error."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
+from test_report import SIGTERM_ERROR, ended_in_error
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import ReplayError
@@ -251,3 +253,24 @@ def test_watch_in_a_terminal_draws_the_fitted_view(demo: Path) -> None:
     assert watch(demo, once=True, console=console) == 0
     shown = Text.from_ansi(out.getvalue()).plain
     assert "verdict" in shown and "whole loop" in shown and "older not shown" in shown
+
+
+def test_the_watch_of_a_run_that_ended_in_error_shows_its_error_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    run = ended_in_error(tmp_path)
+
+    def no_sleep(_: float) -> None:
+        raise AssertionError("a finished run is not watched on")
+
+    for terminal in (True, False):
+        out = io.StringIO()
+        console = Console(file=out, width=100, height=30, force_terminal=terminal)
+        assert watch(run, console=console, sleep=no_sleep) == 1
+        assert f"error               {SIGTERM_ERROR}" in Text.from_ansi(out.getvalue()).plain
+        assert watch(run, once=True, console=console) == 1
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.cli", "watch", str(run), "--once"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and SIGTERM_ERROR in done.stdout

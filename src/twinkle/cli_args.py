@@ -71,7 +71,15 @@ def _add_report_commands(sub: Any) -> None:
     wp = sub.add_parser(
         "watch",
         help="follow a run while it runs (another process writing it): its figures so far, "
-        "refreshed in place; ends when the run finishes",
+        "refreshed in place, fitted to the terminal; ends when the run finishes: exit code 0, "
+        "or 1 when it ended in error",
+        description="Follow a run while another process writes it: its figures so far "
+        "(twinkle report's), redrawn in place every --interval seconds the log grew. In a "
+        "terminal the view fits its size: the text wraps, what limits the run shortens to "
+        "its headline when rows are short, and the table shows its newest iterations (twinkle "
+        "report has them all). Exit status: 0 once the run finished well, or when stopped "
+        "(Ctrl-C) or after --once of a run not finished; 1 when the run ended in error (its "
+        "error is shown under the run's line).",
     )
     wp.add_argument("run", metavar="RUN_DIR", help="the run's directory (runs/<run_id>/)")
     wp.add_argument(

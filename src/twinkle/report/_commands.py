@@ -85,7 +85,8 @@ def _finite(value: Any) -> Any:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    """``twinkle watch``: 0 once the run finished, or when the watch is stopped."""
+    """``twinkle watch``: 0 once the run finished well, or when the watch is stopped; 1
+    once it finished in error."""
     if not args.interval > 0:
         raise InvalidArgumentError(
             f"--interval must be a positive number of seconds, got {args.interval}"

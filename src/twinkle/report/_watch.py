@@ -8,8 +8,9 @@ figures ``twinkle report`` gives, of the log so far. In a terminal rich's
 redraw (its text wrapped, the table's newest rows in the height left); on a stream
 that is no terminal (a pipe, a file) each new view is printed whole
 (:func:`format_live`), once, after a rule. The watch ends when the run finishes (its
-last segment's ``run_finished`` is in the log and its writer let go of the directory),
-on Ctrl-C, or after one view with ``once``. A run whose writer died keeps being watched, as it
+last segment's ``run_finished`` is in the log and its writer let go of the directory;
+exit code 1 when it ended in error, its error shown under the run's line), on Ctrl-C,
+or after one view with ``once``. A run whose writer died keeps being watched, as it
 says: a restart with the same run id resumes it, and the view follows.
 """
 
@@ -53,9 +54,9 @@ def watch(
 ) -> int:
     """Follow ``run_dir``, showing its view on ``console`` (a :class:`rich.console.Console`;
     default: stdout) every ``interval_s`` seconds the log grew (or a terminal was
-    resized); returns the exit code: 0 once the run finished (or after one view with
-    ``once``). A run directory without a log yet is waited for (with ``once``:
-    :class:`~twinkle.errors.ReplayError`)."""
+    resized); returns the exit code once the run finished, 1 when it ended in error,
+    else 0 (and 0 after one view with ``once`` of a run not finished). A run directory
+    without a log yet is waited for (with ``once``: :class:`~twinkle.errors.ReplayError`)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -73,7 +74,9 @@ def watch(
                 if (follower.events, state, size) != shown:
                     shown = (follower.events, state, size)
                     _show(console, live, run, report, state)
-                if once or state == "finished":
+                if state == "finished":
+                    return 1 if report is not None and report["status"] == "error" else 0
+                if once:
                     return 0
                 sleep(interval_s)
 
