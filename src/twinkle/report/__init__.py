@@ -223,6 +223,47 @@ def _figures(
     own = BUILTIN_KINDS | set(config.get("throughput", {})) | {mfu_kind}
     scalars = [r for r in records if r["scope"] == "iteration" and r["kind"] not in own]
     reward_at = _reward(scalars, reward)
+    rows = _rows(
+        records,
+        throughput=throughput,
+        mfu_kind=mfu_kind,
+        reward_at=reward_at,
+        phases=phases,
+        pair=pair,
+    )
+    report: dict[str, Any] = {
+        "run_id": summary.run_id,
+        "run_dir": str(run),
+        "status": summary.status,
+        "error": summary.error,
+        "phases": phases,
+        # each phase's span-name patterns (config.phases): the HTML timeline's colours
+        "phase_patterns": {p: list(names) for p, names in config.get("phases", {}).items()},
+        "loop_phases": loop_phases,
+        "throughput_phases": throughput,
+        "streaming": None if None in pair else list(pair),
+        "reward": None if reward_at is None else ".".join(reward_at),
+        "iterations": rows,
+        "window": dict(summary.window),
+        "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
+        "placement": dict(summary.placement),
+        "limits": dict(summary.limits),
+        "mfu": summary.mfu,
+        "seconds": _seconds(summary.seconds, phases),
+    }
+    return report
+
+
+def _rows(
+    records: list[dict[str, Any]],
+    *,
+    throughput: list[str],
+    mfu_kind: str | None,
+    reward_at: tuple[str, str] | None,
+    phases: list[str],
+    pair: tuple[Any, Any],
+) -> list[dict[str, Any]]:
+    """Each iteration's row of the table, from its records, in iteration order."""
     by_it: dict[int, dict[str, Any]] = {}
     for r in records:
         if r["scope"] != "iteration" or r["iteration"] is None:
@@ -241,27 +282,7 @@ def _figures(
             row.update(_timing_row(r, phases, pair))
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
-    report: dict[str, Any] = {
-        "run_id": summary.run_id,
-        "run_dir": str(run),
-        "status": summary.status,
-        "error": summary.error,
-        "phases": phases,
-        # each phase's span-name patterns (config.phases): the HTML timeline's colours
-        "phase_patterns": {p: list(names) for p, names in config.get("phases", {}).items()},
-        "loop_phases": loop_phases,
-        "throughput_phases": throughput,
-        "streaming": None if None in pair else list(pair),
-        "reward": None if reward_at is None else ".".join(reward_at),
-        "iterations": [by_it[i] for i in sorted(by_it)],
-        "window": dict(summary.window),
-        "phase_windows": {p: dict(v) for p, v in summary.phase_windows.items()},
-        "placement": dict(summary.placement),
-        "limits": dict(summary.limits),
-        "mfu": summary.mfu,
-        "seconds": _seconds(summary.seconds, phases),
-    }
-    return report
+    return [by_it[i] for i in sorted(by_it)]
 
 
 def _timing_row(record: dict[str, Any], phases: list[str], pair: tuple[Any, Any]) -> dict[str, Any]:
