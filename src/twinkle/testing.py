@@ -18,9 +18,11 @@ import copy
 import importlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,14 +30,17 @@ from typing import Any
 
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
+from twinkle.plugins import wait_for_caller
 from twinkle.run import RunSession
 
 __all__ = [
     "SCRIPTED_CONFIG",
     "CtrlCWhileResuming",
     "crashed_run",
+    "press_ctrl_c",
     "scripted_run",
     "shared_writable",
+    "signal_main",
     "umask",
 ]
 
@@ -188,8 +193,29 @@ def shared_writable(path: str | os.PathLike[str]) -> list[str]:
     return sorted(set(found))
 
 
+def signal_main(signum: int = signal.SIGINT) -> None:
+    """Send signal ``signum`` to the main thread, as a user's Ctrl-C (SIGINT) or a
+    scheduler's SIGTERM does: its handler runs there, wherever that thread is, waiting
+    for an observer's hook on the hook's own thread included. From an observer's hook
+    (a plugin's runs on a thread of its own, where a ``KeyboardInterrupt`` it raises is
+    its own failure, not a Ctrl-C), this waits until the main thread took it there (at
+    most a second: a main thread not waiting for the hook takes it where it is)."""
+    main = threading.main_thread()
+    if threading.current_thread() is main:
+        signal.raise_signal(signum)
+        return
+    assert main.ident is not None
+    signal.pthread_kill(main.ident, signum)
+    wait_for_caller(1.0)
+
+
+def press_ctrl_c() -> None:
+    """Press Ctrl-C: :func:`signal_main` of SIGINT."""
+    signal_main(signal.SIGINT)
+
+
 class CtrlCWhileResuming:
-    """An observer that presses Ctrl-C (raises :class:`KeyboardInterrupt`) while a
+    """An observer that presses Ctrl-C (:func:`press_ctrl_c`) while a
     resumed run's logged events go by again, at the last logged segment's
     ``run_finished``: after every earlier segment's ``run_resumed`` went by again, before
     the new segment's. A sink that rebuilds its output on resume must leave the earlier
@@ -214,4 +240,9 @@ class CtrlCWhileResuming:
     def twinkle_run_finished(self) -> None:
         self.finished += 1
         if self.segment and self.finished == self.segment:
-            raise KeyboardInterrupt
+            self.interrupt()
+
+    def interrupt(self) -> None:
+        """What happens at that moment: Ctrl-C (a subclass may look at its output
+        there instead)."""
+        press_ctrl_c()

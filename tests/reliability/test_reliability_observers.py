@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,7 @@ from twinkle.perf import ManualClock
 from twinkle.plugins import Dispatcher, HookCalls, make_plugin_manager
 from twinkle.reporting import MetricRecord, make_record
 from twinkle.run import RunSession, replay
+from twinkle.testing import signal_main
 
 CONFIG = {
     "phases": {"rollout": ["generate"], "train": ["train.*"]},
@@ -294,14 +296,21 @@ def test_observer_returning_garbage_is_counted_and_skipped(tmp_path: Path) -> No
 
 
 class EndsTheProcess:
-    """Raises ``exc`` (``SystemExit`` or ``KeyboardInterrupt``) at every weights publish."""
+    """At every weights publish, a signal to the main thread whose handler (installed
+    by the test) raises ``exc`` (``SystemExit``: a SIGTERM handler calling sys.exit(),
+    or ``KeyboardInterrupt``: Ctrl-C); with ``own=True``, raises ``exc`` itself: the
+    plugin's own exit, not a signal."""
 
-    def __init__(self, exc: type[BaseException]) -> None:
-        self.exc = exc
+    def __init__(self, exc: type[BaseException], *, own: bool = False) -> None:
+        self.exc, self.own = exc, own
+        self.version: int | None = None
 
     @hookimpl
     def twinkle_weights_published(self, event: WeightsPublished) -> None:
-        raise self.exc(f"observer gives up at version {event.version}")
+        self.version = event.version
+        if self.own:
+            raise self.exc(f"the plugin exits at version {event.version}")
+        signal_main(signal.SIGTERM if self.exc is SystemExit else signal.SIGINT)
 
 
 class SeesWeights:
@@ -340,7 +349,7 @@ def test_observer_raising_systemexit_or_ctrl_c_off_the_main_thread_is_counted_an
 ) -> None:
     sees = SeesWeights()
     # registered last, so called first: the observer after it in the same call still runs
-    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc))]
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc, own=True))]
     run = RunSession(
         out_dir=tmp_path,
         run_id="ender",
@@ -392,8 +401,8 @@ def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_ca
     sys.exit() (a preempted job), must stop the caller, not be swallowed as an observer
     failure. (With background dispatch no observer runs on the main thread: the test
     above.)"""
-    sees = SeesWeights()
-    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc))]
+    sees, ender = SeesWeights(), EndsTheProcess(exc)
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", ender)]
     run = RunSession(
         out_dir=tmp_path,
         run_id="ctrl-c",
@@ -401,9 +410,18 @@ def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_ca
         plugins=plugins,
         background_dispatch=False,
     )
-    with pytest.raises(exc, match="version 0"):
-        with run:
-            publish_weights_and_steps(run)
+
+    def handler(signum: int, frame: object) -> None:
+        raise exc(f"signal {signum} at version {ender.version}")
+
+    number = signal.SIGTERM if exc is SystemExit else signal.SIGINT
+    saved = signal.signal(number, handler)
+    try:
+        with pytest.raises(exc, match="version 0"):
+            with run:
+                publish_weights_and_steps(run)
+    finally:
+        signal.signal(number, saved)
     summary = summary_of(run)
     assert summary["status"] == "error"
     assert summary["error"].startswith(exc.__name__)
@@ -412,6 +430,75 @@ def test_ctrl_c_or_exit_inside_an_observer_on_the_main_thread_still_stops_the_ca
         caplog.text
     )
     assert sees.types[-2:] == ["run_finished", "backends_closed"]  # the run was still finished
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_a_plugin_raising_an_exit_in_its_hook_is_its_failure_not_the_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, exc: type[BaseException]
+) -> None:
+    """A plugin's own sys.exit() (or KeyboardInterrupt) in a hook, with the observers on
+    the main thread: it is raised on the plugin's thread, not by a signal handler, so it
+    is counted and skipped like any failure and the run finishes ok."""
+    sees = SeesWeights()
+    plugins: list[tuple[str, object]] = [("sees", sees), ("ender", EndsTheProcess(exc, own=True))]
+    with RunSession(
+        out_dir=tmp_path, run_id="own", autoload=False, plugins=plugins, background_dispatch=False
+    ) as run:
+        publish_weights_and_steps(run)
+    summary = summary_of(run)
+    assert summary["status"] == "ok"
+    assert summary["observer_failures"] == {"ender": WEIGHT_VERSIONS}
+    assert sees.versions == list(range(WEIGHT_VERSIONS))
+    assert f"PluginExit: {exc.__name__}(the plugin exits at version 0) on its own thread" in (
+        caplog.text
+    )
+
+
+class Hangs:
+    """Never returns from its hook at the second weights publish (a lock the trainer
+    holds, a server that never answers); counts the calls it got."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        self.calls += 1
+        if event.version == 1:
+            self.release.wait()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_plugin_hook_that_never_returns_is_cut_off_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, background: bool
+) -> None:
+    """Its call is waited for backend_timeout_s, then the plugin is cut off: named with
+    the fix, counted, none of its hooks called again; every other observer sees every
+    event and the run's files are what a run without the plugin writes."""
+    sees, hangs = SeesWeights(), Hangs()
+    plugins: list[tuple[str, object]] = [("sees", sees), ("hangs", hangs)]
+    options: dict[str, Any] = {"autoload": False, "background_dispatch": background}
+    start = time.monotonic()
+    try:
+        with RunSession(
+            out_dir=tmp_path, run_id="hung", plugins=plugins, backend_timeout_s=0.5, **options
+        ) as run:
+            publish_weights_and_steps(run)
+    finally:
+        hangs.release.set()
+    assert time.monotonic() - start < 30
+    summary = summary_of(run)
+    assert summary["status"] == "ok" and summary["observer_failures"] == {"hangs": 1}
+    assert hangs.calls == 2 and sees.versions == list(range(WEIGHT_VERSIONS))
+    assert sees.types[-2:] == ["run_finished", "backends_closed"]
+    assert (
+        "observer 'hangs' did not return from twinkle_weights_published within 0.5 s "
+        "(backend_timeout_s): cut off"
+    ) in caplog.text and "RunSession(blocked=['hangs'])" in caplog.text
+    replay(tmp_path / "hung" / "events.jsonl", tmp_path / "again", autoload=False)
+    for name in ("metrics_raw.jsonl", "metrics.jsonl"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "hung" / name).read_bytes()
 
 
 # -- slow observers -----------------------------------------------------------------------
@@ -612,3 +699,97 @@ def test_slow_calls_are_in_the_summary_and_its_replay_says_the_same(tmp_path: Pa
     assert again.summary["observer_slow_calls"] == summary["observer_slow_calls"]  # the live run's
     live = (tmp_path / "slow" / "summary.json").read_bytes()
     assert (tmp_path / "re" / "summary.json").read_bytes() == live
+
+
+# -- a plugin misusing the run from its hooks ----------------------------------------------
+
+
+class FinishesTheRun:
+    """Calls the run's finish() from its hook at the first weights publish."""
+
+    def __init__(self) -> None:
+        self.run: RunSession | None = None
+        self.refused: list[str] = []
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        assert self.run is not None
+        if event.version == 0:
+            try:
+                self.run.finish()
+            except Exception as exc:
+                self.refused.append(str(exc))
+                raise
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_finishing_the_run_from_a_hook_is_refused_and_the_run_goes_on(
+    tmp_path: Path, background: bool
+) -> None:
+    sees, finisher = SeesWeights(), FinishesTheRun()
+    plugins: list[tuple[str, object]] = [("sees", sees), ("finisher", finisher)]
+    run = RunSession(
+        out_dir=tmp_path,
+        run_id="r",
+        autoload=False,
+        plugins=plugins,
+        background_dispatch=background,
+    )
+    finisher.run = run
+    with run:
+        publish_weights_and_steps(run)
+    assert finisher.refused == [
+        "cannot finish run 'r' from inside an observer's hook: the run waits for its hooks; "
+        "finish it where the training runs"
+    ]
+    summary = summary_of(run)
+    assert summary["status"] == "ok" and summary["observer_failures"] == {"finisher": 1}
+    assert sees.versions == list(range(WEIGHT_VERSIONS))
+    assert sees.types[-2:] == ["run_finished", "backends_closed"]
+    same_records_as_replay_without(run, tmp_path)
+
+
+class Opaque:
+    """Not JSON (as a numpy number is not, to orjson)."""
+
+
+class BadSummary:
+    """Its summary part: ``part``."""
+
+    def __init__(self, part: object) -> None:
+        self.part = part
+
+    @hookimpl
+    def twinkle_summary(self, event: RunFinished) -> object:
+        return self.part
+
+
+class GoodSummary:
+    @hookimpl
+    def twinkle_summary(self, event: RunFinished) -> dict[str, Any]:
+        return {"mine": {"tokens_seen": 30}}
+
+
+@pytest.mark.parametrize(
+    ("part", "why"),
+    [
+        ({"tokens_seen": Opaque()}, "is not JSON (Type is not JSON serializable: Opaque"),
+        ({"by_rank": {0: 1.5}}, "is not JSON (Dict key must be str"),
+        (["tokens_seen", 30], "is a list, not a dict"),
+    ],
+    ids=["object", "int-key", "list"],
+)
+def test_a_summary_part_that_is_not_json_is_left_out_and_the_summary_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, part: object, why: str
+) -> None:
+    """Before, orjson's TypeError left the run without summary.json (and checkpoint)."""
+    plugins: list[tuple[str, object]] = [("bad", BadSummary(part)), ("good", GoodSummary())]
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False, plugins=plugins) as run:
+        publish_weights_and_steps(run)
+    summary = summary_of(run)
+    assert summary["status"] == "ok" and summary["observer_failures"] == {"bad": 1}
+    assert summary["mine"] == {"tokens_seen": 30}
+    assert f"observer 'bad' returned a summary part that {why}" in caplog.text
+    again = replay(tmp_path / "r" / "events.jsonl", tmp_path / "again", autoload=False)
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["status"] == "ok"
+    assert again.events > 0

@@ -18,7 +18,7 @@ from twinkle.events import OptimizerStep
 from twinkle.hookspecs import hookimpl
 from twinkle.reporting import read_jsonl
 from twinkle.run import RunSession, replay
-from twinkle.testing import CtrlCWhileResuming, scripted_run
+from twinkle.testing import CtrlCWhileResuming, press_ctrl_c, scripted_run
 
 DERIVED = ("metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json")
 
@@ -226,7 +226,7 @@ class Interrupts:
     def twinkle_optimizer_step(self, event: OptimizerStep) -> None:
         self.steps += 1
         if self.steps == 3:
-            raise KeyboardInterrupt
+            press_ctrl_c()
 
 
 def test_a_resume_that_fails_leaves_every_file_as_it_was(tmp_path: Path) -> None:

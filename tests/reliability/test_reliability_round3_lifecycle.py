@@ -442,13 +442,15 @@ LEAKY_PLUGIN = """
 import os, threading
 from twinkle.hookspecs import hookimpl
 
+# a non-daemon thread nobody stops, started as the plugin is loaded (on the main
+# thread): the interpreter would join it forever
+threading.Thread(target=threading.Event().wait, name="leaky-plugin-thread").start()
+
 class Leaky:
     @hookimpl
     def twinkle_configure(self, context):
-        # a non-daemon thread nobody stops: the interpreter would join it forever
-        threading.Thread(target=threading.Event().wait, name="leaky-plugin-thread").start()
         if "LEAKY_EXIT" in os.environ:
-            raise SystemExit(int(os.environ["LEAKY_EXIT"]))  # (re-raised: ends the command)
+            raise SystemExit(int(os.environ["LEAKY_EXIT"]))  # (the plugin's failure)
 """
 
 
@@ -472,7 +474,8 @@ def leaky_env(tmp_path: Path) -> dict[str, str]:
     "status",
     [
         pytest.param(0, id="command-done"),
-        pytest.param(3, id="plugin-sys-exit"),  # SystemExit out of main(), traceback path
+        # on the plugin's own thread: counted as its failure, not the command's exit
+        pytest.param(3, id="plugin-sys-exit"),
     ],
 )
 def test_the_twinkle_command_exits_despite_a_leaked_thread_naming_it(
@@ -488,15 +491,16 @@ def test_the_twinkle_command_exits_despite_a_leaked_thread_naming_it(
         argv, check=False, capture_output=True, text=True, env=leaky_env, timeout=60
     )
     took = time.monotonic() - start
-    assert done.returncode == status, done.stderr
+    assert done.returncode == 0, done.stderr
     assert (
         "twinkle: warning: exiting without waiting for 1 thread(s) left running 2 s after "
         "the command was done"
     ) in done.stderr
     assert "'leaky-plugin-thread' (at " in done.stderr
     assert took < 60
-    if not status:
-        assert orjson.loads((out / "summary.json").read_bytes())["status"] == "ok"
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["status"] == "ok"
+    assert summary["observer_failures"] == ({"leaky": 1} if status else {})
 
 
 def test_a_log_cut_between_a_check_and_a_larger_write_is_still_found(tmp_path: Path) -> None:

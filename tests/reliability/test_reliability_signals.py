@@ -324,12 +324,13 @@ def test_without_finish_on_signals_sigterm_loses_the_summary(tmp_path: Path) -> 
 
 @pytest.fixture
 def ctrl_c_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An installed observer ``ctrl_c`` that raises KeyboardInterrupt at the 5th event,
-    as Ctrl-C does wherever the main thread is."""
+    """An installed observer ``ctrl_c`` that presses Ctrl-C at the 5th event (a SIGINT
+    to the main thread, waiting for the hook on the plugin's thread)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "twinkle_ctrl_c.py").write_text(
-        "from twinkle.hookspecs import hookimpl\n\n"
+        "from twinkle.hookspecs import hookimpl\n"
+        "from twinkle.testing import press_ctrl_c\n\n"
         "class CtrlC:\n"
         "    def __init__(self):\n"
         "        self.seen = 0\n\n"
@@ -337,7 +338,7 @@ def ctrl_c_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "    def twinkle_event(self, event):\n"
         "        self.seen += 1\n"
         "        if self.seen == 5:\n"
-        "            raise KeyboardInterrupt\n"
+        "            press_ctrl_c()\n"
     )
     info = site / "twinkle_ctrl_c-0.1.dist-info"
     info.mkdir()

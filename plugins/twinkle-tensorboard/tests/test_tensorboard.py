@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from twinkle_tensorboard import DIR, EVENT_FILES, TensorBoardSink
 
 from twinkle.errors import ReporterError
-from twinkle.hookspecs import RunContext, hookimpl
+from twinkle.hookspecs import RunContext
 from twinkle.plugins import PluginStatus, describe_plugins
 from twinkle.reporting import StepPoints, flat_key, read_jsonl, record_from_dict
 from twinkle.run import replay
@@ -225,13 +225,9 @@ class LookWhileResuming(CtrlCWhileResuming):
         self.files: list[Path] = []
         self.seen: Scalars | None = None
 
-    @hookimpl
-    def twinkle_run_finished(self) -> None:
-        try:
-            super().twinkle_run_finished()
-        except KeyboardInterrupt:
-            self.files = sorted(self.logdir.glob(EVENT_FILES))
-            self.seen = read_tensorboard(self.logdir)
+    def interrupt(self) -> None:
+        self.files = sorted(self.logdir.glob(EVENT_FILES))
+        self.seen = read_tensorboard(self.logdir)
 
 
 def test_tensorboard_reads_no_rebuild_before_it_is_complete(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from twinkle.plugins._hookcalls import (
     HookCalls,
     check_slow_call_s,
 )
+from twinkle.plugins._isolation import wait_for_caller
 from twinkle.plugins._manager import (
     BUILTIN_DISTRIBUTION,
     DISABLE_AUTOLOAD_ENV,
@@ -49,4 +50,5 @@ __all__ = [
     "loaded_plugins",
     "make_plugin_manager",
     "merge_summary",
+    "wait_for_caller",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 from twinkle.errors import WriteError
 from twinkle.events import EVENT_TYPES, Event, IterationStarted
 from twinkle.plugins._hookcalls import REPORTER_FAILURES, HookCalls
+from twinkle.plugins._isolation import acting_ident
 from twinkle.reporting import BatchWriter, MetricRecord
 
 __all__ = [
@@ -26,7 +27,8 @@ __all__ = [
     "merge_summary",
 ]
 
-_get_ident = threading.get_ident
+# (a plugin's hook thread acts for the thread dispatching: _isolation)
+_get_ident = acting_ident
 
 
 def hook_name(event_type: type[Event]) -> str:

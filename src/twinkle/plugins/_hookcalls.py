@@ -9,6 +9,7 @@ with the events of a run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ import pluggy
 
 from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.plugins._isolation import HookRunner, HookTimeout
 from twinkle.plugins._manager import ObserverManager
 
 __all__ = [
@@ -79,6 +81,13 @@ class HookCalls:
     calling ``sys.exit``) on the main thread, in whatever frame it is running — often an
     observer — and swallowing them would keep a preempted job training.
 
+    Hung observers: with ``hook_timeout_s``, each hook of a plugin that is not twinkle's
+    own runs on that plugin's thread, waited for at most that long
+    (:class:`~twinkle.plugins._isolation.HookRunner`): a call past it cuts the plugin off
+    (counted as a failure, logged with the fix, none of its hooks called again), and the
+    run goes on. A ``SystemExit`` or ``KeyboardInterrupt`` it raises there is its
+    failure, on any thread.
+
     Slow observers: each observer call is timed with ``clock`` (integer ns); one taking
     longer than ``slow_call_s`` seconds (default :data:`DEFAULT_SLOW_CALL_S`) is counted
     in :attr:`slow` and logged with the hook and its duration (the 1st, 2nd, 4th...
@@ -92,6 +101,7 @@ class HookCalls:
         "_plans",
         "_pm",
         "_required",
+        "_runners",
         "_slow_ns",
         "failures",
         "left_out",
@@ -106,6 +116,7 @@ class HookCalls:
         slow_call_s: float | None = DEFAULT_SLOW_CALL_S,
         clock: Callable[[], int] = time.perf_counter_ns,
         required: Iterable[str] = (),
+        hook_timeout_s: float | None = None,
     ) -> None:
         check_slow_call_s(slow_call_s)
         if not callable(clock):
@@ -113,11 +124,9 @@ class HookCalls:
                 f"clock={clock!r} must be a callable returning integer nanoseconds"
             )
         self._pm = pm
+        self._runners: dict[str, HookRunner] = {}
         self._plans: dict[str, list[_Impl]] = {
-            name: [
-                (impl.plugin_name, impl.function, tuple(impl.argnames))
-                for impl in reversed(caller.get_hookimpls())
-            ]
+            name: [self._planned(impl, hook_timeout_s) for impl in reversed(caller.get_hookimpls())]
             for name, caller in vars(pm.hook).items()
             if isinstance(caller, pluggy.HookCaller)
         }
@@ -131,6 +140,22 @@ class HookCalls:
         self._required = frozenset(required)
         #: plugins left out of the run because they could not set up, with why
         self.left_out: dict[str, str] = {}
+
+    def _planned(self, impl: pluggy.HookImpl, timeout_s: float | None) -> _Impl:
+        """A hook implementation as the calls make it: on its plugin's own thread,
+        unless it is twinkle's own observer (or no time limit is set)."""
+        name, function = impl.plugin_name, impl.function
+        if timeout_s is not None and not self._pm.is_builtin(name):
+            runner = self._runners.get(name)
+            if runner is None:
+                runner = self._runners[name] = HookRunner(name, timeout_s)
+            function = functools.partial(runner.call, function)
+        return name, function, tuple(impl.argnames)
+
+    def close(self) -> None:
+        """Let the plugins' hook threads end (the run made its last hook call)."""
+        for runner in self._runners.values():
+            runner.close()
 
     def call(self, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on every observer; the non-None results."""
@@ -175,11 +200,7 @@ class HookCalls:
         without it)."""
         if name in self.left_out:
             return
-        self.left_out[name] = why
-        # New lists: a hook call iterating the old plan goes on undisturbed.
-        self._plans = {
-            hook: [impl for impl in plan if impl[0] != name] for hook, plan in self._plans.items()
-        }
+        self._drop(name, why)
         log.error(
             "plugin %r left out of the run: %s (the run goes on without it; to stop "
             "instead, require it: RunSession(required_plugins=[%r]), TwinkleCallback(..., "
@@ -187,6 +208,31 @@ class HookCalls:
             name,
             why,
             name,
+            name,
+            name,
+        )
+
+    def _drop(self, name: str, why: str) -> None:
+        self.left_out[name] = why
+        # New lists: a hook call iterating the old plan goes on undisturbed.
+        self._plans = {
+            hook: [impl for impl in plan if impl[0] != name] for hook, plan in self._plans.items()
+        }
+
+    def _cut_off(self, name: str, hook: str) -> None:
+        """Plugin ``name``'s call of ``hook`` never returned: call none of its hooks
+        again (the run goes on without it), counted and logged with the fix."""
+        timeout_s = self._runners[name].timeout_s
+        self.failures[name] += 1
+        self._drop(name, f"{hook} did not return within {timeout_s:g} s: cut off")
+        log.error(
+            "observer %r did not return from %s within %g s (backend_timeout_s): cut off, "
+            "none of its hooks is called again and the run goes on without it (the call "
+            "left running on its own thread is ignored). Fix the plugin, or leave it out: "
+            "RunSession(blocked=[%r]), twinkle demo --block %s",
+            name,
+            hook,
+            timeout_s,
             name,
             name,
         )
@@ -284,6 +330,9 @@ class HookCalls:
     def _failed(self, name: str, hook: str, exc: BaseException) -> None:
         """Count an observer's exception; re-raise the main thread's KeyboardInterrupt
         and SystemExit (a signal handler's, most likely)."""
+        if isinstance(exc, HookTimeout):
+            self._cut_off(name, hook)
+            return
         if isinstance(exc, KeyboardInterrupt | SystemExit) and threading.current_thread() is (
             threading.main_thread()
         ):

@@ -176,7 +176,10 @@ class Run:
             if self.context.out_dir is not None:
                 make_dirs(self.context.out_dir)
             self.calls = calls = HookCalls(
-                self.pm, slow_call_s=self._slow_call_s, required=self._required
+                self.pm,
+                slow_call_s=self._slow_call_s,
+                required=self._required,
+                hook_timeout_s=self._backend_timeout_s,
             )
             calls.configure(self.context)
             if self.context.checkpoint is not None:
@@ -435,6 +438,7 @@ class Run:
             try:
                 if calls is not None:
                     calls.call("twinkle_unconfigure", context=self.context)
+                    calls.close()
             finally:
                 self.pm.release()  # also when the start failed before configuring
 

@@ -282,11 +282,17 @@ class RunSession:
         return self.run.state is RunState.RUNNING and os.getpid() == self._pid
 
     def _own_process(self, doing: str) -> None:
+        """Refuse to ``doing`` the run from a forked child, or from inside a hook."""
         if os.getpid() != self._pid:
             raise TwinkleError(
                 f"cannot {doing} run {self.run_id!r} in process {os.getpid()}: it belongs to "
                 f"process {self._pid} (this is a forked child); start a RunSession of "
                 "its own in the child"
+            )
+        if self.run.dispatcher is not None and self.run.dispatcher.dispatching_here:
+            raise TwinkleError(
+                f"cannot {doing} run {self.run_id!r} from inside an observer's hook: the "
+                f"run waits for its hooks; {doing} it where the training runs"
             )
 
     def _forget_in_child(self) -> None:

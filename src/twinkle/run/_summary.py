@@ -64,7 +64,9 @@ def build_summary(
     failure) and the observers' parts."""
     parts: list[tuple[str, dict[str, Any]]] = []
     for name, part in calls.call_named("twinkle_summary", event=event):
-        if not isinstance(part, dict):
+        problem = _part_problem(part)
+        if problem:  # (counted, so summary.json is still written, and the checkpoint)
+            calls.count(name, "returned a summary part that %s; left out", problem)
             continue
         taken = sorted(BASE_SUMMARY_KEYS.intersection(part))
         if taken:
@@ -86,6 +88,18 @@ def build_summary(
         observer_slow_calls=dict(sorted(event.observer_slow_calls.items())),
     )
     return summary
+
+
+def _part_problem(part: object) -> str:
+    """What keeps an observer's summary part out of ``summary.json`` ("" for none):
+    not a dict, or not JSON (a numpy number, an object, a key that is not a str)."""
+    if not isinstance(part, dict):
+        return f"is a {type(part).__name__}, not a dict"
+    try:
+        orjson.dumps(part, option=_SUMMARY_JSON)
+    except TypeError as exc:
+        return f"is not JSON ({exc}: use plain numbers, str, lists and dicts)"
+    return ""
 
 
 def _process_wall(event: RunFinished, segments: list[Segment]) -> float | None:
@@ -161,11 +175,14 @@ def _left_out(segment: Segment) -> dict[str, str]:
     return dict(sorted(left.items()))
 
 
+_SUMMARY_JSON = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+
+
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary.json`` (sorted keys, indented), whole or not at all, durably
     (:class:`~twinkle.reporting.ReplacingFile`: synced, then renamed into place; no
     symlink followed)."""
-    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    data = orjson.dumps(summary, option=_SUMMARY_JSON)
     try:
         out = ReplacingFile(path)
         try:

@@ -1,0 +1,129 @@
+"""A plugin's hook calls on a thread of its own, each bounded in time.
+
+A third-party observer's hook that never returns (a lock the trainer holds, a server
+that never answers) would hold the dispatch thread, and with it every iteration
+boundary, forever. So :class:`HookRunner` makes each call of one plugin's hooks on that
+plugin's own thread, while the calling thread (the dispatch thread, or a publisher
+dispatching inline) waits for it, at most ``timeout_s``: the calls still run one at a
+time, in order, and their results come back as before, so the records, the log and a
+replay are what they were. A call past its time raises :class:`HookTimeout` on the
+waiting thread (the plugin is then cut off: :class:`~twinkle.plugins.HookCalls`); the
+call itself runs on, on its own thread, and whatever it does after is ignored.
+
+While a hook runs on its plugin's thread, that thread *acts for* the dispatching one
+(:func:`acting_ident`): a hook publishing an event is queued behind the current one, as
+when it ran on the dispatching thread itself. A ``SystemExit`` or ``KeyboardInterrupt``
+the plugin raises there comes back as :class:`PluginExit`, a failure like any other: it
+is the plugin's, not a signal's (a signal reaches the main thread, waiting here, as it
+did before).
+
+Thread-safety: one caller at a time (the dispatcher calls observers one at a time).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["HookRunner", "HookTimeout", "PluginExit", "acting_ident", "wait_for_caller"]
+
+_acting = threading.local()
+
+
+def acting_ident() -> int:
+    """The thread this one acts for: the dispatching thread, on a plugin's hook thread
+    during its call; else this thread's own ident."""
+    ident: int | None = getattr(_acting, "ident", None)
+    return threading.get_ident() if ident is None else ident
+
+
+def wait_for_caller(timeout_s: float) -> bool:
+    """On a plugin's hook thread, during a call: wait until the thread that made the
+    call stopped waiting for it (it timed out, or a signal's exception left it), at most
+    ``timeout_s``; whether it did. At once False elsewhere."""
+    call: _Call | None = getattr(_acting, "call", None)
+    return call is not None and call.left.wait(timeout_s)
+
+
+class HookTimeout(Exception):
+    """A plugin's hook call did not return within its time."""
+
+
+class PluginExit(Exception):
+    """A plugin's hook raised ``SystemExit`` or ``KeyboardInterrupt`` on its own thread."""
+
+
+class _Call:
+    __slots__ = ("args", "done", "error", "function", "ident", "left", "result")
+
+    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], ident: int) -> None:
+        self.function, self.args, self.ident = function, args, ident
+        self.done = threading.Event()
+        self.left = threading.Event()  # the caller stopped waiting
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class HookRunner:
+    """The hook calls of plugin ``plugin``, on its thread (started at its first call,
+    again in a forked child), each waited for at most ``timeout_s`` seconds."""
+
+    __slots__ = ("_calls", "_pid", "abandoned", "plugin", "timeout_s")
+
+    def __init__(self, plugin: str, timeout_s: float) -> None:
+        self.plugin = plugin
+        self.timeout_s = timeout_s
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._pid: int | None = None  # the process its thread runs in
+        #: a call ran past its time: its thread is left to it, and no call is made again
+        self.abandoned = False
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on the plugin's thread: its result, or what it raised
+        (:class:`PluginExit` for an exit); :class:`HookTimeout` past ``timeout_s``."""
+        if self.abandoned:
+            raise HookTimeout(f"an earlier call of {self.plugin!r} never returned")
+        if self._pid != os.getpid():
+            self._start()
+        call = _Call(function, args, acting_ident())
+        self._calls.put(call)
+        try:
+            done = call.done.wait(self.timeout_s)
+        finally:
+            call.left.set()
+        if not done:
+            self.abandoned = True
+            raise HookTimeout(f"no return within {self.timeout_s:g} s")
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def close(self) -> None:
+        """Let the plugin's thread end (once its call in progress, if any, returns)."""
+        if self._pid == os.getpid():
+            self._calls.put(None)
+            self._pid = None
+
+    def _start(self) -> None:
+        self._calls = queue.SimpleQueue()  # (a forked child's: its parent's thread is gone)
+        self._pid = os.getpid()
+        name = f"twinkle plugin {self.plugin}"
+        threading.Thread(target=self._serve, args=(self._calls,), name=name, daemon=True).start()
+
+    def _serve(self, calls: queue.SimpleQueue[_Call | None]) -> None:
+        while (call := calls.get()) is not None:
+            _acting.ident, _acting.call = call.ident, call
+            try:
+                call.result = call.function(*call.args)
+            except (SystemExit, KeyboardInterrupt) as exc:
+                call.error = PluginExit(f"{type(exc).__name__}({exc}) on its own thread")
+            except BaseException as exc:
+                call.error = exc
+            finally:
+                _acting.ident = _acting.call = None
+            call.done.set()
+            if self.abandoned:
+                return  # (its call came too late: nothing more is asked of it)
