@@ -193,6 +193,8 @@ def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
         name, code = "SIGINT", 128 + signal.SIGINT
     if args.command == "replay":
         what = f"the replay stopped; --out {args.out!r} was left as it was"
+    elif args.command != "demo":  # (report, watch, whatif: they write no run)
+        what = f"the {args.command} stopped"
     else:
         from twinkle.demo.cli import demo_run_dir
 

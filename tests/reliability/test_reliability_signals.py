@@ -365,6 +365,29 @@ def test_interrupted_cli_replay_says_so_and_writes_nothing(
     assert main(["replay", str(log), "--out", str(out), "--block", "ctrl_c"]) == 0
 
 
+@pytest.mark.parametrize("command", ["report", "watch", "whatif"])
+def test_ctrl_c_in_a_command_that_writes_no_run_says_so_in_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """Before, report, watch and whatif asked the demo's arguments where the run was:
+    an AttributeError's traceback, exit 1."""
+
+    def ctrl_c(args: Any, *rest: Any) -> int:
+        raise KeyboardInterrupt
+
+    import twinkle.report._commands as commands
+    import twinkle.whatif._cli as whatif_cli
+
+    monkeypatch.setattr(commands, "report_command", ctrl_c)
+    monkeypatch.setattr(commands, "watch_command", ctrl_c)
+    monkeypatch.setattr(whatif_cli, "whatif_command", ctrl_c)
+    assert main([command, str(tmp_path)]) == 130
+    assert capsys.readouterr().err == f"twinkle: interrupted by SIGINT: the {command} stopped\n"
+
+
 # -- the context manager, in this process -------------------------------------------------
 
 
