@@ -292,3 +292,24 @@ def test_a_timeline_of_many_workers_draws_its_first_rows_and_says_which_are_left
         "6 threads' rows, the first 3 drawn; 3 left out (rank3/trainer … rank5/trainer): "
         "trace.json has them all"
     )
+
+
+def test_the_page_replaces_an_earlier_page_only(
+    named_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--html given the run's own events.jsonl (or any file that is no HTML page) is
+    refused, the file as it was; an earlier page is replaced."""
+    log = named_run / "events.jsonl"
+    before = log.read_bytes()
+    assert main(["report", str(named_run), "--html", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert f"--html {str(log)!r} holds something else than what --html writes" in err
+    assert "give a new path, or remove it first" in err
+    assert log.read_bytes() == before
+    page = tmp_path / "page.html"
+    page.write_text("<!DOCTYPE html><p>an older page</p>")
+    assert main(["report", str(named_run), "--html", str(page)]) == 0
+    assert "an older page" not in page.read_text() and page.read_text().startswith("<!DOCTYPE")
+    (tmp_path / "dir").mkdir()
+    assert main(["report", str(named_run), "--html", str(tmp_path / "dir")]) == 2
+    assert "is a link, a directory or not a regular file" in capsys.readouterr().err

@@ -172,3 +172,31 @@ def test_devices_that_cannot_be_counted_again_are_refused(bare_run: Path) -> Non
 def test_whatif_takes_one_run(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(run), str(run), "--whatif"]) == 2
     assert "--whatif predicts what would help one run" in capsys.readouterr().err
+
+
+def test_the_plot_is_a_png_and_replaces_no_other_file(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot writes the .png it names, says where, and refuses any other path: one
+    without .png (matplotlib wrote DIR.png beside a directory, and failed on .html), a
+    link, or a file that is no PNG (a run's events.jsonl)."""
+    plot = tmp_path / "w.png"
+    assert main(["whatif", str(run), "--plot", str(plot)]) == 0
+    assert capsys.readouterr().err == f"wrote {plot}\n"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["whatif", str(run), "--plot", str(plot)]) == 0  # (an earlier plot: replaced)
+    notes = tmp_path / "notes.png"
+    notes.write_text("not a plot")
+    for bad, why in [
+        (tmp_path / "w.html", "give the path of a .png file to write"),
+        (run / "events.jsonl", "give the path of a .png file to write"),
+        (notes, "holds something else than what --plot writes"),
+    ]:
+        before = bad.read_bytes() if bad.exists() else None
+        assert main(["whatif", str(run), "--plot", str(bad)]) == 2
+        assert why in capsys.readouterr().err
+        assert (bad.read_bytes() if bad.exists() else None) == before
+    link = tmp_path / "link.png"
+    link.symlink_to(plot)
+    assert main(["whatif", str(run), "--plot", str(link)]) == 2
+    assert "is a link, a directory or not a regular file" in capsys.readouterr().err

@@ -60,16 +60,12 @@ def write_html(
     *,
     other: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write :func:`html_report` of ``report`` (and ``other``) to ``path``, whole."""
-    from twinkle.report._plots import _write_whole
+    """Write :func:`html_report` of ``report`` (and ``other``) to ``path``, whole (an
+    existing file only when it is an HTML page: :func:`write_file`)."""
+    from twinkle.report._plots import HTML_START, write_file
 
-    out = Path(path)
-    if out.is_symlink() or out.is_dir():
-        raise InvalidArgumentError(
-            f"--html {str(out)!r} is a link or a directory: give the path of the file to write"
-        )
-    _write_whole(out, html_report(report, other=other).encode())
-    return out
+    page = html_report(report, other=other).encode()
+    return write_file(path, page, flag="--html", start=HTML_START)
 
 
 def html_report(report: Mapping[str, Any], *, other: Mapping[str, Any] | None = None) -> str:

@@ -246,12 +246,41 @@ def _plots_dir(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _write_whole(path: Path, data: bytes) -> None:
+#: how an HTML page and a PNG image begin (what an earlier output may be replaced by)
+HTML_START = b"<!doctype html"
+PNG_START = b"\x89PNG\r\n\x1a\n"
+
+
+def write_file(path: str | os.PathLike[str], data: bytes, *, flag: str, start: bytes) -> Path:
+    """Write ``data`` to the file option ``flag`` names, whole. Refused, naming it, when
+    it is a link, a directory or not a regular file, or a file that is not an earlier
+    output of its kind (it begins, ignoring case, with ``start``): a run's
+    ``events.jsonl`` given by mistake is never replaced."""
+    out = Path(path)
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        raise InvalidArgumentError(
+            f"{flag} {str(out)!r} is a link, a directory or not a regular file: give the "
+            "path of the file to write"
+        )
+    if out.exists():
+        with out.open("rb") as existing:
+            head = existing.read(len(start))
+        if head and head.lower() != start.lower():
+            raise InvalidArgumentError(
+                f"{flag} {str(out)!r} holds something else than what {flag} writes (it "
+                "would be replaced: a run's own file, say): give a new path, or remove it "
+                "first"
+            )
+    _write_whole(out, data, flag)
+    return out
+
+
+def _write_whole(path: Path, data: bytes, flag: str = "--plots") -> None:
     """Write ``path`` whole or not at all, never through a symlink planted there."""
     try:
         out = ReplacingFile(path)
     except ReporterError as exc:
-        raise InvalidArgumentError(f"--plots: {exc}") from None
+        raise InvalidArgumentError(f"{flag}: {exc}") from None
     try:
         out.write(data)
     except BaseException:

@@ -4,8 +4,10 @@ as a table, JSON or a plot."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
+import sys
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
@@ -119,13 +121,17 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
 
 
 def _plot(p: Prediction, path: str) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from twinkle.report._plots import PNG_START, write_file
 
+    if not path.lower().endswith(".png"):
+        raise InvalidArgumentError(f"--plot {path!r}: give the path of a .png file to write")
     rows = p.to_dict()["iterations"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig = Figure(figsize=(8, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     its = [r["iteration"] for r in rows]
     for key, label in (("recorded_seconds", "recorded"), ("predicted_seconds", "predicted")):
         ax.plot(its, [r[key] for r in rows], marker="o", label=label)
@@ -133,5 +139,8 @@ def _plot(p: Prediction, path: str) -> None:
     ax.set_ylabel("seconds")
     ax.set_title("each iteration's wall seconds")
     ax.legend()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
+    print(
+        f"wrote {write_file(path, png.getvalue(), flag='--plot', start=PNG_START)}", file=sys.stderr
+    )
