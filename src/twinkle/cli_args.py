@@ -146,7 +146,7 @@ def add_commands(sub: Any) -> None:
         "--force",
         action="store_true",
         help="replay into a non-empty --out: its files of the replay's names are replaced, "
-        "others are kept",
+        "others are kept (never another run's events.jsonl)",
     )
     _add_common_options(rp)
 

@@ -96,6 +96,22 @@ def test_cli_replay_refuses_a_non_empty_out_and_force_replaces(
     assert (out / "summary.json").read_bytes() == first
 
 
+def test_force_never_replaces_another_runs_log(log: Path, tmp_path: Path) -> None:
+    """--force replaces a copy of the log replayed (an earlier replay's), never another
+    run's events.jsonl, which nothing rebuilds; the directory is left as it was."""
+    other = scripted_run(tmp_path / "runs", "other", 2).parent
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    with pytest.raises(ReplayError, match=r"holds an events\.jsonl that is not the log replayed"):
+        replay(log, other, autoload=False, force=True)
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert sorted(p.name for p in other.parent.iterdir()) == ["other"]  # no staging left
+    out = tmp_path / "out"
+    replay(log, out, autoload=False)
+    (out / "events.jsonl").write_bytes(log.read_bytes()[:100])  # (a copy cut short)
+    replay(log, out, autoload=False, force=True)
+    assert (out / "events.jsonl").read_bytes() == log.read_bytes()
+
+
 def test_force_must_be_a_bool(log: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=r"force must be True or False, got 'yes'"):
         replay(log, tmp_path / "out", force="yes")  # type: ignore[arg-type]

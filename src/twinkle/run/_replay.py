@@ -282,7 +282,8 @@ def replay(
     pm = plugin_manager or make_plugin_manager(
         autoload=autoload, builtins=builtins, blocked=blocked, plugins=plugins
     )
-    staging = None if target is None else Staging(target, force=force)
+    source = None if log is None else log.path
+    staging = None if target is None else Staging(target, force=force, log=source)
     try:
         count, summary, segments = _feed(pm, first, iterator, log, staging, latest=latest)
     except BaseException:

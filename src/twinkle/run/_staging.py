@@ -18,9 +18,10 @@ class Staging:
     """Where a replay writes: a new hidden directory beside ``target``, moved into place
     by :meth:`commit`, removed with whatever directories it had to create by
     :meth:`discard`. ``target`` is checked first: not a symlink, not a file, empty unless
-    ``force``."""
+    ``force``; even then, never one holding an ``events.jsonl`` that is not the start of
+    ``log`` (the log replayed): another run's raw log is the one file nothing rebuilds."""
 
-    def __init__(self, target: Path, *, force: bool) -> None:
+    def __init__(self, target: Path, *, force: bool, log: Path | None = None) -> None:
         if target.is_symlink():
             # The staging directory could not be renamed onto the link, and its files
             # would land wherever the link points: refused before anything is made.
@@ -41,6 +42,7 @@ class Staging:
                     "choose a new or empty directory, or pass --force (force=True) to "
                     "replace its files of the replay's names"
                 )
+        _check_log_kept(target, log)
         self.target = target
         self._created: list[Path] = []  # ancestors this replay made, outermost first
         missing = [a for a in reversed(target.absolute().parents) if not a.exists()]
@@ -101,3 +103,30 @@ class Staging:
             with contextlib.suppress(OSError):
                 ancestor.rmdir()  # only while empty: never what someone put there since
         self._created.clear()
+
+
+def _check_log_kept(target: Path, log: Path | None) -> None:
+    """Refuse a ``target`` whose ``events.jsonl`` the replay would replace unless it is
+    ``log``'s start (an earlier replay's copy of that log, or the log itself)."""
+    held = target / "events.jsonl"
+    if not held.is_file() or (log is not None and _starts(log, held)):
+        return
+    raise ReplayError(
+        f"replay output {str(target)!r} holds an events.jsonl that is not the log "
+        f"replayed: another run's raw log, which nothing rebuilds (--force replaces only "
+        "a copy of this log); replay into another directory, or move that run first"
+    )
+
+
+def _starts(log: Path, held: Path, chunk: int = 1 << 20) -> bool:
+    """Whether the bytes of ``held`` are the first bytes of ``log``."""
+    try:
+        if held.stat().st_size > log.stat().st_size:
+            return False
+        with log.open("rb") as a, held.open("rb") as b:
+            while part := b.read(chunk):
+                if a.read(len(part)) != part:
+                    return False
+    except OSError:
+        return False
+    return True
