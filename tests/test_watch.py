@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from test_report import SIGTERM_ERROR, ended_in_error
+from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import ReplayError
@@ -274,3 +275,13 @@ def test_the_watch_of_a_run_that_ended_in_error_shows_its_error_and_exits_1(
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1 and SIGTERM_ERROR in done.stdout
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "1e308", "3601"])
+def test_an_interval_out_of_range_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    """inf or 1e308 failed with an OverflowError of time_t once the run had stopped."""
+    assert main(["watch", str(tmp_path), "--interval", interval]) == 2
+    err = capsys.readouterr().err
+    assert f"--interval must be a number of seconds in (0, 3600], got {float(interval)}" in err

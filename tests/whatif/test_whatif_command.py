@@ -56,9 +56,18 @@ def test_json_and_the_plot_and_the_kept_prediction(
     ("args", "message"),
     [
         (["--speed", "train"], "--speed 'train': write PHASE=K or WORKER=K"),
-        (["--speed", "train=0"], r"--speed train=\.\.\.: the factor must be a number > 0"),
+        (
+            ["--speed", "train=0"],
+            r"--speed train=\.\.\.: the factor must be a number in \[0\.001, 1000\]",
+        ),
+        (
+            ["--speed", "rollout=1e-10"],
+            r"the factor must be a number in \[0\.001, 1000\] \(.*\), got 1e-10",
+        ),
         (["--speed", "trian=2"], "'trian' is no phase or worker of the run; name one of rollout"),
-        (["--engines", "0"], "--engines must be an integer >= 1, got 0"),
+        (["--engines", "0"], r"--engines must be an integer in \[1, 1024\], got 0"),
+        (["--engines", "200000"], r"--engines must be an integer in \[1, 1024\], got 200000"),
+        (["--buffer", "10000000"], r"--buffer must be an integer in \[1, 65536\]"),
         (["--lag", "9"], r"--lag must be an integer in \[0, 8\], got 9"),
         (["--no-overlap", "--lag", "2"], "--no-overlap is lag 0; drop --lag 2"),
     ],
@@ -82,9 +91,9 @@ def test_a_run_without_a_streaming_loop_is_refused_by_name(tmp_path: Path) -> No
 
 
 def test_changes_are_checked() -> None:
-    with pytest.raises(InvalidArgumentError, match="--ranks must be an integer >= 1"):
+    with pytest.raises(InvalidArgumentError, match=r"--ranks must be an integer in \[1, 1024\]"):
         Changes(ranks=0)
-    with pytest.raises(InvalidArgumentError, match="--engines must be an integer >= 1, got True"):
+    with pytest.raises(InvalidArgumentError, match=r"--engines must be .*, got True"):
         Changes(engines=True)
     assert Changes().none and not Changes(speed={"train": 2}).none
 
@@ -200,3 +209,32 @@ def test_the_plot_is_a_png_and_replaces_no_other_file(
     link.symlink_to(plot)
     assert main(["whatif", str(run), "--plot", str(link)]) == 2
     assert "is a link, a directory or not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fails", ["prediction", "check"])
+def test_a_whatif_that_fails_leaves_no_temporary_run(
+    run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fails: str,
+) -> None:
+    """Each failed or interrupted whatif left a /tmp/twinkle-whatif-* run behind."""
+    import tempfile
+
+    import twinkle.whatif as whatif
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    real, calls = getattr(whatif, "simulate"), []  # (not exported: predict's)
+
+    def simulate(*args: object) -> object:
+        calls.append(1)
+        if fails == "prediction" or len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(whatif, "simulate", simulate)
+    assert main(["whatif", str(run), "--engines", "2"]) == 130
+    assert list(temp.iterdir()) == []

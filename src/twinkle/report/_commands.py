@@ -84,12 +84,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+#: the longest wait between two looks of ``twinkle watch`` (an hour)
+MAX_INTERVAL_S = 3600.0
+
+
 def watch_command(args: argparse.Namespace) -> int:
     """``twinkle watch``: 0 once the run finished well, or when the watch is stopped; 1
     once it finished in error."""
-    if not args.interval > 0:
+    if not 0 < args.interval <= MAX_INTERVAL_S:
         raise InvalidArgumentError(
-            f"--interval must be a positive number of seconds, got {args.interval}"
+            f"--interval must be a number of seconds in (0, {MAX_INTERVAL_S:g}], got "
+            f"{args.interval}"
         )
     try:
         return watch(args.run, interval_s=args.interval, once=args.once, reward=args.reward)

@@ -16,6 +16,7 @@ observers' as the recorded run's, and ``twinkle report`` reads it as any run.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,13 +174,18 @@ def predict(
     recorded = run if isinstance(run, Recorded) else read_recorded(run)
     plan = plan_for(recorded, changes)
     out = _out_dir(out_dir, recorded)
-    timeline = simulate(plan, recorded)
-    events = predicted_events(recorded, plan, timeline, _changes_dict(changes))
-    write_prediction(events, out, force=True)  # (new or empty: checked above)
-    return Prediction(
-        recorded=load_report(recorded.path.parent),
-        predicted=load_report(out),
-        out_dir=out,
-        changes=changes,
-        settings=_settings(recorded, plan, changes),
-    )
+    try:
+        timeline = simulate(plan, recorded)
+        events = predicted_events(recorded, plan, timeline, _changes_dict(changes))
+        write_prediction(events, out, force=True)  # (new or empty: checked above)
+        return Prediction(
+            recorded=load_report(recorded.path.parent),
+            predicted=load_report(out),
+            out_dir=out,
+            changes=changes,
+            settings=_settings(recorded, plan, changes),
+        )
+    except BaseException:
+        if out_dir is None:  # (a temporary directory of its own: a failure leaves none)
+            shutil.rmtree(out, ignore_errors=True)
+        raise

@@ -45,9 +45,10 @@ def whatif_command(args: argparse.Namespace) -> int:
 
     recorded = read_recorded(args.run)
     changes = changes_from(args, recorded.lag)
-    prediction = predict(recorded, changes, args.out)
-    check = prediction if changes.none else predict(recorded, Changes())
+    prediction = check = predict(recorded, changes, args.out)
     try:
+        if not changes.none:
+            check = predict(recorded, Changes())
         if args.plot is not None:
             _plot(prediction, args.plot)
         if args.json:

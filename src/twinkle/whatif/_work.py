@@ -40,6 +40,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: the most engines or trainer ranks a prediction re-simulates (its time grows with
+#: them: ~50 s at 2,000 engines), and the largest buffer
+MAX_WORKERS = 1024
+MAX_BUFFER = 65_536
+#: the largest speed factor, and its inverse the smallest (times scaled past them
+#: leave what the recorded run can say)
+MAX_SPEED = 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class Changes:
     """What to change: None keeps the recorded value."""
@@ -51,10 +60,17 @@ class Changes:
     speed: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("engines", "ranks", "buffer"):
+        for name, most in (
+            ("engines", MAX_WORKERS),
+            ("ranks", MAX_WORKERS),
+            ("buffer", MAX_BUFFER),
+        ):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise InvalidArgumentError(f"--{name} must be an integer >= 1, got {value!r}")
+            if value is not None and (not _is_int(value) or not 1 <= value <= most):
+                raise InvalidArgumentError(
+                    f"--{name} must be an integer in [1, {most}], got {value!r} (the "
+                    "re-simulation's time grows with it)"
+                )
         if self.lag is not None and (not _is_int(self.lag) or not 0 <= self.lag <= 8):
             raise InvalidArgumentError(f"--lag must be an integer in [0, 8], got {self.lag!r}")
         for key, k in self.speed.items():
@@ -62,11 +78,11 @@ class Changes:
                 not isinstance(k, int | float)
                 or isinstance(k, bool)
                 or not math.isfinite(k)
-                or k <= 0
+                or not 1 / MAX_SPEED <= k <= MAX_SPEED
             ):
                 raise InvalidArgumentError(
-                    f"--speed {key}=...: the factor must be a number > 0 (2: twice as fast, "
-                    f"0.5: twice as slow), got {k!r}"
+                    f"--speed {key}=...: the factor must be a number in [{1 / MAX_SPEED:g}, "
+                    f"{MAX_SPEED:g}] (2: twice as fast, 0.5: twice as slow), got {k!r}"
                 )
         object.__setattr__(self, "speed", MappingProxyType(dict(self.speed)))  # (read-only)
 
