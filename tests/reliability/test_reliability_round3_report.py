@@ -408,3 +408,27 @@ def test_printable_escapes_control_characters_once_and_keeps_the_rest() -> None:
     shown = printable(text)
     assert shown == r"a\x1b[31mb\nc\td\x7f\x85e\u202ef\u2066 é ü 漢 \x1b"
     assert printable(shown) == shown  # (a table's cells, escaped already, stay as they are)
+
+
+@pytest.mark.parametrize("change", ["cut", "added", "torn"])
+def test_a_finished_runs_log_changed_after_its_summary_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    """A log cut within its one segment (or added to) after the run finished ok: the
+    report showed the summary's figures beside it, exit 0. Now it is refused, with the
+    replay that recomputes the log as it is; the run as written reports as before."""
+    run = finished(tmp_path)
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    log = run / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    if change == "cut":
+        log.write_bytes(b"".join(lines[: len(lines) // 2]))
+    elif change == "added":
+        log.write_bytes(b"".join(lines) + b"garbage\n")
+    else:
+        log.write_bytes(b"".join(lines) + b'{"seq":')
+    assert main(["report", str(run)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "its summary.json says the run finished ok, but its events.jsonl does not end " in err
+    assert "twinkle replay" in err

@@ -43,7 +43,7 @@ from twinkle.errors import InvalidArgumentError
 from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
-from twinkle.report._log_segments import logged_segments
+from twinkle.report._log_segments import log_ends_a_segment, logged_segments
 from twinkle.report._plots import PLOTS, time_parts, write_plots
 from twinkle.report._run_files import (
     RECORDS_FILE,
@@ -115,7 +115,8 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     finished = _finished(run, first_event)
     if finished is not None:
         summary, logged = finished
-        check_covered(run, summary, first_event, logged)
+        ended = log_ends_a_segment(run / EVENTS_FILE)
+        check_covered(run, summary, first_event, logged, ended=ended)
         records = finished_records(run, summary, "timing" in first_event.plugins)
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)

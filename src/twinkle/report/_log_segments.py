@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-__all__ = ["logged_segments"]
+__all__ = ["log_ends_a_segment", "logged_segments"]
 
 #: a run_resumed line of the log: the writer puts the type first (after the line's seq)
 _RESUMED: Final = b'"type":"run_resumed"'
@@ -17,6 +17,24 @@ _HEAD_MAX: Final = 32  # the most bytes between a line's start and its type
 
 #: the log is searched this many bytes at a time
 _CHUNK: Final = 1 << 20
+#: the types of a segment's last event: backends_closed, or, in the log of an older
+#: twinkle, run_finished
+_ENDS: Final = (b'"type":"backends_closed"', b'"type":"run_finished"')
+
+
+def log_ends_a_segment(log: Path, tail: int = _CHUNK) -> bool:
+    """Whether the log's last line is a whole segment's last event (a log cut short,
+    or added to, after its run finished ends otherwise), found in its last ``tail``
+    bytes."""
+    with log.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - tail))
+        text = f.read()
+    if not text.endswith(b"\n"):
+        return False  # (empty, or a torn last line)
+    line = text[text.rfind(b"\n", 0, len(text) - 1) + 1 :]
+    head = _LINE_HEAD.match(line)
+    return head is not None and line.startswith(_ENDS, head.end())
 
 
 def logged_segments(log: Path) -> int:

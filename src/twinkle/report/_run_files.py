@@ -123,11 +123,15 @@ def read_summary(run: Path) -> Summary:
         ) from None
 
 
-def check_covered(run: Path, summary: Summary, first: RunStarted, logged: int) -> None:
+def check_covered(
+    run: Path, summary: Summary, first: RunStarted, logged: int, *, ended: bool
+) -> None:
     """Refuse a summary that does not cover the run's log (``logged`` segments): another
-    run's, or one of more segments than the log holds (the log was cut or replaced
-    after the summary was written). One of fewer segments is a run still being written,
-    or stopped: it is reported from its log (:func:`_snapshot`)."""
+    run's, one of more segments than the log holds, or one of a run that finished ok
+    beside a log that does not end with its last segment's end (``ended``: the log was
+    cut, replaced or added to after the summary was written). One of fewer segments is
+    a run still being written, or stopped: it is reported from its log
+    (:func:`_snapshot`)."""
     path = run / SUMMARY_FILE
     if summary.run_id != first.run_id:
         raise InvalidArgumentError(
@@ -140,6 +144,12 @@ def check_covered(run: Path, summary: Summary, first: RunStarted, logged: int) -
             f"{str(run)!r}: its {EVENTS_FILE} holds {logged} segment(s) of the run, but its "
             f"{SUMMARY_FILE} covers {covered}: the summary is stale (the log was cut or "
             f"replaced after the summary was written); {replay_fix(run)}"
+        )
+    if summary.status == "ok" and not ended:
+        raise InvalidArgumentError(
+            f"{str(run)!r}: its {SUMMARY_FILE} says the run finished ok, but its "
+            f"{EVENTS_FILE} does not end with the run's end (backends_closed): the log was "
+            f"cut or added to after the summary was written; {replay_fix(run)}"
         )
 
 
