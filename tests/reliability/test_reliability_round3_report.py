@@ -410,7 +410,7 @@ def test_printable_escapes_control_characters_once_and_keeps_the_rest() -> None:
     assert printable(shown) == shown  # (a table's cells, escaped already, stay as they are)
 
 
-@pytest.mark.parametrize("change", ["cut", "added", "torn"])
+@pytest.mark.parametrize("change", ["cut", "added", "added-torn"])
 def test_a_finished_runs_log_changed_after_its_summary_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:
@@ -426,8 +426,8 @@ def test_a_finished_runs_log_changed_after_its_summary_is_refused(
         log.write_bytes(b"".join(lines[: len(lines) // 2]))
     elif change == "added":
         log.write_bytes(b"".join(lines) + b"garbage\n")
-    else:
-        log.write_bytes(b"".join(lines) + b'{"seq":')
+    else:  # (a torn line after a whole one: still added to)
+        log.write_bytes(b"".join(lines) + b'{"seq":99,"type":"scalars"}\n{"seq":')
     assert main(["report", str(run)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "its summary.json says the run finished ok, but its events.jsonl does not end " in err

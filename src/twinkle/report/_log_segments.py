@@ -23,15 +23,16 @@ _ENDS: Final = (b'"type":"backends_closed"', b'"type":"run_finished"')
 
 
 def log_ends_a_segment(log: Path, tail: int = _CHUNK) -> bool:
-    """Whether the log's last line is a whole segment's last event (a log cut short,
+    """Whether the log's last whole line is a segment's last event (a log cut short,
     or added to, after its run finished ends otherwise), found in its last ``tail``
-    bytes."""
+    bytes. A torn last line is no event (a resume killed as it wrote its first line)."""
     with log.open("rb") as f:
         size = f.seek(0, 2)
         f.seek(max(0, size - tail))
         text = f.read()
-    if not text.endswith(b"\n"):
-        return False  # (empty, or a torn last line)
+    text = text[: text.rfind(b"\n") + 1]  # (its whole lines)
+    if not text:
+        return False
     line = text[text.rfind(b"\n", 0, len(text) - 1) + 1 :]
     head = _LINE_HEAD.match(line)
     return head is not None and line.startswith(_ENDS, head.end())
