@@ -131,6 +131,13 @@ def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
     assert all(r["ratio"] == 1.0 for r in compare(a, a) if r["a"])
     text = format_compare(a, b)
     assert text.splitlines()[3].split() == ["figure", "A", "B", "B", "/", "A"]
+    # each run's shape, which the ratios depend on, heads the table
+    for tag, report, line in zip("AB", (a, b), text.splitlines()[:2], strict=True):
+        n, steady = len(report["iterations"]), report["window"]["steady_iterations"]
+        assert line == (
+            f"{tag}: run {report['run_id']} (ok, {n} iterations, {steady} steady): "
+            f"{report['run_dir']}"
+        )
 
 
 def test_report_json_is_strict_json_whatever_the_figures(

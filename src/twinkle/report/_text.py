@@ -417,6 +417,17 @@ def live_lines(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _compared(tag: str, report: Mapping[str, Any]) -> str:
+    """A compared run's line: its id, status, iterations (and how many the steady state
+    holds) and directory: the shape a ratio below depends on."""
+    n = len(report["iterations"])
+    steady = report["window"].get("steady_iterations")
+    shape = f"{n} iteration{'' if n == 1 else 's'}" + (
+        "" if steady is None else f", {steady} steady"
+    )
+    return f"{tag}: run {report['run_id']} ({report['status']}, {shape}): {report['run_dir']}"
+
+
 def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     """Two runs side by side, each figure with B / A."""
     rows = [
@@ -428,7 +439,7 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
         ]
         for r in compare(a, b)
     ]
-    lines = [f"A: run {a['run_id']} ({a['run_dir']})", f"B: run {b['run_id']} ({b['run_dir']})", ""]
+    lines = [_compared("A", a), _compared("B", b), ""]
     lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
     effect = streaming_effect(a, b)
     if effect is not None:
