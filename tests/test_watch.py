@@ -285,3 +285,22 @@ def test_an_interval_out_of_range_is_refused_by_name(
     assert main(["watch", str(tmp_path), "--interval", interval]) == 2
     err = capsys.readouterr().err
     assert f"--interval must be a number of seconds in (0, 3600], got {float(interval)}" in err
+
+
+def test_a_run_removed_while_watched_is_named_as_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said 'free disk space or fix the permissions', the fix of another fault."""
+    import twinkle.report._commands as commands
+
+    gone = tmp_path / "r" / "events.jsonl"
+
+    def removed(args: object) -> int:
+        raise FileNotFoundError(2, "No such file or directory", str(gone))
+
+    monkeypatch.setattr(commands, "watch_command", removed)
+    assert main(["watch", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == (
+        f"twinkle: error: No such file or directory ({str(gone)!r}): it was removed or moved "
+        "while the command ran: give its new path\n"
+    )

@@ -274,11 +274,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.traceback:
             raise
         where = f" ({exc.filename!r})" if exc.filename else ""
-        return _error(
-            f"{exc.strerror or exc}{where}: free disk space or fix the permissions of the "
-            "files named, and run again",
-            EXIT_RUN_FAILED,
+        fix = (
+            "it was removed or moved while the command ran: give its new path"
+            if isinstance(exc, FileNotFoundError)
+            else "free disk space or fix the permissions of the files named, and run again"
         )
+        return _error(f"{exc.strerror or exc}{where}: {fix}", EXIT_RUN_FAILED)
     except Exception as exc:
         if args.traceback:
             raise
