@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -119,8 +120,12 @@ class DemoConfig:
                 f"engines ({self.engines}): each engine serves an equal share"
             )
         for fname, fvalue in (("lr", self.learning_rate), ("temperature", self.temperature)):
-            if isinstance(fvalue, bool) or not isinstance(fvalue, int | float) or not fvalue > 0:
-                raise ConfigError(f"{fname} must be a number > 0, got {fvalue!r}")
+            if (
+                isinstance(fvalue, bool)
+                or not isinstance(fvalue, int | float)
+                or not 0 < fvalue < math.inf
+            ):
+                raise ConfigError(f"{fname} must be a finite number > 0, got {fvalue!r}")
         if not 0 < self.clip_eps < 1:
             raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
         if self.kl_coef < 0:
