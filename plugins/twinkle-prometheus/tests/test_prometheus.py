@@ -6,9 +6,11 @@ dashboard finds data."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -203,3 +205,52 @@ def test_a_bad_port_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match=PORT_ENV):
         _where({})
     assert served  # (the module's server function is public)
+
+
+#: a run in a process of its own, which exits as soon as the run is done
+_CHILD_RUN = """
+import sys, time
+from twinkle_prometheus import PrometheusSink
+from twinkle.run import RunSession
+from twinkle.testing import SCRIPTED_CONFIG
+
+with RunSession(out_dir=sys.argv[1], run_id="short", config=SCRIPTED_CONFIG, autoload=False,
+                plugins=[("prometheus", PrometheusSink())]) as run:
+    for i in range(int(sys.argv[2])):
+        run.bus.iteration_started(i)
+        with run.recorder.span("generate", iteration=i):
+            time.sleep(0.6)
+        run.bus.samples(iteration=i, phase="rollout", lengths=[30, 40], groups=1)
+        run.bus.optimizer_step(iteration=i, step=i + 1, samples=2)
+print(time.monotonic())
+"""
+
+
+def test_a_process_that_ends_with_its_run_is_scraped_once_more_first(
+    prometheus: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its endpoint went with the process: Prometheus never stored the run's last
+    records (its run-level figures among them). Scraped while it ran, the run's close
+    waits for one more scrape (Prometheus here scrapes every second)."""
+    base, port = prometheus
+    env = {**os.environ, PORT_ENV: str(port)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD_RUN, str(tmp_path), "4"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = list(read_jsonl(tmp_path / "short" / "metrics_raw.jsonl"))
+    stored = _query(base, 'twinkle_records_total{run_id="short"}')
+    assert sum(float(s["value"][1]) for s in stored) == len(records)
+    assert _query(base, 'twinkle_record_value{run_id="short",scope="run",key="wall_seconds"}')
+
+
+def test_a_bad_linger_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from twinkle_prometheus import LINGER_ENV, _linger_s
+
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(LINGER_ENV, bad)
+        with pytest.raises(ConfigError, match=LINGER_ENV):
+            _linger_s()
+    monkeypatch.setenv(LINGER_ENV, "0")
+    assert _linger_s() == 0.0

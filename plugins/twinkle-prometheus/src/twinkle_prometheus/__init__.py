@@ -16,6 +16,13 @@ process is served by the same one, beside the first's last figures (the last
 ``summary.json`` (``backends`` -> ``prometheus`` -> ``setup_error``), and the run goes
 on. A replay serves nothing.
 
+**The last figures.** A job's process often ends right after its run: its endpoint goes
+with it, and the run's last records (its run-level figures among them) would never be
+scraped. So when a Prometheus scraped the endpoint while the run ran, closing the run
+waits until it scrapes once more, at most ``TWINKLE_PROMETHEUS_LINGER_S`` seconds
+(default 20; 0: never wait, as for a Pushgateway instead); nobody scraping, it waits
+not at all.
+
 **What it serves** (every series labelled ``run_id``):
 
 * ``twinkle_record_value{scope, kind, key}``: the latest value of every key of every
@@ -58,6 +65,9 @@ _log = logging.getLogger("twinkle_prometheus")
 
 ADDR_ENV, PORT_ENV = "TWINKLE_PROMETHEUS_ADDR", "TWINKLE_PROMETHEUS_PORT"
 DEFAULT_ADDR, DEFAULT_PORT = "127.0.0.1", 9464
+#: how long a run's close waits for a scrape of its last figures (under a backend's
+#: default bound, 30 s)
+LINGER_ENV, DEFAULT_LINGER_S = "TWINKLE_PROMETHEUS_LINGER_S", 20.0
 #: the runs whose last figures a process keeps serving (the latest)
 KEPT_RUNS = 8
 #: the Grafana dashboard of the served figures
@@ -116,6 +126,15 @@ class Figures:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.runs: dict[str, _Run] = {}
+        #: the scrapes so far, each notified to :meth:`scrape_after`'s waiters
+        self.scrapes = 0
+        self._scraped = threading.Condition(self.lock)
+
+    def scrape_after(self, scrapes: int, timeout_s: float) -> bool:
+        """Wait until a scrape begins after the first ``scrapes``, at most
+        ``timeout_s``; whether one did."""
+        with self._scraped:
+            return self._scraped.wait_for(lambda: self.scrapes > scrapes, timeout_s)
 
     def run(self, run_id: str, phases: Sequence[str], rated: Sequence[str]) -> None:
         with self.lock:
@@ -184,6 +203,8 @@ class Figures:
                     tokens.add_metric([run_id, phase], v)
                 for kind, n in run.records.items():
                     records.add_metric([run_id, kind], n)
+            self.scrapes += 1
+            self._scraped.notify_all()
         yield from (value, iteration, step, rate, seconds, limit, memory, tokens, records)
 
 
@@ -220,15 +241,18 @@ class PrometheusBackend:
     serves; :meth:`open` (on the backend's own thread) starts the server."""
 
     def __init__(self, run_id: str, addr: str, port: int, phases: Sequence[str],
-                 rated: Sequence[str]) -> None:  # fmt: skip
+                 rated: Sequence[str], *, linger_s: float = DEFAULT_LINGER_S) -> None:  # fmt: skip
         self.run_id, self.addr, self.port = run_id, addr, port
         self.name = f"PrometheusBackend({addr}:{port})"
         self._phases, self._rated = phases, rated
+        self.linger_s = linger_s
         self.figures: Figures | None = None
+        self._scrapes_at_open = 0
 
     def open(self) -> None:
         figures = served(self.addr, self.port)
         figures.run(self.run_id, self._phases, self._rated)
+        self._scrapes_at_open = figures.scrapes
         self.figures = figures
 
     def write(self, records: Sequence[MetricRecord]) -> None:
@@ -240,7 +264,15 @@ class PrometheusBackend:
         """Nothing held back: a scrape reads the figures as they are."""
 
     def close(self) -> None:
-        """The run's last figures stay served (a scrape after the run still reads them)."""
+        """The run's last figures stay served; when the endpoint was scraped while the
+        run ran, wait for one more scrape (at most ``linger_s``), which reads them: a
+        process that ends with its run would take them with it."""
+        figures = self.figures
+        if figures is None or self.linger_s <= 0:
+            return
+        scrapes = figures.scrapes
+        if scrapes > self._scrapes_at_open:
+            figures.scrape_after(scrapes, self.linger_s)
 
 
 class PrometheusSink:
@@ -258,7 +290,7 @@ class PrometheusSink:
         config = context.config
         rated = [p for p in config.get("throughput", {})]
         self._backend = PrometheusBackend(
-            context.run_id, addr, port, list(config.get("phases", {})), rated
+            context.run_id, addr, port, list(config.get("phases", {})), rated, linger_s=_linger_s()
         )
         return [self._backend]
 
@@ -278,6 +310,22 @@ class PrometheusSink:
     @hookimpl
     def twinkle_unconfigure(self) -> None:
         self._backend = None
+
+
+def _linger_s() -> float:
+    """``TWINKLE_PROMETHEUS_LINGER_S``: seconds >= 0 (a bad value is a
+    :class:`~twinkle.errors.ConfigError` saying the fix)."""
+    given = os.environ.get(LINGER_ENV) or str(DEFAULT_LINGER_S)
+    try:
+        linger = float(given)
+    except ValueError:
+        linger = -1.0
+    if not 0 <= linger < float("inf"):
+        raise ConfigError(
+            f"{LINGER_ENV}={given!r} is not a number of seconds: set it to the longest "
+            "wait for a last scrape at the run's end (0: none)"
+        )
+    return linger
 
 
 def _where(config: Mapping[str, Any]) -> tuple[str, int]:
