@@ -31,7 +31,7 @@ from twinkle.report import (
     write_plots,
 )
 from twinkle.report._limits_text import _stragglers
-from twinkle.report._text import memory_lines
+from twinkle.report._text import memory_lines, throughput_lines
 
 CFG = DemoConfig(iterations=3, prompts_per_iteration=4, completions_per_prompt=4, micro_batch=8)
 
@@ -306,6 +306,11 @@ def test_a_throughput_tag_whose_samples_never_came_is_named_with_its_fix(
         "no train samples    counted by throughput.train but no samples event had "
         "phase='train'; publish bus.samples(phase='train', ...)"
     ) in text
+    # A run still being written warns once an iteration was done, not before (watch's
+    # first views warned of a run that had not reached its first samples yet).
+    live = {**report, "live": {"writer": "running"}}
+    assert "no train samples" in "\n".join(throughput_lines(live))
+    assert "no train samples" not in "\n".join(throughput_lines({**live, "iterations": []}))
 
 
 def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Path) -> None:

@@ -278,9 +278,11 @@ def throughput_lines(report: Mapping[str, Any]) -> list[str]:
         f"over all {iterations} iterations: {num(window.get('tokens'))} tokens / "
         f"{num(window.get('seconds'))} active logical s"
     )
-    # A tag counted but never published reads 0 above: say why, not only 0.
-    for tag, why in report.get("missing_sample_tags", {}).items():
-        lines.append(f"{f'no {tag} samples':<19} {why}")
+    # A tag counted but never published reads 0 above: say why, not only 0 (in a run
+    # still being written, once an iteration was done: before, none could be).
+    if report.get("live") is None or report["iterations"]:
+        for tag, why in report.get("missing_sample_tags", {}).items():
+            lines.append(f"{f'no {tag} samples':<19} {why}")
     return lines
 
 
