@@ -238,3 +238,22 @@ def test_a_whatif_that_fails_leaves_no_temporary_run(
     monkeypatch.setattr(whatif, "simulate", simulate)
     assert main(["whatif", str(run), "--engines", "2"]) == 130
     assert list(temp.iterdir()) == []
+
+
+def test_a_run_that_did_not_finish_is_predicted_saying_so(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A killed run (its log without its end, no summary): predicted as far as it went,
+    with a line saying so (it was predicted without a word)."""
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    lines = (run / "events.jsonl").read_bytes().splitlines(keepends=True)
+    (stopped / "events.jsonl").write_bytes(b"".join(lines[:-2]))  # (no run_finished)
+    assert main(["whatif", str(stopped), "--engines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == (
+        "the recorded run is stopped, not finished ok: this predicts its iterations so far, "
+        "and its end as it is"
+    )
+    assert main(["whatif", str(run), "--engines", "2"]) == 0
+    assert "not finished ok" not in capsys.readouterr().out

@@ -93,6 +93,13 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         "",
         f"{'figure':<36}{'recorded':>14}{'predicted':>14}{'ratio':>9}",
     ]
+    status = p.recorded.get("status")
+    if status != "ok":  # (stopped, still being written, or failed)
+        lines[1:1] = [
+            f"the recorded run is {status}, not finished ok: this predicts its iterations "
+            "so far, and its end as it is",
+            "",
+        ]
     for name in SHOWN:
         row = rows.get(name)
         if row is not None:
