@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 import twinkle.reporting._history as history_module
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, ReporterError
 from twinkle.reporting import (
     BackendHealth,
     IsolatedBackend,
@@ -188,6 +188,27 @@ def test_an_open_that_fails_leaves_the_backend_out_and_counts_what_it_missed() -
     assert health.setup_error == "OSError: read-only file system"
     assert (health.records, health.records_written, health.records_lost) == (3, 0, 3)
     assert inner.calls == []  # neither written, flushed nor closed
+
+
+@pytest.mark.parametrize("twinkles", [True, False])
+def test_an_open_that_fails_is_logged_with_a_traceback_unless_it_says_the_fix(
+    caplog: pytest.LogCaptureFixture, twinkles: bool
+) -> None:
+    """A port in use printed two chained tracebacks around a message that already said
+    what was wrong and the fix (twinkle's own error); any other error keeps its
+    traceback, to find the fault by."""
+
+    class Broken(Recording):
+        def open(self) -> None:
+            if twinkles:
+                raise ReporterError("port 9464 in use: set TWINKLE_PROMETHEUS_PORT")
+            raise ValueError("a bug")
+
+    backend = IsolatedBackend(Broken(), name="broken")
+    assert backend.wait_open() is not None
+    backend.close()
+    [logged] = [r for r in caplog.records if "failed in open()" in r.getMessage()]
+    assert (logged.exc_info is None) == twinkles
 
 
 def test_a_slow_open_does_not_hold_the_caller_and_wait_open_is_bounded(

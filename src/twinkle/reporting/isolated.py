@@ -37,7 +37,7 @@ from typing import Final, NamedTuple, final
 import msgspec
 
 from twinkle.checks import check_seconds
-from twinkle.errors import InvalidArgumentError, RecordError, ReporterError
+from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, TwinkleError
 from twinkle.reporting._health import BackendHealth
 from twinkle.reporting._history import History, say_unread
 from twinkle.reporting.backends import Backend
@@ -480,7 +480,9 @@ class IsolatedBackend:
                 f"{records} record(s)" if call == "write" else "",
                 n,
                 exc,
-                exc_info=exc if n == 1 else None,
+                # (the first's traceback, unless it is twinkle's own error, which says
+                # what is wrong and the fix: a port in use, a store it cannot open)
+                exc_info=exc if n == 1 and not isinstance(exc, TwinkleError) else None,
             )
 
 
