@@ -793,3 +793,35 @@ def test_a_summary_part_that_is_not_json_is_left_out_and_the_summary_written(
     again = replay(tmp_path / "r" / "events.jsonl", tmp_path / "again", autoload=False)
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["status"] == "ok"
     assert again.events > 0
+
+
+class Forks:
+    """Forks in its hook: the child exits at iteration 0 (sys.exit), returns from the
+    hook at iteration 1; the parent waits for it and keeps its exit status."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+
+    @hookimpl
+    def twinkle_iteration_started(self, event: IterationStarted) -> None:
+        pid = os.fork()
+        if pid == 0:
+            if event.iteration == 0:
+                sys.exit(3)
+            return
+        self.statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+
+def test_a_child_a_plugin_forks_in_its_hook_ends_and_the_run_goes_on(tmp_path: Path) -> None:
+    """On the plugin's thread, the child's only thread: it ends with its exit, or when
+    its hook returns (it never waits for more calls), and the parent's run is whole."""
+    forks = Forks()
+    with RunSession(
+        out_dir=tmp_path, run_id="f", autoload=False, plugins=[("forks", forks)]
+    ) as run:
+        run.bus.iteration_started(0)
+        run.bus.iteration_started(1)
+    assert forks.statuses == [3, 0]
+    summary = summary_of(run)
+    assert summary["status"] == "ok" and summary["observer_failures"] == {}
+    same_records_as_replay_without(run, tmp_path)

@@ -15,18 +15,21 @@ While a hook runs on its plugin's thread, that thread *acts for* the dispatching
 when it ran on the dispatching thread itself. A ``SystemExit`` or ``KeyboardInterrupt``
 the plugin raises there comes back as :class:`PluginExit`, a failure like any other: it
 is the plugin's, not a signal's (a signal reaches the main thread, waiting here, as it
-did before).
+did before). A child process a hook forks has this thread as its only one: it ends when
+its hook exits or returns, never serving the parent's calls.
 
 Thread-safety: one caller at a time (the dispatcher calls observers one at a time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["HookRunner", "HookTimeout", "PluginExit", "acting_ident", "wait_for_caller"]
 
@@ -114,16 +117,36 @@ class HookRunner:
         threading.Thread(target=self._serve, args=(self._calls,), name=name, daemon=True).start()
 
     def _serve(self, calls: queue.SimpleQueue[_Call | None]) -> None:
+        pid = os.getpid()
         while (call := calls.get()) is not None:
             _acting.ident, _acting.call = call.ident, call
             try:
                 call.result = call.function(*call.args)
             except (SystemExit, KeyboardInterrupt) as exc:
+                if os.getpid() != pid:
+                    _end_child(exc)  # (a child the hook forked, exiting: as it asked)
                 call.error = PluginExit(f"{type(exc).__name__}({exc}) on its own thread")
             except BaseException as exc:
                 call.error = exc
             finally:
                 _acting.ident = _acting.call = None
+            if os.getpid() != pid:
+                _end_child(None)  # (a child the hook forked, its hook done: it ends)
             call.done.set()
             if self.abandoned:
                 return  # (its call came too late: nothing more is asked of it)
+
+
+def _end_child(exc: BaseException | None) -> NoReturn:
+    """End a child process a plugin's hook forked, on this thread, its only one: with
+    the status its ``SystemExit`` asked for (130 for a ``KeyboardInterrupt``; 0 once the
+    hook returned), its output flushed. It never serves the parent's hook calls."""
+    code = 0
+    if isinstance(exc, KeyboardInterrupt):
+        code = 130
+    elif isinstance(exc, SystemExit) and exc.code is not None:
+        code = exc.code if isinstance(exc.code, int) else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
