@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from test_report import SIGTERM_ERROR, ended_in_error
 from twinkle.cli import main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
@@ -313,3 +314,9 @@ def test_the_page_replaces_an_earlier_page_only(
     (tmp_path / "dir").mkdir()
     assert main(["report", str(named_run), "--html", str(tmp_path / "dir")]) == 2
     assert "is a link, a directory or not a regular file" in capsys.readouterr().err
+
+
+def test_a_run_that_ended_in_error_shows_its_error(tmp_path: Path) -> None:
+    page = tmp_path / "failed.html"
+    assert main(["report", str(ended_in_error(tmp_path)), "--html", str(page)]) == 0
+    assert f"<p>error <b data-key='error'>{SIGTERM_ERROR}</b></p>" in page.read_text()

@@ -113,6 +113,8 @@ def _run_section(tag: str, report: Mapping[str, Any]) -> str:
             f"data-value='{_e(repr(value))}'>{shown}</td></tr>"
         )
     live = "".join(f"<p>{_e(line)}</p>" for line in live_lines(report))
+    if report.get("error"):  # (a run that ended in error: why)
+        live = f"<p>error <b data-key='error'>{_e(str(report['error']))}</b></p>" + live
     return (
         f"<section><h2>{_e(_tagged(tag, 'run ' + report['run_id']))}</h2>"
         f"<p>status <b data-key='status'>{_e(report['status'])}</b> · "
