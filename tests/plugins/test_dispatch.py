@@ -4,6 +4,7 @@ hook dispatched after the current one."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,33 @@ def test_a_ctrl_c_while_finish_waits_for_the_dispatch_thread_still_finishes_the_
     assert summary["status"] == "ok" and run.state.value == "finished"
     log = (tmp_path / "fin" / "events.jsonl").read_bytes().splitlines()
     assert [orjson.loads(line)["type"] for line in log[-2:]] == ["run_finished", "backends_closed"]
+
+
+class _ThirdParty:
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        pass
+
+
+def test_only_third_party_plugins_get_a_hook_thread_of_their_own() -> None:
+    """With a time limit, a plugin's hooks run on its thread (a partial of its runner's
+    call); twinkle's own code never does, built-in observer or not (a follower's record
+    keeper: a thread switch per record would slow every report of a long run)."""
+    from twinkle.plugins import HookCalls, make_plugin_manager
+    from twinkle.testing import CtrlCWhileResuming
+
+    pm = make_plugin_manager(
+        autoload=False,
+        builtins=True,
+        plugins=[("mine", _ThirdParty()), ("twinkles", CtrlCWhileResuming())],
+    )
+    calls = HookCalls(pm, hook_timeout_s=5.0)
+    planned = {name: fn for name, fn, _ in calls.plan("twinkle_run_finished")}
+    assert isinstance(planned["mine"], functools.partial)
+    assert not isinstance(planned["twinkles"], functools.partial)
+    assert all(not isinstance(fn, functools.partial) for name, fn in planned.items()
+               if pm.is_builtin(name))  # fmt: skip
+    unbounded = HookCalls(pm)  # (no time limit: every call on the calling thread)
+    assert not any(isinstance(fn, functools.partial)
+                   for _, fn, _ in unbounded.plan("twinkle_run_finished"))  # fmt: skip
+    calls.close()

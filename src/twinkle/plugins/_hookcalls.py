@@ -143,14 +143,23 @@ class HookCalls:
 
     def _planned(self, impl: pluggy.HookImpl, timeout_s: float | None) -> _Impl:
         """A hook implementation as the calls make it: on its plugin's own thread,
-        unless it is twinkle's own observer (or no time limit is set)."""
+        unless it is twinkle's own (a built-in observer, or a plugin of twinkle's code
+        such as a follower's record keeper) or no time limit is set."""
         name, function = impl.plugin_name, impl.function
-        if timeout_s is not None and not self._pm.is_builtin(name):
+        if timeout_s is not None and not self._twinkles(name):
             runner = self._runners.get(name)
             if runner is None:
                 runner = self._runners[name] = HookRunner(name, timeout_s)
             function = functools.partial(runner.call, function)
         return name, function, tuple(impl.argnames)
+
+    def _twinkles(self, name: str) -> bool:
+        """Whether plugin ``name`` is twinkle's own code: a built-in observer, or an
+        object of a class of twinkle's package."""
+        if self._pm.is_builtin(name):
+            return True
+        module = getattr(type(self._pm.get_plugin(name)), "__module__", "")
+        return module == "twinkle" or module.startswith("twinkle.")
 
     def close(self) -> None:
         """Let the plugins' hook threads end (the run made its last hook call)."""
