@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
+from twinkle.errors import PluginError
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -493,7 +494,7 @@ def test_a_plugin_hook_that_never_returns_is_cut_off_and_the_run_goes_on(
     assert hangs.calls == 2 and sees.versions == list(range(WEIGHT_VERSIONS))
     assert sees.types[-2:] == ["run_finished", "backends_closed"]
     assert (
-        "observer 'hangs' did not return from twinkle_weights_published within 0.5 s "
+        "observer 'hangs': its twinkle_weights_published did not return within 0.5 s "
         "(backend_timeout_s): cut off"
     ) in caplog.text and "RunSession(blocked=['hangs'])" in caplog.text
     replay(tmp_path / "hung" / "events.jsonl", tmp_path / "again", autoload=False)
@@ -825,3 +826,214 @@ def test_a_child_a_plugin_forks_in_its_hook_ends_and_the_run_goes_on(tmp_path: P
     summary = summary_of(run)
     assert summary["status"] == "ok" and summary["observer_failures"] == {}
     same_records_as_replay_without(run, tmp_path)
+
+
+class HangsInSetUp:
+    """Its set-up never returns (a tracking server that never answers)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        self.release.wait()
+
+
+def test_a_required_plugin_whose_set_up_never_returns_fails_the_start(tmp_path: Path) -> None:
+    """It was cut off like any other, and the run went on without it, status ok."""
+    hangs = HangsInSetUp()
+    run = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("needed", hangs)],
+        required_plugins=["needed"], backend_timeout_s=0.3,
+    )  # fmt: skip
+    try:
+        with pytest.raises(PluginError, match=r"plugin 'needed', which the run requires: its "
+                           r"twinkle_configure did not return within 0\.3 s"):  # fmt: skip
+            run.start()
+    finally:
+        hangs.release.set()
+
+
+class HangsThenFinishes(Hangs):
+    """Hangs, and has a hook of the run's end too."""
+
+    @hookimpl
+    def twinkle_run_finished(self) -> None:
+        self.calls += 1
+
+
+def test_ctrl_c_while_a_plugins_hook_hangs_comes_back_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wait a signal's exception leaves gives up on the call: the run finishes at
+    once (it waited backend_timeout_s more for the plugin's run_finished, then blamed
+    that hook); the plugin is cut off naming the hook that hung."""
+    hangs = HangsThenFinishes()
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    start = time.monotonic()
+    run = RunSession(out_dir=tmp_path, run_id="r", autoload=False, plugins=[("hangs", hangs)],
+                     background_dispatch=False)  # fmt: skip
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt), run:
+            publish_weights_and_steps(run)
+    finally:
+        hangs.release.set()
+        timer.cancel()
+    assert time.monotonic() - start < 10  # (backend_timeout_s: 30)
+    assert summary_of(run)["status"] == "error"
+    assert "observer 'hangs' was interrupted in twinkle_weights_published" in caplog.text
+    assert "observer 'hangs': its twinkle_weights_published never returned" in caplog.text
+    assert "twinkle_run_finished did not return" not in caplog.text
+    assert hangs.calls == 2  # (versions 0 and 1; its run_finished was never called)
+
+
+class FlushesInItsHook:
+    """Waits for the dispatch in its hook: it would wait for itself."""
+
+    def __init__(self) -> None:
+        self.run: RunSession | None = None
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        assert self.run is not None and self.run.dispatcher is not None
+        self.run.dispatcher.flush()
+
+
+def test_a_hook_waiting_for_the_dispatch_fails_at_once(tmp_path: Path) -> None:
+    """On the plugin's thread, acting for the dispatch thread: refused at once, as on
+    the dispatch thread itself (it stalled backend_timeout_s, then was cut off)."""
+    flushes = FlushesInItsHook()
+    run = RunSession(out_dir=tmp_path, run_id="r", autoload=False, plugins=[("f", flushes)])
+    flushes.run = run
+    start = time.monotonic()
+    with run:
+        publish_weights_and_steps(run)
+    assert time.monotonic() - start < 10
+    assert summary_of(run)["observer_failures"] == {"f": WEIGHT_VERSIONS}
+
+
+class KeepsAConnection:
+    """Opens a sqlite connection in its set-up and reads it for its checkpoint state:
+    sqlite refuses a connection used on another thread than the one that opened it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connection: Any = None
+        self.restored: object = None
+
+    @hookimpl
+    def twinkle_configure(self, context: RunContext) -> None:
+        import sqlite3
+
+        self.connection = sqlite3.connect(self.path)
+        self.connection.execute("create table if not exists seen (n integer)")
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        self.connection.execute("insert into seen values (?)", (event.version,))
+
+    @hookimpl
+    def twinkle_checkpoint_state(self) -> object:
+        return self.connection.execute("select count(*) from seen").fetchone()[0]
+
+    @hookimpl
+    def twinkle_restore_state(self, state: object) -> None:
+        self.restored = state
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        self.connection.close()
+
+
+def test_a_plugins_checkpoint_state_is_taken_on_its_own_thread(tmp_path: Path) -> None:
+    """As its other hooks: a connection its set-up opened serves it (taken on the
+    dispatching thread, sqlite refused it and no checkpoint was written); a resume
+    gives the state back."""
+    keeps = KeepsAConnection(tmp_path / "seen.db")
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False, plugins=[("k", keeps)]) as run:
+        publish_weights_and_steps(run)
+    assert summary_of(run)["observer_failures"] == {}
+    assert (tmp_path / "r" / "checkpoint.bin").is_file()
+    again = KeepsAConnection(tmp_path / "seen.db")
+    with RunSession(out_dir=tmp_path, run_id="r", autoload=False, plugins=[("k", again)],
+                    resume=True) as run:  # fmt: skip
+        assert run.resumed is not None and run.resumed.restored_events > 0
+    assert again.restored == WEIGHT_VERSIONS
+
+
+class ChangesItsPart:
+    """Changes the summary part it returned after the run took it."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {"seen": 1}
+
+    @hookimpl
+    def twinkle_summary(self, event: RunFinished) -> dict[str, Any]:
+        return {"late": self.stats}
+
+    @hookimpl
+    def twinkle_unconfigure(self) -> None:
+        self.stats["closed_at"] = Opaque()
+
+
+def test_a_summary_part_changed_after_it_was_taken_is_written_as_taken(tmp_path: Path) -> None:
+    """summary.json, written after the plugins closed, holds the part as it was
+    returned (it was lost to a value that stopped being JSON on the way)."""
+    with RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("c", ChangesItsPart())]
+    ) as run:
+        publish_weights_and_steps(run)
+    assert summary_of(run)["late"] == {"seen": 1}
+
+
+class PublishesLate:
+    """Its hook runs past its time, then publishes (the run's own bus) for a while."""
+
+    def __init__(self) -> None:
+        self.run: RunSession | None = None
+        self.publishing = threading.Event()
+        self.done = threading.Event()
+
+    @hookimpl
+    def twinkle_weights_published(self, event: WeightsPublished) -> None:
+        assert self.run is not None
+        if event.version != 1:
+            return
+        time.sleep(0.5)  # (cut off at 0.2 s)
+        self.publishing.set()
+        try:
+            for _ in range(20_000):
+                self.run.bus.scalars(iteration=0, name="late", values={"x": 1.0})
+        except Exception:  # (once the run is over: refused)
+            pass
+        self.done.set()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_cut_off_hook_acts_for_nobody_once_the_run_stopped_waiting(
+    tmp_path: Path, background: bool
+) -> None:
+    """Its thread acted for the dispatching one after the wait was over: the main
+    thread, taken for a hook's, had finish() refused ("from inside an observer's
+    hook") and the run never finished. Now what it publishes is another thread's."""
+    late = PublishesLate()
+    run = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("late", late)],
+        background_dispatch=background, backend_timeout_s=0.2,
+    )  # fmt: skip
+    late.run = run
+    with run:
+        publish_weights_and_steps(run)
+        assert late.publishing.wait(10)
+        assert run.dispatcher is not None
+        taken = 0
+        until = time.monotonic() + 0.2
+        while time.monotonic() < until:  # (while it publishes)
+            taken += run.dispatcher.dispatching_here
+        assert taken == 0
+    assert late.done.wait(30)
+    summary = summary_of(run)
+    assert summary["status"] == "ok" and summary["observer_failures"] == {"late": 1}

@@ -17,8 +17,8 @@ from typing import Any
 from twinkle.errors import WriteError
 from twinkle.events import EVENT_TYPES, Event, IterationStarted
 from twinkle.plugins._hookcalls import REPORTER_FAILURES, HookCalls
-from twinkle.plugins._isolation import acting_ident
 from twinkle.reporting import BatchWriter, MetricRecord
+from twinkle.threads import acting_ident
 
 __all__ = [
     "HOOK_FOR_EVENT",
@@ -27,7 +27,7 @@ __all__ = [
     "merge_summary",
 ]
 
-# (a plugin's hook thread acts for the thread dispatching: _isolation)
+# (a plugin's hook thread acts for the thread dispatching: twinkle.threads)
 _get_ident = acting_ident
 
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 import pluggy
 
 from twinkle.checks import check_seconds
-from twinkle.errors import InvalidArgumentError, TwinkleError
+from twinkle.errors import InvalidArgumentError, PluginError, TwinkleError
 from twinkle.plugins._isolation import HookRunner, HookTimeout
 from twinkle.plugins._manager import ObserverManager
 
@@ -49,6 +49,9 @@ def check_slow_call_s(slow_call_s: object) -> float | None:
         none_means="to not time observer calls",
     )
 
+
+#: the hooks of a plugin's set-up: one the run requires failing them fails its start
+_SET_UP: Final = frozenset(("twinkle_configure", "twinkle_make_backends"))
 
 #: key of :attr:`HookCalls.failures` (``summary.json`` → ``observer_failures``) counting
 #: records the run's reporter could not write at once (a disk fault; they are kept)
@@ -126,7 +129,10 @@ class HookCalls:
         self._pm = pm
         self._runners: dict[str, HookRunner] = {}
         self._plans: dict[str, list[_Impl]] = {
-            name: [self._planned(impl, hook_timeout_s) for impl in reversed(caller.get_hookimpls())]
+            name: [
+                self._planned(name, impl, hook_timeout_s)
+                for impl in reversed(caller.get_hookimpls())
+            ]
             for name, caller in vars(pm.hook).items()
             if isinstance(caller, pluggy.HookCaller)
         }
@@ -141,7 +147,7 @@ class HookCalls:
         #: plugins left out of the run because they could not set up, with why
         self.left_out: dict[str, str] = {}
 
-    def _planned(self, impl: pluggy.HookImpl, timeout_s: float | None) -> _Impl:
+    def _planned(self, hook: str, impl: pluggy.HookImpl, timeout_s: float | None) -> _Impl:
         """A hook implementation as the calls make it: on its plugin's own thread,
         unless it is twinkle's own (a built-in observer, or a plugin of twinkle's code
         such as a follower's record keeper) or no time limit is set."""
@@ -150,7 +156,7 @@ class HookCalls:
             runner = self._runners.get(name)
             if runner is None:
                 runner = self._runners[name] = HookRunner(name, timeout_s)
-            function = functools.partial(runner.call, function)
+            function = functools.partial(runner.call, hook, function)
         return name, function, tuple(impl.argnames)
 
     def _twinkles(self, name: str) -> bool:
@@ -228,20 +234,25 @@ class HookCalls:
             hook: [impl for impl in plan if impl[0] != name] for hook, plan in self._plans.items()
         }
 
-    def _cut_off(self, name: str, hook: str) -> None:
-        """Plugin ``name``'s call of ``hook`` never returned: call none of its hooks
-        again (the run goes on without it), counted and logged with the fix."""
-        timeout_s = self._runners[name].timeout_s
+    def _cut_off(self, name: str, hook: str, exc: HookTimeout) -> None:
+        """Plugin ``name``'s call did not return (``exc`` says which): call none of its
+        hooks again, the run going on without it, counted and logged with the fix; in
+        its set-up (``hook``), a plugin the run requires fails the start instead."""
+        why = f"{exc} (backend_timeout_s): cut off"
+        if hook in _SET_UP and self.essential(name):
+            raise PluginError(
+                f"plugin {name!r}, which the run requires: {why}; the run cannot start "
+                "without it: fix the plugin, or do not require it"
+            )
         self.failures[name] += 1
-        self._drop(name, f"{hook} did not return within {timeout_s:g} s: cut off")
+        self._drop(name, why)
         log.error(
-            "observer %r did not return from %s within %g s (backend_timeout_s): cut off, "
-            "none of its hooks is called again and the run goes on without it (the call "
-            "left running on its own thread is ignored). Fix the plugin, or leave it out: "
-            "RunSession(blocked=[%r]), twinkle demo --block %s",
+            "observer %r: %s; none of its hooks is called again and the run goes on "
+            "without it (its call left running on its own thread counts for nothing). "
+            "Fix the plugin, or leave it out: RunSession(blocked=[%r]), twinkle demo "
+            "--block %s",
             name,
-            hook,
-            timeout_s,
+            why,
             name,
             name,
         )
@@ -340,7 +351,7 @@ class HookCalls:
         """Count an observer's exception; re-raise the main thread's KeyboardInterrupt
         and SystemExit (a signal handler's, most likely)."""
         if isinstance(exc, HookTimeout):
-            self._cut_off(name, hook)
+            self._cut_off(name, hook, exc)
             return
         if isinstance(exc, KeyboardInterrupt | SystemExit) and threading.current_thread() is (
             threading.main_thread()

@@ -11,9 +11,12 @@ waiting thread (the plugin is then cut off: :class:`~twinkle.plugins.HookCalls`)
 call itself runs on, on its own thread, and whatever it does after is ignored.
 
 While a hook runs on its plugin's thread, that thread *acts for* the dispatching one
-(:func:`acting_ident`): a hook publishing an event is queued behind the current one, as
-when it ran on the dispatching thread itself. A ``SystemExit`` or ``KeyboardInterrupt``
-the plugin raises there comes back as :class:`PluginExit`, a failure like any other: it
+(:func:`twinkle.threads.acting_ident`) as long as that one waits: a hook publishing an
+event is queued behind the current one, as when it ran on the dispatching thread
+itself. A wait a signal's exception leaves (Ctrl-C) gives up on the call too: the
+plugin's next call fails at once, naming the hook that did not return. A
+``SystemExit`` or ``KeyboardInterrupt`` the plugin raises there comes back as
+:class:`PluginExit`, a failure like any other: it
 is the plugin's, not a signal's (a signal reaches the main thread, waiting here, as it
 did before). A child process a hook forks has this thread as its only one: it ends when
 its hook exits or returns, never serving the parent's calls.
@@ -31,23 +34,18 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["HookRunner", "HookTimeout", "PluginExit", "acting_ident", "wait_for_caller"]
+from twinkle.threads import acting_for, acting_ident
 
-_acting = threading.local()
+__all__ = ["HookRunner", "HookTimeout", "PluginExit", "wait_for_caller"]
 
-
-def acting_ident() -> int:
-    """The thread this one acts for: the dispatching thread, on a plugin's hook thread
-    during its call; else this thread's own ident."""
-    ident: int | None = getattr(_acting, "ident", None)
-    return threading.get_ident() if ident is None else ident
+_current = threading.local()  # (a hook thread's call in progress)
 
 
 def wait_for_caller(timeout_s: float) -> bool:
     """On a plugin's hook thread, during a call: wait until the thread that made the
     call stopped waiting for it (it timed out, or a signal's exception left it), at most
     ``timeout_s``; whether it did. At once False elsewhere."""
-    call: _Call | None = getattr(_acting, "call", None)
+    call: _Call | None = getattr(_current, "call", None)
     return call is not None and call.left.wait(timeout_s)
 
 
@@ -75,20 +73,22 @@ class HookRunner:
     again in a forked child), each waited for at most ``timeout_s`` seconds."""
 
     __slots__ = ("_calls", "_pid", "abandoned", "plugin", "timeout_s")
+    #: ``abandoned``: the hook whose call was given up on (its time ran out, or a
+    #: signal's exception left the wait); its thread is left to it, no call is made again
 
     def __init__(self, plugin: str, timeout_s: float) -> None:
         self.plugin = plugin
         self.timeout_s = timeout_s
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._pid: int | None = None  # the process its thread runs in
-        #: a call ran past its time: its thread is left to it, and no call is made again
-        self.abandoned = False
+        self.abandoned: str | None = None
 
-    def call(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)`` on the plugin's thread: its result, or what it raised
-        (:class:`PluginExit` for an exit); :class:`HookTimeout` past ``timeout_s``."""
-        if self.abandoned:
-            raise HookTimeout(f"an earlier call of {self.plugin!r} never returned")
+    def call(self, hook: str, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, the plugin's ``hook``, on the plugin's thread: its result,
+        or what it raised (:class:`PluginExit` for an exit); :class:`HookTimeout` past
+        ``timeout_s``, or at once after a call that was given up on."""
+        if self.abandoned is not None:
+            raise HookTimeout(f"its {self.abandoned} never returned")
         if self._pid != os.getpid():
             self._start()
         call = _Call(function, args, acting_ident())
@@ -97,9 +97,10 @@ class HookRunner:
             done = call.done.wait(self.timeout_s)
         finally:
             call.left.set()
+            if not call.done.is_set():  # (past its time, or a signal's exception)
+                self.abandoned = hook
         if not done:
-            self.abandoned = True
-            raise HookTimeout(f"no return within {self.timeout_s:g} s")
+            raise HookTimeout(f"its {hook} did not return within {self.timeout_s:g} s")
         if call.error is not None:
             raise call.error
         return call.result
@@ -119,9 +120,10 @@ class HookRunner:
     def _serve(self, calls: queue.SimpleQueue[_Call | None]) -> None:
         pid = os.getpid()
         while (call := calls.get()) is not None:
-            _acting.ident, _acting.call = call.ident, call
+            _current.call = call
             try:
-                call.result = call.function(*call.args)
+                with acting_for(call.ident, call.left):
+                    call.result = call.function(*call.args)
             except (SystemExit, KeyboardInterrupt) as exc:
                 if os.getpid() != pid:
                     _end_child(exc)  # (a child the hook forked, exiting: as it asked)
@@ -129,7 +131,7 @@ class HookRunner:
             except BaseException as exc:
                 call.error = exc
             finally:
-                _acting.ident = _acting.call = None
+                _current.call = None
             if os.getpid() != pid:
                 _end_child(None)  # (a child the hook forked, its hook done: it ends)
             call.done.set()

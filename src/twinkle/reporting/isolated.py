@@ -66,9 +66,7 @@ class _Call(NamedTuple):
     started: float
 
 
-_OPEN: Final = "open"
-_FLUSH: Final = "flush"
-_CLOSE: Final = "close"
+_OPEN, _FLUSH, _CLOSE = "open", "flush", "close"
 #: how often a closing run checks a backend's call against its bound
 _POLL_S: Final = 0.05
 #: after how long a closing run says which backend it waits for
@@ -468,6 +466,7 @@ class IsolatedBackend:
         return None
 
     def _failed(self, call: str, records: int, exc: Exception) -> None:
+        """Count a failed call; log it (no traceback for twinkle's own: it says the fix)."""
         self._calls_failed += 1
         self._records_failed += records
         n = self._calls_failed
@@ -480,8 +479,6 @@ class IsolatedBackend:
                 f"{records} record(s)" if call == "write" else "",
                 n,
                 exc,
-                # (the first's traceback, unless it is twinkle's own error, which says
-                # what is wrong and the fix: a port in use, a store it cannot open)
                 exc_info=exc if n == 1 and not isinstance(exc, TwinkleError) else None,
             )
 

@@ -44,6 +44,7 @@ from typing import Generic, Literal, TypeVar, final
 
 from twinkle.checks import check_seconds
 from twinkle.errors import InvalidArgumentError, ReporterError
+from twinkle.threads import acting_ident
 
 __all__ = ["BatchWriter", "WriterState", "WriterStats"]
 
@@ -396,7 +397,8 @@ class BatchWriter(Generic[T]):
         return f"{self.name} is closed; create a new one"
 
     def _refuse_on_writer_thread(self, call: str) -> None:
-        if self._thread is not None and self._thread_ident == threading.get_ident():
+        # (a plugin's hook thread, waited for by this writer's thread, acts for it)
+        if self._thread is not None and self._thread_ident == acting_ident():
             raise ReporterError(
                 f"{call} called on {self.name} from its own writer thread (it would wait "
                 "for itself); do not call the writer from deliver"

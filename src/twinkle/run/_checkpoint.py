@@ -184,9 +184,13 @@ def plugins_without_state(pm: Any) -> list[str]:
     )
 
 
-def _state_hooks(pm: Any, hook: str) -> dict[str, Callable[..., Any]]:
+def _state_hooks(pm: Any, hook: str, calls: Any = None) -> dict[str, Callable[..., Any]]:
     """Each plugin's implementation of ``hook`` (``twinkle_checkpoint_state`` or
-    ``twinkle_restore_state``), by plugin name."""
+    ``twinkle_restore_state``), by plugin name; as the run's ``calls``
+    (:class:`~twinkle.plugins.HookCalls`) make it when given: a plugin's on its own
+    thread, within its time, as its other hooks."""
+    if calls is not None:
+        return {name: function for name, function, _ in calls.plan(hook)}
     return {impl.plugin_name: impl.function for impl in getattr(pm.hook, hook).get_hookimpls()}
 
 
@@ -215,16 +219,19 @@ _SINKS = (RawRecordsSink, WebUISink, TraceSink)
 _PLUGIN_STATE: Final = "twinkle_checkpoint_state"
 
 
-def snapshot_observers(pm: Any, *, leaving: Collection[str] = ()) -> dict[str, Any]:
+def snapshot_observers(
+    pm: Any, *, leaving: Collection[str] = (), calls: Any = None
+) -> dict[str, Any]:
     """Each observer's state (the sinks': what they hold back from their files; the
     event log's none: its file is all of it; a plugin's: what its
     ``twinkle_checkpoint_state`` returns; a plugin without that hook has none here,
     and :func:`observers_of` says the checkpoint does not fit such a run). The plugins
     in ``leaving`` (left out of the run: none of their hooks is called again) have none
-    either: the checkpoint does not list them."""
+    either: the checkpoint does not list them. ``calls``: the run's hook calls, which
+    call the plugins' hooks (:func:`_state_hooks`)."""
     states: dict[str, Any] = {}
-    keeping = _state_hooks(pm, "twinkle_checkpoint_state")
-    restoring = _state_hooks(pm, "twinkle_restore_state")
+    keeping = _state_hooks(pm, "twinkle_checkpoint_state", calls)
+    restoring = _state_hooks(pm, "twinkle_restore_state", calls)
     for name, plugin in pm.list_name_plugin():
         if plugin is None or name in leaving:  # blocked, or left out
             continue
@@ -276,7 +283,12 @@ def _kept(name: str, state: object, restorable: bool) -> object:
 
 
 def restore_observers(
-    pm: Any, states: dict[str, Any], context: RunContext, *, leaving: Collection[str] = ()
+    pm: Any,
+    states: dict[str, Any],
+    context: RunContext,
+    *,
+    leaving: Collection[str] = (),
+    calls: Any = None,
 ) -> dict[str, Exception]:
     """Give each configured observer its state back (the trace its file's first part,
     a plugin what it kept; not one in ``leaving``, left out of the run at its
@@ -292,7 +304,7 @@ def restore_observers(
     )  # fmt: skip
     if saved is not None:
         vars(live).update(vars(saved))
-    restoring = _state_hooks(pm, "twinkle_restore_state")
+    restoring = _state_hooks(pm, "twinkle_restore_state", calls)
     failed: dict[str, Exception] = {}
     for name, saved_state in states.items():
         plugin = pm.get_plugin(name)

@@ -99,7 +99,7 @@ class RunCheckpoints:
         assert run.calls is not None
         run.calls.failures.update(state["failures"])
         failed = restore_observers(
-            run.pm, state["observers"], run.context, leaving=run.calls.left_out
+            run.pm, state["observers"], run.context, leaving=run.calls.left_out, calls=run.calls
         )
         for name, exc in failed.items():
             why = (
@@ -304,7 +304,7 @@ class RunCheckpoints:
         the state)."""
         run = self.run
         assert run.calls is not None
-        observers = snapshot_observers(run.pm, leaving=run.calls.left_out)
+        observers = snapshot_observers(run.pm, leaving=run.calls.left_out, calls=run.calls)
         if closing:
             for name, plugin in run.pm.list_name_plugin():
                 if isinstance(plugin, WebUISink):

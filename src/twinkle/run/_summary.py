@@ -63,9 +63,9 @@ def build_summary(
     no observer can set: a part naming one is refused and counted as that observer's
     failure) and the observers' parts."""
     parts: list[tuple[str, dict[str, Any]]] = []
-    for name, part in calls.call_named("twinkle_summary", event=event):
-        problem = _part_problem(part)
-        if problem:  # (counted, so summary.json is still written, and the checkpoint)
+    for name, returned in calls.call_named("twinkle_summary", event=event):
+        part, problem = _json_part(returned)
+        if part is None:  # (counted, so summary.json is still written, and the checkpoint)
             calls.count(name, "returned a summary part that %s; left out", problem)
             continue
         taken = sorted(BASE_SUMMARY_KEYS.intersection(part))
@@ -90,16 +90,18 @@ def build_summary(
     return summary
 
 
-def _part_problem(part: object) -> str:
-    """What keeps an observer's summary part out of ``summary.json`` ("" for none):
-    not a dict, or not JSON (a numpy number, an object, a key that is not a str)."""
+def _json_part(part: object) -> tuple[dict[str, Any] | None, str]:
+    """An observer's summary part as ``summary.json`` will hold it (a copy, read back
+    from its JSON: what the plugin changes after cannot reach the file), or None and
+    what keeps it out: not a dict, or not JSON (a numpy number, an object, a key that
+    is not a str)."""
     if not isinstance(part, dict):
-        return f"is a {type(part).__name__}, not a dict"
+        return None, f"is a {type(part).__name__}, not a dict"
     try:
-        orjson.dumps(part, option=_SUMMARY_JSON)
+        copy: dict[str, Any] = orjson.loads(orjson.dumps(part, option=_SUMMARY_JSON))
     except TypeError as exc:
-        return f"is not JSON ({exc}: use plain numbers, str, lists and dicts)"
-    return ""
+        return None, f"is not JSON ({exc}: use plain numbers, str, lists and dicts)"
+    return copy, ""
 
 
 def _process_wall(event: RunFinished, segments: list[Segment]) -> float | None:
