@@ -12,6 +12,9 @@
   receiver (the least a signal-based bus can cost), with the same session dispatching
   on the publishing thread (``background_dispatch=False``: the observers' work on the
   caller), and with a session with no observers (the bus and dispatcher alone).
+* ``events.plugin``: what one hook call of a third-party plugin costs the dispatching
+  thread, made on the plugin's own thread (as a run makes it, so that a hung hook can
+  be given up on), against the same call on the dispatching thread.
 * ``events.replay``: events/s of :func:`twinkle.run.replay` re-running the built-in
   observers over a recorded ``events.jsonl`` (records, flat file, summary and trace
   rewritten), against the floor of merely splitting the file into lines and
@@ -37,7 +40,7 @@ import orjson
 import psutil
 from blinker import Signal
 
-from bench._harness import Row, interleaved_with_cleanup
+from bench._harness import Row, interleaved, interleaved_with_cleanup
 from bench._profile import hook_functions, plugin_shares
 from bench._workload import (
     CONFIG,
@@ -47,8 +50,9 @@ from bench._workload import (
     publish_results,
 )
 from twinkle.events import OVERHEAD_SOURCE, SIGNALS, EventBus
+from twinkle.hookspecs import hookimpl
 from twinkle.perf import TimeRecorder, memory_stats
-from twinkle.plugins import make_plugin_manager
+from twinkle.plugins import HookCalls, make_plugin_manager
 from twinkle.run import RunSession, iter_events, replay
 
 PUBLISH_TARGET = 10.0  # x a bare blinker send, caller-thread CPU
@@ -439,6 +443,47 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+class _EveryEvent:
+    """A third-party observer with one hook for every event, doing nothing."""
+
+    @hookimpl
+    def twinkle_event(self, event: Any) -> None:
+        pass
+
+
+def _plugin_call_rows(smoke: bool) -> list[Row]:
+    """What a third-party plugin's hook call costs the dispatching thread: on the
+    plugin's own thread, waited for within backend_timeout_s (the run's calls), against
+    the same call made on the dispatching thread (no time limit)."""
+    pm = make_plugin_manager(autoload=False, builtins=False, plugins=[("p", _EveryEvent())])
+    event = _sample_events()[0]
+    isolated, direct = HookCalls(pm, hook_timeout_s=30.0), HookCalls(pm)
+
+    def calling(calls: HookCalls) -> Callable[[int], None]:
+        def loop(n: int) -> None:
+            for _ in range(n):
+                calls.call("twinkle_event", event=event)
+
+        return loop
+
+    n = 500 if smoke else 5_000
+    ns = interleaved({"isolated": calling(isolated), "direct": calling(direct)}, n)
+    isolated.close()
+    return [
+        Row(
+            "events.plugin",
+            "a third-party plugin's hook call, on the plugin's own thread (the run's)",
+            ns["isolated"] / 1000,
+            "us/call",
+            ratio=ns["isolated"] / ns["direct"],
+            baseline="the same call on the dispatching thread",
+            note=f"{(ns['isolated'] - ns['direct']) / 1000:.1f} us a call for the hand-over "
+            "(a queue put, a wake-up, an event set): what bounds a hung hook's wait "
+            "(docs/hooks.md); twinkle's own observers are called directly",
+        )
+    ]
+
+
 def _memory_rows(smoke: bool) -> list[Row]:
     iterations = 1_000 if smoke else 1_000_000 // EVENTS_PER_ITERATION
     session = RunSession(out_dir=None, config=CONFIG, autoload=False)
@@ -470,4 +515,9 @@ def _memory_rows(smoke: bool) -> list[Row]:
 
 def run(smoke: bool) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="twinkle-bench-events-") as tmp:
-        return _publish_rows(smoke, tmp) + _replay_rows(smoke, tmp) + _memory_rows(smoke)
+        return (
+            _publish_rows(smoke, tmp)
+            + _plugin_call_rows(smoke)
+            + _replay_rows(smoke, tmp)
+            + _memory_rows(smoke)
+        )
