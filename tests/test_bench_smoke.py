@@ -21,7 +21,7 @@ EXPECTED = {
     "bench.bench_perf": ["perf.span", "perf.span profile", "perf.memory"],
     "bench.bench_metric": ["metric", "metric profile"],
     "bench.bench_reporting": ["reporting", "reporting (disk)"],
-    "bench.bench_events": ["events.publish", "events.replay"],
+    "bench.bench_events": ["events.publish", "events.plugin", "events.replay"],
     "bench.bench_demo": ["demo", "demo.scaling", "demo.observers profile"],
     "bench.bench_engines": ["engines"],
     "bench.bench_trl": ["trl.grpo"],
