@@ -24,7 +24,6 @@ from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
     MetricRecord,
-    StepPoints,
     flat_key,
     make_record,
     record_from_dict,
@@ -414,35 +413,6 @@ def test_jsonl_backend_refuses_an_unstamped_record(tmp_path: Path) -> None:
         backend.write([rec()])
     backend.close()
     assert (tmp_path / "r.jsonl").read_bytes() == b""
-
-
-def test_step_points_show_one_iteration_per_step_and_every_run_record() -> None:
-    """Iterations 0-2 at steps 1, 2, 2 (2 cut short by a crash: no step of its own),
-    then 3 at step 4: 2's records are left out, whatever their kind; the window's and
-    the run's records at step 2 are shown, and so is every record of iteration 1."""
-    stream = [
-        rec(kind="timing", step=1, iteration=0),
-        rec(kind="rollout", step=1, iteration=0),
-        rec(kind="timing", step=2, iteration=1),
-        rec(kind="rollout", step=2, iteration=1),
-        rec(kind="timing", step=2, iteration=2),  # cut short
-        rec(kind="run", scope="run", step=2, iteration=2),
-        rec(kind="rollout", step=2, iteration=2),
-        rec(kind="rollout", scope="window", step=2, iteration=2),
-        rec(kind="timing", step=4, iteration=3),
-        rec(kind="grpo", step=4, iteration=3),
-    ]
-    shown = [(r.kind, r.scope, r.iteration) for r in filter(StepPoints().shown, stream)]
-    assert shown == [
-        ("timing", "iteration", 0),
-        ("rollout", "iteration", 0),
-        ("timing", "iteration", 1),
-        ("rollout", "iteration", 1),
-        ("run", "run", 2),
-        ("rollout", "window", 2),
-        ("timing", "iteration", 3),
-        ("grpo", "iteration", 3),
-    ]
 
 
 def test_flat_key_names_kind_and_key_and_the_scope_unless_an_iteration() -> None:

@@ -48,7 +48,6 @@ from twinkle.reporting.jsonl_reader import JsonlReader, read_jsonl
 from twinkle.reporting.record import (
     SCOPES,
     MetricRecord,
-    StepPoints,
     check_record_line,
     flat_key,
     is_record_kind,
@@ -86,7 +85,6 @@ __all__ = [
     "ReporterStats",
     "RunTotals",
     "SeqSource",
-    "StepPoints",
     "TornLineRecovery",
     "WebUIFlatBackend",
     "WriterState",

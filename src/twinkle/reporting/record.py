@@ -242,31 +242,6 @@ def flat_key(record: MetricRecord, key: str) -> str:
     return f"{record.scope}/{record.kind}/{key}"
 
 
-class StepPoints:
-    """Which records a chart whose x axis is the optimizer step shows (a dashboard
-    plugin's): each iteration's, but for an iteration whose step an earlier iteration's
-    records were shown at. Such an iteration took no optimizer step of its own: one cut
-    short by a crash (its step the one before it, its figures mostly 0), or a loop that
-    steps less often than it iterates; a second point at that step would draw a false
-    drop. Its records stay in ``metrics_raw.jsonl`` and the report. The windows' and
-    the run's records are always shown. Feed it every record, in order."""
-
-    __slots__ = ("_iteration", "_step")
-
-    def __init__(self) -> None:
-        self._step: int | None = None  # the newest step shown...
-        self._iteration: int | None = None  # ...and the iteration shown at it
-
-    def shown(self, record: MetricRecord) -> bool:
-        """Whether ``record`` is a point of the chart."""
-        if record.scope != "iteration":
-            return True
-        if record.step != self._step:
-            self._step, self._iteration = record.step, record.iteration
-            return True
-        return record.iteration == self._iteration
-
-
 def record_to_dict(record: MetricRecord) -> dict[str, Any]:
     """The record as plain JSON types (fresh ``dict``/``list`` objects), in field order."""
     return {**record_fields(record), "values": dict(record.values), "attrs": _thaw(record.attrs)}

@@ -18,9 +18,7 @@ alone.
 ``timing/window_idle_seconds``, ``grpo/reward_mean``: the names of
 ``metrics_raw.jsonl``; the run's and the windows' figures as ``run/<kind>/<key>`` and
 ``window/<kind>/<key>``), with any character MLflow refuses as ``_``. Its step is the
-record's optimizer step (an iteration that took no step of its own, one cut short by a
-crash, say, is left out: :class:`~twinkle.reporting.StepPoints`), its timestamp the
-record's wall time (ms); MLflow keeps the
+record's optimizer step, its timestamp the record's wall time (ms); MLflow keeps the
 float64, and one point of several equal ones (same step, time and value). A ``None``
 (nothing to measure) is left out. The MLflow run ends ``FINISHED`` when the twinkle run
 ends ``ok``, else ``FAILED``.
@@ -70,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, StepPoints, flat_key, remove_shared_write
+from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no mlflow)
     from mlflow.tracking import MlflowClient
@@ -127,7 +125,6 @@ class MlflowBackend:
         self.keep = keep
         self.status = _FAILED  # until the twinkle run finished ok
         self.closed = False
-        self._points = StepPoints()
         self.name = f"MlflowBackend({self.run_name!r}, {self.tracking_uri!r})"  # (id: open)
         #: the store's client and the MLflow run's id, once open
         self.client: MlflowClient | None = None
@@ -187,7 +184,7 @@ class MlflowBackend:
             )
         metrics = [
             Metric(metric_name(record, key), float(value), record.wall_ns // 1_000_000, record.step)
-            for record in filter(self._points.shown, records)
+            for record in records
             for key, value in record.values.items()
             if value is not None
         ]

@@ -10,9 +10,7 @@ every run. Leave it out of one run with ``--block tensorboard`` (``blocked=
 :func:`~twinkle.reporting.flat_key` names, ``<kind>/<key>`` for an iteration's record
 (``rollout/tokens_per_s_per_device``, ``timing/window_idle_seconds``,
 ``grpo/reward_mean``: the names of ``metrics_raw.jsonl``), at global step = the record's
-optimizer step, at the record's wall time (an iteration that took no step of its own,
-one cut short by a crash, say, is left out: :class:`~twinkle.reporting.StepPoints`).
-The run's and the windows' records give
+optimizer step, at the record's wall time. The run's and the windows' records give
 ``run/<kind>/<key>`` and ``window/<kind>/<key>``, at the run's last step. A ``None``
 (a figure with nothing to measure) is left out, never written as 0.
 
@@ -60,7 +58,7 @@ from typing import TYPE_CHECKING
 from twinkle.errors import ReporterError
 from twinkle.events import RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, StepPoints, flat_key
+from twinkle.reporting import MetricRecord, flat_key
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no tensorboardX)
     from twinkle_tensorboard._event_file import EventFile
@@ -106,7 +104,6 @@ class TensorBoardBackend:
         self.failed = False  # a write raised: the file lacks records
         self._file: EventFile | None = None
         self._publish_from: int | None = None
-        self._points = StepPoints()
 
     @property
     def opened(self) -> bool:
@@ -137,7 +134,7 @@ class TensorBoardBackend:
     def write(self, records: Sequence[MetricRecord]) -> None:
         file = self._opened()
         try:
-            for record in filter(self._points.shown, records):
+            for record in records:
                 file.write_scalars(
                     record.step,
                     record.wall_ns / 1e9,

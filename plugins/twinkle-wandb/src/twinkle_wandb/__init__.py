@@ -16,10 +16,8 @@ to it.
 under the names :func:`~twinkle.reporting.flat_key` gives (``rollout/tokens_per_s_per_device``,
 ``timing/window_idle_seconds``, ``grpo/reward_mean``: the names of ``metrics_raw.jsonl``),
 with ``optimizer_step`` and ``iteration``; every chart's x axis is ``optimizer_step``
-(``define_metric``), so an iteration that took no step of its own (one cut short by a
-crash, say) is left out (:class:`~twinkle.reporting.StepPoints`). The run's and the
-windows' records go to the W&B summary as ``run/<kind>/<key>`` and
-``window/<kind>/<key>`` (the last value where one recurs). A
+(``define_metric``). The run's and the windows' records go to the W&B summary as
+``run/<kind>/<key>`` and ``window/<kind>/<key>`` (the last value where one recurs). A
 ``None`` (nothing to measure) is left out. The W&B run finishes with exit code 0 when
 the twinkle run ends ``ok``, else 1.
 
@@ -65,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, StepPoints, flat_key, remove_shared_write
+from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no wandb)
     import wandb
@@ -106,7 +104,6 @@ class WandbBackend:
         self.keep = keep
         self.exit_code = 1  # until the twinkle run finished ok
         self.closed = False
-        self._points = StepPoints()
         self.name = f"WandbBackend({name!r}, {str(out_dir / DIR)!r})"  # (W&B's id: open)
         self.run: wandb.Run | None = None
         self._init: dict[str, Any] = {
@@ -161,7 +158,7 @@ class WandbBackend:
                 "does, on the backend's own thread)"
             )
         summary: dict[str, int | float] = {}
-        for record in filter(self._points.shown, records):
+        for record in records:
             values = {
                 flat_key(record, key): value
                 for key, value in record.values.items()
