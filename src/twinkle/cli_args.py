@@ -126,7 +126,9 @@ def _add_whatif_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="keep the predicted run in DIR (new or empty)")
     p.add_argument("--json", action="store_true", help="the prediction as JSON")
     p.add_argument(
-        "--plot", metavar="FILE", help="also draw each iteration's seconds, recorded and predicted"
+        "--plot",
+        metavar="FILE.png",
+        help="also draw each iteration's seconds, recorded and predicted, into a .png",
     )
 
 
