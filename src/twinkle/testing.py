@@ -30,8 +30,8 @@ from typing import Any
 
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.perf import ManualClock
-from twinkle.plugins import wait_for_caller
 from twinkle.run import RunSession
+from twinkle.threads import wait_for_caller
 
 __all__ = [
     "SCRIPTED_CONFIG",

@@ -15,7 +15,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-__all__ = ["acting_for", "acting_ident"]
+__all__ = ["acting_for", "acting_ident", "wait_for_caller"]
 
 _acting = threading.local()
 
@@ -26,6 +26,14 @@ def acting_ident() -> int:
     if waiting is None or waiting[1].is_set():
         return threading.get_ident()
     return waiting[0]
+
+
+def wait_for_caller(timeout_s: float) -> bool:
+    """On a thread acting for another: wait until that one stopped waiting for it (its
+    call ran past its time, or a signal's exception left the wait), at most
+    ``timeout_s``; whether it did. At once False on a thread acting for none."""
+    waiting: tuple[int, threading.Event] | None = getattr(_acting, "waiting", None)
+    return waiting is not None and waiting[1].wait(timeout_s)
 
 
 @contextlib.contextmanager

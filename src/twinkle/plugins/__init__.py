@@ -15,7 +15,6 @@ from twinkle.plugins._hookcalls import (
     HookCalls,
     check_slow_call_s,
 )
-from twinkle.plugins._isolation import wait_for_caller
 from twinkle.plugins._manager import (
     BUILTIN_DISTRIBUTION,
     DISABLE_AUTOLOAD_ENV,
@@ -50,5 +49,4 @@ __all__ = [
     "loaded_plugins",
     "make_plugin_manager",
     "merge_summary",
-    "wait_for_caller",
 ]

@@ -36,17 +36,7 @@ from typing import Any, NoReturn
 
 from twinkle.threads import acting_for, acting_ident
 
-__all__ = ["HookRunner", "HookTimeout", "PluginExit", "wait_for_caller"]
-
-_current = threading.local()  # (a hook thread's call in progress)
-
-
-def wait_for_caller(timeout_s: float) -> bool:
-    """On a plugin's hook thread, during a call: wait until the thread that made the
-    call stopped waiting for it (it timed out, or a signal's exception left it), at most
-    ``timeout_s``; whether it did. At once False elsewhere."""
-    call: _Call | None = getattr(_current, "call", None)
-    return call is not None and call.left.wait(timeout_s)
+__all__ = ["HookRunner", "HookTimeout", "PluginExit"]
 
 
 class HookTimeout(Exception):
@@ -120,7 +110,6 @@ class HookRunner:
     def _serve(self, calls: queue.SimpleQueue[_Call | None]) -> None:
         pid = os.getpid()
         while (call := calls.get()) is not None:
-            _current.call = call
             try:
                 with acting_for(call.ident, call.left):
                     call.result = call.function(*call.args)
@@ -130,8 +119,6 @@ class HookRunner:
                 call.error = PluginExit(f"{type(exc).__name__}({exc}) on its own thread")
             except BaseException as exc:
                 call.error = exc
-            finally:
-                _current.call = None
             if os.getpid() != pid:
                 _end_child(None)  # (a child the hook forked, its hook done: it ends)
             call.done.set()
