@@ -16,10 +16,10 @@ event is queued behind the current one, as when it ran on the dispatching thread
 itself. A wait a signal's exception leaves (Ctrl-C) gives up on the call too: the
 plugin's next call fails at once, naming the hook that did not return. A
 ``SystemExit`` or ``KeyboardInterrupt`` the plugin raises there comes back as
-:class:`PluginExit`, a failure like any other: it
-is the plugin's, not a signal's (a signal reaches the main thread, waiting here, as it
-did before). A child process a hook forks has this thread as its only one: it ends when
-its hook exits or returns, never serving the parent's calls.
+:class:`PluginExit`, a failure like any other: it is the plugin's, not a signal's (a
+signal reaches the main thread, waiting here, as it did before). A child process a
+hook forks has this thread as its only one: it ends when its hook exits or returns,
+never serving the parent's calls.
 
 Thread-safety: one caller at a time (the dispatcher calls observers one at a time).
 """
@@ -63,14 +63,14 @@ class HookRunner:
     again in a forked child), each waited for at most ``timeout_s`` seconds."""
 
     __slots__ = ("_calls", "_pid", "abandoned", "plugin", "timeout_s")
-    #: ``abandoned``: the hook whose call was given up on (its time ran out, or a
-    #: signal's exception left the wait); its thread is left to it, no call is made again
 
     def __init__(self, plugin: str, timeout_s: float) -> None:
         self.plugin = plugin
         self.timeout_s = timeout_s
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._pid: int | None = None  # the process its thread runs in
+        #: the hook whose call was given up on (its time ran out, or a signal's
+        #: exception left the wait): its thread is left to it, no call is made again
         self.abandoned: str | None = None
 
     def call(self, hook: str, function: Callable[..., Any], *args: Any) -> Any:

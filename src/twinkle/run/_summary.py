@@ -56,6 +56,10 @@ class Segment:
         return self.start.segment if isinstance(self.start, RunResumed) else 0
 
 
+#: how summary.json is written (sorted keys, indented); a part is checked against it
+_SUMMARY_JSON = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+
+
 def build_summary(
     event: RunFinished, calls: HookCalls, segments: list[Segment] | None = None
 ) -> dict[str, Any]:
@@ -175,9 +179,6 @@ def _left_out(segment: Segment) -> dict[str, str]:
             if health.setup_error is not None:
                 left.setdefault(name, f"its backend could not open: {health.setup_error}")
     return dict(sorted(left.items()))
-
-
-_SUMMARY_JSON = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
