@@ -203,6 +203,9 @@ def test_each_iteration_has_its_phases_flops_and_mfu(tmp_path: Path) -> None:
     attrs = records[1]["attrs"]
     assert attrs["formula"] == "twinkle-analytic-1" and attrs["dtype"] == "bfloat16"
     assert attrs["peak_flops_per_s"] == 1e7 and attrs["peak_source"].startswith("given")
+    # its window's flags, as the timing record's: the ends are not the steady state
+    flags = [r["attrs"]["window_flags"] for r in records]
+    assert flags == [["warmup"], [], [], ["drain"]]
     (run,) = _records(run_dir, "run")
     # every iteration's FLOPs over the phase's 4 x 2 ms; the steady state: iterations 1-2
     assert run["values"]["train_flops"] == 4 * 9168

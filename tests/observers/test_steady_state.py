@@ -25,6 +25,7 @@ from observers.test_scripted_run import manual_session
 from twinkle.errors import ConfigError
 from twinkle.observers import ObserverConfig
 from twinkle.perf import Span
+from twinkle.reporting import cut_short, record_from_dict
 
 MS = 1_000_000
 A, B = 1, 2
@@ -193,6 +194,26 @@ def test_a_run_that_ends_in_error_marks_its_last_window_partial(tmp_path: Path) 
         if (r["kind"], r["scope"]) == ("timing", "iteration")
     ]
     assert flags == [["warmup"], [], [], ["partial"]]
+
+
+def test_every_figure_of_a_window_carries_its_flags_and_a_cut_short_one_says_so(
+    tmp_path: Path,
+) -> None:
+    """The window-derived records of an iteration (timing, waits, the phases', the window's)
+    carry its flags, so a dashboard can leave out the cut-short iteration 3 whole;
+    nothing of the run's or a window's scope is cut short."""
+    run_dir = _run(tmp_path, status="error")
+    records = [record_from_dict(r) for r in _records(run_dir)]
+    flagged = {
+        (r.kind, r.iteration): list(r.attrs["window_flags"])
+        for r in records
+        if r.scope == "iteration"
+    }
+    kinds = ("timing", "waits", "rollout", "train", "iteration")
+    flags = {0: ["warmup"], 1: [], 2: [], 3: ["partial"]}
+    assert flagged == {(k, i): flags[i] for k in kinds for i in range(4)}
+    assert {(r.kind, r.iteration) for r in records if cut_short(r)} == {(k, 3) for k in kinds}
+    assert {r.scope for r in records if not cut_short(r)} == {"iteration", "window", "run"}
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from twinkle.reporting import (
     JsonlBackend,
     JsonlWriter,
     MetricRecord,
+    cut_short,
     flat_key,
     make_record,
     record_from_dict,
@@ -420,3 +421,20 @@ def test_flat_key_names_kind_and_key_and_the_scope_unless_an_iteration() -> None
     assert flat_key(rec(kind="rollout", scope="window"), "tokens") == "window/rollout/tokens"
     assert flat_key(rec(kind="run", scope="run"), "tokens") == "run/run/tokens"
     assert len({flat_key(rec(kind="train", scope=s), "tokens") for s in SCOPES}) == len(SCOPES)
+
+
+def test_cut_short_is_an_iteration_record_whose_window_was_flagged_partial() -> None:
+    def flagged(*flags: str, scope: str = "iteration") -> MetricRecord:
+        return rec(scope=scope, attrs={"window_flags": list(flags)})
+
+    assert cut_short(flagged("partial"))
+    assert cut_short(flagged("warmup", "partial"))  # a run cut short in its first
+    assert not cut_short(flagged())
+    assert not cut_short(flagged("warmup")) and not cut_short(flagged("drain"))
+    # a window's or the run's figures are whole; so are records without flags (the
+    # caller's scalars, memory readings)
+    assert not cut_short(flagged("partial", scope="run"))
+    assert not cut_short(flagged("partial", scope="window"))
+    assert not cut_short(rec(kind="grpo", attrs={}))
+    # read back from metrics_raw.jsonl, the same
+    assert cut_short(record_from_dict(record_to_dict(flagged("partial"))))

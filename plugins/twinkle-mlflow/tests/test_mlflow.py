@@ -17,7 +17,7 @@ from twinkle_mlflow import DIR, EXPERIMENT, MlflowBackend, MlflowSink, metric_na
 
 from twinkle.errors import PluginError
 from twinkle.plugins import PluginStatus, describe_plugins
-from twinkle.reporting import flat_key, make_record, read_jsonl, record_from_dict
+from twinkle.reporting import cut_short, flat_key, make_record, read_jsonl, record_from_dict
 from twinkle.run import RunSession, replay
 from twinkle.testing import (
     SCRIPTED_CONFIG,
@@ -62,10 +62,12 @@ def points(client: MlflowClient, run: Run) -> Points:
 
 
 def expected(run_dir: Path) -> Points:
-    """What the run's records say MLflow must hold."""
+    """What the run's records say MLflow must hold (but an iteration cut short)."""
     want: Points = {}
     for line in read_jsonl(run_dir / "metrics_raw.jsonl"):
         record = record_from_dict(line)
+        if cut_short(record):
+            continue
         for key, value in record.values.items():
             if value is not None:
                 point = (record.step, record.wall_ns // 1_000_000, float(value))

@@ -18,7 +18,7 @@ from twinkle_tensorboard import DIR, EVENT_FILES, TensorBoardSink
 from twinkle.errors import ReporterError
 from twinkle.hookspecs import RunContext
 from twinkle.plugins import PluginStatus, describe_plugins
-from twinkle.reporting import flat_key, read_jsonl, record_from_dict
+from twinkle.reporting import cut_short, flat_key, read_jsonl, record_from_dict
 from twinkle.run import replay
 from twinkle.testing import CtrlCWhileResuming, crashed_run, scripted_run, shared_writable, umask
 
@@ -47,10 +47,13 @@ def read_tensorboard(logdir: Path) -> Scalars:
 
 
 def expected(run_dir: Path) -> Scalars:
-    """What the run's records say TensorBoard must show, in record order."""
+    """What the run's records say TensorBoard must show, in record order (but an
+    iteration cut short)."""
     scalars: Scalars = {}
     for line in read_jsonl(run_dir / "metrics_raw.jsonl"):
         record = record_from_dict(line)
+        if cut_short(record):
+            continue
         for key, value in record.values.items():
             if value is not None:
                 point = (record.step, record.wall_ns / 1e9, float(value))
@@ -250,9 +253,13 @@ def test_the_segment_after_a_crash_rebuilds_every_record_of_the_crashed_one(
     assert len(list((run_dir / DIR).iterdir())) == 1
     shown = read_tensorboard(run_dir / DIR)
     assert shown == expected(run_dir)
-    # iteration 2, which the crash cut off, is finished by the resume (its step is the
-    # log's: the crash took its optimizer step with it)
-    assert [s for s, _, _ in shown["rollout/tokens"]] == [1, 2, 2, 4]
+    # iteration 2, which the crash cut off, is finished by the resume at the step of
+    # iteration 1 (the crash took its optimizer step with it), flagged partial: no
+    # second point there
+    assert [s for s, _, _ in shown["rollout/tokens"]] == [1, 2, 4]
+    raw = [record_from_dict(r) for r in read_jsonl(run_dir / "metrics_raw.jsonl")]
+    cut = [(r.iteration, r.step) for r in raw if r.kind == "rollout" and cut_short(r)]
+    assert cut == [(2, 2)]
 
 
 def test_loading_the_plugin_imports_no_tensorboardx() -> None:

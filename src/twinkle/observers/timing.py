@@ -269,7 +269,7 @@ class TimingObserver(BuiltinObserver):
             found = self.limits.add(done.window, done.steady, self.timeline.config)
             self.stragglers.finalise(done.data.iteration, done.steady)
             values.update(attributed_values(done.attributed, self.attributed_keys))
-            attrs = {"window_flags": list(done.flags), "window_verdict": found}
+            attrs = {"window_verdict": found}
             records.append(self._record("timing", done, monotonic_ns, values, attrs))
             waits = self.workers.window(done.window.wall_ns, done.workers, done.steady)
             if waits is not None:
@@ -292,7 +292,8 @@ class TimingObserver(BuiltinObserver):
         values: dict[str, int | float],
         attrs: dict[str, Any] | None = None,
     ) -> MetricRecord:
-        """An iteration's record (written when ``done`` was finalised)."""
+        """An iteration's record (written when ``done`` was finalised), with its
+        window's flags."""
         return make_record(
             kind=kind,
             scope="iteration",
@@ -302,7 +303,7 @@ class TimingObserver(BuiltinObserver):
             wall_ns=done.data.wall_ns,
             monotonic_ns=monotonic_ns,
             values=values,
-            attrs=attrs,
+            attrs={"window_flags": list(done.flags), **(attrs or {})},
         )
 
     @hookimpl

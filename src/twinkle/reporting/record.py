@@ -51,6 +51,7 @@ __all__ = [
     "SCOPES",
     "MetricRecord",
     "check_record_line",
+    "cut_short",
     "flat_key",
     "is_record_kind",
     "make_record",
@@ -240,6 +241,21 @@ def flat_key(record: MetricRecord, key: str) -> str:
     if record.scope == "iteration":
         return f"{record.kind}/{key}"
     return f"{record.scope}/{record.kind}/{key}"
+
+
+def cut_short(record: MetricRecord) -> bool:
+    """Whether ``record`` holds figures of an iteration whose work was cut short (its
+    window flagged ``partial``, ``attrs.window_flags``: the last of a segment that did not
+    finish ``ok``). Its figures cover only part of an iteration, and it took no optimizer
+    step after the one before it: a chart whose x axis is the step would draw it as a
+    false drop, a second point at that step. A dashboard leaves it out; it stays in
+    ``metrics_raw.jsonl`` and the report. A record of the caller's own values (a
+    ``scalars`` record) or of memory readings is never cut short: what it holds was
+    measured whole."""
+    if record.scope != "iteration":
+        return False
+    flags = record.attrs.get("window_flags")
+    return flags is not None and "partial" in flags
 
 
 def record_to_dict(record: MetricRecord) -> dict[str, Any]:

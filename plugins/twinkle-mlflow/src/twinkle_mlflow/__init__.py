@@ -20,8 +20,10 @@ alone.
 ``window/<kind>/<key>``), with any character MLflow refuses as ``_``. Its step is the
 record's optimizer step, its timestamp the record's wall time (ms); MLflow keeps the
 float64, and one point of several equal ones (same step, time and value). A ``None``
-(nothing to measure) is left out. The MLflow run ends ``FINISHED`` when the twinkle run
-ends ``ok``, else ``FAILED``.
+(nothing to measure) is left out, and so are the figures of an iteration a crash or an
+error cut short (:func:`~twinkle.reporting.cut_short`: a second point at the step before
+it would draw a false drop; they stay in ``metrics_raw.jsonl``). The MLflow run ends
+``FINISHED`` when the twinkle run ends ``ok``, else ``FAILED``.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
 (:class:`MlflowBackend`), which the run calls on a thread of the backend's own
@@ -68,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
+from twinkle.reporting import MetricRecord, cut_short, flat_key, remove_shared_write
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no mlflow)
     from mlflow.tracking import MlflowClient
@@ -185,6 +187,7 @@ class MlflowBackend:
         metrics = [
             Metric(metric_name(record, key), float(value), record.wall_ns // 1_000_000, record.step)
             for record in records
+            if not cut_short(record)
             for key, value in record.values.items()
             if value is not None
         ]

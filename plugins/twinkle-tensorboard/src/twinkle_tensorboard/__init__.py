@@ -12,7 +12,10 @@ every run. Leave it out of one run with ``--block tensorboard`` (``blocked=
 ``grpo/reward_mean``: the names of ``metrics_raw.jsonl``), at global step = the record's
 optimizer step, at the record's wall time. The run's and the windows' records give
 ``run/<kind>/<key>`` and ``window/<kind>/<key>``, at the run's last step. A ``None``
-(a figure with nothing to measure) is left out, never written as 0.
+(a figure with nothing to measure) is left out, never written as 0, and so are the
+figures of an iteration a crash or an error cut short (:func:`~twinkle.reporting.cut_short`:
+a second point at the step before it would draw a false drop); they stay in
+``metrics_raw.jsonl`` and the report.
 
 **Exact values.** Each value is a float64 tensor with the scalar plugin's metadata, which
 TensorBoard shows as a scalar like any other. The usual ``simple_value`` is a float32:
@@ -58,7 +61,7 @@ from typing import TYPE_CHECKING
 from twinkle.errors import ReporterError
 from twinkle.events import RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, flat_key
+from twinkle.reporting import MetricRecord, cut_short, flat_key
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no tensorboardX)
     from twinkle_tensorboard._event_file import EventFile
@@ -135,6 +138,8 @@ class TensorBoardBackend:
         file = self._opened()
         try:
             for record in records:
+                if cut_short(record):
+                    continue
                 file.write_scalars(
                     record.step,
                     record.wall_ns / 1e9,

@@ -18,8 +18,10 @@ under the names :func:`~twinkle.reporting.flat_key` gives (``rollout/tokens_per_
 with ``optimizer_step`` and ``iteration``; every chart's x axis is ``optimizer_step``
 (``define_metric``). The run's and the windows' records go to the W&B summary as
 ``run/<kind>/<key>`` and ``window/<kind>/<key>`` (the last value where one recurs). A
-``None`` (nothing to measure) is left out. The W&B run finishes with exit code 0 when
-the twinkle run ends ``ok``, else 1.
+``None`` (nothing to measure) is left out, and so are the figures of an iteration a
+crash or an error cut short (:func:`~twinkle.reporting.cut_short`: a second row at the
+step before it would draw a false drop; they stay in ``metrics_raw.jsonl``). The W&B
+run finishes with exit code 0 when the twinkle run ends ``ok``, else 1.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
 (:class:`WandbBackend`), which the run calls on a thread of the backend's own
@@ -63,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from twinkle.errors import ReporterError
 from twinkle.events import RunFinished, RunResumed
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord, flat_key, remove_shared_write
+from twinkle.reporting import MetricRecord, cut_short, flat_key, remove_shared_write
 
 if TYPE_CHECKING:  # (imported by open(): loading the plugin imports no wandb)
     import wandb
@@ -159,6 +161,8 @@ class WandbBackend:
             )
         summary: dict[str, int | float] = {}
         for record in records:
+            if cut_short(record):
+                continue
             values = {
                 flat_key(record, key): value
                 for key, value in record.values.items()
