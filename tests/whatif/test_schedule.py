@@ -83,7 +83,14 @@ def test_two_engines_double_the_throughput_and_the_devices(run: Path, tmp_path: 
     assert b / a == pytest.approx(38 / 24 * 2 / 3, rel=1e-6)
     placement = p.predicted["placement"]
     assert placement["workers"]["engine0"]["devices"] == ["gpu:engine0"], placement
-    assert p.settings == {"engines": 2, "ranks": 1, "lag": 1, "buffer": None, "shared": []}
+    assert p.settings == {
+        "engines": 2,
+        "ranks": 1,
+        "lag": 1,
+        "buffer": None,
+        "shared": [],
+        "contended": [],
+    }
 
 
 def test_a_prediction_is_a_function_of_the_log(run: Path, tmp_path: Path) -> None:

@@ -148,6 +148,30 @@ def test_a_worker_added_on_a_shared_device_is_not_predicted(
     assert "not a prediction for rank1: it would share a device" in capsys.readouterr().out
 
 
+def test_another_lag_or_fewer_workers_on_a_shared_device_is_not_predicted(
+    shared_run: Path, run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Trainer and engine on one device: their recorded times hold what running at once
+    cost them, so a change of how much runs at once (the lag, the buffer) is no
+    prediction there; on devices of their own (``run``) it is one."""
+    for argv in (["--no-overlap"], ["--lag", "2"], ["--buffer", "3"]):
+        assert main(["whatif", str(shared_run), *argv, "--json"]) == 0
+        settings = json.loads(capsys.readouterr().out)["settings"]
+        assert settings["contended"] == ["host-cpu"], argv
+        assert main(["whatif", str(run), *argv, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["settings"]["contended"] == [], argv
+    assert main(["whatif", str(shared_run), "--speed", "train=2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["contended"] == []
+    assert main(["whatif", str(shared_run), "--no-overlap"]) == 0
+    out = capsys.readouterr().out
+    assert "not a prediction: the recorded workers shared host-cpu" in out
+    assert "that error does not bound this change" in out
+    assert main(["report", str(shared_run), "--whatif", "--json"]) == 0
+    rows = {r["change"]: r for r in json.loads(capsys.readouterr().out)["what_would_help"]}
+    assert rows["lag +1"]["speedup"] is None
+    assert rows["lag +1"]["not_predicted"].startswith("the recorded workers shared host-cpu")
+
+
 def test_a_run_it_cannot_predict_keeps_its_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,7 +25,12 @@ from typing import Any
 from twinkle.errors import InvalidArgumentError
 from twinkle.report import load_report
 from twinkle.report._compare import compare
-from twinkle.whatif._predict import added_on_shared_devices, predicted_events, write_prediction
+from twinkle.whatif._predict import (
+    added_on_shared_devices,
+    contended_devices,
+    predicted_events,
+    write_prediction,
+)
 from twinkle.whatif._recorded import Recorded, read_recorded
 from twinkle.whatif._schedule import Plan, simulate
 from twinkle.whatif._work import Changes, plan_for, recorded_ranks
@@ -132,14 +137,24 @@ def _per_iteration(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
 
 def _settings(recorded: Recorded, plan: Plan, changes: Changes) -> dict[str, Any]:
     """The predicted run's engines, ranks, lag and buffer (recorded where unchanged),
-    and the workers it adds on a device another worker uses (``shared``: the model's
-    assumption of a device of their own does not hold for them)."""
+    the workers it adds on a device another worker uses (``shared``: the model's
+    assumption of a device of their own does not hold for them) and the devices several
+    recorded workers shared when it changes how much of their work runs at once
+    (``contended``: what sharing cost is in the recorded times, which it keeps)."""
+    ranks = changes.ranks or recorded_ranks(recorded)
+    concurrency_changed = (
+        plan.lag != recorded.lag
+        or changes.buffer not in (None, recorded.buffer_size)
+        or len(plan.engines) < len(recorded.engines)
+        or ranks < recorded_ranks(recorded)
+    )
     return {
         "engines": len(plan.engines),
-        "ranks": changes.ranks or recorded_ranks(recorded),
+        "ranks": ranks,
         "lag": plan.lag,
         "buffer": plan.buffer,
         "shared": added_on_shared_devices(recorded, plan, changes.ranks),
+        "contended": contended_devices(recorded, concurrency_changed),
     }
 
 

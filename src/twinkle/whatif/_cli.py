@@ -12,6 +12,7 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif import ASSUMPTIONS, Changes, Prediction, predict
+from twinkle.whatif._predict import contended_why
 
 __all__ = ["whatif_command"]
 
@@ -118,11 +119,18 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
             "recorded workers (their placement), where the model gives each engine and rank "
             "a device of its own; what it adds there is overstated"
         )
+    if s["contended"]:
+        lines.append(f"not a prediction: {contended_why(s['contended'])}")
     error = _reproduction(check)["steady_tokens_per_s_per_device"]
     if error is not None:
+        bound = (
+            "that error does not bound this change (above)"
+            if s["shared"] or s["contended"]
+            else "read the prediction with that error"
+        )
         lines.append(
             f"the model replays the recorded configuration within {abs(error):.1%} "
-            "(steady tokens/s/device): read the prediction with that error"
+            f"(steady tokens/s/device): {bound}"
         )
     lines += ["", "assumes:", *(f"  - {a}" for a in ASSUMPTIONS)]
     return "\n".join(lines)

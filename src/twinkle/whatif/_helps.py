@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from twinkle.whatif import Changes, Prediction, predict
+from twinkle.whatif._predict import contended_why
 from twinkle.whatif._recorded import read_recorded
 
 __all__ = ["HELPS", "format_helps", "what_would_help"]
@@ -55,17 +56,18 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
             try:
                 after = _steady(p)
                 # A worker added on a device another uses adds no compute there, where
-                # the model gives it its own: no ratio, and why.
-                shared = p.settings["shared"]
+                # the model gives it its own; a change of how much runs at once on a
+                # shared device changes what sharing cost: no ratio, and why.
+                why = _not_predicted(p.settings)
                 out.append(
                     {
                         "change": label,
                         "settings": p.settings,
                         "steady_tokens_per_s": after[0],
                         "steady_tokens_per_s_per_device": after[1],
-                        "speedup": None if shared else _ratio(before[0], after[0]),
-                        "per_device": None if shared else _ratio(before[1], after[1]),
-                        "not_predicted": _shared_why(shared) if shared else None,
+                        "speedup": None if why else _ratio(before[0], after[0]),
+                        "per_device": None if why else _ratio(before[1], after[1]),
+                        "not_predicted": why,
                     }
                 )
             finally:
@@ -75,11 +77,16 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
         shutil.rmtree(base.out_dir, ignore_errors=True)
 
 
-def _shared_why(shared: list[str]) -> str:
-    return (
-        f"{', '.join(shared)} would share a device with the recorded workers: the model "
-        "gives each engine and rank a device of its own"
-    )
+def _not_predicted(settings: dict[str, Any]) -> str | None:
+    """Why the prediction of these settings is none (None: it is one)."""
+    if settings["shared"]:
+        return (
+            f"{', '.join(settings['shared'])} would share a device with the recorded "
+            "workers: the model gives each engine and rank a device of its own"
+        )
+    if settings["contended"]:
+        return contended_why(settings["contended"])
+    return None
 
 
 def _x(value: float | None) -> str:

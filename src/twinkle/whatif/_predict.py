@@ -37,7 +37,13 @@ from twinkle.whatif._recorded import Recorded, shifted
 from twinkle.whatif._schedule import Plan, Timeline
 from twinkle.whatif._work import trainer_workers
 
-__all__ = ["added_on_shared_devices", "predicted_events", "write_prediction"]
+__all__ = [
+    "added_on_shared_devices",
+    "contended_devices",
+    "contended_why",
+    "predicted_events",
+    "write_prediction",
+]
 
 #: the predicted run's id: the recorded run's with this suffix
 SUFFIX = "-whatif"
@@ -96,6 +102,27 @@ def added_on_shared_devices(recorded: Recorded, plan: Plan, ranks: int | None) -
         for name, worker in predicted.items()
         if name not in placement and any(used[d] > 1 for d in worker.get("devices", ()))
     ]
+
+
+def contended_devices(recorded: Recorded, concurrency_changed: bool) -> list[str]:
+    """The devices several recorded workers used (the placement's: the demo's all share
+    the host's CPU), when the prediction changes how much of their work runs at once
+    (``concurrency_changed``: another lag or buffer, fewer engines or ranks): the
+    recorded spans' times hold what sharing cost then, which the model keeps. None
+    without a placement."""
+    placement = recorded.first.config.get("placement")
+    if not concurrency_changed or not isinstance(placement, Mapping):
+        return []
+    return sorted(d for d, n in _device_uses(_thawed(placement)).items() if n > 1)
+
+
+def contended_why(devices: list[str]) -> str:
+    """Why a prediction with :func:`contended_devices` is none, in the report's words."""
+    return (
+        f"the recorded workers shared {', '.join(devices)} (their placement), so their "
+        "recorded times hold what running at once cost them; this change runs more or "
+        "less of their work at once, where the model keeps those times"
+    )
 
 
 def _device_uses(placement: Mapping[str, Any]) -> Counter[str]:
