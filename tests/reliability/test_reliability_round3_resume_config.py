@@ -199,7 +199,12 @@ def test_the_demo_refuses_other_phases_saying_which_options_the_run_had(
     assert err.startswith("twinkle: error: run 'd' cannot resume with this configuration")
     assert "at ['lifecycle', 'phases', 'placement'] (lifecycle: (not set) -> " in err
     assert "resume run 'd' with the options it was started with (--engine torch " in err
-    assert "--backend local --train-workers 1)" in err
+    assert "--backend local --train-workers 1 --engines 2 without --sim-device)" in err
+    # the engines are the run's workers too: named when they are what changed
+    assert main([*DEMO, *out, "--iterations", "1", "--engines", "1", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "at ['placement']" in err and "the demo's phases and workers follow" in err
+    assert "--engines 2 without --sim-device)" in err
     assert "give --run-id a new id to start a new run" in err
     assert err.count("\n") == 1
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["status"] == "ok"

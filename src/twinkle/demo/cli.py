@@ -315,11 +315,13 @@ def demo_run_dir(args: argparse.Namespace) -> Path | None:
 
 
 #: the demo's options that shape its observers' configuration beyond total_steps and x_
-#: keys (its phases), as DemoConfig names them
+#: keys (its phases and its workers' placement), as DemoConfig names them
 _SHAPING_OPTIONS = {
     "engine": "--engine",
     "backend": "--backend",
     "train_workers": "--train-workers",
+    "engines": "--engines",
+    "sim_device": "--sim-device",
 }
 
 
@@ -327,15 +329,24 @@ def _resume_fix(exc: ResumeConfigError) -> str:
     """What the demo's user does about a run that cannot resume with these options."""
     logged = exc.logged.get("x_demo")
     was = logged if isinstance(logged, dict) else {}
-    flags = " ".join(f"{flag} {was[key]}" for key, flag in _SHAPING_OPTIONS.items() if key in was)
+    flags = " ".join(
+        _flag(option, was[key]) for key, option in _SHAPING_OPTIONS.items() if key in was
+    )
     same = (
         f"the options it was started with ({flags})" if flags else "the options it was started with"
     )
     return (
-        f"the demo's phases follow {', '.join(_SHAPING_OPTIONS.values())}: resume run "
-        f"{exc.run_id!r} with {same} (--iterations and the others may change), or give "
-        "--run-id a new id to start a new run"
+        f"the demo's phases and workers follow {', '.join(_SHAPING_OPTIONS.values())}: "
+        f"resume run {exc.run_id!r} with {same} (--iterations and the others may change), "
+        "or give --run-id a new id to start a new run"
     )
+
+
+def _flag(option: str, value: object) -> str:
+    """``option`` as the command line gives ``value`` (a switch: itself, or without)."""
+    if isinstance(value, bool):
+        return option if value else f"without {option}"
+    return f"{option} {value}"
 
 
 def config_from(args: argparse.Namespace) -> DemoConfig:
