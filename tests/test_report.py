@@ -228,6 +228,7 @@ def test_a_run_with_its_log_alone_is_reported_from_it_and_what_is_no_run_is_refu
         "state": "finished", "writer": None, "pid": None, "host": None, "alive": None,
         "events": len((alone / "events.jsonl").read_bytes().splitlines()),
         "whole_log_why": "the run has no checkpoint",
+        "files_missing": ["summary.json", "metrics_raw.jsonl"],
     }  # fmt: skip
     assert {**from_log, "run_dir": "", "live": None} == {**own, "run_dir": ""}
     (alone / "events.jsonl").unlink()

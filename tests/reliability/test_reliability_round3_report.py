@@ -110,6 +110,33 @@ def test_a_comparison_with_a_run_its_summary_does_not_cover_reads_that_runs_log(
         assert len(from_log["segments"]) == 2
 
 
+def test_a_run_killed_as_it_wrote_its_summary_is_reported_from_its_log_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed after its log took run_finished, before summary.json was in place: the
+    report reads the log (the same figures), and says the file is missing and how to
+    write it; a summary of fewer segments than the log is named as such."""
+    run_dir = finished(tmp_path)
+    whole = load_report(run_dir)
+    (run_dir / "summary.json").unlink()
+    report = load_report(run_dir)
+    assert report["live"]["state"] == "finished"
+    assert report["live"]["files_missing"] == ["summary.json"]
+    for key in ("status", "iterations", "window", "phase_windows", "limits"):
+        assert report[key] == whole[key], key
+    assert main(["report", str(run_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (
+        "its log holds its finish, but it has no summary.json (a process killed as it "
+        "finished, or the log copied alone): these figures are its log's, and `twinkle "
+        "replay events.jsonl --out DIR` writes its files anew"
+    )
+    kept = (finished(tmp_path, "two") / "summary.json").read_bytes()
+    (finished(tmp_path, "two", 1) / "summary.json").write_bytes(kept)
+    assert main(["report", str(tmp_path / "two")]) == 0
+    assert "but its summary.json covers fewer segments than its log" in capsys.readouterr().out
+
+
 def test_a_summary_that_covers_more_than_the_log_or_another_run_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -120,6 +120,8 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         records = finished_records(run, summary, "timing" in first_event.plugins)
         return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
+    if live["state"] == "finished":  # (its log did; its files do not cover it)
+        live["files_missing"] = [n for n in (SUMMARY_FILE, RECORDS_FILE) if not (run / n).is_file()]
     return _report(run, summary, records, first_event, iter(()), reward, live)
 
 

@@ -405,6 +405,18 @@ def live_lines(report: Mapping[str, Any]) -> list[str]:
     """What a report of a run that has not finished says of it (none for a finished
     run's): the figures are its log's so far."""
     live = report.get("live")
+    if live and "files_missing" in live:
+        missing = live["files_missing"]
+        files = (
+            f"it has no {' and no '.join(missing)}"
+            if missing
+            else "its summary.json covers fewer segments than its log"
+        )
+        return [
+            f"its log holds its finish, but {files} (a process killed as it finished, or "
+            "the log copied alone): these figures are its log's, and `twinkle replay "
+            "events.jsonl --out DIR` writes its files anew"
+        ]
     if not live or live["state"] == "finished":
         return []
     events = f"the figures of its first {live['events']:,} events"
