@@ -30,11 +30,17 @@ def path_values(t: WindowTiming, prefix: str) -> dict[str, int | float]:
     return {f"{prefix}path_{kind}_seconds": t.path_ns[kind] / _NS for kind in PATH_KINDS}
 
 
-def verdict(path_ns: Mapping[str, int], config: ObserverConfig) -> tuple[str, str]:
+def verdict(
+    path_ns: Mapping[str, int],
+    config: ObserverConfig,
+    busy_ns: Mapping[str, int] | None = None,
+) -> tuple[str, str]:
     """The verdict on a critical path and why, by the rule of docs/metrics.md: the side
     (training, generation, publish) holding at least :data:`BOUND_SHARE` of the path
-    and leading the next by :data:`MARGIN` bounds it (``training-bound``...); ``mixed``
-    when none does; ``abstain`` when the sides cannot be told apart (no
+    and leading the next by :data:`MARGIN` bounds it (``training-bound``...), unless
+    another side ran so much of the stretch (``busy_ns``: each side's union) that a
+    faster bound side alone would save less than :data:`MARGIN` of it; ``mixed`` when
+    none bounds it; ``abstain`` when the sides cannot be told apart (no
     ``config.streaming``), when the path holds no time, or when most of it is none of
     the three (other phases, twinkle's own work, idle)."""
     if config.streaming is None:
@@ -52,6 +58,14 @@ def verdict(path_ns: Mapping[str, int], config: ObserverConfig) -> tuple[str, st
             "nor publish (other phases, twinkle's own work or idle)"
         )
     if first >= BOUND_SHARE and first - second >= MARGIN:
+        busiest = _busiest_other(side, busy_ns)
+        if busiest is not None and Fraction(wall - busiest[1], wall) < MARGIN:
+            other, busy = busiest
+            return "mixed", (
+                f"{side} {float(first):.0%} of the critical path, but {other} ran "
+                f"{busy / wall:.0%} of the stretch: a faster {side} alone saves at most "
+                f"{(wall - busy) / wall:.0%} (both matter)"
+            )
         return f"{side}-bound", (
             f"{side} {float(first):.0%} of the critical path, {runner_up} next at "
             f"{float(second):.0%}"
@@ -60,6 +74,25 @@ def verdict(path_ns: Mapping[str, int], config: ObserverConfig) -> tuple[str, st
         f"{side} {float(first):.0%} and {runner_up} {float(second):.0%} of the critical "
         f"path: no side holds {float(BOUND_SHARE):.0%} with a lead of {float(MARGIN):.0%}"
     )
+
+
+def _busiest_other(side: str, busy_ns: Mapping[str, int] | None) -> tuple[str, int] | None:
+    """The side other than ``side`` that ran longest, and its time (None: none known)."""
+    others = [(ns, s) for s, ns in (busy_ns or {}).items() if s != side]
+    if not others:
+        return None
+    ns, other = max(others)
+    return other, ns
+
+
+def _busy_ns(t: WindowTiming, config: ObserverConfig) -> dict[str, int]:
+    """How long training, generation and publish each ran in the stretch (their unions,
+    overlapping or not)."""
+    if config.streaming is None:
+        return {}
+    generation, training = config.streaming
+    phases = {"training": training, "generation": generation, "publish": config.publish}
+    return {side: t.phase_ns[p] for side, p in phases.items() if p is not None}
 
 
 class LimitsLedger:
@@ -73,7 +106,7 @@ class LimitsLedger:
 
     def add(self, window: WindowTiming, steady: bool, config: ObserverConfig) -> str:
         """Count ``window``'s verdict (returned) and, when ``steady``, its timing."""
-        found, _ = verdict(window.path_ns, config)
+        found, _ = verdict(window.path_ns, config, _busy_ns(window, config))
         self.windows[found] = self.windows.get(found, 0) + 1
         if steady:
             self.steady = window if self.steady is None else self.steady + window
@@ -85,7 +118,7 @@ class LimitsLedger:
         whole loop), its evidence, each window's verdict counted, and at most what a
         twice-as-fast side would save of that stretch."""
         basis, over = (self.steady, "steady state") if self.steady is not None else (loop, "loop")
-        found, why = verdict(basis.path_ns, config)
+        found, why = verdict(basis.path_ns, config, _busy_ns(basis, config))
         wall = basis.wall_ns
         path = {k: basis.path_ns[k] / _NS for k in PATH_KINDS}
         return {
@@ -103,18 +136,15 @@ class LimitsLedger:
 
 def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[str, float | None]]:
     """Per side, at most how many seconds (and what share of the stretch) a twice-as-fast
-    side would save: half its time on the critical path (training: all of its time is
-    on the path), no more than its time the path waits on (generation and publish: what
-    ran while nothing of higher rank ran)."""
+    side would save: half its time, no more than its time on the critical path (what
+    the path waits on it), and no more than the stretch leaves the other sides (the
+    stretch cannot end before the busiest of them has run its time)."""
     out: dict[str, dict[str, float | None]] = {}
-    if config.streaming is None:
-        return out
-    generation, training = config.streaming
-    phases = {"training": training, "generation": generation, "publish": config.publish}
-    for side, phase in phases.items():
-        if phase is None:
-            continue
-        saved = min(t.path_ns[side], t.phase_ns[phase] // 2)
+    busy = _busy_ns(t, config)
+    for side, ns in busy.items():
+        busiest = _busiest_other(side, busy)
+        left = t.wall_ns - (0 if busiest is None else busiest[1])
+        saved = min(t.path_ns[side], ns // 2, left)
         out[side] = {
             "seconds": saved / _NS,
             "share": saved / t.wall_ns if t.wall_ns else None,
@@ -125,8 +155,6 @@ def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[st
 def _busy_shares(t: WindowTiming, config: ObserverConfig) -> dict[str, float | None]:
     """How much of the stretch training, generation and publish each ran (their unions,
     overlapping or not)."""
-    if config.streaming is None or not t.wall_ns:
+    if not t.wall_ns:
         return {}
-    generation, training = config.streaming
-    phases = {"training": training, "generation": generation, "publish": config.publish}
-    return {side: t.phase_ns[p] / t.wall_ns for side, p in phases.items() if p is not None}
+    return {side: ns / t.wall_ns for side, ns in _busy_ns(t, config).items()}

@@ -56,8 +56,9 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     if driver:
         blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
         lines.append(
-            f"  driver            the trainer waited {num(driver.get('trainer_wait_seconds'))} s "
-            f"for rollouts; engines blocked on a full buffer {num(blocked)} s; "
+            "  driver (run)      over the whole run, warm-up included, the trainer waited "
+            f"{num(driver.get('trainer_wait_seconds'))} s for rollouts; engines blocked on a "
+            f"full buffer {num(blocked)} s; "
             f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
             f"trained, {driver.get('dropped', '-')} dropped as stale, "
             f"{driver.get('left_in_buffer', '-')} left at the end"
