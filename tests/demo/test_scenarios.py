@@ -12,6 +12,7 @@ import pytest
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import ConfigError
+from twinkle.whatif._helps import what_would_help
 
 SMALL = DemoConfig(iterations=6, prompts_per_iteration=8, completions_per_prompt=8, micro_batch=16)
 
@@ -61,6 +62,14 @@ def test_a_straggling_engine_is_named_chronic_and_the_others_not(tmp_path: Path)
     assert engines["engine1"]["median_ratio_to_peers"] > 4
     assert engines["engine0"]["verdict"] == "ok"
     assert stragglers["unit"] == "token"
+    # what would help names the straggler's fix: engine1 at its peers' speed, its
+    # speed times its ratio to them; it helps this generation-bound run most
+    rows = {r["change"]: r for r in what_would_help(str(tmp_path / "s"))}
+    fixed = rows["engine1 at its peers' speed"]
+    assert fixed["speed"] == {"engine1": engines["engine1"]["median_ratio_to_peers"]}
+    assert "engine0 at its peers' speed" not in rows
+    assert fixed["speedup"] > 1.5
+    assert fixed["speedup"] == max(r["speedup"] or 0 for r in rows.values())
 
 
 def test_ranks_of_equal_speed_are_no_stragglers(tmp_path: Path) -> None:

@@ -13,9 +13,11 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from twinkle.checks import printable
 from twinkle.whatif import Changes, Prediction, predict
 from twinkle.whatif._predict import contended_why
-from twinkle.whatif._recorded import read_recorded
+from twinkle.whatif._recorded import Recorded, read_recorded
+from twinkle.whatif._work import MAX_SPEED
 
 __all__ = ["HELPS", "format_helps", "what_would_help"]
 
@@ -42,39 +44,61 @@ def _ratio(a: Any, b: Any) -> float | None:
 def what_would_help(run: str) -> list[dict[str, Any]]:
     """Per change: its settings, the predicted steady-state tokens/s (the run's) and
     tokens/s/device, and each as a ratio to the model's replay of the run as recorded
-    (``speedup``, ``per_device``)."""
+    (``speedup``, ``per_device``). The changes: :data:`HELPS`, then each engine the
+    run found a chronic straggler brought to its peers' speed."""
     recorded = read_recorded(run)
     base = predict(recorded, Changes())
     try:
         settings = {**base.settings, "training": recorded.training}
-        before = _steady(base)
-        out = []
-        for label, make in HELPS:
-            if label == "lag +1" and settings["lag"] >= MAX_LAG:
-                continue  # (the lag is at its bound already)
-            p = predict(recorded, make(settings))
-            try:
-                after = _steady(p)
-                # A worker added on a device another uses adds no compute there, where
-                # the model gives it its own; a change of how much runs at once on a
-                # shared device changes what sharing cost: no ratio, and why.
-                why = _not_predicted(p.settings)
-                out.append(
-                    {
-                        "change": label,
-                        "settings": p.settings,
-                        "steady_tokens_per_s": after[0],
-                        "steady_tokens_per_s_per_device": after[1],
-                        "speedup": None if why else _ratio(before[0], after[0]),
-                        "per_device": None if why else _ratio(before[1], after[1]),
-                        "not_predicted": why,
-                    }
-                )
-            finally:
-                shutil.rmtree(p.out_dir, ignore_errors=True)
-        return out
+        changes = [
+            (label, make(settings))
+            for label, make in HELPS
+            if label != "lag +1" or settings["lag"] < MAX_LAG  # (else at its bound)
+        ]
+        changes += _stragglers_fixed(base.recorded, set(recorded.engines))
+        return [_row(recorded, label, change, _steady(base)) for label, change in changes]
     finally:
         shutil.rmtree(base.out_dir, ignore_errors=True)
+
+
+def _stragglers_fixed(report: dict[str, Any], engines: set[str]) -> list[tuple[str, Changes]]:
+    """For each engine the report's stragglers call chronic, the change that brings it
+    to its peers' speed: its speed times its median ratio to them."""
+    found = (report.get("limits") or {}).get("stragglers") or {}
+    workers = (found.get("generation") or {}).get("workers") or {}
+    return [
+        (f"{name} at its peers' speed", Changes(speed={name: min(ratio, MAX_SPEED)}))
+        for name, w in sorted(workers.items())
+        if w.get("verdict") == "chronic"
+        and name in engines
+        and isinstance(ratio := w.get("median_ratio_to_peers"), int | float)
+        and ratio > 1
+    ]
+
+
+def _row(
+    recorded: Recorded, label: str, change: Changes, before: tuple[Any, Any]
+) -> dict[str, Any]:
+    """One change's row: its prediction against ``before`` (the model's replay)."""
+    p = predict(recorded, change)
+    try:
+        after = _steady(p)
+        # A worker added on a device another uses adds no compute there, where the
+        # model gives it its own; a change of how much runs at once on a shared device
+        # changes what sharing cost: no ratio, and why.
+        why = _not_predicted(p.settings)
+        return {
+            "change": label,
+            "settings": p.settings,
+            "speed": dict(change.speed),
+            "steady_tokens_per_s": after[0],
+            "steady_tokens_per_s_per_device": after[1],
+            "speedup": None if why else _ratio(before[0], after[0]),
+            "per_device": None if why else _ratio(before[1], after[1]),
+            "not_predicted": why,
+        }
+    finally:
+        shutil.rmtree(p.out_dir, ignore_errors=True)
 
 
 def _not_predicted(settings: dict[str, Any]) -> str | None:
@@ -95,12 +119,16 @@ def _x(value: float | None) -> str:
 
 def format_helps(rows: list[dict[str, Any]]) -> str:
     """The rows as the report's "what would help" block."""
+    width = max([22, *(len(printable(r["change"])) + 2 for r in rows)])
     lines = [
         "what would help (predicted by twinkle whatif: steady-state tokens/s against its "
         "replay of this run as recorded; assumptions: twinkle whatif RUN)",
-        f"  {'change':<22}{'tokens/s':>10}{'per device':>12}",
+        f"  {'change':<{width}}{'tokens/s':>10}{'per device':>12}",
     ]
     for r in rows:
         why = "" if r.get("not_predicted") is None else f"  (not predicted: {r['not_predicted']})"
-        lines.append(f"  {r['change']:<22}{_x(r['speedup']):>10}{_x(r['per_device']):>12}{why}")
+        change = printable(r["change"])
+        lines.append(
+            f"  {change:<{width}}{_x(r['speedup']):>10}{_x(r['per_device']):>12}{printable(why)}"
+        )
     return "\n".join(lines)
