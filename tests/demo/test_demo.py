@@ -139,7 +139,9 @@ def test_demo_command_prints_table_and_summary(
     [
         ({"completions_per_prompt": 1}, "completions_per_prompt"),
         ({"iterations": 0}, "iterations"),
-        ({"prompts_per_iteration": 3, "engines": 2}, "engines"),
+        ({"prompts_per_iteration": 3, "engines": 2}, r"engines \(2\).*give --prompts 2 or 4,"),
+        ({"prompts_per_iteration": 16, "engines": 3}, r"give --prompts 15 or 18, or another"),
+        ({"prompts_per_iteration": 2, "engines": 3}, r"give --prompts 3, or another"),
         ({"lr": -1.0}, "lr"),
         ({"d_model": 30, "heads": 4}, "heads"),
         ({"engine": "vllm", "layers": 4}, r"layers=4: d_model, layers and heads shape the torch"),

@@ -115,9 +115,13 @@ class DemoConfig:
                 f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})"
             )
         if self.prompts_per_iteration % self.engines:
+            up = -(-self.prompts_per_iteration // self.engines) * self.engines
+            down = up - self.engines
+            near = f"{down} or {up}" if down > 0 else f"{up}"
             raise ConfigError(
                 f"prompts_per_iteration ({self.prompts_per_iteration}) must be a multiple of "
-                f"engines ({self.engines}): each engine serves an equal share"
+                f"engines ({self.engines}): each engine serves an equal share; give "
+                f"--prompts {near}, or another number of engines"
             )
         for fname, fvalue in (("lr", self.learning_rate), ("temperature", self.temperature)):
             if (
