@@ -185,6 +185,15 @@ def test_the_demo_rerun_with_another_iterations_resumes_its_run(
     assert second["config_changes"]["total_steps"] == 5
     assert second["config_changes"]["x_demo"]["iterations"] == 3
     assert {r["total_steps"] for r in lines(run_dir / "metrics.jsonl")} == {5}
+    # each segment's producers count its own: 2 prompts x 2 completions an iteration,
+    # one step each; the run's terminal totals add them up and match its events
+    assert second["terminal_totals"] == {
+        "samples_rollout": 12, "groups_rollout": 6, "samples_train": 12, "optimizer_updates": 3
+    }  # fmt: skip
+    assert summary["counts"]["samples_rollout"] == {
+        "accumulated": 20, "terminal": 20, "final": 20, "discrepancy": 0
+    }  # fmt: skip
+    assert summary["counts"]["optimizer_updates"]["terminal"] == 5
     assert_replay_identical(run_dir, tmp_path / "replayed")
 
 

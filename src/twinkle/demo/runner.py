@@ -349,13 +349,12 @@ def run_demo(
             finally:
                 for engine in engines:
                     engine.close()
-            # The engines' own totals calibrate the summary; a restart knows only its
-            # own segment's, so it gives none (the summary counts every segment's events).
-            engine_totals = rig.totals() if resumed is None and cfg.observers else {}
+            # The engines' own totals calibrate the summary; this process's counts are
+            # its segment's (a restart's engines and trainer start from nothing), which
+            # the summary compares with the segment's events and adds to the others'.
+            engine_totals = rig.totals() if cfg.observers else {}
         summary = run.finish(
-            terminal_totals=None
-            if resumed is not None
-            else {
+            terminal_totals={
                 "samples_rollout": generated,
                 "groups_rollout": groups,
                 "samples_train": visits,
