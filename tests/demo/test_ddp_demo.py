@@ -76,6 +76,9 @@ def test_rank_one_reports_spans_and_memory_from_its_own_process(two_ranks: DemoR
         assert {r["rank"] for r in readings} == {0, 1}, it
         (mine,) = [r for r in readings if r["rank"] == 1]
         assert mine["worker_id"] == "rank1" and mine["pid"] == rank1[0]["anchor"]["pid"]
+        # rank 0 is the run's process, named as the placement names it
+        (zero,) = [r for r in readings if r["rank"] == 0]
+        assert zero["worker_id"] == "rank0" and zero["pid"] == driver
     assert two_ranks.summary["spans"]["sources"]["rank1"]["dropped"] == 0
 
 

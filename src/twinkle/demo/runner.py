@@ -81,9 +81,7 @@ def _placement(cfg: DemoConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
     # (named without the host: a run resumed on another host keeps its configuration;
     # x_cluster records the host's resources)
     lifecycle = [p for p in ("startup", "shutdown") if p in phases]
-    trainers = (
-        ["trainer"] if cfg.train_workers == 1 else [f"rank{r}" for r in range(cfg.train_workers)]
-    )
+    trainers = _trainers(cfg)
     trainer_phases = ["train", *(["publish"] if cfg.engine == "vllm" else []), *lifecycle]
     placement = {name: {**_device(cfg, name), "phases": trainer_phases} for name in trainers}
     for i in range(cfg.engines):
@@ -92,6 +90,14 @@ def _placement(cfg: DemoConfig, phases: Mapping[str, Any]) -> dict[str, Any]:
             "phases": ["rollout", "publish", *lifecycle],
         }
     return placement
+
+
+def _trainers(cfg: DemoConfig) -> list[str]:
+    """The trainer's workers, as the placement and their memory readings name them:
+    ``trainer``, or ``rank0``... (rank 0 is this process)."""
+    if cfg.train_workers == 1:
+        return ["trainer"]
+    return [f"rank{r}" for r in range(cfg.train_workers)]
 
 
 def _device(cfg: DemoConfig, worker: str) -> dict[str, Any]:
@@ -257,6 +263,8 @@ def run_demo(
         def on_step(it: int, step: int, n: int) -> None:
             bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
 
+        # this process's memory: the trainer's (rank 0's), but on Ray, where it drives
+        me = None if cfg.backend == "ray" else _trainers(cfg)[0]
         if cfg.backend == "ray":
             rig_cm = ray_rig(cfg, run, first, on_step)
         elif cfg.engine == "torch":
@@ -337,7 +345,7 @@ def run_demo(
                                 "kl": result.kl,
                             },
                         )
-                        run.read_memory(iteration=it, others=rig.worker_memory(it))
+                        run.read_memory(iteration=it, others=rig.worker_memory(it), worker_id=me)
                         if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
                             pending.append((it + 1, trainer.state()))
                             publish_due(it)

@@ -410,12 +410,13 @@ class RunSession:
         iteration: int | None,
         device: str | None = None,
         others: Iterable[MemoryReading] = (),
+        worker_id: str | None = None,
     ) -> None:
-        """Read this process's memory (:func:`~twinkle.perf.stats.memory_stats`) and
-        publish it, with ``others``: readings other workers shipped for the same
-        iteration (one event, so the iteration's memory record reduces them all)."""
+        """Read this process's memory (:func:`~twinkle.perf.stats.memory_stats`; worker
+        ``worker_id``, default ``host:pid``) and publish it, with ``others``: readings
+        other workers shipped for the same iteration (one event: one record of them all)."""
         with self.bus.own_work("memory"):
-            reading = memory_stats(device=device)
+            reading = memory_stats(device=device, worker_id=worker_id)
         self.bus.memory([reading, *others], iteration=iteration)
 
     def receive(self, report: WorkerReport, *, iteration: int | None = None) -> None:
