@@ -248,6 +248,22 @@ def test_a_resume_that_fails_leaves_every_file_as_it_was(tmp_path: Path) -> None
     assert_replay_identical(run_dir, tmp_path)
 
 
+def test_a_torn_last_line_is_said_once_by_the_resume_that_moves_it_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash's torn last line: the resume reads the log past it without a word (twice:
+    its scan and its feed), and its event log moves it to ``events.jsonl.torn``, saying
+    so once; the run goes on."""
+    scripted_run(tmp_path, "r", 2, autoload=False)
+    with (tmp_path / "r" / "events.jsonl").open("ab") as log:
+        log.write(b'{"type": "spa')
+    with caplog.at_level("WARNING"):
+        scripted_run(tmp_path, "r", 1, autoload=False)
+    said = [r.getMessage() for r in caplog.records if "events.jsonl" in r.getMessage()]
+    assert len(said) == 1 and "moved 13 byte(s)" in said[0], said
+    assert (tmp_path / "r" / "events.jsonl.torn").is_file()
+
+
 def test_a_log_starting_with_a_blank_line_resumes(tmp_path: Path) -> None:
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "events.jsonl").write_bytes(b"\n")  # what a reader passes over

@@ -137,6 +137,33 @@ def test_a_run_killed_as_it_wrote_its_summary_is_reported_from_its_log_saying_so
     assert "but its summary.json covers fewer segments than its log" in capsys.readouterr().out
 
 
+def test_a_run_killed_before_its_first_event_is_named_so_by_report_and_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its log is empty and the process its lock file names is gone: no "in a moment";
+    replay names the file and why there is nothing to replay."""
+    import socket
+    import time
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    pid = int(gone.stdout)
+    run_dir = tmp_path / "e0"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_bytes(b"")
+    lock = {"pid": pid, "hostname": socket.gethostname(), "since_unix_ns": time.time_ns()}
+    (run_dir / ".twinkle.lock").write_bytes(orjson.dumps(lock))
+    assert main(["report", str(run_dir)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"holds no event: the process that began the run (pid {pid} on " in err
+    assert "which is gone) was stopped before it wrote one; there is nothing to report" in err
+    assert main(["replay", str(run_dir), "--out", str(tmp_path / "x")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'events.jsonl'} must start with a run_started event, got no event" in err
+    assert "a run killed as it started wrote none, and there is nothing to replay" in err
+
+
 def test_a_summary_that_covers_more_than_the_log_or_another_run_is_refused(
     tmp_path: Path,
 ) -> None:

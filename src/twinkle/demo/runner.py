@@ -122,7 +122,7 @@ def _steps_taken(out_dir: str | os.PathLike[str] | None, run_id: str | None) -> 
     steps = 0
     if log.is_file():
         with contextlib.suppress(TwinkleError):
-            for event in iter_events(log):
+            for event in iter_events(log, warn_torn=False):  # (the resume says it)
                 if isinstance(event, OptimizerStep):
                     steps = max(steps, event.step)
     return steps

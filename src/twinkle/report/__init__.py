@@ -103,10 +103,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
     events = iter_events(run / EVENTS_FILE)  # read once: its first event, then memory
     first_event = next(events, None)
     if first_event is None:
-        raise InvalidArgumentError(
-            f"{str(run / EVENTS_FILE)!r} holds no event yet: a run just starting writes "
-            "its first in a moment (report it again), or one that never started wrote none"
-        )
+        raise InvalidArgumentError(f"{str(run / EVENTS_FILE)!r} holds no event{_why_none(run)}")
     if not isinstance(first_event, RunStarted):
         raise InvalidArgumentError(
             f"{str(run / EVENTS_FILE)!r} does not start with run_started: it is not a "
@@ -154,6 +151,21 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     report["memory_peak_bytes"] = peaks
     report["segments"] = segments
     return report
+
+
+def _why_none(run: Path) -> str:
+    """Why a run's log holds no event, as far as its lock file tells."""
+    writer = writer_of(run)
+    if writer is not None and writer.alive is False:
+        return (
+            f": the process that began the run ({writer.describe()}) was stopped before it "
+            "wrote one; there is nothing to report (run it again with the same run id to "
+            "start it, or remove the directory)"
+        )
+    return (
+        " yet: a run just starting writes its first in a moment (report it again), or one "
+        "that never started wrote none"
+    )
 
 
 def _finished(run: Path, first: RunStarted) -> tuple[Summary, int] | None:

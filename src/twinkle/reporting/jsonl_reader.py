@@ -66,6 +66,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
     ``fragment_lines`` lists the lines passed over as a killed co-appender's unfinished
     line, recorded in the sidecar (``fragment_bytes``: their total length).
     ``max_line_bytes`` is the line limit (None: :data:`~twinkle.reporting.MAX_LINE_BYTES`).
+    ``warn_torn=False`` notes a torn last line without logging it (the caller says it).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
         fragments: bool = True,
         start: tuple[int, int] = (0, 0),
         max_line_bytes: int | None = None,
+        warn_torn: bool = True,
     ) -> None:
         self.path = path
         self.max_line_bytes = line_limit(max_line_bytes)
@@ -84,6 +86,7 @@ class JsonlReader(Iterator[dict[str, Any]]):
         self._start = start
         self.on_error = on_error
         self.allow_torn_tail = allow_torn_tail
+        self.warn_torn = warn_torn
         self.skipped = 0
         self.skipped_lines: list[int] = []
         self.lineno = 0
@@ -126,6 +129,8 @@ class JsonlReader(Iterator[dict[str, Any]]):
             # stopped inside it. Complete JSON objects never get here.
             self.torn_line = lineno
             self.torn_bytes = len(line)
+            if not self.warn_torn:
+                return
             logger.warning(
                 "%s:%d: torn last line (%d byte(s) without a newline: %s) passed over",
                 self.path,
@@ -222,6 +227,7 @@ def read_jsonl(
     allow_torn_tail: bool = False,
     start: tuple[int, int] = (0, 0),
     max_line_bytes: int | None = None,
+    warn_torn: bool = True,
 ) -> JsonlReader:
     """Iterate the JSON objects of a JSONL file, lazily, in file order.
 
@@ -238,11 +244,17 @@ def read_jsonl(
     sha256): that one is passed over, logged and listed in ``fragment_lines``. A missing
     file raises :class:`~twinkle.errors.ReporterError` when iteration starts.
     ``start`` = (byte offset, lines before it) begins at a line's start, numbering on.
+    ``warn_torn=False``: a torn last line is noted, not logged (its caller says it).
     """
     if on_error not in ("raise", "skip"):
         raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgumentError(f"path must be a str or os.PathLike, got {path!r}")
     return JsonlReader(
-        Path(path), on_error, bool(allow_torn_tail), start=start, max_line_bytes=max_line_bytes
+        Path(path),
+        on_error,
+        bool(allow_torn_tail),
+        start=start,
+        max_line_bytes=max_line_bytes,
+        warn_torn=warn_torn,
     )

@@ -99,12 +99,18 @@ class _EventLog(Iterator[Event]):
     ``run_started`` say, is said first)."""
 
     def __init__(
-        self, path: Path, *, defer_seq: bool = False, after: tuple[int, int] | None = None
+        self,
+        path: Path,
+        *,
+        defer_seq: bool = False,
+        after: tuple[int, int] | None = None,
+        warn_torn: bool = True,
     ) -> None:
         self.path = path
         offset, events = after or (0, 0)
         # (after a checkpoint: its lines are numbered as its events, seq'd by the writer)
-        self._reader = read_jsonl(path, allow_torn_tail=True, start=(offset, events))
+        start = (offset, events)
+        self._reader = read_jsonl(path, allow_torn_tail=True, start=start, warn_torn=warn_torn)
         self._defer_seq = defer_seq
         self._seq: object = _NOTHING  # the seq of the line read last, until checked
         self._seq_line = 0
@@ -141,7 +147,7 @@ class _EventLog(Iterator[Event]):
             lineno, why = self._reader.error or (self._reader.lineno, str(exc))
             raise ReplayError(
                 f"{self.path}:{lineno}: {why}; a bad line (other than a torn last line) is "
-                "corruption, never skipped: fix or remove that line and replay again"
+                "corruption, never skipped: fix or remove that line and run this again"
             ) from exc
         except ReporterError as exc:
             raise ReplayError(f"cannot read the event log: {exc}") from exc
@@ -220,15 +226,19 @@ def _log_path(events: str | os.PathLike[str]) -> Path:
 
 
 def iter_events(
-    path: str | os.PathLike[str], *, after: tuple[int, int] | None = None
+    path: str | os.PathLike[str],
+    *,
+    after: tuple[int, int] | None = None,
+    warn_torn: bool = True,
 ) -> Iterator[Event]:
     """The events of a log (a path to ``events.jsonl`` or its run directory), in order; a
     malformed line, or one whose ``seq`` is not its place in the file, raises
     :class:`ReplayError` naming the file and line number. A torn last line (no newline,
-    not a JSON object: a crash stopped its write) is passed over and logged; see
+    not a JSON object: a crash stopped its write) is passed over and logged (not logged
+    with ``warn_torn=False``: a resume, whose event log moves it aside and says so); see
     :func:`replay`. ``after`` = (byte offset, events before it): only the events from
     that line on (a checkpoint's tail)."""
-    return _EventLog(_log_path(path), after=after)
+    return _EventLog(_log_path(path), after=after, warn_torn=warn_torn)
 
 
 def started_config(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
@@ -319,10 +329,14 @@ def _first_event(iterator: Iterator[Event], log: _EventLog | None) -> RunStarted
     first = next(iterator, None)
     if not isinstance(first, RunStarted):
         torn = "" if log is None or log.torn_line is None else " (its only line is torn)"
-        raise ReplayError(
-            "the event log must start with a run_started event, got "
-            f"{'nothing' if first is None else first.TYPE!r}{torn}"
+        where = "the event log" if log is None else str(log.path)
+        got = "no event" if first is None else f"{first.TYPE!r}"
+        why = (
+            ": a run killed as it started wrote none, and there is nothing to replay"
+            if first is None
+            else ""
         )
+        raise ReplayError(f"{where} must start with a run_started event, got {got}{torn}{why}")
     try:
         check_run_id(first.run_id)
     except InvalidArgumentError as exc:

@@ -47,10 +47,10 @@ class Scan:
 
 
 def logged_events(log: Path, checkpoint: Checkpoint | None) -> Iterator[Any]:
-    """The log's events: after ``checkpoint``'s when there is one, else all."""
-    if checkpoint is None:
-        return iter_events(log)
-    return iter_events(log, after=(checkpoint.files[EVENTS_FILE].size, checkpoint.events))
+    """The log's events: after ``checkpoint``'s when there is one, else all. A torn last
+    line is not logged: the resume's event log moves it aside and says so."""
+    after = None if checkpoint is None else (checkpoint.files[EVENTS_FILE].size, checkpoint.events)
+    return iter_events(log, after=after, warn_torn=False)
 
 
 def scan_of(checkpoint: Checkpoint, checker: Run) -> Scan:
