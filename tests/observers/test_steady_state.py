@@ -74,8 +74,10 @@ def _run(
     config: dict[str, Any] | None = None,
     spans: list[Span] = SPANS,
     late: tuple[str, ...] = (),
+    steps: bool = False,
 ) -> Path:
-    """The scripted run; spans named in ``late`` are sent only at the finish."""
+    """The scripted run; spans named in ``late`` are sent only at the finish; with
+    ``steps``, each iteration takes an optimizer step after its samples."""
     run, clock = manual_session(out_dir, "steady", CONFIG if config is None else config)
     bus = run.bus
     published: set[int] = set()
@@ -96,6 +98,8 @@ def _run(
         bus.iteration_started(it)
         bus.samples(iteration=it, phase="rollout", lengths=[TOKENS[it]])
         bus.samples(iteration=it, phase="train", lengths=[TOKENS[it]])
+        if steps:
+            bus.optimizer_step(iteration=it, step=it + 1, samples=1)
     publish_until(FINISH_MS)
     clock.set(FINISH_MS * MS)
     run.finish(status=status, error=None if status == "ok" else "it failed")  # type: ignore[arg-type]
@@ -214,6 +218,22 @@ def test_every_figure_of_a_window_carries_its_flags_and_a_cut_short_one_says_so(
     assert flagged == {(k, i): flags[i] for k in kinds for i in range(4)}
     assert {(r.kind, r.iteration) for r in records if cut_short(r)} == {(k, 3) for k in kinds}
     assert {r.scope for r in records if not cut_short(r)} == {"iteration", "window", "run"}
+
+
+def test_an_iteration_that_took_its_step_before_an_error_is_partial_but_not_cut_short(
+    tmp_path: Path,
+) -> None:
+    """Each iteration steps; the run then ends in error: iteration 3's window is still
+    flagged partial (the steady state leaves it out), but it took step 4, a point of its
+    own on a dashboard: not cut short."""
+    run_dir = _run(tmp_path, status="error", steps=True)
+    records = [record_from_dict(r) for r in _records(run_dir)]
+    last = [r for r in records if r.scope == "iteration" and r.iteration == 3]
+    assert {r.kind for r in last} == {"timing", "waits", "rollout", "train", "iteration"}
+    assert {(r.step, r.attrs["window_flags"], r.attrs["iteration_steps"]) for r in last} == {
+        (4, ("partial",), 1)
+    }
+    assert not any(cut_short(r) for r in records)
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,9 @@ def test_each_window_reduces_the_workers_unaccounted_time_and_adds_the_waits(
         }, it
         # the first window fills the pipeline, the last drains it (the run ends ok)
         flags = {0: ["warmup"], 3: ["drain"]}.get(it, [])
-        assert waits[it]["attrs"] == {"window_flags": flags, "unaccounted_argmax_worker": who}, it
+        assert waits[it]["attrs"] == {
+            "window_flags": flags, "iteration_steps": 0, "unaccounted_argmax_worker": who
+        }, it  # fmt: skip
 
 
 def test_the_summary_gives_each_workers_share_of_the_steady_state(run_dir: Path) -> None:

@@ -429,6 +429,10 @@ def test_cut_short_is_an_iteration_record_whose_window_was_flagged_partial() -> 
 
     assert cut_short(flagged("partial"))
     assert cut_short(flagged("warmup", "partial"))  # a run cut short in its first
+    # one that took its optimizer step before the run stopped has a point of its own
+    took = rec(attrs={"window_flags": ["partial"], "iteration_steps": 1})
+    assert not cut_short(took)
+    assert cut_short(rec(attrs={"window_flags": ["partial"], "iteration_steps": 0}))
     assert not cut_short(flagged())
     assert not cut_short(flagged("warmup")) and not cut_short(flagged("drain"))
     # a window's or the run's figures are whole; so are records without flags (the

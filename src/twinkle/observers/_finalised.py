@@ -4,6 +4,8 @@ figures at the finish (:class:`RunTiming`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from twinkle.observers._measure import AttributedTiming, IterationData, WindowTiming
@@ -31,6 +33,12 @@ class Finished(msgspec.Struct, frozen=True):
     @property
     def steady(self) -> bool:
         return not self.flags
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """What every record computed from the iteration's window carries: its window's
+        flags and the optimizer steps the iteration took (``iteration_steps``)."""
+        return {"window_flags": list(self.flags), "iteration_steps": self.data.steps}
 
 
 class RunTiming(msgspec.Struct, frozen=True):

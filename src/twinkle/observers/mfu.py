@@ -231,7 +231,7 @@ class MfuObserver(BuiltinObserver):
                     self.steady[phase].add(totals)
                     self.steady_ns[phase] += attributed
             attrs = self._with_flags(self._attrs(by_phase), values)
-            attrs["window_flags"] = list(done.flags)
+            attrs.update(done.attrs)
             records.append(
                 make_record(
                     kind="mfu",

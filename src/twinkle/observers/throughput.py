@@ -198,13 +198,11 @@ class ThroughputObserver(BuiltinObserver):
             attributed = done.attributed.phase_logical_ns
             steady = done.steady
             self.steady_iterations += steady
-            flags = list(done.flags)
             for phase, spec in config.throughput.items():
                 lengths, seconds = samples.get(spec.samples, ()), attributed[phase] / _NS
                 values = batch(lengths=lengths, seconds=seconds, devices=spec.devices)
                 values["groups"] = data.groups.get(spec.samples, 0)
-                attrs = {"window_flags": flags}
-                records.append(make_record(kind=phase, values=values, attrs=attrs, **common))
+                records.append(make_record(kind=phase, values=values, attrs=done.attrs, **common))
                 if steady:
                     self._add_steady(phase, lengths, seconds, spec.devices)
             if window is not None:
@@ -212,7 +210,7 @@ class ThroughputObserver(BuiltinObserver):
                 values = batch(lengths=lengths, seconds=seconds, devices=window.devices)
                 values["window_logical_seconds"] = seconds
                 values["steady"] = int(steady)
-                attrs = {"window_flags": flags}
+                attrs = done.attrs
                 records.append(make_record(kind="iteration", values=values, attrs=attrs, **common))
                 if steady:
                     self._add_steady(_WINDOW, lengths, seconds, window.devices)

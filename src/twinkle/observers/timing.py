@@ -303,7 +303,7 @@ class TimingObserver(BuiltinObserver):
             wall_ns=done.data.wall_ns,
             monotonic_ns=monotonic_ns,
             values=values,
-            attrs={"window_flags": list(done.flags), **(attrs or {})},
+            attrs={**done.attrs, **(attrs or {})},
         )
 
     @hookimpl

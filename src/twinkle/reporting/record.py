@@ -244,18 +244,19 @@ def flat_key(record: MetricRecord, key: str) -> str:
 
 
 def cut_short(record: MetricRecord) -> bool:
-    """Whether ``record`` holds figures of an iteration whose work was cut short (its
-    window flagged ``partial``, ``attrs.window_flags``: the last of a segment that did not
-    finish ``ok``). Its figures cover only part of an iteration, and it took no optimizer
-    step after the one before it: a chart whose x axis is the step would draw it as a
-    false drop, a second point at that step. A dashboard leaves it out; it stays in
-    ``metrics_raw.jsonl`` and the report. A record of the caller's own values (a
-    ``scalars`` record) or of memory readings is never cut short: what it holds was
-    measured whole."""
+    """Whether ``record`` holds figures of an iteration cut short before its optimizer
+    step: its window flagged ``partial`` (``attrs.window_flags``: the last of a segment
+    that did not finish ``ok``) and no step of its own (``attrs.iteration_steps`` 0).
+    Its figures cover part of an iteration at the step of the one before it: a chart
+    whose x axis is the step would draw them as a false drop, a second point at that
+    step. A dashboard leaves it out; it stays in ``metrics_raw.jsonl`` and the report.
+    An iteration that took its step before the run stopped has a point of its own, and
+    is shown. A record of the caller's own values (a ``scalars`` record) or of memory
+    readings is never cut short: what it holds was measured whole."""
     if record.scope != "iteration":
         return False
     flags = record.attrs.get("window_flags")
-    return flags is not None and "partial" in flags
+    return flags is not None and "partial" in flags and not record.attrs.get("iteration_steps")
 
 
 def record_to_dict(record: MetricRecord) -> dict[str, Any]:

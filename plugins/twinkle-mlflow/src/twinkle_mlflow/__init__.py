@@ -21,8 +21,9 @@ alone.
 record's optimizer step, its timestamp the record's wall time (ms); MLflow keeps the
 float64, and one point of several equal ones (same step, time and value). A ``None``
 (nothing to measure) is left out, and so are the figures of an iteration a crash or an
-error cut short (:func:`~twinkle.reporting.cut_short`: a second point at the step before
-it would draw a false drop; they stay in ``metrics_raw.jsonl``). The MLflow run ends
+error cut short before its step (:func:`~twinkle.reporting.cut_short`: a second point at
+the step before it would draw a false drop; they stay in ``metrics_raw.jsonl``). The
+MLflow run ends
 ``FINISHED`` when the twinkle run ends ``ok``, else ``FAILED``.
 
 **Where the work happens.** The plugin gives the run's reporter a backend

@@ -13,9 +13,9 @@ every run. Leave it out of one run with ``--block tensorboard`` (``blocked=
 optimizer step, at the record's wall time. The run's and the windows' records give
 ``run/<kind>/<key>`` and ``window/<kind>/<key>``, at the run's last step. A ``None``
 (a figure with nothing to measure) is left out, never written as 0, and so are the
-figures of an iteration a crash or an error cut short (:func:`~twinkle.reporting.cut_short`:
-a second point at the step before it would draw a false drop); they stay in
-``metrics_raw.jsonl`` and the report.
+figures of an iteration a crash or an error cut short before its step
+(:func:`~twinkle.reporting.cut_short`: a second point at the step before it would draw
+a false drop); they stay in ``metrics_raw.jsonl`` and the report.
 
 **Exact values.** Each value is a float64 tensor with the scalar plugin's metadata, which
 TensorBoard shows as a scalar like any other. The usual ``simple_value`` is a float32:

@@ -19,9 +19,10 @@ with ``optimizer_step`` and ``iteration``; every chart's x axis is ``optimizer_s
 (``define_metric``). The run's and the windows' records go to the W&B summary as
 ``run/<kind>/<key>`` and ``window/<kind>/<key>`` (the last value where one recurs). A
 ``None`` (nothing to measure) is left out, and so are the figures of an iteration a
-crash or an error cut short (:func:`~twinkle.reporting.cut_short`: a second row at the
-step before it would draw a false drop; they stay in ``metrics_raw.jsonl``). The W&B
-run finishes with exit code 0 when the twinkle run ends ``ok``, else 1.
+crash or an error cut short before its step (:func:`~twinkle.reporting.cut_short`: a
+second row at the step before it would draw a false drop; they stay in
+``metrics_raw.jsonl``). The W&B run finishes with exit code 0 when the twinkle run ends
+``ok``, else 1.
 
 **Where the work happens.** The plugin gives the run's reporter a backend
 (:class:`WandbBackend`), which the run calls on a thread of the backend's own
