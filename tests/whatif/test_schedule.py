@@ -90,6 +90,7 @@ def test_two_engines_double_the_throughput_and_the_devices(run: Path, tmp_path: 
         "buffer": None,
         "shared": [],
         "contended": [],
+        "speed_shared": [],
     }
 
 

@@ -7,12 +7,15 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from _whatif_run import CONFIG, recorded_events
 from twinkle.cli import main
 from twinkle.demo import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.errors import InvalidArgumentError, ReplayError
+from twinkle.run import replay
 from twinkle.testing import scripted_run
 from twinkle.whatif import Changes, predict
 
@@ -170,6 +173,34 @@ def test_another_lag_or_fewer_workers_on_a_shared_device_is_not_predicted(
     rows = {r["change"]: r for r in json.loads(capsys.readouterr().out)["what_would_help"]}
     assert rows["lag +1"]["speedup"] is None
     assert rows["lag +1"]["not_predicted"].startswith("the recorded workers shared host-cpu")
+
+
+def test_fewer_ranks_on_a_shared_device_is_not_predicted_and_a_speed_has_a_caveat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two training workers and the engine on one device: one rank fewer leaves the
+    other more of it (no prediction); a speed factor is predicted, with its caveat."""
+    config = dict(CONFIG)
+    worker = {"device_type": "cpu", "devices": ["host-cpu"]}
+    config["placement"] = {
+        "trainer": {**worker, "phases": ["train"]},
+        "trainer2": {**worker, "phases": ["train"]},
+        "e0": {**worker, "phases": ["rollout", "publish"]},
+    }
+    events = recorded_events()
+    events[0] = msgspec.structs.replace(events[0], config=config)
+    replay(events, tmp_path / "two", autoload=False)
+    run = str(tmp_path / "two")
+    assert main(["whatif", run, "--ranks", "1", "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["ranks"], settings["contended"]) == (1, ["host-cpu"])
+    assert main(["whatif", run, "--ranks", "2", "--json"]) == 0  # (as recorded)
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["contended"], settings["speed_shared"]) == ([], [])
+    assert main(["whatif", run, "--speed", "train=2"]) == 0
+    out = capsys.readouterr().out
+    assert "read with care: the recorded workers shared host-cpu: a --speed factor" in out
+    assert "not a prediction" not in out and "that error does not bound this change" in out
 
 
 def test_a_run_it_cannot_predict_keeps_its_report(

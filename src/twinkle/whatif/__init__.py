@@ -140,7 +140,9 @@ def _settings(recorded: Recorded, plan: Plan, changes: Changes) -> dict[str, Any
     the workers it adds on a device another worker uses (``shared``: the model's
     assumption of a device of their own does not hold for them) and the devices several
     recorded workers shared when it changes how much of their work runs at once
-    (``contended``: what sharing cost is in the recorded times, which it keeps)."""
+    (``contended``: what sharing cost is in the recorded times, which it keeps), or
+    when it changes a speed (``speed_shared``: the others keep their recorded times,
+    where a real speed-up there changes what they get)."""
     ranks = changes.ranks or recorded_ranks(recorded)
     concurrency_changed = (
         plan.lag != recorded.lag
@@ -155,6 +157,7 @@ def _settings(recorded: Recorded, plan: Plan, changes: Changes) -> dict[str, Any
         "buffer": plan.buffer,
         "shared": added_on_shared_devices(recorded, plan, changes.ranks),
         "contended": contended_devices(recorded, concurrency_changed),
+        "speed_shared": contended_devices(recorded, bool(changes.speed)),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif import ASSUMPTIONS, Changes, Prediction, predict
-from twinkle.whatif._predict import contended_why
+from twinkle.whatif._predict import contended_why, speed_shared_note
 
 __all__ = ["whatif_command"]
 
@@ -121,11 +121,13 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         )
     if s["contended"]:
         lines.append(f"not a prediction: {contended_why(s['contended'])}")
+    elif s["speed_shared"]:
+        lines.append(f"read with care: {speed_shared_note(s['speed_shared'])}")
     error = _reproduction(check)["steady_tokens_per_s_per_device"]
     if error is not None:
         bound = (
             "that error does not bound this change (above)"
-            if s["shared"] or s["contended"]
+            if s["shared"] or s["contended"] or s["speed_shared"]
             else "read the prediction with that error"
         )
         lines.append(

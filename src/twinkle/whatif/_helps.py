@@ -15,7 +15,7 @@ from typing import Any
 
 from twinkle.checks import printable
 from twinkle.whatif import Changes, Prediction, predict
-from twinkle.whatif._predict import contended_why
+from twinkle.whatif._predict import contended_why, speed_shared_note
 from twinkle.whatif._recorded import Recorded, read_recorded
 from twinkle.whatif._work import MAX_SPEED
 
@@ -131,4 +131,7 @@ def format_helps(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"  {change:<{width}}{_x(r['speedup']):>10}{_x(r['per_device']):>12}{printable(why)}"
         )
+    shared = [r["settings"]["speed_shared"] for r in rows if r["settings"]["speed_shared"]]
+    if shared:
+        lines.append(f"  (the speed changes: {speed_shared_note(shared[0])})")
     return "\n".join(lines)

@@ -41,6 +41,7 @@ __all__ = [
     "added_on_shared_devices",
     "contended_devices",
     "contended_why",
+    "speed_shared_note",
     "predicted_events",
     "write_prediction",
 ]
@@ -114,6 +115,15 @@ def contended_devices(recorded: Recorded, concurrency_changed: bool) -> list[str
     if not concurrency_changed or not isinstance(placement, Mapping):
         return []
     return sorted(d for d, n in _device_uses(_thawed(placement)).items() if n > 1)
+
+
+def speed_shared_note(devices: list[str]) -> str:
+    """The caveat of a speed change on devices several recorded workers shared."""
+    return (
+        f"the recorded workers shared {', '.join(devices)}: a --speed factor changes those "
+        "spans alone, where a real speed-up there changes what the others get too (the "
+        "demo's trainer slowed 2x came out 20% off, docs/performance.md)"
+    )
 
 
 def contended_why(devices: list[str]) -> str:
