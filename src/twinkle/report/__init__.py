@@ -44,7 +44,7 @@ from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStar
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
 from twinkle.report._compare import PEAKS, compare, streaming_effect
 from twinkle.report._log_segments import log_ends_a_segment, logged_segments
-from twinkle.report._plots import PLOTS, time_parts, write_plots
+from twinkle.report._plots import PLOTS, time_parts, write_plots, write_png
 from twinkle.report._run_files import (
     RECORDS_FILE,
     SUMMARY_MAX_BYTES,
@@ -70,6 +70,7 @@ __all__ = [
     "streaming_effect",
     "time_parts",
     "write_plots",
+    "write_png",
 ]
 
 _REWARD_KEYS = ("reward_mean", "reward")

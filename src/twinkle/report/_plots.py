@@ -251,6 +251,12 @@ HTML_START = b"<!doctype html"
 PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
+def write_png(path: str | os.PathLike[str], data: bytes, *, flag: str) -> Path:
+    """Write the PNG image ``data`` to the file option ``flag`` names, as
+    :func:`write_file` does: never over a file that is not an earlier PNG."""
+    return write_file(path, data, flag=flag, start=PNG_START)
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, *, flag: str, start: bytes) -> Path:
     """Write ``data`` to the file option ``flag`` names, whole. Refused, naming it, when
     it is a link, a directory or not a regular file, or a file that is not an earlier

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.report import load_report
-from twinkle.report._compare import compare
+from twinkle.report import compare, load_report
 from twinkle.whatif._predict import (
     added_on_shared_devices,
     contended_devices,

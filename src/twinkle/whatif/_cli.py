@@ -142,7 +142,7 @@ def _plot(p: Prediction, path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from twinkle.report._plots import PNG_START, write_file
+    from twinkle.report import write_png
 
     if not path.lower().endswith(".png"):
         raise InvalidArgumentError(f"--plot {path!r}: give the path of a .png file to write")
@@ -159,6 +159,4 @@ def _plot(p: Prediction, path: str) -> None:
     ax.legend()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
-    print(
-        f"wrote {write_file(path, png.getvalue(), flag='--plot', start=PNG_START)}", file=sys.stderr
-    )
+    print(f"wrote {write_png(path, png.getvalue(), flag='--plot')}", file=sys.stderr)
