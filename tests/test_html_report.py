@@ -21,6 +21,7 @@ from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
 from twinkle.perf import ClockAnchor, ManualClock, Span, WorkerReport
 from twinkle.perf.stats import MemoryReading
+from twinkle.report import load_report
 from twinkle.report._timeline import Timeline, timeline
 from twinkle.run import RunSession
 
@@ -320,3 +321,32 @@ def test_a_run_that_ended_in_error_shows_its_error(tmp_path: Path) -> None:
     page = tmp_path / "failed.html"
     assert main(["report", str(ended_in_error(tmp_path)), "--html", str(page)]) == 0
     assert f"<p>error <b data-key='error'>{SIGTERM_ERROR}</b></p>" in page.read_text()
+
+
+def test_the_peak_memory_plot_draws_the_highest_peaks_and_says_what_it_left_out(
+    tmp_path: Path,
+) -> None:
+    """50 workers, worker ``wK`` peaking at K + 1 MiB: the plot draws the 48 highest (all
+    but w0 and w1, in the report's order) and says the other 2 are left out."""
+    clock = ManualClock(0)
+    readings = [
+        MemoryReading(f"w{k}", k, 100 + k, "vm", "cpu", 2**20, (k + 1) * 2**20, 0, 0, 0, 0)
+        for k in range(50)
+    ]
+    with RunSession(out_dir=tmp_path, run_id="m", config={}, clock=clock, autoload=False,
+                    wall_clock=lambda: 10**18 + clock()) as run:  # fmt: skip
+        run.bus.iteration_started(0)
+        clock.advance(10**8)
+        run.bus.memory(readings, iteration=0)
+    page_path = tmp_path / "m.html"
+    assert main(["report", str(tmp_path / "m"), "--html", str(page_path)]) == 0
+    page = page_path.read_text()
+    bars = [
+        trace
+        for figure in _figures(page).values()
+        for trace in figure["data"]
+        if trace.get("type") == "bar" and "w49" in trace.get("x", [])
+    ]
+    kept = [w for w in load_report(tmp_path / "m")["memory_peak_bytes"] if w not in ("w0", "w1")]
+    assert len(kept) == 48 and bars and all(t["x"] == kept for t in bars)
+    assert "2 of 50 workers with lower peaks are left out (report --json has every one)." in page

@@ -138,6 +138,7 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
     """The page's plotly figures: each one's title, figure and what it left out."""
     layout = {"height": 420, "margin": {"t": 30}, "hovermode": "closest"}
     rate, time_, path, memory, reward = (go.Figure(layout=layout) for _ in range(5))
+    left_out = ""
     for tag, r in runs:
         dash = "dash" if tag == "B" else "solid"
         rows = r["iterations"]
@@ -162,11 +163,7 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
             path.add_bar(x=[row["iteration"] for row in windows],
                          y=[row["window_path_seconds"].get(kind) or 0.0 for row in windows],
                          name=_label(tag, kind), offsetgroup=tag or "A")  # fmt: skip
-        for field in sorted({f for p in r["memory_peak_bytes"].values() for f in p}):
-            workers = list(r["memory_peak_bytes"])
-            memory.add_bar(x=[_label(tag, w) for w in workers],
-                           y=[r["memory_peak_bytes"][w].get(field, 0) / 2**20 for w in workers],
-                           name=_label("", field))  # fmt: skip
+        left_out += _memory_bars(memory, tag, r["memory_peak_bytes"])
         rewards = [
             (row["iteration"], row["reward"]) for row in rows if row.get("reward") is not None
         ]
@@ -180,7 +177,7 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
     reward.update_layout(xaxis_title="iteration", yaxis_title="reward")
     plots = [("throughput", rate, ""), ("each iteration's window", time_, ""),
              ("critical path per window (what its length waited on)", path, ""),
-             ("peak memory per worker", memory, "")]  # fmt: skip
+             ("peak memory per worker", memory, left_out.strip())]  # fmt: skip
     if reward.data:
         plots.append(("reward", reward, ""))
     for tag, r in runs:
@@ -189,6 +186,28 @@ def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str
             title = _tagged(tag, "each worker's spans, the last iterations")
             plots.append((title, drawn.figure, drawn.left_out))
     return plots
+
+
+#: the most workers the peak memory plot draws (those with the highest peaks)
+MEMORY_WORKERS = 48
+
+
+def _memory_bars(memory: Any, tag: str, peaks: Mapping[str, Mapping[str, int]]) -> str:
+    """Each field's bars of peak memory per worker, the :data:`MEMORY_WORKERS` with the
+    highest peaks (their order kept); what it left out, in words."""
+    highest = sorted(peaks, key=lambda w: -max(peaks[w].values(), default=0))
+    drawn = set(highest[:MEMORY_WORKERS])
+    workers = [w for w in peaks if w in drawn]
+    for field in sorted({f for p in peaks.values() for f in p}):
+        memory.add_bar(x=[_label(tag, w) for w in workers],
+                       y=[peaks[w].get(field, 0) / 2**20 for w in workers],
+                       name=_label("", field))  # fmt: skip
+    if len(peaks) <= MEMORY_WORKERS:
+        return ""
+    return (
+        f" {_tagged(tag, '')}{len(peaks) - MEMORY_WORKERS} of {len(peaks)} workers with lower "
+        "peaks are left out (report --json has every one)."
+    )
 
 
 def _tagged(tag: str, name: str) -> str:
