@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from _recompute import check_run, span_list
-from twinkle.integrations.verl import PHASES, RUN_ID_ENV, observer_config
+from twinkle.errors import ConfigError
+from twinkle.integrations.verl import PHASES, RESUME_ENV, RUN_ID_ENV, _resume, observer_config
 from twinkle.run import replay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,18 +31,25 @@ needs_verl = pytest.mark.skipif(
 )
 
 
-def _fit(out: Path, run_id: str, steps: int, fail_at: int = 0) -> dict[str, Any]:
-    env = {
+def _job(
+    out: Path, run_id: str, steps: int, fail_at: int = 0, **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {
         **os.environ,
         "TWINKLE_OUT_DIR": str(out),
         RUN_ID_ENV: run_id,
         "OMP_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "disabled",
+        **env,
     }
     command = [str(VERL_PY), str(JOB), str(out / "job"), str(steps), str(fail_at)]
-    done = subprocess.run(
-        command, check=False, env=env, capture_output=True, text=True, timeout=600, cwd=out
+    return subprocess.run(
+        command, check=False, env=environ, capture_output=True, text=True, timeout=600, cwd=out
     )
+
+
+def _fit(out: Path, run_id: str, steps: int, fail_at: int = 0, **env: str) -> dict[str, Any]:
+    done = _job(out, run_id, steps, fail_at, **env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     said: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return said
@@ -164,6 +172,25 @@ def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None
     check_run(run_dir)
 
 
+@needs_verl
+def test_a_job_relaunched_on_a_finished_run_is_refused_naming_the_switch_or_continues(
+    tmp_path: Path,
+) -> None:
+    """The job (``trainer.resume_mode=disable``: verl starts afresh) relaunched with the
+    finished run's ``TWINKLE_RUN_ID`` is refused before training, saying how to continue
+    it from verl's side; with ``TWINKLE_RESUME=1`` it continues the run."""
+    _fit(tmp_path, "again", steps=1)
+    refused = _job(tmp_path, "again", steps=1)
+    assert refused.returncode != 0
+    said = refused.stdout + refused.stderr
+    assert "run 'again'" in said and "finished ok" in said
+    assert "set TWINKLE_RESUME=1 (or trainer.resume_mode=auto) in the trainer's" in said
+    _fit(tmp_path, "again", steps=1, TWINKLE_RESUME="1")
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert [s["status"] for s in summary["segments"]] == ["ok", "ok"]
+    assert summary["iterations"] == 2
+
+
 def test_the_configuration_groups_verls_timers() -> None:
     config = observer_config(devices=8, total_steps=100)
     assert config["phases"] == PHASES
@@ -185,3 +212,32 @@ def test_the_configuration_groups_verls_timers() -> None:
     assert apart["throughput"] == {"train": {"samples": "train", "devices": 8}}
     assert apart["window"]["devices"] == 12
     assert apart["phases"]["switch"] == ["switch_to_trainer", "switch_wait", "switch_to_rollout"]
+
+
+@pytest.mark.parametrize(
+    ("said", "mode", "expected"),
+    [
+        (None, "auto", True),  # verl resumes from its checkpoint: so does the run
+        (None, "resume_path", True),
+        (None, "disable", None),  # verl starts afresh: a finished run is refused
+        ("1", "disable", True),
+        ("0", "auto", False),
+        (" Yes ", None, True),
+    ],
+)
+def test_whether_a_finished_run_continues_follows_verl_unless_the_environment_says(
+    said: str | None, mode: str | None, expected: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if said is None:
+        monkeypatch.delenv(RESUME_ENV, raising=False)
+    else:
+        monkeypatch.setenv(RESUME_ENV, said)
+    assert _resume({"trainer": {"resume_mode": mode}}) is expected
+
+
+def test_a_resume_switch_it_cannot_read_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(RESUME_ENV, "maybe")
+    with pytest.raises(ConfigError, match=r"TWINKLE_RESUME='maybe': give 1 .* or 0"):
+        _resume({})

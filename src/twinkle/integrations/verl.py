@@ -17,8 +17,11 @@ trainer's ``fit()``, and finish it after (``trainer.logger.finish(exit_code=0)``
 ``fit()`` raised), as verl's ``TaskRunner`` does. The run is written to
 ``runs/<run_id>/`` under the trainer process's working directory (``TWINKLE_OUT_DIR`` and
 ``TWINKLE_RUN_ID`` in that process's environment choose another place or name: on a
-Ray cluster, ``+ray_kwargs.ray_init.runtime_env.env_vars.TWINKLE_OUT_DIR=...``; a named
-run that did not finish resumes).
+Ray cluster, ``+ray_kwargs.ray_init.runtime_env.env_vars.TWINKLE_OUT_DIR=...``). A named
+run that did not finish resumes; one that finished ``ok`` is continued when verl resumes
+(``trainer.resume_mode`` ``auto``, its default, or ``resume_path``: a job given more
+steps) and refused, naming the fix, when it starts afresh (``disable``);
+``TWINKLE_RESUME`` (``1`` continue, ``0`` never) decides instead of the resume mode.
 
 In every mode ``gen`` is the trainer waiting for its samples from the replay buffer:
 with the ``sync`` trainer, the whole generation of the step's batch; in the asynchronous
@@ -72,12 +75,21 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from twinkle.errors import ConfigError, FinishedRunError
 from twinkle.integrations._figures import logged_figures
 from twinkle.integrations._trl_ranks import whole_groups
 from twinkle.integrations._verl_timer import TIMERS
 from twinkle.run import RunSession, RunState
 
-__all__ = ["BACKEND", "OUT_DIR_ENV", "RUN_ID_ENV", "VerlRun", "install", "observer_config"]
+__all__ = [
+    "BACKEND",
+    "OUT_DIR_ENV",
+    "RESUME_ENV",
+    "RUN_ID_ENV",
+    "VerlRun",
+    "install",
+    "observer_config",
+]
 
 log = logging.getLogger("twinkle.integrations.verl")
 
@@ -87,6 +99,9 @@ BACKEND = "twinkle"
 OUT_DIR_ENV = "TWINKLE_OUT_DIR"
 #: The environment's choice of the run's name (default a fresh one).
 RUN_ID_ENV = "TWINKLE_RUN_ID"
+#: The environment's choice of continuing a named run that finished (``1``) or never
+#: continuing one (``0``); unset: as verl's ``trainer.resume_mode`` says.
+RESUME_ENV = "TWINKLE_RESUME"
 
 #: verl's timers by phase (docs: the module's).
 PHASES: dict[str, list[str]] = {
@@ -202,6 +217,39 @@ def _trainer_on_stack() -> Any:
     return None
 
 
+def _resume(config: Mapping[str, Any]) -> bool | None:
+    """Whether a named run that finished ``ok`` is continued: ``TWINKLE_RESUME``'s say,
+    else verl's ``trainer.resume_mode``: continued when verl resumes (``auto``,
+    ``resume_path``), the session's default when it starts afresh (``disable``: a run
+    that finished is refused)."""
+    said = os.environ.get(RESUME_ENV, "").strip().lower()
+    if said:
+        if said not in _SAYS:
+            raise ConfigError(
+                f"{RESUME_ENV}={os.environ[RESUME_ENV]!r}: give 1 (continue a named run that "
+                "finished) or 0 (never continue one), or leave it unset (as verl's "
+                "trainer.resume_mode says)"
+            )
+        return _SAYS[said]
+    mode = _get(config, "trainer", "resume_mode")
+    return True if mode in ("auto", "resume_path") else None
+
+
+_SAYS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _started(session: RunSession) -> RunSession:
+    """``session`` started; a run that finished ``ok``, refused, says the fix in verl's
+    terms."""
+    try:
+        return session.start()
+    except FinishedRunError as exc:
+        raise exc.with_fix(
+            f"set {RESUME_ENV}=1 (or trainer.resume_mode=auto) in the trainer's environment "
+            f"to continue it, or another {RUN_ID_ENV} for a new run"
+        ) from None
+
+
 class VerlRun:
     """One ``fit()`` observed: verl's ``Tracking`` backend ``twinkle``."""
 
@@ -226,11 +274,14 @@ class VerlRun:
             "trainer": None if trainer is None else type(trainer).__name__,
             "mode": str(mode or "sync"),
         }
-        self.session = RunSession(
-            out_dir=os.environ.get(OUT_DIR_ENV, "runs"),
-            run_id=os.environ.get(RUN_ID_ENV) or None,
-            config=run_config,
-        ).start()
+        self.session = _started(
+            RunSession(
+                out_dir=os.environ.get(OUT_DIR_ENV, "runs"),
+                run_id=os.environ.get(RUN_ID_ENV) or None,
+                config=run_config,
+                resume=_resume(config),
+            )
+        )
         resumed = self.session.resumed
         self.next_iteration = 0 if resumed is None else resumed.next_iteration
         self.steps = 0 if resumed is None else resumed.optimizer_steps
