@@ -339,8 +339,11 @@ class VerlRun:
             if not self.warned_tags:
                 self.warned_tags = True
                 log.warning(
-                    "run %r: the step's batch has no prompt_len/response_len tags: its "
-                    "samples are not recorded",
+                    "run %r: the step's batch has no prompt_len/response_len tags (verl's v1 "
+                    "agent loop, AgentLoopWorkerTQ, writes them for each sample it returns; "
+                    "a custom agent loop must too): its samples are not recorded, so the run "
+                    "counts no tokens and its throughput reads 0 (the report names the "
+                    "missing samples)",
                     self.session.run_id,
                 )
             return
