@@ -292,3 +292,24 @@ def test_a_trl_job_restarted_with_a_larger_max_steps_resumes_its_run(tmp_path: P
     assert "pass TwinkleCallback(devices=1) as it was started with" in message
     assert "or pass another run_id (TwinkleCallback(run_id=...) other than 'grpo'" in message
     assert summary_of(run_dir) == summary  # the run is as it was
+
+
+def test_a_training_on_other_ranks_than_the_runs_is_told_to_be_a_new_run() -> None:
+    """The devices were read from the ranks (no devices= given): a resume on another
+    number of ranks is this training's real count, so passing the old one would be
+    wrong; the fix is a new run."""
+    from types import SimpleNamespace
+
+    from twinkle.errors import ResumeConfigError
+    from twinkle.integrations._trl_config import resume_fix
+
+    window = {"samples": "rollout"}
+    exc = ResumeConfigError(
+        "run 'r' cannot resume", "", run_id="r", keys=("throughput", "window"),
+        logged={"window": {**window, "devices": 2}}, given={"window": {**window, "devices": 1}},
+    )  # fmt: skip
+    fix = resume_fix(SimpleNamespace(config=None, devices=None), exc)
+    assert "this training runs on another number (its ranks)" in fix
+    assert "observe it as a new run: pass another run_id" in fix and "devices=2" not in fix
+    given = resume_fix(SimpleNamespace(config=None, devices=1), exc)
+    assert given.startswith("the run counted 2 device(s): pass TwinkleCallback(devices=2)")

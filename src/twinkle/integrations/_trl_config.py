@@ -167,6 +167,13 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
     window = exc.logged.get("window")
     devices = window.get("devices") if isinstance(window, Mapping) else None
     if devices is not None and set(exc.keys) <= {"throughput", "window"}:
+        if owner.devices is None:  # (read from the ranks: this training runs on others)
+            return (
+                f"the run counted {devices!r} device(s) and this training runs on another "
+                f"number (its ranks): its throughput per device would mix the two, so "
+                f"observe it as a new run: pass another run_id (TwinkleCallback(run_id=...) "
+                f"other than {exc.run_id!r}, or another out_dir)"
+            )
         return (
             f"the run counted {devices!r} device(s): pass TwinkleCallback(devices={devices!r}) "
             f"as it was started with, {new_run}"
