@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from twinkle_mlflow import DIR, EXPERIMENT, MlflowBackend, MlflowSink, metric_name
+from twinkle_mlflow import DIR, EXPERIMENT, STORE, MlflowBackend, MlflowSink, metric_name
 
 from twinkle.errors import PluginError
 from twinkle.plugins import PluginStatus, describe_plugins
@@ -293,6 +293,31 @@ def test_a_store_it_cannot_open_fails_the_start_of_a_run_that_requires_it(
     ):
         mlflow_only(tmp_path, required_plugins=["mlflow"])
     assert not (tmp_path / "r").exists()  # the failed start left nothing behind
+
+
+def test_a_store_a_killed_attempt_left_half_made_is_made_again_and_one_never_appears(
+    tmp_path: Path,
+) -> None:
+    """MLflow makes the run's own store's tables under another name: what a process
+    killed meanwhile left there is made again, and the store's name only ever holds a
+    whole store."""
+    own = tmp_path / "r" / DIR
+    own.mkdir(parents=True)
+    (own / f"{STORE}.making").write_bytes(b"half a store")
+    (own / f"{STORE}.making-journal").write_bytes(b"its journal")
+    run_dir = mlflow_only(tmp_path)
+    assert sorted(p.name for p in own.iterdir() if p.name.startswith(STORE)) == [STORE]
+    client = client_of(run_dir)
+    (run,) = runs_of(client)
+    assert points(client, run) == expected(run_dir)
+
+
+def test_a_store_of_its_own_it_cannot_open_says_to_move_it_away(tmp_path: Path) -> None:
+    own = tmp_path / "r" / DIR
+    own.mkdir(parents=True)
+    (own / STORE).write_bytes(b"not sqlite")  # (what no MLflow can read)
+    health = summary_of(mlflow_only(tmp_path))["backends"]["mlflow"]
+    assert f"move '{own.absolute() / STORE}' away if MLflow cannot read it" in health["setup_error"]
 
 
 def test_loading_the_plugin_imports_no_mlflow() -> None:

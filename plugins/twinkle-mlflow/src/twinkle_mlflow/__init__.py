@@ -32,7 +32,9 @@ MLflow run ends
 few: MLflow takes 1,000 metrics a call), so the training thread never waits on the
 store. Loading the plugin imports no mlflow: the backend's :meth:`~MlflowBackend.open`,
 on that thread, imports it, opens the store (creating it, with its table migrations,
-when new) and creates the MLflow run, so the run's start waits for none of it.
+when new: the run's own store is made under another name and renamed into place, so a
+process killed meanwhile leaves no half-made one) and creates the MLflow run, so the
+run's start waits for none of it.
 
 A store or MLflow run that cannot be opened leaves the backend out of the run
 (``summary.json`` → ``backends`` → ``mlflow`` → ``setup_error``, and the log); a call
@@ -82,11 +84,14 @@ __all__ = [
     "MAX_METRICS_PER_BATCH",
     "MlflowBackend",
     "MlflowSink",
+    "STORE",
     "metric_name",
 ]
 
 #: the plugin's directory in the run directory (its store, when it has its own)
 DIR = "mlflow"
+#: the run's own store in it (sqlite)
+STORE = "mlflow.db"
 #: the experiment, unless ``$MLFLOW_EXPERIMENT_NAME`` names another
 EXPERIMENT = "twinkle"
 #: what MLflow accepts in one ``log_batch``
@@ -120,7 +125,7 @@ class MlflowBackend:
         keep: bool = True,
     ) -> None:
         self.own = own.absolute()  # (a store URI is absolute)
-        self.tracking_uri = tracking_uri or f"sqlite:///{self.own / 'mlflow.db'}"
+        self.tracking_uri = tracking_uri or f"sqlite:///{self.own / STORE}"
         self.twinkle_run_id = twinkle_run_id
         self.run_name = twinkle_run_id if segment == 0 else f"{twinkle_run_id}-s{segment}"
         self.experiment = experiment
@@ -150,6 +155,7 @@ class MlflowBackend:
         try:
             if own is not None:
                 own.mkdir(mode=0o755, exist_ok=True)  # (twinkle's modes, less the umask)
+                _make_store(own / STORE)
             client = MlflowClient(tracking_uri=self.tracking_uri)
             experiment = _experiment(client, self.experiment, own)
             if self.segment:  # an earlier attempt at this segment, killed, never ended its run
@@ -167,11 +173,16 @@ class MlflowBackend:
                 client.set_terminated(run_id, _FAILED)
             if made and own is not None:
                 shutil.rmtree(own, ignore_errors=True)
+            fix = (
+                f"move {str(own / STORE)!r} away if MLflow cannot read it (the next "
+                "resume makes a new one and logs the whole run into it)"
+                if own is not None and not made
+                else "fix what MLflow says (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME)"
+            )
             raise ReporterError(
                 f"cannot start the MLflow run of {self.twinkle_run_id!r} in "
-                f"{self.tracking_uri!r}: {type(exc).__name__}: {exc}; fix what MLflow says "
-                "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), or leave the plugin out of "
-                "the run (--block mlflow)"
+                f"{self.tracking_uri!r}: {type(exc).__name__}: {exc}; {fix}, or leave the "
+                "plugin out of the run (--block mlflow)"
             ) from exc
         self.name = f"MlflowBackend({run_id!r}, {self.tracking_uri!r})"
         self.client, self.run_id = client, run_id
@@ -262,6 +273,22 @@ class MlflowSink:
         # The run's reporter closed the backend, which ended its MLflow run (and deleted
         # it when the resume failed before its segment began): nothing left to close.
         self._backend = None
+
+
+def _make_store(store: Path) -> None:
+    """Make the run's own sqlite store whole, when new: MLflow makes its tables (its
+    migrations, seconds) in a file of another name, which then takes the store's, so a
+    process killed meanwhile leaves no half-made store for every later resume to fail
+    on (what a killed attempt left under that name is made again)."""
+    if store.exists():
+        return
+    from mlflow.tracking import MlflowClient
+
+    making = store.with_name(f"{store.name}.making")
+    for stale in (making, making.with_name(f"{making.name}-journal")):
+        stale.unlink(missing_ok=True)
+    MlflowClient(tracking_uri=f"sqlite:///{making}").search_experiments(max_results=1)
+    os.replace(making, store)
 
 
 def _experiment(client: MlflowClient, name: str, own: Path | None) -> str:
