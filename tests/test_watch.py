@@ -35,6 +35,7 @@ from twinkle.report import format_report, load_report
 from twinkle.report._live_view import LiveView
 from twinkle.report._watch import watch
 from twinkle.run import Follower
+from twinkle.testing import crashed_run
 
 COLS, ROWS = 240, 70
 DEMO = [sys.executable, "-m", "twinkle.cli", "demo", "--no-progress", "--engines", "1"]
@@ -275,6 +276,19 @@ def test_the_watch_of_a_run_that_ended_in_error_shows_its_error_and_exits_1(
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1 and SIGTERM_ERROR in done.stdout
+
+
+def test_one_look_at_a_stopped_run_says_it_stopped_and_not_that_it_watches_on(
+    tmp_path: Path,
+) -> None:
+    log = crashed_run(tmp_path, "cut", 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.cli", "watch", str(log.parent), "--once"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "stopped without finishing" in done.stdout
+    assert "watching on" not in done.stdout
 
 
 @pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "1e308", "3601"])

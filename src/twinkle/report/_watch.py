@@ -73,7 +73,7 @@ def watch(
                 size = console.size if console.is_terminal else None
                 if (follower.events, state, size) != shown:
                     shown = (follower.events, state, size)
-                    _show(console, live, run, report, state)
+                    _show(console, live, run, report, state, watching=not once)
                 if state == "finished":
                     return 1 if report is not None and report["status"] == "error" else 0
                 if once:
@@ -81,14 +81,23 @@ def watch(
                 sleep(interval_s)
 
 
-def _show(console: Any, live: Any, run: Path, report: dict[str, Any] | None, state: str) -> None:
+def _show(
+    console: Any,
+    live: Any,
+    run: Path,
+    report: dict[str, Any] | None,
+    state: str,
+    *,
+    watching: bool = True,
+) -> None:
     """The view of ``report`` drawn in place on a terminal (:class:`LiveView`, fitted to
-    it), else printed whole after a rule."""
+    it), else printed whole after a rule; a stopped run's says it is watched on, unless
+    this is the one view (``watching`` false: ``--once``)."""
     from rich.text import Text
 
     from twinkle.report._live_view import LiveView  # (rich: imported once watching)
 
-    trailer = [] if state != "stopped" else ["", _WATCHING_ON]
+    trailer = ["", _WATCHING_ON] if state == "stopped" and watching else []
     if report is None:
         view: Any = Text(f"{run}: no event yet")
     elif console.is_terminal:
