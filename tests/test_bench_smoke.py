@@ -33,6 +33,7 @@ EXPECTED = {
         "scale.trace",
         "scale.resume",
         "scale.replay",
+        "scale.replay floor",
         "scale.report",
     ],
     "bench.bench_whatif": ["whatif.sim"],
