@@ -19,18 +19,17 @@ handles SIGINT again (its children start with it at its default: KeyboardInterru
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from _vllm_stand_in import StandIn, serve
+from twinkle.testing import handle_ctrl_c
 
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
 
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+handle_ctrl_c()
 
 
 def assert_ray_on_loopback(ray: Any) -> None:

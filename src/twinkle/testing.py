@@ -37,6 +37,7 @@ __all__ = [
     "SCRIPTED_CONFIG",
     "CtrlCWhileResuming",
     "crashed_run",
+    "handle_ctrl_c",
     "press_ctrl_c",
     "scripted_run",
     "shared_writable",
@@ -207,6 +208,15 @@ def signal_main(signum: int = signal.SIGINT) -> None:
     assert main.ident is not None
     signal.pthread_kill(main.ident, signum)
     wait_for_caller(1.0)
+
+
+def handle_ctrl_c() -> None:
+    """Take Ctrl-C again in a process a shell started as a background job (``make test
+    &``, some CI runners): such a job starts with SIGINT ignored, which Python keeps, so
+    a test that presses Ctrl-C would wait in vain. A test suite's ``conftest.py`` calls
+    it; a handler of the process's own is left as it is."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def press_ctrl_c() -> None:
