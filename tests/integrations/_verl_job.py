@@ -129,7 +129,7 @@ def verl_config(assets: str, steps: int) -> DictConfig:
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
-        "trainer.resume_mode=disable",
+        f"trainer.resume_mode={os.environ.get('VERL_RESUME_MODE', 'disable')}",
         "trainer.logger=[console,twinkle]",
         "trainer.project_name=verl_cpu",
         "trainer.experiment_name=fit_cpu",

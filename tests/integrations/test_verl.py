@@ -176,15 +176,17 @@ def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None
 def test_a_job_relaunched_on_a_finished_run_is_refused_naming_the_switch_or_continues(
     tmp_path: Path,
 ) -> None:
-    """The job (``trainer.resume_mode=disable``: verl starts afresh) relaunched with the
-    finished run's ``TWINKLE_RUN_ID`` is refused before training, saying how to continue
-    it from verl's side; with ``TWINKLE_RESUME=1`` it continues the run."""
+    """The job relaunched with the finished run's ``TWINKLE_RUN_ID`` trains from scratch
+    (``trainer.resume_mode=auto``, verl's default, finds no checkpoint: it saves none):
+    refused before training, naming the fix; with ``TWINKLE_RESUME=1`` it continues
+    the run."""
     _fit(tmp_path, "again", steps=1)
-    refused = _job(tmp_path, "again", steps=1)
+    refused = _job(tmp_path, "again", steps=1, VERL_RESUME_MODE="auto")
     assert refused.returncode != 0
     said = refused.stdout + refused.stderr
     assert "run 'again'" in said and "finished ok" in said
-    assert "set TWINKLE_RESUME=1 (or trainer.resume_mode=auto) in the trainer's" in said
+    assert "verl trains from scratch (no checkpoint to resume from): give another" in said
+    assert "or set TWINKLE_RESUME=1 in the trainer's environment" in said
     _fit(tmp_path, "again", steps=1, TWINKLE_RESUME="1")
     summary = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert [s["status"] for s in summary["segments"]] == ["ok", "ok"]
@@ -217,9 +219,9 @@ def test_the_configuration_groups_verls_timers() -> None:
 @pytest.mark.parametrize(
     ("said", "mode", "expected"),
     [
-        (None, "auto", True),  # verl resumes from its checkpoint: so does the run
-        (None, "resume_path", True),
-        (None, "disable", None),  # verl starts afresh: a finished run is refused
+        (None, "auto", None),  # no checkpoint (or no verl here): verl trains from scratch
+        (None, "resume_path", True),  # verl resumes from that checkpoint: so does the run
+        (None, "disable", None),  # verl trains from scratch: a finished run is refused
         ("1", "disable", True),
         ("0", "auto", False),
         (" Yes ", None, True),
@@ -241,3 +243,29 @@ def test_a_resume_switch_it_cannot_read_is_refused_naming_it(
     monkeypatch.setenv(RESUME_ENV, "maybe")
     with pytest.raises(ConfigError, match=r"TWINKLE_RESUME='maybe': give 1 .* or 0"):
         _resume({})
+
+
+def test_auto_continues_a_finished_run_only_when_verl_finds_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's own look-up (stood in for here) of the latest checkpoint in
+    ``trainer.default_local_dir``, relative to the working directory, decides."""
+    import sys
+    import types
+
+    asked: list[str] = []
+
+    def find_latest_ckpt_path(path: str) -> str | None:
+        asked.append(path)
+        return f"{path}/global_step_3" if path.endswith("ckpts") else None
+
+    names = ("verl", "verl.utils", "verl.utils.checkpoint")
+    names += (f"{names[-1]}.checkpoint_manager",)
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules[names[-1]].find_latest_ckpt_path = find_latest_ckpt_path  # type: ignore[attr-defined]
+    monkeypatch.delenv(RESUME_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert _resume({"trainer": {"resume_mode": "auto", "default_local_dir": "ckpts"}}) is True
+    assert _resume({"trainer": {"resume_mode": "auto", "default_local_dir": "none"}}) is None
+    assert asked == [str(tmp_path / "ckpts"), str(tmp_path / "none")]

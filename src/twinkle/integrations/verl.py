@@ -18,10 +18,11 @@ trainer's ``fit()``, and finish it after (``trainer.logger.finish(exit_code=0)``
 ``runs/<run_id>/`` under the trainer process's working directory (``TWINKLE_OUT_DIR`` and
 ``TWINKLE_RUN_ID`` in that process's environment choose another place or name: on a
 Ray cluster, ``+ray_kwargs.ray_init.runtime_env.env_vars.TWINKLE_OUT_DIR=...``). A named
-run that did not finish resumes; one that finished ``ok`` is continued when verl resumes
-(``trainer.resume_mode`` ``auto``, its default, or ``resume_path``: a job given more
-steps) and refused, naming the fix, when it starts afresh (``disable``);
-``TWINKLE_RESUME`` (``1`` continue, ``0`` never) decides instead of the resume mode.
+run that did not finish resumes; one that finished ``ok`` is continued when verl's
+``fit()`` loads a checkpoint (``trainer.resume_mode`` ``auto`` finding one in
+``trainer.default_local_dir``, or ``resume_path``: a job given more steps) and refused,
+naming the fix, when it trains from scratch; ``TWINKLE_RESUME`` (``1`` continue, ``0``
+never) decides instead.
 
 In every mode ``gen`` is the trainer waiting for its samples from the replay buffer:
 with the ``sync`` trainer, the whole generation of the step's batch; in the asynchronous
@@ -219,9 +220,8 @@ def _trainer_on_stack() -> Any:
 
 def _resume(config: Mapping[str, Any]) -> bool | None:
     """Whether a named run that finished ``ok`` is continued: ``TWINKLE_RESUME``'s say,
-    else verl's ``trainer.resume_mode``: continued when verl resumes (``auto``,
-    ``resume_path``), the session's default when it starts afresh (``disable``: a run
-    that finished is refused)."""
+    else continued when verl's ``fit()`` loads a checkpoint (:func:`_verl_resumes`), the
+    session's default when it trains from scratch (a run that finished is refused)."""
     said = os.environ.get(RESUME_ENV, "").strip().lower()
     if said:
         if said not in _SAYS:
@@ -231,8 +231,25 @@ def _resume(config: Mapping[str, Any]) -> bool | None:
                 "trainer.resume_mode says)"
             )
         return _SAYS[said]
+    return True if _verl_resumes(config) else None
+
+
+def _verl_resumes(config: Mapping[str, Any]) -> bool:
+    """Whether verl's ``fit()`` will load a checkpoint, by its ``_load_checkpoint``'s
+    rule: ``trainer.resume_mode`` ``resume_path``, or ``auto`` with a latest checkpoint
+    in ``trainer.default_local_dir`` (relative to the working directory; verl's
+    ``find_latest_ckpt_path``). With ``auto`` and none, verl trains from scratch."""
     mode = _get(config, "trainer", "resume_mode")
-    return True if mode in ("auto", "resume_path") else None
+    if mode == "resume_path":
+        return True
+    folder = _get(config, "trainer", "default_local_dir")
+    if mode != "auto" or not isinstance(folder, str):
+        return False
+    try:
+        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+    except ImportError:  # (not in a verl process: nothing it would load)
+        return False
+    return find_latest_ckpt_path(os.path.abspath(folder)) is not None
 
 
 _SAYS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -245,8 +262,9 @@ def _started(session: RunSession) -> RunSession:
         return session.start()
     except FinishedRunError as exc:
         raise exc.with_fix(
-            f"set {RESUME_ENV}=1 (or trainer.resume_mode=auto) in the trainer's environment "
-            f"to continue it, or another {RUN_ID_ENV} for a new run"
+            f"verl trains from scratch (no checkpoint to resume from): give another "
+            f"{RUN_ID_ENV} for a new run, or set {RESUME_ENV}=1 in the trainer's environment "
+            "to continue it all the same"
         ) from None
 
 
