@@ -594,10 +594,9 @@ def _rows(found: list[Measured], workers: int, spans: int, smoke: bool) -> list[
         f"; not met: reading the log into the span objects every observer is handed is "
         f"{read:.0f}x the floor alone ({SPANS} spans a line: a span and its attrs built per "
         "span, next row), so <= 6x needs observers that read a batch's columns, which "
-        f"twinkle does not have: such a replay starts at {start:.1f}x (the decoding, a "
-        "tuple per span and the trace's events serialised: the floor rows), leaving "
-        f"{GOAL_REPLAY_FLOOR - start:.1f}x for what the timeline, the stragglers and the "
-        "throughput do with each span"
+        f"twinkle does not have; one that still touches each span in Python and writes "
+        f"the trace event by event would start at ~{start:.1f}x (the decoding and the "
+        "floor rows), an estimate of that design's floor, not a proof 6x is reachable"
         if not met and read > GOAL_REPLAY_FLOOR
         else ""
     )

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from twinkle_mlflow import DIR, EXPERIMENT, STORE, MlflowBackend, MlflowSink, metric_name
+from twinkle_mlflow import (
+    DIR,
+    EXPERIMENT,
+    STORE,
+    MlflowBackend,
+    MlflowSink,
+    _make_store,
+    metric_name,
+)
 
 from twinkle.errors import PluginError
 from twinkle.plugins import PluginStatus, describe_plugins
@@ -303,13 +311,17 @@ def test_a_store_a_killed_attempt_left_half_made_is_made_again_and_one_never_app
     whole store."""
     own = tmp_path / "r" / DIR
     own.mkdir(parents=True)
-    (own / f"{STORE}.making").write_bytes(b"half a store")
-    (own / f"{STORE}.making-journal").write_bytes(b"its journal")
+    (own / f"{STORE}.making-1-0").write_bytes(b"half a store")
+    (own / f"{STORE}.making-1-0-journal").write_bytes(b"its journal")
     run_dir = mlflow_only(tmp_path)
     assert sorted(p.name for p in own.iterdir() if p.name.startswith(STORE)) == [STORE]
     client = client_of(run_dir)
     (run,) = runs_of(client)
     assert points(client, run) == expected(run_dir)
+    # moved away (its error's fix), it is made again in this process too
+    (own / STORE).rename(own / "moved.db")
+    _make_store(own / STORE)
+    assert client_of(run_dir).search_experiments()
 
 
 def test_a_store_of_its_own_it_cannot_open_says_to_move_it_away(tmp_path: Path) -> None:

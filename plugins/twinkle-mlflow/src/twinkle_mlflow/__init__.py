@@ -63,6 +63,7 @@ migrations), in the backend's :meth:`~MlflowBackend.open`, off the run's start; 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -275,6 +276,9 @@ class MlflowSink:
         self._backend = None
 
 
+_ATTEMPTS = itertools.count()
+
+
 def _make_store(store: Path) -> None:
     """Make the run's own sqlite store whole, when new: MLflow makes its tables (its
     migrations, seconds) in a file of another name, which then takes the store's, so a
@@ -284,9 +288,11 @@ def _make_store(store: Path) -> None:
         return
     from mlflow.tracking import MlflowClient
 
-    making = store.with_name(f"{store.name}.making")
-    for stale in (making, making.with_name(f"{making.name}-journal")):
+    for stale in store.parent.glob(f"{store.name}.making*"):  # (with its -journal, -wal)
         stale.unlink(missing_ok=True)
+    # A name of this attempt's own: MLflow keeps a store (and its connection) per URI for
+    # the process, and would take an earlier attempt's for this one's.
+    making = store.with_name(f"{store.name}.making-{os.getpid()}-{next(_ATTEMPTS)}")
     MlflowClient(tracking_uri=f"sqlite:///{making}").search_experiments(max_results=1)
     os.replace(making, store)
 
