@@ -259,7 +259,7 @@ def test_auto_continues_a_finished_run_only_when_verl_finds_a_checkpoint(
         asked.append(path)
         return f"{path}/global_step_3" if path.endswith("ckpts") else None
 
-    names = ("verl", "verl.utils", "verl.utils.checkpoint")
+    names: tuple[str, ...] = ("verl", "verl.utils", "verl.utils.checkpoint")
     names += (f"{names[-1]}.checkpoint_manager",)
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
