@@ -10,10 +10,12 @@ need Ray take this fixture; it skips them when ray is not installed.
 ``stand_in``: a stand-in vLLM server on 127.0.0.1 (:mod:`_vllm_stand_in`), stopped
 after the test.
 
-Ctrl-C reaches the processes the tests start: a shell starts a background job (``make
-test &``, some CI runners) with SIGINT ignored, every child inherits that, and Python
-then keeps it ignored; the tests that send SIGINT would wait in vain. So this process
-handles SIGINT again (its children start with it at its default: KeyboardInterrupt).
+Ctrl-C and a hang-up reach the processes the tests start: a shell starts a background
+job (``make test &``, some CI runners) with SIGINT ignored, ``nohup`` with SIGHUP
+ignored, every child inherits that, and Python then keeps it ignored; the tests that
+send those signals would wait in vain. So this process handles them again
+(:func:`twinkle.testing.handle_stop_signals`: its children start with both at their
+defaults).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from typing import Any
 import pytest
 
 from _vllm_stand_in import StandIn, serve
-from twinkle.testing import handle_ctrl_c
+from twinkle.testing import handle_stop_signals
 
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
 
-handle_ctrl_c()
+handle_stop_signals()
 
 
 def assert_ray_on_loopback(ray: Any) -> None:

@@ -37,7 +37,7 @@ __all__ = [
     "SCRIPTED_CONFIG",
     "CtrlCWhileResuming",
     "crashed_run",
-    "handle_ctrl_c",
+    "handle_stop_signals",
     "press_ctrl_c",
     "scripted_run",
     "shared_writable",
@@ -210,13 +210,23 @@ def signal_main(signum: int = signal.SIGINT) -> None:
     wait_for_caller(1.0)
 
 
-def handle_ctrl_c() -> None:
-    """Take Ctrl-C again in a process a shell started as a background job (``make test
-    &``, some CI runners): such a job starts with SIGINT ignored, which Python keeps, so
-    a test that presses Ctrl-C would wait in vain. A test suite's ``conftest.py`` calls
-    it; a handler of the process's own is left as it is."""
+def handle_stop_signals() -> None:
+    """Take the stop signals the tests send again in a process a shell started as a
+    background job (``make test &``, some CI runners: SIGINT ignored) or under ``nohup``
+    (SIGHUP ignored). Python keeps an ignored signal ignored and every child inherits it,
+    so a test that presses Ctrl-C, or hangs up a child, would wait in vain. SIGINT is
+    Python's again (KeyboardInterrupt); SIGHUP is still ignored here, by a handler of
+    this process's own, so the children start with it at its default. A test suite's
+    ``conftest.py`` calls it; a handler the process set itself is left as it is."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) is signal.SIG_IGN:
+        signal.signal(hangup, _still_ignored)
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """SIGHUP's handler in a test process started under ``nohup``: ignored, as before."""
 
 
 def press_ctrl_c() -> None:

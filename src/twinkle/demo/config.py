@@ -114,15 +114,7 @@ class DemoConfig:
             raise ConfigError(
                 f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})"
             )
-        if self.prompts_per_iteration % self.engines:
-            up = -(-self.prompts_per_iteration // self.engines) * self.engines
-            down = up - self.engines
-            near = f"{down} or {up}" if down > 0 else f"{up}"
-            raise ConfigError(
-                f"prompts_per_iteration ({self.prompts_per_iteration}) must be a multiple of "
-                f"engines ({self.engines}): each engine serves an equal share; give "
-                f"--prompts {near}, or another number of engines"
-            )
+        self._check_shares()
         for fname, fvalue in (("lr", self.learning_rate), ("temperature", self.temperature)):
             if (
                 isinstance(fvalue, bool)
@@ -134,6 +126,19 @@ class DemoConfig:
             raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+
+    def _check_shares(self) -> None:
+        """Each engine serves an equal share of the prompts: refused otherwise, with the
+        nearest numbers of prompts that share."""
+        if self.prompts_per_iteration % self.engines:
+            up = -(-self.prompts_per_iteration // self.engines) * self.engines
+            down = up - self.engines
+            near = f"{down} or {up}" if down > 0 else f"{up}"
+            raise ConfigError(
+                f"prompts_per_iteration ({self.prompts_per_iteration}) must be a multiple of "
+                f"engines ({self.engines}): each engine serves an equal share; give "
+                f"--prompts {near}, or another number of engines"
+            )
 
     def _check_where(self) -> None:
         """The engine, the backend and the trainer's ranks: a combination that runs."""

@@ -263,8 +263,7 @@ def run_demo(
         def on_step(it: int, step: int, n: int) -> None:
             bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
 
-        # this process's memory: the trainer's (rank 0's), but on Ray, where it drives
-        me = None if cfg.backend == "ray" else _trainers(cfg)[0]
+        me = None if cfg.backend == "ray" else _trainers(cfg)[0]  # (whose memory this is)
         if cfg.backend == "ray":
             rig_cm = ray_rig(cfg, run, first, on_step)
         elif cfg.engine == "torch":

@@ -54,15 +54,7 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
         )
     driver = limits.get("driver") or {}
     if driver:
-        blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
-        lines.append(
-            "  driver (run)      over the whole run, warm-up included, the trainer waited "
-            f"{num(driver.get('trainer_wait_seconds'))} s for rollouts; engines blocked on a "
-            f"full buffer {num(blocked)} s; "
-            f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
-            f"trained, {driver.get('dropped', '-')} dropped as stale, "
-            f"{driver.get('left_in_buffer', '-')} left at the end"
-        )
+        lines.append(_driver_line(driver))
     never = limits.get("never_trained") or {}
     if never.get("unstarted_iterations"):
         tokens = ", ".join(f"{num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
@@ -93,6 +85,19 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
             )
         )
     return lines
+
+
+def _driver_line(driver: Mapping[str, Any]) -> str:
+    """The driver's totals in words: they cover the whole run, not the steady state."""
+    blocked = sum((driver.get("engines_blocked_seconds") or {}).values())
+    return (
+        "  driver (run)      over the whole run, warm-up included, the trainer waited "
+        f"{num(driver.get('trainer_wait_seconds'))} s for rollouts; engines blocked on a "
+        f"full buffer {num(blocked)} s; "
+        f"{driver.get('produced', '-')} batches produced, {driver.get('consumed', '-')} "
+        f"trained, {driver.get('dropped', '-')} dropped as stale, "
+        f"{driver.get('left_in_buffer', '-')} left at the end"
+    )
 
 
 def _most(workers: Mapping[str, Mapping[str, Any]], shown: int = 3) -> str:
