@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NAMED_WORKERS", "num", "plotly_text"]
+__all__ = ["NAMED_WORKERS", "highest_peaks", "num", "plotly_text"]
 
 #: the workers a line of the text report names at most (the JSON report has every one)
 NAMED_WORKERS = 8
@@ -25,6 +26,12 @@ def num(value: Any, digits: int = 3) -> str:
     if isinstance(value, int) or (isinstance(value, float) and abs(value) >= 1000):
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
+
+
+def highest_peaks(peaks: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """The workers of ``peaks`` (``memory_peak_bytes``), the highest peak (any field)
+    first, of equal peaks by name: what a view too small for every worker shows."""
+    return sorted(peaks, key=lambda w: (-max(peaks[w].values(), default=0), w))
 
 
 def plotly_text(text: object) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.report._format import num, plotly_text
+from twinkle.report._format import highest_peaks, num, plotly_text
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._plots import time_parts
 from twinkle.report._text import iteration_cells, live_lines
@@ -195,8 +195,7 @@ MEMORY_WORKERS = 48
 def _memory_bars(memory: Any, tag: str, peaks: Mapping[str, Mapping[str, int]]) -> str:
     """Each field's bars of peak memory per worker, the :data:`MEMORY_WORKERS` with the
     highest peaks (their order kept); what it left out, in words."""
-    highest = sorted(peaks, key=lambda w: -max(peaks[w].values(), default=0))
-    drawn = set(highest[:MEMORY_WORKERS])
+    drawn = set(highest_peaks(peaks)[:MEMORY_WORKERS])
     workers = [w for w in peaks if w in drawn]
     for field in sorted({f for p in peaks.values() for f in p}):
         memory.add_bar(x=[_label(tag, w) for w in workers],

@@ -11,7 +11,7 @@ from typing import Any
 from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
-from twinkle.report._format import NAMED_WORKERS, num
+from twinkle.report._format import NAMED_WORKERS, highest_peaks, num
 from twinkle.report._limits_text import limits_lines
 
 __all__ = [
@@ -373,9 +373,7 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
     """Each worker's peaks; of many workers, those holding the highest (any field),
     then how many more the JSON report holds."""
     peaks: Mapping[str, Mapping[str, int]] = report["memory_peak_bytes"]
-    workers = list(peaks)
-    if len(workers) > NAMED_WORKERS:
-        workers = sorted(workers, key=lambda w: (-max(peaks[w].values(), default=0), w))
+    workers = list(peaks) if len(peaks) <= NAMED_WORKERS else highest_peaks(peaks)
     lines = [
         f"{'peak memory' if not k else '':<20}{worker}: "
         + ", ".join(
