@@ -142,12 +142,13 @@ def _settings(recorded: Recorded, plan: Plan, changes: Changes) -> dict[str, Any
     (``contended``: what sharing cost is in the recorded times, which it keeps), or
     when it changes a speed (``speed_shared``: the others keep their recorded times,
     where a real speed-up there changes what they get)."""
-    ranks = changes.ranks or recorded_ranks(recorded)
+    was = recorded_ranks(recorded)
+    ranks = changes.ranks or was
     concurrency_changed = (
         plan.lag != recorded.lag
         or changes.buffer not in (None, recorded.buffer_size)
         or len(plan.engines) < len(recorded.engines)
-        or ranks < recorded_ranks(recorded)
+        or ranks < was
     )
     return {
         "engines": len(plan.engines),
