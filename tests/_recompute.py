@@ -443,10 +443,27 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     phase_windows = {r["kind"]: r["values"] for r in records if r["scope"] == "window"}
     rollout_logical = sum(p["logical"]["rollout"] for p in parts)
     assert phase_windows["rollout"]["seconds"] == _s(rollout_logical)
-    skew = json.loads((run_dir / "summary.json").read_text())["clock_skew"]
+    summary = json.loads((run_dir / "summary.json").read_text())
     expected = skew_summary(events)
-    assert {k: skew[k] for k in expected} == expected
+    assert {k: summary["clock_skew"][k] for k in expected} == expected
+    check_no_phase(rc, summary["spans"]["no_phase"])
     return run
+
+
+def check_no_phase(rc: Recompute, no_phase: dict[str, Any]) -> None:
+    """The spans no phase names (waits aside), by name, summed durations."""
+    by_name: dict[str, list[int]] = {}
+    for s in rc.spans:
+        if rc.phase(s["name"]) is None and not s["name"].startswith("wait."):
+            entry = by_name.setdefault(s["name"], [0, 0])
+            entry[0] += 1
+            entry[1] += s["end_ns"] - s["start_ns"]
+    assert len(by_name) <= 32  # (beyond, the later names are counted together)
+    assert no_phase["names"] == {
+        name: {"spans": n, "seconds": _s(ns)} for name, (n, ns) in sorted(by_name.items())
+    }
+    assert no_phase["spans"] == sum(n for n, _ in by_name.values())
+    assert no_phase["seconds"] == _s(sum(ns for _, ns in by_name.values()))
 
 
 def check_mfu(

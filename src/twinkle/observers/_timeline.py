@@ -28,6 +28,7 @@ from twinkle.observers._measure import (
     WindowTiming,
     measure_window,
 )
+from twinkle.observers._no_phase import NoPhase
 from twinkle.observers._waits import WAIT_PREFIX
 from twinkle.observers._workers import WorkerPiece, measure_workers
 from twinkle.observers.placement import SkewLedger, place_batch
@@ -107,6 +108,8 @@ class Timeline:
             k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
         }
         self.unstarted: dict[int, IterationData] = {}
+        #: the spans no phase names (twinkle's own and waits aside), by name
+        self.no_phase = NoPhase()
         self.step = 0
         self.optimizer_steps = 0
 
@@ -237,6 +240,8 @@ class Timeline:
                 overhead.append((start, end, thread))
                 continue
             phase = phase_of(name)
+            if phase is None and not name.startswith(WAIT_PREFIX):
+                self.no_phase.add(name, span.end_ns - span.start_ns)
             attrs = span.attrs
             if horizon is not None and start < horizon:
                 # Its time before the horizon is in windows already written: late.
@@ -467,4 +472,5 @@ class Timeline:
                 for source, (n, dropped) in sorted(self.sources.items())
             },
             "dropped": sum(dropped for _, dropped in self.sources.values()),
+            "no_phase": self.no_phase.as_dict(),
         }

@@ -95,6 +95,8 @@ class Summary(msgspec.Struct, frozen=True):
     records_dropped: int = 0
     #: each sample tag the configuration counts that no samples event carried, and why
     missing_sample_tags: dict[str, str] = {}
+    #: where every span went (``spans.no_phase``: those no phase names)
+    spans: dict[str, Any] = {}
 
 
 def read_summary(run: Path) -> Summary:

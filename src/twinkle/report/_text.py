@@ -332,6 +332,26 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _no_phase_lines(no_phase: Mapping[str, Any] | None, shown: int = 3) -> list[str]:
+    """The spans no phase names, the longest names first: not busy time."""
+    if not no_phase or not no_phase["spans"]:
+        return []
+    names = sorted(no_phase["names"].items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
+    parts = [f"{name} {num(n['seconds'])} s ({_spans(n['spans'])})" for name, n in names[:shown]]
+    rest = no_phase["spans"] - sum(n["spans"] for _, n in names[:shown])
+    if rest:
+        seconds = no_phase["seconds"] - sum(n["seconds"] for _, n in names[:shown])
+        parts.append(f"{rest} more {_spans(rest).split()[1]} {num(seconds)} s")
+    return [
+        f"in no phase         {', '.join(parts)}: not busy; name them in config.phases if "
+        "they are work (summary spans.no_phase)"
+    ]
+
+
+def _spans(n: int) -> str:
+    return f"{n} span" if n == 1 else f"{n} spans"
+
+
 def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     """The report as text: the per-iteration table, the run's figures (the steady state
     first) and, with ``legend``, what each column shows."""
@@ -347,8 +367,13 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines.append(
         "phase seconds       "
         + ", ".join(f"{p} {num(v)}" for p, v in seconds["phases"].items())
-        + " (each phase's union over the run)"
+        + (
+            " (each phase's union over the run)"
+            if seconds["phases"]
+            else "none configured (config.phases)"
+        )
     )
+    lines += _no_phase_lines(report.get("no_phase"))
     if seconds["generation_hidden_share"] is not None:
         lines.append(
             f"gen. with training  {num(seconds['generation_hidden_seconds'])} s "

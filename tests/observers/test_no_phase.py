@@ -1,0 +1,101 @@
+"""Spans in no phase: counted by name in ``summary.json`` ``spans.no_phase`` and named
+by the report, since their time is not busy (docs/metrics.md, the summary's
+``spans``). Every duration here is given, so the answers are worked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from observers.test_scripted_run import manual_session
+from twinkle.observers import _no_phase
+from twinkle.perf import Span
+from twinkle.report import format_report, load_report
+from twinkle.run import replay
+
+MS = 1_000_000
+CONFIG: dict[str, Any] = {"phases": {"train": ["train.*"]}}
+
+
+def _s(name: str, start_ms: int, end_ms: int, **attrs: Any) -> Span:
+    return Span(name, start_ms * MS, end_ms * MS, 1, 1, attrs, None)
+
+
+def _run(out: Path, spans: list[Span]) -> Path:
+    run, clock = manual_session(out, "no-phase", CONFIG)
+    clock.set(10 * MS)
+    run.bus.iteration_started(0)
+    clock.set(99 * MS)
+    run.bus.publish_spans("main", run.bus.anchor, spans)
+    clock.set(100 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    return run.out_dir
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = orjson.loads((run_dir / "summary.json").read_bytes())
+    return summary
+
+
+def test_spans_no_phase_names_are_counted_and_named_by_the_report(tmp_path: Path) -> None:
+    run_dir = _run(
+        tmp_path / "run",
+        [
+            _s("train.step", 10, 40, iteration=0),  # a phase's: busy 30 ms
+            _s("train_step", 40, 60, iteration=0),  # no phase's: 20 ms
+            _s("train_step", 60, 65, iteration=0),  # 5 ms more
+            _s("save", 65, 90),  # 25 ms, no iteration attribute
+            _s("wait.rollout", 90, 95),  # a wait: in no phase by design
+            _s("twinkle.observe", 95, 96),  # twinkle's own: neither
+        ],
+    )
+    summary = _summary(run_dir)
+    assert summary["spans"]["no_phase"] == {
+        "spans": 3,
+        "seconds": 0.05,
+        "names": {
+            "save": {"spans": 1, "seconds": 0.025},
+            "train_step": {"spans": 2, "seconds": 0.025},
+        },
+        "other": {"spans": 0, "seconds": 0.0},
+    }
+    assert summary["seconds"]["busy_seconds"] == 0.03  # train.step alone
+    text = format_report(load_report(run_dir))
+    line = next(x for x in text.splitlines() if x.startswith("in no phase"))
+    # equal seconds: by name
+    assert "save 0.025 s (1 span), train_step 0.025 s (2 spans): not busy" in line
+    assert "config.phases" in line
+    replay(run_dir / "events.jsonl", tmp_path / "replayed")
+    assert (tmp_path / "replayed" / "summary.json").read_bytes() == (
+        run_dir / "summary.json"
+    ).read_bytes()
+
+
+def test_names_beyond_the_kept_ones_are_counted_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_no_phase, "NAMES_KEPT", 2)
+    spans = [_s(f"step{k}", 10 + 10 * k, 15 + 10 * k) for k in range(5)]  # 5 ms each
+    run_dir = _run(tmp_path / "run", [*spans, _s("step0", 70, 80)])
+    no_phase = _summary(run_dir)["spans"]["no_phase"]
+    assert no_phase["spans"] == 6
+    assert no_phase["seconds"] == 0.035
+    assert no_phase["names"] == {
+        "step0": {"spans": 2, "seconds": 0.015},  # its later span still counted by name
+        "step1": {"spans": 1, "seconds": 0.005},
+    }
+    assert no_phase["other"] == {"spans": 3, "seconds": 0.015}
+    line = next(
+        x for x in format_report(load_report(run_dir)).splitlines() if x.startswith("in no")
+    )
+    assert "step0 0.015 s (2 spans), step1 0.005 s (1 span), 3 more spans 0.015 s" in line
+
+
+def test_a_run_whose_spans_all_have_a_phase_shows_no_line(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path / "run", [_s("train.step", 10, 40, iteration=0)])
+    assert _summary(run_dir)["spans"]["no_phase"]["spans"] == 0
+    assert "in no phase" not in format_report(load_report(run_dir))
