@@ -4,7 +4,7 @@
 A running segment writes ``checkpoint.bin`` beside its log at an iteration boundary
 every :data:`~twinkle.run._checkpointing.CHECKPOINT_EVERY` events, and a segment that finishes
 once more at its end, last (after the summary), each durably: a JSON header line, then
-the state, pickled. The header says what
+the state, pickled (read back by :mod:`twinkle.run._state_pickle`). The header says what
 the state covers: the log's first ``events`` events (``log_bytes`` bytes), the record
 files' and the trace's first bytes and lines, and a digest of the last bytes of each,
 so that a resume can tell the files still begin as they did.
@@ -49,6 +49,7 @@ from twinkle.observers import (
     WebUISink,
 )
 from twinkle.reporting import ReplacingFile, json_object, open_regular
+from twinkle.run._state_pickle import read_state
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -140,7 +141,7 @@ class Checkpoint:
             collecting = gc.isenabled()
             gc.disable()  # (the collector would walk the objects made so far, again and again)
             try:
-                self._state = _Unpickler(io.BytesIO(self.payload)).load()
+                self._state = read_state(io.BytesIO(self.payload))
             finally:
                 if collecting:
                     gc.enable()
@@ -271,7 +272,7 @@ def _kept(name: str, state: object, restorable: bool) -> object:
         why = "it implements no twinkle_restore_state to take it back: add one"
     else:
         try:
-            _Unpickler(io.BytesIO(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))).load()
+            read_state(io.BytesIO(pickle.dumps(state, pickle.HIGHEST_PROTOCOL)))
         except Exception as exc:  # (whatever pickling raises)
             why = (
                 f"a checkpoint cannot hold it ({type(exc).__name__}: {exc}): return plain "
@@ -449,47 +450,3 @@ def _disagreement(
             f"{observers}{hint}"
         )
     return None
-
-
-#: the modules whose classes a checkpoint's state holds: twinkle's values (events,
-#: metrics, the observers' ledgers, clocks, segments), never its I/O
-_TWINKLE: Final = (
-    "twinkle.events.",
-    "twinkle.metric.",
-    "twinkle.observers.",
-    "twinkle.perf.",
-    "twinkle.run._summary",
-    "twinkle.reporting._frozen",
-    "twinkle.reporting._health",
-)
-#: the classes outside twinkle it may hold
-_PLAIN: Final = {
-    ("builtins", name) for name in ("set", "frozenset", "bytearray", "complex", "slice", "range")
-} | {
-    ("collections", "deque"),
-    ("collections", "Counter"),
-    ("collections", "OrderedDict"),
-    ("collections", "defaultdict"),
-    ("array", "array"),
-    ("array", "_array_reconstructor"),
-    ("copyreg", "_reconstructor"),
-    ("fractions", "Fraction"),
-}
-
-
-class _Unpickler(pickle.Unpickler):
-    """Makes the classes of twinkle's values and plain Python values only (no function,
-    no class of another package, none of twinkle's that does I/O): a checkpoint is
-    data, never code, and a file planted in a run directory must not run anything."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _PLAIN:
-            return super().find_class(module, name)
-        if module.startswith(_TWINKLE) and name.isidentifier():  # (no dotted path)
-            found = super().find_class(module, name)
-            # a class of that module itself, not one it imported (logging's, io's...)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
-        raise pickle.UnpicklingError(
-            f"a checkpoint holds only twinkle's values, not {module}.{name}"
-        )
