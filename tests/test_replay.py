@@ -92,8 +92,10 @@ def test_replay_names_the_line_of_a_malformed_event(run_dir: Path, tmp_path: Pat
     bad.write_bytes(
         b"\n".join([*lines[:3], b'{"type":"samples","run_id":"recorded"}', *lines[3:]]) + b"\n"
     )
-    with pytest.raises(ReplayError, match=r"events.jsonl:4: .*lacks field"):
+    with pytest.raises(ReplayError, match=r"events.jsonl:4: .*lacks field") as raised:
         replay(bad, tmp_path / "out")
+    # the fix: a line taken out would put every later one out of place (seq)
+    assert "restore the original log, or cut the log just before that line" in str(raised.value)
 
 
 def test_replay_needs_run_started_first(run_dir: Path, tmp_path: Path) -> None:

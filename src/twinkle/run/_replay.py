@@ -52,6 +52,13 @@ from twinkle.run._staging import Staging
 
 __all__ = ["ReplayResult", "iter_events", "replay"]
 
+#: what to do about a line of the log that is no event twinkle wrote (the lines are
+#: numbered: one taken out would make every later one refused as out of place)
+_BAD_LINE_FIX: Final = (
+    "restore the original log, or cut the log just before that line to replay the "
+    "events before it, and run this again"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
@@ -147,7 +154,7 @@ class _EventLog(Iterator[Event]):
             lineno, why = self._reader.error or (self._reader.lineno, str(exc))
             raise ReplayError(
                 f"{self.path}:{lineno}: {why}; a bad line (other than a torn last line) is "
-                "corruption, never skipped: fix or remove that line and run this again"
+                f"corruption, never skipped: {_BAD_LINE_FIX}"
             ) from exc
         except ReporterError as exc:
             raise ReplayError(f"cannot read the event log: {exc}") from exc
@@ -164,7 +171,7 @@ class _EventLog(Iterator[Event]):
         try:
             return event_from_dict(data)
         except RecordError as exc:
-            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}") from exc
+            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}; {_BAD_LINE_FIX}") from exc
 
     def check_seq(self) -> None:
         """Check the ``seq`` of the line read last (once): it must be the line's 0-based
