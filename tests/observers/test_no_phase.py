@@ -1,6 +1,7 @@
-"""Spans in no phase: counted by name in ``summary.json`` ``spans.no_phase`` and named
-by the report, since their time is not busy (docs/metrics.md, the summary's
-``spans``). Every duration here is given, so the answers are worked by hand."""
+"""What a run's configuration leaves uncounted is said, not shown as idle or as 0: the
+spans no phase names, counted by name in ``summary.json`` ``spans.no_phase`` and named by
+the report (their time is not busy), and the tokens of a run without ``config.window``
+(docs/metrics.md). Every duration here is given, so the answers are worked by hand."""
 
 from __future__ import annotations
 
@@ -99,3 +100,14 @@ def test_a_run_whose_spans_all_have_a_phase_shows_no_line(tmp_path: Path) -> Non
     run_dir = _run(tmp_path / "run", [_s("train.step", 10, 40, iteration=0)])
     assert _summary(run_dir)["spans"]["no_phase"]["spans"] == 0
     assert "in no phase" not in format_report(load_report(run_dir))
+
+
+def test_a_run_without_config_window_says_it_counts_no_tokens(tmp_path: Path) -> None:
+    """Its run record reads 0 tokens/s (docs/metrics.md: no window, no tokens); the
+    report says why instead of quoting that 0."""
+    run_dir = _run(tmp_path / "run", [_s("train.step", 10, 40, iteration=0)])
+    assert _summary(run_dir)["window"]["tokens_per_s_per_device"] == 0.0
+    text = format_report(load_report(run_dir))
+    assert "the run's: not counted, config.window names no samples tag" in text
+    assert "whole loop" not in text
+    assert "steady state        " not in text

@@ -258,6 +258,8 @@ def _figures(
         "phase_patterns": {p: list(names) for p, names in config.get("phases", {}).items()},
         "loop_phases": loop_phases,
         "throughput_phases": throughput,
+        # the samples tag whose tokens the run counts (None: no config.window, no tokens)
+        "window_samples": (config.get("window") or {}).get("samples"),
         "streaming": None if None in pair else list(pair),
         "reward": None if reward_at is None else ".".join(reward_at),
         "iterations": rows,

@@ -13,6 +13,7 @@ from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
 from twinkle.report._format import NAMED_WORKERS, highest_peaks, num
 from twinkle.report._limits_text import limits_lines
+from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
 
 __all__ = [
     "FLAG_NAMES",
@@ -132,7 +133,7 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
     has_overlap = report.get("streaming") is not None
     if has_overlap:
         header.append("{}&{} s".format(*report["streaming"]))
-    utilised = _mfu_phases(report)
+    utilised = mfu_phases(report)
     header += [f"{p} {figure.upper()} %" for p, figure in utilised.items()]
     if report["reward"]:
         header.append("reward")
@@ -148,7 +149,7 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
         row += [num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
         if has_overlap:
             row.append(num(r.get("window_overlap_generation_training_seconds")))
-        row += [_share(r.get("phase_mfu", {}).get(p)) for p in utilised]
+        row += [mfu_share(r.get("phase_mfu", {}).get(p)) for p in utilised]
         if report["reward"]:
             row.append(num(r.get("reward")))
         rows.append(row)
@@ -166,7 +167,7 @@ def legend_lines(report: Mapping[str, Any]) -> list[str]:
         shown |= {"<phase> s", "attr <phase> s"}
     if report.get("streaming") is not None:
         shown.add("<gen>&<train> s")
-    if _mfu_phases(report):
+    if mfu_phases(report):
         shown.add("<phase> MFU %")
     return [LEGEND_TITLE, *(f"  {name:<18} {text}" for name, text in LEGEND if name in shown)]
 
@@ -182,102 +183,43 @@ def _segment(s: Mapping[str, Any]) -> str:
     return f"{s['segment']}: {span} ({s['status'] or 'unfinished'})"
 
 
-def _mfu_phases(report: Mapping[str, Any]) -> dict[str, str]:
-    """The phases with an MFU column and the figure each shows (``mfu``, ``hfu``): none
-    without a peak (the lines below the table say why)."""
-    mfu = report.get("mfu") or {}
-    if mfu.get("peak_flops_per_s") is None:
-        return {}
-    return {p: d["figure"] for p, d in mfu.get("phases", {}).items()}
-
-
-def _share(found: Mapping[str, Any] | None) -> str:
-    """A share of the peak in per cent; over 100 % marked ``!`` (implied, not MFU)."""
-    if not found or found.get("share") is None:
-        return "-"
-    return f"{100 * found['share']:.1f}" + ("!" if found.get("implied") else "")
-
-
-def _rate(flops_per_s: Any) -> str:
-    if flops_per_s is None:
-        return "-"
-    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
-        if flops_per_s >= scale:
-            return f"{flops_per_s / scale:.3g} {unit}"
-    return f"{flops_per_s:.3g} FLOP/s"
-
-
-def mfu_lines(report: Mapping[str, Any]) -> list[str]:
-    """The run's MFU per phase (steady state, then the whole loop) and its peak, or why
-    there is none."""
-    mfu = report.get("mfu")
-    if not mfu:
-        return []
-    if "phases" not in mfu:
-        return [f"MFU                 n/a: {mfu.get('abstained')}"]
-    run = mfu.get("run", {})
-
-    def figure(prefix: str, phase: str, work: Mapping[str, Any]) -> str:
-        name = f"{prefix}{phase}_"
-        rate = _rate(run.get(name + "flops_per_s_per_device"))
-        share = run.get(name + work["figure"])
-        implied = run.get(f"{name}implied_{work['figure']}")
-        if share is not None:
-            return f"{phase} {100 * share:.1f}% ({rate}/device)"
-        if implied is not None:
-            over = f"implied {100 * implied:.0f}%, not a utilisation"
-            return f"{phase} over the peak: {over} ({rate}/device)"
-        return f"{phase} {rate}/device"
-
-    phases = mfu["phases"].items()
-    peak = mfu.get("peak_flops_per_s")
-    names = "/".join(sorted({w["figure"].upper() for _, w in phases}))
-    names = names if peak is not None else "model FLOP/s"
-    lines = [
-        f"{names:<20}" + ", ".join(figure("steady_", p, w) for p, w in phases) + " (steady state)",
-        "  whole loop        " + ", ".join(figure("", p, w) for p, w in phases),
-    ]
-    device = f"{mfu.get('device') or 'the device'}, {mfu.get('dtype')}"
-    if peak is None:
-        lines.append(f"  peak              none for {device}: {mfu.get('abstained')}")
-    else:
-        lines.append(
-            f"  peak              {_rate(peak)} per device ({device}): {mfu.get('peak_source')}"
-        )
-    return lines
-
-
 def throughput_lines(report: Mapping[str, Any]) -> list[str]:
     """The steady state first, with each phase's; then the whole loop's."""
     window, iterations = report["window"], len(report["iterations"])
     steady = window.get("steady_iterations") or 0
-    if steady:
+    per_phase = [
+        f"{p} {num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
+        for p in report["throughput_phases"]
+    ]
+    if report.get("window_samples", "") is None:  # ("": a report from before it was kept)
+        lines = [
+            "tokens/s/device     the run's: not counted, config.window names no samples tag "
+            '(e.g. "window": {"samples": "rollout", "devices": 8}: docs/metrics.md)'
+        ]
+    elif steady:
         lines = [
             f"steady state        {num(window.get('steady_tokens_per_s_per_device'))} "
             f"tokens/s/device over {steady} of {iterations} iterations (warm-up, drain and "
             f"partial left out): {num(window.get('steady_tokens'))} tokens / "
             f"{num(window.get('steady_seconds'))} logical s"
         ]
-        per_phase = [
-            f"{p} {num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
-            for p in report["throughput_phases"]
-        ]
-        if per_phase:
-            lines.append(
-                "  per phase         "
-                + ", ".join(per_phase)
-                + " tokens/s/device (steady state, over the time each phase's work took)"
-            )
     else:
         lines = [
             "steady state        n/a: no iteration outside warm-up, drain and partial "
             "(a segment needs 3 iterations or more)"
         ]
-    lines.append(
-        f"whole loop          {num(window.get('tokens_per_s_per_device'))} tokens/s/device "
-        f"over all {iterations} iterations: {num(window.get('tokens'))} tokens / "
-        f"{num(window.get('seconds'))} active logical s"
-    )
+    if per_phase and steady:
+        lines.append(
+            "  per phase         "
+            + ", ".join(per_phase)
+            + " tokens/s/device (steady state, over the time each phase's work took)"
+        )
+    if report.get("window_samples", "") is not None:
+        lines.append(
+            f"whole loop          {num(window.get('tokens_per_s_per_device'))} tokens/s/device "
+            f"over all {iterations} iterations: {num(window.get('tokens'))} tokens / "
+            f"{num(window.get('seconds'))} active logical s"
+        )
     # A tag counted but never published reads 0 above: say why, not only 0 (in a run
     # still being written, once an iteration was done: before, none could be).
     if report.get("live") is None or report["iterations"]:
