@@ -148,7 +148,7 @@ def test_a_worker_added_on_a_shared_device_is_not_predicted(
     assert main(["report", str(shared_run), "--whatif"]) == 0
     assert "-           -  (not predicted: rank1 would share a device" in capsys.readouterr().out
     assert main(["whatif", str(shared_run), "--ranks", "2"]) == 0
-    assert "not a prediction for rank1: it would share a device" in capsys.readouterr().out
+    assert "not a prediction: rank1 would share a device" in capsys.readouterr().out
 
 
 def test_another_lag_or_fewer_workers_on_a_shared_device_is_not_predicted(

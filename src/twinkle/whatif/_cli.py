@@ -12,7 +12,7 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif import ASSUMPTIONS, Changes, Prediction, predict
-from twinkle.whatif._predict import contended_why, speed_shared_note
+from twinkle.whatif._predict import not_predicted, speed_shared_note
 
 __all__ = ["whatif_command"]
 
@@ -113,14 +113,9 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         shares = paths[which] or {}
         parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v and v >= 0.005)
         lines.append(f"  critical path, {which}: {parts or '-'}")
-    if s["shared"]:
-        lines.append(
-            f"not a prediction for {', '.join(s['shared'])}: it would share a device with the "
-            "recorded workers (their placement), where the model gives each engine and rank "
-            "a device of its own; what it adds there is overstated"
-        )
-    if s["contended"]:
-        lines.append(f"not a prediction: {contended_why(s['contended'])}")
+    why = not_predicted(s)
+    if why is not None:
+        lines.append(f"not a prediction: {why}")
     elif s["speed_shared"]:
         lines.append(f"read with care: {speed_shared_note(s['speed_shared'])}")
     error = _reproduction(check)["steady_tokens_per_s_per_device"]

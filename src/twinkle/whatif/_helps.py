@@ -15,7 +15,7 @@ from typing import Any
 
 from twinkle.checks import printable
 from twinkle.whatif import Changes, Prediction, predict
-from twinkle.whatif._predict import contended_why, speed_shared_note
+from twinkle.whatif._predict import not_predicted, speed_shared_note
 from twinkle.whatif._recorded import Recorded, read_recorded
 from twinkle.whatif._work import MAX_SPEED
 
@@ -86,7 +86,7 @@ def _row(
         # A worker added on a device another uses adds no compute there, where the
         # model gives it its own; a change of how much runs at once on a shared device
         # changes what sharing cost: no ratio, and why.
-        why = _not_predicted(p.settings)
+        why = not_predicted(p.settings)
         return {
             "change": label,
             "settings": p.settings,
@@ -99,18 +99,6 @@ def _row(
         }
     finally:
         shutil.rmtree(p.out_dir, ignore_errors=True)
-
-
-def _not_predicted(settings: dict[str, Any]) -> str | None:
-    """Why the prediction of these settings is none (None: it is one)."""
-    if settings["shared"]:
-        return (
-            f"{', '.join(settings['shared'])} would share a device with the recorded "
-            "workers: the model gives each engine and rank a device of its own"
-        )
-    if settings["contended"]:
-        return contended_why(settings["contended"])
-    return None
 
 
 def _x(value: float | None) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "added_on_shared_devices",
     "contended_devices",
     "contended_why",
+    "not_predicted",
     "speed_shared_note",
     "predicted_events",
     "write_prediction",
@@ -124,6 +125,21 @@ def speed_shared_note(devices: list[str]) -> str:
         "spans alone, where a real speed-up there changes what the others get too (the "
         "demo's trainer slowed 2x came out 20% off, docs/performance.md)"
     )
+
+
+def not_predicted(settings: Mapping[str, Any]) -> str | None:
+    """Why the prediction of ``settings`` (:attr:`Prediction.settings`) is none (None:
+    it is one): an added worker on a device the recorded ones use, or a change of how
+    much runs at once on a device they shared."""
+    if settings["shared"]:
+        return (
+            f"{', '.join(settings['shared'])} would share a device with the recorded "
+            "workers (their placement): the model gives each engine and rank a device of "
+            "its own, so what it adds there is overstated"
+        )
+    if settings["contended"]:
+        return contended_why(settings["contended"])
+    return None
 
 
 def contended_why(devices: list[str]) -> str:
