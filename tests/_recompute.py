@@ -74,6 +74,7 @@ class Recompute:
         self.over: list[tuple[int, int, int, Any]] = []  # (pos, s, e, tid)
         # (pos, worker, wait name or None, s, e): the worker is the engine, else the source
         self.by_worker: list[tuple[int, str, str | None, int, int]] = []
+        self.unnamed: list[tuple[int, int, int]] = []  # (pos, s, e): no phase, not a wait
         self.late_ns = 0
         self.spans: list[dict[str, Any]] = []
         self.samples: dict[tuple[int, str], list[int]] = {}
@@ -102,6 +103,8 @@ class Recompute:
                     if horizon is None or end > horizon:
                         piece_start = start if horizon is None else max(start, horizon)
                         self.pieces.append((pos, self.phase(s["name"]), piece_start, end, tid))
+                        if self.phase(s["name"]) is None and not s["name"].startswith("wait."):
+                            self.unnamed.append((pos, piece_start, end))
                         engine = s["attrs"].get("engine")
                         named = isinstance(engine, str) and engine != ""
                         worker = engine if named else ev["source"]
@@ -142,7 +145,11 @@ class Recompute:
             logical[ph] = length(kept)
         busy = length([iv for ivs in by.values() for iv in ivs])
         overhead = [(s, e) for s, e, _ in over]
+        unnamed = [
+            (max(s, lo), min(e, hi)) for p, s, e in self.unnamed if p < before and e > lo and s < hi
+        ]
         return {
+            "unnamed": length(minus(unnamed, [iv for ivs in by.values() for iv in ivs])),
             "path": self.path(hi - lo, by, overhead),
             "wall": hi - lo,
             "overhead": length([(s, e) for s, e, _ in over]),
@@ -359,6 +366,7 @@ def check_run(run_dir: Path) -> dict[str, Any]:
         assert t["window_busy_seconds"] == _s(w["busy"])
         assert t["window_idle_seconds"] == _s(w["wall"] - w["busy"])
         assert t["window_span_seconds"] == _s(w["span"])
+        assert t["window_unnamed_seconds"] == _s(w["unnamed"])
         assert t["window_busy_seconds"] <= t["window_wall_seconds"]
         for ph in rc.phases:
             assert t[f"window_{ph}_seconds"] == _s(w["phase"][ph]), (it, ph)
@@ -372,13 +380,14 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     setup, active_from = rc.setup()
     teardown = rc.teardown()
     parts = [setup, *windows, teardown]
-    total = {k: sum(p[k] for p in parts) for k in ("wall", "overhead", "busy", "span")}
+    total = {k: sum(p[k] for p in parts) for k in ("wall", "overhead", "busy", "span", "unnamed")}
     run: dict[str, Any]
     (run,) = [r["values"] for r in records if r["kind"] == "timing" and r["scope"] == "run"]
     assert run["wall_seconds"] == _s(total["wall"])
     assert run["busy_seconds"] == _s(total["busy"])
     assert run["overhead_seconds"] == _s(total["overhead"])
     assert run["idle_seconds"] == _s(total["wall"] - total["busy"])
+    assert run["unnamed_seconds"] == _s(total["unnamed"])
     for name, part in (("setup", setup), ("teardown", teardown)):
         assert run[f"{name}_wall_seconds"] == _s(part["wall"])
         assert run[f"{name}_busy_seconds"] == _s(part["busy"])

@@ -64,12 +64,25 @@ def test_spans_no_phase_names_are_counted_and_named_by_the_report(tmp_path: Path
         },
         "other": {"spans": 0, "seconds": 0.0},
     }
-    assert summary["seconds"]["busy_seconds"] == 0.03  # train.step alone
-    text = format_report(load_report(run_dir))
-    line = next(x for x in text.splitlines() if x.startswith("in no phase"))
+    seconds = summary["seconds"]
+    assert seconds["busy_seconds"] == 0.03  # train.step alone
+    assert seconds["idle_seconds"] == 0.07  # of the run's 100 ms
+    # idle while only unnamed work ran: [40, 90) (the wait and twinkle's own are not)
+    assert seconds["unnamed_seconds"] == 0.05
+    (timing,) = [
+        r["values"]
+        for r in map(orjson.loads, (run_dir / "metrics_raw.jsonl").read_bytes().splitlines())
+        if r["kind"] == "timing" and r["scope"] == "iteration"
+    ]
+    assert timing["window_unnamed_seconds"] == 0.05
+    lines = format_report(load_report(run_dir)).splitlines()
+    at = next(k for k, x in enumerate(lines) if x.startswith("in no phase"))
+    assert lines[at].startswith("in no phase         0.050 s idle (71% of idle) ran only spans")
+    assert "config.phases" in lines[at]
     # equal seconds: by name
-    assert "save 0.025 s (1 span), train_step 0.025 s (2 spans): not busy" in line
-    assert "config.phases" in line
+    assert (
+        lines[at + 1] == "  by name (summed)  save 0.025 s (1 span), train_step 0.025 s (2 spans)"
+    )
     replay(run_dir / "events.jsonl", tmp_path / "replayed")
     assert (tmp_path / "replayed" / "summary.json").read_bytes() == (
         run_dir / "summary.json"
@@ -90,15 +103,21 @@ def test_names_beyond_the_kept_ones_are_counted_together(
         "step1": {"spans": 1, "seconds": 0.005},
     }
     assert no_phase["other"] == {"spans": 3, "seconds": 0.015}
-    line = next(
-        x for x in format_report(load_report(run_dir)).splitlines() if x.startswith("in no")
+    assert _summary(run_dir)["seconds"]["unnamed_seconds"] == 0.035  # no phase ran
+    text = format_report(load_report(run_dir))
+    assert "0.035 s idle (35% of idle)" in text
+    assert "step0 0.015 s (2 spans), step1 0.005 s (1 span), 3 more spans 0.015 s" in text
+
+
+def test_spans_in_no_phase_inside_a_phases_are_busy_and_not_reported(tmp_path: Path) -> None:
+    """A library's timers nested in a phase's span (TRL's): counted by name, no idle."""
+    run_dir = _run(
+        tmp_path / "run",
+        [_s("fwd", 15, 25, iteration=0), _s("train.step", 10, 40, iteration=0)],
     )
-    assert "step0 0.015 s (2 spans), step1 0.005 s (1 span), 3 more spans 0.015 s" in line
-
-
-def test_a_run_whose_spans_all_have_a_phase_shows_no_line(tmp_path: Path) -> None:
-    run_dir = _run(tmp_path / "run", [_s("train.step", 10, 40, iteration=0)])
-    assert _summary(run_dir)["spans"]["no_phase"]["spans"] == 0
+    summary = _summary(run_dir)
+    assert summary["spans"]["no_phase"]["names"] == {"fwd": {"spans": 1, "seconds": 0.01}}
+    assert summary["seconds"]["unnamed_seconds"] == 0.0
     assert "in no phase" not in format_report(load_report(run_dir))
 
 

@@ -143,6 +143,7 @@ def test_window_view_clips_every_span_whichever_iteration_it_serves(run_dir: Pat
         "window_busy_seconds": 90,
         "window_idle_seconds": 0,
         "window_span_seconds": 201,
+        "window_unnamed_seconds": 0,  # every span in a phase
         "window_rollout_seconds": 85,  # [10,30) u [35,100): iterations 0 and 1 alike
         "window_rollout_logical_seconds": 85,  # the overhead ran on the trainer thread
         "window_train_seconds": 40,

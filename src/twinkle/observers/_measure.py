@@ -6,13 +6,22 @@ spans go where; this module only measures."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 import msgspec
 
 from twinkle.observers._config import ObserverConfig
-from twinkle.observers._intervals import Interval, intersect, length, merge, subtract, union_ns
+from twinkle.observers._intervals import (
+    Interval,
+    clip,
+    intersect,
+    length,
+    merge,
+    subtract,
+    union_ns,
+)
 
 __all__ = [
     "PATH_KINDS",
@@ -44,7 +53,9 @@ class WindowTiming(msgspec.Struct, frozen=True):
     ``idle_ns`` = wall - busy; ``overlap_ns[(p, q)]`` = |p ∩ q|; ``overhead_ns``: union of
     twinkle's own spans; ``span_ns``: every span's clipped duration added (phase or not);
     ``path_ns``: the window's wall cut by what was running at each instant, in the
-    order of :data:`PATH_KINDS` (see :func:`critical_path`): they add up to ``wall_ns``.
+    order of :data:`PATH_KINDS` (see :func:`critical_path`): they add up to ``wall_ns``;
+    ``unnamed_ns``: the union of the spans in no phase (but waits) less busy: idle time
+    in which work ran that no phase names.
     """
 
     wall_ns: int
@@ -58,6 +69,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
     #: the critical path's stretches as (kind, start_ns, end_ns), in time order: one
     #: window's (for the trace); a sum of windows has none
     path_slices: tuple[tuple[str, int, int], ...] = ()
+    unnamed_ns: int = 0
 
     @property
     def logical_ns(self) -> int:
@@ -83,6 +95,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
             {p: v + other.phase_logical_ns[p] for p, v in self.phase_logical_ns.items()},
             {k: v + other.overlap_ns[k] for k, v in self.overlap_ns.items()},
             {k: v + other.path_ns[k] for k, v in self.path_ns.items()},
+            unnamed_ns=self.unnamed_ns + other.unnamed_ns,
         )
 
 
@@ -129,8 +142,11 @@ def measure_window(
     spans: list[Piece],
     overhead: list[tuple[int, int, int]],
     config: ObserverConfig,
+    *,
+    unnamed: Iterable[Interval] = (),
 ) -> WindowTiming:
-    """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it."""
+    """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it
+    (``unnamed``: the spans among them in no phase that are not waits)."""
     holes = _by_thread(overhead, lo, hi)
     # phase -> thread -> its spans clipped to the window (phases without spans absent)
     by_phase: dict[str, dict[int, list[Interval]]] = {}
@@ -157,6 +173,7 @@ def measure_window(
         phase_ns[phase] = length(merged[phase])
     own = merge(iv for ivs in holes.values() for iv in ivs)
     path, slices, busy = critical_path(lo, hi, merged, own, config)
+    unnamed_work = merge(clip(unnamed, lo, hi))
     overlap_ns = dict.fromkeys(config.pairs, 0)
     if len(merged) > 1:
         for p, q in config.pairs:
@@ -172,6 +189,7 @@ def measure_window(
         overlap_ns=overlap_ns,
         path_ns=path,
         path_slices=slices,
+        unnamed_ns=length(subtract(unnamed_work, busy)) if unnamed_work else 0,
     )
 
 

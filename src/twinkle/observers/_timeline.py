@@ -66,6 +66,8 @@ class Timeline:
         #: end of the last finalised window: time before it is in no more window
         self.horizon: int | None = None
         self.pieces: list[Piece] = []
+        #: (start, end) of the pieces of spans in no phase but waits: work no phase names
+        self.unnamed: list[tuple[int, int]] = []
         #: every span's worker and wait name, kept as long as its piece would be
         self.worker_pieces: list[WorkerPiece] = []
         self.overhead: list[tuple[int, int, int]] = []
@@ -141,6 +143,7 @@ class Timeline:
         # one (the segment's set-up would otherwise reach back over the gap).
         start = event.monotonic_ns
         self.pieces = [p for p in self.pieces if p[1] >= start]
+        self.unnamed = [iv for iv in self.unnamed if iv[0] >= start]
         self.worker_pieces = [p for p in self.worker_pieces if p[2] >= start]
         self.overhead = [iv for iv in self.overhead if iv[0] >= start]
         self.windows.append(_Window(None, start))
@@ -189,10 +192,12 @@ class Timeline:
         tail = max([end, *(e for _, _, e, _ in self.pieces)])
         self._tail_ns = tail
         start = end if self.horizon is None else self.horizon
-        teardown = measure_window(start, tail, self.pieces, self.overhead, self.config)
+        teardown = measure_window(
+            start, tail, self.pieces, self.overhead, self.config, unnamed=self.unnamed
+        )
         self._totals = self._totals + teardown
         self._teardown = self._teardown + teardown  # every segment's
-        self.pieces, self.overhead, self.worker_pieces = [], [], []
+        self.pieces, self.overhead, self.worker_pieces, self.unnamed = [], [], [], []
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
             for span in data.spans:
@@ -240,8 +245,7 @@ class Timeline:
                 overhead.append((start, end, thread))
                 continue
             phase = phase_of(name)
-            if phase is None and not name.startswith(WAIT_PREFIX):
-                self.no_phase.add(name, span.end_ns - span.start_ns)
+            unnamed = phase is None and self._unnamed(name, span)
             attrs = span.attrs
             if horizon is not None and start < horizon:
                 # Its time before the horizon is in windows already written: late.
@@ -252,6 +256,8 @@ class Timeline:
             placed = start if horizon is None or start >= horizon else horizon
             if horizon is None or end > horizon:
                 pieces.append((phase, placed, end, thread))
+                if unnamed:
+                    self.unnamed.append((placed, end))
                 engine = attrs.get("engine")
                 worker = engine if isinstance(engine, str) and engine else source
                 workers.append(
@@ -268,6 +274,14 @@ class Timeline:
                 data.spans.append((phase, start, end, span.error, thread, True))
             else:
                 self._attribute(attr, phase, start, end, span, thread=thread)
+
+    def _unnamed(self, name: str, span: Any) -> bool:
+        """Whether a span in no phase is work no phase names (a wait is not), counted by
+        name when it is."""
+        if name.startswith(WAIT_PREFIX):
+            return False
+        self.no_phase.add(name, span.end_ns - span.start_ns)
+        return True
 
     def _attribute(
         self, attr: object, phase: str | None, start: int, end: int, span: Any, *, thread: int
@@ -411,7 +425,9 @@ class Timeline:
             )
             if self._floor is not None:  # a resumed segment's: never back into the last
                 start = max(start, self._floor)
-        timing = measure_window(start, end, self.pieces, self.overhead, self.config)
+        timing = measure_window(
+            start, end, self.pieces, self.overhead, self.config, unnamed=self.unnamed
+        )
         self._totals = self._totals + timing
         self.horizon = end
         self._kept_from = start
@@ -421,9 +437,10 @@ class Timeline:
             # Set-up before the first phase span is not the run's active time.
             first = end if self._first_work_ns is None else min(self._first_work_ns, end)
             self._before_work = self._before_work + measure_window(
-                start, first, self.pieces, self.overhead, self.config
+                start, first, self.pieces, self.overhead, self.config, unnamed=self.unnamed
             )
         self.pieces = [p for p in self.pieces if p[2] > end]
+        self.unnamed = [iv for iv in self.unnamed if iv[1] > end]
         out: list[Finished] = []
         if window.iteration is not None:
             data = self.open.pop(window.iteration)

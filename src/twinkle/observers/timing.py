@@ -59,8 +59,8 @@ class WindowKeys:
     """The value keys of a stretch of the timeline, ``<prefix><name>``, spelled once per
     run (in the config's order of phases and pairs, as :func:`measure_window` fills them)."""
 
-    #: wall, overhead, logical, busy, idle and span seconds
-    totals: tuple[str, str, str, str, str, str]
+    #: wall, overhead, logical, busy, idle, span and unnamed seconds
+    totals: tuple[str, str, str, str, str, str, str]
     #: (phase, its seconds key, its logical seconds key)
     phases: tuple[tuple[str, str, str], ...]
     #: ((p, q), its overlap key)
@@ -76,6 +76,7 @@ class WindowKeys:
                 f"{prefix}busy_seconds",
                 f"{prefix}idle_seconds",
                 f"{prefix}span_seconds",
+                f"{prefix}unnamed_seconds",
             ),
             tuple(
                 (p, f"{prefix}{p}_seconds", f"{prefix}{p}_logical_seconds") for p in config.phases
@@ -104,7 +105,7 @@ def attributed_keys(config: ObserverConfig) -> AttributedKeys:
 
 def window_values(t: WindowTiming, keys: WindowKeys) -> dict[str, int | float]:
     """Flat values (seconds) of one stretch of the timeline."""
-    wall, overhead, logical, busy, idle, span = keys.totals
+    wall, overhead, logical, busy, idle, span, unnamed = keys.totals
     values: dict[str, int | float] = {
         wall: t.wall_ns / _NS,
         overhead: t.overhead_ns / _NS,
@@ -112,6 +113,7 @@ def window_values(t: WindowTiming, keys: WindowKeys) -> dict[str, int | float]:
         busy: t.busy_ns / _NS,
         idle: t.idle_ns / _NS,
         span: t.span_ns / _NS,
+        unnamed: t.unnamed_ns / _NS,
     }
     phase_ns, logical_ns = t.phase_ns, t.phase_logical_ns
     for phase, seconds_key, logical_key in keys.phases:

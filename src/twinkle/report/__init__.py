@@ -339,6 +339,8 @@ def _seconds(seconds: dict[str, Any], phases: list[str]) -> dict[str, Any]:
         "busy": seconds.get("busy_seconds"),
         "idle": seconds.get("idle_seconds"),
         "overhead": seconds.get("overhead_seconds"),
+        # idle while only spans no phase names ran (None: a summary from before it)
+        "unnamed": seconds.get("unnamed_seconds"),
         "parts": {
             total: {
                 part: seconds.get(f"{part}_{total}_seconds")

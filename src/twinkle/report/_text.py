@@ -274,19 +274,24 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _no_phase_lines(no_phase: Mapping[str, Any] | None, shown: int = 3) -> list[str]:
-    """The spans no phase names, the longest names first: not busy time."""
-    if not no_phase or not no_phase["spans"]:
+def _no_phase_lines(seconds: Mapping[str, Any], no_phase: Mapping[str, Any] | None) -> list[str]:
+    """The idle time in which only spans no phase names ran, and those spans' names, the
+    most seconds first (none when no such time: such spans inside a phase's are busy)."""
+    unnamed, idle = seconds.get("unnamed"), seconds.get("idle")
+    if not unnamed or not no_phase or not no_phase["spans"]:
         return []
     names = sorted(no_phase["names"].items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
-    parts = [f"{name} {num(n['seconds'])} s ({_spans(n['spans'])})" for name, n in names[:shown]]
-    rest = no_phase["spans"] - sum(n["spans"] for _, n in names[:shown])
+    shown = names[:3]
+    parts = [f"{name} {num(n['seconds'])} s ({_spans(n['spans'])})" for name, n in shown]
+    rest = no_phase["spans"] - sum(n["spans"] for _, n in shown)
     if rest:
-        seconds = no_phase["seconds"] - sum(n["seconds"] for _, n in names[:shown])
-        parts.append(f"{rest} more {_spans(rest).split()[1]} {num(seconds)} s")
+        seconds_left = no_phase["seconds"] - sum(n["seconds"] for _, n in shown)
+        parts.append(f"{rest} more {_spans(rest).split()[1]} {num(seconds_left)} s")
+    share = f" ({100 * unnamed / idle:.0f}% of idle)" if idle else ""
     return [
-        f"in no phase         {', '.join(parts)}: not busy; name them in config.phases if "
-        "they are work (summary spans.no_phase)"
+        f"in no phase         {num(unnamed)} s idle{share} ran only spans no phase names: "
+        "name them in config.phases if they are work",
+        f"  by name (summed)  {', '.join(parts)}",
     ]
 
 
@@ -315,7 +320,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
             else "none configured (config.phases)"
         )
     )
-    lines += _no_phase_lines(report.get("no_phase"))
+    lines += _no_phase_lines(seconds, report.get("no_phase"))
     if seconds["generation_hidden_share"] is not None:
         lines.append(
             f"gen. with training  {num(seconds['generation_hidden_seconds'])} s "
