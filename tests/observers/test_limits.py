@@ -260,3 +260,31 @@ def test_the_trace_draws_each_windows_critical_path(run_dir: Path) -> None:
         e["args"]["name"] for e in trace if e.get("name") == "thread_name" and e["tid"] == track
     ]
     assert names == ["critical path"]
+
+
+def test_without_a_steady_state_window_the_verdict_abstains_giving_the_loops(
+    tmp_path: Path,
+) -> None:
+    """Two iterations: a warm-up (training 90 ms of its 100, as if compiling) and a
+    drain; no window is the run's pace, so no verdict, whatever the loop's says."""
+    run, clock = manual_session(tmp_path, "short", CONFIG)
+    bus = run.bus
+    for it, batch in enumerate(([SPANS[0], SPANS[1]], [SPANS[2], SPANS[3]])):
+        clock.set(it * 100 * MS)
+        bus.iteration_started(it)
+        clock.set((it * 100 + 99) * MS)
+        bus.publish_spans("main", bus.anchor, batch)
+    clock.set(200 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    limits = orjson.loads((run.out_dir / "summary.json").read_bytes())["limits"]
+    assert limits["verdict"] == "abstain"
+    assert (limits["over"], limits["steady_windows"]) == ("loop", 0)
+    assert limits["windows"] == {"generation-bound": 1, "training-bound": 1}
+    # the loop: training 90 (window 0), generation 95 (window 1) of 200 ms: neither 50%
+    assert (limits["path_seconds"]["training"], limits["path_seconds"]["generation"]) == (
+        0.09,
+        0.095,
+    )
+    assert limits["reason"].startswith("no steady-state window (every window is warm-up")
+    assert "over the whole loop, warm-up included, mixed:" in limits["reason"]

@@ -119,6 +119,17 @@ class LimitsLedger:
         twice-as-fast side would save of that stretch."""
         basis, over = (self.steady, "steady state") if self.steady is not None else (loop, "loop")
         found, why = verdict(basis.path_ns, config, _busy_ns(basis, config))
+        if self.steady is None and config.streaming is not None:
+            # Warm-up (compiling, caches filling) and a cut-short end are no pace to
+            # judge a run by: the loop's path is evidence, not a verdict.
+            found, why = (
+                "abstain",
+                (
+                    "no steady-state window (every window is warm-up, drain or partial; a "
+                    f"segment needs 3 iterations or more): over the whole loop, warm-up "
+                    f"included, {found}: {why}"
+                ),
+            )
         wall = basis.wall_ns
         path = {k: basis.path_ns[k] / _NS for k in PATH_KINDS}
         return {
