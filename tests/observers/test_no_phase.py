@@ -130,3 +130,37 @@ def test_a_run_without_config_window_says_it_counts_no_tokens(tmp_path: Path) ->
     assert "the run's: not counted, config.window names no samples tag" in text
     assert "whole loop" not in text
     assert "steady state        " not in text
+
+
+def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's loop: rollout samples published with ``iteration=4 * it`` (a step
+    count) and the training span named ``train_step`` where the phases say ``train.*``.
+    The report names the iterations that never started and says training ran in no
+    phase, rather than only quoting 0 tokens and "at most 0% shorter"."""
+    config = {
+        "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "window": {"samples": "rollout", "devices": 1},
+        "streaming": {"generation": "rollout", "training": "train"},
+    }
+    run, clock = manual_session(tmp_path, "newcomer", config)
+    for it in range(4):
+        at = 100 * it
+        clock.set(at * MS)
+        run.bus.iteration_started(it)
+        spans = [_s("generate", at, at + 40, iteration=it), _s("train_step", at + 40, at + 90)]
+        clock.set((at + 95) * MS)
+        run.bus.publish_spans("main", run.bus.anchor, spans)
+        run.bus.samples(iteration=4 * it, phase="rollout", lengths=[10])
+    clock.set(400 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    text = format_report(load_report(run.out_dir))
+    # iterations 0-3 started; the samples of 4, 8 and 12 (10 tokens each) are in none
+    assert "3 iterations observed but never started (4, 8, 12; the last started: 3)" in text
+    assert "tokens 30 rollout in no iteration's figures" in text
+    assert "training: none ran (no span of its phase)" in text
+    # [40, 90) of each 100 ms window: 4 x 50 ms of idle ran train_step
+    assert _summary(run.out_dir)["seconds"]["unnamed_seconds"] == 0.2
+    assert "unnamed work      0.200 s of the run's idle ran spans no phase names" in text

@@ -57,15 +57,16 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(_driver_line(driver))
     never = limits.get("never_trained") or {}
     if never.get("unstarted_iterations"):
-        tokens = ", ".join(f"{num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
-        lines.append(
-            f"  never trained     {never['unstarted_iterations']} iterations observed but never "
-            f"started: {num(never['unstarted_span_seconds'])} s of spans"
-            + (f", tokens {tokens}" if tokens else "")
-        )
+        lines.append(_never_started(never, report))
     workers = limits.get("workers") or {}
     for name, by_worker in (workers.get("waits") or {}).items():
         lines.append(f"  {name:<17} " + _most(by_worker) + " of their windows waiting")
+    unnamed = (report.get("seconds") or {}).get("unnamed")
+    if unnamed:
+        lines.append(
+            f"  unnamed work      {num(unnamed)} s of the run's idle ran spans no phase names "
+            "(in no phase, below): that idle may be work"
+        )
     if workers.get("unaccounted"):
         lines.append(
             "  unaccounted       " + _most(workers["unaccounted"]) + " of their windows: no span"
@@ -81,10 +82,32 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(
             "  if 2x faster      "
             + "; ".join(
-                f"{side}: at most {_pct(v.get('share'))} shorter" for side, v in faster.items()
+                f"{side}: at most {_pct(v.get('share'))} shorter"
+                if busy.get(side)
+                else f"{side}: none ran (no span of its phase)"
+                for side, v in faster.items()
             )
         )
     return lines
+
+
+def _never_started(never: Mapping[str, Any], report: Mapping[str, Any]) -> str:
+    """What was observed for iterations that never started: rollouts made ahead and
+    never trained, or an ``iteration=`` that is not the loop's number."""
+    tokens = ", ".join(f"{num(n)} {tag}" for tag, n in never["unstarted_tokens"].items())
+    numbers = report.get("unstarted_iterations") or []
+    started = [row["iteration"] for row in report.get("iterations", [])]
+    which = ", ".join(map(str, numbers[:5])) + (
+        f" and {len(numbers) - 5} more" if len(numbers) > 5 else ""
+    )
+    last = f"; the last started: {max(started)}" if started else ""
+    return (
+        f"  never started     {never['unstarted_iterations']} iterations observed but never "
+        f"started ({which}{last}): {num(never['unstarted_span_seconds'])} s of spans"
+        + (f", tokens {tokens}" if tokens else "")
+        + " in no iteration's figures (rollouts made ahead and never trained, or an "
+        "iteration= of bus.samples or a span that is not the loop's iteration_started)"
+    )
 
 
 def _driver_line(driver: Mapping[str, Any]) -> str:

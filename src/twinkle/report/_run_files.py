@@ -97,6 +97,8 @@ class Summary(msgspec.Struct, frozen=True):
     missing_sample_tags: dict[str, str] = {}
     #: where every span went (``spans.no_phase``: those no phase names)
     spans: dict[str, Any] = {}
+    #: what was observed for each iteration that never started, by its number
+    unstarted_iterations: dict[str, Any] = {}
 
 
 def read_summary(run: Path) -> Summary:
