@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,7 @@ from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.run import replay
 from twinkle.testing import scripted_run
 from twinkle.whatif import Changes, predict
+from twinkle.whatif._recorded import read_recorded
 
 
 def test_the_table_shows_both_runs_the_verdicts_and_the_assumptions(
@@ -312,3 +314,40 @@ def test_a_run_that_did_not_finish_is_predicted_saying_so(
     )
     assert main(["whatif", str(run), "--engines", "2"]) == 0
     assert "not finished ok" not in capsys.readouterr().out
+
+
+def test_a_run_the_model_does_not_replay_gets_no_prediction(
+    run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay of the recorded configuration 67% off the run (the model runs one
+    after another what the run ran at once): no change of it is predicted, in the
+    command (text and JSON) and in the report's rows."""
+    from twinkle.whatif import _reproduce
+
+    real = _reproduce.reproduction
+    replayed = predict(read_recorded(str(run)), Changes())
+    assert real(replayed)["steady_tokens_per_s_per_device"] == pytest.approx(0, abs=1e-9)
+    shutil.rmtree(replayed.out_dir, ignore_errors=True)
+    monkeypatch.setattr(
+        _reproduce, "reproduction", lambda p: {**real(p), "steady_tokens_per_s_per_device": 0.67}
+    )
+    assert main(["whatif", str(run), "--engines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "not a prediction: the model replays this run as recorded 67% off" in out
+    assert "that error does not bound this change (above)" in out
+    assert main(["whatif", str(run), "--engines", "2", "--json"]) == 0
+    assert "67% off" in json.loads(capsys.readouterr().out)["not_predicted"]
+    assert main(["report", str(run), "--whatif", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["what_would_help"]
+    assert rows and all(r["speedup"] is None and "67% off" in r["not_predicted"] for r in rows)
+
+
+@pytest.mark.parametrize(("off", "why"), [(0.25, False), (-0.25, False), (0.26, True)])
+def test_the_replay_error_bound(off: float, why: bool) -> None:
+    from twinkle.whatif._reproduce import replay_off
+
+    class Replayed:
+        def figure(self, name: str) -> tuple[float, float]:
+            return 100.0, 100.0 * (1 + off)
+
+    assert (replay_off(Replayed()) is not None) is why  # type: ignore[arg-type]

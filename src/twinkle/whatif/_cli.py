@@ -13,6 +13,7 @@ from typing import Any
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif import ASSUMPTIONS, Changes, Prediction, predict
 from twinkle.whatif._predict import not_predicted, speed_shared_note
+from twinkle.whatif._reproduce import replay_off, reproduction
 
 __all__ = ["whatif_command"]
 
@@ -56,7 +57,8 @@ def whatif_command(args: argparse.Namespace) -> int:
             out = prediction.to_dict()
             if args.out is None:  # (its files are gone once this command ends)
                 out["predicted_run"] = None
-            out["reproduction"] = _reproduction(check)
+            out["reproduction"] = reproduction(check)
+            out["not_predicted"] = not_predicted(prediction.settings) or replay_off(check)
             print(json.dumps(out, indent=1))
         else:
             print(format_prediction(prediction, check))
@@ -65,15 +67,6 @@ def whatif_command(args: argparse.Namespace) -> int:
             if args.out is None or p is not prediction:
                 shutil.rmtree(p.out_dir, ignore_errors=True)
     return 0
-
-
-def _reproduction(check: Prediction) -> dict[str, Any]:
-    """How far the model's replay of the recorded configuration is from the run."""
-    out = {}
-    for name in ("steady_tokens_per_s_per_device", "tokens_per_s_per_device", "loop_wall_seconds"):
-        a, b = check.figure(name)
-        out[name] = None if not a or b is None else b / a - 1
-    return out
 
 
 def _fmt(value: Any) -> str:
@@ -113,16 +106,16 @@ def format_prediction(p: Prediction, check: Prediction) -> str:
         shares = paths[which] or {}
         parts = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v and v >= 0.005)
         lines.append(f"  critical path, {which}: {parts or '-'}")
-    why = not_predicted(s)
+    why = not_predicted(s) or replay_off(check)
     if why is not None:
         lines.append(f"not a prediction: {why}")
     elif s["speed_shared"]:
         lines.append(f"read with care: {speed_shared_note(s['speed_shared'])}")
-    error = _reproduction(check)["steady_tokens_per_s_per_device"]
+    error = reproduction(check)["steady_tokens_per_s_per_device"]
     if error is not None:
         bound = (
             "that error does not bound this change (above)"
-            if s["shared"] or s["contended"] or s["speed_shared"]
+            if why is not None or s["speed_shared"]
             else "read the prediction with that error"
         )
         lines.append(

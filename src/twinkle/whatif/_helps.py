@@ -17,6 +17,7 @@ from twinkle.checks import printable
 from twinkle.whatif import Changes, Prediction, predict
 from twinkle.whatif._predict import not_predicted, speed_shared_note
 from twinkle.whatif._recorded import Recorded, read_recorded
+from twinkle.whatif._reproduce import replay_off
 from twinkle.whatif._work import MAX_SPEED
 
 __all__ = ["HELPS", "format_helps", "what_would_help"]
@@ -56,7 +57,8 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
             if label != "lag +1" or settings["lag"] < MAX_LAG  # (else at its bound)
         ]
         changes += _stragglers_fixed(base.recorded, set(recorded.engines))
-        return [_row(recorded, label, change, _steady(base)) for label, change in changes]
+        off = replay_off(base)
+        return [_row(recorded, label, change, _steady(base), off) for label, change in changes]
     finally:
         shutil.rmtree(base.out_dir, ignore_errors=True)
 
@@ -77,16 +79,17 @@ def _stragglers_fixed(report: dict[str, Any], engines: set[str]) -> list[tuple[s
 
 
 def _row(
-    recorded: Recorded, label: str, change: Changes, before: tuple[Any, Any]
+    recorded: Recorded, label: str, change: Changes, before: tuple[Any, Any], off: str | None
 ) -> dict[str, Any]:
-    """One change's row: its prediction against ``before`` (the model's replay)."""
+    """One change's row: its prediction against ``before`` (the model's replay; ``off``:
+    why it is too far from the run for any prediction, see :func:`replay_off`)."""
     p = predict(recorded, change)
     try:
         after = _steady(p)
         # A worker added on a device another uses adds no compute there, where the
         # model gives it its own; a change of how much runs at once on a shared device
-        # changes what sharing cost: no ratio, and why.
-        why = not_predicted(p.settings)
+        # changes what sharing cost; a replay far from the run: no ratio, and why.
+        why = not_predicted(p.settings) or off
         return {
             "change": label,
             "settings": p.settings,
