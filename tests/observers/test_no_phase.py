@@ -164,3 +164,17 @@ def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(
     # [40, 90) of each 100 ms window: 4 x 50 ms of idle ran train_step
     assert _summary(run.out_dir)["seconds"]["unnamed_seconds"] == 0.2
     assert "unnamed work      0.200 s of the run's idle ran spans no phase names" in text
+
+
+def test_a_loop_that_never_starts_an_iteration_is_told_to(tmp_path: Path) -> None:
+    config = {"phases": {"rollout": ["generate"]}, "window": {"samples": "rollout", "devices": 1}}
+    run, clock = manual_session(tmp_path, "unstarted", config)
+    for it in range(2):
+        clock.set((100 * it + 50) * MS)
+        run.bus.samples(iteration=it, phase="rollout", lengths=[10])
+    clock.set(200 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    text = format_report(load_report(run.out_dir))
+    assert "2 iterations observed but never started (0, 1; none started: call " in text
+    assert "run.bus.iteration_started(i) as each iteration begins)" in text

@@ -100,7 +100,11 @@ def _never_started(never: Mapping[str, Any], report: Mapping[str, Any]) -> str:
     which = ", ".join(map(str, numbers[:5])) + (
         f" and {len(numbers) - 5} more" if len(numbers) > 5 else ""
     )
-    last = f"; the last started: {max(started)}" if started else ""
+    last = (
+        f"; the last started: {max(started)}"
+        if started
+        else "; none started: call run.bus.iteration_started(i) as each iteration begins"
+    )
     return (
         f"  never started     {never['unstarted_iterations']} iterations observed but never "
         f"started ({which}{last}): {num(never['unstarted_span_seconds'])} s of spans"

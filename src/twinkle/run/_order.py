@@ -168,8 +168,8 @@ class EventOrder:
             again = "repeats" if event.iteration == last else "goes backwards from"
             raise RecordError(
                 f"iteration_started {event.iteration} {again} iteration {last} of run "
-                f"{run_id!r}: iterations only go forward (a resumed run continues after "
-                f"its last iteration: start at {last + 1})"
+                f"{run_id!r}: iterations only go forward, so the next is {last + 1} or more "
+                "(a resumed run numbers on after its last iteration too)"
             )
         self.boundary(event, f"iteration_started {event.iteration}")
         self.last_iteration = event.iteration
