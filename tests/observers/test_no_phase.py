@@ -178,3 +178,25 @@ def test_a_loop_that_never_starts_an_iteration_is_told_to(tmp_path: Path) -> Non
     text = format_report(load_report(run.out_dir))
     assert "2 iterations observed but never started (0, 1; none started: call " in text
     assert "run.bus.iteration_started(i) as each iteration begins)" in text
+
+
+def test_a_tag_whose_samples_events_were_all_empty_is_named(tmp_path: Path) -> None:
+    """``lengths=[]`` every iteration: the tag was seen, its tokens are 0, and the
+    report says why rather than quoting 0 tokens/s alone."""
+    config = {"phases": {"rollout": ["generate"]}, "window": {"samples": "rollout", "devices": 1}}
+    run, clock = manual_session(tmp_path, "empty", config)
+    for it in range(3):
+        clock.set(100 * it * MS)
+        run.bus.iteration_started(it)
+        run.bus.samples(iteration=it, phase="rollout", lengths=[])
+    clock.set(300 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    missing = _summary(run.out_dir)["missing_sample_tags"]
+    assert missing == {
+        "rollout": "counted by window, but every samples event with phase='rollout' had an "
+        "empty lengths list: pass each sample's tokens"
+    }
+    assert "no rollout samples  counted by window, but every" in format_report(
+        load_report(run.out_dir)
+    )

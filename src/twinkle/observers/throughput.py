@@ -275,9 +275,9 @@ class ThroughputObserver(BuiltinObserver):
         return dict(sorted(out.items()))
 
     def _missing_tags(self) -> dict[str, str]:
-        """Each sample tag the configuration counts that no samples event carried (its
-        throughput is 0 for want of samples: a misspelt tag, or samples never published),
-        with what counts it."""
+        """Each sample tag the configuration counts that no samples event carried, or
+        only with empty lengths (its throughput is 0 for want of samples: a misspelt
+        tag, samples never published, or none in them), with what counts it."""
         config = self.timeline.config
         users: dict[str, list[str]] = {}
         for phase, spec in config.throughput.items():
@@ -289,7 +289,10 @@ class ThroughputObserver(BuiltinObserver):
                 f"counted by {', '.join(where)} but no samples event had phase={tag!r}; "
                 f"publish bus.samples(phase={tag!r}, ...) or fix the tag (seen: "
                 f"{sorted(self.counts) or 'none'})"
+                if tag not in self.counts
+                else f"counted by {', '.join(where)}, but every samples event with "
+                f"phase={tag!r} had an empty lengths list: pass each sample's tokens"
             )
             for tag, where in sorted(users.items())
-            if tag not in self.counts
+            if tag not in self.counts or not self.counts[tag][0]
         }
