@@ -133,3 +133,29 @@ def test_the_summary_lists_the_placement_and_the_figures_use_it(tmp_path: Path) 
     }
     # the steady state of test_steady_state (240 tokens over 60 ms), on 3 devices
     assert _one(run_dir, "run", "run")["steady_tokens_per_s_per_device"] == 240 / (0.06 * 3)
+
+
+def test_the_report_says_which_given_counts_are_not_the_placements(tmp_path: Path) -> None:
+    """The placement names two GPUs for the engines and one for the trainer, and the
+    configuration gives 8 for train and the run: its counts divide, and the report says
+    they are not what the placement holds (rollout, from the placement, agrees)."""
+    from twinkle.report import format_report, load_report
+
+    config = {
+        **STEADY_CONFIG,
+        "placement": {
+            "engine0": _gpu(["rollout"], "GPU-a"),
+            "engine1": _gpu(["rollout"], "GPU-b"),
+            "trainer": _gpu(["train"], "GPU-c"),
+        },
+        "throughput": {
+            "rollout": {"samples": "rollout"},
+            "train": {"samples": "train", "devices": 8},
+        },
+        "window": {"samples": "rollout", "devices": 8},
+    }
+    text = format_report(load_report(_run(tmp_path, config=config)))
+    assert (
+        "  not the placement's: run 8 given, 3 placed, train 8 given, 1 placed (the "
+        "configuration's count divides; leave its devices out to divide by the placement's)"
+    ) in text.splitlines()

@@ -254,7 +254,29 @@ def _device_lines(placement: Mapping[str, Any]) -> list[str]:
         for device in w["devices"] or [f"{w['count']} unnamed"]:
             users.setdefault(f"{device} ({w['device_type']})", []).append(worker)
     lines += [f"  {device:<18}used by {', '.join(names)}" for device, names in users.items()]
-    return lines
+    return lines + _disagreeing(shown, placement.get("workers", {}))
+
+
+def _disagreeing(shown: list[tuple[str, Any]], workers: Mapping[str, Any]) -> list[str]:
+    """A line naming each denominator the configuration gave where the placement's
+    workers of it hold another number of devices (the configuration's wins)."""
+    found = []
+    # (the run's devices are every worker's: compared only when each phase was placed)
+    whole = all(any(p in w["phases"] for w in workers.values()) for p, _ in shown if p != "run")
+    for name, d in shown:
+        mine = [w for w in workers.values() if name == "run" or name in w["phases"]]
+        if d["from"] != "config" or not mine or (name == "run" and not whole):
+            continue
+        named = {device for w in mine for device in w["devices"]}
+        placed = len(named) + sum(w["count"] for w in mine if not w["devices"])
+        if placed != d["devices"]:
+            found.append(f"{name} {_count(d['devices'])} given, {placed} placed")
+    if not found:
+        return []
+    return [
+        "  not the placement's: " + ", ".join(found) + " (the configuration's count divides; "
+        "leave its devices out to divide by the placement's)"
+    ]
 
 
 def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
