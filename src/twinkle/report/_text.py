@@ -267,7 +267,7 @@ def _disagreeing(shown: list[tuple[str, Any]], workers: Mapping[str, Any]) -> li
         mine = [w for w in workers.values() if name == "run" or name in w["phases"]]
         if d["from"] != "config" or not mine or (name == "run" and not whole):
             continue
-        named = {device for w in mine for device in w["devices"]}
+        named = {(w["device_type"], device) for w in mine for device in w["devices"]}
         placed = len(named) + sum(w["count"] for w in mine if not w["devices"])
         if placed != d["devices"]:
             found.append(f"{name} {_count(d['devices'])} given, {placed} placed")
