@@ -544,7 +544,9 @@ def test_a_side_not_compared_says_why_per_iteration_count() -> None:
     assert _stragglers("training", two) == (
         "training: not compared (2 iterations: fewer than two workers, 3 iterations: x)"
     )
-    assert _stragglers("training", {"workers": {}}) == "training: not compared (no work seen)"
+    assert _stragglers("training", {"workers": {}}) == (
+        "training: not compared (no span of its phase names an iteration)"
+    )
 
 
 #: how a run stopped by SIGTERM ends (twinkle.run.finish_on_signals)

@@ -143,7 +143,7 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
             f"{n} iteration{'' if n == 1 else 's'}: {r}"
             for r, n in found.get("abstained", {}).items()
         )
-        return f"{side}: not compared ({why or 'no work seen'})"
+        return f"{side}: not compared ({why or 'no span of its phase names an iteration'})"
     slow = [
         f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
         f"seconds per {found.get('unit')}, slow in {w.get('slow_iterations')} of "
