@@ -130,6 +130,7 @@ def test_a_run_without_config_window_says_it_counts_no_tokens(tmp_path: Path) ->
     assert "the run's: not counted, config.window names no samples tag" in text
     assert "whole loop" not in text
     assert "steady state        " not in text
+    assert "peak memory         none read (run.read_memory(iteration=i)" in text  # (nor that)
 
 
 def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(

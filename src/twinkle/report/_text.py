@@ -367,6 +367,8 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
     """Each worker's peaks; of many workers, those holding the highest (any field),
     then how many more the JSON report holds."""
     peaks: Mapping[str, Mapping[str, int]] = report["memory_peak_bytes"]
+    if not peaks:
+        return [f"{'peak memory':<20}none read (run.read_memory(iteration=i) reads a worker's)"]
     workers = list(peaks) if len(peaks) <= NAMED_WORKERS else highest_peaks(peaks)
     lines = [
         f"{'peak memory' if not k else '':<20}{worker}: "
