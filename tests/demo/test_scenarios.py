@@ -26,8 +26,9 @@ def _verdict(tmp_path: Path, **knobs: Any) -> dict[str, Any]:
 
 # With streaming, the side that is not slowed waits for the other most of the time:
 # the trainer for rollouts, the engines for the weights they are due.
-TRAINER_WAITS = ("wait.rollout", ["main"])
+TRAINER_WAITS = ("wait.rollout", ["trainer"])  # (this process: the trainer)
 ENGINES_WAIT = ("wait.weights", ["engine0", "engine1"])
+RANK0_WAITS = ("wait.rollout", ["rank0"])  # (with several ranks, this process is rank 0)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ ENGINES_WAIT = ("wait.weights", ["engine0", "engine1"])
         ({"slow_engine": "engine1:8"}, "generation-bound", TRAINER_WAITS),  # one straggler
         ({"slow_generation": 6.0, "overlap": False}, "generation-bound", None),
         ({"slow_training": 5.0, "overlap": False}, "training-bound", None),
-        ({"slow_generation": 6.0, "train_workers": 2}, "generation-bound", TRAINER_WAITS),
+        ({"slow_generation": 6.0, "train_workers": 2}, "generation-bound", RANK0_WAITS),
     ],
 )
 def test_the_verdict_names_the_slowed_side(
@@ -76,7 +77,7 @@ def test_ranks_of_equal_speed_are_no_stragglers(tmp_path: Path) -> None:
     # ten iterations: a verdict over more than a handful, as jitter on two shared cores
     # can put either rank past 1.5x its peer on any one of them
     training = _verdict(tmp_path, train_workers=2, iterations=10)["stragglers"]["training"]
-    assert sorted(training["workers"]) == ["main", "rank1"]  # rank 0 is the run's process
+    assert sorted(training["workers"]) == ["rank0", "rank1"]  # rank 0: the run's process
     assert all(w["verdict"] != "chronic" for w in training["workers"].values()), training
 
 

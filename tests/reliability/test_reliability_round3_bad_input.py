@@ -248,6 +248,10 @@ OPTIONS = [
          r"builtins must be True or False, got 'no'"),
     Case("autoload as a str", lambda t: RunSession(out_dir=t, run_id="r", autoload="no"),  # type: ignore[arg-type]
          r"autoload must be True, False or None .*got 'no'"),
+    Case("an empty source", lambda t: session(t, source=""),
+         r"source must be a non-empty str \(the name of this process's spans\), got ''"),
+    Case("a source of twinkle's own", lambda t: session(t, source="twinkle.observers"),
+         r"source 'twinkle.observers' is reserved"),
     Case("vLLM args as one str", lambda t: VllmConfig(model="m", args="--dtype bfloat16"),  # type: ignore[arg-type]
          re.escape("args='--dtype bfloat16' is a str; pass a sequence of str, one per "
                    "argument: args=['--dtype', 'bfloat16']")),

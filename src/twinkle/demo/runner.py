@@ -248,6 +248,9 @@ def run_demo(
         required_plugins=required_plugins if cfg.observers else (),
         backend_timeout_s=backend_timeout_s,
         resume=resume,
+        # (the trainer runs in this process but with Ray: its spans, named as its
+        # placement and memory readings name it)
+        source="main" if cfg.backend == "ray" else _trainers(cfg)[0],
     )
     results: list[IterationResult] = []
     kept: list[tuple[Trajectory, ...]] = []

@@ -171,6 +171,8 @@ class ObservedRun:
         # A train() resumed from a checkpoint (its step restored before training begins)
         # asks to continue the run, also one that finished ok (more max_steps).
         options.setdefault("resume", True if state.global_step > 0 else None)
+        if self.link is not None:  # (named as the other ranks are: rank1, ...)
+            options.setdefault("source", "rank0")
         try:
             return RunSession(
                 out_dir=owner.out_dir, run_id=owner.run_id, config=config, **options
@@ -223,7 +225,8 @@ class ObservedRun:
         step = self.steps_before + (int(global_step) - self.start_step)
         self.bus.optimizer_step(iteration=iteration, step=step, samples=len(lengths))
         if self.owner.memory and self.session is not None:
-            self.session.read_memory(iteration=iteration)
+            mine = None if self.link is None else "rank0"
+            self.session.read_memory(iteration=iteration, worker_id=mine)
 
     def _exchange(self, iteration: int | None) -> None:
         """The step's samples of every rank and the other ranks' spans and memory, to

@@ -62,6 +62,7 @@ from twinkle.run._process import tie
 from twinkle.run._resume import Resumed, RunDirectory
 from twinkle.run._run import Run, RunState
 from twinkle.run._scan import Scan
+from twinkle.run._session_args import check_arguments
 
 __all__ = ["Resumed", "RunSession", "new_run_id"]
 
@@ -97,6 +98,9 @@ class RunSession:
     :param backend_timeout_s: a plugin's record backend runs on a thread of its own; one
         call of it (open, write, flush, close) that takes longer cuts it off (the run's
         own files never wait for it; ``backends`` in the summary says what each did).
+    :param source: the name of this process's spans in the run (:attr:`recorder`'s):
+        ``main``, or the worker this process is, as the placement and its memory
+        readings name it (``rank0`` of a job on several ranks).
     :param resume: what to do when the run directory already holds the run's log.
         ``None`` (the default): continue it only if its last segment did not finish
         ``ok`` (it crashed, was killed, or ended in ``error``: a restarted job recovers);
@@ -129,9 +133,10 @@ class RunSession:
         required_plugins: Iterable[str] = (),
         backend_timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
         resume: bool | None = None,
+        source: str = "main",
     ) -> None:
         # Checked now, not when the run starts: a wrong option must not cost a run.
-        _check_arguments(
+        check_arguments(
             resume=resume,
             out_dir=out_dir,
             clock=clock,
@@ -141,8 +146,10 @@ class RunSession:
             background_writer=background_writer,
             background_dispatch=background_dispatch,
             builtins=builtins,
+            source=source,
         )
         check_slow_call_s(slow_call_s)
+        self._source = source
         self._resume_asked = resume
         self.run_id = check_run_id(new_run_id(wall_clock()) if run_id is None else run_id)
         self.config: dict[str, Any] = dict(config or {})
@@ -233,7 +240,7 @@ class RunSession:
                 )
                 self.context = self.run.context
             self.run.start()
-            self.bus.attach(self.recorder, source="main")
+            self.bus.attach(self.recorder, source=self._source)
             self.bus.attach(self._overhead, source=OVERHEAD_SOURCE)
             if scan is None:
                 self.run.connect(self.bus)
@@ -457,44 +464,3 @@ def _warn_unhealthy(run_id: str, summary: Mapping[str, Any]) -> None:
                 health["records"],
                 f"; cut off: {health['cut_off']}" if health["cut_off"] else "",
             )
-
-
-def _check_arguments(
-    *,
-    resume: object,
-    out_dir: object,
-    clock: object,
-    wall_clock: object,
-    config: object,
-    autoload: object,
-    **flags: object,
-) -> None:
-    """Refuse a :class:`RunSession` argument of the wrong kind, naming it (a switch
-    that is not True or False among them: a truthy ``'no'`` would turn it on)."""
-    if resume is not None and not isinstance(resume, bool):
-        raise InvalidArgumentError(
-            f"resume must be True, False or None (continue only a run that did not "
-            f"finish ok), got {resume!r:.100}"
-        )
-    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
-        raise InvalidArgumentError(
-            f"out_dir must be a directory path (str or os.PathLike) or None (no files), "
-            f"got {out_dir!r:.100}"
-        )
-    for name, fn in (("clock", clock), ("wall_clock", wall_clock)):
-        if not callable(fn):
-            raise InvalidArgumentError(
-                f"{name} must be a zero-argument callable returning int nanoseconds, "
-                f"got {fn!r:.100}"
-            )
-    if autoload is not None and type(autoload) is not bool:
-        raise InvalidArgumentError(
-            f"autoload must be True, False or None (the environment decides), got {autoload!r:.100}"
-        )
-    for name, flag in flags.items():
-        if type(flag) is not bool:
-            raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.100}")
-    if config is not None and not isinstance(config, Mapping):
-        raise InvalidArgumentError(
-            f"config must be a mapping of the observers' definitions, got {config!r:.200}"
-        )
