@@ -10,6 +10,11 @@ need Ray take this fixture; it skips them when ray is not installed.
 ``stand_in``: a stand-in vLLM server on 127.0.0.1 (:mod:`_vllm_stand_in`), stopped
 after the test.
 
+Every checkpoint a test's run writes in this process is read back as a resume reads
+it (``_checkpoints_read_back``): a class of the observers' state that the checkpoint's
+unpickler does not make (its allow-list, :mod:`twinkle.run._state_pickle`) would make
+every resume of such a run feed its whole log, with right figures and nothing failing.
+
 Ctrl-C and a hang-up reach the processes the tests start: a shell starts a background
 job (``make test &``, some CI runners) with SIGINT ignored, ``nohup`` with SIGHUP
 ignored, every child inherits that, and Python then keeps it ignored; the tests that
@@ -20,6 +25,7 @@ defaults).
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -27,11 +33,29 @@ from typing import Any
 import pytest
 
 from _vllm_stand_in import StandIn, serve
+from twinkle.run._checkpoint import write as write_checkpoint
+from twinkle.run._state_pickle import read_state
 from twinkle.testing import handle_stop_signals
 
 RAY_TEST_RESOURCES = {"twinkle_test_slot": 3}
 
 handle_stop_signals()
+
+
+@pytest.fixture(autouse=True)
+def _checkpoints_read_back(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    unreadable: list[str] = []
+
+    def read_back_then_write(out_dir: Any, checkpoint: Any) -> None:
+        try:
+            read_state(io.BytesIO(checkpoint.payload))
+        except Exception as exc:  # (the run logs a checkpoint it cannot write, and goes on)
+            unreadable.append(f"{out_dir}: {type(exc).__name__}: {exc}")
+        write_checkpoint(out_dir, checkpoint)
+
+    monkeypatch.setattr("twinkle.run._checkpointing.write_checkpoint", read_back_then_write)
+    yield
+    assert not unreadable, f"checkpoints a resume could not read back: {unreadable}"
 
 
 def assert_ray_on_loopback(ray: Any) -> None:

@@ -206,6 +206,23 @@ def _stop_engines_on_error(engines: Sequence[Engine], stopping: threading.Event)
         raise
 
 
+def _demo_config(
+    cfg: DemoConfig,
+    out_dir: str | os.PathLike[str] | None,
+    run_id: str | None,
+    peak_flops: float | str | None,
+) -> dict[str, Any]:
+    """The observers' configuration of the demo's run (with its MFU's, unless the run
+    is unobserved or its device simulated: a simulated device runs no model)."""
+    config = observer_config(cfg, _steps_taken(out_dir if cfg.observers else None, run_id))
+    config["x_cluster"] = _cluster(cfg)
+    if cfg.observers and not cfg.sim_device:
+        mfu = demo_mfu(cfg, peak_flops, logged_events(out_dir, run_id))
+        if mfu is not None:
+            config["mfu"] = mfu
+    return config
+
+
 def run_demo(
     cfg: DemoConfig,
     *,
@@ -232,25 +249,20 @@ def run_demo(
     only with ``True``)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
-    config = observer_config(cfg, _steps_taken(out_dir if cfg.observers else None, run_id))
-    config["x_cluster"] = _cluster(cfg)
-    if cfg.observers and not cfg.sim_device:  # (a simulated device runs no model)
-        mfu = demo_mfu(cfg, peak_flops, logged_events(out_dir, run_id))
-        if mfu is not None:
-            config["mfu"] = mfu
+    # The trainer runs in this process unless with Ray: its spans and memory readings
+    # are named as the placement names it.
+    me = None if cfg.backend == "ray" else _trainers(cfg)[0]
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,
         run_id=run_id,
-        config=config,
+        config=_demo_config(cfg, out_dir, run_id, peak_flops),
         builtins=cfg.observers,
         autoload=autoload if cfg.observers else False,
         blocked=blocked,
         required_plugins=required_plugins if cfg.observers else (),
         backend_timeout_s=backend_timeout_s,
         resume=resume,
-        # (the trainer runs in this process but with Ray: its spans, named as its
-        # placement and memory readings name it)
-        source="main" if cfg.backend == "ray" else _trainers(cfg)[0],
+        source=me or "main",
     )
     results: list[IterationResult] = []
     kept: list[tuple[Trajectory, ...]] = []
@@ -266,7 +278,6 @@ def run_demo(
         def on_step(it: int, step: int, n: int) -> None:
             bus.optimizer_step(iteration=it, step=steps_before + step, samples=n)
 
-        me = None if cfg.backend == "ray" else _trainers(cfg)[0]  # (whose memory this is)
         if cfg.backend == "ray":
             rig_cm = ray_rig(cfg, run, first, on_step)
         elif cfg.engine == "torch":

@@ -164,13 +164,7 @@ class RunSession:
         self.recorder = TimeRecorder(clock=clock, wall_clock=wall_clock)
         # twinkle's own time on the caller's threads: every publish, timed by the bus
         self._overhead = TimeRecorder(clock=clock, wall_clock=wall_clock)
-        self.bus = EventBus(
-            self.run_id, clock=clock, wall_clock=wall_clock, overhead=self._overhead
-        )
-        self.bus.refuse(
-            f"run {self.run_id!r} is not started: call start() (or enter `with "
-            "RunSession(...)`) before publishing"
-        )
+        self.bus = self._unstarted_bus(clock, wall_clock)
         self._pid = os.getpid()
         self._unbind: Callable[[], None] | None = None
         self._wall_clock = wall_clock
@@ -191,6 +185,14 @@ class RunSession:
         self.bus.reserve_scalar_names(name for names in reserved for name in names)
         self.summary: dict[str, Any] | None = None
         self._untie: Callable[[], None] | None = None  # (from this process: _process)
+
+    def _unstarted_bus(self, clock: Clock, wall_clock: Clock) -> EventBus:
+        bus = EventBus(self.run_id, clock=clock, wall_clock=wall_clock, overhead=self._overhead)
+        bus.refuse(
+            f"run {self.run_id!r} is not started: call start() (or enter `with "
+            "RunSession(...)`) before publishing"
+        )
+        return bus
 
     @property
     def pm(self) -> pluggy.PluginManager:

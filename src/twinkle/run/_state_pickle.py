@@ -30,7 +30,7 @@ _TWINKLE: Final = (
 #: those modules is refused, as it could do I/O when made (a planted checkpoint making
 #: the event log's ``HeldLog`` of a FIFO would wait on it). A class of the state missing
 #: here makes a resume say the checkpoint cannot be read back and feed the whole log
-#: (a resume test that expects its checkpoint used fails then: tests/reliability/).
+#: (every checkpoint a test's run writes is read back: tests/conftest.py).
 _LEDGERS: Final = frozenset(
     {
         ("twinkle.events._frozen", "FrozenList"),
@@ -43,6 +43,7 @@ _LEDGERS: Final = frozenset(
         *(
             (f"twinkle.observers.{module}", name)
             for module, names in {
+                "_compare_config": ("CompareConfig", "CompareThroughput"),
                 "_config": (
                     "ClockSkewTolerance",
                     "ObserverConfig",
@@ -64,7 +65,7 @@ _LEDGERS: Final = frozenset(
                 "_workers": ("WorkerLedger", "_Totals"),
                 "memory": ("_Window",),
                 "mfu": ("SampleFlops", "_Totals"),
-                "placement": ("SkewLedger",),
+                "placement": ("SkewLedger", "_Skewed"),
                 "timing": ("WindowKeys",),
             }.items()
             for name in names
