@@ -74,7 +74,8 @@ class Recompute:
         self.over: list[tuple[int, int, int, Any]] = []  # (pos, s, e, tid)
         # (pos, worker, wait name or None, s, e): the worker is the engine, else the source
         self.by_worker: list[tuple[int, str, str | None, int, int]] = []
-        self.unnamed: list[tuple[int, int, int]] = []  # (pos, s, e): no phase, not a wait
+        # (pos, s, e, name): a span in no phase, not a wait
+        self.unnamed: list[tuple[int, int, int, str]] = []
         self.late_ns = 0
         self.spans: list[dict[str, Any]] = []
         self.samples: dict[tuple[int, str], list[int]] = {}
@@ -104,7 +105,7 @@ class Recompute:
                         piece_start = start if horizon is None else max(start, horizon)
                         self.pieces.append((pos, self.phase(s["name"]), piece_start, end, tid))
                         if self.phase(s["name"]) is None and not s["name"].startswith("wait."):
-                            self.unnamed.append((pos, piece_start, end))
+                            self.unnamed.append((pos, piece_start, end, s["name"]))
                         engine = s["attrs"].get("engine")
                         named = isinstance(engine, str) and engine != ""
                         worker = engine if named else ev["source"]
@@ -117,6 +118,13 @@ class Recompute:
                 self.finish_pos = pos
                 self.status: str = ev["status"]
         self.run_start: int = started["monotonic_ns"]
+        # the names in no phase counted one by one: the first 32 seen; "" the later ones
+        unnamed_names = [
+            s["name"]
+            for s in self.spans
+            if self.phase(s["name"]) is None and not s["name"].startswith("wait.")
+        ]
+        self.kept_names = list(dict.fromkeys(unnamed_names))[:32]
 
     def phase(self, name: str) -> str | None:
         for phase, patterns in self.phases.items():
@@ -146,10 +154,17 @@ class Recompute:
         busy = length([iv for ivs in by.values() for iv in ivs])
         overhead = [(s, e) for s, e, _ in over]
         unnamed = [
-            (max(s, lo), min(e, hi)) for p, s, e in self.unnamed if p < before and e > lo and s < hi
+            (max(s, lo), min(e, hi), name if name in self.kept_names else "")
+            for p, s, e, name in self.unnamed
+            if p < before and e > lo and s < hi
         ]
+        busy_ivs = [iv for ivs in by.values() for iv in ivs]
         return {
-            "unnamed": length(minus(unnamed, [iv for ivs in by.values() for iv in ivs])),
+            "unnamed": length(minus([(s, e) for s, e, _ in unnamed], busy_ivs)),
+            "unnamed_by_name": {
+                key: length(minus([(s, e) for s, e, k in unnamed if k == key], busy_ivs))
+                for key in {k for _, _, k in unnamed}
+            },
             "path": self.path(hi - lo, by, overhead),
             "wall": hi - lo,
             "overhead": length([(s, e) for s, e, _ in over]),
@@ -455,24 +470,33 @@ def check_run(run_dir: Path) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
     expected = skew_summary(events)
     assert {k: summary["clock_skew"][k] for k in expected} == expected
-    check_no_phase(rc, summary["spans"]["no_phase"])
+    idle: dict[str, int] = {}
+    for part in parts:
+        for key, ns in part["unnamed_by_name"].items():
+            idle[key] = idle.get(key, 0) + ns
+    check_no_phase(rc, summary["spans"]["no_phase"], idle)
     return run
 
 
-def check_no_phase(rc: Recompute, no_phase: dict[str, Any]) -> None:
-    """The spans no phase names (waits aside), by name, summed durations."""
-    by_name: dict[str, list[int]] = {}
+def check_no_phase(rc: Recompute, no_phase: dict[str, Any], idle: dict[str, int]) -> None:
+    """The spans no phase names (waits aside), by name (the first 32 names; the later
+    ones together, key ""), summed durations and the idle time each ran in."""
+    by_key: dict[str, list[int]] = {}
     for s in rc.spans:
         if rc.phase(s["name"]) is None and not s["name"].startswith("wait."):
-            entry = by_name.setdefault(s["name"], [0, 0])
-            entry[0] += 1
-            entry[1] += s["end_ns"] - s["start_ns"]
-    assert len(by_name) <= 32  # (beyond, the later names are counted together)
-    assert no_phase["names"] == {
-        name: {"spans": n, "seconds": _s(ns)} for name, (n, ns) in sorted(by_name.items())
-    }
-    assert no_phase["spans"] == sum(n for n, _ in by_name.values())
-    assert no_phase["seconds"] == _s(sum(ns for _, ns in by_name.values()))
+            key = s["name"] if s["name"] in rc.kept_names else ""
+            counts = by_key.setdefault(key, [0, 0])
+            counts[0] += 1
+            counts[1] += s["end_ns"] - s["start_ns"]
+
+    def entry(key: str) -> dict[str, Any]:
+        n, ns = by_key.get(key, [0, 0])
+        return {"spans": n, "seconds": _s(ns), "idle_seconds": _s(idle.get(key, 0))}
+
+    assert no_phase["names"] == {name: entry(name) for name in sorted(rc.kept_names)}
+    assert no_phase["other"] == entry("")
+    assert no_phase["spans"] == sum(n for n, _ in by_key.values())
+    assert no_phase["seconds"] == _s(sum(ns for _, ns in by_key.values()))
 
 
 def check_mfu(

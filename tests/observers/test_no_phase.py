@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from _recompute import check_replay, check_run
 from observers.test_scripted_run import manual_session
 from twinkle.observers import _no_phase
 from twinkle.perf import Span
@@ -59,10 +60,10 @@ def test_spans_no_phase_names_are_counted_and_named_by_the_report(tmp_path: Path
         "spans": 3,
         "seconds": 0.05,
         "names": {
-            "save": {"spans": 1, "seconds": 0.025},
-            "train_step": {"spans": 2, "seconds": 0.025},
+            "save": {"spans": 1, "seconds": 0.025, "idle_seconds": 0.025},
+            "train_step": {"spans": 2, "seconds": 0.025, "idle_seconds": 0.025},
         },
-        "other": {"spans": 0, "seconds": 0.0},
+        "other": {"spans": 0, "seconds": 0.0, "idle_seconds": 0.0},
     }
     seconds = summary["seconds"]
     assert seconds["busy_seconds"] == 0.03  # train.step alone
@@ -80,9 +81,13 @@ def test_spans_no_phase_names_are_counted_and_named_by_the_report(tmp_path: Path
     assert lines[at].startswith("in no phase         0.050 s idle (71% of idle) ran only spans")
     assert "config.phases" in lines[at]
     # equal seconds: by name
-    assert (
-        lines[at + 1] == "  by name (summed)  save 0.025 s (1 span), train_step 0.025 s (2 spans)"
+    assert lines[at + 1] == (
+        "  idle by name      save 0.025 s (1 span), train_step 0.025 s (2 spans)"
     )
+    assert (
+        "  unnamed work      0.050 s of the run's idle ran spans no phase names (the most: "
+        "save 0.025 s): that idle may be work"
+    ) in lines
     replay(run_dir / "events.jsonl", tmp_path / "replayed")
     assert (tmp_path / "replayed" / "summary.json").read_bytes() == (
         run_dir / "summary.json"
@@ -98,15 +103,49 @@ def test_names_beyond_the_kept_ones_are_counted_together(
     no_phase = _summary(run_dir)["spans"]["no_phase"]
     assert no_phase["spans"] == 6
     assert no_phase["seconds"] == 0.035
+    # no phase ran: every span's time is idle, and no two overlap
     assert no_phase["names"] == {
-        "step0": {"spans": 2, "seconds": 0.015},  # its later span still counted by name
-        "step1": {"spans": 1, "seconds": 0.005},
+        "step0": {"spans": 2, "seconds": 0.015, "idle_seconds": 0.015},  # (its later span too)
+        "step1": {"spans": 1, "seconds": 0.005, "idle_seconds": 0.005},
     }
-    assert no_phase["other"] == {"spans": 3, "seconds": 0.015}
-    assert _summary(run_dir)["seconds"]["unnamed_seconds"] == 0.035  # no phase ran
+    assert no_phase["other"] == {"spans": 3, "seconds": 0.015, "idle_seconds": 0.015}
+    assert _summary(run_dir)["seconds"]["unnamed_seconds"] == 0.035
     text = format_report(load_report(run_dir))
     assert "0.035 s idle (35% of idle)" in text
-    assert "step0 0.015 s (2 spans), step1 0.005 s (1 span), 3 more spans 0.015 s" in text
+    assert (
+        "idle by name      later names 0.015 s (3 spans), step0 0.015 s (2 spans), "
+        "step1 0.005 s (1 span)\n" in text
+    )
+
+
+def test_names_are_ranked_by_the_idle_they_ran_in_not_their_summed_seconds(
+    tmp_path: Path,
+) -> None:
+    """A timer nested in a phase's span (40 ms of ``fwd``) runs in no idle; ``save``,
+    10 ms after training, is the name the idle is for, and the one the report names."""
+    run_dir = _run(
+        tmp_path / "run",
+        [
+            _s("train.step", 10, 60, iteration=0),
+            _s("fwd", 10, 50, iteration=0),
+            _s("save", 60, 70, iteration=0),
+            _s("log", 65, 75, iteration=0),  # (5 ms of it with save's: both count it)
+        ],
+    )
+    summary = _summary(run_dir)
+    assert summary["spans"]["no_phase"]["names"] == {
+        "fwd": {"spans": 1, "seconds": 0.04, "idle_seconds": 0.0},
+        "log": {"spans": 1, "seconds": 0.01, "idle_seconds": 0.01},
+        "save": {"spans": 1, "seconds": 0.01, "idle_seconds": 0.01},
+    }
+    assert summary["seconds"]["unnamed_seconds"] == 0.015  # [60, 75)
+    text = format_report(load_report(run_dir))
+    assert "  idle by name      log 0.010 s (1 span), save 0.010 s (1 span)\n" in text
+    assert "fwd" not in text
+    assert (
+        "  unnamed work      0.015 s of the run's idle ran spans no phase names (the most: "
+        "log 0.010 s): that idle may be work" in text
+    )
 
 
 def test_spans_in_no_phase_inside_a_phases_are_busy_and_not_reported(tmp_path: Path) -> None:
@@ -116,7 +155,9 @@ def test_spans_in_no_phase_inside_a_phases_are_busy_and_not_reported(tmp_path: P
         [_s("fwd", 15, 25, iteration=0), _s("train.step", 10, 40, iteration=0)],
     )
     summary = _summary(run_dir)
-    assert summary["spans"]["no_phase"]["names"] == {"fwd": {"spans": 1, "seconds": 0.01}}
+    assert summary["spans"]["no_phase"]["names"] == {
+        "fwd": {"spans": 1, "seconds": 0.01, "idle_seconds": 0.0}
+    }
     assert summary["seconds"]["unnamed_seconds"] == 0.0
     assert "in no phase" not in format_report(load_report(run_dir))
 
@@ -142,6 +183,7 @@ def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(
     phase, rather than only quoting 0 tokens and "at most 0% shorter"."""
     config = {
         "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
         "window": {"samples": "rollout", "devices": 1},
         "streaming": {"generation": "rollout", "training": "train"},
     }
@@ -201,3 +243,36 @@ def test_a_tag_whose_samples_events_were_all_empty_is_named(tmp_path: Path) -> N
     assert "no rollout samples  counted by window, but every" in format_report(
         load_report(run.out_dir)
     )
+
+
+def test_more_names_than_kept_recompute_from_the_log(tmp_path: Path) -> None:
+    """40 names in no phase over three iterations, in idle and inside phases, some
+    overlapping: the summary's ``spans.no_phase`` (the first 32 names, the later ones
+    together) and ``unnamed_seconds`` are what the independent recompute makes of the
+    log, and replay gives the same bytes."""
+    config = {
+        "phases": {"rollout": ["generate"], "train": ["train.*"]},
+        "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
+        "window": {"samples": "rollout", "devices": 1},
+        "streaming": {"generation": "rollout", "training": "train"},
+    }
+    run, clock = manual_session(tmp_path, "many", config)
+    for it in range(3):
+        at = 100 * it
+        clock.set(at * MS)
+        run.bus.iteration_started(it)
+        spans = [_s("generate", at, at + 30, iteration=it), _s("train.step", at + 30, at + 60)]
+        for k in range(40):  # names 0-39, each a 1-3 ms span somewhere in [at, at + 95)
+            start = at + (7 * k + 3 * it) % 90
+            spans.append(_s(f"timer{(k + 13 * it) % 40}", start, start + 1 + k % 3))
+        clock.set((at + 96) * MS)
+        run.bus.publish_spans("main", run.bus.anchor, spans)
+        run.bus.samples(iteration=it, phase="rollout", lengths=[10, 20])
+    clock.set(300 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    no_phase = _summary(run.out_dir)["spans"]["no_phase"]
+    assert len(no_phase["names"]) == 32 and no_phase["other"]["spans"] > 0
+    assert no_phase["spans"] == 120
+    check_run(run.out_dir)
+    check_replay(run.out_dir, tmp_path / "again")

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Any
 
 import msgspec
 
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._intervals import (
     Interval,
-    clip,
     intersect,
     length,
     merge,
@@ -55,7 +55,9 @@ class WindowTiming(msgspec.Struct, frozen=True):
     ``path_ns``: the window's wall cut by what was running at each instant, in the
     order of :data:`PATH_KINDS` (see :func:`critical_path`): they add up to ``wall_ns``;
     ``unnamed_ns``: the union of the spans in no phase (but waits) less busy: idle time
-    in which work ran that no phase names.
+    in which work ran that no phase names; ``unnamed_by_name``: the same per key of those
+    spans (their name, or the key of the names beyond the kept ones), the keys whose is
+    not 0 (two names running at once: each counts that time).
     """
 
     wall_ns: int
@@ -70,6 +72,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
     #: window's (for the trace); a sum of windows has none
     path_slices: tuple[tuple[str, int, int], ...] = ()
     unnamed_ns: int = 0
+    unnamed_by_name: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def logical_ns(self) -> int:
@@ -96,7 +99,17 @@ class WindowTiming(msgspec.Struct, frozen=True):
             {k: v + other.overlap_ns[k] for k, v in self.overlap_ns.items()},
             {k: v + other.path_ns[k] for k, v in self.path_ns.items()},
             unnamed_ns=self.unnamed_ns + other.unnamed_ns,
+            unnamed_by_name=_added(self.unnamed_by_name, other.unnamed_by_name),
         )
+
+
+def _added(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    if not b:
+        return a
+    out = dict(a)
+    for key, ns in b.items():
+        out[key] = out.get(key, 0) + ns
+    return out
 
 
 def thread_key(pid: int, thread_id: int) -> int:
@@ -143,10 +156,11 @@ def measure_window(
     overhead: list[tuple[int, int, int]],
     config: ObserverConfig,
     *,
-    unnamed: Iterable[Interval] = (),
+    unnamed: Iterable[tuple[int, int, str]] = (),
 ) -> WindowTiming:
     """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it
-    (``unnamed``: the spans among them in no phase that are not waits)."""
+    (``unnamed``: the spans among them in no phase that are not waits, as (start, end,
+    key))."""
     holes = _by_thread(overhead, lo, hi)
     # phase -> thread -> its spans clipped to the window (phases without spans absent)
     by_phase: dict[str, dict[int, list[Interval]]] = {}
@@ -173,7 +187,6 @@ def measure_window(
         phase_ns[phase] = length(merged[phase])
     own = merge(iv for ivs in holes.values() for iv in ivs)
     path, slices, busy = critical_path(lo, hi, merged, own, config)
-    unnamed_work = merge(clip(unnamed, lo, hi))
     overlap_ns = dict.fromkeys(config.pairs, 0)
     if len(merged) > 1:
         for p, q in config.pairs:
@@ -189,8 +202,27 @@ def measure_window(
         overlap_ns=overlap_ns,
         path_ns=path,
         path_slices=slices,
-        unnamed_ns=length(subtract(unnamed_work, busy)) if unnamed_work else 0,
+        **_idle_work(unnamed, lo, hi, busy),
     )
+
+
+def _idle_work(
+    unnamed: Iterable[tuple[int, int, str]], lo: int, hi: int, busy: list[Interval]
+) -> dict[str, Any]:
+    """``unnamed_ns`` and ``unnamed_by_name`` of a window: the spans' time in
+    ``[lo, hi)`` outside ``busy``, together and per key."""
+    by_key: dict[str, list[Interval]] = {}
+    for s, e, key in unnamed:
+        if e > lo and s < hi:
+            by_key.setdefault(key, []).append((s if s > lo else lo, e if e < hi else hi))
+    if not by_key:
+        return {}
+    every = merge(iv for ivs in by_key.values() for iv in ivs)
+    idle = {key: length(subtract(merge(ivs), busy)) for key, ivs in by_key.items()}
+    return {
+        "unnamed_ns": length(subtract(every, busy)),
+        "unnamed_by_name": {key: ns for key, ns in idle.items() if ns},
+    }
 
 
 #: what the critical path passes through, in the order it is taken (docs/metrics.md,

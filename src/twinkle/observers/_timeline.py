@@ -66,8 +66,9 @@ class Timeline:
         #: end of the last finalised window: time before it is in no more window
         self.horizon: int | None = None
         self.pieces: list[Piece] = []
-        #: (start, end) of the pieces of spans in no phase but waits: work no phase names
-        self.unnamed: list[tuple[int, int]] = []
+        #: (start, end, key) of the pieces of spans in no phase but waits: work no phase
+        #: names (the key: :meth:`NoPhase.add`'s)
+        self.unnamed: list[tuple[int, int, str]] = []
         #: every span's worker and wait name, kept as long as its piece would be
         self.worker_pieces: list[WorkerPiece] = []
         self.overhead: list[tuple[int, int, int]] = []
@@ -245,7 +246,7 @@ class Timeline:
                 overhead.append((start, end, thread))
                 continue
             phase = phase_of(name)
-            unnamed = phase is None and self._unnamed(name, span)
+            unnamed = None if phase is not None else self._unnamed(name, span)
             attrs = span.attrs
             if horizon is not None and start < horizon:
                 # Its time before the horizon is in windows already written: late.
@@ -256,8 +257,8 @@ class Timeline:
             placed = start if horizon is None or start >= horizon else horizon
             if horizon is None or end > horizon:
                 pieces.append((phase, placed, end, thread))
-                if unnamed:
-                    self.unnamed.append((placed, end))
+                if unnamed is not None:
+                    self.unnamed.append((placed, end, unnamed))
                 engine = attrs.get("engine")
                 worker = engine if isinstance(engine, str) and engine else source
                 workers.append(
@@ -275,13 +276,12 @@ class Timeline:
             else:
                 self._attribute(attr, phase, start, end, span, thread=thread)
 
-    def _unnamed(self, name: str, span: Any) -> bool:
-        """Whether a span in no phase is work no phase names (a wait is not), counted by
-        name when it is."""
+    def _unnamed(self, name: str, span: Any) -> str | None:
+        """A span in no phase: counted by name if it is work no phase names (a wait is
+        not), and then the key its idle time is measured under."""
         if name.startswith(WAIT_PREFIX):
-            return False
-        self.no_phase.add(name, span.end_ns - span.start_ns)
-        return True
+            return None
+        return self.no_phase.add(name, span.end_ns - span.start_ns)
 
     def _attribute(
         self, attr: object, phase: str | None, start: int, end: int, span: Any, *, thread: int
@@ -489,5 +489,5 @@ class Timeline:
                 for source, (n, dropped) in sorted(self.sources.items())
             },
             "dropped": sum(dropped for _, dropped in self.sources.values()),
-            "no_phase": self.no_phase.as_dict(),
+            "no_phase": self.no_phase.as_dict(self._totals.unnamed_by_name),
         }

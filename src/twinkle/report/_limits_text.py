@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.report._format import NAMED_WORKERS, num
+from twinkle.report._no_phase_text import unnamed_work_line
 
 __all__ = ["HEADLINE_LINES", "limits_lines"]
 
@@ -61,12 +62,7 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     workers = limits.get("workers") or {}
     for name, by_worker in (workers.get("waits") or {}).items():
         lines.append(f"  {name:<17} " + _most(by_worker) + " of their windows waiting")
-    unnamed = (report.get("seconds") or {}).get("unnamed")
-    if unnamed:
-        lines.append(
-            f"  unnamed work      {num(unnamed)} s of the run's idle ran spans no phase names "
-            "(in no phase, below): that idle may be work"
-        )
+    lines += unnamed_work_line(report)
     if workers.get("unaccounted"):
         lines.append(
             "  unaccounted       " + _most(workers["unaccounted"]) + " of their windows: no span"

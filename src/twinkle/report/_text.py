@@ -14,6 +14,7 @@ from twinkle.report._compare import compare, streaming_effect
 from twinkle.report._format import NAMED_WORKERS, highest_peaks, num
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
+from twinkle.report._no_phase_text import no_phase_lines
 
 __all__ = [
     "FLAG_NAMES",
@@ -296,31 +297,6 @@ def _time_lines(seconds: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _no_phase_lines(seconds: Mapping[str, Any], no_phase: Mapping[str, Any] | None) -> list[str]:
-    """The idle time in which only spans no phase names ran, and those spans' names, the
-    most seconds first (none when no such time: such spans inside a phase's are busy)."""
-    unnamed, idle = seconds.get("unnamed"), seconds.get("idle")
-    if not unnamed or not no_phase or not no_phase["spans"]:
-        return []
-    names = sorted(no_phase["names"].items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
-    shown = names[:3]
-    parts = [f"{name} {num(n['seconds'])} s ({_spans(n['spans'])})" for name, n in shown]
-    rest = no_phase["spans"] - sum(n["spans"] for _, n in shown)
-    if rest:
-        seconds_left = no_phase["seconds"] - sum(n["seconds"] for _, n in shown)
-        parts.append(f"{rest} more {_spans(rest).split()[1]} {num(seconds_left)} s")
-    share = f" ({100 * unnamed / idle:.0f}% of idle)" if idle else ""
-    return [
-        f"in no phase         {num(unnamed)} s idle{share} ran only spans no phase names: "
-        "name them in config.phases if they are work",
-        f"  by name (summed)  {', '.join(parts)}",
-    ]
-
-
-def _spans(n: int) -> str:
-    return f"{n} span" if n == 1 else f"{n} spans"
-
-
 def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     """The report as text: the per-iteration table, the run's figures (the steady state
     first) and, with ``legend``, what each column shows."""
@@ -342,7 +318,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
             else "none configured (config.phases)"
         )
     )
-    lines += _no_phase_lines(seconds, report.get("no_phase"))
+    lines += no_phase_lines(seconds, report.get("no_phase"))
     if seconds["generation_hidden_share"] is not None:
         lines.append(
             f"gen. with training  {num(seconds['generation_hidden_seconds'])} s "
