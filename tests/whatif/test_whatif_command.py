@@ -19,6 +19,7 @@ from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.run import replay
 from twinkle.testing import scripted_run
 from twinkle.whatif import Changes, predict
+from twinkle.whatif._predict import not_predicted
 from twinkle.whatif._recorded import read_recorded
 
 
@@ -351,3 +352,14 @@ def test_the_replay_error_bound(off: float, why: bool) -> None:
             return 100.0, 100.0 * (1 + off)
 
     assert (replay_off(Replayed()) is not None) is why  # type: ignore[arg-type]
+
+
+def test_both_reasons_for_no_prediction_are_given() -> None:
+    """A change that adds a worker on a recorded device and runs more at once on a
+    device the recorded workers shared: neither reason hides the other."""
+    why = not_predicted({"shared": ["engine2"], "contended": ["cpu:0"]})
+    assert why is not None
+    first, second = why.split("; and ")
+    assert first.startswith("engine2 would share a device with the recorded workers")
+    assert second.startswith("the recorded workers shared cpu:0 (their placement)")
+    assert not_predicted({"shared": [], "contended": []}) is None

@@ -192,7 +192,9 @@ def throughput_lines(report: Mapping[str, Any]) -> list[str]:
         f"{p} {num(report['phase_windows'].get(p, {}).get('steady_tokens_per_s_per_device'))}"
         for p in report["throughput_phases"]
     ]
-    if report.get("window_samples", "") is None:  # ("": a report from before it was kept)
+    # (a report from before ``window_samples`` was kept has none: counted)
+    counted = report.get("window_samples", "") is not None
+    if not counted:
         lines = [
             "tokens/s/device     the run's: not counted, config.window names no samples tag "
             '(e.g. "window": {"samples": "rollout", "devices": 8}: docs/metrics.md)'
@@ -215,7 +217,7 @@ def throughput_lines(report: Mapping[str, Any]) -> list[str]:
             + ", ".join(per_phase)
             + " tokens/s/device (steady state, over the time each phase's work took)"
         )
-    if report.get("window_samples", "") is not None:
+    if counted:
         lines.append(
             f"whole loop          {num(window.get('tokens_per_s_per_device'))} tokens/s/device "
             f"over all {iterations} iterations: {num(window.get('tokens'))} tokens / "

@@ -130,16 +130,17 @@ def speed_shared_note(devices: list[str]) -> str:
 def not_predicted(settings: Mapping[str, Any]) -> str | None:
     """Why the prediction of ``settings`` (:attr:`Prediction.settings`) is none (None:
     it is one): an added worker on a device the recorded ones use, or a change of how
-    much runs at once on a device they shared."""
+    much runs at once on a device they shared (both, when both)."""
+    why = []
     if settings["shared"]:
-        return (
+        why.append(
             f"{', '.join(settings['shared'])} would share a device with the recorded "
             "workers (their placement): the model gives each engine and rank a device of "
             "its own, so what it adds there is overstated"
         )
     if settings["contended"]:
-        return contended_why(settings["contended"])
-    return None
+        why.append(contended_why(settings["contended"]))
+    return "; and ".join(why) or None
 
 
 def contended_why(devices: list[str]) -> str:
