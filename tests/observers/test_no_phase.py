@@ -20,6 +20,13 @@ from twinkle.run import replay
 
 MS = 1_000_000
 CONFIG: dict[str, Any] = {"phases": {"train": ["train.*"]}}
+#: a streaming run's, generation and training in phases of their own
+STREAMING: dict[str, Any] = {
+    "phases": {"rollout": ["generate"], "train": ["train.*"]},
+    "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
+    "window": {"samples": "rollout", "devices": 1},
+    "streaming": {"generation": "rollout", "training": "train"},
+}
 
 
 def _s(name: str, start_ms: int, end_ms: int, **attrs: Any) -> Span:
@@ -181,13 +188,7 @@ def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(
     count) and the training span named ``train_step`` where the phases say ``train.*``.
     The report names the iterations that never started and says training ran in no
     phase, rather than only quoting 0 tokens and "at most 0% shorter"."""
-    config = {
-        "phases": {"rollout": ["generate"], "train": ["train.*"]},
-        "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
-        "window": {"samples": "rollout", "devices": 1},
-        "streaming": {"generation": "rollout", "training": "train"},
-    }
-    run, clock = manual_session(tmp_path, "newcomer", config)
+    run, clock = manual_session(tmp_path, "newcomer", STREAMING)
     for it in range(4):
         at = 100 * it
         clock.set(at * MS)
@@ -250,13 +251,7 @@ def test_more_names_than_kept_recompute_from_the_log(tmp_path: Path) -> None:
     overlapping: the summary's ``spans.no_phase`` (the first 32 names, the later ones
     together) and ``unnamed_seconds`` are what the independent recompute makes of the
     log, and replay gives the same bytes."""
-    config = {
-        "phases": {"rollout": ["generate"], "train": ["train.*"]},
-        "throughput": {"rollout": {"samples": "rollout", "devices": 1}},
-        "window": {"samples": "rollout", "devices": 1},
-        "streaming": {"generation": "rollout", "training": "train"},
-    }
-    run, clock = manual_session(tmp_path, "many", config)
+    run, clock = manual_session(tmp_path, "many", STREAMING)
     for it in range(3):
         at = 100 * it
         clock.set(at * MS)
