@@ -16,6 +16,7 @@ from observers.test_scripted_run import manual_session
 from twinkle.observers import _no_phase
 from twinkle.perf import Span
 from twinkle.report import format_report, load_report
+from twinkle.report._no_phase_text import no_phase_lines, unnamed_work_line
 from twinkle.run import replay
 
 MS = 1_000_000
@@ -271,3 +272,31 @@ def test_more_names_than_kept_recompute_from_the_log(tmp_path: Path) -> None:
     assert no_phase["spans"] == 120
     check_run(run.out_dir)
     check_replay(run.out_dir, tmp_path / "again")
+
+
+def test_a_summary_without_idle_seconds_names_no_name_as_the_idles() -> None:
+    """A summary from before each name's idle seconds ranks by summed seconds, which
+    count time inside phases too: its names are listed as summed, and the limits
+    block does not call a nested timer the one that ran in most of the idle."""
+    old: dict[str, Any] = {
+        "spans": 5,
+        "seconds": 0.096,
+        "names": {
+            "fwd": {"spans": 2, "seconds": 0.076},  # nested in a phase's span: no idle
+            "log": {"spans": 1, "seconds": 0.01},
+            "save": {"spans": 1, "seconds": 0.01},
+            "step": {"spans": 1, "seconds": 0.0},
+        },
+        "other": {"spans": 0, "seconds": 0.0},
+    }
+    seconds = {"unnamed": 0.015, "idle": 0.05}
+    report = {"seconds": seconds, "no_phase": old}
+    assert unnamed_work_line(report) == [
+        "  unnamed work      0.015 s of the run's idle ran spans no phase names: that idle "
+        "may be work"
+    ]
+    assert no_phase_lines(seconds, old)[1] == (
+        "  by name (summed)  fwd 0.076 s (2 spans), log 0.010 s (1 span), save 0.010 s (1 span)"
+    )
+    old["names"]["step"]["seconds"] = 0.001
+    assert no_phase_lines(seconds, old)[1].endswith(", 1 more name")

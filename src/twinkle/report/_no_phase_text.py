@@ -17,12 +17,15 @@ SHOWN = 3
 
 def unnamed_work_line(report: Mapping[str, Any]) -> list[str]:
     """The "What limits this run" line: the run's idle in which spans no phase names
-    ran, and the name that ran in most of it (none when no such idle)."""
+    ran, and the name that ran in most of it (none when no such idle; not named from a
+    summary without each name's idle seconds, whose summed ones count time in phases)."""
     unnamed = (report.get("seconds") or {}).get("unnamed")
     if not unnamed:
         return []
     ranked, key = _ranked(report.get("no_phase"))
-    most = f" (the most: {ranked[0][0]} {num(ranked[0][1][key])} s)" if ranked else ""
+    most = ""
+    if ranked and key == "idle_seconds":
+        most = f" (the most: {ranked[0][0]} {num(ranked[0][1][key])} s)"
     return [
         f"  unnamed work      {num(unnamed)} s of the run's idle ran spans no phase "
         f"names{most}: that idle may be work"
@@ -39,7 +42,8 @@ def no_phase_lines(seconds: Mapping[str, Any], no_phase: Mapping[str, Any] | Non
     ranked, key = _ranked(no_phase)
     parts = [f"{name} {num(entry[key])} s ({_spans(entry['spans'])})" for name, entry in ranked]
     if len(parts) > SHOWN:
-        parts[SHOWN:] = [f"{len(parts) - SHOWN} more"]
+        more = len(parts) - SHOWN
+        parts[SHOWN:] = [f"{more} more {'name' if more == 1 else 'names'}"]
     share = f" ({100 * unnamed / idle:.0f}% of idle)" if idle else ""
     label = "idle by name" if key == "idle_seconds" else "by name (summed)"
     return [
