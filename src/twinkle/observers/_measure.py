@@ -16,6 +16,7 @@ import msgspec
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._intervals import (
     Interval,
+    clip,
     intersect,
     length,
     merge,
@@ -213,12 +214,13 @@ def _idle_work(
     ``[lo, hi)`` outside ``busy``, together and per key."""
     by_key: dict[str, list[Interval]] = {}
     for s, e, key in unnamed:
-        if e > lo and s < hi:
-            by_key.setdefault(key, []).append((s if s > lo else lo, e if e < hi else hi))
-    if not by_key:
+        by_key.setdefault(key, []).append((s, e))
+    merged = {key: merge(clip(ivs, lo, hi)) for key, ivs in by_key.items()}
+    merged = {key: ivs for key, ivs in merged.items() if ivs}
+    if not merged:
         return {}
-    every = merge(iv for ivs in by_key.values() for iv in ivs)
-    idle = {key: length(subtract(merge(ivs), busy)) for key, ivs in by_key.items()}
+    every = merge(iv for ivs in merged.values() for iv in ivs)
+    idle = {key: length(subtract(ivs, busy)) for key, ivs in merged.items()}
     return {
         "unnamed_ns": length(subtract(every, busy)),
         "unnamed_by_name": {key: ns for key, ns in idle.items() if ns},
