@@ -46,6 +46,14 @@ def _run(out: Path, spans: list[Span]) -> Path:
     return run.out_dir
 
 
+def _iteration(run: Any, clock: Any, it: int, spans: list[Span], *, sent_ms: int) -> None:
+    """Start iteration ``it`` at ``100 * it`` ms and publish its spans at ``sent_ms``."""
+    clock.set(100 * it * MS)
+    run.bus.iteration_started(it)
+    clock.set(sent_ms * MS)
+    run.bus.publish_spans("main", run.bus.anchor, spans)
+
+
 def _summary(run_dir: Path) -> dict[str, Any]:
     summary: dict[str, Any] = orjson.loads((run_dir / "summary.json").read_bytes())
     return summary
@@ -192,11 +200,8 @@ def test_a_loop_numbering_its_samples_otherwise_and_naming_training_otherwise(
     run, clock = manual_session(tmp_path, "newcomer", STREAMING)
     for it in range(4):
         at = 100 * it
-        clock.set(at * MS)
-        run.bus.iteration_started(it)
         spans = [_s("generate", at, at + 40, iteration=it), _s("train_step", at + 40, at + 90)]
-        clock.set((at + 95) * MS)
-        run.bus.publish_spans("main", run.bus.anchor, spans)
+        _iteration(run, clock, it, spans, sent_ms=at + 95)
         run.bus.samples(iteration=4 * it, phase="rollout", lengths=[10])
     clock.set(400 * MS)
     run.finish()
@@ -255,14 +260,11 @@ def test_more_names_than_kept_recompute_from_the_log(tmp_path: Path) -> None:
     run, clock = manual_session(tmp_path, "many", STREAMING)
     for it in range(3):
         at = 100 * it
-        clock.set(at * MS)
-        run.bus.iteration_started(it)
         spans = [_s("generate", at, at + 30, iteration=it), _s("train.step", at + 30, at + 60)]
         for k in range(40):  # names 0-39, each a 1-3 ms span somewhere in [at, at + 95)
             start = at + (7 * k + 3 * it) % 90
             spans.append(_s(f"timer{(k + 13 * it) % 40}", start, start + 1 + k % 3))
-        clock.set((at + 96) * MS)
-        run.bus.publish_spans("main", run.bus.anchor, spans)
+        _iteration(run, clock, it, spans, sent_ms=at + 96)
         run.bus.samples(iteration=it, phase="rollout", lengths=[10, 20])
     clock.set(300 * MS)
     run.finish()
