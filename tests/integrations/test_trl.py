@@ -237,6 +237,8 @@ def test_memory_and_trls_logged_figures_are_recorded(trained: Trained) -> None:
     assert trained.summary["memory_readings"] == 4
     readings = trained.of_type("memory")
     assert [e["iteration"] for e in readings] == [0, 1, 2, 3]
+    spans = {e["source"] for e in trained.of_type("spans")} - {"twinkle.observers"}
+    assert {r["worker_id"] for e in readings for r in e["readings"]} == spans == {"main"}
     scalars = {(e["name"], e["iteration"]): e["values"] for e in trained.of_type("scalars")}
     logs = [log for log in trained.logs if "loss" in log]
     for it, log in enumerate(logs):

@@ -31,10 +31,12 @@ from twinkle.testing import SCRIPTED_CONFIG, scripted_run
 class Collector:
     def __init__(self) -> None:
         self.types: list[str] = []
+        self.events: list[Any] = []
 
     @hookimpl
     def twinkle_event(self, event: Any) -> None:
         self.types.append(event.TYPE)
+        self.events.append(event)
 
 
 def _run(**kwargs: Any) -> RunSession:
@@ -387,3 +389,18 @@ def test_a_scalar_name_that_cannot_be_a_record_kind_is_refused_naming_it(name: s
         with pytest.raises(InvalidArgumentError, match="cannot be its records' kind"):
             run.bus.scalars(iteration=0, name=name, values={"x": 1.0})
         run.bus.scalars(iteration=0, name="reward.v2", values={"x": 1.0})  # goes on
+
+
+@pytest.mark.parametrize(("options", "name"), [({}, "main"), ({"source": "trainer"}, "trainer")])
+def test_the_processs_memory_is_named_as_its_spans_are(options: dict[str, Any], name: str) -> None:
+    collector = Collector()
+    events = collector.events
+    with _run(builtins=False, plugins=[("collector", collector)], **options) as run:
+        run.bus.iteration_started(0)
+        with run.recorder.span("train.step"):
+            pass
+        run.read_memory(iteration=0)
+        run.read_memory(iteration=0, worker_id="w7")
+    spans = {e.source for e in events if e.TYPE == "spans"} - {"twinkle.observers"}
+    readings = [r.worker_id for e in events if e.TYPE == "memory" for r in e.readings]
+    assert spans == {name} and readings == [name, "w7"]

@@ -251,7 +251,6 @@ def run_demo(
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
     # The trainer runs in this process unless with Ray: its spans and memory readings
     # are named as the placement names it.
-    me = None if cfg.backend == "ray" else _trainers(cfg)[0]
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,
         run_id=run_id,
@@ -262,7 +261,7 @@ def run_demo(
         required_plugins=required_plugins if cfg.observers else (),
         backend_timeout_s=backend_timeout_s,
         resume=resume,
-        source=me or "main",
+        source="main" if cfg.backend == "ray" else _trainers(cfg)[0],
     )
     results: list[IterationResult] = []
     kept: list[tuple[Trajectory, ...]] = []
@@ -358,7 +357,7 @@ def run_demo(
                                 "kl": result.kl,
                             },
                         )
-                        run.read_memory(iteration=it, others=rig.worker_memory(it), worker_id=me)
+                        run.read_memory(iteration=it, others=rig.worker_memory(it))
                         if it + 1 + cfg.lag < iterations.stop:  # a version some rollout uses
                             pending.append((it + 1, trainer.state()))
                             publish_due(it)

@@ -224,9 +224,8 @@ class ObservedRun:
             self._exchange(iteration)
         step = self.steps_before + (int(global_step) - self.start_step)
         self.bus.optimizer_step(iteration=iteration, step=step, samples=len(lengths))
-        if self.owner.memory and self.session is not None:
-            mine = None if self.link is None else "rank0"
-            self.session.read_memory(iteration=iteration, worker_id=mine)
+        if self.owner.memory and self.session is not None:  # (named as its spans are)
+            self.session.read_memory(iteration=iteration)
 
     def _exchange(self, iteration: int | None) -> None:
         """The step's samples of every rank and the other ranks' spans and memory, to

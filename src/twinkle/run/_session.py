@@ -422,8 +422,10 @@ class RunSession:
         worker_id: str | None = None,
     ) -> None:
         """Read this process's memory (:func:`~twinkle.perf.stats.memory_stats`; worker
-        ``worker_id``, default ``host:pid``) and publish it, with ``others``: readings
-        other workers shipped for the same iteration (one event: one record of them all)."""
+        ``worker_id``, default this process's ``source``, the name its spans carry) and
+        publish it, with ``others``: readings other workers shipped for the same
+        iteration (one event: one record of them all)."""
+        worker_id = self._source if worker_id is None else worker_id
         with self.bus.own_work("memory"):
             reading = memory_stats(device=device, worker_id=worker_id)
         self.bus.memory([reading, *others], iteration=iteration)
