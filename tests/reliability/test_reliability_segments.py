@@ -13,6 +13,7 @@ import pytest
 from twinkle.cli import main
 from twinkle.demo.cli import format_summary
 from twinkle.report import format_report, load_report
+from twinkle.report._segments_text import segments_line
 from twinkle.run import RunSession
 from twinkle.testing import SCRIPTED_CONFIG, crashed_run
 
@@ -124,3 +125,27 @@ def test_the_trace_and_the_plots_mark_each_segment(demo_twice: Path, tmp_path: P
     from twinkle.report import write_plots
 
     assert write_plots(load_report(demo_twice), tmp_path)  # (drawn with the segment line)
+
+
+def _said(first: int | None, status: str | None) -> dict[str, Any]:
+    return {"first_iteration": first, "last_iteration": None if first is None else first + 3,
+            "status": status}  # fmt: skip
+
+
+def test_segments_that_ran_nothing_and_ended_alike_are_said_once_with_their_count() -> None:
+    said = [_said(None, "error"), _said(None, "error"), _said(0, "error"), _said(None, "error"),
+            _said(None, None), _said(None, None), _said(None, None), _said(4, "ok")]  # fmt: skip
+    segments = [{"segment": n, **s} for n, s in enumerate(said)]
+    assert segments_line(segments) == (
+        "segments            0-1: no iteration (error, 2 segments), 2: iterations 0-3 (error), "
+        "3: no iteration (error), 4-6: no iteration (unfinished, 3 segments), "
+        "7: iterations 4-7 (ok)"
+    )
+
+
+def test_a_job_restarted_into_the_same_crash_is_one_entry_of_the_report(tmp_path: Path) -> None:
+    for _ in range(5):
+        with RunSession(out_dir=tmp_path, run_id="r", autoload=False, resume=True) as run:
+            run.finish(status="error", error="RuntimeError: no such dataset")
+    text = format_report(load_report(tmp_path / "r"))
+    assert "segments            0-4: no iteration (error, 5 segments)\n" in text

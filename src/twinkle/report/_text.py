@@ -15,6 +15,7 @@ from twinkle.report._format import NAMED_WORKERS, highest_peaks, num
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
 from twinkle.report._no_phase_text import no_phase_lines
+from twinkle.report._segments_text import segments_line
 
 __all__ = [
     "FLAG_NAMES",
@@ -178,12 +179,6 @@ def _segmented(report: Mapping[str, Any]) -> bool:
     return len(report.get("segments", ())) > 1
 
 
-def _segment(s: Mapping[str, Any]) -> str:
-    first, last = s["first_iteration"], s["last_iteration"]
-    span = "no iteration" if first is None else f"iterations {first}-{last}"
-    return f"{s['segment']}: {span} ({s['status'] or 'unfinished'})"
-
-
 def throughput_lines(report: Mapping[str, Any]) -> list[str]:
     """The steady state first, with each phase's; then the whole loop's."""
     window, iterations = report["window"], len(report["iterations"])
@@ -306,7 +301,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines += [*limits_lines(report), ""]
     lines += iteration_table(report)
     if _segmented(report):
-        lines += ["", "segments            " + ", ".join(map(_segment, report["segments"]))]
+        lines += ["", segments_line(report["segments"])]
     seconds = report["seconds"]
     lines += ["", *throughput_lines(report), *_device_lines(report.get("placement") or {})]
     lines += mfu_lines(report)
