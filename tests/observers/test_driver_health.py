@@ -21,8 +21,11 @@ from typing import Any
 import orjson
 import pytest
 
+from _recompute import check_replay
 from observers.test_scripted_run import manual_session
 from twinkle.observers._driver_health import DRIVER_KEYS
+from twinkle.perf import ManualClock
+from twinkle.run import RunSession
 
 MS = 1_000_000
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -56,7 +59,12 @@ def _state(row: tuple[Any, ...]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run, clock = manual_session(tmp_path_factory.mktemp("driver"), "d", CONFIG)
+    return _first_segment(tmp_path_factory.mktemp("driver"))
+
+
+def _first_segment(out_dir: Path) -> Path:
+    """The run of the table above, finished."""
+    run, clock = manual_session(out_dir, "d", CONFIG)
     events: list[tuple[int, str, Any]] = [(row[0], "snapshot", row) for row in SNAPSHOTS]
     events += [(at, "boundary", i) for i, at in enumerate([10, 100, 200])]
     events.append((260, "caller", None))  # the caller's own snapshot: not read
@@ -124,6 +132,47 @@ def test_the_summary_gives_the_runs_totals_and_what_was_never_trained(run_dir: P
         "unstarted_samples": {},
         "unstarted_tokens": {},
     }
+
+
+def test_a_resumed_runs_totals_add_each_segments(tmp_path: Path) -> None:
+    """A second segment's driver counts from zero: set-up (1, 0, 0, 1, 0.0, 0.0, 0.0),
+    then in window 3 (3, 2, 0, 1, 0.010, 0.005, 0.0). The run's totals are the two
+    segments' last snapshots added; what each left in its buffer was never trained."""
+    _first_segment(tmp_path)
+    clock = ManualClock(1000 * MS)
+    run = RunSession(
+        out_dir=tmp_path,
+        run_id="d",
+        config=CONFIG,
+        clock=clock,
+        wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
+        autoload=False,
+        background_writer=False,
+        resume=True,
+    ).start()
+    assert run.resumed is not None and run.resumed.restored_events == run.resumed.events
+    for at, row in [
+        (1005, (1, 0, 0, 1, 0.0, 0.0, 0.0, 3)),
+        (1050, (3, 2, 0, 1, 0.01, 0.005, 0.0, 4)),
+    ]:
+        clock.set(at * MS)
+        run.bus.snapshot(_state((at, *row)))
+        if at == 1005:
+            clock.set(1010 * MS)
+            run.bus.iteration_started(3)
+    clock.set(1100 * MS)
+    run.finish()
+    limits = orjson.loads((tmp_path / "d" / "summary.json").read_bytes())["limits"]
+    assert limits["driver"] == {
+        "trainer_wait_seconds": 0.05 + 0.01,
+        "engines_blocked_seconds": {"e0": 0.02 + 0.005, "e1": 0.015 + 0.0},
+        "produced": 8 + 3,
+        "consumed": 6 + 2,
+        "dropped": 1 + 0,
+        "left_in_buffer": 1 + 1,
+    }
+    assert (limits["never_trained"]["dropped"], limits["never_trained"]["left_in_buffer"]) == (1, 2)
+    check_replay(tmp_path / "d", tmp_path / "again")  # (as from the whole log)
 
 
 def test_the_driver_table_of_the_docs_names_every_key() -> None:

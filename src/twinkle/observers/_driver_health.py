@@ -66,6 +66,8 @@ class DriverLedger:
     #: the last snapshot of a window already reported (or of the set-up): the baseline
     before: Mapping[str, Any] | None = None
     last: Mapping[str, Any] | None = None
+    #: the totals of the segments before this one (each one's driver counted from zero)
+    earlier: dict[str, Any] = field(default_factory=dict)
 
     def snapshot(self, state: Mapping[str, Any], iteration: int | None) -> None:
         """A snapshot taken in ``iteration``'s window (None: the set-up's)."""
@@ -82,8 +84,12 @@ class DriverLedger:
         window.buffered_max = max(window.buffered_max, state["buffered"])
 
     def resumed(self) -> None:
-        """A new segment: its driver counts from zero again."""
+        """A new segment: its driver counts from zero again (the one before's totals
+        are kept)."""
         self.before = None
+        if self.last is not None:
+            self.earlier = _added(self.earlier, _totals(self.last))
+            self.last = None
 
     def values(self, iteration: int) -> dict[str, int | float] | None:
         """The finalised ``iteration``'s figures (None: no snapshot in its window)."""
@@ -107,22 +113,40 @@ class DriverLedger:
         }
 
     def summary(self) -> dict[str, Any]:
-        """The run's totals from the last snapshot (empty without any): the trainer's
-        wait, each engine's time blocked on a full buffer, the items produced, consumed,
-        dropped as stale and left in the buffer at the end."""
-        last = self.last
-        if last is None:
-            return {}
-        return {
-            "trainer_wait_seconds": float(last["trainer_wait_seconds"]),
-            "engines_blocked_seconds": {
-                name: float(p["idle_seconds"]) for name, p in last["producers"].items()
-            },
-            "produced": last["produced"],
-            "consumed": last["consumed"],
-            "dropped": last["dropped"],
-            "left_in_buffer": last["buffered"],
-        }
+        """The run's totals (empty without any snapshot): each segment's last snapshot,
+        added over the segments: the trainer's wait, each engine's time blocked on a
+        full buffer, the items produced, consumed, dropped as stale and left in the
+        buffer at the segment's end (a process's buffer is gone with it)."""
+        if self.last is None:
+            return self.earlier
+        return _added(self.earlier, _totals(self.last))
+
+
+def _totals(state: Mapping[str, Any]) -> dict[str, Any]:
+    """One segment's totals: its driver's last snapshot."""
+    return {
+        "trainer_wait_seconds": float(state["trainer_wait_seconds"]),
+        "engines_blocked_seconds": {
+            name: float(p["idle_seconds"]) for name, p in state["producers"].items()
+        },
+        "produced": state["produced"],
+        "consumed": state["consumed"],
+        "dropped": state["dropped"],
+        "left_in_buffer": state["buffered"],
+    }
+
+
+def _added(earlier: Mapping[str, Any], totals: dict[str, Any]) -> dict[str, Any]:
+    """``totals`` with the earlier segments' added (an engine's seconds by its name)."""
+    if not earlier:
+        return totals
+    added = dict(totals)
+    blocked = added["engines_blocked_seconds"] = dict(earlier["engines_blocked_seconds"])
+    for name, seconds in totals["engines_blocked_seconds"].items():
+        blocked[name] = blocked.get(name, 0.0) + seconds
+    for key in ("trainer_wait_seconds", *_COUNTS, "left_in_buffer"):
+        added[key] = earlier[key] + totals[key]
+    return added
 
 
 def never_trained(
