@@ -1,6 +1,11 @@
-"""GRPO with TRL, observed by twinkle: a tiny Llama learns to copy a string of digits.
+"""GRPO with TRL, observed by twinkle: a tiny Llama trained to copy a string of digits.
 
     .venv/bin/python examples/trl_grpo.py [--steps 30] [--out runs]
+    .venv/bin/torchrun --standalone --nproc_per_node 2 examples/trl_grpo.py --steps 3
+
+(30 steps show the observation, not learning: the reward stays near its start.) On
+several ranks every rank runs this script with the same callback options; rank 0
+writes the run and prints its figures.
 
 Nothing is downloaded: the tokenizer and the model are made in code
 (:mod:`twinkle.demo.hf`); put your own model and dataset in their place. The three
@@ -43,7 +48,7 @@ def prompts(n: int, seed: int = 0) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None) -> Path | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
     parser.add_argument("--out", default="runs", help="where the run directory goes (default runs)")
@@ -76,7 +81,9 @@ def main(argv: list[str] | None = None) -> Path:
     )
     trainer.train()
 
-    assert callback.session is not None and callback.session.summary is not None
+    if callback.session is None:
+        return None  # another rank's: rank 0 writes the run
+    assert callback.session.summary is not None
     summary, run_dir = callback.session.summary, callback.session.out_dir
     tokens = summary["counts"]["tokens_rollout"]
     reward = summary["scalars"]["trl"]["reward"]
@@ -93,8 +100,9 @@ def main(argv: list[str] | None = None) -> Path:
         f"idle {summary['seconds']['idle_seconds']:.2f} s"
     )
     print(
-        f"reward: {reward['first']:.3f} (step {reward['first_iteration'] + 1}) -> "
-        f"{reward['last']:.3f} (step {reward['last_iteration'] + 1})"
+        f"reward: {reward['first']:.3f} (iteration {reward['first_iteration']}, step "
+        f"{reward['first_iteration'] + 1}) -> {reward['last']:.3f} (iteration "
+        f"{reward['last_iteration']}, step {reward['last_iteration'] + 1})"
     )
     return Path(str(run_dir))
 

@@ -45,6 +45,9 @@ def test_plugins_lists_every_builtin_and_what_a_run_would_do(
     rows = {line.split()[0]: line for line in lines[1:]}
     assert "built-in" in rows["timeline"] and " loads " in rows["timeline"]
     assert " blocked " in rows["trace"]
+    # columns two spaces apart, the widest status too
+    start = lines[0].index("from")
+    assert all(line[start - 2 : start] == "  " != line[start] for line in lines)
     assert main(["plugins", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert {p["name"] for p in found} >= {"timeline", "events", "trace"}

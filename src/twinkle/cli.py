@@ -109,7 +109,7 @@ def _plugins(args: argparse.Namespace) -> int:
         rows.append((printable(p.name), kind, printable(status), printable(origin)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3])
+        print("  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]))
     if failing:
         names = printable(", ".join(failing))
         print(

@@ -443,6 +443,7 @@ def test_the_example_script_runs(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(example.parent))
     run_dir = trl_grpo.main(["--steps", "2", "--out", str(tmp_path)])
+    assert run_dir is not None  # (one process: rank 0)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok"
     assert summary["counts"]["tokens_rollout"]["discrepancy"] == 0

@@ -45,6 +45,22 @@ def _torchrun(
     )
 
 
+def test_the_example_script_runs_on_two_ranks(tmp_path: Path) -> None:
+    """README's TRL example under torchrun: rank 0 prints the run, rank 1 ends quietly."""
+    example = Path(__file__).parents[2] / "examples" / "trl_grpo.py"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", "--max-restarts=0", str(example),
+               "--steps", "2", "--out", str(tmp_path), "--run-id", "r"]  # fmt: skip
+    done = subprocess.run(
+        command, check=False, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(f"run: {tmp_path / 'r'}") == 1 and "discrepancy 0" in done.stdout
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["placement"]["window"]["devices"] == 2
+
+
 def _events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
 
