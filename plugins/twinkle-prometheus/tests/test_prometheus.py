@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twinkle_prometheus import DASHBOARD, PORT_ENV, PrometheusSink, served
+from twinkle_prometheus import DASHBOARD, LINGER_ENV, PORT_ENV, PrometheusSink, served
 
 from twinkle.errors import ConfigError
 from twinkle.reporting import read_jsonl
@@ -241,6 +241,8 @@ def test_a_process_that_ends_with_its_run_is_scraped_once_more_first(
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert f"for one more scrape of http://127.0.0.1:{port}/metrics" in done.stderr
+    assert f"({LINGER_ENV}=0 never waits)" in done.stderr  # (why the process waits)
     records = list(read_jsonl(tmp_path / "short" / "metrics_raw.jsonl"))
     stored = _query(base, 'twinkle_records_total{run_id="short"}')
     assert sum(float(s["value"][1]) for s in stored) == len(records)

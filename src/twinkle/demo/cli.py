@@ -257,7 +257,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
             "outside their windows)",
             f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
-            "(the process's, interpreter start-up included)",
+            "(the process's, interpreter start-up included, to the run's finish)",
             *restarts,
         ]
     )

@@ -272,6 +272,11 @@ class PrometheusBackend:
             return
         scrapes = figures.scrapes
         if scrapes > self._scrapes_at_open:
+            _log.warning(
+                "twinkle: waiting at most %g s for one more scrape of http://%s:%d/metrics, "
+                "which reads run %r's last figures (%s=0 never waits)",
+                self.linger_s, self.addr, self.port, self.run_id, LINGER_ENV,
+            )  # fmt: skip
             figures.scrape_after(scrapes, self.linger_s)
 
 
