@@ -118,7 +118,7 @@ class DriverLedger:
         full buffer, the items produced, consumed, dropped as stale and left in the
         buffer at the segment's end (a process's buffer is gone with it)."""
         if self.last is None:
-            return self.earlier
+            return dict(self.earlier)
         return _added(self.earlier, _totals(self.last))
 
 
