@@ -410,6 +410,14 @@ def test_samples_of_an_iteration_never_started_are_not_the_next_segments(
     replay(tmp_path / "r" / "events.jsonl", tmp_path / "replayed")
     for name in ("metrics_raw.jsonl", "summary.json"):
         assert (tmp_path / "replayed" / name).read_bytes() == (tmp_path / "r" / name).read_bytes()
+    # the report says the number was started after all, by the next segment
+    from twinkle.report import format_report, load_report
+
+    text = format_report(load_report(tmp_path / "r"))
+    assert (
+        "1 iterations observed but never started (2; the last started: 3; 2 started in a "
+        "later segment, without the work observed for it before)"
+    ) in text
 
 
 def test_without_config_mfu_the_observer_needs_no_timeline_and_mfu_is_a_callers_kind(

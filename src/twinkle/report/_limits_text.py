@@ -101,6 +101,12 @@ def _never_started(never: Mapping[str, Any], report: Mapping[str, Any]) -> str:
         if started
         else "; none started: call run.bus.iteration_started(i) as each iteration begins"
     )
+    again = sorted(set(numbers) & set(started))
+    if again:  # (work a process made ahead, then ended: a resumed one started the number)
+        last += (
+            f"; {', '.join(map(str, again[:5]))} started in a later segment, without the "
+            "work observed for it before"
+        )
     return (
         f"  never started     {never['unstarted_iterations']} iterations observed but never "
         f"started ({which}{last}): {num(never['unstarted_span_seconds'])} s of spans"
