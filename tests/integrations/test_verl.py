@@ -18,7 +18,8 @@ import pytest
 
 from _recompute import check_run, span_list
 from twinkle.errors import ConfigError
-from twinkle.integrations.verl import PHASES, RESUME_ENV, RUN_ID_ENV, _resume, observer_config
+from twinkle.integrations._verl_resume import resume_choice
+from twinkle.integrations.verl import PHASES, RESUME_ENV, RUN_ID_ENV, observer_config
 from twinkle.run import replay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,6 +171,16 @@ def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None
     (failed,) = _spans(run_dir)[1]["update_actor"]
     assert failed["error"] is not None
     check_run(run_dir)
+    # Relaunched without a checkpoint (verl saves none here), the job trains from
+    # scratch: the run goes on, and says that its step 1 is done and counted again.
+    again = _job(tmp_path, "fails", steps=1)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (
+        "run 'fails' recorded 1 optimizer step(s), and this fit() starts at verl's global "
+        "step 0 (its checkpoint's, or 0 without one): the steps after it are done again"
+    ) in again.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"]["optimizer_updates"]["final"] == 2
 
 
 @needs_verl
@@ -234,7 +245,7 @@ def test_whether_a_finished_run_continues_follows_verl_unless_the_environment_sa
         monkeypatch.delenv(RESUME_ENV, raising=False)
     else:
         monkeypatch.setenv(RESUME_ENV, said)
-    assert _resume({"trainer": {"resume_mode": mode}}) is expected
+    assert resume_choice({"trainer": {"resume_mode": mode}}) is expected
 
 
 def test_a_resume_switch_it_cannot_read_is_refused_naming_it(
@@ -242,7 +253,7 @@ def test_a_resume_switch_it_cannot_read_is_refused_naming_it(
 ) -> None:
     monkeypatch.setenv(RESUME_ENV, "maybe")
     with pytest.raises(ConfigError, match=r"TWINKLE_RESUME='maybe': give 1 .* or 0"):
-        _resume({})
+        resume_choice({})
 
 
 def test_auto_continues_a_finished_run_only_when_verl_finds_a_checkpoint(
@@ -266,6 +277,6 @@ def test_auto_continues_a_finished_run_only_when_verl_finds_a_checkpoint(
     sys.modules[names[-1]].find_latest_ckpt_path = find_latest_ckpt_path  # type: ignore[attr-defined]
     monkeypatch.delenv(RESUME_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert _resume({"trainer": {"resume_mode": "auto", "default_local_dir": "ckpts"}}) is True
-    assert _resume({"trainer": {"resume_mode": "auto", "default_local_dir": "none"}}) is None
+    assert resume_choice({"trainer": {"resume_mode": "auto", "default_local_dir": "ckpts"}}) is True
+    assert resume_choice({"trainer": {"resume_mode": "auto", "default_local_dir": "none"}}) is None
     assert asked == [str(tmp_path / "ckpts"), str(tmp_path / "none")]

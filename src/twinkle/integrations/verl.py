@@ -22,7 +22,8 @@ run that did not finish resumes; one that finished ``ok`` is continued when verl
 ``fit()`` loads a checkpoint (``trainer.resume_mode`` ``auto`` finding one in
 ``trainer.default_local_dir``, or ``resume_path``: a job given more steps) and refused,
 naming the fix, when it trains from scratch; ``TWINKLE_RESUME`` (``1`` continue, ``0``
-never) decides instead.
+never) decides instead (:mod:`twinkle.integrations._verl_resume`, which also says when a
+job redoes steps the run counted).
 
 In every mode ``gen`` is the trainer waiting for its samples from the replay buffer:
 with the ``sync`` trainer, the whole generation of the step's batch; in the asynchronous
@@ -76,9 +77,16 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from twinkle.errors import ConfigError, FinishedRunError
 from twinkle.integrations._figures import logged_figures
 from twinkle.integrations._trl_ranks import whole_groups
+from twinkle.integrations._verl_resume import (
+    RESUME_ENV,
+    RUN_ID_ENV,
+    redone,
+    resume_choice,
+    setting,
+    started,
+)
 from twinkle.integrations._verl_timer import TIMERS
 from twinkle.run import RunSession, RunState
 
@@ -98,11 +106,6 @@ log = logging.getLogger("twinkle.integrations.verl")
 BACKEND = "twinkle"
 #: The environment's choice of where the run is written (default ``runs``).
 OUT_DIR_ENV = "TWINKLE_OUT_DIR"
-#: The environment's choice of the run's name (default a fresh one).
-RUN_ID_ENV = "TWINKLE_RUN_ID"
-#: The environment's choice of continuing a named run that finished (``1``) or never
-#: continuing one (``0``); unset: as verl's ``trainer.resume_mode`` says.
-RESUME_ENV = "TWINKLE_RESUME"
 
 #: verl's timers by phase (docs: the module's).
 PHASES: dict[str, list[str]] = {
@@ -218,65 +221,15 @@ def _trainer_on_stack() -> Any:
     return None
 
 
-def _resume(config: Mapping[str, Any]) -> bool | None:
-    """Whether a named run that finished ``ok`` is continued: ``TWINKLE_RESUME``'s say,
-    else continued when verl's ``fit()`` loads a checkpoint (:func:`_verl_resumes`), the
-    session's default when it trains from scratch (a run that finished is refused)."""
-    said = os.environ.get(RESUME_ENV, "").strip().lower()
-    if said:
-        if said not in _SAYS:
-            raise ConfigError(
-                f"{RESUME_ENV}={os.environ[RESUME_ENV]!r}: give 1 (continue a named run that "
-                "finished) or 0 (never continue one), or leave it unset (as verl's "
-                "trainer.resume_mode says)"
-            )
-        return _SAYS[said]
-    return True if _verl_resumes(config) else None
-
-
-def _verl_resumes(config: Mapping[str, Any]) -> bool:
-    """Whether verl's ``fit()`` will load a checkpoint, by its ``_load_checkpoint``'s
-    rule: ``trainer.resume_mode`` ``resume_path``, or ``auto`` with a latest checkpoint
-    in ``trainer.default_local_dir`` (relative to the working directory; verl's
-    ``find_latest_ckpt_path``). With ``auto`` and none, verl trains from scratch."""
-    mode = _get(config, "trainer", "resume_mode")
-    if mode == "resume_path":
-        return True
-    folder = _get(config, "trainer", "default_local_dir")
-    if mode != "auto" or not isinstance(folder, str):
-        return False
-    try:
-        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-    except ImportError:  # (not in a verl process: nothing it would load)
-        return False
-    return find_latest_ckpt_path(os.path.abspath(folder)) is not None
-
-
-_SAYS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-
-
-def _started(session: RunSession) -> RunSession:
-    """``session`` started; a run that finished ``ok``, refused, says the fix in verl's
-    terms."""
-    try:
-        return session.start()
-    except FinishedRunError as exc:
-        raise exc.with_fix(
-            f"verl trains from scratch (no checkpoint to resume from): give another "
-            f"{RUN_ID_ENV} for a new run, or set {RESUME_ENV}=1 in the trainer's environment "
-            "to continue it all the same"
-        ) from None
-
-
 class VerlRun:
     """One ``fit()`` observed: verl's ``Tracking`` backend ``twinkle``."""
 
     def __init__(self, project: str, experiment: str, config: Any, trainer: Any) -> None:
         config = config if isinstance(config, Mapping) else {}
         self.trainer = trainer
-        self.per_group = int(_get(config, "actor_rollout_ref", "rollout", "n") or 0)
+        self.per_group = int(setting(config, "actor_rollout_ref", "rollout", "n") or 0)
         steps = _steps(getattr(trainer, "total_training_steps", None), config)
-        mode = getattr(trainer, "trainer_mode", None) or _get(
+        mode = getattr(trainer, "trainer_mode", None) or setting(
             config, "trainer", "v1", "trainer_mode"
         )
         devices = _devices(trainer, config)
@@ -292,14 +245,16 @@ class VerlRun:
             "trainer": None if trainer is None else type(trainer).__name__,
             "mode": str(mode or "sync"),
         }
-        self.session = _started(
+        self.session = started(
             RunSession(
                 out_dir=os.environ.get(OUT_DIR_ENV, "runs"),
                 run_id=os.environ.get(RUN_ID_ENV) or None,
                 config=run_config,
-                resume=_resume(config),
+                resume=resume_choice(config),
             )
         )
+        # (verl's v1 fit() loaded its checkpoint before it made its loggers)
+        redone(self.session, getattr(trainer, "global_steps", None))
         resumed = self.session.resumed
         self.next_iteration = 0 if resumed is None else resumed.next_iteration
         self.steps = 0 if resumed is None else resumed.optimizer_steps
@@ -427,21 +382,13 @@ class VerlRun:
         self.session.finish(status="error", error=error)
 
 
-def _get(config: Mapping[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(config, Mapping):
-            return None
-        config = config.get(key)  # type: ignore[assignment]
-    return config
-
-
 def _devices(trainer: Any, config: Mapping[str, Any]) -> float:
     """verl's own throughput denominator: the trainer's, else the configuration's GPUs."""
     counted = _gpus(getattr(trainer, "_get_n_gpus_for_throughput", None))
     if counted is not None:
         return counted
-    per_node = _get(config, "trainer", "n_gpus_per_node") or 1
-    nodes = _get(config, "trainer", "nnodes") or 1
+    per_node = setting(config, "trainer", "n_gpus_per_node") or 1
+    nodes = setting(config, "trainer", "nnodes") or 1
     return int(per_node) * int(nodes)
 
 
@@ -464,7 +411,7 @@ def _gpus(count: Any) -> int | None:
 def _steps(counted: Any, config: Mapping[str, Any]) -> int | None:
     """The planned steps: the trainer's (it works them out from the data when the
     configuration leaves ``trainer.total_training_steps`` null), else the configuration's."""
-    for steps in (counted, _get(config, "trainer", "total_training_steps")):
+    for steps in (counted, setting(config, "trainer", "total_training_steps")):
         if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
             return steps
     return None
