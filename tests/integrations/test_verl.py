@@ -12,6 +12,7 @@ import os
 import subprocess
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -280,3 +281,29 @@ def test_auto_continues_a_finished_run_only_when_verl_finds_a_checkpoint(
     assert resume_choice({"trainer": {"resume_mode": "auto", "default_local_dir": "ckpts"}}) is True
     assert resume_choice({"trainer": {"resume_mode": "auto", "default_local_dir": "none"}}) is None
     assert asked == [str(tmp_path / "ckpts"), str(tmp_path / "none")]
+
+
+def test_padding_samples_are_left_out_counted_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl pads a batch of 3 samples to 4 with a no-op sample of 128 tokens: the run's
+    tokens are the 3 real ones' (8 + 6 + 7 = 21), the 'verl' scalars hold the padding
+    (1 sample, 128 tokens), and the log says why verl's token count is 149."""
+    from twinkle.integrations import verl
+
+    # (verl's timers are not patched here: .venv has no verl; the run's own calls are)
+    monkeypatch.setattr(verl, "TIMERS", SimpleNamespace(acquire=id, release=id))
+    monkeypatch.setenv("TWINKLE_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv(RUN_ID_ENV, "pad")
+    run = verl.VerlRun("p", "e", {"actor_rollout_ref": {"rollout": {"n": 3}}}, None)
+    tags = [{"prompt_len": 3, "response_len": r} for r in (5, 3, 4)]
+    tags.append({"prompt_len": 128, "response_len": 0, "is_padding": True})
+    with run.timed("step"):
+        run._samples(tags)
+    run.log({"perf/total_num_tokens": 149}, step=1)
+    run.finish(0)
+    summary = json.loads((tmp_path / "pad" / "summary.json").read_text())
+    assert summary["counts"]["tokens_rollout"]["accumulated"] == 21
+    (scalars,) = [e["values"] for e in _events(tmp_path / "pad", "scalars") if e["name"] == "verl"]
+    assert (scalars["padding_samples"], scalars["padding_tokens"]) == (1, 128)
+    assert "verl padded step 0's batch with 1 no-op sample(s) of 128 tokens" in caplog.text

@@ -263,7 +263,8 @@ class VerlRun:
         self.samples = 0  # the iteration's train samples
         self.failure: BaseException | None = None  # an exception that left a timer
         self.left_out: set[str] = set()
-        self.warned_tags = False
+        self.warned_tags = self.warned_padding = False
+        self.padding: tuple[int, int] | None = None  # the step's padding: samples, tokens
         self._restore: dict[str, Any] = {}
         if trainer is not None:
             original = trainer._compute_metrics
@@ -282,7 +283,7 @@ class VerlRun:
             return
         if name == "step":
             self.iteration, self.next_iteration = self.next_iteration, self.next_iteration + 1
-            self.samples = 0
+            self.samples, self.padding = 0, None
             self.session.bus.iteration_started(self.iteration)
         attrs: dict[str, Any] = {} if self.iteration is None else {"iteration": self.iteration}
         with self.session.recorder.span(name, **attrs):
@@ -308,6 +309,11 @@ class VerlRun:
             real = [t for t in tags if not t.get("is_padding", False)]
             prompts = [int(t["prompt_len"]) for t in real]
             lengths = [p + int(t["response_len"]) for p, t in zip(prompts, real, strict=True)]
+            pads = [
+                int(t["prompt_len"]) + int(t["response_len"])
+                for t in tags
+                if t.get("is_padding", False)
+            ]
         except (TypeError, KeyError, ValueError, AttributeError):
             if not self.warned_tags:
                 self.warned_tags = True
@@ -321,6 +327,7 @@ class VerlRun:
                 )
             return
         assert self.iteration is not None
+        self._padded(len(pads), sum(pads))
         bus = self.session.bus
         groups = whole_groups(len(lengths), self.per_group)
         bus.samples(
@@ -334,6 +341,23 @@ class VerlRun:
             iteration=self.iteration, phase="train", lengths=lengths, prompt_lengths=prompts
         )
         self.samples += len(lengths)
+
+    def _padded(self, samples: int, tokens: int) -> None:
+        """The step's padding, kept for its scalars; said once, when verl first pads."""
+        self.padding = (samples, tokens)
+        if samples and not self.warned_padding:
+            self.warned_padding = True
+            log.warning(
+                "run %r: verl padded step %d's batch with %d no-op sample(s) of %d tokens "
+                "(to divide it among its workers): verl's perf/total_num_tokens and "
+                "perf/throughput count them, twinkle's tokens leave them out (they train "
+                "nothing), so summary.json compare.throughput differs by their share; each "
+                "'verl' scalar record holds the step's padding_samples and padding_tokens",
+                self.session.run_id,
+                self.iteration,
+                samples,
+                tokens,
+            )
 
     # -- verl's Tracking backend ----------------------------------------------------------
 
@@ -349,6 +373,9 @@ class VerlRun:
         )
         if values:
             values.setdefault("global_step", int(step))
+            if self.padding is not None:
+                values.setdefault("padding_samples", self.padding[0])
+                values.setdefault("padding_tokens", self.padding[1])
             self.session.bus.scalars(iteration=iteration, name="verl", values=values)
         if self.stepped != iteration:
             self.stepped = iteration
