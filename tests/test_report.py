@@ -574,3 +574,19 @@ def test_a_run_that_ended_in_error_shows_its_error_under_its_line(
     assert lines[1] == f"error               {SIGTERM_ERROR}"
     ok = load_report(runs[0])  # (a run that ended well: no such line)
     assert ok["error"] is None and "\nerror " not in format_report(ok)
+
+
+def test_a_ray_workers_error_is_one_line_without_its_colours_ending_in_its_cause() -> None:
+    from twinkle.report._format import error_line
+
+    ray = (
+        "RayTaskError(OutOfMemoryError): \x1b[36mray::_boom()\x1b[39m (pid=42, ip=1.2.3.4)\n"
+        '  File "/w/job.py", line 349, in _boom\n    raise torch.OutOfMemoryError(...)\n\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    assert error_line(ray) == (
+        "RayTaskError(OutOfMemoryError): ray::_boom() (pid=42, ip=1.2.3.4) ... "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+        "(its 4 lines: summary.json error)"
+    )
+    assert error_line(SIGTERM_ERROR) == SIGTERM_ERROR  # (one line: as it is)

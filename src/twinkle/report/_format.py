@@ -8,12 +8,25 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NAMED_WORKERS", "highest_peaks", "num", "plotly_text"]
+__all__ = ["NAMED_WORKERS", "error_line", "highest_peaks", "num", "plotly_text"]
 
 #: the workers a line of the text report names at most (the JSON report has every one)
 NAMED_WORKERS = 8
 #: quotes as the numeric references plotly.js decodes (it knows no ``&quot;``)
 _QUOTES = str.maketrans({'"': "&#34;", "'": "&#39;"})
+
+
+def error_line(error: str) -> str:
+    """The error a run ended in, on one line: its terminal colours dropped (Ray's
+    worker errors carry them; rich reads them) and, of an error of several lines (a
+    worker's traceback), the first and the last, where the cause is; the whole is in
+    ``summary.json``."""
+    from rich.text import Text
+
+    lines = [line.strip() for line in Text.from_ansi(error).plain.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return lines[0] if lines else error
+    return f"{lines[0]} ... {lines[-1]} (its {len(lines)} lines: summary.json error)"
 
 
 def num(value: Any, digits: int = 3) -> str:

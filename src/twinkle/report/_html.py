@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidArgumentError
-from twinkle.report._format import highest_peaks, num, plotly_text
+from twinkle.report._format import error_line, highest_peaks, num, plotly_text
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._plots import time_parts
 from twinkle.report._text import iteration_cells, live_lines
@@ -114,7 +114,7 @@ def _run_section(tag: str, report: Mapping[str, Any]) -> str:
         )
     live = "".join(f"<p>{_e(line)}</p>" for line in live_lines(report))
     if report.get("error"):  # (a run that ended in error: why)
-        live = f"<p>error <b data-key='error'>{_e(str(report['error']))}</b></p>" + live
+        live = f"<p>error <b data-key='error'>{_e(error_line(str(report['error'])))}</b></p>" + live
     return (
         f"<section><h2>{_e(_tagged(tag, 'run ' + report['run_id']))}</h2>"
         f"<p>status <b data-key='status'>{_e(report['status'])}</b> · "

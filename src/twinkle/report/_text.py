@@ -11,7 +11,7 @@ from typing import Any
 from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
-from twinkle.report._format import NAMED_WORKERS, highest_peaks, num
+from twinkle.report._format import NAMED_WORKERS, error_line, highest_peaks, num
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
 from twinkle.report._no_phase_text import no_phase_lines
@@ -364,7 +364,7 @@ def head_lines(report: Mapping[str, Any]) -> list[str]:
     ``error``, a run that ended in error); and what a run not finished says of it."""
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
     if report.get("error"):
-        lines.append(f"{'error':<20}{report['error']}")
+        lines.append(f"{'error':<20}{error_line(report['error'])}")
     return [*lines, *live_lines(report)]
 
 
