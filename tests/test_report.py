@@ -590,3 +590,15 @@ def test_a_ray_workers_error_is_one_line_without_its_colours_ending_in_its_cause
         "(its 4 lines: summary.json error)"
     )
     assert error_line(SIGTERM_ERROR) == SIGTERM_ERROR  # (one line: as it is)
+
+
+def test_a_partial_iteration_whose_samples_never_came_has_no_tokens_not_0(
+    tmp_path: Path,
+) -> None:
+    """The run that ended in error published no samples: iterations 0 and 1 finished
+    with 0 tokens; iteration 2 was cut short, so its tokens are not known (its record
+    says 0: the report says -)."""
+    text = format_report(load_report(ended_in_error(tmp_path)))
+    rows = {c[0]: c for c in map(str.split, text.splitlines()) if c[:1] in (["1"], ["2"])}
+    assert rows["1"][1:4] == ["-", "0", "0.000"]  # (no flag; limit, tokens, tok/s/dev)
+    assert rows["2"][1:6] == ["partial", "-", "-", "-", "-"]

@@ -291,11 +291,12 @@ def _rows(
         row = by_it.setdefault(r["iteration"], {"iteration": r["iteration"]})
         values = r["values"]
         if r["kind"] == "iteration":
-            row["tokens"] = values.get("tokens")
+            row["tokens"], row["samples"] = values.get("tokens"), values.get("samples")
             row["tokens_per_s_per_device"] = values.get("tokens_per_s_per_device")
         elif r["kind"] in throughput:
             per_phase = row.setdefault("phase_tokens_per_s_per_device", {})
             per_phase[r["kind"]] = values.get("tokens_per_s_per_device")
+            row.setdefault("phase_samples", {})[r["kind"]] = values.get("samples")
         elif r["kind"] == mfu_kind:
             row["phase_mfu"] = _utilisation(values)
         elif r["kind"] == "timing":

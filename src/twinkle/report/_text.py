@@ -54,7 +54,7 @@ LEGEND = (
     (
         "flag",
         "warm-up (a segment's first), drain (its last), partial (cut short): left out of "
-        "the steady state",
+        "the steady state; a partial one whose samples never came has - tokens",
     ),
     ("tok/s/dev", "the iteration's tokens over its window's logical seconds (window view)"),
     ("<phase> tok/s/dev", "the phase's tokens over the time its work took (attributed view)"),
@@ -144,8 +144,12 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
         flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
         row = [str(r["iteration"]), *([str(r.get("segment", "-"))] if segmented else [])]
         limit = VERDICT_NAMES.get(r.get("window_verdict") or "", "-")
-        row += [flags, limit, num(r.get("tokens")), num(r.get("tokens_per_s_per_device"))]
-        row += [num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
+        tokens = [r.get("tokens"), r.get("tokens_per_s_per_device")]
+        tokens += [r.get("phase_tokens_per_s_per_device", {}).get(p) for p in rated]
+        samples = [r.get("samples")] * 2 + [r.get("phase_samples", {}).get(p) for p in rated]
+        if "partial" in r.get("window_flags", []):  # (cut short before its samples came)
+            tokens = [None if not n else t for t, n in zip(tokens, samples, strict=True)]
+        row += [flags, limit, *map(num, tokens)]
         row += [num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
         row += [num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
         row += [num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]
