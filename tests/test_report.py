@@ -602,3 +602,5 @@ def test_a_partial_iteration_whose_samples_never_came_has_no_tokens_not_0(
     rows = {c[0]: c for c in map(str.split, text.splitlines()) if c[:1] in (["1"], ["2"])}
     assert rows["1"][1:4] == ["-", "0", "0.000"]  # (no flag; limit, tokens, tok/s/dev)
     assert rows["2"][1:6] == ["partial", "-", "-", "-", "-"]
+    # no span of either phase ran: said, not a 0 that reads as free
+    assert "phase seconds       rollout none ran, train none ran (each phase's" in text

@@ -312,7 +312,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     lines += _time_lines(seconds)
     lines.append(
         "phase seconds       "
-        + ", ".join(f"{p} {num(v)}" for p, v in seconds["phases"].items())
+        + ", ".join(f"{p} {num(v) if v else 'none ran'}" for p, v in seconds["phases"].items())
         + (
             " (each phase's union over the run)"
             if seconds["phases"]
