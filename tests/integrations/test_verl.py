@@ -21,6 +21,7 @@ from _recompute import check_run, span_list
 from twinkle.errors import ConfigError
 from twinkle.integrations._verl_resume import resume_choice
 from twinkle.integrations.verl import PHASES, RESUME_ENV, RUN_ID_ENV, observer_config
+from twinkle.report import format_report, load_report
 from twinkle.run import replay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +134,10 @@ def test_tokens_and_throughput_are_verls(fitted: tuple[Path, dict[str, Any]]) ->
         seconds = compare["seconds"][name]
         assert seconds["key"] == f"timing_s/{name}" and seconds["iterations"] == 3
         assert 0 <= seconds["max_difference_seconds"] <= 1e-3
+    # and the report says them under its throughput
+    text = format_report(load_report(run_dir))
+    assert "verl's own          perf/throughput " in text and "(mean of 3 steps)" in text
+    assert "  timers            " in text and "never logged: " in text
 
 
 @needs_verl

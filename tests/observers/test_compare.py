@@ -74,6 +74,23 @@ def test_each_figure_is_set_beside_twinkles(tmp_path: Path) -> None:
     assert tp["max_relative_difference"] == pytest.approx(0.25)  # |30/40 - 1| and |24/20 - 1|
 
 
+def test_the_report_sets_them_beside_the_window_figure(tmp_path: Path) -> None:
+    """The figures above in words; a timer the framework never logged is named."""
+    from twinkle.report import format_report, load_report
+
+    compare = {**COMPARE, "seconds": {**COMPARE["seconds"], "reward": "timing_s/reward"}}
+    text = format_report(load_report(_run(tmp_path, compare)))
+    assert (
+        "fw's own            perf/throughput 30.000 (mean of 2 steps) against 27.000 "
+        "recomputed from the log, largest difference 25.0% (its definition: a step's tokens "
+        "over its step span; the window figure above also counts the time between steps)"
+    ) in text
+    assert (
+        "  timers            2 of fw's timers against their spans over their steps: largest "
+        "difference 0.0100 s (gen); never logged: reward\n"
+    ) in text
+
+
 def test_the_comparison_replays_byte_identical(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, COMPARE)
     replay(run_dir, tmp_path / "again")

@@ -99,6 +99,8 @@ class Summary(msgspec.Struct, frozen=True):
     spans: dict[str, Any] = {}
     #: what was observed for each iteration that never started, by its number
     unstarted_iterations: dict[str, Any] = {}
+    #: a framework's own figures beside twinkle's (``config.compare``; None: none)
+    compare: dict[str, Any] | None = None
 
 
 def read_summary(run: Path) -> Summary:

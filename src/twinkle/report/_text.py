@@ -12,6 +12,7 @@ from twinkle.checks import printable
 from twinkle.metric import convert_bytes
 from twinkle.report._compare import compare, streaming_effect
 from twinkle.report._format import NAMED_WORKERS, error_line, highest_peaks, num
+from twinkle.report._framework_text import framework_lines
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
 from twinkle.report._no_phase_text import no_phase_lines
@@ -307,7 +308,8 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     if _segmented(report):
         lines += ["", segments_line(report["segments"])]
     seconds = report["seconds"]
-    lines += ["", *throughput_lines(report), *_device_lines(report.get("placement") or {})]
+    lines += ["", *throughput_lines(report), *framework_lines(report.get("framework"))]
+    lines += _device_lines(report.get("placement") or {})
     lines += mfu_lines(report)
     lines += _time_lines(seconds)
     lines.append(
