@@ -78,7 +78,8 @@ def test_the_report_sets_them_beside_the_window_figure(tmp_path: Path) -> None:
     """The figures above in words; a timer the framework never logged is named."""
     from twinkle.report import format_report, load_report
 
-    compare = {**COMPARE, "seconds": {**COMPARE["seconds"], "reward": "timing_s/reward"}}
+    seconds = {"step": "timing_s/step", "gen": "timing_s/gen", "reward": "timing_s/reward"}
+    compare = {**COMPARE, "seconds": seconds}
     text = format_report(load_report(_run(tmp_path, compare)))
     assert (
         "fw's own            perf/throughput 30.000 (mean of 2 steps) against 27.000 "
