@@ -35,6 +35,7 @@ from _recompute import check_replay, check_run, placed_spans, read_events, windo
 from twinkle.errors import ConfigError, InvalidArgumentError
 from twinkle.observers import ObserverConfig
 from twinkle.perf import ManualClock, WorkerRecorder, WorkerReport
+from twinkle.report import format_report, load_report
 from twinkle.run import RunSession
 
 W = 1_700_000_000_000_000_000  # the true wall clock at the start, unix ns
@@ -193,6 +194,10 @@ def test_the_hand_worked_example_of_a_worker_3s_ahead(
     assert "ahead of the run's by at least that much" in warning.getMessage()
     check_run(run_dir)
     check_replay(run_dir, tmp_path / "again")
+    assert (
+        "clock skew          engine0 (node1) 2.999 s ahead, 1 spans of 1 reports: placed "
+        "where their reports arrived, not where the worker's clock put them"
+    ) in format_report(load_report(run_dir))
 
 
 # -- ahead, a day either way, behind: the figures of a run without skew ----------------

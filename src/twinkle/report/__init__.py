@@ -137,7 +137,7 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     report = _figures(run, summary, records, first_event, reward)
     report["missing_sample_tags"] = dict(summary.missing_sample_tags)
     report["no_phase"] = summary.spans.get("no_phase")  # (None: an older summary)
-    report["framework"] = summary.compare
+    report["framework"], report["clock_skew"] = summary.compare, summary.clock_skew
     report["unstarted_iterations"] = sorted(int(k) for k in summary.unstarted_iterations)
     report["live"] = live
     if live is not None and live["state"] != "finished":

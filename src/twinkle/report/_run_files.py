@@ -101,6 +101,8 @@ class Summary(msgspec.Struct, frozen=True):
     unstarted_iterations: dict[str, Any] = {}
     #: a framework's own figures beside twinkle's (``config.compare``; None: none)
     compare: dict[str, Any] | None = None
+    #: worker clocks found skewed ({}: a summary from before the figure)
+    clock_skew: dict[str, Any] = {}
 
 
 def read_summary(run: Path) -> Summary:

@@ -17,6 +17,7 @@ from twinkle.report._limits_text import limits_lines
 from twinkle.report._mfu_text import mfu_lines, mfu_phases, mfu_share
 from twinkle.report._no_phase_text import no_phase_lines
 from twinkle.report._segments_text import segments_line
+from twinkle.report._skew_text import clock_skew_lines
 
 __all__ = [
     "FLAG_NAMES",
@@ -310,6 +311,7 @@ def format_report(report: Mapping[str, Any], *, legend: bool = True) -> str:
     seconds = report["seconds"]
     lines += ["", *throughput_lines(report), *framework_lines(report.get("framework"))]
     lines += _device_lines(report.get("placement") or {})
+    lines += clock_skew_lines(report.get("clock_skew"))
     lines += mfu_lines(report)
     lines += _time_lines(seconds)
     lines.append(
