@@ -182,8 +182,8 @@ def test_a_failed_step_finishes_the_run_with_its_records(tmp_path: Path) -> None
     again = _job(tmp_path, "fails", steps=1)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert (
-        "run 'fails' recorded 1 optimizer step(s), and this fit() starts at verl's global "
-        "step 0 (its checkpoint's, or 0 without one): the steps after it are done again"
+        "run 'fails' logged verl's global step 1, and this fit() starts at global step 0 "
+        "(its checkpoint's, or 0 without one): the steps after it, to 1, are done again"
     ) in again.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["counts"]["optimizer_updates"]["final"] == 2
@@ -312,3 +312,32 @@ def test_padding_samples_are_left_out_counted_and_said(
     (scalars,) = [e["values"] for e in _events(tmp_path / "pad", "scalars") if e["name"] == "verl"]
     assert (scalars["padding_samples"], scalars["padding_tokens"]) == (1, 128)
     assert "verl padded step 0's batch with 1 no-op sample(s) of 128 tokens" in caplog.text
+
+
+def test_only_a_fit_behind_the_last_logged_step_is_said_to_redo_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three jobs on one run: steps 1-3, then from checkpoint 2 (step 3 redone: said),
+    steps 3-5, then from checkpoint 5 (nothing redone: not said, though the run has
+    counted 6 steps to verl's 5)."""
+    from twinkle.integrations import verl
+
+    monkeypatch.setattr(verl, "TIMERS", SimpleNamespace(acquire=id, release=id))
+    monkeypatch.setenv("TWINKLE_OUT_DIR", str(tmp_path))
+    monkeypatch.setenv(RUN_ID_ENV, "r")
+    said = []
+    for start, stop in ((0, 3), (2, 5), (5, 6)):
+        caplog.clear()
+        trainer = SimpleNamespace(global_steps=start, _compute_metrics=lambda *a, **k: None)
+        run = verl.VerlRun("p", "e", {}, trainer)
+        for step in range(start + 1, stop + 1):
+            with run.timed("step"):
+                pass
+            run.log({"actor/loss": 0.5}, step=step)
+        run.finish(1 if stop < 6 else 0)
+        said.append([r.getMessage() for r in caplog.records if "done again" in r.getMessage()])
+    assert said[0] == [] and said[2] == []
+    (redo,) = said[1]
+    assert "logged verl's global step 3, and this fit() starts at global step 2" in redo
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["counts"]["optimizer_updates"]["final"] == 3 + 3 + 1

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.checks import key_problem, plain_number
+from twinkle.plugins import ObserverManager
 
-__all__ = ["logged_figures"]
+__all__ = ["last_logged", "logged_figures"]
 
 log = logging.getLogger("twinkle.integrations")
 
@@ -41,3 +42,15 @@ def logged_figures(
                 key_problem(key),
             )
     return values
+
+
+def last_logged(pm: Any, name: str, key: str) -> int | None:
+    """The last whole number the run holds for ``key`` of the scalars named ``name``
+    (a framework's ``global_step``, say), as twinkle's own scalars observer keeps it:
+    the log's events fed again on a resume. None when none was logged, or without
+    that observer (blocked)."""
+    if not isinstance(pm, ObserverManager) or not pm.is_builtin("scalars"):
+        return None
+    last = getattr(pm.get_plugin("scalars"), "last", {}).get(name, {}).get(key)
+    value = None if last is None else last[1]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.errors import ConfigError, FinishedRunError
+from twinkle.integrations._figures import last_logged
 from twinkle.run import RunSession
 
 __all__ = ["RESUME_ENV", "RUN_ID_ENV", "redone", "resume_choice", "setting", "started"]
@@ -77,24 +78,27 @@ def started(session: RunSession) -> RunSession:
 
 
 def redone(session: RunSession, start_step: Any) -> None:
-    """Say so when this ``fit()`` starts behind the run's last optimizer step: verl
+    """Say so when this ``fit()`` starts behind the last step the run logged: verl
     loaded an older checkpoint than the run reached (a crash between saves), or none
     (a job relaunched from scratch on a run that did not finish). The steps after its
-    start are done again, and the run counts every update it sees."""
-    resumed = session.resumed
-    if resumed is None or not isinstance(start_step, int):
+    start are done again, and the run counts every update it sees. (Compared with
+    verl's own ``global_step``, which its scalars hold every step: after steps were
+    redone once, the run's count of them stays ahead of verl's.)"""
+    if session.resumed is None or not isinstance(start_step, int):
         return
-    if resumed.optimizer_steps > start_step:
+    last = last_logged(session.pm, "verl", "global_step")
+    if last is not None and last > start_step:
         log.warning(
-            "twinkle: run %r recorded %d optimizer step(s), and this fit() starts at verl's "
-            "global step %d (its checkpoint's, or 0 without one): the steps after it are "
+            "twinkle: run %r logged verl's global step %d, and this fit() starts at global "
+            "step %d (its checkpoint's, or 0 without one): the steps after it, to %d, are "
             "done again, and the run counts every step it sees (each 'verl' scalar record "
             "holds verl's global_step). Resuming from the newest checkpoint "
             "(trainer.save_freq) redoes the least; a training from scratch is a new run: "
             "give it another %s",
             session.run_id,
-            resumed.optimizer_steps,
+            last,
             start_step,
+            last,
             RUN_ID_ENV,
         )
 
