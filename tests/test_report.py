@@ -590,6 +590,11 @@ def test_a_ray_workers_error_is_one_line_without_its_colours_ending_in_its_cause
         "(its 4 lines: summary.json error)"
     )
     assert error_line(SIGTERM_ERROR) == SIGTERM_ERROR  # (one line: as it is)
+    # carriage returns end lines (a captured Windows or progress-bar output), not erase them
+    assert error_line("RuntimeError: failed\r\n  File x\r\nValueError: y\r\n") == (
+        "RuntimeError: failed ... ValueError: y (its 3 lines: summary.json error)"
+    )
+    assert error_line("\r\n") == ""
 
 
 def test_a_partial_iteration_whose_samples_never_came_has_no_tokens_not_0(
@@ -598,7 +603,11 @@ def test_a_partial_iteration_whose_samples_never_came_has_no_tokens_not_0(
     """The run that ended in error published no samples: iterations 0 and 1 finished
     with 0 tokens; iteration 2 was cut short, so its tokens are not known (its record
     says 0: the report says -)."""
-    text = format_report(load_report(ended_in_error(tmp_path)))
+    report = load_report(ended_in_error(tmp_path))
+    cut = report["iterations"][2]  # (--json and the plots: null, a gap, not a dip to 0)
+    assert cut["tokens"] is None and cut["tokens_per_s_per_device"] is None
+    assert report["iterations"][1]["tokens"] == 0
+    text = format_report(report)
     rows = {c[0]: c for c in map(str.split, text.splitlines()) if c[:1] in (["1"], ["2"])}
     assert rows["1"][1:4] == ["-", "0", "0.000"]  # (no flag; limit, tokens, tok/s/dev)
     assert rows["2"][1:6] == ["partial", "-", "-", "-", "-"]

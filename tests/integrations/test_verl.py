@@ -311,7 +311,7 @@ def test_padding_samples_are_left_out_counted_and_said(
     assert summary["counts"]["tokens_rollout"]["accumulated"] == 21
     (scalars,) = [e["values"] for e in _events(tmp_path / "pad", "scalars") if e["name"] == "verl"]
     assert (scalars["padding_samples"], scalars["padding_tokens"]) == (1, 128)
-    assert "verl padded step 0's batch with 1 no-op sample(s) of 128 tokens" in caplog.text
+    assert "verl padded iteration 0's batch with 1 no-op sample(s) of 128 tokens" in caplog.text
 
 
 def test_only_a_fit_behind_the_last_logged_step_is_said_to_redo_steps(

@@ -23,7 +23,7 @@ import pytest
 
 from _recompute import check_replay
 from observers.test_scripted_run import manual_session
-from twinkle.observers._driver_health import DRIVER_KEYS
+from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
 
@@ -173,6 +173,14 @@ def test_a_resumed_runs_totals_add_each_segments(tmp_path: Path) -> None:
     }
     assert (limits["never_trained"]["dropped"], limits["never_trained"]["left_in_buffer"]) == (1, 2)
     check_replay(tmp_path / "d", tmp_path / "again")  # (as from the whole log)
+
+
+def test_the_totals_handed_out_are_a_copy() -> None:
+    ledger = DriverLedger()
+    ledger.snapshot(_state(SNAPSHOTS[1]), None)
+    ledger.resumed()  # (the new segment takes no snapshot: the earlier totals alone)
+    ledger.summary()["engines_blocked_seconds"]["e0"] = 99.0
+    assert ledger.summary()["engines_blocked_seconds"] == {"e0": 0.01, "e1": 0.0}
 
 
 def test_the_driver_table_of_the_docs_names_every_key() -> None:

@@ -348,7 +348,7 @@ class VerlRun:
         if samples and not self.warned_padding:
             self.warned_padding = True
             log.warning(
-                "run %r: verl padded step %d's batch with %d no-op sample(s) of %d tokens "
+                "run %r: verl padded iteration %d's batch with %d no-op sample(s) of %d tokens "
                 "(to divide it among its workers): verl's perf/total_num_tokens and "
                 "perf/throughput count them, twinkle's tokens leave them out (they train "
                 "nothing), so summary.json compare.throughput differs by their share; each "

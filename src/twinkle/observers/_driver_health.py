@@ -117,8 +117,8 @@ class DriverLedger:
         added over the segments: the trainer's wait, each engine's time blocked on a
         full buffer, the items produced, consumed, dropped as stale and left in the
         buffer at the segment's end (a process's buffer is gone with it)."""
-        if self.last is None:
-            return dict(self.earlier)
+        if self.last is None:  # (a copy: the summary is handed out)
+            return _added({}, self.earlier) if self.earlier else {}
         return _added(self.earlier, _totals(self.last))
 
 
@@ -138,14 +138,12 @@ def _totals(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def _added(earlier: Mapping[str, Any], totals: dict[str, Any]) -> dict[str, Any]:
     """``totals`` with the earlier segments' added (an engine's seconds by its name)."""
-    if not earlier:
-        return totals
     added = dict(totals)
-    blocked = added["engines_blocked_seconds"] = dict(earlier["engines_blocked_seconds"])
+    blocked = added["engines_blocked_seconds"] = dict(earlier.get("engines_blocked_seconds", {}))
     for name, seconds in totals["engines_blocked_seconds"].items():
         blocked[name] = blocked.get(name, 0.0) + seconds
     for key in ("trainer_wait_seconds", *_COUNTS, "left_in_buffer"):
-        added[key] = earlier[key] + totals[key]
+        added[key] = earlier.get(key, 0) + totals[key]
     return added
 
 

@@ -94,6 +94,7 @@ class CompareObserver(BuiltinObserver):
         n = len(pairs)
         return {
             "key": tp.key,
+            "span": tp.span,
             "iterations": n,
             "twinkle_mean": sum(o for o, _ in pairs) / n if n else None,
             "theirs_mean": sum(t for _, t in pairs) / n if n else None,

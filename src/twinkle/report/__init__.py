@@ -304,7 +304,22 @@ def _rows(
             row.update(_timing_row(r, phases, pair))
         elif reward_at is not None and (r["kind"], reward_at[1]) == reward_at:
             row["reward"] = values.get(reward_at[1])
-    return [by_it[i] for i in sorted(by_it)]
+    return [_not_counted_when_cut(by_it[i]) for i in sorted(by_it)]
+
+
+def _not_counted_when_cut(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``partial`` iteration (cut short) whose record counts no samples: its tokens
+    and throughputs not known (None), not the record's 0: its samples were never
+    published (verl and ms-swift publish a step's after it)."""
+    if "partial" not in row.get("window_flags", []):
+        return row
+    if not row.get("samples"):
+        row["tokens"] = row["tokens_per_s_per_device"] = None
+    phased, samples = row.get("phase_tokens_per_s_per_device", {}), row.get("phase_samples", {})
+    for phase in phased:
+        if not samples.get(phase):
+            phased[phase] = None
+    return row
 
 
 def _timing_row(record: dict[str, Any], phases: list[str], pair: tuple[Any, Any]) -> dict[str, Any]:

@@ -23,9 +23,11 @@ def error_line(error: str) -> str:
     ``summary.json``."""
     from rich.text import Text
 
-    lines = [line.strip() for line in Text.from_ansi(error).plain.splitlines() if line.strip()]
+    # (rich reads a carriage return as going back over the line: each one a line's end)
+    plain = Text.from_ansi(error.replace("\r\n", "\n").replace("\r", "\n")).plain
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
     if len(lines) < 2:
-        return lines[0] if lines else error
+        return lines[0] if lines else ""
     return f"{lines[0]} ... {lines[-1]} (its {len(lines)} lines: summary.json error)"
 
 

@@ -24,11 +24,11 @@ def framework_lines(compare: Mapping[str, Any] | None) -> list[str]:
     tp = compare.get("throughput")
     if tp and tp["iterations"]:
         lines.append(
-            f"{own:<20}{tp['key']} {num(tp['theirs_mean'])} (mean of "
+            f"{own:<19} {tp['key']} {num(tp['theirs_mean'])} (mean of "
             f"{tp['iterations']} steps) against {num(tp['twinkle_mean'])} recomputed from "
             f"the log, largest difference {100 * tp['max_relative_difference']:.1f}% "
-            "(its definition: a step's tokens over its step span; the window figure above "
-            "also counts the time between steps)"
+            f"(its definition: a step's tokens over its {tp.get('span', 'step')} span; the "
+            "window figure above also counts the time between steps)"
         )
     timed = {n: s for n, s in compare["seconds"].items() if s["iterations"]}
     if timed:

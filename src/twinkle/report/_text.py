@@ -146,12 +146,8 @@ def iteration_cells(report: Mapping[str, Any]) -> tuple[list[str], list[list[str
         flags = ",".join(FLAG_NAMES.get(f, f) for f in r.get("window_flags", []))
         row = [str(r["iteration"]), *([str(r.get("segment", "-"))] if segmented else [])]
         limit = VERDICT_NAMES.get(r.get("window_verdict") or "", "-")
-        tokens = [r.get("tokens"), r.get("tokens_per_s_per_device")]
-        tokens += [r.get("phase_tokens_per_s_per_device", {}).get(p) for p in rated]
-        samples = [r.get("samples")] * 2 + [r.get("phase_samples", {}).get(p) for p in rated]
-        if "partial" in r.get("window_flags", []):  # (cut short before its samples came)
-            tokens = [None if not n else t for t, n in zip(tokens, samples, strict=True)]
-        row += [flags, limit, *map(num, tokens)]
+        row += [flags, limit, num(r.get("tokens")), num(r.get("tokens_per_s_per_device"))]
+        row += [num(r.get("phase_tokens_per_s_per_device", {}).get(p)) for p in rated]
         row += [num(r.get(f"window_{k}_seconds")) for k in ("wall", "busy", "idle")]
         row += [num(r.get("window_phase_seconds", {}).get(p)) for p in phases]
         row += [num(r.get("attributed_phase_seconds", {}).get(p)) for p in phases]

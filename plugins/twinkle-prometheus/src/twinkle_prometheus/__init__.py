@@ -128,6 +128,8 @@ class Figures:
         self.runs: dict[str, _Run] = {}
         #: the scrapes so far, each notified to :meth:`scrape_after`'s waiters
         self.scrapes = 0
+        #: where they are served (:func:`served` sets it)
+        self.url = ""
         self._scraped = threading.Condition(self.lock)
 
     def scrape_after(self, scrapes: int, timeout_s: float) -> bool:
@@ -232,7 +234,8 @@ def served(addr: str, port: int) -> Figures:
                 f"set {PORT_ENV} to a free port, or leave the plugin out (--block prometheus)"
             ) from exc
         _SERVERS[(addr, port)] = (server, figures)
-        _log.info("twinkle: Prometheus metrics on http://%s:%d/metrics", addr, port)
+        figures.url = f"http://{addr}:{server.server_port}/metrics"  # (port 0: the one bound)
+        _log.info("twinkle: Prometheus metrics on %s", figures.url)
         return figures
 
 
@@ -273,9 +276,9 @@ class PrometheusBackend:
         scrapes = figures.scrapes
         if scrapes > self._scrapes_at_open:
             _log.warning(
-                "twinkle: waiting at most %g s for one more scrape of http://%s:%d/metrics, "
-                "which reads run %r's last figures (%s=0 never waits)",
-                self.linger_s, self.addr, self.port, self.run_id, LINGER_ENV,
+                "twinkle: run %r: waiting at most %g s for one more scrape of %s, which reads "
+                "its last figures (%s=0 never waits)",
+                self.run_id, self.linger_s, figures.url, LINGER_ENV,
             )  # fmt: skip
             figures.scrape_after(scrapes, self.linger_s)
 
