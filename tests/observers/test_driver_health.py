@@ -25,7 +25,6 @@ from _recompute import check_replay
 from observers.test_scripted_run import manual_session
 from twinkle.observers._driver_health import DRIVER_KEYS, DriverLedger
 from twinkle.perf import ManualClock
-from twinkle.run import RunSession
 
 MS = 1_000_000
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -139,17 +138,7 @@ def test_a_resumed_runs_totals_add_each_segments(tmp_path: Path) -> None:
     then in window 3 (3, 2, 0, 1, 0.010, 0.005, 0.0). The run's totals are the two
     segments' last snapshots added; what each left in its buffer was never trained."""
     _first_segment(tmp_path)
-    clock = ManualClock(1000 * MS)
-    run = RunSession(
-        out_dir=tmp_path,
-        run_id="d",
-        config=CONFIG,
-        clock=clock,
-        wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
-        autoload=False,
-        background_writer=False,
-        resume=True,
-    ).start()
+    run, clock = manual_session(tmp_path, "d", CONFIG, ManualClock(1000 * MS), resume=True)
     assert run.resumed is not None and run.resumed.restored_events == run.resumed.events
     for at, row in [
         (1005, (1, 0, 0, 1, 0.0, 0.0, 0.0, 3)),

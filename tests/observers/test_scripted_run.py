@@ -36,11 +36,16 @@ def _over(start_ms: int, end_ms: int, tid: int) -> Span:
 
 
 def manual_session(
-    out_dir: Path, run_id: str, config: dict[str, Any]
+    out_dir: Path,
+    run_id: str,
+    config: dict[str, Any],
+    clock: ManualClock | None = None,
+    **options: Any,
 ) -> tuple[RunSession, ManualClock]:
-    """A started run on a manual clock (wall time = 2023-11-14 + the clock), records
-    written in the caller's thread, no third-party plugins."""
-    clock = ManualClock(0)
+    """A started run on a manual clock (from 0 unless given; wall time = 2023-11-14 +
+    the clock), records written in the caller's thread, no third-party plugins;
+    ``options`` to the session (``resume=True``)."""
+    clock = ManualClock(0) if clock is None else clock
     run = RunSession(
         out_dir=out_dir,
         run_id=run_id,
@@ -49,6 +54,7 @@ def manual_session(
         wall_clock=lambda: 1_700_000_000_000_000_000 + clock(),
         autoload=False,
         background_writer=False,
+        **options,
     )
     return run.start(), clock
 
