@@ -249,8 +249,6 @@ def run_demo(
     only with ``True``)."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # several workers share 2 cores: no intra-op oversubscription
-    # The trainer runs in this process unless with Ray: its spans and memory readings
-    # are named as the placement names it.
     session = RunSession(
         out_dir=out_dir if cfg.observers else None,
         run_id=run_id,
@@ -261,6 +259,8 @@ def run_demo(
         required_plugins=required_plugins if cfg.observers else (),
         backend_timeout_s=backend_timeout_s,
         resume=resume,
+        # (the trainer runs in this process but with Ray: its spans and memory readings,
+        # named as its placement names it)
         source="main" if cfg.backend == "ray" else _trainers(cfg)[0],
     )
     results: list[IterationResult] = []
