@@ -80,7 +80,16 @@ def test_the_report_sets_them_beside_the_window_figure(tmp_path: Path) -> None:
 
     seconds = {"step": "timing_s/step", "gen": "timing_s/gen", "reward": "timing_s/reward"}
     compare = {**COMPARE, "seconds": seconds}
-    text = format_report(load_report(_run(tmp_path, compare)))
+    run_dir = _run(tmp_path, compare)
+    reward = json.loads((run_dir / "summary.json").read_text())["compare"]["seconds"]["reward"]
+    assert reward == {  # nothing compared: no 0 s
+        "key": "timing_s/reward",
+        "iterations": 0,
+        "twinkle_seconds": None,
+        "theirs_seconds": None,
+        "max_difference_seconds": None,
+    }
+    text = format_report(load_report(run_dir))
     assert (
         "fw's own            perf/throughput 30.000 (mean of 2 steps) against 27.000 "
         "recomputed from the log, largest difference 25.0% (its definition: a step's tokens "

@@ -76,11 +76,12 @@ class CompareObserver(BuiltinObserver):
             for iteration, figures in sorted(self.figures.items())
             if (iteration, name) in self.seconds and _number(figures.get(key))
         ]
+        # (null, not 0, when no iteration had both: a timer never logged took no 0 s)
         return {
             "key": key,
             "iterations": len(pairs),
-            "twinkle_seconds": sum(ours for ours, _ in pairs),
-            "theirs_seconds": sum(theirs for _, theirs in pairs),
+            "twinkle_seconds": sum(ours for ours, _ in pairs) if pairs else None,
+            "theirs_seconds": sum(theirs for _, theirs in pairs) if pairs else None,
             "max_difference_seconds": max((abs(o - t) for o, t in pairs), default=None),
         }
 
