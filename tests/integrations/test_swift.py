@@ -142,7 +142,12 @@ def test_the_scalars_are_what_swift_writes_to_logging_jsonl(
     cli_run: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     run_dir, logged = cli_run
-    scalars = _events(run_dir, "scalars")
+    start, *scalars = _events(run_dir, "scalars")
+    # the train()'s start first (TRL's step 0, no step before), then swift's logs
+    assert (start["name"], start["values"]) == (
+        "swift.start",
+        {"global_step": 0, "steps_before": 0},
+    )
     assert [e["name"] for e in scalars] == ["swift"] * 3 + ["swift.train"]
     # (swift's last line is its closing record: the model, its checkpoints; not a log)
     assert all("last_model_checkpoint" in line for line in logged[len(scalars) :])

@@ -339,8 +339,8 @@ def test_a_resume_from_an_older_checkpoint_says_which_steps_are_done_again(
         again.train(resume_from_checkpoint=str(tmp_path / "trl" / "checkpoint-2"))
     assert again.state.global_step == 6
     (said,) = [r.getMessage() for r in caplog.records if "done again" in r.getMessage()]
-    assert "recorded 4 optimizer step(s)" in said and "global_step 2" in said
-    assert "global_step + 2 from here" in said
+    assert "recorded 4 optimizer step(s), the last at TRL's global_step 4" in said
+    assert "starts at global_step 2" in said and "global_step + 2 from here" in said
     got = _read(again, callback, tmp_path / "runs")
     assert [e["step"] for e in got.of_type("optimizer_step")] == list(range(1, 9))
     counts = got.summary["counts"]
@@ -350,6 +350,21 @@ def test_a_resume_from_an_older_checkpoint_says_which_steps_are_done_again(
     whole = again.state.num_input_tokens_seen  # steps 1-2 once, 3-6 (TRL's)
     assert tokens["terminal"] == tokens["accumulated"] > whole > tokens_at_2
     assert tokens["discrepancy"] == 0
+    # each segment's start: TRL's global_step and the run's steps before it
+    starts = [(e["iteration"], e["values"]) for e in got.of_type("scalars")
+              if e["name"] == "trl.start"]  # fmt: skip
+    assert starts == [(0, {"global_step": 0, "steps_before": 0}),
+                      (4, {"global_step": 2, "steps_before": 4})]  # fmt: skip
+    # A third job from the newest checkpoint (6, TRL's step at the run's last) redoes
+    # nothing and says nothing, though the run counted 8 steps.
+    caplog.clear()
+    callback = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="grpo")
+    third = grpo(tmp_path, tokenizer, callback, steps=7, **saving)
+    with caplog.at_level(logging.WARNING, logger="twinkle.integrations.trl"):
+        third.train(resume_from_checkpoint=str(tmp_path / "trl" / "checkpoint-6"))
+    assert not [r for r in caplog.records if "done again" in r.getMessage()]
+    got = _read(third, callback, tmp_path / "runs")
+    assert [e["step"] for e in got.of_type("optimizer_step")] == list(range(1, 10))
 
 
 def test_a_plain_transformers_trainer_counts_its_attention_mask_tokens(

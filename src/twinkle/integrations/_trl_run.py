@@ -23,6 +23,7 @@ from twinkle.integrations._trl_ranks import (
     sigterm_held,
     whole_groups,
 )
+from twinkle.integrations._trl_resume import START, last_global_step, warn_redone
 from twinkle.perf import SpanContext, WorkerRecorder
 from twinkle.run import RunSession, RunState
 
@@ -89,8 +90,11 @@ class ObservedRun:
         self.first_iteration = int(lead["first_iteration"])
         self.steps_before = int(lead["steps_before"])
         self.start_step = int(state.global_step)
-        if self.session is not None and self.steps_before > self.start_step:
-            _redone(self.run_id, self.steps_before, self.start_step)
+        if self.session is not None:
+            last = last_global_step(self.session.pm, self.SCALARS, self.steps_before)
+            if last > self.start_step:
+                warn_redone(self.run_id, self.steps_before, last, self.start_step)
+        self.told_start = False  # (the segment's start record, at its first step)
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
         self.in_training_step = False
@@ -200,6 +204,10 @@ class ObservedRun:
     def step_begin(self, global_step: int) -> None:
         self.iteration = self.first_iteration + (int(global_step) - self.start_step)
         self.bus.iteration_started(self.iteration)
+        if not self.told_start:  # (where a later segment's resume compares its start)
+            self.told_start = True
+            start = {"global_step": self.start_step, "steps_before": self.steps_before}
+            self.bus.scalars(iteration=self.iteration, name=self.SCALARS + START, values=start)
         self._enter("step")
 
     def optimizer_begin(self) -> None:
@@ -466,21 +474,3 @@ class ObservedRun:
 
 
 _MISSING = object()
-
-
-def _redone(run_id: str, steps: int, start_step: int) -> None:
-    """Say that this train() starts behind the run's last step (TRL resumed from an
-    older checkpoint, or from none): the steps after its start are done again, and the
-    run counts them again."""
-    log.warning(
-        "twinkle: run %r recorded %d optimizer step(s), and this train() starts at TRL's "
-        "global_step %d (its checkpoint's, or 0 without one): the steps after it are done "
-        "again, and twinkle counts every optimizer update it sees (its step is TRL's "
-        "global_step + %d from here; each 'trl' scalar record holds TRL's global_step; "
-        "each segment's counts are compared with TRL's own). Resuming from the newest "
-        "checkpoint redoes the least",
-        run_id,
-        steps,
-        start_step,
-        steps - start_step,
-    )

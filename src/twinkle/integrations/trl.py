@@ -42,7 +42,9 @@ What it records, on TRL's and transformers' own boundaries:
   and TRL's logged figures as **scalars** named ``trl`` (``trl.eval`` for evaluation
   logs, ``trl.train`` for the summary logged after the last step), each with
   transformers' ``global_step`` (a run's own steps count from 1, also after
-  ``resume_from_checkpoint``).
+  ``resume_from_checkpoint``); ``trl.start`` at each ``train()``'s first step, its
+  ``global_step`` at the start and the run's ``steps_before``: a later resume that
+  starts behind the run's last step (steps done again) says so.
 * **Terminal totals** (a fresh run): TRL's ``num_input_tokens_seen`` as
   ``tokens_rollout`` and transformers' ``global_step`` as ``optimizer_updates``, so
   ``summary.json`` says whether twinkle's counts and TRL's agree.
