@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -308,3 +309,17 @@ def test_fault_that_outlasts_the_run_is_reported_at_finish_naming_what_was_lost(
         faulty_run(tmp_path / "live", faults, heal_at=None, background=False)
     summary = json.loads((tmp_path / "live" / "disk" / "summary.json").read_text())
     assert summary["observer_failures"][REPORTER_FAILURES] > 0
+    # The log is the run: its lost lines are named first, with the seq they begin at,
+    # which is where the log on disk ends.
+    log = tmp_path / "live" / "disk" / "events.jsonl"
+    written = seqs(log)
+    assert written == list(range(len(written))) and written
+    lost = re.match(
+        rf"the event log {re.escape(repr(str(log)))} lost its last (\d+) line\(s\), the "
+        rf"events from seq {len(written)} on \(No space left on device\): ",
+        summary["error"],
+    )
+    assert lost is not None, summary["error"]
+    assert summary["status"] == "error" and "closing the reporter" in summary["error"]
+    finished = json.loads(log.read_bytes().splitlines()[-1])
+    assert finished["type"] != "run_finished"  # (the lost lines are the run's last)

@@ -9,6 +9,8 @@ the one :class:`~twinkle.reporting.JsonlWriter`.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import msgspec
 
@@ -125,7 +127,8 @@ class EventLogSink(BuiltinObserver):
         #: and not a span batch that can be split; each logged and raised)
         self.unwritable = 0
         #: why the log on disk is not (or was not for a while) what the run wrote:
-        #: deleted, replaced or truncated while it ran (None: it is); the run's finish
+        #: deleted, replaced or truncated while it ran, or its last lines never written
+        #: (a disk fault that lasted to the close) (None: it is); the run's finish
         #: raises it, so the run's status is ``error``
         self.failure: ReporterError | None = None
 
@@ -283,6 +286,16 @@ class EventLogSink(BuiltinObserver):
         )
         return restored
 
+    def _lost(self, path: Path, lines: int, exc: WriteError) -> None:
+        """The log's last ``lines`` lines never reached it (a write fault that lasted to
+        the close): the events from the seq they begin at are missing from the run."""
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        self._fail(
+            f"the event log {str(path)!r} lost its last {lines} line(s), the events from "
+            f"seq {self._seq - lines} on ({why}): the run's log, its replay and a resume "
+            "end before them; free disk space (or fix the file's permissions) for the next run"
+        )
+
     def _fail(self, message: str) -> None:
         """Keep ``message`` as the run's failure (the run ends in ``error``), logged."""
         self.failure = ReporterError(message)
@@ -357,8 +370,13 @@ class EventLogSink(BuiltinObserver):
         finally:
             writer, self.writer = self.writer, None
             held, self._held = self._held, None
+            unwritten = writer.unwritten_records
             try:
                 writer.close()  # fsyncs; raises if lines stay unwritten (a fault that lasted)
+            except WriteError as exc:
+                if unwritten:  # the run's last events: the run's failure, named
+                    self._lost(writer.path, unwritten, exc)
+                raise
             finally:
                 if held is not None:
                     held.close()

@@ -20,7 +20,7 @@ from typing import Any, Final
 import pluggy
 
 from twinkle.checks import check_seconds
-from twinkle.errors import InvalidArgumentError, PluginError, TwinkleError
+from twinkle.errors import InvalidArgumentError, PluginError, TwinkleError, WriteError
 from twinkle.plugins._isolation import HookRunner, HookTimeout
 from twinkle.plugins._manager import ObserverManager
 
@@ -359,6 +359,9 @@ class HookCalls:
             kind = type(exc).__name__
             self.count(name, "was interrupted in %s (%s); re-raised", hook, kind)
             raise exc
+        if isinstance(exc, WriteError):  # a disk fault: its message says it all
+            self.count(name, "cannot write in %s: %s", hook, exc)
+            return
         self.count(name, "failed in %s; skipped", hook, exc_info=True)
 
     def _monitored(

@@ -229,7 +229,8 @@ class BackendFanout:
             what,
             count,
             exc,
-            exc_info=exc if count == 1 else None,
+            # (a disk fault's message says it all: no traceback)
+            exc_info=exc if count == 1 and not isinstance(exc, WriteError) else None,
         )
 
 

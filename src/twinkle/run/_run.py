@@ -24,6 +24,7 @@ from twinkle.errors import (
     InvalidArgumentError,
     PluginError,
     RecordError,
+    ReporterError,
     TwinkleError,
 )
 from twinkle.events import Event, EventBus, IterationStarted, RunFinished, freeze
@@ -395,14 +396,21 @@ class Run:
             self.close()
             raise
         calls = self.calls
+        log_failure: ReporterError | None = None
         try:
-            self.close()
-            _raise_event_log_failure(self.pm)
+            try:
+                self.close()
+            finally:  # (the log's own failure is named also when another output's is raised)
+                log_failure = _event_log_failure(self.pm)
+            if log_failure is not None:
+                raise log_failure
         except BaseException as exc:
             snapshot = None  # (outputs that did not close are no state to resume from)
             # Records or the log may not be durable: the summary must not say "ok".
             summary["status"] = "error"
             closing = f"closing the run's outputs failed: {type(exc).__name__}: {exc}"
+            if log_failure is not None and exc is not log_failure:
+                closing = f"{log_failure}; {closing}"
             summary["error"] = closing if not summary["error"] else f"{summary['error']}; {closing}"
             raise
         finally:
@@ -443,13 +451,15 @@ class Run:
                 self.pm.release()  # also when the start failed before configuring
 
 
-def _raise_event_log_failure(pm: pluggy.PluginManager) -> None:
-    """Raise why the run's event log is not (or was not for a while) what the run wrote
-    (deleted, replaced or truncated while it ran: :attr:`EventLogSink.failure`). The log
-    is the run: such a run never finishes ``ok``, even when its log was written back."""
+def _event_log_failure(pm: pluggy.PluginManager) -> ReporterError | None:
+    """Why the run's event log is not (or was not for a while) what the run wrote
+    (deleted, replaced or truncated while it ran, or its last lines never written:
+    :attr:`EventLogSink.failure`). The log is the run: such a run never finishes ``ok``,
+    even when its log was written back."""
     for plugin in pm.get_plugins():
         if isinstance(plugin, EventLogSink) and plugin.failure is not None:
-            raise plugin.failure
+            return plugin.failure
+    return None
 
 
 def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
