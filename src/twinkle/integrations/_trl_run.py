@@ -90,10 +90,7 @@ class ObservedRun:
         self.first_iteration = int(lead["first_iteration"])
         self.steps_before = int(lead["steps_before"])
         self.start_step = int(state.global_step)
-        if self.session is not None:
-            last = last_global_step(self.session.pm, self.SCALARS, self.steps_before)
-            if last > self.start_step:
-                warn_redone(self.run_id, self.steps_before, last, self.start_step)
+        self._check_start()
         self.told_start = False  # (the segment's start record, at its first step)
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
@@ -120,6 +117,13 @@ class ObservedRun:
             if self.session is not None:
                 self.session.finish(status="error", error="attaching to the trainer failed")
             raise
+
+    def _check_start(self) -> None:
+        """Say so when this train() starts behind TRL's step at the run's last step."""
+        if self.session is not None:
+            last = last_global_step(self.session.pm, self.SCALARS, self.steps_before)
+            if last > self.start_step:
+                warn_redone(self.run_id, self.steps_before, last, self.start_step)
 
     def _join(self, state: Any) -> dict[str, Any]:
         """Begin this rank's part in the run: rank 0 starts the run's session (and tells
