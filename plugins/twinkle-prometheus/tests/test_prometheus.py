@@ -5,12 +5,15 @@ dashboard finds data."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -249,6 +252,42 @@ def test_a_process_that_ends_with_its_run_is_scraped_once_more_first(
     assert _query(base, 'twinkle_record_value{run_id="short",scope="run",key="wall_seconds"}')
 
 
+def test_each_scraper_reads_the_last_figures_not_only_the_first_to_come(
+    prometheus: tuple[str, int], tmp_path: Path
+) -> None:
+    """Another client polls the endpoint ten times a second (a dashboard, a health
+    check): its scrape after the run's end came first, and the process went with the
+    last figures before Prometheus (every second) read them. The close now waits for
+    each scraper that came back while the run ran, Prometheus among them."""
+    base, port = prometheus
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+            stop.wait(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD_RUN, str(tmp_path), "6"],
+            env={**os.environ, PORT_ENV: str(port)}, capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    assert done.returncode == 0, done.stderr
+    waited = re.search(r"one more scrape of \S+ by (.*), which reads", done.stderr)
+    assert waited is not None, done.stderr
+    assert "127.0.0.1 (Prometheus/" in waited[1] and "127.0.0.1 (Python-urllib/" in waited[1]
+    records = list(read_jsonl(tmp_path / "short" / "metrics_raw.jsonl"))
+    stored = _query(base, 'twinkle_records_total{run_id="short"}')
+    assert sum(float(s["value"][1]) for s in stored) == len(records)
+
+
 def test_a_bad_linger_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from twinkle_prometheus import LINGER_ENV, _linger_s
 
@@ -258,3 +297,19 @@ def test_a_bad_linger_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyP
             _linger_s()
     monkeypatch.setenv(LINGER_ENV, "0")
     assert _linger_s() == 0.0
+
+
+def test_a_linger_past_the_backend_timeout_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's backend timeout (30 s by default) would cut such a wait off, naming the
+    backend cut off: said at the start, with the setting that lets it wait."""
+    from twinkle_prometheus import LINGER_ENV, _linger_s
+
+    monkeypatch.setenv(LINGER_ENV, "60")
+    assert _linger_s() == 60.0
+    (said,) = [r.getMessage() for r in caplog.records if LINGER_ENV in r.getMessage()]
+    assert "default timeout (30 s)" in said and "--backend-timeout" in said
+    caplog.clear()
+    monkeypatch.setenv(LINGER_ENV, "20")
+    assert _linger_s() == 20.0 and not caplog.records

@@ -18,10 +18,16 @@ on. A replay serves nothing.
 
 **The last figures.** A job's process often ends right after its run: its endpoint goes
 with it, and the run's last records (its run-level figures among them) would never be
-scraped. So when a Prometheus scraped the endpoint while the run ran, closing the run
-waits until it scrapes once more, at most ``TWINKLE_PROMETHEUS_LINGER_S`` seconds
-(default 20; 0: never wait, as for a Pushgateway instead); nobody scraping, it waits
-not at all.
+scraped. So when the endpoint was scraped while the run ran, closing the run waits until
+each scraper scraped it once more, at most ``TWINKLE_PROMETHEUS_LINGER_S`` seconds
+(default 20; 0: never wait, as for a Pushgateway instead; keep it under the run's
+backend timeout, ``--backend-timeout``, default 30 s, which cuts a longer wait off);
+nobody scraping, it waits not at all. A scraper is told by its address and user agent
+(two Prometheus servers of an HA pair on two hosts are two; a ``curl`` beside a
+Prometheus is another); one that scraped once only while the run ran (a person's
+look) is not waited for, unless no scraper came twice. Two scrapers from one address
+with one user agent (two Prometheus servers on one host) are one to it: the first of
+them to scrape ends the wait.
 
 **What it serves** (every series labelled ``run_id``):
 
@@ -49,6 +55,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import socketserver
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -57,7 +65,7 @@ from typing import Any
 from twinkle.errors import ConfigError, ReporterError
 from twinkle.events import MemoryReadings
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import MetricRecord
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricRecord
 
 __all__ = ["DASHBOARD", "KEPT_RUNS", "PrometheusBackend", "PrometheusSink", "served"]
 
@@ -119,6 +127,12 @@ class _Run:
             self.verdict = verdict if isinstance(verdict, str) else self.verdict
 
 
+#: who scrapes: (its address, its user agent)
+Scraper = tuple[str, str]
+#: the scraper of the request the server's thread serves (set around the library's app)
+_SCRAPER = threading.local()
+
+
 class Figures:
     """What a process serves: its runs' figures (the latest :data:`KEPT_RUNS`), read by
     the scrape on the server's thread while backends write them (one lock)."""
@@ -128,15 +142,36 @@ class Figures:
         self.runs: dict[str, _Run] = {}
         #: the scrapes so far, each notified to :meth:`scrape_after`'s waiters
         self.scrapes = 0
+        #: per scraper: its scrapes so far and the number of its last one
+        self.scrapers: dict[Scraper, tuple[int, int]] = {}
         #: where they are served (:func:`served` sets it)
         self.url = ""
         self._scraped = threading.Condition(self.lock)
 
-    def scrape_after(self, scrapes: int, timeout_s: float) -> bool:
-        """Wait until a scrape begins after the first ``scrapes``, at most
-        ``timeout_s``; whether one did."""
+    def counts(self) -> tuple[int, dict[Scraper, int]]:
+        """The scrapes so far, and each scraper's."""
+        with self.lock:
+            return self.scrapes, {who: n for who, (n, _) in self.scrapers.items()}
+
+    def scrape_after(self, scrapes: int, timeout_s: float, by: Sequence[Scraper] = ()) -> bool:
+        """Wait until a scrape after the first ``scrapes`` read the figures, by each of
+        ``by`` (by anyone without them), at most ``timeout_s``; whether it did."""
+
+        def done() -> bool:
+            if not by:
+                return self.scrapes > scrapes
+            return all(self.scrapers.get(who, (0, 0))[1] > scrapes for who in by)
+
         with self._scraped:
-            return self._scraped.wait_for(lambda: self.scrapes > scrapes, timeout_s)
+            return self._scraped.wait_for(done, timeout_s)
+
+    def _count_scrape(self) -> None:
+        """(Under the lock, once the figures were read.)"""
+        self.scrapes += 1
+        who: Scraper = getattr(_SCRAPER, "who", ("", ""))
+        n, _ = self.scrapers.get(who, (0, 0))
+        self.scrapers[who] = (n + 1, self.scrapes)
+        self._scraped.notify_all()
 
     def run(self, run_id: str, phases: Sequence[str], rated: Sequence[str]) -> None:
         with self.lock:
@@ -205,8 +240,7 @@ class Figures:
                     tokens.add_metric([run_id, phase], v)
                 for kind, n in run.records.items():
                     records.add_metric([run_id, kind], n)
-            self.scrapes += 1
-            self._scraped.notify_all()
+            self._count_scrape()
         yield from (value, iteration, step, rate, seconds, limit, memory, tokens, records)
 
 
@@ -221,13 +255,13 @@ def served(addr: str, port: int) -> Figures:
         found = _SERVERS.get((addr, port))
         if found is not None:
             return found[1]
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         figures = Figures()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(figures)
         try:
-            server, _ = start_http_server(port, addr=addr, registry=registry)
+            server = _start_server(addr, port, registry)
         except OSError as exc:
             raise ReporterError(
                 f"cannot serve Prometheus metrics on {addr}:{port} ({exc.strerror or exc}): "
@@ -237,6 +271,37 @@ def served(addr: str, port: int) -> Figures:
         figures.url = f"http://{addr}:{server.server_port}/metrics"  # (port 0: the one bound)
         _log.info("twinkle: Prometheus metrics on %s", figures.url)
         return figures
+
+
+def _start_server(addr: str, port: int, registry: Any) -> Any:
+    """prometheus_client's ``start_http_server`` (its app, a threading WSGI server on a
+    daemon thread), written out to wrap its app: the scrape's collect learns who
+    scrapes, which the library hands no collector."""
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    app = make_wsgi_app(registry)
+    family, *_, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+
+    def told(environ: dict[str, Any], start_response: Any) -> Any:
+        _SCRAPER.who = (environ.get("REMOTE_ADDR", ""), environ.get("HTTP_USER_AGENT", ""))
+        try:
+            return app(environ, start_response)
+        finally:
+            del _SCRAPER.who
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        address_family = family
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line per scrape on stderr."""
+
+    server = make_server(str(sockaddr[0]), port, told, Server, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="twinkle-prometheus", daemon=True).start()
+    return server
 
 
 class PrometheusBackend:
@@ -250,12 +315,12 @@ class PrometheusBackend:
         self._phases, self._rated = phases, rated
         self.linger_s = linger_s
         self.figures: Figures | None = None
-        self._scrapes_at_open = 0
+        self._at_open: dict[Scraper, int] = {}  # each scraper's scrapes before the run
 
     def open(self) -> None:
         figures = served(self.addr, self.port)
         figures.run(self.run_id, self._phases, self._rated)
-        self._scrapes_at_open = figures.scrapes
+        _, self._at_open = figures.counts()
         self.figures = figures
 
     def write(self, records: Sequence[MetricRecord]) -> None:
@@ -268,19 +333,30 @@ class PrometheusBackend:
 
     def close(self) -> None:
         """The run's last figures stay served; when the endpoint was scraped while the
-        run ran, wait for one more scrape (at most ``linger_s``), which reads them: a
-        process that ends with its run would take them with it."""
+        run ran, wait until each scraper that came back while it ran (or, none did,
+        anyone) scraped once more (at most ``linger_s``), which reads them: a process
+        that ends with its run would take them with it."""
         figures = self.figures
         if figures is None or self.linger_s <= 0:
             return
-        scrapes = figures.scrapes
-        if scrapes > self._scrapes_at_open:
+        scrapes, now = figures.counts()
+        during = {who: n - self._at_open.get(who, 0) for who, n in now.items()}
+        if not any(during.values()):
+            return
+        by = sorted(who for who, n in during.items() if n >= 2)
+        named = ", ".join(f"{a or '?'} ({agent or 'no user agent'})" for a, agent in by)
+        _log.warning(
+            "twinkle: run %r: waiting at most %g s for one more scrape of %s%s, which reads "
+            "its last figures (%s=0 never waits)",
+            self.run_id, self.linger_s, figures.url, f" by {named}" if by else "", LINGER_ENV,
+        )  # fmt: skip
+        if not figures.scrape_after(scrapes, self.linger_s, by):
+            late = [w for w in by if figures.counts()[1].get(w, 0) == now[w]] if by else []
             _log.warning(
-                "twinkle: run %r: waiting at most %g s for one more scrape of %s, which reads "
-                "its last figures (%s=0 never waits)",
-                self.run_id, self.linger_s, figures.url, LINGER_ENV,
+                "twinkle: run %r: no scrape of its last figures %swithin %g s",
+                self.run_id, f"by {', '.join(a for a, _ in late)} " if late else "",
+                self.linger_s,
             )  # fmt: skip
-            figures.scrape_after(scrapes, self.linger_s)
 
 
 class PrometheusSink:
@@ -333,6 +409,14 @@ def _linger_s() -> float:
             f"{LINGER_ENV}={given!r} is not a number of seconds: set it to the longest "
             "wait for a last scrape at the run's end (0: none)"
         )
+    if linger >= DEFAULT_BACKEND_TIMEOUT_S:
+        _log.warning(
+            "twinkle: %s=%g is not under a backend's default timeout (%g s): unless the "
+            "run's backend timeout is longer (--backend-timeout, RunSession("
+            "backend_timeout_s=)), a wait that long is cut off there and the backend named "
+            "cut off in summary.json",
+            LINGER_ENV, linger, DEFAULT_BACKEND_TIMEOUT_S,
+        )  # fmt: skip
     return linger
 
 
