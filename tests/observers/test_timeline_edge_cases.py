@@ -335,3 +335,39 @@ def test_a_resumed_segments_active_time_starts_no_earlier_than_its_set_up() -> N
     # work: 0-10 only
     assert (run.setup.wall_ns, run.loop.wall_ns) == (40 * ms, 160 * ms)
     assert run.active_wall_ns == 190 * ms
+
+
+# -- an iteration attribute that names no iteration -------------------------------------
+
+
+def test_an_iteration_attribute_that_is_no_number_goes_by_time_and_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Boundaries at 0 and 10 ms. ``iteration="0"`` (a str) and ``iteration=-1`` on
+    spans starting in iteration 1's window go to iteration 1 by their start, as spans
+    without one: 3 + 2 ms of its train, none of iteration 0's; each (source, name) is
+    named once, however many spans carry it."""
+    anchor = ClockAnchor(0, 0, 1, "h")
+    tl = Timeline()
+    tl.run_started(RunStarted("r", 0, 0, anchor, {"phases": {"train": ["train.*"]}}))
+    done = tl.iteration_started(IterationStarted("r", 0, 0, 0))
+    tl.spans(SpanBatch("r", 1 * MS, 0, "main", anchor, (_s("train.a", 0, 4, A, iteration=0),)))
+    done += tl.iteration_started(IterationStarted("r", 10 * MS, 0, 1))
+    batch = (
+        _s("train.step", 11, 14, A, iteration="0"),
+        _s("train.step", 14, 15, A, iteration=1.0),  # (named already: train.step, main)
+        _s("train.b", 15, 16, A, iteration=-1),
+    )
+    tl.spans(SpanBatch("r", 16 * MS, 0, "main", anchor, batch))
+    done += tl.run_finished(RunFinished("r", 20 * MS, 0, "ok", None))
+    got = {f.data.iteration: f.attributed.phase_sum_ns["train"] for f in done}
+    assert got == {0: 4 * MS, 1: 5 * MS}
+    said = [r.getMessage() for r in caplog.records if "no iteration number" in r.getMessage()]
+    assert said == [
+        "span 'train.step' from 'main' has iteration='0' (str), which is no iteration number "
+        "(a whole number >= 0): its time goes to the iteration it ran in, as a span without "
+        "one; pass the iteration as an int",
+        "span 'train.b' from 'main' has iteration=-1 (int), which is no iteration number "
+        "(a whole number >= 0): its time goes to the iteration it ran in, as a span without "
+        "one; pass the iteration as an int",
+    ]

@@ -151,8 +151,10 @@ class StragglerLedger:
                 continue
             attrs = span.attrs
             iteration = attrs.get("iteration")
-            if type(iteration) is not int or (finalised is not None and iteration <= finalised):
-                continue  # (none, or late: its iteration was compared already)
+            if type(iteration) is not int or iteration < 0:
+                continue  # (none: docs/metrics.md "Attribution", iteration_number inlined)
+            if finalised is not None and iteration <= finalised:
+                continue  # (late: its iteration was compared already)
             worker = source
             if side == "generation":
                 engine = attrs.get("engine")

@@ -21,6 +21,7 @@ from twinkle.events import (
 from twinkle.hookspecs import OVERHEAD_SPAN
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._finalised import DRAIN, PARTIAL, WARMUP, Finished, RunTiming
+from twinkle.observers._iteration_attr import iteration_of
 from twinkle.observers._measure import (
     Attributed,
     IterationData,
@@ -104,6 +105,7 @@ class Timeline:
         self.late_samples = 0
         #: per span source: [spans received, spans it could not ship]
         self.sources: dict[str, list[int]] = {}
+        self.misnumbered: set[tuple[str, str]] = set()  # (source, span name) said once
         #: worker batches checked for clock skew, and those placed by their arrival
         self.skew = SkewLedger()
         #: spans and their summed seconds by where they were attributed
@@ -274,6 +276,7 @@ class Timeline:
             if data is not None:
                 data.spans.append((phase, start, end, span.error, thread, True))
             else:
+                attr = iteration_of(attr, source, name, self.misnumbered)
                 self._attribute(attr, phase, start, end, span, thread=thread)
 
     def _unnamed(self, name: str, span: Any) -> str | None:
@@ -284,12 +287,12 @@ class Timeline:
         return self.no_phase.add(name, span.end_ns - span.start_ns)
 
     def _attribute(
-        self, attr: object, phase: str | None, start: int, end: int, span: Any, *, thread: int
+        self, attr: int | None, phase: str | None, start: int, end: int, span: Any, *, thread: int
     ) -> None:
-        explicit = isinstance(attr, int) and not isinstance(attr, bool)
+        explicit = attr is not None
         data: IterationData | None
-        if explicit:
-            data = self._for_iteration(cast(int, attr))
+        if attr is not None:
+            data = self._for_iteration(attr)
         else:
             window = self._window_at(start)
             if window is None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from twinkle.events import SpanBatch
 from twinkle.observers._config import ObserverConfig
+from twinkle.observers._iteration_attr import iteration_number
 
 __all__ = ["PolicyAges", "WAIT_PREFIX"]
 
@@ -53,7 +54,7 @@ class PolicyAges:
             if phase_of(span.name) != generation:
                 continue
             attrs = span.attrs
-            iteration = _int(attrs.get("iteration"))
+            iteration = iteration_number(attrs.get("iteration"))
             version = _int(attrs.get("version"))
             if iteration is None or version is None:
                 continue

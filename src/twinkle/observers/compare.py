@@ -17,6 +17,7 @@ from twinkle.events import SamplesObserved, ScalarsObserved, SpanBatch
 from twinkle.hookspecs import RunContext, hookimpl
 from twinkle.observers._builtin import BuiltinObserver
 from twinkle.observers._compare_config import CompareConfig, CompareThroughput
+from twinkle.observers._iteration_attr import iteration_number
 
 __all__ = ["CompareObserver"]
 
@@ -43,8 +44,8 @@ class CompareObserver(BuiltinObserver):
             return
         names = config.seconds.keys() | ({config.throughput.span} if config.throughput else set())
         for span in event.spans:
-            iteration = span.attrs.get("iteration")
-            if span.name in names and isinstance(iteration, int):
+            iteration = iteration_number(span.attrs.get("iteration"))
+            if span.name in names and iteration is not None:
                 key = (iteration, span.name)
                 self.seconds[key] = self.seconds.get(key, 0) + span.end_ns - span.start_ns
 

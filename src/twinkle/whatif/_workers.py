@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import ReplayError
 from twinkle.events import OVERHEAD_SPAN, Event
+from twinkle.observers._iteration_attr import iteration_number
 from twinkle.perf import Span
 from twinkle.whatif._types import EngineRecord, Piece, TrainerIteration, as_int
 
@@ -33,7 +34,7 @@ __all__ = [
 
 
 def iteration_of(span: Span) -> int | None:
-    return as_int(span.attrs.get("iteration"))
+    return iteration_number(span.attrs.get("iteration"))
 
 
 def engine_of(span: Span) -> str | None:
