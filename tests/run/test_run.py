@@ -349,6 +349,41 @@ def test_an_event_published_after_the_run_is_an_error() -> None:
             session.bus.iteration_started(iteration)
 
 
+def test_a_finished_run_is_not_entered_again() -> None:
+    with _run(run_id="once") as session:
+        pass
+    with pytest.raises(TwinkleError, match=r"run 'once' is over \(finished\): a RunSession "):
+        session.__enter__()
+
+
+def test_spans_closed_after_the_finish_are_named_at_the_exit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its bus refuses them: in no run. Nothing on a span's path looks; the exit (its
+    atexit handler, called here) says how many each finished run's recorder holds."""
+    from twinkle.run._after_finish import say_after_finish
+
+    with _run(run_id="quiet") as quiet:
+        pass
+    with _run(run_id="late-spans") as session:
+        with session.recorder.span("generate", iteration=0):
+            pass  # in the run
+    for name in ("train.step", "train.step"):  # (a worker thread still timing its work)
+        with session.recorder.span(name, iteration=1):
+            pass
+    # a boundary after the finish is refused as itself, the spans left for the exit
+    with pytest.raises(TwinkleError, match=r"cannot publish iteration_started: run 'late-spa"):
+        session.bus.iteration_started(1)
+    say_after_finish()
+    said = [r.getMessage() for r in caplog.records if "run 'late-spans'" in r.getMessage()]
+    assert said == [
+        "twinkle: 2 span(s) closed on run 'late-spans''s recorder after the run finished "
+        "(the first: 'train.step') and are in no run: finish the run after the spans close "
+        "(stop the threads that time work first)"
+    ]
+    assert quiet.recorder.pending() == 0
+
+
 @pytest.mark.parametrize("name", ["timing", "memory", "iteration", "run", "rollout", "train"])
 def test_a_scalar_named_like_the_observers_records_is_refused_naming_it(
     tmp_path: Path, name: str

@@ -246,7 +246,10 @@ class EventBus:
         raise_backwards(backwards)
         return count
 
-    def _flush_spans(self, backwards: list[str]) -> int:
+    def _flush_spans(self, backwards: list[str], before: str | None = None) -> int:
+        if before is not None and self._bound is None and self._refusal is not None:
+            # (``before``, a boundary, refused as itself, its recorders left undrained)
+            raise TwinkleError(f"cannot publish {before}: {self._refusal}")
         with self._lock:
             recorders = list(self._recorders)
         return sum(self._publish_spans(s, r, backwards) for s, r in recorders)
@@ -349,7 +352,7 @@ class EventBus:
         with self.own_work(IterationStarted.TYPE):
             mono, wall = self.times()
             backwards: list[str] = []
-            self._flush_spans(backwards)
+            self._flush_spans(backwards, IterationStarted.TYPE)
             event = self._send(IterationStarted(self.run_id, mono, wall, iteration))
         raise_backwards(backwards)
         return event
@@ -460,7 +463,7 @@ class EventBus:
         with self.own_work(RunFinished.TYPE):
             mono, wall = self.times()
             backwards: list[str] = []
-            self._flush_spans(backwards)
+            self._flush_spans(backwards, RunFinished.TYPE)
             event = self._send(
                 RunFinished(
                     self.run_id,

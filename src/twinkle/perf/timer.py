@@ -272,6 +272,19 @@ class TimeRecorder:
         """How many finished spans wait for :meth:`drain`."""
         return len(self._finished)
 
+    def pending_names(self, most: int = 3) -> list[str]:
+        """The names of the first ``most`` spans waiting for :meth:`drain`, left there
+        (fewer when another thread drains or closes spans meanwhile)."""
+        names: list[str] = []
+        try:
+            for record in self._finished:
+                if len(names) >= most:
+                    break
+                names.append(record[0])
+        except RuntimeError:  # (closed or drained meanwhile: the deque changed)
+            pass
+        return names
+
     def _reset_after_fork(self) -> None:
         self._finished.clear()
         if not self._pid_given:

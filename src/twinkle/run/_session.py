@@ -58,6 +58,7 @@ from twinkle.plugins import (
     make_plugin_manager,
 )
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricsReporter
+from twinkle.run._after_finish import watch_after_finish
 from twinkle.run._process import tie
 from twinkle.run._resume import Resumed, RunDirectory
 from twinkle.run._run import Run, RunState
@@ -362,6 +363,7 @@ class RunSession:
             self.bus.refuse(
                 f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
             )
+            watch_after_finish(self.recorder, self.run_id)
             if self._directory is not None:
                 self._directory.lock.release()
         return self.summary
@@ -390,6 +392,11 @@ class RunSession:
         return max(0, self._wall_clock() - created_ns)
 
     def __enter__(self) -> RunSession:
+        if self.run.state in (RunState.FINISHED, RunState.FAILED):
+            raise TwinkleError(
+                f"run {self.run_id!r} is over ({self.run.state.value}): a RunSession "
+                "observes one run; make a new RunSession (resume=True continues the run)"
+            )
         return self.start() if self.run.state is RunState.NEW else self
 
     def __exit__(
