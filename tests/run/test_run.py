@@ -328,8 +328,11 @@ def test_a_sink_failing_to_close_is_in_the_summary(tmp_path: Path) -> None:
     ("config", "match"),
     [
         ({1: 2}, "str keys"),
-        ({"window": {"samples": "s", "devices": float("inf")}}, "finite"),
-        ({"window": {"samples": "s", "devices": float("nan")}}, "got None"),
+        # (named as given: the log would hold null, which its check would name)
+        ({"window": {"samples": "s", "devices": float("inf")}}, r"config.window.devices is inf:"),
+        ({"window": {"samples": "s", "devices": float("nan")}}, r"config.window.devices is nan:"),
+        ({"x_lr": float("nan")}, r"config.x_lr is nan: .* has no NaN or infinity"),
+        ({"x_sizes": [1.0, {"a": float("-inf")}]}, r"config.x_sizes\[1\].a is -inf"),
     ],
 )
 def test_a_config_the_log_cannot_carry_as_it_is_is_refused_up_front(

@@ -3,6 +3,7 @@ change of it (a restarted job: ``total_steps`` and the caller's ``x_`` keys)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -33,8 +34,26 @@ def check_config(config: Mapping[str, Any], pm: pluggy.PluginManager) -> dict[st
             f"config must hold only JSON values with str keys and ints within 64 bits (it "
             f"travels in events.jsonl): {exc}"
         ) from None
+    for where, value in _not_finite(config, "config"):
+        raise ConfigError(
+            f"{where} is {value!r}: the configuration travels in events.jsonl as JSON, "
+            "which has no NaN or infinity (it would read back as null): give a number, or "
+            "leave the key out"
+        )
     pm.hook.twinkle_check_config(config=logged)
     return cast("dict[str, Any]", logged)
+
+
+def _not_finite(value: object, where: str) -> Iterable[tuple[str, float]]:
+    """The non-finite floats in ``value`` (a checked configuration), with their keys."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _not_finite(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _not_finite(item, f"{where}[{i}]")
 
 
 #: what a resumed segment may change of the run's configuration, in words
