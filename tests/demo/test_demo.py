@@ -164,6 +164,23 @@ def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: 
         DemoConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--lag", "-1"], "--lag: staleness must be an int in [0, 8]"),
+        (["--prompts", "0"], "--prompts: prompts_per_iteration must be a positive int, got 0"),
+        (["--slow-generation", "0"], "--slow-generation: slow_generation must be a number"),
+        (["--engines", "3"], "--prompts: prompts_per_iteration (16) must be a multiple of"),
+    ],
+)
+def test_a_bad_demo_flag_is_named_by_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    rc = main(["demo", "--out", str(tmp_path), "--no-progress", "--no-autoload", *flags])
+    assert rc != 0 and f"twinkle: error: {said}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_default_run_learns() -> None:
     """The default run (seed 0, 60 iterations, overlap on) learns the task: its last
     iteration's reward mean, the one `make demo` ends with, reaches 0.8."""

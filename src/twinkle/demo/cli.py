@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from twinkle.demo.config import DemoConfig
 
-from twinkle.errors import FinishedRunError, InvalidArgumentError, ResumeConfigError
+from twinkle.errors import ConfigError, FinishedRunError, InvalidArgumentError, ResumeConfigError
 from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S
 
 __all__ = [
@@ -349,11 +349,32 @@ def _flag(option: str, value: object) -> str:
     return f"{option} {value}"
 
 
+#: the flags whose names are not their configuration field's (``--micro-batch`` sets
+#: ``micro_batch``)
+_FLAG_OF = {
+    "prompts_per_iteration": "--prompts",
+    "completions_per_prompt": "--completions",
+    "staleness": "--lag",
+}
+
+
 def config_from(args: argparse.Namespace) -> DemoConfig:
-    """The demo's configuration from its parsed arguments (``--lag 0`` is no overlap)."""
+    """The demo's configuration from its parsed arguments (``--lag 0`` is no overlap); a
+    refused value is named by its flag."""
     from twinkle.demo.config import DemoConfig
 
-    return DemoConfig(
+    try:
+        return _config(args, DemoConfig)
+    except ConfigError as exc:
+        field = str(exc).split(" ", 1)[0]
+        flag = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
+        if field.isidentifier() and hasattr(args, flag[2:].replace("-", "_")):
+            raise ConfigError(f"{flag}: {exc}") from None
+        raise
+
+
+def _config(args: argparse.Namespace, make: type[DemoConfig]) -> DemoConfig:
+    return make(
         iterations=args.iterations,
         prompts_per_iteration=args.prompts,
         completions_per_prompt=args.completions,
