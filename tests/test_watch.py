@@ -278,6 +278,28 @@ def test_the_watch_of_a_run_that_ended_in_error_shows_its_error_and_exits_1(
     assert done.returncode == 1 and SIGTERM_ERROR in done.stdout
 
 
+def test_a_watch_of_a_log_with_no_event_yet_says_it_waits(tmp_path: Path) -> None:
+    """The run's log made, its first line not yet written: said once, as for a log not
+    there yet, then the run followed as it comes."""
+    done = ended_in_error(tmp_path / "done")
+    run = tmp_path / "starting"
+    run.mkdir()
+    (run / "events.jsonl").write_bytes(b"")
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:  # (its first line comes after a while)
+            (run / "events.jsonl").write_bytes((done / "events.jsonl").read_bytes())
+
+    out = io.StringIO()
+    console = Console(file=out, width=400, height=30, force_terminal=False)  # (a long path)
+    assert watch(run, console=console, sleep=sleep, interval_s=0.5) == 1
+    shown = out.getvalue()
+    assert shown.count(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...") == 1
+    assert SIGTERM_ERROR in shown and naps == [0.5, 0.5]
+
+
 def test_one_look_at_a_stopped_run_says_it_stopped_and_not_that_it_watches_on(
     tmp_path: Path,
 ) -> None:

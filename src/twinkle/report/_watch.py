@@ -126,15 +126,14 @@ def _open(
             log = run / EVENTS_FILE
             if once or run.is_file() or (os.path.lexists(log) and not log.is_file()):
                 raise  # (a log made meanwhile is read next time round)
-            if not said:
-                console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
-                said = True
-            sleep(interval_s)
-            continue
-        follower.poll()
-        if follower.events or once:
-            return follower
-        follower.close()
+        else:
+            follower.poll()
+            if follower.events or once:
+                return follower
+            follower.close()  # (a log with no event yet: its run is starting)
+        if not said:
+            console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
+            said = True
         sleep(interval_s)
 
 

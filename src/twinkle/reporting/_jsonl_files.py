@@ -52,7 +52,8 @@ def reporter_error(path: Path, exc: OSError, doing: str) -> ReporterError:
         why = "it is a symbolic link"
         fix = (
             "twinkle never writes through a symlink (it could point anywhere outside the "
-            "run directory): remove the link, or pass the real file's path"
+            "run directory): remove the link (a run makes its own files in place), or, "
+            "writing a file of your own, pass the real file's path"
         )
     elif isinstance(exc, IsADirectoryError):
         fix = "pass a file path inside it, e.g. <dir>/metrics_raw.jsonl"
