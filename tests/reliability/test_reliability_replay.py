@@ -20,7 +20,7 @@ from reliability._scripted import scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.hookspecs import hookimpl
-from twinkle.run import iter_events, replay
+from twinkle.run import Follower, iter_events, replay
 from twinkle.testing import press_ctrl_c
 
 RECOMPUTED = ["metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json"]
@@ -279,6 +279,22 @@ def test_duplicated_reordered_or_missing_lines_are_refused_naming_file_and_line(
     assert not (tmp_path / "out").exists()
     with pytest.raises(ReplayError, match=rf":{line}: "):
         list(iter_events(bad))
+    if " was due" in match:  # (twinkle report and watch say it alike, with the fix)
+        with pytest.raises(ReplayError, match=rf"run/events\.jsonl:{line}: {match}.*restore"):
+            Follower(bad.parent).poll()
+
+
+def test_a_duplicated_step_is_said_to_be_a_duplicated_line_not_a_repeated_step(
+    log: Path, tmp_path: Path
+) -> None:
+    """The run refuses the copy (its step repeats): the line's number says why."""
+    lines = numbered(objects(log))
+    i = next(k for k, o in enumerate(lines) if o["type"] == "optimizer_step")
+    lines.insert(i + 1, lines[i])
+    bad = write(tmp_path / "run" / "events.jsonl", lines)
+    said = rf"events\.jsonl:{i + 2}: seq {i} where {i + 1} was due: it repeats the line before"
+    with pytest.raises(ReplayError, match=said):
+        replay(bad, tmp_path / "out", autoload=False)
 
 
 def test_an_unnumbered_log_with_a_duplicated_line_is_not_checked_as_before(

@@ -47,6 +47,7 @@ from twinkle.reporting import (
     record_to_dict,
 )
 from twinkle.run._checkpoint import Checkpoint, FileMark, load, observers_of, snapshot_observers
+from twinkle.run._log_lines import BAD_LINE_FIX, seq_problem
 from twinkle.run._run import Run
 
 __all__ = ["Follower", "Snapshot", "Writer", "writer_of"]
@@ -294,16 +295,22 @@ class Follower:
         try:
             data = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise ReplayError(f"{where}: not JSON ({exc}): not a line twinkle wrote") from None
+            raise ReplayError(
+                f"{where}: not JSON ({exc}): not a line twinkle wrote; {BAD_LINE_FIX}"
+            ) from None
         if not isinstance(data, dict):
-            raise ReplayError(f"{where}: not a JSON object: not a line twinkle wrote")
+            raise ReplayError(
+                f"{where}: not a JSON object: not a line twinkle wrote; {BAD_LINE_FIX}"
+            )
         logged = data.pop(SEQ_KEY, None)
         if logged is not None and logged != seq:
-            raise ReplayError(f"{where}: seq {logged} where {seq} was due")
+            if not isinstance(logged, int) or isinstance(logged, bool):
+                raise ReplayError(f"{where}: seq {logged!r} is no line number; {BAD_LINE_FIX}")
+            raise ReplayError(f"{where}: {seq_problem(logged, seq)}")
         try:
             return event_from_dict(data)
         except TwinkleError as exc:
-            raise ReplayError(f"{where}: {exc}") from exc
+            raise ReplayError(f"{where}: {exc}; {BAD_LINE_FIX}") from exc
 
     def _feed(self, event: Event) -> bool:
         """Feed ``event``; False when it made the follower start again (a resumed

@@ -36,6 +36,7 @@ from twinkle.errors import (
 )
 from twinkle.events import (
     Event,
+    RunFinished,
     RunResumed,
     RunStarted,
     event_from_dict,
@@ -47,6 +48,7 @@ from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
 from twinkle.run._feed import FeedProgress, LogFeeder
+from twinkle.run._log_lines import BAD_LINE_FIX, seq_problem
 from twinkle.run._run import Run
 from twinkle.run._staging import Staging
 
@@ -54,10 +56,6 @@ __all__ = ["ReplayResult", "iter_events", "replay"]
 
 #: what to do about a line of the log that is no event twinkle wrote (the lines are
 #: numbered: one taken out would make every later one refused as out of place)
-_BAD_LINE_FIX: Final = (
-    "restore the original log, or cut the log just before that line to replay the "
-    "events before it, and run this again"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +152,7 @@ class _EventLog(Iterator[Event]):
             lineno, why = self._reader.error or (self._reader.lineno, str(exc))
             raise ReplayError(
                 f"{self.path}:{lineno}: {why}; a bad line (other than a torn last line) is "
-                f"corruption, never skipped: {_BAD_LINE_FIX}"
+                f"corruption, never skipped: {BAD_LINE_FIX}"
             ) from exc
         except ReporterError as exc:
             raise ReplayError(f"cannot read the event log: {exc}") from exc
@@ -171,7 +169,7 @@ class _EventLog(Iterator[Event]):
         try:
             return event_from_dict(data)
         except RecordError as exc:
-            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}; {_BAD_LINE_FIX}") from exc
+            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}; {BAD_LINE_FIX}") from exc
 
     def check_seq(self) -> None:
         """Check the ``seq`` of the line read last (once): it must be the line's 0-based
@@ -199,18 +197,8 @@ class _EventLog(Iterator[Event]):
             )
         if seq == expected:
             return
-        if seq > expected:
-            gap = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
-            why = f"seq {gap} missing before it (lines lost or moved)"
-        elif seq == expected - 1 and self._numbered_at < lineno:
-            why = "it repeats the line before it (a duplicated line)"
-        else:
-            why = f"seq {seq} belongs to an earlier line (a duplicated or reordered line)"
-        raise ReplayError(
-            f"{self.path}:{lineno}: {SEQ_KEY} {seq} where {expected} was due: {why}; a "
-            "log with duplicated, reordered or missing lines would give wrong figures: "
-            "restore the original file"
-        )
+        why = seq_problem(seq, expected, after_numbered=self._numbered_at < lineno)
+        raise ReplayError(f"{self.path}:{lineno}: {why}")
 
 
 def _log_path(events: str | os.PathLike[str]) -> Path:
@@ -377,10 +365,13 @@ def _feed(
     feeder = LogFeeder(run)
     segments = [first.plugins]
 
+    fed: list[Event] = [first]  # (the newest event handed to the run)
+
     def events() -> Iterator[Event]:
         for event in _chain(first, iterator):
             if isinstance(event, RunResumed):
                 segments.append(event.plugins)
+            fed[-1] = event
             yield event
 
     try:
@@ -395,20 +386,35 @@ def _feed(
                 progress=progress,
             )
         except RecordError as exc:
-            where = f"event {feeder.count + 1}" if log is None else f"{log.path}:{log.lineno}"
-            raise ReplayError(f"{where}: {exc}") from exc
-        error = "event log ends without run_finished (the run did not finish)"
-        if log is not None and log.torn_line is not None:
-            error += (
-                f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
-                "by a crash in the middle of a write) was passed over"
-            )
+            raise _refused(exc, fed[-1], log, feeder.count) from exc
         last = feeder.last or first
-        feeder.close_unfinished(error, ns=last.monotonic_ns, wall_ns=last.wall_ns)
+        feeder.close_unfinished(_unfinished(log), ns=last.monotonic_ns, wall_ns=last.wall_ns)
     except BaseException:
         run.close()
         raise
     return feeder.count, run.finish(), tuple(segments)
+
+
+def _refused(exc: RecordError, event: Event, log: _EventLog | None, count: int) -> ReplayError:
+    """The run's refusal of ``event`` (the ``count``-th fed, 0-based), named by its line;
+    as a duplicated or moved line when it is one (the likelier cause), unless it starts
+    or ends a segment (a log put after another is said as such)."""
+    if log is None:
+        return ReplayError(f"event {count + 1}: {exc}")
+    if not isinstance(event, RunStarted | RunResumed | RunFinished):
+        log.check_seq()  # (raises when the line's seq is not its place)
+    return ReplayError(f"{log.path}:{log.lineno}: {exc}")
+
+
+def _unfinished(log: _EventLog | None) -> str:
+    """The error of a replayed run whose log ends without ``run_finished``."""
+    error = "event log ends without run_finished (the run did not finish)"
+    if log is not None and log.torn_line is not None:
+        error += (
+            f"; its torn last line {log.torn_line} ({log.torn_bytes} byte(s), cut "
+            "by a crash in the middle of a write) was passed over"
+        )
+    return error
 
 
 def _latest_logged_config(path: Path) -> Mapping[str, Any] | None:
