@@ -117,10 +117,13 @@ class WriteError(ReporterError, OSError):
     """Writing to disk failed; records not yet written stay in memory and can be flushed.
 
     ``record``: when raised by ``MetricsReporter.report``, the record that call accepted
-    (stamped with its ``seq`` and kept, like the others); otherwise None.
+    (stamped with its ``seq`` and kept, like the others); otherwise None. ``lost_lines``:
+    when raised by a writer's close, the lines it never wrote (0: they were written, the
+    sync failed).
     """
 
     record: Any = None
+    lost_lines: int = 0
 
 
 class ReplayError(TwinkleError):

@@ -154,8 +154,9 @@ def twinkle_check_config(config: Mapping[str, Any]) -> None:
     live run never writes a log its replay refuses). Called outside the dispatcher:
     keep it a pure check of ``config``, quick, raising nothing else.
 
-    :param config: the run's configuration as the event log carries it (NaN and the
-        infinities as None).
+    :param config: the run's configuration as the event log carries it (a live run's
+        configuration holding NaN or an infinity is refused before this hook, naming the
+        key: the log, JSON, would hold null).
     """
 
 

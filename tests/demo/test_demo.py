@@ -170,7 +170,8 @@ def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: 
         (["--lag", "-1"], "--lag: staleness must be an int in [0, 8]"),
         (["--prompts", "0"], "--prompts: prompts_per_iteration must be a positive int, got 0"),
         (["--slow-generation", "0"], "--slow-generation: slow_generation must be a number"),
-        (["--engines", "3"], "--prompts: prompts_per_iteration (16) must be a multiple of"),
+        # (two flags' values that do not fit: said as such, the fix naming both)
+        (["--engines", "3"], "prompts_per_iteration (16) must be a multiple of engines (3)"),
     ],
 )
 def test_a_bad_demo_flag_is_named_by_its_flag(

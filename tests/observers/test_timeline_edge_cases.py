@@ -365,9 +365,9 @@ def test_an_iteration_attribute_that_is_no_number_goes_by_time_and_is_named_once
     said = [r.getMessage() for r in caplog.records if "no iteration number" in r.getMessage()]
     assert said == [
         "span 'train.step' from 'main' has iteration='0' (str), which is no iteration number "
-        "(a whole number >= 0): its time goes to the iteration it ran in, as a span without "
-        "one; pass the iteration as an int",
+        "(a whole number >= 0): it is placed by its start, as a span without one; pass the "
+        "iteration as an int",
         "span 'train.b' from 'main' has iteration=-1 (int), which is no iteration number "
-        "(a whole number >= 0): its time goes to the iteration it ran in, as a span without "
-        "one; pass the iteration as an int",
+        "(a whole number >= 0): it is placed by its start, as a span without one; pass the "
+        "iteration as an int",
     ]

@@ -323,3 +323,30 @@ def test_fault_that_outlasts_the_run_is_reported_at_finish_naming_what_was_lost(
     assert summary["status"] == "error" and "closing the reporter" in summary["error"]
     finished = json.loads(log.read_bytes().splitlines()[-1])
     assert finished["type"] != "run_finished"  # (the lost lines are the run's last)
+
+
+def test_a_close_that_writes_part_of_what_was_kept_names_only_the_lines_it_lost(
+    tmp_path: Path, faults: Faults, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event log's close writes what it kept: a third goes out (whole lines and a
+    torn one), then the fault is met again. The lines lost are those after the last
+    whole line on disk, named by the seq they begin at."""
+    real_close = JsonlWriter.close
+
+    def close(self: JsonlWriter) -> None:
+        if self.path.name == "events.jsonl":
+            faults.short = True
+        real_close(self)
+
+    monkeypatch.setattr(JsonlWriter, "close", close)
+    with pytest.raises(WriteError):
+        faulty_run(tmp_path / "live", faults, heal_at=None, background=False)
+    log = tmp_path / "live" / "disk" / "events.jsonl"
+    data = log.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    assert whole != data  # (a torn line after them)
+    written = [json.loads(line)["seq"] for line in whole.splitlines()]
+    assert written == list(range(len(written)))
+    summary = json.loads((tmp_path / "live" / "disk" / "summary.json").read_text())
+    said = rf"lost its last \d+ line\(s\), the events from seq {len(written)} on \(No space"
+    assert re.search(said, summary["error"]), summary["error"]

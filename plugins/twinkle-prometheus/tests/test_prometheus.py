@@ -288,6 +288,36 @@ def test_each_scraper_reads_the_last_figures_not_only_the_first_to_come(
     assert sum(float(s["value"][1]) for s in stored) == len(records)
 
 
+def test_the_end_names_each_scraper_it_waits_for_and_any_that_did_not_come(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two scrapers from one address, told by their user agents: the end waits for both,
+    and names the one that did not come back within the wait."""
+    from twinkle_prometheus import PrometheusBackend
+
+    port = _free_port()
+    backend = PrometheusBackend("two", "127.0.0.1", port, [], [], linger_s=1.0)
+    backend.open()
+
+    def scrape(agent: str) -> None:
+        url = f"http://127.0.0.1:{port}/metrics"
+        request = urllib.request.Request(url, headers={"User-Agent": agent})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+    for agent in ("Prometheus/2.0", "curl/8", "Prometheus/2.0", "curl/8"):
+        scrape(agent)
+    again = threading.Timer(0.2, scrape, ["Prometheus/2.0"])  # (while the end waits)
+    again.start()
+    with caplog.at_level("WARNING", logger="twinkle_prometheus"):
+        backend.close()
+    again.join()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(" by 127.0.0.1 (Prometheus/2.0), 127.0.0.1 (curl/8), which" in m for m in said)
+    late = "twinkle: run 'two': no scrape of its last figures by 127.0.0.1 (curl/8) within 1 s"
+    assert late in said
+
+
 def test_a_bad_linger_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from twinkle_prometheus import LINGER_ENV, _linger_s
 

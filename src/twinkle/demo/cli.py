@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import stat
 import sys
 import time
@@ -366,9 +367,9 @@ def config_from(args: argparse.Namespace) -> DemoConfig:
     try:
         return _config(args, DemoConfig)
     except ConfigError as exc:
-        field = str(exc).split(" ", 1)[0]
-        flag = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
-        if field.isidentifier() and hasattr(args, flag[2:].replace("-", "_")):
+        one = re.match(r"(\w+) must ", str(exc))  # (a value refused on its own)
+        flag = None if one is None else _FLAG_OF.get(one[1], "--" + one[1].replace("_", "-"))
+        if flag is not None and hasattr(args, flag[2:].replace("-", "_")):
             raise ConfigError(f"{flag}: {exc}") from None
         raise
 

@@ -30,8 +30,8 @@ def iteration_of(attr: object, source: str, name: str, said: set[tuple[str, str]
         said.add((source, name))
         _log.warning(
             "span %r from %r has iteration=%r (%s), which is no iteration number (a whole "
-            "number >= 0): its time goes to the iteration it ran in, as a span without "
-            "one; pass the iteration as an int",
+            "number >= 0): it is placed by its start, as a span without one; pass the "
+            "iteration as an int",
             name,
             source,
             attr,

@@ -370,12 +370,11 @@ class EventLogSink(BuiltinObserver):
         finally:
             writer, self.writer = self.writer, None
             held, self._held = self._held, None
-            unwritten = writer.unwritten_records
             try:
                 writer.close()  # fsyncs; raises if lines stay unwritten (a fault that lasted)
             except WriteError as exc:
-                if unwritten:  # the run's last events: the run's failure, named
-                    self._lost(writer.path, unwritten, exc)
+                if exc.lost_lines:  # the run's last events: the run's failure, named
+                    self._lost(writer.path, exc.lost_lines, exc)
                 raise
             finally:
                 if held is not None:

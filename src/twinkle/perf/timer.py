@@ -272,18 +272,12 @@ class TimeRecorder:
         """How many finished spans wait for :meth:`drain`."""
         return len(self._finished)
 
-    def pending_names(self, most: int = 3) -> list[str]:
-        """The names of the first ``most`` spans waiting for :meth:`drain`, left there
-        (fewer when another thread drains or closes spans meanwhile)."""
-        names: list[str] = []
+    def first_pending(self) -> str | None:
+        """The name of the first span waiting for :meth:`drain` (left there), or None."""
         try:
-            for record in self._finished:
-                if len(names) >= most:
-                    break
-                names.append(record[0])
-        except RuntimeError:  # (closed or drained meanwhile: the deque changed)
-            pass
-        return names
+            return self._finished[0][0]  # (one atomic read, whatever other threads do)
+        except IndexError:
+            return None
 
     def _reset_after_fork(self) -> None:
         self._finished.clear()

@@ -261,10 +261,12 @@ class JsonlWriter:
                 self._sync()
             except WriteError as exc:
                 lost = self._backlog_lines
-                raise WriteError(
+                error = WriteError(
                     exc.errno,
                     f"closing {str(self.path)!r} lost {lost} unwritten line(s): {exc.strerror}",
-                ) from exc
+                )
+                error.lost_lines = lost
+                raise error from exc
             finally:
                 self._backlog = b""
                 self._backlog_lines = 0

@@ -36,13 +36,13 @@ def say_after_finish() -> None:
     with _LOCK:
         found = list(_FINISHED.items())
     for recorder, run_id in found:
-        names = recorder.pending_names()
-        if names:
+        count, first = recorder.pending(), recorder.first_pending()
+        if count:
             _log.warning(
-                "twinkle: %d span(s) closed on run %r's recorder after the run finished "
-                "(the first: %r) and are in no run: finish the run after the spans close "
-                "(stop the threads that time work first)",
-                recorder.pending(),
+                "twinkle: %d span(s) closed on run %r's recorder after the run finished%s "
+                "and are in no run: finish the run after the spans close (stop the threads "
+                "that time work first)",
+                count,
                 run_id,
-                names[0],
+                "" if first is None else f" (the first: {first!r})",
             )

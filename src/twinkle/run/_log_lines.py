@@ -7,7 +7,8 @@ from typing import Final
 
 __all__ = ["BAD_LINE_FIX", "seq_problem"]
 
-#: what to do about a line that is not what twinkle wrote
+#: what to do about a line of the log that is no event twinkle wrote (the lines are
+#: numbered: one taken out would make every later one refused as out of place)
 BAD_LINE_FIX: Final = (
     "restore the original log, or cut the log just before that line to replay the "
     "events before it, and run this again"

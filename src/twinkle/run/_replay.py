@@ -54,9 +54,6 @@ from twinkle.run._staging import Staging
 
 __all__ = ["ReplayResult", "iter_events", "replay"]
 
-#: what to do about a line of the log that is no event twinkle wrote (the lines are
-#: numbered: one taken out would make every later one refused as out of place)
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:

@@ -282,7 +282,8 @@ def _start_server(addr: str, port: int, registry: Any) -> Any:
     from prometheus_client import make_wsgi_app
 
     app = make_wsgi_app(registry)
-    family, *_, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    found = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, *_, sockaddr = found[0]
 
     def told(environ: dict[str, Any], start_response: Any) -> Any:
         _SCRAPER.who = (environ.get("REMOTE_ADDR", ""), environ.get("HTTP_USER_AGENT", ""))
@@ -344,7 +345,7 @@ class PrometheusBackend:
         if not any(during.values()):
             return
         by = sorted(who for who, n in during.items() if n >= 2)
-        named = ", ".join(f"{a or '?'} ({agent or 'no user agent'})" for a, agent in by)
+        named = _named(by)
         _log.warning(
             "twinkle: run %r: waiting at most %g s for one more scrape of %s%s, which reads "
             "its last figures (%s=0 never waits)",
@@ -354,9 +355,13 @@ class PrometheusBackend:
             late = [w for w in by if figures.counts()[1].get(w, 0) == now[w]] if by else []
             _log.warning(
                 "twinkle: run %r: no scrape of its last figures %swithin %g s",
-                self.run_id, f"by {', '.join(a for a, _ in late)} " if late else "",
-                self.linger_s,
+                self.run_id, f"by {_named(late)} " if late else "", self.linger_s,
             )  # fmt: skip
+
+
+def _named(scrapers: Sequence[Scraper]) -> str:
+    """Scrapers in words: each one's address and user agent."""
+    return ", ".join(f"{a or '?'} ({agent or 'no user agent'})" for a, agent in scrapers)
 
 
 class PrometheusSink:
@@ -396,6 +401,9 @@ class PrometheusSink:
         self._backend = None
 
 
+_LINGERS_SAID: set[float] = set()
+
+
 def _linger_s() -> float:
     """``TWINKLE_PROMETHEUS_LINGER_S``: seconds >= 0 (a bad value is a
     :class:`~twinkle.errors.ConfigError` saying the fix)."""
@@ -409,7 +417,8 @@ def _linger_s() -> float:
             f"{LINGER_ENV}={given!r} is not a number of seconds: set it to the longest "
             "wait for a last scrape at the run's end (0: none)"
         )
-    if linger >= DEFAULT_BACKEND_TIMEOUT_S:
+    if linger >= DEFAULT_BACKEND_TIMEOUT_S and linger not in _LINGERS_SAID:
+        _LINGERS_SAID.add(linger)  # (once per process: each run of it reads the setting)
         _log.warning(
             "twinkle: %s=%g is not under a backend's default timeout (%g s): unless the "
             "run's backend timeout is longer (--backend-timeout, RunSession("
