@@ -530,9 +530,22 @@ def test_a_line_of_stragglers_names_eight_workers_at_most() -> None:
     assert _stragglers("generation", many) == "generation: none of its 10 workers"
     all_slow = {"unit": "token", "workers": {f"e{k}": slow for k in range(10)}}
     line = _stragglers("generation", all_slow)
-    assert line.count("chronic (2.0x its peers' seconds per token, slow in 5 of 6") == 8
+    assert line.count("chronic (slow in 5 of 6 iterations, typically 2.0x its peers'") == 8
     assert line.startswith("generation: e0 chronic") and "e7 chronic" in line
     assert "e8" not in line and line.endswith(", and 2 more (report --json)")
+
+
+def test_the_chronic_stragglers_come_first_and_a_one_off_says_only() -> None:
+    one_off = {"verdict": "one-off", "median_ratio_to_peers": 1.0, "slow_iterations": 1,
+               "compared_iterations": 14}  # fmt: skip
+    chronic = {"verdict": "chronic", "median_ratio_to_peers": 7.7, "slow_iterations": 14,
+               "compared_iterations": 14}  # fmt: skip
+    found = {"unit": "token", "workers": {"e0": one_off, "e1": chronic}}
+    assert _stragglers("generation", found) == (
+        "generation: e1 chronic (slow in 14 of 14 iterations, typically 7.7x its peers' "
+        "seconds per token), e0 one-off (slow in 1 of 14 iterations only, typically 1.0x "
+        "its peers' seconds per token)"
+    )
 
 
 def test_a_side_not_compared_says_why_per_iteration_count() -> None:

@@ -146,12 +146,15 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
             for r, n in found.get("abstained", {}).items()
         )
         return f"{side}: not compared ({why or 'no span of its phase names an iteration'})"
+    # (the chronic first; a one-off's slow iterations said first, its typical ratio, 1.0x
+    # in a healthy run's jitter, after)
     slow = [
-        f"{name} {w.get('verdict')} ({w.get('median_ratio_to_peers', 0):.1f}x its peers' "
-        f"seconds per {found.get('unit')}, slow in {w.get('slow_iterations')} of "
-        f"{w.get('compared_iterations')} iterations)"
+        f"{name} {w.get('verdict')} (slow in {w.get('slow_iterations')} of "
+        f"{w.get('compared_iterations')} iterations{'' if chronic else ' only'}, typically "
+        f"{w.get('median_ratio_to_peers', 0):.1f}x its peers' seconds per {found.get('unit')})"
+        for chronic in (True, False)
         for name, w in workers.items()
-        if w.get("verdict") != "ok"
+        if w.get("verdict") != "ok" and (w.get("verdict") == "chronic") == chronic
     ]
     if not slow:
         many = len(workers) > NAMED_WORKERS
