@@ -63,7 +63,7 @@ def _add_report_commands(sub: Any) -> None:
         "--whatif",
         action="store_true",
         help="also predict what would help (twinkle whatif): +1 engine, +1 trainer rank, "
-        "2x faster training, lag +1; a streaming run only",
+        "2x faster generation, 2x faster training, lag +1; a streaming run only",
     )
     _add_reward_option(rep)
     _add_common_options(rep)

@@ -123,6 +123,7 @@ def test_the_report_ends_with_what_would_help(
     assert [r["change"] for r in rows] == [
         "+1 engine",
         "+1 trainer rank",
+        "2x faster generation",
         "2x faster training",
         "lag +1",
     ]

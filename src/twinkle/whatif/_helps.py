@@ -1,4 +1,4 @@
-"""What would help: the predicted effect of four common changes on a recorded run
+"""What would help: the predicted effect of five common changes on a recorded run
 (``twinkle report RUN --whatif``; docs/metrics.md, "What if: predicting another
 configuration").
 
@@ -26,6 +26,7 @@ __all__ = ["HELPS", "format_helps", "what_would_help"]
 HELPS: Sequence[tuple[str, Callable[[dict[str, Any]], Changes]]] = (
     ("+1 engine", lambda s: Changes(engines=s["engines"] + 1)),
     ("+1 trainer rank", lambda s: Changes(ranks=s["ranks"] + 1)),
+    ("2x faster generation", lambda s: Changes(speed={s["generation"]: 2.0})),
     ("2x faster training", lambda s: Changes(speed={s["training"]: 2.0})),
     ("lag +1", lambda s: Changes(lag=s["lag"] + 1)),
 )
@@ -50,7 +51,11 @@ def what_would_help(run: str) -> list[dict[str, Any]]:
     recorded = read_recorded(run)
     base = predict(recorded, Changes())
     try:
-        settings = {**base.settings, "training": recorded.training}
+        settings = {
+            **base.settings,
+            "generation": recorded.generation,
+            "training": recorded.training,
+        }
         changes = [
             (label, make(settings))
             for label, make in HELPS
