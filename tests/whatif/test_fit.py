@@ -42,3 +42,27 @@ def test_a_line_not_known_well_enough_is_proportional() -> None:
 def test_no_tokens_no_fit() -> None:
     rec = EngineRecord("e", 1, 1, 0, items={0: (Piece("generate", 0, 9, "rollout", {}),)})
     assert fit_engines([rec], "rollout") is None
+
+
+def test_each_iteration_keeps_its_pace_when_its_tokens_are_shared_again() -> None:
+    """Two engines of one speed, each 100 tokens an iteration: 10 ns each on iteration
+    0, 30 on iteration 1 (the machine busy). Their line: 40 ns over 200 tokens, 0.2 a
+    token (every span 100 tokens: no slope known). The paces: (10 + 10) / (20 + 20) =
+    0.5 and (30 + 30) / 40 = 1.5, so one engine generating the 200 tokens takes 20 ns on
+    iteration 0 and 60 on iteration 1: the 80 ns the two took, where the line alone
+    gives 40 and 40."""
+    from twinkle.whatif._work import _paces, _shared_piece
+
+    a = _engine("a", [(100, 10), (100, 30)])
+    b = _engine("b", [(100, 10), (100, 30)])
+    fitted = fit_engines([a, b], "rollout")
+    assert fitted is not None
+    fits, _ = fitted
+    assert fits["a"] == fits["b"] == Fit(0.0, 0.2)
+    paces = _paces([a, b], fits, "rollout")
+    assert paces == {0: pytest.approx(0.5), 1: pytest.approx(1.5)}
+    took = [
+        _shared_piece(a.items[it][0], 2.0, "rollout", fits["a"], "a", paces[it]).duration_ns
+        for it in (0, 1)
+    ]
+    assert took == [20, 60]

@@ -7,8 +7,9 @@
 * **Engines**: with the recorded number, each engine makes its recorded items. With
   another number ``E'``, the iteration's work is shared equally: each engine generates
   ``T / E'`` of the iteration's ``T`` recorded generation tokens, in the time its line
-  (:mod:`twinkle.whatif._fit`) gives; an item's other pieces (a reward, say) scale
-  with its share of tokens. Each new engine keeps a recorded engine's gaps and load
+  (:mod:`twinkle.whatif._fit`) gives, times the iteration's pace (its engines' recorded
+  time over what their lines give: :func:`_paces`); an item's other pieces (a reward,
+  say) scale with its share of tokens. Each new engine keeps a recorded engine's gaps and load
   times.
 * **Trainer ranks**: the training phase's pieces take ``R / R'`` of their time
   (data-parallel work split evenly; the all-reduce's cost is assumed not to grow).
@@ -108,10 +109,12 @@ def _scaled(
     )
 
 
-def _shared_piece(p: Piece, share: float, generation: str, fit: Fit, name: str) -> Piece:
+def _shared_piece(  # noqa: PLR0917 - a piece and how it is shared, each used once
+    p: Piece, share: float, generation: str, fit: Fit, name: str, pace: float
+) -> Piece:
     """A piece of an engine's item holding ``share`` of the recorded item's tokens: a
-    generation span's time from the fit (its ``tokens`` the share), any other's
-    scaled by the share; on engine ``name``."""
+    generation span's time from the fit (its ``tokens`` the share) times the
+    iteration's ``pace``, any other's scaled by the share; on engine ``name``."""
     tokens = generated_tokens(p, generation)
     if tokens is None:
         return replace(
@@ -119,7 +122,25 @@ def _shared_piece(p: Piece, share: float, generation: str, fit: Fit, name: str) 
         )
     new = tokens * share
     attrs = {**p.attrs, "engine": name, "tokens": round(new)}
-    return replace(p, duration_ns=round(fit.ns(new)), attrs=attrs)
+    return replace(p, duration_ns=round(fit.ns(new) * pace), attrs=attrs)
+
+
+def _paces(recs: list[EngineRecord], fits: Mapping[str, Fit], generation: str) -> dict[int, float]:
+    """Per iteration, its pace: the engines' recorded generation time over what their
+    lines give for the same spans' tokens. A slow iteration (the machine busy with
+    something else, long prompts) stays slow for every engine sharing its tokens: the
+    lines alone would spread the run's time evenly over its iterations."""
+    times: dict[int, list[float]] = {}
+    for rec in recs:
+        fit = fits.get(rec.name)
+        for it, pieces in rec.items.items():
+            for p in pieces:
+                tokens = generated_tokens(p, generation)
+                if fit is not None and tokens is not None:
+                    pair = times.setdefault(it, [0.0, 0.0])
+                    pair[0] += p.duration_ns
+                    pair[1] += fit.ns(tokens)
+    return {it: took / fitted for it, (took, fitted) in times.items() if fitted > 0}
 
 
 def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...]:
@@ -135,6 +156,7 @@ def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...
             "whatif cannot share an iteration's work among another number of engines"
         )
     fits, typical = fitted
+    paces = _paces(recs, fits, generation)
     totals: dict[int, int] = {}
     for rec in recs:
         for it, tokens in rec.tokens.items():
@@ -145,7 +167,9 @@ def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...
     for k, name in enumerate(names):
         template = recs[k % len(recs)]
         fit = fits.get(name, typical)
-        plans.append(_shared_engine(template, name, fit, totals, count, changes, recorded, threads))
+        plans.append(
+            _shared_engine(template, name, fit, (totals, paces), count, changes, recorded, threads)
+        )
     return tuple(plans)
 
 
@@ -181,7 +205,7 @@ def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
     template: EngineRecord,
     name: str,
     fit: Fit,
-    totals: Mapping[int, int],
+    shares: tuple[Mapping[int, int], Mapping[int, float]],
     count: int,
     changes: Changes,
     recorded: Recorded,
@@ -189,12 +213,14 @@ def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
 ) -> EnginePlan:
     generation, speed = recorded.generation, changes.speed
     thread = template.thread if name == template.name else next(threads)
+    totals, paces = shares  # (per iteration: its generation tokens, its pace)
 
     def items(it: int) -> tuple[Piece, ...]:
         pieces = template.items.get(it) or template.items[max(template.items)]
         tokens = totals.get(it, 0) / count
         share = tokens / template.tokens[it] if template.tokens.get(it) else 1 / count
-        shared = tuple(_shared_piece(p, share, generation, fit, name) for p in pieces)
+        pace = paces.get(it, 1.0)
+        shared = tuple(_shared_piece(p, share, generation, fit, name, pace) for p in pieces)
         return _scaled(shared, speed, name)
 
     load_k = 1 / _factor(speed, recorded.config.publish, name)
