@@ -29,15 +29,15 @@ def last_global_step(pm: Any, scalars: str, steps: int) -> int:
     return start + (steps - before)
 
 
-def warn_redone(run_id: str, steps: int, last: int, start_step: int) -> None:
+def warn_redone(run_id: str, scalars: str, steps: int, last: int, start_step: int) -> None:
     """Say that this train() starts behind TRL's step ``last`` at the run's last step
     (TRL resumed from an older checkpoint, or from none): the steps after its start are
-    done again, and the run counts them again."""
+    done again, and the run counts them again (``scalars``: the logged figures' name)."""
     log.warning(
         "twinkle: run %r recorded %d optimizer step(s), the last at TRL's global_step %d, "
         "and this train() starts at global_step %d (its checkpoint's, or 0 without one): "
         "the steps after it are done again, and twinkle counts every optimizer update it "
-        "sees (its step is TRL's global_step + %d from here; each 'trl' scalar record "
+        "sees (its step is TRL's global_step + %d from here; each %r scalar record "
         "holds TRL's global_step; each segment's counts are compared with TRL's own). "
         "Resuming from the newest checkpoint redoes the least",
         run_id,
@@ -45,4 +45,5 @@ def warn_redone(run_id: str, steps: int, last: int, start_step: int) -> None:
         last,
         start_step,
         steps - start_step,
+        scalars,
     )

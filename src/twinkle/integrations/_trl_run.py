@@ -123,7 +123,7 @@ class ObservedRun:
         if self.session is not None:
             last = last_global_step(self.session.pm, self.SCALARS, self.steps_before)
             if last > self.start_step:
-                warn_redone(self.run_id, self.steps_before, last, self.start_step)
+                warn_redone(self.run_id, self.SCALARS, self.steps_before, last, self.start_step)
 
     def _join(self, state: Any) -> dict[str, Any]:
         """Begin this rank's part in the run: rank 0 starts the run's session (and tells
