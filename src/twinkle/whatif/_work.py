@@ -9,8 +9,8 @@
   ``T / E'`` of the iteration's ``T`` recorded generation tokens, in the time its line
   (:mod:`twinkle.whatif._fit`) gives, times the iteration's pace (its engines' recorded
   time over what their lines give: :func:`_paces`); an item's other pieces (a reward,
-  say) scale with its share of tokens. Each new engine keeps a recorded engine's gaps and load
-  times.
+  say) scale with its share of tokens. Each new engine keeps a recorded engine's gaps
+  and load times.
 * **Trainer ranks**: the training phase's pieces take ``R / R'`` of their time
   (data-parallel work split evenly; the all-reduce's cost is assumed not to grow).
 * **Lag, buffer**: taken as given, else as recorded; the buffer grows with the engines
