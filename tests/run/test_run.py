@@ -380,7 +380,7 @@ def test_spans_closed_after_the_finish_are_named_at_the_exit(
     say_after_finish()
     said = [r.getMessage() for r in caplog.records if "run 'late-spans'" in r.getMessage()]
     assert said == [
-        "twinkle: 2 span(s) closed on run 'late-spans''s recorder after the run finished "
+        "twinkle: 2 span(s) closed on the recorder of run 'late-spans' after it finished "
         "(the first: 'train.step') and are in no run: finish the run after the spans close "
         "(stop the threads that time work first)"
     ]

@@ -39,7 +39,7 @@ def say_after_finish() -> None:
         count, first = recorder.pending(), recorder.first_pending()
         if count:
             _log.warning(
-                "twinkle: %d span(s) closed on run %r's recorder after the run finished%s "
+                "twinkle: %d span(s) closed on the recorder of run %r after it finished%s "
                 "and are in no run: finish the run after the spans close (stop the threads "
                 "that time work first)",
                 count,
