@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +281,29 @@ def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_
     (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
     with pytest.raises(InvalidArgumentError, match="holds no event yet"):
         load_report(cut)
+
+
+def test_a_log_changed_after_the_run_is_said_beside_the_runs_own_figures(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Run a's log with one of its optimizer steps written twice (after it finished):
+    its summary and records are the run's own, which the log no longer gives again (a
+    replay refuses it). The report says so, against the checkpoint's mark of the log."""
+    assert load_report(runs[0])["log_changed"] is None
+    copy_ = tmp_path / "a"
+    shutil.copytree(runs[0], copy_)
+    lines = (copy_ / "events.jsonl").read_bytes().splitlines(keepends=True)
+    step = next(i for i, x in enumerate(lines) if b'"type":"optimizer_step"' in x)
+    (copy_ / "events.jsonl").write_bytes(b"".join([*lines[: step + 1], *lines[step:]]))
+    report = load_report(copy_)
+    assert report["log_changed"] == (
+        "events.jsonl no longer begins with the bytes the checkpoint covers"
+    )
+    assert report["iterations"] == load_report(runs[0])["iterations"]
+    assert (
+        "event log           changed since the run wrote it (events.jsonl no longer begins "
+        "with the bytes the checkpoint covers): these figures are the run's own"
+    ) in format_report(report)
 
 
 def test_a_throughput_tag_whose_samples_never_came_is_named_with_its_fix(

@@ -56,7 +56,14 @@ from twinkle.report._run_files import (
     run_dir,
 )
 from twinkle.report._text import format_compare, format_report
-from twinkle.run import SUMMARY_FILE, Follower, Snapshot, iter_events, writer_of
+from twinkle.run import (
+    SUMMARY_FILE,
+    Follower,
+    Snapshot,
+    iter_events,
+    log_unlike_checkpoint,
+    writer_of,
+)
 
 __all__ = [
     "PLOTS",
@@ -116,7 +123,9 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         ended = log_ends_a_segment(run / EVENTS_FILE)
         check_covered(run, summary, first_event, logged, ended=ended)
         records = finished_records(run, summary, "timing" in first_event.plugins)
-        return _report(run, summary, records, first_event, events, reward, None)
+        report = _report(run, summary, records, first_event, events, reward, None)
+        report["log_changed"] = log_unlike_checkpoint(run)
+        return report
     summary, records, live = _snapshot(run)
     if live["state"] == "finished":  # (its log did; its files do not cover it)
         live["files_missing"] = [n for n in (SUMMARY_FILE, RECORDS_FILE) if not (run / n).is_file()]
@@ -140,6 +149,7 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     report["framework"], report["clock_skew"] = summary.compare, summary.clock_skew
     report["unstarted_iterations"] = sorted(int(k) for k in summary.unstarted_iterations)
     report["live"] = live
+    report["log_changed"] = None  # (a finished run's: its log against its checkpoint)
     if live is not None and live["state"] != "finished":
         report["status"] = live["state"]  # in progress, or stopped
     if summary.memory_peaks is None:  # (a summary from before it had them)

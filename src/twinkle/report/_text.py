@@ -369,6 +369,12 @@ def head_lines(report: Mapping[str, Any]) -> list[str]:
     lines = [f"run {report['run_id']} ({report['status']}): {report['run_dir']}"]
     if report.get("error"):
         lines.append(f"{'error':<20}{error_line(report['error'])}")
+    if report.get("log_changed"):
+        lines.append(
+            f"{'event log':<20}changed since the run wrote it ({report['log_changed']}): "
+            "these figures are the run's own, which the log no longer gives again; "
+            "`twinkle replay` names what is wrong in it"
+        )
     return [*lines, *live_lines(report)]
 
 

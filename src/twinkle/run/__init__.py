@@ -1,7 +1,7 @@
 """The run lifecycle: :class:`Run` (one run's observers and outputs), fed live by a
 :class:`RunSession` or from a log by :func:`replay`."""
 
-from twinkle.run._checkpoint import CHECKPOINT_FILE
+from twinkle.run._checkpoint import CHECKPOINT_FILE, log_unlike_checkpoint
 from twinkle.run._config import check_config
 from twinkle.run._follow import Follower, Snapshot, Writer, writer_of
 from twinkle.run._replay import ReplayResult, iter_events, replay, started_config
@@ -26,6 +26,7 @@ __all__ = [
     "check_config",
     "finish_on_signals",
     "iter_events",
+    "log_unlike_checkpoint",
     "new_run_id",
     "replay",
     "started_config",

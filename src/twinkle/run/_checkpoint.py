@@ -41,6 +41,7 @@ import twinkle
 from twinkle.errors import PluginError
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
+    EVENTS_FILE,
     TIMELINE,
     EventLogSink,
     RawRecordsSink,
@@ -58,6 +59,7 @@ __all__ = [
     "FileMark",
     "code_digest",
     "load",
+    "log_unlike_checkpoint",
     "mark",
     "observers_of",
     "plugins_without_state",
@@ -414,6 +416,21 @@ def load(out_dir: Path, run_id: str, observers: list[str]) -> Checkpoint | str:
         except Exception as exc:  # (whatever a bad pickle raises)
             why = f"its state cannot be read back ({type(exc).__name__}: {exc})"
     return checkpoint if why is None else why
+
+
+def log_unlike_checkpoint(out_dir: Path) -> str | None:
+    """Why the run's event log is not what its checkpoint marks (cut, or a line added,
+    removed or changed before the end the checkpoint covers), else None (it is, or no
+    checkpoint marks it). Reads the checkpoint's first line and the log's marked tail."""
+    try:
+        with open_regular(out_dir / CHECKPOINT_FILE) as f:
+            header = _header(f.readline(HEADER_BYTES + 1))
+        if header is None or header.get("format") != FORMAT:
+            return None
+        log = FileMark(*header["files"][EVENTS_FILE])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None  # (no checkpoint of this twinkle's: nothing to compare with)
+    return log.matches(out_dir / EVENTS_FILE)
 
 
 def _header(line: bytes) -> dict[str, Any] | None:
