@@ -44,25 +44,34 @@ def test_no_tokens_no_fit() -> None:
     assert fit_engines([rec], "rollout") is None
 
 
-def test_each_iteration_keeps_its_pace_when_its_tokens_are_shared_again() -> None:
-    """Two engines of one speed, each 100 tokens an iteration: 10 ns each on iteration
-    0, 30 on iteration 1 (the machine busy). Their line: 40 ns over 200 tokens, 0.2 a
-    token (every span 100 tokens: no slope known). The paces: (10 + 10) / (20 + 20) =
-    0.5 and (30 + 30) / 40 = 1.5, so one engine generating the 200 tokens takes 20 ns on
-    iteration 0 and 60 on iteration 1: the 80 ns the two took, where the line alone
-    gives 40 and 40."""
+def test_each_engine_keeps_its_pace_on_each_iteration_when_its_tokens_are_shared() -> None:
+    """Engine a: 100 tokens in 10 ns on iteration 0, in 30 on iteration 1 (the machine
+    busy); engine b: 10 on each. Rates 40/200 = 0.2 and 20/200 = 0.1 a token; typical
+    0.1 (the low median); no slope known (every span 100 tokens): the shape 0.1 a token,
+    a's line 0.2, b's 0.1. The paces: a 10/20 = 0.5 and 30/20 = 1.5, b 1 and 1. So
+    engine a generating 200 tokens takes 0.2 x 200 x 0.5 = 20 ns on iteration 0 and 60
+    on iteration 1, where its line alone gives 40 and 40; a new engine made after b, 20
+    and 20."""
     from twinkle.whatif._work import _paces, _shared_piece
 
     a = _engine("a", [(100, 10), (100, 30)])
-    b = _engine("b", [(100, 10), (100, 30)])
+    b = _engine("b", [(100, 10), (100, 10)])
     fitted = fit_engines([a, b], "rollout")
     assert fitted is not None
-    fits, _ = fitted
-    assert fits["a"] == fits["b"] == Fit(0.0, 0.2)
+    fits, new = fitted
+    assert (fits["a"], fits["b"], new) == (Fit(0.0, 0.2), Fit(0.0, 0.1), Fit(0.0, 0.1))
     paces = _paces([a, b], fits, "rollout")
-    assert paces == {0: pytest.approx(0.5), 1: pytest.approx(1.5)}
-    took = [
-        _shared_piece(a.items[it][0], 2.0, "rollout", fits["a"], "a", paces[it]).duration_ns
-        for it in (0, 1)
-    ]
-    assert took == [20, 60]
+    assert paces == {
+        ("a", 0): pytest.approx(0.5),
+        ("a", 1): pytest.approx(1.5),
+        ("b", 0): pytest.approx(1.0),
+        ("b", 1): pytest.approx(1.0),
+    }
+    for engine, fit, template, want in (("a", fits["a"], a, [20, 60]), ("e2", new, b, [20, 20])):
+        took = [
+            _shared_piece(
+                template.items[it][0], 2.0, "rollout", fit, engine, paces[template.name, it]
+            ).duration_ns
+            for it in (0, 1)
+        ]
+        assert took == want, engine

@@ -7,10 +7,10 @@
 * **Engines**: with the recorded number, each engine makes its recorded items. With
   another number ``E'``, the iteration's work is shared equally: each engine generates
   ``T / E'`` of the iteration's ``T`` recorded generation tokens, in the time its line
-  (:mod:`twinkle.whatif._fit`) gives, times the iteration's pace (its engines' recorded
-  time over what their lines give: :func:`_paces`); an item's other pieces (a reward,
-  say) scale with its share of tokens. Each new engine keeps a recorded engine's gaps
-  and load times.
+  (:mod:`twinkle.whatif._fit`) gives, times its template's pace on the iteration (that
+  recorded engine's time over what its line gives: :func:`_paces`); an item's other
+  pieces (a reward, say) scale with its share of tokens. Each new engine keeps a
+  recorded engine's gaps and load times.
 * **Trainer ranks**: the training phase's pieces take ``R / R'`` of their time
   (data-parallel work split evenly; the all-reduce's cost is assumed not to grow).
 * **Lag, buffer**: taken as given, else as recorded; the buffer grows with the engines
@@ -125,22 +125,25 @@ def _shared_piece(  # noqa: PLR0917 - a piece and how it is shared, each used on
     return replace(p, duration_ns=round(fit.ns(new) * pace), attrs=attrs)
 
 
-def _paces(recs: list[EngineRecord], fits: Mapping[str, Fit], generation: str) -> dict[int, float]:
-    """Per iteration, its pace: the engines' recorded generation time over what their
-    lines give for the same spans' tokens. A slow iteration (the machine busy with
-    something else, long prompts) stays slow for every engine sharing its tokens: the
-    lines alone would spread the run's time evenly over its iterations."""
-    times: dict[int, list[float]] = {}
+def _paces(
+    recs: list[EngineRecord], fits: Mapping[str, Fit], generation: str
+) -> dict[tuple[str, int], float]:
+    """Per recorded engine and iteration, its pace: the engine's recorded generation time
+    on the iteration over what its line gives for the same spans' tokens. An engine
+    made after it (its template) keeps it: a slow iteration (the machine busy, long
+    prompts) stays slow, and the engines' spread within an iteration stays theirs; the
+    lines alone would spread the run's time evenly over its iterations and engines."""
+    times: dict[tuple[str, int], list[float]] = {}
     for rec in recs:
         fit = fits.get(rec.name)
         for it, pieces in rec.items.items():
             for p in pieces:
                 tokens = generated_tokens(p, generation)
                 if fit is not None and tokens is not None:
-                    pair = times.setdefault(it, [0.0, 0.0])
+                    pair = times.setdefault((rec.name, it), [0.0, 0.0])
                     pair[0] += p.duration_ns
                     pair[1] += fit.ns(tokens)
-    return {it: took / fitted for it, (took, fitted) in times.items() if fitted > 0}
+    return {key: took / fitted for key, (took, fitted) in times.items() if fitted > 0}
 
 
 def _engine_plans(recorded: Recorded, changes: Changes) -> tuple[EnginePlan, ...]:
@@ -205,7 +208,7 @@ def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
     template: EngineRecord,
     name: str,
     fit: Fit,
-    shares: tuple[Mapping[int, int], Mapping[int, float]],
+    shares: tuple[Mapping[int, int], Mapping[tuple[str, int], float]],
     count: int,
     changes: Changes,
     recorded: Recorded,
@@ -213,13 +216,13 @@ def _shared_engine(  # noqa: PLR0917 - one engine's inputs, each used once
 ) -> EnginePlan:
     generation, speed = recorded.generation, changes.speed
     thread = template.thread if name == template.name else next(threads)
-    totals, paces = shares  # (per iteration: its generation tokens, its pace)
+    totals, paces = shares  # (per iteration its generation tokens; per engine, its pace)
 
     def items(it: int) -> tuple[Piece, ...]:
         pieces = template.items.get(it) or template.items[max(template.items)]
         tokens = totals.get(it, 0) / count
         share = tokens / template.tokens[it] if template.tokens.get(it) else 1 / count
-        pace = paces.get(it, 1.0)
+        pace = paces.get((template.name, it), 1.0)
         shared = tuple(_shared_piece(p, share, generation, fit, name, pace) for p in pieces)
         return _scaled(shared, speed, name)
 
