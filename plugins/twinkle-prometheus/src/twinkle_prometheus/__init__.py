@@ -352,7 +352,8 @@ class PrometheusBackend:
             self.run_id, self.linger_s, figures.url, f" by {named}" if by else "", LINGER_ENV,
         )  # fmt: skip
         if not figures.scrape_after(scrapes, self.linger_s, by):
-            late = [w for w in by if figures.counts()[1].get(w, 0) == now[w]] if by else []
+            after = figures.counts()[1]
+            late = [w for w in by if after.get(w, 0) == now[w]]
             _log.warning(
                 "twinkle: run %r: no scrape of its last figures %swithin %g s",
                 self.run_id, f"by {_named(late)} " if late else "", self.linger_s,
