@@ -123,9 +123,7 @@ def load_report(path: str | os.PathLike[str], *, reward: str | None = None) -> d
         ended = log_ends_a_segment(run / EVENTS_FILE)
         check_covered(run, summary, first_event, logged, ended=ended)
         records = finished_records(run, summary, "timing" in first_event.plugins)
-        report = _report(run, summary, records, first_event, events, reward, None)
-        report["log_changed"] = log_unlike_checkpoint(run)
-        return report
+        return _report(run, summary, records, first_event, events, reward, None)
     summary, records, live = _snapshot(run)
     if live["state"] == "finished":  # (its log did; its files do not cover it)
         live["files_missing"] = [n for n in (SUMMARY_FILE, RECORDS_FILE) if not (run / n).is_file()]
@@ -149,7 +147,8 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     report["framework"], report["clock_skew"] = summary.compare, summary.clock_skew
     report["unstarted_iterations"] = sorted(int(k) for k in summary.unstarted_iterations)
     report["live"] = live
-    report["log_changed"] = None  # (a finished run's: its log against its checkpoint)
+    # (a finished run's log against its checkpoint; a live one is read from its log)
+    report["log_changed"] = log_unlike_checkpoint(run) if live is None else None
     if live is not None and live["state"] != "finished":
         report["status"] = live["state"]  # in progress, or stopped
     if summary.memory_peaks is None:  # (a summary from before it had them)
