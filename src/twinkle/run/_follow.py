@@ -304,8 +304,6 @@ class Follower:
             )
         logged = data.pop(SEQ_KEY, None)
         if logged is not None and logged != seq:
-            if not isinstance(logged, int) or isinstance(logged, bool):
-                raise ReplayError(f"{where}: seq {logged!r} is no line number; {BAD_LINE_FIX}")
             raise ReplayError(f"{where}: {seq_problem(logged, seq)}")
         try:
             return event_from_dict(data)

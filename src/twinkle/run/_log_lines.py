@@ -15,10 +15,14 @@ BAD_LINE_FIX: Final = (
 )
 
 
-def seq_problem(seq: int, expected: int, *, after_numbered: bool = True) -> str:
-    """Why a line numbered ``seq`` where ``expected`` was due is refused, and the fix
-    (``after_numbered``: a numbered line comes before it, so one number less repeats
-    the line before)."""
+def seq_problem(seq: object, expected: int, *, after_numbered: bool = True) -> str:
+    """Why a line numbered ``seq`` (not an int: no number) where ``expected`` was due is
+    refused, and the fix (``after_numbered``: a numbered line comes before it, so one
+    number less repeats the line before)."""
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return (
+            f"seq = {seq!r}: expected the line's 0-based number, an int; restore the original file"
+        )
     if seq > expected:
         gap = f"{expected}" if seq == expected + 1 else f"{expected}..{seq - 1}"
         why = f"seq {gap} missing before it (lines lost or moved)"

@@ -187,15 +187,9 @@ class _EventLog(Iterator[Event]):
             return
         if self._numbered_at is None:
             self._numbered_at = lineno
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise ReplayError(
-                f"{self.path}:{lineno}: {SEQ_KEY} = {seq!r}: expected the line's 0-based "
-                "number, an int; restore the original file"
-            )
-        if seq == expected:
-            return
-        why = seq_problem(seq, expected, after_numbered=self._numbered_at < lineno)
-        raise ReplayError(f"{self.path}:{lineno}: {why}")
+        if type(seq) is not int or seq != expected:
+            why = seq_problem(seq, expected, after_numbered=self._numbered_at < lineno)
+            raise ReplayError(f"{self.path}:{lineno}: {why}")
 
 
 def _log_path(events: str | os.PathLike[str]) -> Path:
