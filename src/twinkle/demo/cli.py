@@ -362,10 +362,8 @@ _FLAG_OF = {
 def config_from(args: argparse.Namespace) -> DemoConfig:
     """The demo's configuration from its parsed arguments (``--lag 0`` is no overlap); a
     refused value is named by its flag."""
-    from twinkle.demo.config import DemoConfig
-
     try:
-        return _config(args, DemoConfig)
+        return _config(args)
     except ConfigError as exc:
         one = re.match(r"(\w+) must ", str(exc))  # (a value refused on its own)
         flag = None if one is None else _FLAG_OF.get(one[1], "--" + one[1].replace("_", "-"))
@@ -374,8 +372,10 @@ def config_from(args: argparse.Namespace) -> DemoConfig:
         raise
 
 
-def _config(args: argparse.Namespace, make: type[DemoConfig]) -> DemoConfig:
-    return make(
+def _config(args: argparse.Namespace) -> DemoConfig:
+    from twinkle.demo.config import DemoConfig
+
+    return DemoConfig(
         iterations=args.iterations,
         prompts_per_iteration=args.prompts,
         completions_per_prompt=args.completions,
