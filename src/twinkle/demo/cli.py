@@ -166,7 +166,7 @@ def _add_schedule_arguments(p: argparse.ArgumentParser, overlap_default: bool) -
     )
     p.add_argument(
         "--lag",
-        type=int,
+        type=_lag,
         default=None,
         metavar="N",
         help="the weight versions a rollout may lag the policy being trained (default: 1 "
@@ -204,6 +204,21 @@ def _add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME:K",
         help="one engine K times slower than the others, a straggler (e.g. engine1:4)",
     )
+
+
+def _lag(text: str) -> int:
+    """``--lag``: a whole number of weight versions in [0, MAX_LAG]."""
+    from twinkle.demo.config import MAX_LAG
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_LAG:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of weight versions in [0, {MAX_LAG}]"
+        )
+    return value
 
 
 def _peak_flops(text: str) -> float | str:

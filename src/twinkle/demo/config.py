@@ -8,7 +8,7 @@ from typing import Any
 
 from twinkle.errors import ConfigError
 
-__all__ = ["BACKENDS", "DEFAULT_LR", "ENGINES", "DemoConfig"]
+__all__ = ["BACKENDS", "DEFAULT_LR", "ENGINES", "MAX_LAG", "DemoConfig"]
 
 #: What generates the rollouts: ``torch`` (in-process tiny decoders, the default) or
 #: ``vllm`` (real vLLM servers, a transformers Llama trainer).
@@ -18,6 +18,9 @@ ENGINES = ("torch", "vllm")
 BACKENDS = ("local", "ray")
 #: The learning rate each engine's demo uses when ``lr`` is not given.
 DEFAULT_LR = {"torch": 2e-3, "vllm": 1e-3}
+
+#: the most weight versions a rollout may lag the policy (``staleness``, ``--lag``)
+MAX_LAG = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +173,11 @@ class DemoConfig:
     def _check_staleness(self) -> None:
         value = self.staleness
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAG
         ):
-            raise ConfigError(f"staleness must be an int in [0, 8] or None, got {value!r}")
+            raise ConfigError(
+                f"staleness must be an int in [0, {MAX_LAG}] or None, got {value!r}"
+            )
         if value is not None and (value > 0) != self.overlap:
             raise ConfigError(
                 f"staleness {value} {'overlaps' if value else 'does not overlap'} generation "
