@@ -178,6 +178,7 @@ def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: 
 def test_a_bad_demo_flag_is_named_by_its_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
 ) -> None:
+    rc: object
     try:
         rc = main(["demo", "--out", str(tmp_path), "--no-progress", "--no-autoload", *flags])
     except SystemExit as exc:  # (refused by the parser, as argparse does: exit status 2)

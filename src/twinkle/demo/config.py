@@ -175,9 +175,7 @@ class DemoConfig:
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAG
         ):
-            raise ConfigError(
-                f"staleness must be an int in [0, {MAX_LAG}] or None, got {value!r}"
-            )
+            raise ConfigError(f"staleness must be an int in [0, {MAX_LAG}] or None, got {value!r}")
         if value is not None and (value > 0) != self.overlap:
             raise ConfigError(
                 f"staleness {value} {'overlaps' if value else 'does not overlap'} generation "
