@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from twinkle.checks import check_seconds
+from twinkle.checks import as_int, check_seconds, is_integer
 from twinkle.errors import InvalidArgumentError
 
 
@@ -98,3 +98,21 @@ def test_every_finite_float_from_zero_up_is_taken_unchanged(value: float) -> Non
 def test_every_negative_number_is_refused(value: float) -> None:
     with pytest.raises(InvalidArgumentError, match=r"^t=.* >= 0$"):
         check_seconds("t", value, none_ok=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "integer"),
+    [
+        (0, True),
+        (-3, True),
+        (2**70, True),
+        (True, False),
+        (False, False),
+        (1.0, False),
+        ("1", False),
+        (None, False),
+    ],
+)
+def test_an_integer_is_an_int_that_is_no_bool(value: object, integer: bool) -> None:
+    assert is_integer(value) is integer
+    assert as_int(value) is (value if integer else None)

@@ -13,7 +13,7 @@ import math
 import re
 import reprlib
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal, TypeVar, overload
+from typing import Annotated, Any, Final, Literal, TypeGuard, TypeVar, overload
 
 import msgspec
 from msgspec import Meta
@@ -31,8 +31,10 @@ __all__ = [
     "NonEmpty",
     "SafeName",
     "Tokens",
+    "as_int",
     "caller_source",
     "check_seconds",
+    "is_integer",
     "convert_checked",
     "run_id",
     "explain",
@@ -277,6 +279,17 @@ _BOUNDS = (
     (str(INT64_MIN), "-2**63"),
     (str(MAX_TOKENS), "2**53 - 1"),
 )
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` and not a ``bool`` (which is one to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_int(value: object) -> int | None:
+    """``value`` if it is an ``int`` and not a ``bool``, else None (a value read from a
+    log or an attribute, where anything else counts as none)."""
+    return value if is_integer(value) else None
 
 
 def _is_number(value: object) -> bool:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from twinkle.checks import key_problem, plain_number
+from twinkle.checks import as_int, key_problem, plain_number
 from twinkle.plugins import ObserverManager
 
 __all__ = ["last_logged", "logged_figures"]
@@ -53,4 +53,4 @@ def last_logged(pm: Any, name: str, key: str) -> int | None:
         return None
     last = getattr(pm.get_plugin("scalars"), "last", {}).get(name, {}).get(key)
     value = None if last is None else last[1]
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return as_int(value)

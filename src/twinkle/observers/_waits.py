@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.checks import as_int
 from twinkle.events import SpanBatch
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._iteration_attr import iteration_number
@@ -23,10 +24,6 @@ from twinkle.observers._iteration_attr import iteration_number
 __all__ = ["PolicyAges", "WAIT_PREFIX"]
 
 WAIT_PREFIX = "wait."
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(slots=True)
@@ -55,7 +52,7 @@ class PolicyAges:
                 continue
             attrs = span.attrs
             iteration = iteration_number(attrs.get("iteration"))
-            version = _int(attrs.get("version"))
+            version = as_int(attrs.get("version"))
             if iteration is None or version is None:
                 continue
             if self.finalised is not None and iteration <= self.finalised:

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from twinkle.checks import INT64_MAX, convert_checked, plain_number
+from twinkle.checks import INT64_MAX, convert_checked, is_integer, plain_number
 from twinkle.errors import InvalidArgumentError
 from twinkle.perf.dist import initialised_dist
 
@@ -41,16 +41,12 @@ _DEVICE_FIELDS = (
 )
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_rank(rank: object) -> int | None:
     """``rank`` (numpy or torch: its plain int) if it is an int >= 0 or None."""
     rank = plain_number(rank)
-    if rank is not None and (not _is_int(rank) or rank < 0):  # type: ignore[operator]
+    if rank is not None and (not is_integer(rank) or rank < 0):
         raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {rank!r}")
-    return rank  # type: ignore[return-value]
+    return rank
 
 
 class MemoryReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -79,15 +75,15 @@ class MemoryReading(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if not isinstance(value, str) or not value:
                 raise InvalidArgumentError(f"{name} must be a non-empty str, got {value!r}")
         # Strict, unlike the readers' arguments: a reading holds plain ints only.
-        if self.rank is not None and (not _is_int(self.rank) or self.rank < 0):
+        if self.rank is not None and (not is_integer(self.rank) or self.rank < 0):
             raise InvalidArgumentError(f"rank must be an int >= 0 or None, got {self.rank!r}")
-        if not _is_int(self.pid) or self.pid <= 0:
+        if not is_integer(self.pid) or self.pid <= 0:
             raise InvalidArgumentError(f"pid must be a positive int, got {self.pid!r}")
         for name in ("host_rss_bytes", "host_peak_rss_bytes", *_DEVICE_FIELDS):
             value = getattr(self, name)
             if value is None and name in _DEVICE_FIELDS:
                 continue
-            if not _is_int(value) or not 0 <= value <= INT64_MAX:
+            if not is_integer(value) or not 0 <= value <= INT64_MAX:
                 raise InvalidArgumentError(
                     f"{name} must be an int >= 0 (bytes){' or None' * (name in _DEVICE_FIELDS)}"
                     f", got {value!r}; readings are raw integer bytes, never converted"
@@ -236,7 +232,7 @@ def process_memory_stats(pid: int, *, worker_id: str, rank: int | None = None) -
             malformed.
     """
     pid = plain_number(pid)  # type: ignore[assignment]
-    if not _is_int(pid) or pid <= 0:
+    if not is_integer(pid) or pid <= 0:
         raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
     if not isinstance(worker_id, str) or not worker_id:
         raise InvalidArgumentError(f"worker_id must be a non-empty str, got {worker_id!r}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinkle.checks import as_int
 from twinkle.errors import ReplayError
 from twinkle.events import (
     Event,
@@ -45,7 +46,7 @@ from twinkle.observers._waits import WAIT_PREFIX
 from twinkle.observers.placement import place_batch
 from twinkle.perf import Span
 from twinkle.run import iter_events
-from twinkle.whatif._types import EngineRecord, Piece, TrainerIteration, as_int
+from twinkle.whatif._types import EngineRecord, Piece, TrainerIteration
 from twinkle.whatif._workers import (
     engine_of,
     handoff_ns,

@@ -10,11 +10,7 @@ from typing import Any
 
 from twinkle.events import Event
 
-__all__ = ["EngineRecord", "Piece", "TrainerIteration", "as_int"]
-
-
-def as_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+__all__ = ["EngineRecord", "Piece", "TrainerIteration"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from twinkle.checks import is_integer
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif._fit import Fit, fit_engines, generated_tokens
 from twinkle.whatif._recorded import EngineRecord, Piece, Recorded
@@ -35,10 +36,6 @@ __all__ = ["Changes", "plan_for"]
 
 #: the trainer's worker name, for a speed factor
 TRAINER = "trainer"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 #: the most engines or trainer ranks a prediction re-simulates (its time grows with
@@ -67,12 +64,12 @@ class Changes:
             ("buffer", MAX_BUFFER),
         ):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 1 <= value <= most):
+            if value is not None and (not is_integer(value) or not 1 <= value <= most):
                 raise InvalidArgumentError(
                     f"--{name} must be an integer in [1, {most}], got {value!r} (the "
                     "re-simulation's time grows with it)"
                 )
-        if self.lag is not None and (not _is_int(self.lag) or not 0 <= self.lag <= 8):
+        if self.lag is not None and (not is_integer(self.lag) or not 0 <= self.lag <= 8):
             raise InvalidArgumentError(f"--lag must be an integer in [0, 8], got {self.lag!r}")
         for key, k in self.speed.items():
             if (

@@ -11,11 +11,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twinkle.checks import as_int
 from twinkle.errors import ReplayError
 from twinkle.events import OVERHEAD_SPAN, Event
 from twinkle.observers._iteration_attr import iteration_number
 from twinkle.perf import Span
-from twinkle.whatif._types import EngineRecord, Piece, TrainerIteration, as_int
+from twinkle.whatif._types import EngineRecord, Piece, TrainerIteration
 
 if TYPE_CHECKING:
     from twinkle.whatif._recorded import LogReader
