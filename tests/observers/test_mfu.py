@@ -332,6 +332,35 @@ def test_the_report_shows_each_phases_mfu_and_its_peak(tmp_path: Path) -> None:
     )
 
 
+def test_a_cut_short_iteration_without_samples_has_no_mfu_not_0(tmp_path: Path) -> None:
+    """Iteration 1 generated for 1 ms, then the run ended in error before its samples
+    came: its FLOPs are not known, so its MFU is too (-, null), not the record's 0."""
+    from twinkle.report import format_report, load_report
+
+    clock = ManualClock(10**9)
+    run = RunSession(out_dir=tmp_path, run_id="r", config=_config(), clock=clock)
+    run.start()
+    run.bus.iteration_started(0)
+    with run.recorder.span("generate", iteration=0):
+        clock.advance(1 * MS)
+    run.bus.samples(iteration=0, phase="rollout", lengths=[3, 4], prompt_lengths=[1, 2])
+    run.bus.iteration_started(1)
+    with run.recorder.span("generate", iteration=1):
+        clock.advance(1 * MS)
+    run.finish(status="error", error="RuntimeError: cut short")
+    assert [r["values"]["rollout_mfu"] for r in _records(tmp_path / "r")] == [0.2064, 0.0]
+    report = load_report(tmp_path / "r")
+    first, cut = (row["phase_mfu"]["rollout"] for row in report["iterations"])
+    assert (first["share"], first["tokens"]) == (0.2064, 7)
+    assert (cut["share"], cut["tokens"]) == (None, 0)
+    lines = format_report(report).splitlines()
+    assert next(line for line in lines if line.startswith("iter")).endswith(
+        "rollout MFU %  train MFU %"
+    )
+    rows = {row[0]: row for row in map(str.split, lines) if row[:1] in (["0"], ["1"])}
+    assert rows["0"][-2] == "20.6" and rows["1"][-2] == "-"
+
+
 def test_without_a_peak_the_report_has_no_mfu_column_and_says_why(tmp_path: Path) -> None:
     from twinkle.report import format_report, load_report
 

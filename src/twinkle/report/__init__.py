@@ -328,6 +328,9 @@ def _not_counted_when_cut(row: dict[str, Any]) -> dict[str, Any]:
     for phase in phased:
         if not samples.get(phase):
             phased[phase] = None
+    for utilisation in row.get("phase_mfu", {}).values():
+        if not utilisation["tokens"]:  # (its FLOPs not known: 0 is what it counted)
+            utilisation["share"] = None
     return row
 
 
@@ -383,19 +386,20 @@ def _seconds(seconds: dict[str, Any], phases: list[str]) -> dict[str, Any]:
 
 def _utilisation(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per phase of an ``mfu`` record (its ``<phase>_flops`` keys): its ``share`` of the
-    peak (None: no peak), the ``figure`` it is (``mfu``, ``hfu``) and whether it is
-    ``implied`` (over 1: not a utilisation)."""
+    peak (None: no peak), the ``figure`` it is (``mfu``, ``hfu``), whether it is
+    ``implied`` (over 1: not a utilisation) and the ``tokens`` it counted."""
     out: dict[str, dict[str, Any]] = {}
     for key in values:
         if not key.endswith("_flops") or key.startswith("steady_"):
             continue
         phase = key.removesuffix("_flops")
-        out[phase] = {"figure": None, "share": None, "implied": False}
+        tokens = values.get(f"{phase}_tokens")
+        out[phase] = {"figure": None, "share": None, "implied": False, "tokens": tokens}
         for figure in ("mfu", "hfu"):
             for implied in (False, True):
                 name = f"{phase}_{'implied_' if implied else ''}{figure}"
                 if name in values:
-                    out[phase] = {"figure": figure, "share": values[name], "implied": implied}
+                    out[phase].update(figure=figure, share=values[name], implied=implied)
     return out
 
 
