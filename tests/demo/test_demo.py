@@ -130,7 +130,7 @@ def test_demo_command_prints_table_and_summary(
     )
     out = capsys.readouterr().out
     assert rc == 0
-    assert "tok/s/dev" in out and "samples generated       8" in out
+    assert "tok/s/dev" in out and "samples generated       8 (" in out
     assert (tmp_path / "cli" / "summary.json").exists()
 
 

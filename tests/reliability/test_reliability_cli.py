@@ -33,7 +33,7 @@ def test_demo_with_any_builtin_blocked_prints_its_summary_or_one_line(
     assert rc == 0, captured.err
     assert "run r: ok" in captured.out
     counted = "n/a" if blocked == "throughput" else "8"  # its observer counts them
-    assert f"samples generated       {counted}\n" in captured.out
+    assert f"samples generated       {counted} (those the trainer took: " in captured.out
     assert "None" not in captured.out
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["observer_failures"] == {}

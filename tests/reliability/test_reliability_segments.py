@@ -100,6 +100,14 @@ def test_process_wall_and_planned_steps_are_per_segment_and_totalled(demo_twice:
         format_summary(summary)
     )
     assert "segments" not in format_summary({**summary, "segments": [first]})
+    wall = "process wall time       {:.1f} s (its 2 segments' processes added, interpreter "
+    said = format_summary(summary)
+    assert wall.format(summary["process_wall_seconds"]) + "start-up included)\n" in said
+    killed = {**summary, "process_wall_seconds": walls[1]}  # (the first one's not known)
+    killed["segments"] = [{**first, "process_wall_seconds": None}, second]
+    assert wall.format(walls[1]) + "start-up included; 1 stopped without finishing: not " in (
+        format_summary(killed)
+    )
 
 
 def test_the_report_marks_each_segment(demo_twice: Path) -> None:

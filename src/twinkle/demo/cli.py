@@ -264,7 +264,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         [
             f"run {summary['run_id']}: {summary['status']}",
             f"  generation groups       {c('groups_rollout')}",
-            f"  samples generated       {c('samples_rollout')}",
+            f"  samples generated       {c('samples_rollout')} (those the trainer took: the "
+            "report's driver line counts any left in the buffer or dropped as stale)",
             f"  training sample visits  {c('samples_train')}",
             f"  optimizer updates       {c('optimizer_updates')}",
             f"  records dropped         {summary.get('records_dropped')}",
@@ -272,10 +273,25 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  what limits it          {verdict}",
             f"  late spans              {late.get('spans', 0)} ({late.get('seconds', 0.0):.3f} s "
             "outside their windows)",
-            f"  process wall time       {summary.get('process_wall_seconds') or 0.0:.1f} s "
-            "(the process's, interpreter start-up included, to the run's finish)",
+            f"  process wall time       {_process_wall(summary)}",
             *restarts,
         ]
+    )
+
+
+def _process_wall(summary: dict[str, Any]) -> str:
+    """The run's process wall time, saying whose: a resumed run's is its segments'
+    added, a killed one's not known (docs/metrics.md, ``process_wall_seconds``)."""
+    seconds = f"{summary.get('process_wall_seconds') or 0.0:.1f} s"
+    segments = summary.get("segments") or []
+    if len(segments) <= 1:
+        return f"{seconds} (the process's, interpreter start-up included, to the run's finish)"
+    known = sum(s.get("process_wall_seconds") is not None for s in segments)
+    unknown = len(segments) - known
+    return (
+        f"{seconds} (its {len(segments)} segments' processes added, interpreter start-up "
+        "included"
+        + (f"; {unknown} stopped without finishing: not known, left out)" if unknown else ")")
     )
 
 
