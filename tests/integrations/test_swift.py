@@ -95,6 +95,8 @@ def test_the_command_line_run_has_swift_generation_reward_and_training_spans(
     config = _events(run_dir, "run_started")[0]["config"]
     assert config["phases"]["reward"] == ["GRPOTrainer._compute_rewards_per_func"]
     assert config["x_swift"] == {"trainer": "GRPOTrainer", "world_size": 1}
+    # swift's default recomputes activations, set on the model (its argument turned off)
+    assert config["mfu"]["recompute"] is True
     assert summary["seconds"]["reward_seconds"] > 0
     # a CPU generating token by token: generation leads the critical path
     limits = summary["limits"]

@@ -79,17 +79,17 @@ def fused_head(trainer: Any) -> bool:
 
 
 def trl_mfu(trainer: Any, owner: Any, *, generates: bool) -> dict[str, Any] | None:
-    """``config.mfu`` for ``trainer``: its model's shape (``model.config``), the dtype its
-    matrix products run in (``bf16``/``fp16`` mixed precision, else the parameters', tf32
-    when allowed), its device as torch names it, activation recomputation
-    (``gradient_checkpointing``: HFU) and the phases ``train`` and (generating)
-    ``rollout``; a TRL trainer's LM head runs on the completion tokens only
-    (:func:`fused_head`). None, logged, when the model has no FLOPs formula: the run goes
-    on without MFU. ``owner`` (the :class:`TwinkleCallback`) gives the ``peak_flops``
-    and where the run's log is: a run that resumes keeps the section it began with, or
-    none, since its MFU may not change on resume: what this process detects otherwise
-    is logged. A ``peak_flops`` given that the run did not begin with is the caller's to
-    change: the resume is refused, saying why."""
+    """``config.mfu`` for ``trainer``: its model's shape (``model.config``), the dtype
+    its matrix products run in (``bf16``/``fp16`` mixed precision, else the parameters',
+    tf32 when allowed), its device as torch names it, activation recomputation
+    (``gradient_checkpointing``, of the arguments or the model: HFU) and the phases
+    ``train`` and (generating) ``rollout``; a TRL trainer's LM head runs on the
+    completion tokens only (:func:`fused_head`). None, logged, when the model has no
+    FLOPs formula: the run goes on without MFU. ``owner`` (the :class:`TwinkleCallback`)
+    gives the ``peak_flops`` and where the run's log is: a run that resumes keeps the
+    section it began with, or none, since its MFU may not change on resume: what this
+    process detects otherwise is logged. A ``peak_flops`` given that the run did not
+    begin with is the caller's to change: the resume is refused, saying why."""
     peak_flops = owner.peak_flops
     detected = _detect_mfu(trainer, generates=generates, peak_flops=peak_flops)
     began = None
@@ -145,11 +145,18 @@ def _detect_mfu(
         dtype=dtype,
         device=name,
         peak_flops=peak_flops,
-        recompute=bool(getattr(args, "gradient_checkpointing", False)),
+        recompute=bool(getattr(args, "gradient_checkpointing", False)) or _recomputes(model),
         logits="completion" if generates or fused_head(trainer) else "all",
         training="train",
         generation="rollout" if generates else None,
     )
+
+
+def _recomputes(model: Any) -> bool:
+    """Whether ``model`` recomputes its activations in the backward pass: transformers'
+    ``is_gradient_checkpointing``. ms-swift turns it on in the model, then sets
+    ``args.gradient_checkpointing`` to False so that transformers does not again."""
+    return getattr(model, "is_gradient_checkpointing", False) is True
 
 
 def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
