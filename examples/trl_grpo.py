@@ -85,26 +85,34 @@ def main(argv: list[str] | None = None) -> Path | None:
         return None  # another rank's: rank 0 writes the run
     assert callback.session.summary is not None
     summary, run_dir = callback.session.summary, callback.session.out_dir
-    tokens = summary["counts"]["tokens_rollout"]
-    reward = summary["scalars"]["trl"]["reward"]
-    window = summary["window"]
     print(f"run: {run_dir}")
-    print(
-        f"tokens: twinkle {tokens['accumulated']:,}, TRL {tokens['terminal']:,} "
-        f"(discrepancy {tokens['discrepancy']})"
-    )
-    print(
-        f"{window['tokens_per_s_per_device']:,.0f} tokens/s/device over "
-        f"{window['seconds']:.2f} s; generation {summary['seconds']['rollout_seconds']:.2f} s, "
-        f"training {summary['seconds']['train_seconds']:.2f} s, "
-        f"idle {summary['seconds']['idle_seconds']:.2f} s"
-    )
-    print(
-        f"reward: {reward['first']:.3f} (iteration {reward['first_iteration']}, step "
-        f"{reward['first_iteration'] + 1}) -> {reward['last']:.3f} (iteration "
-        f"{reward['last_iteration']}, step {reward['last_iteration'] + 1})"
-    )
+    print("\n".join(figures(summary)))
     return Path(str(run_dir))
+
+
+def figures(summary: dict[str, Any]) -> list[str]:
+    """The run's tokens against TRL's count, its throughput, where its time went and its
+    reward, from its summary.json."""
+    tokens = summary["counts"]["tokens_rollout"]
+    segments = len(summary["segments"])
+    theirs = (
+        f"TRL {tokens['terminal']:,}"
+        if segments == 1  # (else TRL's is its last process's, from its checkpoint on)
+        else f"each of its {segments} segments against TRL's count of it"
+    )
+    window, seconds = summary["window"], summary["seconds"]
+    reward = summary["scalars"]["trl"].get("reward")
+    return [
+        f"tokens: twinkle {tokens['accumulated']:,}, {theirs} "
+        f"(discrepancy {tokens['discrepancy']})",
+        f"{window['tokens_per_s_per_device']:,.0f} tokens/s/device over "
+        f"{window['seconds']:.2f} s; generation {seconds['rollout_seconds']:.2f} s, "
+        f"training {seconds['train_seconds']:.2f} s, idle {seconds['idle_seconds']:.2f} s",
+        "reward: none logged"
+        if reward is None
+        else f"reward: {reward['first']:.3f} (iteration {reward['first_iteration']}) -> "
+        f"{reward['last']:.3f} (iteration {reward['last_iteration']})",
+    ]
 
 
 if __name__ == "__main__":

@@ -461,7 +461,19 @@ def test_the_example_script_runs(tmp_path: Path) -> None:
     assert run_dir is not None  # (one process: rank 0)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok"
-    assert summary["counts"]["tokens_rollout"]["discrepancy"] == 0
+    tokens = summary["counts"]["tokens_rollout"]
+    assert tokens["discrepancy"] == 0
+    said = trl_grpo.figures(summary)
+    twinkle, trl = f"{tokens['accumulated']:,}", f"{tokens['terminal']:,}"
+    assert said[0] == f"tokens: twinkle {twinkle}, TRL {trl} (discrepancy 0)"
+    # A resumed run: TRL's count is its last process's, so each segment is compared.
+    resumed = {**summary, "segments": summary["segments"] * 2}
+    resumed["counts"] = {"tokens_rollout": {**tokens, "accumulated": 776, "terminal": 472}}
+    assert trl_grpo.figures(resumed)[0] == (
+        "tokens: twinkle 776, each of its 2 segments against TRL's count of it (discrepancy 0)"
+    )
+    reward = summary["scalars"]["trl"]["reward"]
+    assert said[2].endswith(f"(iteration {reward['last_iteration']})")  # (no step: its own)
 
 
 def test_evaluation_during_training_is_kept_apart_from_training(
