@@ -726,3 +726,38 @@ def test_sft_with_a_completion_only_loss_counts_the_lm_head_on_the_completion(
             recompute=bool(trainer.args.gradient_checkpointing),
             prompt_lengths=[p for e in mine for p in e["prompt_lengths"]],
         )
+
+
+class _Group:
+    """torch.distributed as a process of a group of 2 sees it (rank 1)."""
+
+    @staticmethod
+    def get_world_size() -> int:
+        return 2
+
+    @staticmethod
+    def get_rank() -> int:
+        return 1
+
+
+def test_a_rank_of_a_group_whose_trainer_trains_alone_is_told_how_to_run_it_distributed(
+    tmp_path: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ms-swift on CPU ranks without --use_cpu: torch.distributed holds 2 ranks, each
+    trainer's world_size is 1. Each rank would be a run of its own; given one run id,
+    they would race for its directory, so that is refused before training."""
+    from twinkle.integrations import _trl_ranks
+
+    monkeypatch.setattr(_trl_ranks, "initialised_dist", lambda: _Group)
+    assert _trl_ranks.lone_rank(2) is None  # (the trainer's world is the group's)
+    fix = "pass use_cpu=True and ddp_backend='gloo' to the training arguments"
+    named = TwinkleCallback(out_dir=str(tmp_path / "runs"), run_id="r")
+    with pytest.raises(TwinkleError, match=r"this process is rank 1 of a torch\.distributed"):
+        grpo(tmp_path, tokenizer, named, steps=1).train()
+    assert not (tmp_path / "runs" / "r").exists()
+    caplog.set_level(logging.WARNING, logger="twinkle")
+    grpo(tmp_path, tokenizer, TwinkleCallback(out_dir=str(tmp_path / "runs")), steps=1).train()
+    assert fix in caplog.text and "so each rank is a run of its own" in caplog.text

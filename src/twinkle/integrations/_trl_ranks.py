@@ -41,6 +41,7 @@ __all__ = [
     "JOIN_TIMEOUT",
     "RankBus",
     "RankLink",
+    "lone_rank",
     "merged_samples",
     "sigterm_held",
     "whole_groups",
@@ -178,6 +179,22 @@ class RankLink:
             if dead or not peers or time.monotonic() >= deadline:
                 return dead
             time.sleep(0.05)
+
+
+def lone_rank(world_size: int) -> str | None:
+    """Why this process is observed alone although ``torch.distributed`` holds several
+    ranks: its trainer's ``args.world_size`` is ``world_size`` 1 (transformers did not
+    run it distributed, as on CPU ranks without ``use_cpu``); None when it is not so."""
+    dist = initialised_dist()
+    if world_size != 1 or dist is None or dist.get_world_size() <= 1:
+        return None
+    return (
+        f"this process is rank {dist.get_rank()} of a torch.distributed group of "
+        f"{dist.get_world_size()}, but its trainer trains alone (args.world_size is 1: "
+        "transformers does not run it distributed), so each rank is a run of its own; "
+        "on CPU ranks pass use_cpu=True and ddp_backend='gloo' to the training arguments "
+        "(ms-swift: --use_cpu true --ddp_backend gloo)"
+    )
 
 
 @contextlib.contextmanager

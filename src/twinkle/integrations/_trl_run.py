@@ -19,6 +19,7 @@ from twinkle.integrations._trl_ranks import (
     DEAD_WAIT_S,
     RankBus,
     RankLink,
+    lone_rank,
     merged_samples,
     sigterm_held,
     whole_groups,
@@ -78,6 +79,11 @@ class ObservedRun:
         # On several ranks rank 0 holds the run; the others report to it (_trl_ranks).
         self.rank = int(getattr(trainer.args, "process_index", 0))
         world = int(trainer.args.world_size)
+        alone = lone_rank(world)
+        if alone is not None and owner.run_id is not None:  # (else the ranks race for it)
+            raise TwinkleError(f"{alone}; they would all write run {owner.run_id!r}")
+        if alone is not None:
+            log.warning("twinkle: %s", alone)
         self.link = RankLink(self.rank, world) if world > 1 else None
         self.session: RunSession | None = None
         self.worker: WorkerRecorder | None = None
