@@ -25,7 +25,7 @@ import twinkle.run._checkpointing as run_module
 import twinkle.run._resume as resume_module
 from reliability._scripted import CONFIG, killed_when_ready, segment
 from reliability.test_reliability_resume import DERIVED, assert_replay_identical, echo_segment
-from twinkle.errors import ReplayError, ReporterError
+from twinkle.errors import ConfigError, ReplayError, ReporterError
 from twinkle.events import IterationStarted
 from twinkle.hookspecs import hookimpl
 from twinkle.observers._record_sinks import _copy_replanned
@@ -434,6 +434,39 @@ def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(
     assert any(why in r.getMessage() and "whole log" in r.getMessage() for r in caplog.records)
     segment(without, iterations=2, wall_offset_ns=HOUR)
     assert _outputs(with_ / "r") == _outputs(without / "r")
+
+
+def test_a_log_edited_before_its_checkpoints_mark_is_not_resumed_from(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line of the part the checkpoint covers edited (not only cut short): resuming
+    would rebuild the run's figures from what the log says now, so the resume is
+    refused, naming both fixes, and nothing is written; without the checkpoint (its
+    second fix) the run resumes from the log as it is. A log cut short resumes from
+    the whole log, saying why, as before."""
+    with_, _ = _twins(tmp_path)
+    run_dir = with_ / "r"
+    log = run_dir / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"type":"samples"' in line)
+    lines[at] = lines[at].replace(b'"lengths":[', b'"lengths":[999999,', 1)
+    cut = run_dir.parent.parent / "cut"
+    shutil.copytree(with_, cut)
+    log.write_bytes(b"".join(lines))
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(ConfigError, match=r"events\.jsonl changed since the run wrote it") as e:
+        segment(with_, iterations=1, wall_offset_ns=HOUR)
+    assert "Restore the original log" in str(e.value) and "remove '" in str(e.value)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    (run_dir / CHECKPOINT_FILE).unlink()
+    resumed = segment(with_, iterations=1, wall_offset_ns=HOUR).resumed
+    assert resumed is not None and resumed.restored_events == 0
+    cut_log = cut / "r" / "events.jsonl"  # (whole lines cut, before the mark)
+    cut_log.write_bytes(b"".join(cut_log.read_bytes().splitlines(keepends=True)[:-3]))
+    with caplog.at_level(logging.WARNING, logger="twinkle.session"):
+        resumed = segment(cut, iterations=1, wall_offset_ns=HOUR).resumed
+    assert resumed is not None and resumed.restored_events == 0
+    assert any("whole log" in r.getMessage() for r in caplog.records)
 
 
 class _Counted:

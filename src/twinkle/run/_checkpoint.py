@@ -59,6 +59,7 @@ __all__ = [
     "FileMark",
     "code_digest",
     "load",
+    "log_edited",
     "log_unlike_checkpoint",
     "mark",
     "observers_of",
@@ -96,18 +97,31 @@ class FileMark:
 
     def matches(self, path: Path) -> str | None:
         """None when ``path`` still begins so, else why not."""
+        tail = self._tail(path)
+        if isinstance(tail, str):
+            return tail
+        if hashlib.sha256(tail).hexdigest() != self.tail:
+            return f"{path.name} no longer begins with the bytes the checkpoint covers"
+        return None
+
+    def edited(self, path: Path) -> bool:
+        """Whether ``path`` holds the marked bytes' count at least, but other bytes than
+        they were at the mark (a line changed, added or removed before it; a file cut
+        short is not)."""
+        tail = self._tail(path)
+        return isinstance(tail, bytes) and hashlib.sha256(tail).hexdigest() != self.tail
+
+    def _tail(self, path: Path) -> bytes | str:
+        """The bytes ``path`` holds where the mark's tail was, else why there are none."""
         try:
             with open_regular(path) as f:
                 have = os.fstat(f.fileno()).st_size
                 if have < self.size:
                     return f"{path.name} holds {have} bytes, fewer than its {self.size}"
                 f.seek(max(0, self.size - TAIL_BYTES))
-                tail = f.read(self.size - max(0, self.size - TAIL_BYTES))
+                return f.read(self.size - max(0, self.size - TAIL_BYTES))
         except OSError as exc:
             return f"cannot read {path.name} ({exc.strerror or exc})"
-        if hashlib.sha256(tail).hexdigest() != self.tail:
-            return f"{path.name} no longer begins with the bytes the checkpoint covers"
-        return None
 
 
 def mark(path: Path, size: int, lines: int) -> FileMark:
@@ -422,15 +436,33 @@ def log_unlike_checkpoint(out_dir: Path) -> str | None:
     """Why the run's event log is not what its checkpoint marks (cut, or a line added,
     removed or changed before the end the checkpoint covers), else None (it is, or no
     checkpoint marks it). Reads the checkpoint's first line and the log's marked tail."""
+    mark = _log_mark(out_dir)
+    return None if mark is None else mark.matches(out_dir / EVENTS_FILE)
+
+
+def log_edited(out_dir: Path) -> str | None:
+    """Why the run's event log was changed within the part its checkpoint covers (a line
+    changed, added or removed: not only cut short), else None."""
+    mark = _log_mark(out_dir)
+    if mark is None or not mark.edited(out_dir / EVENTS_FILE):
+        return None
+    return (
+        f"{EVENTS_FILE} changed since the run wrote it: its first {mark.size} bytes, which "
+        f"{CHECKPOINT_FILE} covers, end otherwise than they did"
+    )
+
+
+def _log_mark(out_dir: Path) -> FileMark | None:
+    """Where the run's checkpoint marks its event log (None: no checkpoint of this
+    format, or none readable). Reads the checkpoint's first line."""
     try:
         with open_regular(out_dir / CHECKPOINT_FILE) as f:
             header = _header(f.readline(HEADER_BYTES + 1))
         if header is None or header.get("format") != FORMAT:
             return None
-        log = FileMark(*header["files"][EVENTS_FILE])
+        return FileMark(*header["files"][EVENTS_FILE])
     except (OSError, KeyError, TypeError, ValueError):
         return None  # (no checkpoint of this twinkle's: nothing to compare with)
-    return log.matches(out_dir / EVENTS_FILE)
 
 
 def _header(line: bytes) -> dict[str, Any] | None:

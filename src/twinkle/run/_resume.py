@@ -41,8 +41,10 @@ from twinkle.perf import Clock, ClockAnchor
 from twinkle.plugins import make_plugin_manager
 from twinkle.reporting import make_dirs, sync_dir
 from twinkle.run._checkpoint import (
+    CHECKPOINT_FILE,
     NO_CHECKPOINT,
     Checkpoint,
+    log_edited,
     observers_of,
     plugins_without_state,
 )
@@ -260,6 +262,14 @@ class RunDirectory:
                 "segment ran with (every output is rebuilt under the new one)"
             )
         if isinstance(found, str):
+            edited = log_edited(self.path)
+            if edited is not None:  # (its figures would be rebuilt from what it says now)
+                raise ConfigError(
+                    f"cannot resume run {self.run_id!r}: {edited}. Restore the original "
+                    f"log to resume the run as it was; or, to take the log as it is now, "
+                    f"remove {str(self.path / CHECKPOINT_FILE)!r} (the resume then rebuilds "
+                    "the run's summary, records and trace from it)"
+                )
             self.whole_log_why = found
             return None
         return found
