@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,28 @@ def test_a_log_changed_after_the_run_is_said_beside_the_runs_own_figures(
         "event log           changed since the run wrote it (events.jsonl no longer begins "
         "with the bytes the checkpoint covers): these figures are the run's own"
     ) in format_report(report)
+
+
+def test_a_replay_of_a_log_changed_after_the_run_says_its_figures_are_the_logs(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A samples line of run a edited after it finished (a line the replay accepts):
+    the replay's figures are the edited log's, and it says the log is not the run's."""
+    copy_ = tmp_path / "a"
+    shutil.copytree(runs[0], copy_)
+    log = copy_ / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if b'"type":"samples"' in x)
+    lines[at] = re.sub(rb'"lengths":\[[0-9]+', b'"lengths":[999999', lines[at], count=1)
+    log.write_bytes(b"".join(lines))
+    assert main(["replay", str(log), "--out", str(tmp_path / "again")]) == 0
+    assert (
+        f"twinkle: warning: {log} changed since the run wrote it (events.jsonl no longer "
+        "begins with the bytes the checkpoint covers): these figures are the log's as it "
+        "is now, not the run's own (its summary.json)"
+    ) in capsys.readouterr().err
+    assert main(["replay", str(runs[0]), "--out", str(tmp_path / "own")]) == 0
+    assert "changed since" not in capsys.readouterr().err
 
 
 def test_a_throughput_tag_whose_samples_never_came_is_named_with_its_fix(

@@ -149,7 +149,15 @@ def _replay(args: argparse.Namespace) -> int:
     if result.torn_line is not None:
         print(
             f"twinkle: warning: passed over the torn last line {result.torn_line} of "
-            f"{result.log} ({result.torn_bytes} byte(s): the run was killed while writing it)",
+            f"{result.log} ({result.torn_bytes} byte(s): the run stopped while writing it, "
+            "killed or its disk full)",
+            file=sys.stderr,
+        )
+    if result.log_changed is not None:
+        print(
+            f"twinkle: warning: {result.log} changed since the run wrote it "
+            f"({result.log_changed}): these figures are the log's as it is now, not the "
+            "run's own (its summary.json)",
             file=sys.stderr,
         )
     return 0

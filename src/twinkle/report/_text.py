@@ -372,8 +372,8 @@ def head_lines(report: Mapping[str, Any]) -> list[str]:
     if report.get("log_changed"):
         lines.append(
             f"{'event log':<20}changed since the run wrote it ({report['log_changed']}): "
-            "these figures are the run's own, which the log no longer gives again; "
-            "`twinkle replay` names what is wrong in it"
+            "these figures are the run's own, which the log no longer gives again "
+            "(`twinkle replay` of it gives the log's as it is now)"
         )
     return [*lines, *live_lines(report)]
 

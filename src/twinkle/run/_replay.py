@@ -47,6 +47,7 @@ from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import loaded_plugins, make_plugin_manager
 from twinkle.reporting import read_jsonl
+from twinkle.run._checkpoint import log_unlike_checkpoint
 from twinkle.run._feed import FeedProgress, LogFeeder
 from twinkle.run._log_lines import BAD_LINE_FIX, seq_problem
 from twinkle.run._run import Run
@@ -61,7 +62,9 @@ class ReplayResult:
 
     ``torn_line`` is the line number of a torn last line that was passed over (what a
     crash in the middle of a write leaves), ``torn_bytes`` its length; None and 0 when
-    the log ended cleanly. ``log`` is the log file replayed (None for event values).
+    the log ended cleanly. ``log`` is the log file replayed (None for event values);
+    ``log_changed`` why it is not what the checkpoint beside it marks (cut or edited
+    since the run wrote it: the figures are the log's as it is now), else None.
     ``plugins_recorded`` and ``plugins_now``: the observer plugins the run loaded (in
     any of its segments: its ``run_started`` and each ``run_resumed``; empty in logs from
     before they were recorded) and the ones this replay loaded; ``plugins_by_segment``
@@ -77,6 +80,7 @@ class ReplayResult:
     log: Path | None = None
     plugins_now: tuple[str, ...] = ()
     plugins_by_segment: tuple[tuple[str, ...], ...] = ()
+    log_changed: str | None = None
 
     @property
     def plugins_recorded(self) -> tuple[str, ...]:
@@ -293,6 +297,7 @@ def replay(
         target, count, summary, torn, 0 if log is None or torn is None else log.torn_bytes,
         None if log is None else log.path, plugins_now=loaded_plugins(pm),
         plugins_by_segment=segments,
+        log_changed=None if log is None else log_unlike_checkpoint(log.path.parent),
     )  # fmt: skip
 
 
