@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import types
@@ -133,6 +134,37 @@ def test_an_explicit_cluster_address_is_left_alone(
     assert init_ray(address, num_cpus=4) is ray
     assert calls == [("init", {"address": address, "num_cpus": 4})]
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+
+
+def test_sigterm_handled_by_the_caller_stays_so_after_ray_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ray.init sets SIGTERM to sys.exit(15) whatever handled it: inside
+    finish_on_signals() a kill would then end the run as a SystemExit, not as the
+    signal it is. The guard's handler is set back; a default one is left to Ray."""
+    from twinkle.run import finish_on_signals
+
+    def ray_exit(signum: int, frame: object) -> None:  # (what ray.init installs)
+        sys.exit(signum)
+
+    def init(**kw: Any) -> None:
+        signal.signal(signal.SIGTERM, ray_exit)
+
+    ray, _ = _recording_ray("10.0.0.1", ["10.0.0.1"])
+    ray.init = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (an earlier real Ray's, maybe)
+    try:
+        with finish_on_signals() as guard:
+            assert signal.SIGTERM in guard.handled
+            handler = signal.getsignal(signal.SIGTERM)
+            init_ray("auto")
+            assert signal.getsignal(signal.SIGTERM) == handler
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        init_ray("auto")
+        assert signal.getsignal(signal.SIGTERM) is ray_exit
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.fixture

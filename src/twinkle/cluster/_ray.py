@@ -7,9 +7,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +82,31 @@ def init_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     Any other ``address`` (``"auto"``, ``"ray://host:10001"``, ``"10.0.0.1:6379"``) is
     a cluster the caller chose: ``ray.init(address=address, **init_kwargs)`` runs
     unchanged and the environment is left alone.
+
+    ``ray.init`` sets SIGTERM to ``sys.exit(15)`` in the main thread, whatever handled it
+    before; a handler that was not the default one (:func:`twinkle.run.finish_on_signals`,
+    the caller's own) is set back once Ray is up, so a ``kill`` still ends the run as
+    that handler does.
     """
     ray = import_ray()
+    with _sigterm_kept():
+        return _init(ray, address, init_kwargs)
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """SIGTERM's handler set back after the block when it was not the default one (in
+    the main thread: signals are handled there only)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None and before not in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, before)
+
+
+def _init(ray: Any, address: str | None, init_kwargs: dict[str, Any]) -> Any:
     if address not in (None, "local"):
         ray.init(address=address, **init_kwargs)
         return ray
