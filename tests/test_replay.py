@@ -96,6 +96,17 @@ def test_replay_names_the_line_of_a_malformed_event(run_dir: Path, tmp_path: Pat
         replay(bad, tmp_path / "out")
     # the fix: a line taken out would put every later one out of place (seq)
     assert "restore the original log, or cut the log just before that line" in str(raised.value)
+    assert "does not begin with a twinkle event" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["summary.json", "metrics_raw.jsonl", "trace.json"])
+def test_replay_of_another_file_of_the_run_says_it_may_not_be_the_log(
+    run_dir: Path, tmp_path: Path, name: str
+) -> None:
+    """The run's summary, records or trace given for its log: the first line is no
+    event, so the file may be another (not only a corrupted log)."""
+    with pytest.raises(ReplayError, match=rf"{name}:1: .*; {name} does not begin with a twin"):
+        replay(run_dir / name, tmp_path / "out")
 
 
 def test_replay_needs_run_started_first(run_dir: Path, tmp_path: Path) -> None:

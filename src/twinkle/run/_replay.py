@@ -152,8 +152,8 @@ class _EventLog(Iterator[Event]):
             # A bad line before the end is corruption, not a crash: never skipped.
             lineno, why = self._reader.error or (self._reader.lineno, str(exc))
             raise ReplayError(
-                f"{self.path}:{lineno}: {why}; a bad line (other than a torn last line) is "
-                f"corruption, never skipped: {BAD_LINE_FIX}"
+                f"{self.path}:{lineno}: {why}; {self._not_an_event_log()}a bad line (other "
+                f"than a torn last line) is corruption, never skipped: {BAD_LINE_FIX}"
             ) from exc
         except ReporterError as exc:
             raise ReplayError(f"cannot read the event log: {exc}") from exc
@@ -170,7 +170,20 @@ class _EventLog(Iterator[Event]):
         try:
             return event_from_dict(data)
         except RecordError as exc:
-            raise ReplayError(f"{self.path}:{self._reader.lineno}: {exc}; {BAD_LINE_FIX}") from exc
+            raise ReplayError(
+                f"{self.path}:{self._reader.lineno}: {exc}; {self._not_an_event_log()}"
+                f"{BAD_LINE_FIX}"
+            ) from exc
+
+    def _not_an_event_log(self) -> str:
+        """What to say when the file's first line is no event: it may be another file."""
+        if self._count or self._reader.lineno > 1:
+            return ""
+        return (
+            f"{self.path.name} does not begin with a twinkle event: if it is not a run's "
+            "event log, give the run's directory (runs/<run_id>) or its events.jsonl; if "
+            "it is, "
+        )
 
     def check_seq(self) -> None:
         """Check the ``seq`` of the line read last (once): it must be the line's 0-based
