@@ -187,6 +187,22 @@ def test_a_bad_demo_flag_is_named_by_its_flag(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--resume"], "--resume continues a run, and no --run-id names it"),
+        (["--resume", "--run-id", "typo"], "--resume: '{out}/typo' holds no run to continue"),
+        (["--resume", "--run-id", "r", "--no-observers"], "and --no-observers writes no run"),
+    ],
+)
+def test_resume_of_no_run_is_refused_not_a_new_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    rc = main(["demo", "--out", str(tmp_path), "--no-progress", "--no-autoload", *flags])
+    assert rc != 0 and said.format(out=tmp_path) in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_default_run_learns() -> None:
     """The default run (seed 0, 60 iterations, overlap on) learns the task: its last
     iteration's reward mean, the one `make demo` ends with, reaches 0.8."""

@@ -135,7 +135,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue run --run-id even though it finished ok (without it, a run that "
-        "finished ok is refused; one that crashed or ended in error is continued); the "
+        "finished ok is refused; one that crashed or ended in error is continued; a run id "
+        "that holds no run is refused); the "
         "run's numbering, timeline and figures go on, the tiny model starts again from its "
         "initial weights (the demo keeps no model checkpoint: the reward starts over)",
     )
@@ -370,6 +371,23 @@ def _config(args: argparse.Namespace) -> DemoConfig:
     )
 
 
+def _check_resumable(args: argparse.Namespace) -> None:
+    """``--resume`` names a run to continue: one that ``--out``/``--run-id`` hold (a
+    mistyped id would otherwise start a new run without a word)."""
+    if args.no_observers or args.run_id is None:
+        why = "--no-observers writes no run" if args.no_observers else "no --run-id names it"
+        raise InvalidArgumentError(
+            f"--resume continues a run, and {why}: give --run-id ID (and --out DIR) of the "
+            "run to continue, or leave --resume out"
+        )
+    log = Path(args.out) / args.run_id / "events.jsonl"
+    if not log.is_file() or log.stat().st_size == 0:
+        raise InvalidArgumentError(
+            f"--resume: {str(log.parent)!r} holds no run to continue (no events.jsonl): "
+            "check --run-id and --out, or leave --resume out to start a new run"
+        )
+
+
 def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) -> int:
     """Run the demo from parsed arguments; prints ``show_run(run_dir)`` (the run's
     report: ``twinkle report``'s table and figures) and what the demo did."""
@@ -378,6 +396,8 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         from twinkle.demo.hf import check_vllm_python
 
         args.vllm_python = check_vllm_python(args.vllm_python)
+    if args.resume:
+        _check_resumable(args)
     run_dir = demo_run_dir(args)
     if run_dir is not None:  # a bad --out is said now, not after torch has loaded
         make_out_dir(args.out)
