@@ -169,6 +169,8 @@ def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: 
     [
         (["--lag", "-1"], "argument --lag: '-1' is not a number of weight versions in [0, 8]"),
         (["--lag", "1.5"], "argument --lag: '1.5' is not a number of weight versions in [0, 8]"),
+        (["--lag", "0", "--overlap"], "staleness 0 does not overlap generation with training"),
+        (["--lag", "2", "--no-overlap"], "staleness 2 overlaps generation with training"),
         (["--prompts", "0"], "--prompts: prompts_per_iteration must be a positive int, got 0"),
         (["--slow-generation", "0"], "--slow-generation: slow_generation must be a number"),
         # (two flags' values that do not fit: said as such, the fix naming both)

@@ -157,8 +157,9 @@ def _add_schedule_arguments(p: argparse.ArgumentParser, overlap_default: bool) -
         "--overlap",
         dest="overlap",
         action="store_true",
-        default=overlap_default,
-        help="generate the next rollout while training (default)",
+        default=None,  # (neither flag: the default, unless --lag 0)
+        help="generate the next rollout while training"
+        + (" (default)" if overlap_default else ""),
     )
     overlap.add_argument(
         "--no-overlap",
@@ -357,7 +358,11 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         engines=args.engines,
         seed=args.seed,
         lr=args.lr,
-        overlap=args.overlap and (args.lag is None or args.lag > 0),
+        overlap=(
+            DemoConfig().overlap and (args.lag is None or args.lag > 0)
+            if args.overlap is None
+            else args.overlap  # (given with --lag: DemoConfig says when they disagree)
+        ),
         staleness=args.lag,
         sim_device=args.sim_device,
         observers=not args.no_observers,
