@@ -157,6 +157,11 @@ def test_demo_command_prints_table_and_summary(
         ({"staleness": 2, "overlap": False}, r"staleness 2 overlaps .* --lag 0 for no overlap"),
         ({"staleness": 9}, r"staleness must be an int in \[0, 8\] or None, got 9"),
         ({"sim_device": True, "train_workers": 2}, r"sim_device .* --train-workers 1"),
+        # (values the run could not hold or train with: refused before it starts)
+        ({"lr": 1e300}, r"lr must be at most 1, got 1e\+300"),
+        ({"seed": -1}, r"seed must be an int in \[0, 2\*\*63 - 1\], got -1"),
+        ({"seed": 2**63}, r"seed must be an int in \[0, 2\*\*63 - 1\]"),
+        ({"iterations": 2**31}, r"iterations must be at most 2,147,483,647, got 2147483648"),
     ],
 )
 def test_bad_demo_configuration_names_the_option(kwargs: dict[str, Any], match: str) -> None:

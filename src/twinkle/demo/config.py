@@ -21,6 +21,8 @@ DEFAULT_LR = {"torch": 2e-3, "vllm": 1e-3}
 
 #: the most weight versions a rollout may lag the policy (``staleness``, ``--lag``)
 MAX_LAG = 8
+#: the largest count the demo takes (its run's steps, int64s, stay far within range)
+_MOST = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,11 @@ class DemoConfig:
         for name, value in positive.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            if value > _MOST:  # (the run's counts are int64s: its steps would not fit)
+                raise ConfigError(f"{name} must be at most {_MOST:,}, got {value!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {seed!r}")
         if self.completions_per_prompt < 2:
             raise ConfigError(
                 "completions_per_prompt must be >= 2: GRPO normalises rewards within each "
@@ -125,6 +132,8 @@ class DemoConfig:
                 or not 0 < fvalue < math.inf
             ):
                 raise ConfigError(f"{fname} must be a finite number > 0, got {fvalue!r}")
+        if self.learning_rate > 1:  # (Adam's step is about lr: the weights would blow up)
+            raise ConfigError(f"lr must be at most 1, got {self.learning_rate!r}")
         if not 0 < self.clip_eps < 1:
             raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
         if self.kl_coef < 0:
