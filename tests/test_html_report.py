@@ -314,7 +314,7 @@ def test_the_page_replaces_an_earlier_page_only(
     assert "an older page" not in page.read_text() and page.read_text().startswith("<!DOCTYPE")
     (tmp_path / "dir").mkdir()
     assert main(["report", str(named_run), "--html", str(tmp_path / "dir")]) == 2
-    assert "is a link, a directory or not a regular file" in capsys.readouterr().err
+    assert "is a symbolic link, a directory or not a regular file" in capsys.readouterr().err
 
 
 def test_a_run_that_ended_in_error_shows_its_error(tmp_path: Path) -> None:

@@ -319,6 +319,23 @@ def test_plots_never_write_through_a_planted_link(
     assert victim.read_bytes() == b"precious" and (plots / "throughput.png").is_symlink()
 
 
+def test_plots_never_replace_a_file_that_is_not_a_png(tmp_path: Path) -> None:
+    """A file of the plots' names that is not an earlier plot (a PNG) is kept, and no
+    plot is written: each is checked before any is."""
+    pytest.importorskip("matplotlib")
+    report = load_report(finished(tmp_path))
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / "throughput.png").write_bytes(b"precious")
+    with pytest.raises(InvalidArgumentError, match=r"throughput\.png' holds something else"):
+        write_plots(report, plots)
+    assert [p.name for p in plots.iterdir()] == ["throughput.png"]
+    assert (plots / "throughput.png").read_bytes() == b"precious"
+    (plots / "throughput.png").unlink()
+    written = write_plots(report, plots)
+    assert write_plots(report, plots) == written  # (its own plots are replaced)
+
+
 def test_a_plots_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     report = load_report(finished(tmp_path))

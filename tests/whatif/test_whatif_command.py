@@ -267,7 +267,7 @@ def test_the_plot_is_a_png_and_replaces_no_other_file(
     link = tmp_path / "link.png"
     link.symlink_to(plot)
     assert main(["whatif", str(run), "--plot", str(link)]) == 2
-    assert "is a link, a directory or not a regular file" in capsys.readouterr().err
+    assert "is a symbolic link, a directory or not a regular file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fails", ["prediction", "check"])

@@ -158,8 +158,7 @@ def _add_schedule_arguments(p: argparse.ArgumentParser, overlap_default: bool) -
         dest="overlap",
         action="store_true",
         default=None,  # (neither flag: the default, unless --lag 0)
-        help="generate the next rollout while training"
-        + (" (default)" if overlap_default else ""),
+        help="generate the next rollout while training" + (" (default)" if overlap_default else ""),
     )
     overlap.add_argument(
         "--no-overlap",

@@ -59,8 +59,9 @@ def write_plots(
     lines dashed and its bars hatched beside A's.
 
     No symbolic link is written through: ``out_dir`` itself being one, or a plot's
-    file, is refused (:class:`~twinkle.errors.InvalidArgumentError`); each file is
-    written whole (:class:`~twinkle.reporting.ReplacingFile`)."""
+    file, is refused (:class:`~twinkle.errors.InvalidArgumentError`), as is a plot's
+    file that is not a PNG (a file of the user's), each before any is written; each
+    file is written whole (:class:`~twinkle.reporting.ReplacingFile`)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -69,8 +70,11 @@ def write_plots(
             "--plots needs matplotlib: pip install 'twinkle[report]'"
         ) from exc
     out = _plots_dir(out_dir)
+    drawn = figures(report, other=other, figure=Figure)
+    for name in drawn:  # (each checked before any is written)
+        _check_replaceable(out / name, "--plots", PNG_START)
     written: list[Path] = []
-    for name, fig in figures(report, other=other, figure=Figure).items():
+    for name, fig in drawn.items():
         FigureCanvasAgg(fig)
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
@@ -263,9 +267,17 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, flag: str, start: b
     output of its kind (it begins, ignoring case, with ``start``): a run's
     ``events.jsonl`` given by mistake is never replaced."""
     out = Path(path)
+    _check_replaceable(out, flag, start)
+    _write_whole(out, data, flag)
+    return out
+
+
+def _check_replaceable(out: Path, flag: str, start: bytes) -> None:
+    """Refuse, naming it, to write ``out`` when it is a link, a directory or not a
+    regular file, or a file that does not begin (ignoring case) with ``start``."""
     if out.is_symlink() or (out.exists() and not out.is_file()):
         raise InvalidArgumentError(
-            f"{flag} {str(out)!r} is a link, a directory or not a regular file: give the "
+            f"{flag} {str(out)!r} is a symbolic link, a directory or not a regular file: give the "
             "path of the file to write"
         )
     if out.exists():
@@ -277,8 +289,6 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, flag: str, start: b
                 "would be replaced: a run's own file, say): give a new path, or remove it "
                 "first"
             )
-    _write_whole(out, data, flag)
-    return out
 
 
 def _write_whole(path: Path, data: bytes, flag: str = "--plots") -> None:
