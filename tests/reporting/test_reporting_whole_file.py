@@ -3,6 +3,7 @@ keeps the previous file."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -41,6 +42,28 @@ def test_replacing_file_that_cannot_be_put_in_place_keeps_the_old_and_says_so(
     with pytest.raises(WriteError, match=r"cannot write .*taken'.*previous file .* is kept"):
         out.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_a_write_the_disk_refuses_names_the_file(tmp_path: Path) -> None:
+    """A full disk or a file size limit while writing (``--html`` under ``ulimit -f``):
+    the error names the file, as a failed commit does; the old file is kept."""
+    path = tmp_path / "report.html"
+    path.write_bytes(b"old")
+    out = ReplacingFile(path)
+
+    class Full:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.EFBIG, "File too large")
+
+    real, out._file = out._file, Full()  # type: ignore[assignment]
+    try:
+        with pytest.raises(WriteError, match=r"cannot write .*report\.html': File too large"):
+            out.write(b"data")
+    finally:
+        out._file = real
+    out.discard()
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
 
 
 def test_what_killed_writers_left_is_removed_also_under_this_processs_pid(

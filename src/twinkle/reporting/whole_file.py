@@ -90,10 +90,14 @@ class ReplacingFile:
                 logger.info("removed %s, left by process %s killed before its commit", tmp, pid)
 
     def write(self, data: bytes) -> None:
-        """Append ``data`` (buffered). Raises ``OSError`` as the file does."""
+        """Append ``data`` (buffered). A failure (a full disk, a file size limit) is a
+        :class:`~twinkle.errors.WriteError` naming :attr:`path` (the caller discards)."""
         if self._file is None:
             raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise self._failed(exc) from exc
 
     def flush(self) -> None:
         """Hand what was written to the temporary file (no fsync): a checkpoint marks
@@ -119,12 +123,15 @@ class ReplacingFile:
             ReplacingFile._open_here.discard(self.tmp)
         except OSError as exc:
             self._unlink()
-            raise WriteError(
-                exc.errno,
-                f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous "
-                "file (if any) is kept: free disk space or fix permissions",
-            ) from exc
+            raise self._failed(exc) from exc
         sync_dir(self.path.parent)
+
+    def _failed(self, exc: OSError) -> WriteError:
+        return WriteError(
+            exc.errno,
+            f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous file (if "
+            "any) is kept: free disk space or fix permissions",
+        )
 
     def discard(self) -> None:
         """Drop what was written: ``path`` stays as it was. Idempotent."""
