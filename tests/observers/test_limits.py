@@ -183,6 +183,26 @@ def test_the_rule_at_its_edges(path: dict[str, int], expected: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        # 588 and 394 of 1000: shown as 59 % and 39 %, a lead that rounds to the margin
+        (
+            {"training": 588, "generation": 394, "idle": 18},
+            "training 59% and generation 39% of the critical path: a lead of 19.4 points, "
+            "under the 20 a bound side needs",
+        ),
+        (
+            {"training": 45, "generation": 20, "idle": 35},
+            "training 45% and generation 20% of the critical path: no side holds 50%",
+        ),
+    ],
+)
+def test_a_mixed_verdict_says_which_test_failed_exactly(path: dict[str, int], why: str) -> None:
+    full = dict.fromkeys(KINDS, 0) | path
+    assert verdict(full, ObserverConfig.parse(CONFIG)) == ("mixed", why)
+
+
+@pytest.mark.parametrize(
     ("training_busy", "expected"),
     [(80, "generation-bound"), (81, "mixed"), (92, "mixed")],
 )
