@@ -88,3 +88,4 @@ def test_the_legend_follows_the_columns_a_run_has(report: dict[str, Any]) -> Non
     generic = _columns(text, richer)
     assert {"seg", "<phase> MFU %"} <= generic
     assert _explained(text) == generic - {"iter", "tokens", "reward"}
+    assert generic - _documented() == set(), generic - _documented()
