@@ -279,8 +279,15 @@ def test_a_finished_runs_records_that_are_not_its_summarys_are_refused_with_the_
         load_report(torn)
     assert "metrics_raw.jsonl', its record 3: not a record" in str(caught.value)
     assert f"twinkle replay {torn}/events.jsonl --out DIR" in str(caught.value)
-    (cut / "events.jsonl").write_bytes(b"")  # (a run just starting)
+    (cut / "events.jsonl").write_bytes(b"")  # (emptied after the run wrote its summary)
+    with pytest.raises(InvalidArgumentError, match="holds no event, yet the run wrote its sum"):
+        load_report(cut)
+    (cut / "summary.json").unlink()  # (a run just starting)
     with pytest.raises(InvalidArgumentError, match="holds no event yet"):
+        load_report(cut)
+    (cut / "events.jsonl").unlink()  # (a run whose events observer was blocked)
+    (cut / "summary.json").write_bytes((torn / "summary.json").read_bytes())
+    with pytest.raises(InvalidArgumentError, match=r"has no events\.jsonl, which a report reads"):
         load_report(cut)
 
 

@@ -168,6 +168,11 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
 
 def _why_none(run: Path) -> str:
     """Why a run's log holds no event, as far as its lock file tells."""
+    if (run / SUMMARY_FILE).is_file():
+        return (
+            f", yet the run wrote its {SUMMARY_FILE}: its log was emptied after it; "
+            f"restore {EVENTS_FILE} to report it"
+        )
     writer = writer_of(run)
     if writer is not None and writer.alive is False:
         return (

@@ -51,6 +51,12 @@ def run_dir(path: str | os.PathLike[str]) -> Path:
                 "give the directory of a run twinkle writes"
             )
         missing = [n for n in (SUMMARY_FILE, RECORDS_FILE, EVENTS_FILE) if not (run / n).is_file()]
+        if len(missing) == 1:  # (a run's directory without its log)
+            raise InvalidArgumentError(
+                f"{str(run)!r} has no {EVENTS_FILE}, which a report reads beside the run's "
+                "summary: a run that blocked the events observer (--block events) writes "
+                "none and cannot be reported; run it again without blocking it"
+            )
         raise InvalidArgumentError(
             f"{str(run)!r} has no {', '.join(missing)}: it is not a twinkle run's directory"
         )
