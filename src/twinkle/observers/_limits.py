@@ -78,8 +78,7 @@ def verdict(
         f"{float(100 * MARGIN):.0f} a bound side needs"
     )
     return "mixed", (
-        f"{side} {float(first):.0%} and {runner_up} {float(second):.0%} of the critical "
-        f"path: {why}"
+        f"{side} {float(first):.0%} and {runner_up} {float(second):.0%} of the critical path: {why}"
     )
 
 
