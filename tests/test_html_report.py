@@ -168,13 +168,14 @@ def _open(page_path: Path, screenshot: Path | None = None) -> dict[str, Any]:
                 for part in (".xtick text, .ytick text", ".legendtext")
             }
             links = page.eval_on_selector_all(".js-plotly-plot svg a", "els => els.length")
+            width = page.evaluate("document.documentElement.scrollWidth")
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=False)
         finally:
             browser.close()
     return {"errors": errors, "requests": requests, "shown": shown, "plots": plots, "rows": rows,
             "ticks": labels[".xtick text, .ytick text"], "legend": labels[".legendtext"],
-            "links": links}  # fmt: skip
+            "links": links, "width": width}  # fmt: skip
 
 
 def _summary_value(summary: dict[str, Any], report: dict[str, Any], key: str) -> Any:
@@ -212,6 +213,7 @@ def test_the_page_loads_offline_and_shows_the_summarys_figures(
             "plot-each-worker-s-spans--the-last-iterations"} <= set(drawn)  # fmt: skip
     assert all(n > 0 for n in drawn.values()), drawn
     assert seen["rows"] == [str(r["iteration"]) for r in report["iterations"]]
+    assert seen["width"] <= 1400  # (the window's: its long lines wrap, its table scrolls)
 
 
 @needs_chromium

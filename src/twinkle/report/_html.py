@@ -38,8 +38,10 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
 th { background: #f3f3f3; } td.name { text-align: left; }
-pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; }
+pre { background: #f7f7f7; padding: 0.8em; white-space: pre-wrap; overflow-wrap: anywhere; }
 .runs { display: flex; gap: 3em; flex-wrap: wrap; }
+.runs > section { flex: 1 1 30em; min-width: 0; }
+.wide { overflow-x: auto; }
 """
 #: the run's figures shown, each with the report key it reads
 _FIGURES = (
@@ -131,7 +133,7 @@ def _table(report: Mapping[str, Any]) -> str:
         f"<tr data-iteration='{_e(row[0])}'>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
         for row in rows
     )
-    return f"<table class='iterations'><tr>{head}</tr>{body}</table>"
+    return f"<div class='wide'><table class='iterations'><tr>{head}</tr>{body}</table></div>"
 
 
 def _plots(go: Any, runs: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, Any, str]]:
