@@ -200,9 +200,10 @@ def test_a_bad_demo_flag_is_named_by_its_flag(
         (["--resume"], "--resume continues a run, and no --run-id names it"),
         (["--resume", "--run-id", "typo"], "--resume: '{out}/typo' holds no run to continue"),
         (["--resume", "--run-id", "r", "--no-observers"], "and --no-observers writes no run"),
+        (["--run-id", "r", "--no-observers"], "--run-id names the run to write, and --no-obs"),
     ],
 )
-def test_resume_of_no_run_is_refused_not_a_new_run(
+def test_a_run_named_that_is_not_there_to_resume_or_write_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
 ) -> None:
     rc = main(["demo", "--out", str(tmp_path), "--no-progress", "--no-autoload", *flags])

@@ -402,6 +402,10 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         args.vllm_python = check_vllm_python(args.vllm_python)
     if args.resume:
         _check_resumable(args)
+    if args.no_observers and args.run_id is not None:
+        raise InvalidArgumentError(
+            "--run-id names the run to write, and --no-observers writes none: leave one out"
+        )
     run_dir = demo_run_dir(args)
     if run_dir is not None:  # a bad --out is said now, not after torch has loaded
         make_out_dir(args.out)
