@@ -380,7 +380,7 @@ def test_plots_are_valid_non_trivial_pngs(runs: tuple[Path, Path], tmp_path: Pat
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path.name
         width, height = struct.unpack(">II", data[16:24])
-        assert (width, height) == (800, 450), path.name
+        assert (width, height) == (1000, 450), path.name
         pixels = (imread(path)[..., :3] * 255).round().astype(int)
         colours = {tuple(p) for p in pixels.reshape(-1, 3)}
         # the data are drawn in matplotlib's colour cycle: C0 (#1f77b4) at least

@@ -98,10 +98,15 @@ def figures(
         drawn["reward.png"] = _reward
     made = {}
     for name, draw in drawn.items():
-        fig = figure(figsize=(8, 4.5))
+        fig = figure(figsize=(10, 4.5), layout="constrained")
         draw(fig.add_subplot(), runs, title)
         made[name] = fig
     return made
+
+
+def _legend(ax: Any) -> None:
+    """The plot's legend beside it, right of the axes: never over the data."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
 
 
 class _Run:
@@ -143,7 +148,7 @@ def _limits(ax: Any, runs: list[_Run], title: str) -> None:
     ax.set(title=f"{title}: critical path per window ({verdicts})", xlabel="iteration",
            ylabel="seconds")  # fmt: skip
     if colors:
-        ax.legend(fontsize="small")
+        _legend(ax)
 
 
 def _throughput(ax: Any, runs: list[_Run], title: str) -> None:
@@ -181,7 +186,7 @@ def _throughput(ax: Any, runs: list[_Run], title: str) -> None:
             label = f"{p}a segment starts (resumed)" if k == 0 else None
             ax.axvline(first - 0.5, color="red", linestyle=":", label=label)
     ax.set(title=f"{title}: throughput", xlabel="iteration", ylabel="tokens/s/device")
-    ax.legend(fontsize="small")
+    _legend(ax)
 
 
 def _time(ax: Any, runs: list[_Run], title: str) -> None:
@@ -200,7 +205,7 @@ def _time(ax: Any, runs: list[_Run], title: str) -> None:
             colors.setdefault(part, bars.patches[0].get_facecolor() if bars.patches else None)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set(title=f"{title}: each iteration's window", xlabel="iteration", ylabel="seconds")
-    ax.legend(fontsize="small")
+    _legend(ax)
 
 
 def _memory(ax: Any, runs: list[_Run], title: str) -> None:
@@ -222,7 +227,7 @@ def _memory(ax: Any, runs: list[_Run], title: str) -> None:
     ax.set_xticks([i + width * (len(fields) - 1) / 2 for i in range(len(workers))], workers)
     ax.set(title=f"{title}: peak memory per worker", ylabel="MiB")
     if fields:  # (a run without memory readings: an empty plot, no legend)
-        ax.legend(fontsize="small")
+        _legend(ax)
 
 
 def _reward(ax: Any, runs: list[_Run], title: str) -> None:
@@ -233,7 +238,7 @@ def _reward(ax: Any, runs: list[_Run], title: str) -> None:
             ax.plot([i for i, _ in rewards], [v for _, v in rewards], marker=".",
                     linestyle=run.style, label=f"{run.prefix}{run.report['reward']}")  # fmt: skip
     ax.set(title=f"{title}: reward", xlabel="iteration", ylabel="reward")
-    ax.legend(fontsize="small")
+    _legend(ax)
 
 
 def _plots_dir(out_dir: str | os.PathLike[str]) -> Path:
