@@ -355,6 +355,11 @@ def test_a_resume_from_an_older_checkpoint_says_which_steps_are_done_again(
               if e["name"] == "trl.start"]  # fmt: skip
     assert starts == [(0, {"global_step": 0, "steps_before": 0}),
                       (4, {"global_step": 2, "steps_before": 4})]  # fmt: skip
+    # each save is a span of its iteration (at TRL's steps 2, 4; then 4, 6 again): its
+    # time is the save's, not idle
+    saves = [s["attrs"]["iteration"] for batch in got.of_type("spans")
+             for s in span_list(batch) if s["name"] == "save_checkpoint"]  # fmt: skip
+    assert saves == [1, 3, 5, 7]
     # A third job from the newest checkpoint (6, TRL's step at the run's last) redoes
     # nothing and says nothing, though the run counted 8 steps.
     caplog.clear()

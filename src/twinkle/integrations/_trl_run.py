@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["ObservedRun"]
 
 log = logging.getLogger("twinkle.integrations.trl")
+#: the span of transformers' ``_save_checkpoint`` (a checkpoint's save between steps)
+SAVE_SPAN = "save_checkpoint"
 
 _ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 _NO_EXC: _ExcInfo = (None, None, None)
@@ -113,6 +115,8 @@ class ObservedRun:
             # Failing outside a step: loading the batches, logging, evaluating, saving.
             self._wrap("get_batch_samples", self._failing)
             self._wrap("_maybe_log_save_evaluate", self._failing)
+            if callable(getattr(trainer, "_save_checkpoint", None)):  # (its time: no idle)
+                self._wrap("_save_checkpoint", self._spanned(SAVE_SPAN))
             if self.generates:
                 self._attach_generation()
             setattr(trainer, OBSERVER_ATTRIBUTE, self)
@@ -339,6 +343,18 @@ class ObservedRun:
                 raise
 
         return failing
+
+    def _spanned(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """What wraps a method in a span ``name`` of the step in progress."""
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def spanned(*args: Any, **kwargs: Any) -> Any:
+                with self.span(name):
+                    return original(*args, **kwargs)
+
+            return spanned
+
+        return make
 
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         failing = self._failing(original)
