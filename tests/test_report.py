@@ -20,7 +20,7 @@ from reliability._scripted import segment
 from twinkle.cli import EXIT_USAGE, main
 from twinkle.demo.config import DemoConfig
 from twinkle.demo.runner import run_demo
-from twinkle.errors import InvalidArgumentError
+from twinkle.errors import InvalidArgumentError, TwinkleError
 from twinkle.hookspecs import hookimpl
 from twinkle.report import (
     PLOTS,
@@ -312,6 +312,23 @@ def test_a_log_changed_after_the_run_is_said_beside_the_runs_own_figures(
         "event log           changed since the run wrote it (events.jsonl no longer begins "
         "with the bytes the checkpoint covers): these figures are the run's own"
     ) in format_report(report)
+
+
+def test_a_run_being_written_whose_log_the_run_refuses_is_named_by_its_line(
+    runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Run a's log without its end (a run stopped, read from its log) and an iteration
+    started back in time: the refusal names the line, as replay's does."""
+    copy_ = tmp_path / "a"
+    shutil.copytree(runs[0], copy_)
+    (copy_ / "summary.json").unlink()
+    log = copy_ / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)[:-1]
+    at = [i for i, x in enumerate(lines) if b'"type":"iteration_started"' in x][2]
+    lines[at] = re.sub(rb'"monotonic_ns":[0-9]+', b'"monotonic_ns":5', lines[at], count=1)
+    log.write_bytes(b"".join(lines))
+    with pytest.raises(TwinkleError, match=rf"events\.jsonl:{at + 1}: event iteration_started"):
+        load_report(copy_)
 
 
 def test_a_replay_of_a_log_changed_after_the_run_says_its_figures_are_the_logs(

@@ -331,7 +331,10 @@ class Follower:
                     "read the log again from its first line with it"
                 )
             return False
-        self._run.submit(event)
+        try:
+            self._run.submit(event)
+        except RecordError as exc:  # (the run refused it: named by its line, as replay does)
+            raise ReplayError(f"{self.path}:{self.events + 1}: {exc}") from exc
         self._run.checkpoints.seen(event)
         self.events += 1
         self.last = event
