@@ -464,9 +464,30 @@ def test_a_log_edited_before_its_checkpoints_mark_is_not_resumed_from(
     cut_log = cut / "r" / "events.jsonl"  # (whole lines cut, before the mark)
     cut_log.write_bytes(b"".join(cut_log.read_bytes().splitlines(keepends=True)[:-3]))
     with caplog.at_level(logging.WARNING, logger="twinkle.session"):
-        resumed = segment(cut, iterations=1, wall_offset_ns=HOUR).resumed
+        # (a segment that takes no checkpoint of its own: the trace blocked)
+        resumed = segment(cut, iterations=3, wall_offset_ns=HOUR, blocked=("trace",)).resumed
     assert resumed is not None and resumed.restored_events == 0
     assert any("whole log" in r.getMessage() for r in caplog.records)
+    # The cut log's checkpoint was removed before the log grew past its mark: what the
+    # segment appended there is not read as an edit by the next resume.
+    assert not (cut / "r" / CHECKPOINT_FILE).exists()
+    assert segment(cut, iterations=1, wall_offset_ns=2 * HOUR).resumed is not None
+
+
+def test_a_new_run_of_a_run_id_whose_files_were_removed_drops_their_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The run's files removed but its checkpoint: a new run of the id killed before a
+    checkpoint of its own (none taken here: the trace blocked) is resumed, not refused
+    as an edit of the old run's log."""
+    segment(tmp_path, iterations=3)
+    for path in (tmp_path / "r").iterdir():
+        if path.name != CHECKPOINT_FILE:
+            path.unlink()
+    segment(tmp_path, iterations=4, blocked=("trace",))
+    assert not (tmp_path / "r" / CHECKPOINT_FILE).exists()
+    resumed = segment(tmp_path, iterations=1, wall_offset_ns=HOUR).resumed
+    assert resumed is not None and resumed.restored_events == 0
 
 
 class _Counted:

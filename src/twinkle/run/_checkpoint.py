@@ -14,7 +14,10 @@ A resume uses it only when everything agrees: the same format, the same twinkle 
 own, and plugins that keep their state through ``twinkle_checkpoint_state``, with the
 same code; any other plugin rebuilds its outputs from the events it sees), the state's digest,
 and each file's length and digest. Anything else, it says why and feeds the whole log
-again, as a resume without a checkpoint does: never a wrong figure. One digest covers
+again, as a resume without a checkpoint does: never a wrong figure; but an event log
+that holds the bytes its checkpoint covers, ending otherwise, was edited, and is
+refused (:func:`log_edited`); a checkpoint whose log was cut short, or is gone, is
+removed before the log is written again (:func:`drop_stale`). One digest covers
 the header and the state together (a changed count in the header is as much a
 different checkpoint as a changed state). The state is read by an unpickler that only
 makes twinkle's classes and plain Python values.
@@ -49,7 +52,7 @@ from twinkle.observers import (
     TraceSink,
     WebUISink,
 )
-from twinkle.reporting import ReplacingFile, json_object, open_regular
+from twinkle.reporting import ReplacingFile, json_object, open_regular, sync_dir
 from twinkle.run._state_pickle import read_state
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "FileMark",
     "code_digest",
     "load",
+    "drop_stale",
     "log_edited",
     "log_unlike_checkpoint",
     "mark",
@@ -450,6 +454,23 @@ def log_edited(out_dir: Path) -> str | None:
         f"{EVENTS_FILE} changed since the run wrote it: its first {mark.size} bytes, which "
         f"{CHECKPOINT_FILE} covers, end otherwise than they did"
     )
+
+
+def drop_stale(out_dir: Path) -> bool:
+    """Remove the run's checkpoint, durably, when its event log no longer holds what it
+    marks (cut short: it never fits again, and the bytes the run appends where its mark
+    ended would later read as an edit of the log), or when there is no log (a new run
+    of a run id whose files were removed); whether it did."""
+    path = out_dir / CHECKPOINT_FILE
+    if not os.path.lexists(path):
+        return False
+    log = out_dir / EVENTS_FILE
+    logged = log.is_file() and log.stat().st_size > 0
+    if logged and log_unlike_checkpoint(out_dir) is None:
+        return False
+    path.unlink()
+    sync_dir(out_dir)
+    return True
 
 
 def _log_mark(out_dir: Path) -> FileMark | None:

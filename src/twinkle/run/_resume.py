@@ -44,6 +44,7 @@ from twinkle.run._checkpoint import (
     CHECKPOINT_FILE,
     NO_CHECKPOINT,
     Checkpoint,
+    drop_stale,
     log_edited,
     observers_of,
     plugins_without_state,
@@ -162,6 +163,7 @@ class RunDirectory:
         self.lock.acquire(self.run_id)
         try:
             if self.log.is_symlink() or not self.log.exists():
+                self._drop_stale_checkpoint()  # (a new run of this id: another run's)
                 return None  # (a symlink is refused by the event log's writer)
             if not self.log.is_file():
                 raise ReporterError(
@@ -169,6 +171,7 @@ class RunDirectory:
                     "remove what is in its place or choose another run id"
                 )
             if self.log.stat().st_size == 0:
+                self._drop_stale_checkpoint()
                 return None
             self.checkpoint = self._usable_checkpoint(pm, config)
             return self._scan()
@@ -274,6 +277,14 @@ class RunDirectory:
             return None
         return found
 
+    def _drop_stale_checkpoint(self) -> None:
+        """Remove a checkpoint that marks an event log no longer there (cut, or none),
+        before this session writes the log: else what it appends would later read as an
+        edit of the part the checkpoint covers."""
+        if drop_stale(self.path):
+            log.info("run %r: removed %s, which marked a log no longer there", self.run_id,
+                     CHECKPOINT_FILE)  # fmt: skip
+
     # -- resuming --------------------------------------------------------------------------
 
     def check(
@@ -306,6 +317,8 @@ class RunDirectory:
         if self.checkpoint is None and self.whole_log_why is not None:
             level = logging.INFO if self.whole_log_why == NO_CHECKPOINT else logging.WARNING
             log.log(level, "run %r resumes from its whole log: %s", self.run_id, self.whole_log_why)
+        if self.checkpoint is None:
+            self._drop_stale_checkpoint()
         restored = 0 if self.checkpoint is None else self.checkpoint.events
         feeder = LogFeeder(run)
         feeder.count = restored
