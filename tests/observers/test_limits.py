@@ -191,6 +191,11 @@ def test_the_rule_at_its_edges(path: dict[str, int], expected: str) -> None:
             "training 59% and generation 39% of the critical path: a lead of 19.4 points, "
             "under the 20 a bound side needs",
         ),
+        (  # (19.996 points: rounded down, not up to the margin)
+            {"training": 59996, "generation": 40000, "idle": 4},
+            "training 60% and generation 40% of the critical path: a lead of 19.9 points, "
+            "under the 20 a bound side needs",
+        ),
         (
             {"training": 45, "generation": 20, "idle": 35},
             "training 45% and generation 20% of the critical path: no side holds 50%",

@@ -5,6 +5,7 @@ steady state by one documented rule, and at most what a twice-as-fast side would
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -70,11 +71,12 @@ def verdict(
             f"{side} {float(first):.0%} of the critical path, {runner_up} next at "
             f"{float(second):.0%}"
         )
-    # (which test failed, said exactly: rounded shares can seem to pass both)
+    # (which test failed, said exactly: rounded shares can seem to pass both; the lead
+    # rounded down, so that it never reads as the margin it falls short of)
     why = (
         f"no side holds {float(BOUND_SHARE):.0%}"
         if first < BOUND_SHARE
-        else f"a lead of {float(100 * (first - second)):.1f} points, under the "
+        else f"a lead of {math.floor(1000 * (first - second)) / 10:.1f} points, under the "
         f"{float(100 * MARGIN):.0f} a bound side needs"
     )
     return "mixed", (
