@@ -398,7 +398,7 @@ def test_a_plain_transformers_trainer_counts_its_attention_mask_tokens(
     trainer.train()
     got = _read(trainer, callback, tmp_path / "runs")
     assert got.summary["status"] == "ok"
-    assert set(got.of_type("run_started")[0]["config"]["phases"]) == {"train", "step"}
+    assert set(got.of_type("run_started")[0]["config"]["phases"]) == {"train", "step", "checkpoint"}
     train = [e for e in got.of_type("samples") if e["phase"] == "train"]
     assert [len(e["lengths"]) for e in train] == [6, 6, 6]  # 2 micro-batches of 3
     lengths = {len(tokenizer(t)["input_ids"]) for t in texts}
@@ -443,6 +443,7 @@ def test_the_default_configuration_names_its_phases_and_denominators() -> None:
         "publish": ["GRPOTrainer.sync_weights"],
         "train": ["train.step", "train.optimizer"],
         "step": ["step"],
+        "checkpoint": ["save_checkpoint"],
     }
     assert config["window"] == {"samples": "rollout", "devices": 2}
     assert config["throughput"]["rollout"] == {"samples": "rollout", "devices": 2}

@@ -22,6 +22,10 @@ __all__ = ["fused_head", "observer_config", "positive", "resume_fix", "trl_mfu"]
 log = logging.getLogger("twinkle.integrations.trl")
 
 
+#: the span of transformers' ``_save_checkpoint`` (a checkpoint's save between steps)
+SAVE_SPAN = "save_checkpoint"
+
+
 def observer_config(
     *,
     trainer: str,
@@ -48,9 +52,10 @@ def observer_config(
     :param publish: the span of the ``publish`` phase; default TRL's
         ``<trainer>.sync_weights``.
 
-    Phases ``train`` (``train.step``, ``train.optimizer``) and ``step`` (``step``: the
+    Phases ``train`` (``train.step``, ``train.optimizer``), ``step`` (``step``: the
     whole optimizer step, so idle time is what happens between steps: logging,
-    evaluation, checkpoints) always exist.
+    evaluation) and ``checkpoint`` (:data:`SAVE_SPAN`: transformers saving a checkpoint
+    between steps, as verl's phase of that name) always exist.
     """
     phases: dict[str, list[str]] = {}
     throughput: dict[str, dict[str, Any]] = {}
@@ -64,6 +69,7 @@ def observer_config(
         config["streaming"] = {"generation": "rollout", "training": "train", "publish": "publish"}
     phases["train"] = ["train.step", "train.optimizer"]
     phases["step"] = ["step"]
+    phases["checkpoint"] = [SAVE_SPAN]
     throughput["train"] = {"samples": "train", "devices": devices}
     config["window"] = {"samples": "rollout" if generates else "train", "devices": devices}
     config["total_steps"] = total_steps

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
 from twinkle.integrations._figures import logged_figures
-from twinkle.integrations._trl_config import fused_head, observer_config, resume_fix, trl_mfu
+from twinkle.integrations._trl_config import (
+    SAVE_SPAN,
+    fused_head,
+    observer_config,
+    resume_fix,
+    trl_mfu,
+)
 from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollout_lengths
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING, ProfilingPatch
 from twinkle.integrations._trl_ranks import (
@@ -34,8 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["ObservedRun"]
 
 log = logging.getLogger("twinkle.integrations.trl")
-#: the span of transformers' ``_save_checkpoint`` (a checkpoint's save between steps)
-SAVE_SPAN = "save_checkpoint"
 
 _ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 _NO_EXC: _ExcInfo = (None, None, None)
@@ -115,7 +119,7 @@ class ObservedRun:
             # Failing outside a step: loading the batches, logging, evaluating, saving.
             self._wrap("get_batch_samples", self._failing)
             self._wrap("_maybe_log_save_evaluate", self._failing)
-            if callable(getattr(trainer, "_save_checkpoint", None)):  # (its time: no idle)
+            if callable(getattr(trainer, "_save_checkpoint", None)):  # (the checkpoint phase)
                 self._wrap("_save_checkpoint", self._spanned(SAVE_SPAN))
             if self.generates:
                 self._attach_generation()
