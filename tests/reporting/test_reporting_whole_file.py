@@ -57,8 +57,9 @@ def test_a_write_the_disk_refuses_names_the_file(tmp_path: Path) -> None:
 
     real, out._file = out._file, Full()  # type: ignore[assignment]
     try:
-        with pytest.raises(WriteError, match=r"cannot write .*report\.html': File too large"):
+        with pytest.raises(WriteError, match=r"File too large: '.*report\.html'$") as caught:
             out.write(b"data")
+        assert (caught.value.strerror, caught.value.filename) == ("File too large", str(path))
     finally:
         out._file = real
     out.discard()
@@ -85,3 +86,23 @@ def test_what_killed_writers_left_is_removed_also_under_this_processs_pid(
     mine.discard()
     again.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "trace.json"]
+
+
+def test_a_summary_the_disk_refuses_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """summary.json on a full disk: the file, the reason and the fix, each said once."""
+    from twinkle.run._summary import write_summary
+
+    def full(self: ReplacingFile, data: bytes) -> None:
+        raise WriteError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(ReplacingFile, "write", full)
+    path = tmp_path / "summary.json"
+    with pytest.raises(WriteError) as caught:
+        write_summary(path, {"status": "ok"})
+    assert str(caught.value) == (
+        f"[Errno {errno.ENOSPC}] cannot write {str(path)!r}: No space left on device; the "
+        f"summary can be rebuilt: twinkle replay {str(tmp_path)!r}"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -91,19 +91,23 @@ class ReplacingFile:
 
     def write(self, data: bytes) -> None:
         """Append ``data`` (buffered). A failure (a full disk, a file size limit) is a
-        :class:`~twinkle.errors.WriteError` naming :attr:`path` (the caller discards)."""
+        :class:`~twinkle.errors.WriteError` whose ``filename`` is :attr:`path` (the
+        caller discards)."""
         if self._file is None:
             raise ReporterError(f"{str(self.path)!r} was committed or discarded already")
         try:
             self._file.write(data)
         except OSError as exc:
-            raise self._failed(exc) from exc
+            raise WriteError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
 
     def flush(self) -> None:
         """Hand what was written to the temporary file (no fsync): a checkpoint marks
-        how much of it there is."""
+        how much of it there is. Fails as :meth:`write` does."""
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError as exc:
+                raise WriteError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
 
     def commit(self) -> None:
         """Flush, fsync, rename over ``path``, fsync the directory. On failure the
@@ -123,15 +127,12 @@ class ReplacingFile:
             ReplacingFile._open_here.discard(self.tmp)
         except OSError as exc:
             self._unlink()
-            raise self._failed(exc) from exc
+            raise WriteError(
+                exc.errno,
+                f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous file "
+                "(if any) is kept: free disk space or fix permissions",
+            ) from exc
         sync_dir(self.path.parent)
-
-    def _failed(self, exc: OSError) -> WriteError:
-        return WriteError(
-            exc.errno,
-            f"cannot write {str(self.path)!r}: {exc.strerror or exc}; the previous file (if "
-            "any) is kept: free disk space or fix permissions",
-        )
 
     def discard(self) -> None:
         """Drop what was written: ``path`` stays as it was. Idempotent."""

@@ -192,10 +192,11 @@ def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
             out.write(data + b"\n")
         except OSError as exc:
             out.discard()
-            raise WriteError(exc.errno, f"cannot write {str(path)!r}: {exc}") from exc
+            raise WriteError(exc.errno, f"cannot write {str(path)!r}: {exc.strerror}") from exc
         out.commit()
     except ReporterError as exc:
         raise WriteError(
             getattr(exc, "errno", None),
-            f"{exc}; the summary can be rebuilt: twinkle replay {str(path.parent)!r}",
+            f"{getattr(exc, 'strerror', None) or exc}; the summary can be rebuilt: twinkle "
+            f"replay {str(path.parent)!r}",
         ) from exc
