@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from twinkle.checks import is_integer
 from twinkle.errors import ConfigError
 
 __all__ = ["BACKENDS", "DEFAULT_LR", "ENGINES", "MAX_LAG", "DemoConfig"]
@@ -103,12 +104,12 @@ class DemoConfig:
             "min_digits": self.min_digits,
         }
         for name, value in positive.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
             if value > _MOST:  # (the run's counts are int64s: its steps would not fit)
                 raise ConfigError(f"{name} must be at most {_MOST:,}, got {value!r}")
         seed = self.seed
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        if not is_integer(seed) or not 0 <= seed < 2**63:
             raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {seed!r}")
         if self.completions_per_prompt < 2:
             raise ConfigError(
@@ -181,9 +182,7 @@ class DemoConfig:
 
     def _check_staleness(self) -> None:
         value = self.staleness
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAG
-        ):
+        if value is not None and (not is_integer(value) or not 0 <= value <= MAX_LAG):
             raise ConfigError(f"staleness must be an int in [0, {MAX_LAG}] or None, got {value!r}")
         if value is not None and (value > 0) != self.overlap:
             raise ConfigError(

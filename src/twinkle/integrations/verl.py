@@ -77,6 +77,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from twinkle.checks import is_integer
 from twinkle.integrations._figures import logged_figures
 from twinkle.integrations._trl_ranks import whole_groups
 from twinkle.integrations._verl_resume import (
@@ -439,7 +440,7 @@ def _steps(counted: Any, config: Mapping[str, Any]) -> int | None:
     """The planned steps: the trainer's (it works them out from the data when the
     configuration leaves ``trainer.total_training_steps`` null), else the configuration's."""
     for steps in (counted, setting(config, "trainer", "total_training_steps")):
-        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+        if is_integer(steps) and steps >= 0:
             return steps
     return None
 

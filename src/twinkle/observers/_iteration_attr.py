@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from twinkle.checks import is_integer
+
 __all__ = ["iteration_number", "iteration_of"]
 
 _log = logging.getLogger("twinkle.observers")
@@ -13,7 +15,7 @@ _log = logging.getLogger("twinkle.observers")
 def iteration_number(value: object) -> int | None:
     """``value``, a span's ``iteration`` attribute, as the iteration it names: a whole
     number >= 0 (not a bool); None for anything else."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if is_integer(value) and value >= 0:
         return value
     return None
 

@@ -310,7 +310,7 @@ def replay(
         target, count, summary, torn, 0 if log is None or torn is None else log.torn_bytes,
         None if log is None else log.path, plugins_now=loaded_plugins(pm),
         plugins_by_segment=segments,
-        log_changed=None if log is None else log_unlike_checkpoint(log.path.parent),
+        log_changed=_changed(log),
     )  # fmt: skip
 
 
@@ -413,6 +413,14 @@ def _refused(exc: RecordError, event: Event, log: _EventLog | None, count: int) 
     if not isinstance(event, RunStarted | RunResumed | RunFinished):
         log.check_seq()  # (raises when the line's seq is not its place)
     return ReplayError(f"{log.path}:{log.lineno}: {exc}")
+
+
+def _changed(log: _EventLog | None) -> str | None:
+    """Why the replayed log is not what the checkpoint of its run directory marks (None:
+    it is, or it is no run directory's log: another file's name, event values)."""
+    if log is None or log.path.name != EVENTS_FILE:
+        return None
+    return log_unlike_checkpoint(log.path.parent)
 
 
 def _unfinished(log: _EventLog | None) -> str:

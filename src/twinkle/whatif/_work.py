@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from twinkle.checks import is_integer
+from twinkle.demo.config import MAX_LAG
 from twinkle.errors import InvalidArgumentError
 from twinkle.whatif._fit import Fit, fit_engines, generated_tokens
 from twinkle.whatif._recorded import EngineRecord, Piece, Recorded
@@ -69,8 +70,10 @@ class Changes:
                     f"--{name} must be an integer in [1, {most}], got {value!r} (the "
                     "re-simulation's time grows with it)"
                 )
-        if self.lag is not None and (not is_integer(self.lag) or not 0 <= self.lag <= 8):
-            raise InvalidArgumentError(f"--lag must be an integer in [0, 8], got {self.lag!r}")
+        if self.lag is not None and (not is_integer(self.lag) or not 0 <= self.lag <= MAX_LAG):
+            raise InvalidArgumentError(
+                f"--lag must be an integer in [0, {MAX_LAG}], got {self.lag!r}"
+            )
         for key, k in self.speed.items():
             if (
                 not isinstance(k, int | float)
