@@ -280,3 +280,42 @@ def test_its_backend_creates_the_event_file_when_opened_not_when_made(tmp_path: 
     assert [p.name for p in (tmp_path / DIR).iterdir()] == [backend.event_file.name]
     backend.close()
     assert backend.event_file.stat().st_size > 0  # (its first event: the file's version)
+
+
+def test_a_write_the_disk_cut_short_leaves_every_later_event_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk lets half of an event's frame in: the file is cut back to the frames
+    before it (TensorBoard stops at a frame cut short), so the events after it, once
+    the disk has room again, are read; the failed event's tag gets its metadata with
+    the next event that has it."""
+    import errno
+    import os
+
+    from twinkle_tensorboard import _event_file
+
+    events = _event_file.EventFile(tmp_path / "events.out.tfevents.test")
+    events.write_scalars(1, 1.0, [("a", 1.0)])
+    real = os.write
+    full = {"left": 8}  # (bytes the disk takes before it is full: a frame's half)
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if full["left"] is None:
+            return real(fd, data)
+        taken = real(fd, bytes(data)[: full["left"]])
+        full["left"] = 0
+        if not taken:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return taken
+
+    monkeypatch.setattr(_event_file.os, "write", write)
+    with pytest.raises(OSError, match="No space left"):
+        events.write_scalars(2, 2.0, [("a", 2.0), ("b", 2.0)])
+    full["left"] = None  # (room again)
+    events.write_scalars(3, 3.0, [("a", 3.0), ("b", 3.0)])
+    events.close()
+    shown = read_tensorboard(tmp_path)
+    assert {tag: [(s, v) for s, _, v in points] for tag, points in shown.items()} == {
+        "a": [(1, 1.0), (3, 3.0)],
+        "b": [(3, 3.0)],
+    }
