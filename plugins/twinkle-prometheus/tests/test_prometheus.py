@@ -343,3 +343,27 @@ def test_a_linger_past_the_backend_timeout_is_warned_of(
     caplog.clear()
     monkeypatch.setenv(LINGER_ENV, "20")
     assert _linger_s() == 20.0 and not caplog.records
+
+
+def test_an_iteration_cut_short_is_not_served_as_the_latest_figures() -> None:
+    """A resume rebuilds the killed segment's records first, its last iteration cut
+    short (partial, no step of its own): its part-iteration throughput would be served
+    as a drop to 0; it is left out, as the other sinks leave it, and still counted."""
+    from twinkle_prometheus import _Run
+
+    from twinkle.reporting import make_record
+
+    def rollout(iteration: int, rate: float, **attrs: Any) -> Any:
+        return make_record(kind="rollout", scope="iteration", run_id="r", step=iteration,
+                           iteration=iteration, wall_ns=iteration, monotonic_ns=iteration,
+                           values={"tokens_per_s_per_device": rate, "tokens": 10 * rate},
+                           attrs=attrs)  # fmt: skip
+
+    run = _Run(["rollout"], ["rollout"])
+    run.take(rollout(4, 25.0, window_flags=[], iteration_steps=1))
+    run.take(rollout(5, 0.0, window_flags=["partial"], iteration_steps=0))
+    assert run.rates == {"rollout": 25.0} and run.tokens == {"rollout": 250.0}
+    assert run.values[("iteration", "rollout", "tokens_per_s_per_device")] == 25.0
+    assert (run.iteration, run.records) == (4, {"rollout": 2})
+    run.take(rollout(6, 30.0, window_flags=["partial"], iteration_steps=1))  # (it stepped)
+    assert (run.iteration, run.rates) == (6, {"rollout": 30.0})

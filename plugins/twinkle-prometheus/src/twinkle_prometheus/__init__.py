@@ -32,7 +32,10 @@ them to scrape ends the wait.
 **What it serves** (every series labelled ``run_id``):
 
 * ``twinkle_record_value{scope, kind, key}``: the latest value of every key of every
-  record kind, exactly ``metrics_raw.jsonl``'s (a ``null`` is not served);
+  record kind, exactly ``metrics_raw.jsonl``'s (a ``null`` is not served; nor is an
+  iteration cut short by a crash, :func:`~twinkle.reporting.cut_short`, which the other
+  sinks leave out too: its part-iteration figures, a resume's first to be served as it
+  rebuilds, would read as a drop to 0);
 * ``twinkle_iteration``, ``twinkle_optimizer_step``: the latest record's;
 * ``twinkle_tokens_per_second_per_device{phase}``: each throughput phase's (its
   record's ``tokens_per_s_per_device``) and ``phase="iteration"``: the iteration's
@@ -65,7 +68,7 @@ from typing import Any
 from twinkle.errors import ConfigError, ReporterError
 from twinkle.events import MemoryReadings
 from twinkle.hookspecs import RunContext, hookimpl
-from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricRecord
+from twinkle.reporting import DEFAULT_BACKEND_TIMEOUT_S, MetricRecord, cut_short
 
 __all__ = ["DASHBOARD", "KEPT_RUNS", "PrometheusBackend", "PrometheusSink", "served"]
 
@@ -105,6 +108,8 @@ class _Run:
     def take(self, record: MetricRecord) -> None:
         kind, values = record.kind, record.values
         self.records[kind] = self.records.get(kind, 0) + 1
+        if cut_short(record):  # (a crashed iteration's part: a false drop, as elsewhere)
+            return
         for key, value in values.items():
             if value is not None:
                 self.values[(record.scope, kind, key)] = float(value)
