@@ -26,15 +26,9 @@ from twinkle.observers import (
 )
 from twinkle.observers.placement import LatestTime
 from twinkle.reporting import Backend, IsolatedBackend
-from twinkle.run._checkpoint import (
-    Checkpoint,
-    FileMark,
-    mark,
-    observers_of,
-    restore_observers,
-    snapshot_observers,
-)
+from twinkle.run._checkpoint import Checkpoint, FileMark, mark
 from twinkle.run._checkpoint import write as write_checkpoint
+from twinkle.run._observer_state import observers_of, restore_observers, snapshot_observers
 from twinkle.run._summary import Segment
 
 if TYPE_CHECKING:

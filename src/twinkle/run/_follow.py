@@ -46,8 +46,9 @@ from twinkle.reporting import (
     open_regular,
     record_to_dict,
 )
-from twinkle.run._checkpoint import Checkpoint, FileMark, load, observers_of, snapshot_observers
+from twinkle.run._checkpoint import Checkpoint, FileMark, load
 from twinkle.run._log_lines import BAD_LINE_FIX, seq_problem
+from twinkle.run._observer_state import observers_of, snapshot_observers
 from twinkle.run._run import Run
 
 __all__ = ["Follower", "Snapshot", "Writer", "writer_of"]

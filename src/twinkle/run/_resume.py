@@ -46,8 +46,6 @@ from twinkle.run._checkpoint import (
     Checkpoint,
     drop_stale,
     log_edited,
-    observers_of,
-    plugins_without_state,
 )
 from twinkle.run._checkpoint import load as load_checkpoint
 from twinkle.run._config import (
@@ -57,6 +55,7 @@ from twinkle.run._config import (
     refused_config_keys,
 )
 from twinkle.run._feed import FeedProgress, LogFeeder
+from twinkle.run._observer_state import observers_of, plugins_without_state
 from twinkle.run._replay import iter_events
 from twinkle.run._run import Run
 from twinkle.run._scan import Scan, fixed_config, logged_events, note, scan_of
