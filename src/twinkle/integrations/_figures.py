@@ -11,9 +11,18 @@ from typing import Any
 from twinkle.checks import as_int, key_problem, plain_number
 from twinkle.plugins import ObserverManager
 
-__all__ = ["last_logged", "logged_figures"]
+__all__ = ["last_logged", "logged_figures", "scalars_name"]
 
 log = logging.getLogger("twinkle.integrations")
+
+
+def scalars_name(logs: Mapping[str, Any], library: str) -> str:
+    """The scalars' name of a transformers-style log of ``library``: ``<library>.eval``
+    for an evaluation's (``eval_*`` keys), ``<library>.train`` for the training's totals
+    (``train_runtime``), else ``<library>``."""
+    if any(str(key).startswith("eval_") for key in logs):
+        return f"{library}.eval"
+    return f"{library}.train" if "train_runtime" in logs else library
 
 
 def logged_figures(

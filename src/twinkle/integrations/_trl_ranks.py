@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import signal
 import socket
@@ -41,11 +42,14 @@ __all__ = [
     "JOIN_TIMEOUT",
     "RankBus",
     "RankLink",
+    "check_alone",
     "lone_rank",
     "merged_samples",
     "sigterm_held",
     "whole_groups",
 ]
+
+log = logging.getLogger("twinkle.integrations.trl")
 
 #: how long the ranks' ``train()`` starts may lie apart (each makes the run's group)
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
@@ -195,6 +199,17 @@ def lone_rank(world_size: int) -> str | None:
         "on CPU ranks pass use_cpu=True and ddp_backend='gloo' to the training arguments "
         "(ms-swift: --use_cpu true --ddp_backend gloo)"
     )
+
+
+def check_alone(world_size: int, run_id: str | None) -> None:
+    """Say so when this process is observed alone although ``torch.distributed`` holds
+    several ranks (:func:`lone_rank`): refused when ``run_id`` names the run (every
+    rank would write it: they would race for its directory), else warned of."""
+    alone = lone_rank(world_size)
+    if alone is not None and run_id is not None:
+        raise TwinkleError(f"{alone}; they would all write run {run_id!r}")
+    if alone is not None:
+        log.warning("twinkle: %s", alone)
 
 
 @contextlib.contextmanager

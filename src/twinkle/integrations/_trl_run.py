@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
-from twinkle.integrations._figures import logged_figures
+from twinkle.integrations._figures import logged_figures, scalars_name
 from twinkle.integrations._trl_config import (
     SAVE_SPAN,
     fused_head,
@@ -25,7 +25,7 @@ from twinkle.integrations._trl_ranks import (
     DEAD_WAIT_S,
     RankBus,
     RankLink,
-    lone_rank,
+    check_alone,
     merged_samples,
     sigterm_held,
     whole_groups,
@@ -85,11 +85,7 @@ class ObservedRun:
         # On several ranks rank 0 holds the run; the others report to it (_trl_ranks).
         self.rank = int(getattr(trainer.args, "process_index", 0))
         world = int(trainer.args.world_size)
-        alone = lone_rank(world)
-        if alone is not None and owner.run_id is not None:  # (else the ranks race for it)
-            raise TwinkleError(f"{alone}; they would all write run {owner.run_id!r}")
-        if alone is not None:
-            log.warning("twinkle: %s", alone)
+        check_alone(world, owner.run_id)
         self.link = RankLink(self.rank, world) if world > 1 else None
         self.session: RunSession | None = None
         self.worker: WorkerRecorder | None = None
@@ -113,6 +109,12 @@ class ObservedRun:
         self.bad_keys: set[str] = set()  # logged keys left out (named once each)
         self._saved: dict[str, Any] = {}
         self._profiling = False
+        self._attach(owner)
+
+    def _attach(self, owner: TwinkleCallback) -> None:
+        """Wrap the trainer's methods (restored at the run's end, or here on a failure,
+        which finishes the run)."""
+        trainer = self.trainer
         try:
             self._wrap("training_step", self._training_step)
             self._wrap("_prepare_inputs", self._prepare_inputs)
@@ -120,7 +122,7 @@ class ObservedRun:
             self._wrap("get_batch_samples", self._failing)
             self._wrap("_maybe_log_save_evaluate", self._failing)
             if callable(getattr(trainer, "_save_checkpoint", None)):  # (the checkpoint phase)
-                self._wrap("_save_checkpoint", self._spanned(SAVE_SPAN))
+                self._wrap("_save_checkpoint", self._saving)
             if self.generates:
                 self._attach_generation()
             setattr(trainer, OBSERVER_ATTRIBUTE, self)
@@ -280,12 +282,7 @@ class ObservedRun:
         if not values:
             return
         values.setdefault("global_step", int(global_step))
-        if any(str(key).startswith("eval_") for key in logs):
-            name = f"{self.SCALARS}.eval"
-        elif "train_runtime" in logs:
-            name = f"{self.SCALARS}.train"
-        else:
-            name = self.SCALARS
+        name = scalars_name(logs, self.SCALARS)
         self.bus.scalars(iteration=self.iteration, name=name, values=values)
 
     def finish(self, state: Any) -> None:
@@ -348,17 +345,14 @@ class ObservedRun:
 
         return failing
 
-    def _spanned(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """What wraps a method in a span ``name`` of the step in progress."""
+    def _saving(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original`` (transformers' checkpoint save) inside a :data:`SAVE_SPAN` span."""
 
-        def make(original: Callable[..., Any]) -> Callable[..., Any]:
-            def spanned(*args: Any, **kwargs: Any) -> Any:
-                with self.span(name):
-                    return original(*args, **kwargs)
+        def saving(*args: Any, **kwargs: Any) -> Any:
+            with self.span(SAVE_SPAN):
+                return original(*args, **kwargs)
 
-            return spanned
-
-        return make
+        return saving
 
     def _training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         failing = self._failing(original)
