@@ -375,9 +375,16 @@ def _config(args: argparse.Namespace) -> DemoConfig:
     )
 
 
-def _check_resumable(args: argparse.Namespace) -> None:
-    """``--resume`` names a run to continue: one that ``--out``/``--run-id`` hold (a
-    mistyped id would otherwise start a new run without a word)."""
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """The flags that name the run name one the demo writes (``--no-observers`` writes
+    none); ``--resume`` one that ``--out``/``--run-id`` hold (a mistyped id would
+    otherwise start a new run without a word)."""
+    if args.no_observers and args.run_id is not None and not args.resume:
+        raise InvalidArgumentError(
+            "--run-id names the run to write, and --no-observers writes none: leave one out"
+        )
+    if not args.resume:
+        return
     if args.no_observers or args.run_id is None:
         why = "--no-observers writes no run" if args.no_observers else "no --run-id names it"
         raise InvalidArgumentError(
@@ -392,6 +399,20 @@ def _check_resumable(args: argparse.Namespace) -> None:
         )
 
 
+def _check_run_dir(args: argparse.Namespace) -> None:
+    """Check the flags naming the run and its directory (none without observers), and
+    make ``--out``."""
+    _check_run_flags(args)
+    run_dir = demo_run_dir(args)
+    if run_dir is not None:
+        make_out_dir(args.out)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise InvalidArgumentError(
+                f"the run directory {str(run_dir)!r} (--out/--run-id) is {_kind(run_dir)}: "
+                "choose another --run-id or --out"
+            )
+
+
 def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) -> int:
     """Run the demo from parsed arguments; prints ``show_run(run_dir)`` (the run's
     report: ``twinkle report``'s table and figures) and what the demo did."""
@@ -400,20 +421,7 @@ def run_demo_command(args: argparse.Namespace, show_run: Callable[[Path], str]) 
         from twinkle.demo.hf import check_vllm_python
 
         args.vllm_python = check_vllm_python(args.vllm_python)
-    if args.resume:
-        _check_resumable(args)
-    if args.no_observers and args.run_id is not None:
-        raise InvalidArgumentError(
-            "--run-id names the run to write, and --no-observers writes none: leave one out"
-        )
-    run_dir = demo_run_dir(args)
-    if run_dir is not None:  # a bad --out is said now, not after torch has loaded
-        make_out_dir(args.out)
-        if run_dir.exists() and not run_dir.is_dir():
-            raise InvalidArgumentError(
-                f"the run directory {str(run_dir)!r} (--out/--run-id) is {_kind(run_dir)}: "
-                "choose another --run-id or --out"
-            )
+    _check_run_dir(args)  # (a bad --out is said now, not after torch has loaded)
     from twinkle.demo.runner import run_demo
 
     bar: Any = None

@@ -24,6 +24,11 @@ DEFAULT_LR = {"torch": 2e-3, "vllm": 1e-3}
 MAX_LAG = 8
 #: the largest count the demo takes (its run's steps, int64s, stay far within range)
 _MOST = 2**31 - 1
+#: the configuration's counts, each a positive int (checked in this order)
+_COUNTS = (
+    "iterations", "prompts_per_iteration", "completions_per_prompt", "micro_batch",
+    "grad_accum", "engines", "train_workers", "d_model", "layers", "heads", "min_digits",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,27 +95,7 @@ class DemoConfig:
                     "and heads shape the torch demo's decoder; the vLLM demo's policy is the "
                     "tiny Llama of twinkle.demo.hf (TinyLlamaSpec): leave them out"
                 )
-        positive = {
-            "iterations": self.iterations,
-            "prompts_per_iteration": self.prompts_per_iteration,
-            "completions_per_prompt": self.completions_per_prompt,
-            "micro_batch": self.micro_batch,
-            "grad_accum": self.grad_accum,
-            "engines": self.engines,
-            "train_workers": self.train_workers,
-            "d_model": self.d_model,
-            "layers": self.layers,
-            "heads": self.heads,
-            "min_digits": self.min_digits,
-        }
-        for name, value in positive.items():
-            if not is_integer(value) or value <= 0:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-            if value > _MOST:  # (the run's counts are int64s: its steps would not fit)
-                raise ConfigError(f"{name} must be at most {_MOST:,}, got {value!r}")
-        seed = self.seed
-        if not is_integer(seed) or not 0 <= seed < 2**63:
-            raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {seed!r}")
+        self._check_counts()
         if self.completions_per_prompt < 2:
             raise ConfigError(
                 "completions_per_prompt must be >= 2: GRPO normalises rewards within each "
@@ -139,6 +124,18 @@ class DemoConfig:
             raise ConfigError(f"clip_eps must lie in (0, 1), got {self.clip_eps!r}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+
+    def _check_counts(self) -> None:
+        """The counts are positive ints the run can hold; the seed an int64 >= 0."""
+        for name in _COUNTS:
+            value = getattr(self, name)
+            if not is_integer(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            if value > _MOST:  # (the run's counts are int64s: its steps would not fit)
+                raise ConfigError(f"{name} must be at most {_MOST:,}, got {value!r}")
+        seed = self.seed
+        if not is_integer(seed) or not 0 <= seed < 2**63:
+            raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {seed!r}")
 
     def _check_shares(self) -> None:
         """Each engine serves an equal share of the prompts: refused otherwise, with the
