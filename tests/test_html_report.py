@@ -352,3 +352,15 @@ def test_the_peak_memory_plot_draws_the_highest_peaks_and_says_what_it_left_out(
     kept = [w for w in load_report(tmp_path / "m")["memory_peak_bytes"] if w not in ("w0", "w1")]
     assert len(kept) == 48 and bars and all(t["x"] == kept for t in bars)
     assert "2 of 50 workers with lower peaks are left out (report --json has every one)." in page
+
+
+def test_control_characters_in_the_runs_text_are_escaped_as_the_text_report_does(
+    runs: tuple[Path, Path],
+) -> None:
+    """An error (or a name) holding a bidi override, which would show the text after it
+    reversed: the page shows it escaped (\\u202e), as the text report does, never raw."""
+    from twinkle.report._html import html_report
+
+    report = {**load_report(runs[0]), "status": "error", "error": "Boom red\u202ecba"}
+    page = html_report(report)
+    assert "\u202e" not in page and "Boom red\\u202ecba" in page

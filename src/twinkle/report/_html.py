@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from twinkle.checks import printable
 from twinkle.errors import InvalidArgumentError
 from twinkle.report._format import error_line, highest_peaks, num, plotly_text
 from twinkle.report._limits_text import limits_lines
@@ -122,7 +123,7 @@ def _run_section(tag: str, report: Mapping[str, Any]) -> str:
         f"<p>status <b data-key='status'>{_e(report['status'])}</b> · "
         f"verdict <b data-key='limits.verdict'>{_e(str(limits.get('verdict', 'not known')))}"
         f"</b></p>{live}<table>{''.join(rows)}</table>"
-        f"<pre>{_e(chr(10).join(limits_lines(report)))}</pre></section>"
+        f"<pre>{chr(10).join(map(_e, limits_lines(report)))}</pre></section>"
     )
 
 
@@ -226,4 +227,6 @@ def _id(name: str) -> str:
 
 
 def _e(text: str) -> str:
-    return html.escape(str(text), quote=True)
+    """``text`` (one line) as HTML, its control characters escaped as the text report
+    escapes them (a name from a log may hold a terminal's escape or a bidi override)."""
+    return html.escape(printable(str(text)), quote=True)
