@@ -313,3 +313,19 @@ def test_a_training_on_other_ranks_than_the_runs_is_told_to_be_a_new_run() -> No
     assert "observe it as a new run: pass another run_id" in fix and "devices=2" not in fix
     given = resume_fix(SimpleNamespace(config=None, devices=1), exc)
     assert given.startswith("the run counted 2 device(s): pass TwinkleCallback(devices=2)")
+
+
+def test_a_run_an_older_twinkle_began_without_the_checkpoint_phase_is_told_so() -> None:
+    from types import SimpleNamespace
+
+    from twinkle.errors import ResumeConfigError
+    from twinkle.integrations._trl_config import resume_fix
+
+    older = {"train": ["train.step", "train.optimizer"], "step": ["step"]}
+    exc = ResumeConfigError(
+        "run 'r' cannot resume", "", run_id="r", keys=("phases",), logged={"phases": older},
+        given={"phases": {**older, "checkpoint": ["save_checkpoint"]}},
+    )  # fmt: skip
+    fix = resume_fix(SimpleNamespace(config=None, devices=None, out_dir="runs"), exc)
+    assert fix.startswith("the run began with an older twinkle's default phases (this one ")
+    assert "the config of the run_started line of runs/r/events.jsonl" in fix

@@ -205,14 +205,21 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
             "or pass TwinkleCallback(config=...) the run's configuration (the config of "
             f"its run_started line), {new_run}"
         )
+    log = "its events.jsonl"
+    if owner.out_dir is not None:
+        log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
+    phases = exc.logged.get("phases")
+    if set(exc.keys) == {"phases"} and isinstance(phases, Mapping) and "checkpoint" not in phases:
+        return (
+            "the run began with an older twinkle's default phases (this one adds "
+            f"'checkpoint': {SAVE_SPAN}): pass TwinkleCallback(config=...) the run's "
+            f"configuration (the config of the run_started line of {log}), {new_run}"
+        )
     trl = exc.logged.get("x_trl")
     trainer = trl.get("trainer") if isinstance(trl, Mapping) else None
     started = "the trainer the run was started with"
     if trainer is not None:
         started = f"the trainer the run was started with ({trainer})"
-    log = "its events.jsonl"
-    if owner.out_dir is not None:
-        log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
     return (
         "TwinkleCallback's default configuration follows the trainer's class and the "
         f"devices: resume with {started} and the same devices, or pass "
