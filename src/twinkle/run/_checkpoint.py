@@ -29,6 +29,7 @@ import gc
 import hashlib
 import io
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -273,8 +274,10 @@ def log_edited(out_dir: Path) -> str | None:
 def drop_stale(out_dir: Path) -> bool:
     """Remove the run's checkpoint, durably, when its event log no longer holds what it
     marks (cut short: it never fits again, and the bytes the run appends where its mark
-    ended would later read as an edit of the log), or when there is no log (a new run
-    of a run id whose files were removed); whether it did."""
+    ended would later read as an edit of the log), or when the run's files are gone but
+    it (a new run of a run id whose files were removed; an earlier run's outputs
+    without their log are refused by the run, and keep their checkpoint); whether it
+    did."""
     path = out_dir / CHECKPOINT_FILE
     if not os.path.lexists(path):
         return False
@@ -282,9 +285,20 @@ def drop_stale(out_dir: Path) -> bool:
     logged = log.is_file() and log.stat().st_size > 0
     if logged and log_unlike_checkpoint(out_dir) is None:
         return False
+    if not logged and any(_holds(out_dir / name) for name in MARKED):
+        return False
     path.unlink()
     sync_dir(out_dir)
     return True
+
+
+def _holds(path: Path) -> bool:
+    """Whether ``path`` is a file with bytes in it (a link is not followed)."""
+    try:
+        found = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
 def _log_mark(out_dir: Path) -> FileMark | None:
