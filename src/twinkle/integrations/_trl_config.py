@@ -208,8 +208,7 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
     log = "its events.jsonl"
     if owner.out_dir is not None:
         log = f"{owner.out_dir}/{exc.run_id}/events.jsonl"
-    phases = exc.logged.get("phases")
-    if set(exc.keys) == {"phases"} and isinstance(phases, Mapping) and "checkpoint" not in phases:
+    if _older_phases(exc):
         return (
             "the run began with an older twinkle's default phases (this one adds "
             f"'checkpoint': {SAVE_SPAN}): pass TwinkleCallback(config=...) the run's "
@@ -226,6 +225,14 @@ def resume_fix(owner: Any, exc: ResumeConfigError) -> str:
         "TwinkleCallback(config=...) the run's configuration (the config of the "
         f"run_started line of {log}), {new_run}"
     )
+
+
+def _older_phases(exc: ResumeConfigError) -> bool:
+    """Whether the run differs in its phases alone, without the ``checkpoint`` phase
+    the default configuration has had since twinkle added it."""
+    phases = exc.logged.get("phases")
+    alone = set(exc.keys) == {"phases"}
+    return alone and isinstance(phases, Mapping) and "checkpoint" not in phases
 
 
 def positive(name: str, value: Any, what: str) -> float | None:
