@@ -24,7 +24,7 @@ from typing import Final, final
 from twinkle.errors import ReporterError, WriteError
 from twinkle.reporting import ReplacingFile, sync_dir
 
-__all__ = ["Damage", "HeldLog", "refuse_outputs_without_log"]
+__all__ = ["Damage", "HeldLog", "outputs_held", "refuse_outputs_without_log"]
 
 _CHUNK: Final = 1 << 20
 
@@ -157,7 +157,7 @@ def refuse_outputs_without_log(log: Path, outputs: Iterable[str]) -> None:
             return
     except FileNotFoundError:
         pass
-    left = [name for name in outputs if _holds_bytes(log.with_name(name))]
+    left = outputs_held(log.parent, outputs)
     if left:
         raise ReporterError(
             f"run directory {str(log.parent)!r} holds {', '.join(left)} of an earlier run "
@@ -165,6 +165,11 @@ def refuse_outputs_without_log(log: Path, outputs: Iterable[str]) -> None:
             "iterations to those records, and without the log they cannot be rebuilt; "
             "move the directory away (or restore its events.jsonl), or choose another run id"
         )
+
+
+def outputs_held(run_dir: Path, outputs: Iterable[str]) -> list[str]:
+    """The ``outputs`` that are files in ``run_dir`` with something in them."""
+    return [name for name in outputs if _holds_bytes(run_dir / name)]
 
 
 def _holds_bytes(path: Path) -> bool:

@@ -29,7 +29,6 @@ import gc
 import hashlib
 import io
 import os
-import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import twinkle
 from twinkle.observers import (
     EVENTS_FILE,
 )
+from twinkle.observers._held_log import outputs_held
 from twinkle.reporting import ReplacingFile, json_object, open_regular, sync_dir
 from twinkle.run._state_pickle import read_state
 
@@ -285,20 +285,11 @@ def drop_stale(out_dir: Path) -> bool:
     logged = log.is_file() and log.stat().st_size > 0
     if logged and log_unlike_checkpoint(out_dir) is None:
         return False
-    if not logged and any(_holds(out_dir / name) for name in MARKED):
+    if not logged and outputs_held(out_dir, MARKED):
         return False
     path.unlink()
     sync_dir(out_dir)
     return True
-
-
-def _holds(path: Path) -> bool:
-    """Whether ``path`` is a file with bytes in it (a link is not followed)."""
-    try:
-        found = path.lstat()
-    except OSError:
-        return False
-    return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
 def _log_mark(out_dir: Path) -> FileMark | None:
