@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from twinkle.events import Event, IterationStarted, RunStarted
+from twinkle.errors import TwinkleError
+from twinkle.events import Event, IterationStarted, RunStarted, ScalarsObserved
 from twinkle.hookspecs import hookimpl
 from twinkle.perf import ManualClock
 from twinkle.run import RunSession
@@ -270,3 +272,39 @@ def test_only_third_party_plugins_get_a_hook_thread_of_their_own() -> None:
     assert not any(isinstance(fn, functools.partial)
                    for _, fn, _ in unbounded.plan("twinkle_run_finished"))  # fmt: skip
     calls.close()
+
+
+def test_closing_inline_waits_for_a_dispatch_in_flight_and_refuses_what_comes_after() -> None:
+    """Another thread dispatching inline when the run closes its outputs: its records
+    must reach them first (the run closed its reporter under it: 'scalars' counted a
+    failure for a record refused as 'reporter is closed'), and an event it queues once
+    they closed is refused, not left queued unseen."""
+    entered = threading.Event()
+    seen: list[str] = []
+
+    class Slow:
+        @hookimpl
+        def twinkle_scalars(self, event: ScalarsObserved) -> None:
+            entered.set()
+            time.sleep(0.3)  # (the run closes meanwhile)
+            seen.append(event.name)
+
+    run = RunSession(
+        out_dir=None, run_id="r", autoload=False, plugins=[("slow", Slow())],
+        background_dispatch=False,
+    )  # fmt: skip
+    run.start()
+    assert run.dispatcher is not None and not run.dispatcher.background
+    side = threading.Thread(
+        target=functools.partial(run.bus.scalars, iteration=0, name="side", values={"x": 1.0})
+    )
+    side.start()
+    assert entered.wait(10)
+    run.dispatcher.close()
+    assert seen == ["side"]  # (closing waited for it)
+    side.join(10)
+    with pytest.raises(TwinkleError, match="observers are closed"):
+        run.bus.scalars(iteration=0, name="after", values={"x": 1.0})
+    assert seen == ["side"]
+    assert run.failures == {}
+    run.run.close()  # (the run, its observers closed, ends FAILED)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from twinkle.errors import WriteError
+from twinkle.errors import TwinkleError, WriteError
 from twinkle.events import EVENT_TYPES, Event, IterationStarted
 from twinkle.plugins._hookcalls import REPORTER_FAILURES, HookCalls
 from twinkle.reporting import BatchWriter, MetricRecord
@@ -81,6 +81,7 @@ class Dispatcher:
     __slots__ = (
         "_boundary_mark",
         "_capacity",
+        "_closed",
         "_event_hook",
         "_hooks",
         "_lock",
@@ -121,6 +122,7 @@ class Dispatcher:
         #: called with each event before its hooks (what the run notes of every event)
         self.seen: Callable[[Event], None] | None = None
         self._lock = threading.Lock()
+        self._closed = False
         self._owner: int | None = None
         self._thread: BatchWriter[Event] | None = None
         self._capacity = capacity
@@ -203,8 +205,15 @@ class Dispatcher:
             thread.wait_delivered(self._boundary_mark)
 
     def drain(self) -> None:
-        """The second half of :meth:`submit`: dispatch everything queued, in order."""
+        """The second half of :meth:`submit`: dispatch everything queued, in order.
+        After :meth:`close`, what another thread queued since is dropped and refused."""
         with self._lock:
+            if self._closed:
+                self._pending.clear()
+                raise TwinkleError(
+                    "the run's observers are closed: an event published while the run "
+                    "finished, after its outputs closed, reaches none; publish before finish()"
+                )
             self._dispatch_pending()
 
     def _dispatch_pending(self) -> None:
@@ -253,9 +262,15 @@ class Dispatcher:
             self._thread.flush()
 
     def close(self) -> None:
-        """Dispatch what is queued and stop the dispatch thread (idempotent)."""
+        """Dispatch what is queued and stop the dispatch thread (idempotent). Inline, it
+        waits for a dispatch in flight on another thread (whose records must reach the
+        outputs before they close); an event queued after it is refused (:meth:`drain`)."""
         if self._thread is not None:
             self._thread.close()
+            return
+        with self._lock:
+            self._closed = True
+            self._dispatch_pending()
 
     def _dispatch(self, event: Event) -> None:
         self.events += 1
