@@ -98,7 +98,7 @@ class ReplacingFile:
         try:
             self._file.write(data)
         except OSError as exc:
-            raise WriteError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
+            raise self._failed(exc) from exc
 
     def flush(self) -> None:
         """Hand what was written to the temporary file (no fsync): a checkpoint marks
@@ -107,7 +107,11 @@ class ReplacingFile:
             try:
                 self._file.flush()
             except OSError as exc:
-                raise WriteError(exc.errno, exc.strerror or str(exc), str(self.path)) from exc
+                raise self._failed(exc) from exc
+
+    def _failed(self, exc: OSError) -> WriteError:
+        """A failed write or flush, as a :class:`~twinkle.errors.WriteError` of :attr:`path`."""
+        return WriteError(exc.errno, exc.strerror or str(exc), str(self.path))
 
     def commit(self) -> None:
         """Flush, fsync, rename over ``path``, fsync the directory. On failure the
