@@ -220,6 +220,21 @@ def test_every_figure_of_a_window_carries_its_flags_and_a_cut_short_one_says_so(
     assert {r.scope for r in records if not cut_short(r)} == {"iteration", "window", "run"}
 
 
+def test_the_flat_line_of_a_cut_short_iteration_is_marked(tmp_path: Path) -> None:
+    """metrics.jsonl keeps iteration 3's line, cut short at iteration 2's step (no step
+    is taken here: every line is at step 0); ``cut_short: 1`` tells a plot by step to
+    leave it out, as the dashboards do. An iteration that took its step is no such line."""
+    flat = [
+        orjson.loads(line)
+        for line in (_run(tmp_path, status="error") / "metrics.jsonl").read_bytes().splitlines()
+    ]
+    assert [(row["iteration"], row.get("cut_short")) for row in flat] == [
+        (0, None), (1, None), (2, None), (3, 1)
+    ]  # fmt: skip
+    stepped = _run(tmp_path / "stepped", status="error", steps=True) / "metrics.jsonl"
+    assert not any("cut_short" in orjson.loads(line) for line in stepped.read_bytes().splitlines())
+
+
 def test_an_iteration_that_took_its_step_before_an_error_is_partial_but_not_cut_short(
     tmp_path: Path,
 ) -> None:

@@ -17,6 +17,10 @@ Line format (keys in this order)::
   of an iteration ``hold`` or more later arrives, and at ``flush()``/``close()``, in
   iteration order. A record for an iteration whose line was already written starts a
   second line for it; a line is never rewritten.
+* The line of an iteration cut short before its optimizer step (a crashed or failed
+  segment's last: :func:`~twinkle.reporting.cut_short`) also has ``"cut_short": 1``
+  (sorted among the metric keys): it sits at the step of the iteration before it,
+  with figures of part of an iteration, which a chart by step leaves out.
 * The file is numeric-only, so ``None`` values (non-finite numbers) are left out here;
   ``metrics_raw.jsonl`` keeps them, named in ``attrs["nonfinite"]``. ``attrs`` are not
   part of the flat format.
@@ -31,9 +35,12 @@ from typing import Any
 from twinkle.errors import InvalidArgumentError
 from twinkle.reporting._jsonl_files import StrPath
 from twinkle.reporting.backends import JsonlFileBackend
-from twinkle.reporting.record import MetricRecord
+from twinkle.reporting.record import MetricRecord, cut_short
 
-__all__ = ["WebUIFlatBackend"]
+__all__ = ["CUT_SHORT_KEY", "WebUIFlatBackend"]
+
+#: the key that marks the line of an iteration cut short (no ``/``: no record's key)
+CUT_SHORT_KEY = "cut_short"
 
 
 class WebUIFlatBackend(JsonlFileBackend):
@@ -89,6 +96,8 @@ class WebUIFlatBackend(JsonlFileBackend):
             for key, value in record.values.items():
                 if value is not None:
                     metrics[prefix + key] = value
+            if cut_short(record):
+                metrics[CUT_SHORT_KEY] = 1
             self._open[it] = (max(step, record.step), max(wall_ns, record.wall_ns), metrics)
             if self._newest is None or it > self._newest:
                 self._newest = it
