@@ -307,4 +307,5 @@ def test_closing_inline_waits_for_a_dispatch_in_flight_and_refuses_what_comes_af
         run.bus.scalars(iteration=0, name="after", values={"x": 1.0})
     assert seen == ["side"]
     assert run.failures == {}
-    run.run.close()  # (the run, its observers closed, ends FAILED)
+    with pytest.raises(TwinkleError, match="observers are closed"):
+        run.finish()  # (the run, its observers closed, ends FAILED, no longer in progress)
