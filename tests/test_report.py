@@ -32,6 +32,7 @@ from twinkle.report import (
     time_parts,
     write_plots,
 )
+from twinkle.report._format import num
 from twinkle.report._limits_text import _stragglers
 from twinkle.report._text import memory_lines, throughput_lines
 
@@ -108,13 +109,13 @@ def test_the_text_shows_the_table_and_the_runs_figures(runs: tuple[Path, Path]) 
     # the steady state leads (iteration 1 alone), the whole loop follows
     steady = report["window"]["steady_tokens_per_s_per_device"]
     assert steady == middle["tokens_per_s_per_device"]
-    assert text.index(f"steady state        {steady:,.0f} tokens/s/device over 1 of 3") < (
+    assert text.index(f"steady state        {num(steady)} tokens/s/device over 1 of 3") < (
         text.index("whole loop          ")
     )
     rollout = report["phase_windows"]["rollout"]["steady_tokens_per_s_per_device"]
-    assert f"rollout {rollout:,.0f}, train " in text
+    assert f"rollout {num(rollout)}, train " in text
     tps = report["window"]["tokens_per_s_per_device"]
-    assert f"whole loop          {tps:,.0f} tokens/s/device over all 3 iterations" in text
+    assert f"whole loop          {num(tps)} tokens/s/device over all 3 iterations" in text
     assert "reward (grpo.reward_mean)" in text and "peak memory" in text
     assert "columns (docs/metrics.md, 'Report columns'):" in text  # the legend
 
