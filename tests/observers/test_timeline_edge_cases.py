@@ -181,8 +181,8 @@ def test_without_a_boundary_a_span_that_starts_at_the_finish_is_tear_down() -> N
     tl.spans(SpanBatch("r", 9 * MS, 0, "main", anchor, batch))
     tl.run_finished(RunFinished("r", 9 * MS, 0, "ok", None))
     # the set-up window is [0, 9): [1,5) is its; [9,12) starts at the finish
-    assert tl.where["setup"] == [1, 4 * MS]
-    assert tl.where["teardown"] == [1, 3 * MS]
+    assert tl.ledger.where["setup"] == [1, 4 * MS]
+    assert tl.ledger.where["teardown"] == [1, 3 * MS]
 
 
 # -- overhead kept for an open iteration's late spans ------------------------------------

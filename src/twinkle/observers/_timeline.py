@@ -30,6 +30,7 @@ from twinkle.observers._measure import (
     measure_window,
 )
 from twinkle.observers._no_phase import NoPhase
+from twinkle.observers._span_ledger import SpanLedger
 from twinkle.observers._waits import WAIT_PREFIX
 from twinkle.observers._workers import WorkerPiece, measure_workers
 from twinkle.observers.placement import SkewLedger, place_batch
@@ -103,15 +104,11 @@ class Timeline:
         self._teardown = WindowTiming.empty(self.config)
         self.late_spans = self.late_ns = 0
         self.late_samples = 0
-        #: per span source: [spans received, spans it could not ship]
-        self.sources: dict[str, list[int]] = {}
         self.misnumbered: set[tuple[str, str]] = set()  # (source, span name) said once
         #: worker batches checked for clock skew, and those placed by their arrival
         self.skew = SkewLedger()
-        #: spans and their summed seconds by where they were attributed
-        self.where: dict[str, list[int]] = {
-            k: [0, 0] for k in ("iterations", "setup", "teardown", "unstarted", "late")
-        }
+        #: where every span went: by the place it was given, and by its source
+        self.ledger = SpanLedger()
         self.unstarted: dict[int, IterationData] = {}
         #: the spans no phase names (twinkle's own and waits aside), by name
         self.no_phase = NoPhase()
@@ -184,7 +181,7 @@ class Timeline:
         # A span without an iteration attribute that starts at or after the loop's end
         # belongs to the tear-down, not to the last iteration (or the set-up).
         for span in self._split_newest(loop_end):
-            self._place("teardown", span[2] - span[1])
+            self.ledger.place("teardown", span[2] - span[1])
         newest = self.windows[-1] if self.windows else None
         if newest is not None and newest.iteration is not None:
             newest.flags += (DRAIN if event.status == "ok" else PARTIAL,)
@@ -204,7 +201,7 @@ class Timeline:
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
             for span in data.spans:
-                self._place("unstarted", span[2] - span[1])
+                self.ledger.place("unstarted", span[2] - span[1])
         self.future = {}
         self.run = RunTiming(
             total=self._totals,
@@ -230,11 +227,7 @@ class Timeline:
         horizon = self.horizon  # moves only when a window is finalised
         workers = self.worker_pieces
         source = event.source
-        counts = self.sources.get(source)
-        if counts is None:
-            counts = self.sources[source] = [0, 0]
-        counts[0] += len(event.spans)
-        counts[1] += event.dropped
+        self.ledger.count(event)
         # (the loop runs per span of every worker report: what it reads, bound once)
         pieces, open_ = self.pieces, self.open
         teardown = self.config.teardown_phases
@@ -301,19 +294,14 @@ class Timeline:
                 if window is self.windows[-1]:  # the first boundary may still take it
                     self._setup_spans.append((phase, start, end, span.error, thread, False))
                 else:
-                    self._place("setup", end - start)
+                    self.ledger.place("setup", end - start)
                 return
             else:
                 data = self.open[window.iteration]
         if data is None:
-            self._place("late", end - start)
+            self.ledger.place("late", end - start)
             return
         data.spans.append((phase, start, end, span.error, thread, explicit))
-
-    def _place(self, where: str, duration_ns: int) -> None:
-        entry = self.where[where]
-        entry[0] += 1
-        entry[1] += duration_ns
 
     def samples(self, event: SamplesObserved) -> None:
         data = self._for_iteration(event.iteration)
@@ -392,7 +380,7 @@ class Timeline:
                 if span[1] >= at_ns:
                     after.append(span)
                 else:
-                    self._place("setup", span[2] - span[1])
+                    self.ledger.place("setup", span[2] - span[1])
             return after
         data = self.open[newest.iteration]
         keep: list[Attributed] = []
@@ -450,9 +438,8 @@ class Timeline:
             upto = self.finalised_upto
             self.finalised_upto = window.iteration if upto is None else max(upto, window.iteration)
             self._loop = self._loop + timing
-            entry = self.where["iterations"]
-            entry[0] += len(data.spans)
-            entry[1] += sum([span[2] - span[1] for span in data.spans])
+            spent = sum([span[2] - span[1] for span in data.spans])
+            self.ledger.place("iterations", spent, len(data.spans))
             attributed = data.attributed(self.config, self.overhead)
             workers = measure_workers(start, end, self.worker_pieces)
             out.append(Finished(data, attributed, timing, workers, window.flags))
@@ -480,17 +467,4 @@ class Timeline:
 
     def accounting(self) -> dict[str, Any]:
         """Where every span went, for the summary (after the run finished)."""
-        where = {k: {"spans": n, "seconds": ns / 1e9} for k, (n, ns) in self.where.items()}
-        late = {"spans": self.late_spans, "seconds": self.late_ns / 1e9}
-        return {
-            "attributed": where,
-            "window": {"in_windows_seconds": self._totals.span_ns / 1e9, "late": late},
-            "total": sum(n for n, _ in self.where.values()),
-            "total_seconds": sum(ns for _, ns in self.where.values()) / 1e9,
-            "sources": {
-                source: {"spans": n, "dropped": dropped}
-                for source, (n, dropped) in sorted(self.sources.items())
-            },
-            "dropped": sum(dropped for _, dropped in self.sources.values()),
-            "no_phase": self.no_phase.as_dict(self._totals.unnamed_by_name),
-        }
+        return self.ledger.as_dict(self.late_spans, self.late_ns, self._totals, self.no_phase)
