@@ -76,6 +76,18 @@ class Recompute:
         self.by_worker: list[tuple[int, str, str | None, int, int]] = []
         # (pos, s, e, name): a span in no phase, not a wait
         self.unnamed: list[tuple[int, int, int, str]] = []
+        # (pos, s, e, tid, side) of a publish piece: True on the engines (an engine named,
+        # a source placed there), False on the trainer (placed there), else None
+        self.publish: list[tuple[int, int, int, Any, bool | None]] = []
+        # (pos, phase, tid) of every span (the threads that generated, that trained)
+        self.threads: list[tuple[int, str | None, Any]] = []
+        placed = {
+            name: set(worker["phases"]) for name, worker in (cfg.get("placement") or {}).items()
+        }
+        gen, train = self.streaming.get("generation"), self.streaming.get("training")
+        worker_side = {
+            name: train not in phases for name, phases in placed.items() if {gen, train} & phases
+        }
         self.late_ns = 0
         self.spans: list[dict[str, Any]] = []
         self.samples: dict[tuple[int, str], list[int]] = {}
@@ -99,6 +111,7 @@ class Recompute:
                         self.over.append((pos, start, end, tid))
                         continue
                     self.spans.append(s)
+                    self.threads.append((pos, self.phase(s["name"]), tid))
                     if horizon is not None and start < horizon:
                         self.late_ns += min(end, horizon) - start
                     if horizon is None or end > horizon:
@@ -111,6 +124,9 @@ class Recompute:
                         worker = engine if named else ev["source"]
                         wait = s["name"] if s["name"].startswith("wait.") else None
                         self.by_worker.append((pos, worker, wait, piece_start, end))
+                        if self.phase(s["name"]) == self.streaming.get("publish", ""):
+                            side = True if named else worker_side.get(ev["source"])
+                            self.publish.append((pos, piece_start, end, tid, side))
             elif kind == "samples":
                 self.samples.setdefault((ev["iteration"], ev["phase"]), []).extend(ev["lengths"])
             elif kind == "run_finished":
@@ -165,7 +181,7 @@ class Recompute:
                 key: length(minus([(s, e) for s, e, k in unnamed if k == key], busy_ivs))
                 for key in {k for _, _, k in unnamed}
             },
-            "path": self.path(hi - lo, by, overhead),
+            "path": self.path(hi - lo, by, overhead, self.publish_sides(lo, hi, before)),
             "wall": hi - lo,
             "overhead": length([(s, e) for s, e, _ in over]),
             "busy": busy,
@@ -175,18 +191,34 @@ class Recompute:
             "overlap": {(p, q): both(by[p], by[q]) for p, q in self.pairs},
         }
 
-    def path(self, wall: int, by: dict[str, list[Iv]], overhead: list[Iv]) -> dict[str, int]:
+    def publish_sides(self, lo: int, hi: int, before: int) -> dict[bool, list[Iv]]:
+        """The publish pieces in ``[lo, hi)`` by side (True: the engines'): the span's
+        own, else its thread's: the engines' if it generated and never trained (by the
+        spans logged before ``before``), else the trainer's."""
+        gen, train = self.streaming.get("generation"), self.streaming.get("training")
+        generated = {t for p, ph, t in self.threads if p < before and ph == gen}
+        trained = {t for p, ph, t in self.threads if p < before and ph == train}
+        out: dict[bool, list[Iv]] = {True: [], False: []}
+        for p, s, e, tid, side in self.publish:
+            if p < before and e > lo and s < hi:
+                on = side if side is not None else (tid in generated and tid not in trained)
+                out[on].append((max(s, lo), min(e, hi)))
+        return out
+
+    def path(
+        self, wall: int, by: dict[str, list[Iv]], overhead: list[Iv], on: dict[bool, list[Iv]]
+    ) -> dict[str, int]:
         """The window's critical path: the busier side's work first (the engines'
-        generation and publish, or the trainer's training), then the other side's, other
-        phases, overhead, idle."""
+        generation, or the trainer's training; each side's union with the publish that
+        ran on it), then publish, then the other side's, other phases, overhead, idle."""
         out = dict.fromkeys(("training", "publish", "generation", "other", "overhead"), 0)
         sides = {k: self.streaming.get(k) for k in ("training", "publish", "generation")}
         if "training" not in self.streaming:
             order: list[str] = []
         else:
-            generation, publish = self.streaming["generation"], sides["publish"]
-            engines = by[generation] + (by[publish] if publish else [])
-            trainer_busier = length(engines) <= length(by[self.streaming["training"]])
+            engines = by[self.streaming["generation"]] + on[True]
+            trainer = by[self.streaming["training"]] + on[False]
+            trainer_busier = length(engines) <= length(trainer)
             order = (
                 ["training", "publish", "generation"]
                 if trainer_busier

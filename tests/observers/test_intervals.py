@@ -171,16 +171,22 @@ def test_the_critical_path_takes_each_instant_from_the_first_that_runs(
     window = set(range(lo, hi))
     pieces = [(STREAMING_PHASE[name], s, s + d, tid) for name, s, d, tid in spans]
     over = [(s, s + d, tid) for s, d, tid in overhead]
-    got = measure_window(lo, hi, pieces, over, STREAMING)
+    # a load on thread 2 is the engines' (an engine loading), else the trainer's
+    loads = [(s, e, tid == 2) for name, s, e, tid in pieces if name == "load"]
+    got = measure_window(lo, hi, pieces, over, STREAMING, publish=loads)
     phase: dict[str, set[int]] = {p: set() for p in STREAMING.phases}
     for name, start, end, _ in pieces:
         if name is not None:
             phase[name] |= points([(start, end)]) & window
     own = points([(s, e) for s, e, _ in over]) & window
-    # The busier side first: the engines' generation and loads, or the trainer's.
+    # The busier side first: the engines' generation and loads, or the trainer's
+    # training and loads.
     engines = [("generation", phase["gen"]), ("publish", phase["load"])]
     trainer = [("training", phase["train"])]
-    busier = len(phase["gen"] | phase["load"]) > len(phase["train"])
+    on = {
+        side: points([(s, e) for s, e, o in loads if o == side]) & window for side in (True, False)
+    }
+    busier = len(phase["gen"] | on[True]) > len(phase["train"] | on[False])
     order = [*engines, *trainer] if busier else [*trainer, *reversed(engines)]
     order += [("other", phase["misc"]), ("overhead", own)]
     kind_at = {}
@@ -197,6 +203,12 @@ def test_the_critical_path_takes_each_instant_from_the_first_that_runs(
             joined.append((kind, s, e))
     assert [(k, s, e) for k, s, e in _joined(got.path_slices)] == joined
     assert got.busy_ns == len(set().union(*phase.values()))
+    assert got.sides_ns == {
+        "trainer": len(phase["train"] | on[False]),
+        "engines": len(phase["gen"] | on[True]),
+        "trainer_publish": len(on[False]),
+        "engines_publish": len(on[True]),
+    }
     assert got.overhead_ns == len(own)
 
 

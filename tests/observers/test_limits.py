@@ -218,8 +218,8 @@ def test_a_side_bound_by_the_path_is_not_the_bound_when_another_ran_nearly_as_lo
     beside it, so a faster generation alone saves at most 100 - that: at least 20 points
     (the margin) and generation bounds the run, else both matter."""
     path = dict.fromkeys(KINDS, 0) | {"generation": 96, "training": 2, "idle": 2}
-    busy = {"training": training_busy, "generation": 96, "publish": 0}
-    found, why = verdict(path, ObserverConfig.parse(CONFIG), busy)
+    rest = {"generation": ("training", training_busy), "training": ("generation", 96)}
+    found, why = verdict(path, ObserverConfig.parse(CONFIG), rest)
     assert found == expected
     if training_busy == 92:
         assert why == (
@@ -259,6 +259,87 @@ def test_a_balanced_pipeline_is_mixed_and_a_faster_side_saves_what_the_other_lea
     # the path; publish: none ran
     assert faster == {"training": 0, "generation": 16, "publish": 0}
     assert limits["windows"] == {"mixed": 4}
+
+
+def _pipeline(tmp_path: Path, run_id: str, cycle: list[Span]) -> dict[str, Any]:
+    """Four 100 ms windows, each running ``cycle`` (ms within the window); the summary's
+    ``limits``, in ms."""
+    run, clock = manual_session(tmp_path, run_id, CONFIG_WRITES)
+    bus = run.bus
+    for it in range(5):
+        at = it * 100
+        if it:
+            clock.set(at * MS - 1)
+            shifted = [
+                Span(s.name, s.start_ns + (at - 100) * MS, s.end_ns + (at - 100) * MS,
+                     s.thread_id, s.pid, s.attrs, None)
+                for s in cycle
+            ]  # fmt: skip
+            bus.publish_spans("main", bus.anchor, shifted)
+        clock.set(at * MS)
+        if it < 4:
+            bus.iteration_started(it)
+            bus.samples(iteration=it, phase="rollout", lengths=[10])
+    run.finish()
+    assert run.out_dir is not None
+    limits: dict[str, Any] = orjson.loads((run.out_dir / "summary.json").read_bytes())["limits"]
+    return limits
+
+
+CONFIG_WRITES = {**CONFIG, "phases": {**CONFIG["phases"], "publish": ["weights.*"]}}
+
+
+def _ms(limits: dict[str, Any], key: str) -> dict[str, float]:
+    return {
+        k: round((v if key == "path_seconds" else v["seconds"]) * 1e3, 6)
+        for k, v in limits[key].items()
+    }
+
+
+def test_the_weights_the_trainer_writes_are_the_trainers_side_of_the_pipeline(
+    tmp_path: Path,
+) -> None:
+    """Each window: the trainer (thread A) trains 0-60 and writes the weights 60-100;
+    the engine (thread B, which generates: its load is the engines') loads them 0-2 and
+    generates 2-62. The trainer is busy the whole window, the engine 62 ms: the trainer
+    sets the pace. Counting the write on the engines' side (62 + 40 > 60) made
+    generation the bound at 60 % of the path, a twice-as-fast trainer saving "at most
+    0 %" where it saves 30 ms of each 100."""
+    limits = _pipeline(
+        tmp_path, "writes",
+        [_s("train.step", 0, 60, A), _s("weights.write", 60, 100, A),
+         _s("weights.load", 0, 2, B), _s("generate", 2, 62, B)],
+    )  # fmt: skip
+    # the trainer's side first: training 60, then publish 40 (the write; the load runs
+    # beside training), generation never first; steady state: windows 1-2
+    assert _ms(limits, "path_seconds") == {
+        "training": 120, "publish": 80, "generation": 0, "other": 0, "overhead": 0, "idle": 0
+    }  # fmt: skip
+    assert limits["verdict"] == "training-bound"
+    assert limits["reason"] == "training 60% of the critical path, publish next at 40%"
+    # training: min(120 on the path, 120 / 2, 200 - 124 the engines ran); generation:
+    # none of the path; publish: min(80, 84 / 2, 200 - 120 training or generation ran)
+    assert _ms(limits, "twice_as_fast") == {"training": 60, "generation": 0, "publish": 42}
+
+
+def test_a_side_bound_by_the_path_is_not_the_bound_when_the_other_sides_work_filled_it(
+    tmp_path: Path,
+) -> None:
+    """Each window: the trainer trains 0-100; the engine loads the weights 0-45 and
+    generates 45-95. Training holds the whole path, but the engines ran 95 ms of each
+    100 (neither their loads, 45, nor their generation, 50, alone more than 80): a
+    faster trainer saves at most 5 ms. Both matter."""
+    limits = _pipeline(
+        tmp_path, "loads",
+        [_s("train.step", 0, 100, A), _s("weights.load", 0, 45, B), _s("generate", 45, 95, B)],
+    )  # fmt: skip
+    assert _ms(limits, "path_seconds")["training"] == 200
+    assert limits["verdict"] == "mixed"
+    assert limits["reason"] == (
+        "training 100% of the critical path, but the engines (generation and publish) ran "
+        "95% of the stretch: a faster training alone saves at most 5% (both matter)"
+    )
+    assert _ms(limits, "twice_as_fast")["training"] == 10  # min(200, 100, 200 - 190)
 
 
 def test_without_streaming_the_verdict_abstains_saying_why() -> None:

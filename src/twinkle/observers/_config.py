@@ -310,6 +310,10 @@ class ObserverConfig:
     mfu: MfuConfig | None = None
     #: every pair of phases, in config order (the pairwise overlaps reported)
     pairs: tuple[tuple[str, str], ...] = field(init=False, compare=False, repr=False)
+    #: the workers ``config.placement`` places on each side of a streaming run: True
+    #: the engines' (they ran the generation phase, not the training phase), False the
+    #: trainer's (they ran the training phase): where their publish spans ran
+    worker_sides: dict[str, bool] = field(init=False, compare=False, repr=False)
     # span name -> phase, filled as names are seen (a run uses a handful of names)
     _phase_cache: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -317,6 +321,13 @@ class ObserverConfig:
         names = list(self.phases)
         pairs = tuple((p, q) for i, p in enumerate(names) for q in names[i + 1 :])
         object.__setattr__(self, "pairs", pairs)  # derived once (the instance is frozen)
+        sides: dict[str, bool] = {}
+        if self.streaming is not None:
+            generation, training = self.streaming
+            for name, worker in self.placement.items():
+                if training in worker.phases or generation in worker.phases:
+                    sides[name] = training not in worker.phases
+        object.__setattr__(self, "worker_sides", sides)
 
     def record_kinds(self) -> frozenset[str]:
         """The kinds of every record the built-in observers make under this

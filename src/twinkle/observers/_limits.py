@@ -13,7 +13,7 @@ from typing import Any
 from twinkle.observers._config import ObserverConfig
 from twinkle.observers._measure import PATH_KINDS, WindowTiming
 
-__all__ = ["BOUND_SHARE", "MARGIN", "LimitsLedger", "path_values", "verdict"]
+__all__ = ["BOUND_SHARE", "MARGIN", "LimitsLedger", "path_values", "rest_ns", "verdict"]
 
 #: a side is the bound when it holds at least this share of the critical path ...
 BOUND_SHARE = Fraction(1, 2)
@@ -34,14 +34,14 @@ def path_values(t: WindowTiming, prefix: str) -> dict[str, int | float]:
 def verdict(
     path_ns: Mapping[str, int],
     config: ObserverConfig,
-    busy_ns: Mapping[str, int] | None = None,
+    rest: Mapping[str, tuple[str, int]] | None = None,
 ) -> tuple[str, str]:
     """The verdict on a critical path and why, by the rule of docs/metrics.md: the side
     (training, generation, publish) holding at least :data:`BOUND_SHARE` of the path
     and leading the next by :data:`MARGIN` bounds it (``training-bound``...), unless
-    another side ran so much of the stretch (``busy_ns``: each side's union) that a
-    faster bound side alone would save less than :data:`MARGIN` of it; ``mixed`` when
-    none bounds it; ``abstain`` when the sides cannot be told apart (no
+    the pipeline ran so much else besides it (``rest``: :func:`rest_ns`) that a faster
+    bound side alone would save less than :data:`MARGIN` of the stretch; ``mixed``
+    when none bounds it; ``abstain`` when the sides cannot be told apart (no
     ``config.streaming``), when the path holds no time, or when most of it is none of
     the three (other phases, twinkle's own work, idle)."""
     if config.streaming is None:
@@ -59,9 +59,8 @@ def verdict(
             "nor publish (other phases, twinkle's own work or idle)"
         )
     if first >= BOUND_SHARE and first - second >= MARGIN:
-        busiest = _busiest_other(side, busy_ns)
-        if busiest is not None and Fraction(wall - busiest[1], wall) < MARGIN:
-            other, busy = busiest
+        other, busy = (rest or {}).get(side, ("", 0))
+        if busy and Fraction(wall - busy, wall) < MARGIN:
             return "mixed", (
                 f"{side} {float(first):.0%} of the critical path, but {other} ran "
                 f"{busy / wall:.0%} of the stretch: a faster {side} alone saves at most "
@@ -84,13 +83,30 @@ def verdict(
     )
 
 
-def _busiest_other(side: str, busy_ns: Mapping[str, int] | None) -> tuple[str, int] | None:
-    """The side other than ``side`` that ran longest, and its time (None: none known)."""
-    others = [(ns, s) for s, ns in (busy_ns or {}).items() if s != side]
-    if not others:
-        return None
-    ns, other = max(others)
-    return other, ns
+def rest_ns(t: WindowTiming, config: ObserverConfig) -> dict[str, tuple[str, int]]:
+    """Per side of the verdict (training, generation, publish), what the pipeline must
+    still run however fast that side gets, and its time: the longer of the two sides'
+    other work (each side's union of the rest of its work: the engines' for training is
+    their generation and the publish they ran; the trainer's, the publish it ran). The
+    stretch cannot end before it: a twice-as-fast side saves at most the rest of the
+    stretch. {} without ``config.streaming``."""
+    sides = t.sides_ns
+    if config.streaming is None or not sides:
+        return {}
+    generation, training = config.streaming
+    engines, trainer = sides["engines"], sides["trainer"]
+    to_engines, to_trainer = sides["engines_publish"], sides["trainer_publish"]
+    engines_label = "the engines (generation and publish)" if to_engines else "generation"
+    trainer_label = "the trainer (training and publish)" if to_trainer else "training"
+    rest = {
+        "training": max((engines, engines_label), (to_trainer, "the trainer's publish")),
+        "generation": max((trainer, trainer_label), (to_engines, "the engines' publish")),
+    }
+    if config.publish is not None:
+        rest["publish"] = max(
+            (t.phase_ns[training], "training"), (t.phase_ns[generation], "generation")
+        )
+    return {side: (label, ns) for side, (ns, label) in rest.items()}
 
 
 def _busy_ns(t: WindowTiming, config: ObserverConfig) -> dict[str, int]:
@@ -114,7 +130,7 @@ class LimitsLedger:
 
     def add(self, window: WindowTiming, steady: bool, config: ObserverConfig) -> str:
         """Count ``window``'s verdict (returned) and, when ``steady``, its timing."""
-        found, _ = verdict(window.path_ns, config, _busy_ns(window, config))
+        found, _ = verdict(window.path_ns, config, rest_ns(window, config))
         self.windows[found] = self.windows.get(found, 0) + 1
         if steady:
             self.steady = window if self.steady is None else self.steady + window
@@ -126,7 +142,7 @@ class LimitsLedger:
         whole loop), its evidence, each window's verdict counted, and at most what a
         twice-as-fast side would save of that stretch."""
         basis, over = (self.steady, "steady state") if self.steady is not None else (loop, "loop")
-        found, why = verdict(basis.path_ns, config, _busy_ns(basis, config))
+        found, why = verdict(basis.path_ns, config, rest_ns(basis, config))
         if self.steady is None and config.streaming is not None:
             # Warm-up (compiling, caches filling) and a cut-short end are no pace to
             # judge a run by: the loop's path is evidence, not a verdict.
@@ -150,20 +166,23 @@ class LimitsLedger:
             "path_shares": {k: basis.path_ns[k] / wall if wall else None for k in PATH_KINDS},
             "twice_as_fast": _twice_as_fast(basis, config),
             "busy_shares": _busy_shares(basis, config),
+            "side_shares": {
+                side: basis.sides_ns[side] / basis.wall_ns if basis.wall_ns else None
+                for side in ("trainer", "engines")
+                if side in basis.sides_ns
+            },
         }
 
 
 def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[str, float | None]]:
     """Per side, at most how many seconds (and what share of the stretch) a twice-as-fast
     side would save: half its time, no more than its time on the critical path (what
-    the path waits on it), and no more than the stretch leaves the other sides (the
-    stretch cannot end before the busiest of them has run its time)."""
+    the path waits on it), and no more than the stretch leaves the pipeline's other
+    work (:func:`rest_ns`: the stretch cannot end before it has run)."""
     out: dict[str, dict[str, float | None]] = {}
-    busy = _busy_ns(t, config)
-    for side, ns in busy.items():
-        busiest = _busiest_other(side, busy)
-        left = t.wall_ns - (0 if busiest is None else busiest[1])
-        saved = min(t.path_ns[side], ns // 2, left)
+    rest = rest_ns(t, config)
+    for side, ns in _busy_ns(t, config).items():
+        saved = min(t.path_ns[side], ns // 2, t.wall_ns - rest[side][1])
         out[side] = {
             "seconds": saved / _NS,
             "share": saved / t.wall_ns if t.wall_ns else None,

@@ -38,6 +38,8 @@ __all__ = [
 
 # (phase or None, start_ns, end_ns, thread_id) of a span on the run's timeline
 Piece = tuple[str | None, int, int, int]
+# (start_ns, end_ns, on the engines' side) of a piece of the publish phase
+PublishPiece = tuple[int, int, bool]
 # (phase or None, start_ns, end_ns, error, thread_id, has an iteration attribute) of a
 # span attributed to an iteration (or, until the first boundary, to the set-up)
 Attributed = tuple[str | None, int, int, str | None, int, bool]
@@ -58,7 +60,10 @@ class WindowTiming(msgspec.Struct, frozen=True):
     ``unnamed_ns``: the union of the spans in no phase (but waits) less busy: idle time
     in which work ran that no phase names; ``unnamed_by_name``: the same per key of those
     spans (their name, or the key of the names beyond the kept ones), the keys whose is
-    not 0 (two names running at once: each counts that time).
+    not 0 (two names running at once: each counts that time). ``sides_ns`` (a streaming
+    run's; {} without ``config.streaming``): the union of each side's work, ``trainer``
+    (training and the publish it ran) and ``engines`` (generation and the publish they
+    ran), and of each side's publish, ``trainer_publish`` and ``engines_publish``.
     """
 
     wall_ns: int
@@ -74,6 +79,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
     path_slices: tuple[tuple[str, int, int], ...] = ()
     unnamed_ns: int = 0
     unnamed_by_name: dict[str, int] = msgspec.field(default_factory=dict)
+    sides_ns: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def logical_ns(self) -> int:
@@ -101,6 +107,7 @@ class WindowTiming(msgspec.Struct, frozen=True):
             {k: v + other.path_ns[k] for k, v in self.path_ns.items()},
             unnamed_ns=self.unnamed_ns + other.unnamed_ns,
             unnamed_by_name=_added(self.unnamed_by_name, other.unnamed_by_name),
+            sides_ns=_added(self.sides_ns, other.sides_ns),
         )
 
 
@@ -158,10 +165,11 @@ def measure_window(
     config: ObserverConfig,
     *,
     unnamed: Iterable[tuple[int, int, str]] = (),
+    publish: Iterable[PublishPiece] = (),
 ) -> WindowTiming:
     """The :class:`WindowTiming` of ``[lo, hi)`` from the spans and overhead crossing it
     (``unnamed``: the spans among them in no phase that are not waits, as (start, end,
-    key))."""
+    key); ``publish``: the publish phase's, with the side each ran on)."""
     holes = _by_thread(overhead, lo, hi)
     # phase -> thread -> its spans clipped to the window (phases without spans absent)
     by_phase: dict[str, dict[int, list[Interval]]] = {}
@@ -187,7 +195,9 @@ def measure_window(
         merged[phase], logical[phase] = _union_and_logical(threads, holes)
         phase_ns[phase] = length(merged[phase])
     own = merge(iv for ivs in holes.values() for iv in ivs)
-    path, slices, busy = critical_path(lo, hi, merged, own, config)
+    sides = _sides(lo, hi, merged, publish, config)
+    engines_busier = bool(sides) and sides["engines"] > sides["trainer"]
+    path, slices, busy = critical_path(lo, hi, merged, own, config, engines_busier=engines_busier)
     overlap_ns = dict.fromkeys(config.pairs, 0)
     if len(merged) > 1:
         for p, q in config.pairs:
@@ -203,8 +213,34 @@ def measure_window(
         overlap_ns=overlap_ns,
         path_ns=path,
         path_slices=slices,
+        sides_ns=sides,
         **_idle_work(unnamed, lo, hi, busy),
     )
+
+
+def _sides(
+    lo: int,
+    hi: int,
+    merged: dict[str, list[Interval]],
+    publish: Iterable[PublishPiece],
+    config: ObserverConfig,
+) -> dict[str, int]:
+    """:attr:`WindowTiming.sides_ns` of ``[lo, hi)`` (a streaming run's, else {}): each
+    side's union, its phase's spans and the publish pieces that ran on it."""
+    if config.streaming is None:
+        return {}
+    on: dict[bool, list[Interval]] = {True: [], False: []}
+    for s, e, engines in publish:
+        if e > lo and s < hi:
+            on[engines].append((s if s > lo else lo, e if e < hi else hi))
+    generation, training = config.streaming
+    trainer_publish, engines_publish = merge(on[False]), merge(on[True])
+    return {
+        "trainer": union_ns([*merged.get(training, []), *trainer_publish]),
+        "engines": union_ns([*merged.get(generation, []), *engines_publish]),
+        "trainer_publish": length(trainer_publish),
+        "engines_publish": length(engines_publish),
+    }
 
 
 def _idle_work(
@@ -238,25 +274,25 @@ def critical_path(
     merged: dict[str, list[Interval]],
     overhead: list[Interval],
     config: ObserverConfig,
+    *,
+    engines_busier: bool = False,
 ) -> tuple[dict[str, int], tuple[tuple[str, int, int], ...], list[Interval]]:
     """A window's wall cut by what its length waited on: at each instant the first that
-    runs of the busier side's work (the trainer's training, or the engines' generation
-    and weight loads: the side whose union covers more of the window, which the other
-    side waits for), then the other side's, then another phase, twinkle's own work,
-    else idle. ``merged``: each phase's merged spans in the window; ``overhead``:
-    twinkle's own work in it, merged. Without a streaming configuration nothing is
-    known to be training or generation: every phase is ``other``. Returns the seconds
-    per kind (in :data:`PATH_KINDS` order), the stretches in time order, and the union
-    of every phase (sorted and disjoint; touching intervals may stay apart)."""
+    runs of the busier side's work (the trainer's training, or the engines' generation,
+    then the publish phase, then the other side's: ``engines_busier``, the engines'
+    union covering more of the window than the trainer's, which the other side waits
+    for), then another phase, twinkle's own work, else idle. ``merged``: each phase's
+    merged spans in the window; ``overhead``: twinkle's own work in it, merged. Without
+    a streaming configuration nothing is known to be training or generation: every
+    phase is ``other``. Returns the seconds per kind (in :data:`PATH_KINDS` order), the
+    stretches in time order, and the union of every phase (sorted and disjoint;
+    touching intervals may stay apart)."""
     roles: list[tuple[str, str | None]] = []
     if config.streaming is not None:
         generation, training = config.streaming
         trainer = [("training", training)]
         engines = [("generation", generation), ("publish", config.publish)]
-        if _union_length(merged, generation, config.publish) > length(merged.get(training, [])):
-            roles = [*engines, *trainer]
-        else:
-            roles = [*trainer, *reversed(engines)]
+        roles = [*engines, *trainer] if engines_busier else [*trainer, *reversed(engines)]
     named = {phase for _, phase in roles if phase is not None}
     others = merge(iv for p, ivs in merged.items() if p not in named for iv in ivs)
     parts = [(kind, merged.get(p, []) if p else []) for kind, p in roles]
@@ -282,16 +318,6 @@ def critical_path(
 
 
 _start = itemgetter(1)
-
-
-def _union_length(merged: dict[str, list[Interval]], p: str, q: str | None) -> int:
-    """The length of the union of two phases' merged spans: each one's, less their
-    intersection's."""
-    a = merged.get(p, [])
-    if q is None or q == p:
-        return length(a)
-    b = merged.get(q, [])
-    return length(a) + length(b) - length(intersect(a, b))
 
 
 class AttributedTiming(msgspec.Struct, frozen=True):

@@ -30,6 +30,7 @@ from twinkle.observers._measure import (
     measure_window,
 )
 from twinkle.observers._no_phase import NoPhase
+from twinkle.observers._publish_sides import PublishSides
 from twinkle.observers._span_ledger import SpanLedger
 from twinkle.observers._waits import WAIT_PREFIX
 from twinkle.observers._workers import WorkerPiece, measure_workers
@@ -73,6 +74,7 @@ class Timeline:
         self.unnamed: list[tuple[int, int, str]] = []
         #: every span's worker and wait name, kept as long as its piece would be
         self.worker_pieces: list[WorkerPiece] = []
+        self.publish = PublishSides()  # (the side of the pipeline each publish piece ran on)
         self.overhead: list[tuple[int, int, int]] = []
         #: the start of the newest finalised window: overhead is kept from there on (or
         #: from an earlier start of a span attributed to an iteration not finalised), for
@@ -119,6 +121,7 @@ class Timeline:
 
     def run_started(self, event: RunStarted) -> None:
         self.config = ObserverConfig.parse(event.config)
+        self.publish = PublishSides.of(self.config)
         self.anchor = event.anchor
         self.skew = SkewLedger(self.config.clock_skew)
         self._totals = self._setup = self._before_work = WindowTiming.empty(self.config)
@@ -145,6 +148,7 @@ class Timeline:
         self.pieces = [p for p in self.pieces if p[1] >= start]
         self.unnamed = [iv for iv in self.unnamed if iv[0] >= start]
         self.worker_pieces = [p for p in self.worker_pieces if p[2] >= start]
+        self.publish.keep(from_start=start)
         self.overhead = [iv for iv in self.overhead if iv[0] >= start]
         self.windows.append(_Window(None, start))
 
@@ -192,12 +196,11 @@ class Timeline:
         tail = max([end, *(e for _, _, e, _ in self.pieces)])
         self._tail_ns = tail
         start = end if self.horizon is None else self.horizon
-        teardown = measure_window(
-            start, tail, self.pieces, self.overhead, self.config, unnamed=self.unnamed
-        )
+        teardown = self._measure(start, tail)
         self._totals = self._totals + teardown
         self._teardown = self._teardown + teardown  # every segment's
         self.pieces, self.overhead, self.worker_pieces, self.unnamed = [], [], [], []
+        self.publish.keep()
         for iteration, data in sorted(self.future.items()):
             self.unstarted[iteration] = data
             for span in data.spans:
@@ -231,6 +234,7 @@ class Timeline:
         # (the loop runs per span of every worker report: what it reads, bound once)
         pieces, open_ = self.pieces, self.open
         teardown = self.config.teardown_phases
+        sides = self.publish if self.publish.phase is not None else None
         loop_work = self.config.is_loop_work if self._setup_open else None
         for span in event.spans:
             start, end = span.start_ns + shift, span.end_ns + shift
@@ -259,6 +263,8 @@ class Timeline:
                 workers.append(
                     (worker, name if name.startswith(WAIT_PREFIX) else None, placed, end)
                 )
+                if sides is not None and phase is not None:
+                    sides.note(phase, thread, placed, end, source=source, engine=engine)
             if loop_work is not None and loop_work(phase):
                 first = self._first_work_ns
                 self._first_work_ns = placed if first is None else min(first, placed)
@@ -416,9 +422,7 @@ class Timeline:
             )
             if self._floor is not None:  # a resumed segment's: never back into the last
                 start = max(start, self._floor)
-        timing = measure_window(
-            start, end, self.pieces, self.overhead, self.config, unnamed=self.unnamed
-        )
+        timing = self._measure(start, end)
         self._totals = self._totals + timing
         self.horizon = end
         self._kept_from = start
@@ -427,10 +431,9 @@ class Timeline:
             self._setup_open = False
             # Set-up before the first phase span is not the run's active time.
             first = end if self._first_work_ns is None else min(self._first_work_ns, end)
-            self._before_work = self._before_work + measure_window(
-                start, first, self.pieces, self.overhead, self.config, unnamed=self.unnamed
-            )
+            self._before_work = self._before_work + self._measure(start, first)
         self.pieces = [p for p in self.pieces if p[2] > end]
+        self.publish.keep(ending_after=end)
         self.unnamed = [iv for iv in self.unnamed if iv[1] > end]
         out: list[Finished] = []
         if window.iteration is not None:
@@ -446,6 +449,13 @@ class Timeline:
         self.worker_pieces = [p for p in self.worker_pieces if p[3] > end]
         self._prune_overhead()
         return out
+
+    def _measure(self, start: int, end: int) -> WindowTiming:
+        """The :class:`WindowTiming` of ``[start, end)`` from what the timeline holds."""
+        return measure_window(
+            start, end, self.pieces, self.overhead, self.config,
+            unnamed=self.unnamed, publish=self.publish.sides(),
+        )  # fmt: skip
 
     def _prune_overhead(self) -> None:
         """Forget overhead no window or attributed iteration can still need.

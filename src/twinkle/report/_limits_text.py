@@ -42,10 +42,16 @@ def limits_lines(report: Mapping[str, Any]) -> list[str]:
     ]
     busy = limits.get("busy_shares", {})
     if busy:
+        sides = limits.get("side_shares") or {}
         lines.append(
             "  busy              "
             + ", ".join(f"{side} ran {_pct(share)}" for side, share in busy.items())
             + " of it"
+            + (
+                "; by side: " + ", ".join(f"{side} {_pct(share)}" for side, share in sides.items())
+                if sides
+                else ""
+            )
         )
     stragglers = limits.get("stragglers") or {}
     if stragglers:

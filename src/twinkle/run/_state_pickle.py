@@ -56,6 +56,7 @@ _LEDGERS: Final = frozenset(
                 "_measure": ("IterationData",),
                 "_mfu_config": ("MfuConfig",),
                 "_no_phase": ("NoPhase",),
+                "_publish_sides": ("PublishSides",),
                 "_span_ledger": ("SpanLedger",),
                 "_stragglers": ("StragglerLedger", "_Side", "_Verdicts", "_Work"),
                 "_timeline": ("Timeline", "_Window"),
