@@ -394,3 +394,26 @@ def test_without_a_steady_state_window_the_verdict_abstains_giving_the_loops(
     )
     assert limits["reason"].startswith("no steady-state window (every window is warm-up")
     assert "over the whole loop, warm-up included, mixed:" in limits["reason"]
+
+
+@pytest.mark.parametrize(
+    ("path", "rest", "why"),
+    [
+        (  # 499 of 1000: no 50 %, though it rounds to it
+            {"generation": 499, "training": 200, "other": 301},
+            None,
+            "generation 49.9% and training 20% of the critical path: no side holds 50%",
+        ),
+        (  # training ran 802 of 1000: more than 80 %, though it rounds to it
+            {"generation": 960, "training": 20, "idle": 20},
+            {"generation": ("training", 802)},
+            "generation 96% of the critical path, but training ran 80.2% of the stretch: a "
+            "faster generation alone saves at most 19.8% (both matter)",
+        ),
+    ],
+)
+def test_a_share_next_to_the_line_it_failed_is_given_to_a_tenth(
+    path: dict[str, int], rest: dict[str, tuple[str, int]] | None, why: str
+) -> None:
+    full = dict.fromkeys(KINDS, 0) | path
+    assert verdict(full, ObserverConfig.parse(CONFIG), rest) == ("mixed", why)

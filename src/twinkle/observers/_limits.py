@@ -63,8 +63,8 @@ def verdict(
         if busy and Fraction(wall - busy, wall) < MARGIN:
             return "mixed", (
                 f"{side} {float(first):.0%} of the critical path, but {other} ran "
-                f"{busy / wall:.0%} of the stretch: a faster {side} alone saves at most "
-                f"{(wall - busy) / wall:.0%} (both matter)"
+                f"{_pct(Fraction(busy, wall), 1 - MARGIN)} of the stretch: a faster {side} "
+                f"alone saves at most {_pct(Fraction(wall - busy, wall), MARGIN)} (both matter)"
             )
         return f"{side}-bound", (
             f"{side} {float(first):.0%} of the critical path, {runner_up} next at "
@@ -79,8 +79,19 @@ def verdict(
         f"{float(100 * MARGIN):.0f} a bound side needs"
     )
     return "mixed", (
-        f"{side} {float(first):.0%} and {runner_up} {float(second):.0%} of the critical path: {why}"
+        f"{side} {_pct(first, BOUND_SHARE)} and {runner_up} {float(second):.0%} of the "
+        f"critical path: {why}"
     )
+
+
+def _pct(share: Fraction, line: Fraction) -> str:
+    """``share`` as a whole percentage, or to a tenth of a point (rounded away from
+    ``line``) where the whole one would read as the ``line`` it was tested against: 49.9 %
+    is no 50 %, 80.2 % is more than 80 %."""
+    if f"{float(share):.0%}" != f"{float(line):.0%}" or share == line:
+        return f"{float(share):.0%}"
+    tenths = 1000 * share
+    return f"{(math.floor(tenths) if share < line else math.ceil(tenths)) / 10:.1f}%"
 
 
 def rest_ns(t: WindowTiming, config: ObserverConfig) -> dict[str, tuple[str, int]]:
