@@ -535,3 +535,31 @@ def test_demo_command_in_process_joins_every_thread_after_sigterm(tmp_path: Path
     assert rc == 143
     assert set(threading.enumerate()) == before
     check_finished_run(tmp_path / "r", "SIGTERM")
+
+
+class _DropsTheInterrupt:
+    """Its ``__del__`` takes the signal: Python prints what it raises and drops it."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("default_handlers")
+def test_a_signal_dropped_in_a_del_is_sent_again_and_raises_in_the_code(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The first SIGTERM's handler ran inside a ``__del__`` (as inside a WeakSet's
+    callback in a training loop): its SignalInterrupt was dropped, ``received`` was set,
+    and every later SIGTERM was ignored as 'the run is finishing' while it trained on.
+    Now it is sent again and raises in the loop."""
+    hook = sys.unraisablehook
+    with finish_on_signals() as guard:
+        with pytest.raises(SignalInterrupt) as info:
+            _DropsTheInterrupt()  # (dropped at once: no reference kept)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the training loop
+                time.sleep(0.001)
+        assert info.value.signum == signal.SIGTERM and guard.received == signal.SIGTERM
+        assert guard.ignored == 0
+    assert sys.unraisablehook is hook  # (the one it wrapped is put back)
+    assert "SIGTERM arrived where Python drops exceptions" in capfd.readouterr().err

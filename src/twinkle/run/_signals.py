@@ -24,6 +24,10 @@ Policy, signal by signal (SIGINT, SIGTERM and SIGHUP unless ``signals=`` says ot
   trace, is ignored with a one-line message on stderr, so a second Ctrl-C cannot abort
   the finish half-way; SIGQUIT (Ctrl-\\) or SIGKILL still end the process at once. This
   holds until the ``with`` block exits, also when your code catches the exception;
+* a first signal whose exception Python drops (its handler ran inside a ``__del__``, a
+  weakref or garbage-collector callback, where an exception is only printed as
+  "Exception ignored in ...") is sent again to the main thread, so that it raises where
+  the code runs: without it the run would train on with every later signal ignored;
 * on exit the previous handlers are restored (a handler you installed inside the block
   is kept).
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterable
 from types import FrameType, TracebackType
@@ -127,12 +132,22 @@ class SignalGuard:
     first of them the process got (None: none yet); ``ignored``: how many came after it.
     """
 
-    __slots__ = ("_entered", "_previous", "_signals", "handled", "ignored", "received")
+    __slots__ = (
+        "_entered",
+        "_hook",
+        "_previous",
+        "_signals",
+        "handled",
+        "ignored",
+        "received",
+    )
 
     def __init__(self, signals: Iterable[int]) -> None:
         self._signals = _check_signals(signals)
         self._previous: dict[int, Any] = {}
         self._entered = False
+        #: the unraisable hook this guard wraps while it is entered
+        self._hook: Any = None
         self.handled: tuple[int, ...] = ()
         self.received: int | None = None
         self.ignored = 0
@@ -146,6 +161,22 @@ class SignalGuard:
             f"twinkle: {signal_name(signum)} again, ignored: the run is finishing (writing "
             f"its summary and trace); Ctrl-\\ (SIGQUIT) or kill -9 {os.getpid()} abandons it\n"
         )
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """``sys.unraisablehook`` while entered: this guard's interrupt dropped where
+        Python cannot raise is sent again, from another thread (here, in that callback,
+        it would be dropped again); anything else goes to the hook it wraps."""
+        exc = unraisable.exc_value
+        if not isinstance(exc, SignalInterrupt) or exc.signum != self.received:
+            self._hook(unraisable)
+            return
+        self.received = None  # (it never reached the code: the next one raises)
+        _say(
+            f"twinkle: {exc.signal_name} arrived where Python drops exceptions "
+            f"({unraisable.err_msg or 'Exception ignored in'} {unraisable.object!r:.80}); "
+            "sending it again\n"
+        )
+        _resend(exc.signum)
 
     def __enter__(self) -> SignalGuard:
         if self._entered:
@@ -168,6 +199,8 @@ class SignalGuard:
             self._restore()
             raise
         self.handled = tuple(handled)
+        if handled:
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(
@@ -183,6 +216,22 @@ class SignalGuard:
             if signal.getsignal(signum) == self._handle:  # not replaced inside the block
                 signal.signal(signum, previous)
         self._previous.clear()
+        if self._hook is not None and sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._hook
+        self._hook = None
+
+
+#: how long after a dropped interrupt it is sent again: the callback that dropped it
+#: (a ``__del__``, the hook itself) has returned by then
+RESEND_S = 0.05
+
+
+def _resend(signum: int) -> None:
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(RESEND_S, signal.pthread_kill, (main, signum))
+    timer.daemon = True
+    timer.start()
 
 
 def finish_on_signals(signals: Iterable[int] = DEFAULT_SIGNALS) -> SignalGuard:
