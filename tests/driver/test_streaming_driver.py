@@ -687,3 +687,25 @@ def test_every_timeout_refuses_what_is_no_duration(bus: EventBus, bad: object) -
                 call()
         assert driver.version == 0  # nothing was published
         assert driver.wait_until(lambda s: True, -0.0)["version"] == 0
+
+
+def test_close_after_a_ctrl_c_inside_start_joins_only_the_threads_that_ran(
+    bus: EventBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT landed in start() after one producer's thread started: close() raised
+    "cannot join thread before it is started" for the next one, and the demo ended with
+    that RuntimeError instead of the interrupt."""
+    start = threading.Thread.start
+    calls = itertools.count()
+
+    def interrupted(thread: threading.Thread) -> None:
+        if next(calls) == 1:
+            raise KeyboardInterrupt  # (the signal, between two starts)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    driver = StreamingDriver[int]({"a": counter(), "b": counter()}, bus=bus, buffer_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        driver.start()
+    monkeypatch.undo()
+    assert driver.close() == CloseReport()

@@ -69,24 +69,26 @@ def _join(
     deadline: float | None,
 ) -> CloseReport:
     """Join every thread until ``deadline``; the report names those still alive."""
-    hung_producers: list[str] = []
-    for name, thread in threads.items():
-        thread.join(time_left(deadline))
-        if thread.is_alive():
-            hung_producers.append(name)
+    hung_producers = [name for name, thread in threads.items() if _hung(thread, deadline)]
     hung_publishing: list[str] = []
     with core.cond:
         publication = core.publication
-    if publication is not None and publication.thread is not None:
-        publication.thread.join(time_left(deadline))
-        if publication.thread.is_alive():
-            hung_publishing.append(f"publishing weights version {publication.version}")
+    thread = None if publication is None else publication.thread
+    if publication is not None and thread is not None and _hung(thread, deadline):
+        hung_publishing.append(f"publishing weights version {publication.version}")
     engine_threads = [] if target is None else list(target.threads)
     for label, thread in engine_threads:
-        thread.join(time_left(deadline))
-        if thread.is_alive():
+        if _hung(thread, deadline):
             hung_publishing.append(f"engine {label!r} loading weights")
     return CloseReport(tuple(hung_producers), tuple(hung_publishing))
+
+
+def _hung(thread: threading.Thread, deadline: float | None) -> bool:
+    """Join ``thread`` until ``deadline``; whether it still runs. One whose start() a
+    Ctrl-C interrupted never ran: there is nothing to join (``join`` would raise)."""
+    if thread.is_alive():
+        thread.join(time_left(deadline))
+    return thread.is_alive()
 
 
 def _settle(core: DriverCore[T], report: CloseReport) -> None:
