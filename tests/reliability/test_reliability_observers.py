@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
-from twinkle.errors import PluginError
+from twinkle.errors import PluginError, TwinkleError
 from twinkle.events import (
     Event,
     IterationStarted,
@@ -1037,3 +1037,35 @@ def test_a_cut_off_hook_acts_for_nobody_once_the_run_stopped_waiting(
     assert late.done.wait(30)
     summary = summary_of(run)
     assert summary["status"] == "ok" and summary["observer_failures"] == {"late": 1}
+
+
+def test_a_publish_while_the_run_closes_its_outputs_is_told_the_run_is_over(
+    tmp_path: Path,
+) -> None:
+    """Between the run unbinding its bus (closing its outputs) and finish()'s end, a
+    publish from another thread was refused as 'not started: call start()'."""
+    closing = threading.Event()
+    told: list[str] = []
+
+    class SlowClose:
+        @hookimpl
+        def twinkle_unconfigure(self) -> None:
+            closing.set()
+            time.sleep(0.3)
+
+    run = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("slow", SlowClose())]
+    ).start()
+
+    def late() -> None:
+        closing.wait(10)
+        try:
+            run.bus.scalars(iteration=0, name="loss", values={"x": 2.0})
+        except TwinkleError as exc:
+            told.append(str(exc))
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    run.finish()
+    thread.join(10)
+    assert len(told) == 1 and "is over" in told[0] and "not started" not in told[0], told

@@ -355,18 +355,23 @@ class RunSession:
                 raise
             closing = self._close_backends()  # (always: its backends_closed)
             interrupted = interrupted or closing
+            self._refuse_after_finish()  # (the run unbinds the bus as it closes)
             self.summary = self.run.finish()
             _warn_unhealthy(self.run_id, self.summary)
             if interrupted is not None:
                 raise interrupted
         finally:
-            self.bus.refuse(
-                f"run {self.run_id!r} is over ({self.run.state.value}): publish before finish()"
-            )
+            self._refuse_after_finish()
             watch_after_finish(self.recorder, self.run_id)
             if self._directory is not None:
                 self._directory.lock.release()
         return self.summary
+
+    def _refuse_after_finish(self) -> None:
+        """What a publish is told once the run no longer takes events."""
+        state = self.run.state
+        how = "finishing" if state is RunState.RUNNING else state.value
+        self.bus.refuse(f"run {self.run_id!r} is over ({how}): publish before finish()")
 
     def _close_backends(self) -> BaseException | None:
         """Close the backends and publish what they did (``backends_closed``). A Ctrl-C
