@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, cast, final
@@ -21,7 +20,6 @@ from typing import Any, cast, final
 import pluggy
 
 from twinkle.errors import (
-    InvalidArgumentError,
     PluginError,
     RecordError,
     ReporterError,
@@ -40,9 +38,7 @@ from twinkle.plugins import (
 )
 from twinkle.reporting import (
     DEFAULT_BACKEND_TIMEOUT_S,
-    Backend,
     BackendHealth,
-    IsolatedBackend,
     MetricsReporter,
     check_backend_timeout,
     make_dirs,
@@ -53,6 +49,12 @@ from twinkle.run._checkpoint import (
 from twinkle.run._checkpointing import RunCheckpoints
 from twinkle.run._config import check_config
 from twinkle.run._order import ORDERED, EventOrder
+from twinkle.run._run_backends import (
+    make_reporter,
+    plugin_backends,
+    required_plugins_of,
+    wait_required,
+)
 from twinkle.run._summary import (
     SUMMARY_FILE,
     Segment,
@@ -138,7 +140,7 @@ class Run:
         self._background = background
         self._background_dispatch = background_dispatch
         self._slow_call_s = slow_call_s
-        self._required = _required(required_plugins, pm)
+        self._required = required_plugins_of(required_plugins, pm)
         self._backend_timeout_s = check_backend_timeout(backend_timeout_s)
         self.state = RunState.NEW
         self.calls: HookCalls | None = None
@@ -185,9 +187,10 @@ class Run:
             calls.configure(self.context)
             if self.context.checkpoint is not None:
                 self._restore(self.context.checkpoint)
-            names, backends = self._backends(calls.make_backends(self.context))
-            self.reporter = self._reporter(names, backends)
-            self._wait_required(backends)
+            made = calls.make_backends(self.context)
+            names, backends = plugin_backends(self.pm, made, self._backend_timeout_s)
+            self.reporter = make_reporter(names, backends, self.run_id, self._background)
+            wait_required(backends, self._required, self._backend_timeout_s)
             if self.context.checkpoint is not None:  # (once the start cannot fail)
                 self.checkpoints.hand_history(backends)
             # Inline until the run goes live (:meth:`go_live`): the start, and a resume's
@@ -231,58 +234,6 @@ class Run:
             if self._background_dispatch:
                 self.dispatcher.to_background(timed)
             self.checkpoints.arm()
-
-    def _backends(self, made: list[tuple[str, Backend]]) -> tuple[list[str], list[Backend]]:
-        """The run's backends, named after their plugins: twinkle's own (the run's files,
-        written by the reporter) first, then every plugin's behind a thread of its own
-        (:class:`~twinkle.reporting.IsolatedBackend`), which the others never wait for."""
-        own = [self.pm.is_builtin(plugin) for plugin, _ in made]
-        names: list[str] = []
-        backends: list[Backend] = []
-        for is_own in (True, False):
-            for (plugin, backend), mine in zip(made, own, strict=True):
-                if mine is not is_own:
-                    continue
-                name = plugin if plugin not in names else f"{plugin}#{len(names)}"
-                names.append(name)
-                backends.append(
-                    backend
-                    if is_own
-                    else IsolatedBackend(backend, name=name, timeout_s=self._backend_timeout_s)
-                )
-        return names, backends
-
-    def _reporter(self, names: list[str], backends: list[Backend]) -> MetricsReporter:
-        """The run's reporter of ``backends``; when it cannot be made (its record file
-        unreadable), the plugins' backends, already started, are given up on."""
-        try:
-            return MetricsReporter(
-                backends, run_id=self.run_id, background=self._background, names=names
-            )
-        except BaseException as exc:
-            for backend in backends:
-                if isinstance(backend, IsolatedBackend):
-                    backend.cut_off(f"the run's start failed ({type(exc).__name__})")
-            raise
-
-    def _wait_required(self, backends: list[Backend]) -> None:
-        """A required plugin's backends are open before the run goes on (else the start
-        fails, naming why)."""
-        # Side by side: the start waits at most one bound, however many are required.
-        deadline = time.monotonic() + self._backend_timeout_s
-        for backend in backends:
-            if not isinstance(backend, IsolatedBackend):
-                continue  # (the run's own)
-            plugin = backend.name.split("#")[0]
-            if plugin not in self._required:
-                continue
-            why = backend.wait_open(max(0.0, deadline - time.monotonic()))
-            if why is not None:
-                raise PluginError(
-                    f"required plugin {backend.name!r} could not open its backend: {why}; "
-                    f"fix what it says, or stop requiring it (required_plugins, "
-                    f"--require-plugin {plugin}) to run without it"
-                )
 
     def settled_slow_calls(self) -> tuple[dict[str, int] | None, BaseException | None]:
         """The observers' slow calls once every event submitted so far was dispatched
@@ -460,22 +411,3 @@ def _event_log_failure(pm: pluggy.PluginManager) -> ReporterError | None:
         if isinstance(plugin, EventLogSink) and plugin.failure is not None:
             return plugin.failure
     return None
-
-
-def _required(names: Iterable[str], pm: pluggy.PluginManager) -> frozenset[str]:
-    """The required plugin names, each checked to be a plugin of the run."""
-    if isinstance(names, str) or not isinstance(names, Iterable):
-        raise InvalidArgumentError(
-            f"required_plugins must be a list of plugin names, got {names!r:.100}"
-            + (f"; pass [{names!r}]" if isinstance(names, str) else "")
-        )
-    required = frozenset(names)
-    missing = sorted(n for n in required if not isinstance(n, str) or pm.get_plugin(n) is None)
-    if missing:
-        loaded = sorted(name for name, _ in pm.list_name_plugin())
-        raise PluginError(
-            f"required plugin(s) {', '.join(map(repr, missing))} not loaded by this run "
-            f"(it loads {', '.join(loaded) or 'none'}): install them (twinkle plugins lists "
-            "what is installed), unblock them, or stop requiring them"
-        )
-    return required
