@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import twinkle.reporting.jsonl as jsonl_mod
@@ -1069,3 +1070,68 @@ def test_a_publish_while_the_run_closes_its_outputs_is_told_the_run_is_over(
     run.finish()
     thread.join(10)
     assert len(told) == 1 and "is over" in told[0] and "not started" not in told[0], told
+
+
+class _Counts:
+    """A plugin's backend counting the records it is handed."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    def write(self, records: list[Any]) -> None:
+        self.records += len(records)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_another_threads_events_stop_at_run_finished_so_summary_and_backends_agree(
+    tmp_path: Path, background: bool
+) -> None:
+    """A thread publishing across finish(): its events kept reaching the observers after
+    run_finished, while the summary was made and the plugins' backends closed. A
+    backend missed hundreds of records that summary.json said it wrote, and the
+    summary's last loss was not the last record's. Now the run takes no event from
+    another thread once its run_finished is queued (the thread is told so)."""
+    backend = _Counts()
+
+    class Plugin:
+        @hookimpl
+        def twinkle_make_backends(self, context: RunContext) -> list[_Counts]:
+            return [backend]
+
+    run = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, plugins=[("p", Plugin())],
+        background_dispatch=background,
+    ).start()  # fmt: skip
+    going, told = threading.Event(), []
+
+    def publishes() -> None:
+        k = 0
+        try:
+            while True:
+                k += 1
+                run.bus.scalars(iteration=0, name="loss", values={"x": float(k)})
+                going.set()
+        except TwinkleError as exc:
+            told.append(str(exc))
+
+    thread = threading.Thread(target=publishes)
+    thread.start()
+    assert going.wait(10)
+    time.sleep(0.01)
+    summary = run.finish()
+    thread.join(10)
+    assert told and ("is finishing" in told[0] or "is over" in told[0]), told
+    raw = [
+        orjson.loads(x) for x in (tmp_path / "r" / "metrics_raw.jsonl").read_bytes().splitlines()
+    ]
+    health = summary["backends"]["p"]
+    assert backend.records == len(raw) == health["records"] == health["records_written"]
+    losses = [r["values"]["x"] for r in raw if r["kind"] == "loss"]
+    assert summary["scalars"]["loss"]["x"]["last"] == losses[-1]
+    assert summary["observer_failures"] == {}

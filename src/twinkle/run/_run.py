@@ -25,7 +25,14 @@ from twinkle.errors import (
     ReporterError,
     TwinkleError,
 )
-from twinkle.events import Event, EventBus, IterationStarted, RunFinished, freeze
+from twinkle.events import (
+    BackendsClosed,
+    Event,
+    EventBus,
+    IterationStarted,
+    RunFinished,
+    freeze,
+)
 from twinkle.hookspecs import RunContext
 from twinkle.observers import (
     EventLogSink,
@@ -105,6 +112,7 @@ class Run:
         "_order",
         "_receivers",
         "_required",
+        "_sealed",
         "_slow_call_s",
         "calls",
         "checkpoints",
@@ -152,6 +160,8 @@ class Run:
         self._order = EventOrder()
         self._receivers: list[EventBus] = []
         self._closed = False
+        #: this process's run_finished was queued: a connected bus's events are refused
+        self._sealed = False
         #: the checkpoints it takes (docs/metrics.md, "Resuming from a checkpoint")
         self.checkpoints = RunCheckpoints(self)
 
@@ -267,11 +277,11 @@ class Run:
         return self.reporter.health()
 
     def connect(self, bus: EventBus) -> None:
-        """Receive every event ``bus`` publishes (the bus calls :meth:`submit` directly,
+        """Receive every event ``bus`` publishes (the bus calls :meth:`_receive` directly,
         before its signal's receivers)."""
         if self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not started")
-        bus.bind(self.submit)
+        bus.bind(self._receive)
         self._receivers.append(bus)
 
     def submit(self, event: Event) -> None:
@@ -280,7 +290,19 @@ class Run:
         (events after it — published by an observer while the run finished — still go
         out), then only ``run_resumed`` begins a new segment; iterations and optimizer
         steps only go forward; boundaries never go back in time. A misfit raises
-        :class:`~twinkle.errors.RecordError` and reaches no observer."""
+        :class:`~twinkle.errors.RecordError` and reaches no observer. (How a resume or
+        a replay feeds the log's events; a connected bus delivers to :meth:`_receive`.)"""
+        self._submit(event, live=False)
+
+    def _receive(self, event: Event) -> None:
+        """What a connected bus delivers: :meth:`submit`, but once this process's
+        ``run_finished`` was queued, only an observer's publish (from inside a dispatch)
+        and the session's ``backends_closed`` are taken: another thread's event would
+        reach the observers while the summary is made and the backends close, its
+        records in the files but not in the summary nor in a backend that had closed."""
+        self._submit(event, live=True)
+
+    def _submit(self, event: Event, *, live: bool) -> None:
         dispatcher = self.dispatcher
         if dispatcher is None or self.state is not RunState.RUNNING:
             raise TwinkleError(
@@ -291,22 +313,32 @@ class Run:
             raise RecordError(
                 f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
             )
-        if type(event) not in ORDERED and self.segments:
-            dispatcher.submit(event)
-        elif dispatcher.dispatching_here:
+        kind = type(event)
+        if dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
             # thread, a publisher may hold it while it waits for that very thread).
-            self._order.check(event, self.segments, self.run_id)
+            if kind in ORDERED or not self.segments:
+                self._order.check(event, self.segments, self.run_id)
             dispatcher.submit(event)
-        else:
-            if type(event) is IterationStarted:
-                dispatcher.wait_boundary()  # (never waiting while holding the lock)
-            # Checked and queued in one step: the order checked is the order dispatched
-            # (and logged), whichever threads publish.
-            with self._order.lock:
+            return
+        if kind is IterationStarted:
+            dispatcher.wait_boundary()  # (never waiting while holding the lock)
+        # Checked and queued in one step: the order checked is the order dispatched
+        # (and logged), whichever threads publish.
+        with self._order.lock:
+            if live and self._sealed and kind is not BackendsClosed:
+                raise TwinkleError(
+                    f"run {self.run_id!r} is finishing: event {event.TYPE!r} came from "
+                    "another thread after its run_finished and reaches no observer; "
+                    "publish before finish()"
+                )
+            if kind in ORDERED or not self.segments:
                 drain = self._enqueue_checked(event, dispatcher)
-            if drain:  # (inline: outside the lock, which a running checkpoint takes)
-                dispatcher.drain()
+            else:
+                drain = dispatcher.enqueue(event)
+            self._sealed = self._sealed or (live and kind is RunFinished)
+        if drain:  # (inline: outside the lock, which a running checkpoint takes)
+            dispatcher.drain()
 
     def _enqueue_checked(self, event: Event, dispatcher: Dispatcher) -> bool:
         """(The order's lock held) check ``event`` and queue it; one that cannot be
