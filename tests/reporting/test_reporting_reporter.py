@@ -18,6 +18,7 @@ import pytest
 
 from twinkle.errors import InvalidArgumentError, RecordError, ReporterError, WriteError
 from twinkle.reporting import (
+    BatchWriter,
     JsonlBackend,
     MetricRecord,
     MetricsReporter,
@@ -567,3 +568,25 @@ def test_bad_input_raises_a_clear_error_and_written_records_stay(
     assert path.read_bytes() == before
     assert seqs(path) == [0, 1, 2, 3, 4]
     assert list(read_jsonl(path)) == strict_lines(path)
+
+
+def test_a_ctrl_c_right_after_a_record_was_taken_never_gives_its_seq_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal handler raising just after the writer took a record, before the reporter
+    counted its seq: the next record got the same seq (two records, one seq)."""
+    backend = ListBackend()
+    reporter = MetricsReporter([backend], run_id=RUN, background=False)
+    put = BatchWriter.put
+
+    def interrupted(writer: BatchWriter[Any], item: Any) -> bool:
+        put(writer, item)
+        raise KeyboardInterrupt  # (the signal, as put() returns)
+
+    monkeypatch.setattr(BatchWriter, "put", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reporter.report(rec(0))
+    monkeypatch.undo()
+    reporter.report(rec(1))
+    reporter.close()
+    assert [r.seq for r in backend.records] == [0, 1]

@@ -151,9 +151,17 @@ class MetricsReporter:
         with self._lock:
             seq = self._next_seq
             stamped = with_seq(record, seq)
-            # put() refuses (closed) before it accepts: then the seq stays unused here.
-            kept = self._writer.put(stamped)
-            self._next_seq = seq + 1
+            writer = self._writer
+            taken = writer.accepted + writer.dropped
+            try:
+                kept = writer.put(stamped)
+            finally:
+                # The seq is used once put() took the record (kept or dropped), even when
+                # an exception follows: a held error, or a Ctrl-C landing right after
+                # (that gave the next record the same seq). Refused before it took the
+                # record (closed), the seq stays unused.
+                if writer.accepted + writer.dropped != taken:
+                    self._next_seq = seq + 1
         if not kept:
             dropped = self._writer.dropped
             if dropped & (dropped - 1) == 0:
