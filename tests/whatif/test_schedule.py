@@ -168,3 +168,46 @@ def test_workers_sharing_a_device_keep_sharing_it(tmp_path: Path) -> None:
         "e0": ["host-cpu"],
         "engine0": ["host-cpu"],
     }
+
+
+@pytest.mark.parametrize(
+    ("ranks", "schedule", "workers"),
+    [
+        # as recorded: the trainer's two devices are its two ranks
+        (2, ([0, 16, 26], 38, [1]), {"trainer": 2, "e0": 1}),
+        # two ranks more: training halved (3 ms), as one rank more of one; each new rank
+        # a device of its own
+        (4, ([0, 13, 23], 35, [1]), {"trainer": 2, "rank2": 1, "rank3": 1, "e0": 1}),
+        # one rank: training doubled (12 ms); the trainer keeps one device
+        (1, None, {"trainer": 1, "e0": 1}),
+    ],
+)
+def test_a_trainer_placed_with_a_count_of_devices_has_a_rank_per_device(
+    tmp_path: Path,
+    ranks: int,
+    schedule: tuple[list[int], int, list[int]] | None,
+    workers: dict[str, int],
+) -> None:
+    """The trainer placed as one worker with ``count`` 2 (docs/metrics.md's example) was
+    one rank: --ranks 2 predicted a faster run on 8 devices where nothing changes, and
+    each rank added copied the trainer's two devices."""
+    from _whatif_run import CONFIG
+    from twinkle.run import replay
+
+    config = {
+        **CONFIG,
+        "placement": {
+            "trainer": {"phases": ["train"], "device_type": "cuda", "count": 2},
+            "e0": {"phases": ["rollout", "publish"], "device_type": "cuda", "devices": ["GPU-e"]},
+        },
+    }
+    events = recorded_events()
+    events[0] = msgspec.structs.replace(events[0], config=config)
+    replay(events, tmp_path / "run", autoload=False)
+    p = predict(tmp_path / "run", Changes(ranks=ranks), tmp_path / "p")
+    assert p.settings["ranks"] == ranks
+    placed = p.predicted["placement"]["workers"]
+    assert {w: e["count"] for w, e in placed.items()} == workers
+    assert p.predicted["placement"]["window"]["devices"] == sum(workers.values())
+    if schedule is not None:
+        assert _schedule(tmp_path / "p") == schedule

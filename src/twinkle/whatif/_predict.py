@@ -81,12 +81,27 @@ def _placement(
             template = e.name if e.name in placement else engines[k % len(engines)]
             out[e.name] = _device_of(placement, template, e.name, engines)
     if ranks is not None and trainers:
+        # a rank per device: the first ``ranks`` of the recorded ones kept, each worker
+        # with as many as it keeps; more get a worker each, of one device
+        slots = [name for name in trainers for _ in range(recorded.config.placement[name].count)]
         for name in trainers:
             del out[name]
-        for r in range(ranks):
-            name = trainers[r] if r < len(trainers) else f"rank{r}"
-            out[name] = _device_of(placement, trainers[r % len(trainers)], name, trainers)
+        for name, kept in Counter(slots[:ranks]).items():
+            out[name] = _with_ranks(placement[name], kept)
+        one_rank = {**placement, trainers[-1]: _with_ranks(placement[trainers[-1]], 1)}
+        for r in range(len(slots), ranks):
+            out[f"rank{r}"] = _device_of(one_rank, trainers[-1], f"rank{r}", trainers)
     return out
+
+
+def _with_ranks(entry: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """A trainer worker's entry keeping its first ``ranks`` devices (a rank each)."""
+    kept = copy.deepcopy(entry)
+    if kept.get("devices"):
+        kept["devices"] = kept["devices"][:ranks]
+    if "count" in kept or not kept.get("devices"):
+        kept["count"] = ranks
+    return kept
 
 
 def added_on_shared_devices(recorded: Recorded, plan: Plan, ranks: int | None) -> list[str]:

@@ -250,8 +250,10 @@ def trainer_workers(recorded: Recorded) -> list[str]:
 
 
 def recorded_ranks(recorded: Recorded) -> int:
-    """The number of trainer ranks: :func:`trainer_workers`, at least 1."""
-    return max(1, len(trainer_workers(recorded)))
+    """The number of trainer ranks: a rank per device of :func:`trainer_workers` (a
+    worker placed with ``count`` 2 is two data-parallel ranks), at least 1."""
+    placement = recorded.config.placement
+    return max(1, sum(placement[name].count for name in trainer_workers(recorded)))
 
 
 def check_speed(recorded: Recorded, changes: Changes, engines: list[str]) -> None:
