@@ -417,3 +417,20 @@ def test_a_share_next_to_the_line_it_failed_is_given_to_a_tenth(
 ) -> None:
     full = dict.fromkeys(KINDS, 0) | path
     assert verdict(full, ObserverConfig.parse(CONFIG), rest) == ("mixed", why)
+
+
+def test_a_streaming_run_without_an_iteration_has_no_verdict_and_no_failure(
+    tmp_path: Path,
+) -> None:
+    """No window at all: the pipeline's sides hold nothing (a twice-as-fast side's bound
+    read the sides of a stretch that had none: the timing observer failed)."""
+    run, _ = manual_session(tmp_path, "empty", CONFIG)
+    run.finish()
+    assert run.out_dir is not None
+    summary = orjson.loads((run.out_dir / "summary.json").read_bytes())
+    assert summary["observer_failures"] == {}
+    limits = summary["limits"]
+    assert (limits["verdict"], limits["side_shares"], limits["busy_shares"]) == ("abstain", {}, {})
+    assert {k: v["seconds"] for k, v in limits["twice_as_fast"].items()} == {
+        "training": 0, "generation": 0, "publish": 0
+    }  # fmt: skip

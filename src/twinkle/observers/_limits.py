@@ -177,11 +177,7 @@ class LimitsLedger:
             "path_shares": {k: basis.path_ns[k] / wall if wall else None for k in PATH_KINDS},
             "twice_as_fast": _twice_as_fast(basis, config),
             "busy_shares": _busy_shares(basis, config),
-            "side_shares": {
-                side: basis.sides_ns[side] / basis.wall_ns if basis.wall_ns else None
-                for side in ("trainer", "engines")
-                if side in basis.sides_ns
-            },
+            "side_shares": _side_shares(basis),
         }
 
 
@@ -193,7 +189,7 @@ def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[st
     out: dict[str, dict[str, float | None]] = {}
     rest = rest_ns(t, config)
     for side, ns in _busy_ns(t, config).items():
-        saved = min(t.path_ns[side], ns // 2, t.wall_ns - rest[side][1])
+        saved = min(t.path_ns[side], ns // 2, t.wall_ns - rest.get(side, ("", 0))[1])
         out[side] = {
             "seconds": saved / _NS,
             "share": saved / t.wall_ns if t.wall_ns else None,
@@ -207,3 +203,11 @@ def _busy_shares(t: WindowTiming, config: ObserverConfig) -> dict[str, float | N
     if not t.wall_ns:
         return {}
     return {side: ns / t.wall_ns for side, ns in _busy_ns(t, config).items()}
+
+
+def _side_shares(t: WindowTiming) -> dict[str, float]:
+    """How much of the stretch the trainer's and the engines' work each covered (the
+    sides the critical path is taken through: :attr:`WindowTiming.sides_ns`)."""
+    if not t.wall_ns or not t.sides_ns:
+        return {}
+    return {side: t.sides_ns[side] / t.wall_ns for side in ("trainer", "engines")}

@@ -93,7 +93,10 @@ class WindowTiming(msgspec.Struct, frozen=True):
     def empty(cls, config: ObserverConfig) -> WindowTiming:
         zero = dict.fromkeys(config.phases, 0)
         path = dict.fromkeys(PATH_KINDS, 0)
-        return cls(0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0), path)
+        sides = dict.fromkeys(SIDE_KEYS, 0) if config.streaming is not None else {}
+        return cls(
+            0, 0, 0, 0, zero, dict(zero), dict.fromkeys(config.pairs, 0), path, sides_ns=sides
+        )
 
     def __add__(self, other: WindowTiming) -> WindowTiming:
         return WindowTiming(
@@ -262,6 +265,9 @@ def _idle_work(
         "unnamed_by_name": {key: ns for key, ns in idle.items() if ns},
     }
 
+
+#: the keys of :attr:`WindowTiming.sides_ns` (a streaming run's)
+SIDE_KEYS = ("trainer", "engines", "trainer_publish", "engines_publish")
 
 #: what the critical path passes through, in the order it is taken (docs/metrics.md,
 #: "What limits the run")
