@@ -145,3 +145,53 @@ def test_a_report_refused_is_refused_whole(tmp_path: Path, bad: str) -> None:
     for name in ("metrics_raw.jsonl", "metrics.jsonl"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes()
     check_replay(outs[0], tmp_path / "replayed")
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_a_report_received_as_the_run_finishes_is_taken_whole(
+    tmp_path: Path, background: bool
+) -> None:
+    """finish() began between a report's spans and its memory readings (a receiver
+    thread, here slowed in a listener of the spans): the spans were in the log and the
+    readings refused, receive() raising. A report is now queued in one step."""
+    import threading
+    import time
+
+    from twinkle.events import SIGNALS, SpanBatch
+    from twinkle.perf import WorkerRecorder
+
+    run = RunSession(
+        out_dir=tmp_path, run_id="r", autoload=False, background_dispatch=background
+    ).start()
+    worker = WorkerRecorder(worker="rank1")
+    with worker.span("generate"):
+        pass
+    report = worker.report(memory=True)
+    sent, raised = threading.Event(), []
+
+    def slow(sender: object, event: SpanBatch) -> None:
+        if event.source == "rank1":
+            sent.set()
+            time.sleep(0.3)
+
+    SIGNALS[SpanBatch].connect(slow)
+    try:
+
+        def receives() -> None:
+            try:
+                run.receive(report)
+            except Exception as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=receives)
+        thread.start()
+        assert sent.wait(10)
+        run.finish()
+        thread.join(10)
+    finally:
+        SIGNALS[SpanBatch].disconnect(slow)
+    logged = [orjson.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_bytes().splitlines()]
+    from_rank1 = [e["type"] for e in logged if e.get("source") == "rank1" or (
+        e["type"] == "memory" and any(r["worker_id"] == "rank1" for r in e["readings"])
+    )]  # fmt: skip
+    assert (raised, from_rank1) == ([], ["spans", "memory"])

@@ -64,6 +64,9 @@ OVERHEAD_SPAN = "twinkle.observe"
 OVERHEAD_SOURCE = f"{OWN_SOURCE_PREFIX}observers"
 
 _E = TypeVar("_E", bound=Event)
+#: what a run binds a bus to (:meth:`EventBus.bind`): its receiver of an event, of several
+Receiver = Callable[[Event], object]
+ManyReceiver = Callable[[Sequence[Event]], object]
 _log = logging.getLogger("twinkle.events")
 
 
@@ -85,6 +88,7 @@ class EventBus:
 
     __slots__ = (
         "_bound",
+        "_bound_many",
         "_clock",
         "_lock",
         "_own",
@@ -113,7 +117,8 @@ class EventBus:
         self.validate = validate
         self._recorders: list[tuple[str, TimeRecorder]] = []
         self._own = overhead
-        self._bound: Callable[[Event], object] | None = None
+        self._bound: Receiver | None = None
+        self._bound_many: ManyReceiver | None = None
         self._unbound = False
         self._refusal: str | None = None
         self._reserved: frozenset[str] = frozenset()
@@ -151,11 +156,10 @@ class EventBus:
         with self.own_work(event.TYPE):
             return self._send(event)
 
-    def bind(self, receiver: Callable[[Event], object] | None) -> None:
-        """Deliver every event to ``receiver`` first (the run that owns this bus), before
-        the signal's receivers; ``None`` unbinds (the run is over: an event published
-        after that reaches no observer, and the first one says so in the log). One
-        receiver per bus."""
+    def bind(self, receiver: Receiver | None, *, many: ManyReceiver | None = None) -> None:
+        """Deliver every event to ``receiver`` first (the run owning this bus; those of
+        :meth:`publish_all` to ``many`` at once, when given), then to the signal's; None
+        unbinds (the run is over: a later event reaches no observer, the first says so)."""
         with self._lock:
             if receiver is not None and self._bound is not None:
                 raise InvalidArgumentError(
@@ -163,7 +167,7 @@ class EventBus:
                 )
             if receiver is None and self._bound is not None:
                 self._unbound = True
-            self._bound = receiver
+            self._bound, self._bound_many = receiver, None if receiver is None else many
 
     def refuse(self, reason: str | None) -> None:
         """While no run is bound, refuse every publish with a
@@ -175,15 +179,20 @@ class EventBus:
         """In a forked child (from an ``os.register_at_fork`` hook): drop the parent's
         run and refuse every publish with ``reason``. Takes no lock (another parent
         thread may have held it at the fork)."""
-        self._bound = None
+        self._bound = self._bound_many = None
         self._refusal = reason
 
     def publish_all(self, events: Sequence[Event], what: str) -> None:
         """Publish ``events`` as one (a span of twinkle's own time named ``what``): each
         is checked before any is sent, so one refused refuses them all."""
         with self.own_work(what):
-            for event in [validate_event(e) for e in events] if self.validate else events:
-                self._deliver(event)
+            checked = [validate_event(e) for e in events] if self.validate else list(events)
+            many = self._bound_many
+            if many is not None:
+                many(checked)  # (the run takes them all, or refuses them all)
+            deliver = self._deliver if many is None else self._signal
+            for event in checked:
+                deliver(event)
 
     def _send(self, event: _E) -> _E:
         return self._deliver(validate_event(event) if self.validate else event)
@@ -202,9 +211,11 @@ class EventBus:
                 self.run_id,
                 event.TYPE,
             )
+        return self._signal(event)
+
+    def _signal(self, event: _E) -> _E:
         signal = SIGNALS[type(event)]
-        # blinker's send costs as much as the rest of a publish: skip it when nobody
-        # listens directly (its receivers map is empty).
+        # (blinker's send costs as much as the rest of a publish: skipped for no receiver)
         if signal.receivers:
             signal.send(self, event=event)
         return event

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, cast, final
 
@@ -281,7 +281,7 @@ class Run:
         before its signal's receivers)."""
         if self.dispatcher is None:
             raise TwinkleError(f"run {self.run_id!r} is not started")
-        bus.bind(self._receive)
+        bus.bind(self._receive, many=self._receive_all)
         self._receivers.append(bus)
 
     def submit(self, event: Event) -> None:
@@ -302,17 +302,54 @@ class Run:
         records in the files but not in the summary nor in a backend that had closed."""
         self._submit(event, live=True)
 
-    def _submit(self, event: Event, *, live: bool) -> None:
+    def _receive_all(self, events: Sequence[Event]) -> None:
+        """What a connected bus delivers of :meth:`~twinkle.events.EventBus.publish_all`
+        (a worker's report): every event queued in one step, or none (a report half in
+        the log when the run began to finish between its spans and its readings)."""
+        dispatcher = self._dispatcher_for(events)
+        if (
+            dispatcher.dispatching_here
+            or not self.segments
+            or any(type(e) in ORDERED for e in events)
+        ):
+            for event in events:
+                self._submit(event, live=True)
+            return
+        with self._order.lock:
+            self._refuse_sealed(events[0])
+            drain = False
+            for event in events:
+                drain = dispatcher.enqueue(event) or drain
+        if drain:
+            dispatcher.drain()
+
+    def _dispatcher_for(self, events: Sequence[Event]) -> Dispatcher:
+        """The dispatcher, once ``events`` were found to be the running run's."""
         dispatcher = self.dispatcher
         if dispatcher is None or self.state is not RunState.RUNNING:
             raise TwinkleError(
                 f"run {self.run_id!r} is not running ({self.state.value}): publish between "
                 "its start() and its finish()"
             )
-        if event.run_id != self.context.run_id:
-            raise RecordError(
-                f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
+        for event in events:
+            if event.run_id != self.context.run_id:
+                raise RecordError(
+                    f"event {event.TYPE!r} belongs to run {event.run_id!r}, not {self.run_id!r}"
+                )
+        return dispatcher
+
+    def _refuse_sealed(self, event: Event) -> None:
+        """(The order's lock held) refuse a live event once this process's run_finished
+        was queued (but the session's backends_closed)."""
+        if self._sealed and type(event) is not BackendsClosed:
+            raise TwinkleError(
+                f"run {self.run_id!r} is finishing: event {event.TYPE!r} came from "
+                "another thread after its run_finished and reaches no observer; "
+                "publish before finish()"
             )
+
+    def _submit(self, event: Event, *, live: bool) -> None:
+        dispatcher = self._dispatcher_for((event,))
         kind = type(event)
         if dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
@@ -326,12 +363,8 @@ class Run:
         # Checked and queued in one step: the order checked is the order dispatched
         # (and logged), whichever threads publish.
         with self._order.lock:
-            if live and self._sealed and kind is not BackendsClosed:
-                raise TwinkleError(
-                    f"run {self.run_id!r} is finishing: event {event.TYPE!r} came from "
-                    "another thread after its run_finished and reaches no observer; "
-                    "publish before finish()"
-                )
+            if live:
+                self._refuse_sealed(event)
             if kind in ORDERED or not self.segments:
                 drain = self._enqueue_checked(event, dispatcher)
             else:
