@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from _recompute import check_replay
+from _recompute import check_replay, check_run
 from observers.test_scripted_run import manual_session
 from twinkle.observers import ObserverConfig
 from twinkle.observers._limits import verdict
@@ -434,3 +434,40 @@ def test_a_streaming_run_without_an_iteration_has_no_verdict_and_no_failure(
     assert {k: v["seconds"] for k, v in limits["twice_as_fast"].items()} == {
         "training": 0, "generation": 0, "publish": 0
     }  # fmt: skip
+
+
+def test_a_threads_late_training_span_still_makes_its_publish_the_trainers(
+    tmp_path: Path,
+) -> None:
+    """Thread C generates 200-250 and loads 250-300 in window 2; its training span
+    150-190 arrives after boundary 3, wholly late (in no window). C trained, so its load
+    is the trainer's: the trainer's side (train 200-260, load 250-300: 100 ms) is busier
+    than the engines' (50), and the path is training 60, publish 40. The late span was
+    not noted: generation 50, publish 50, training 0."""
+    c = 3
+    run, clock = manual_session(tmp_path, "late", CONFIG)
+    bus = run.bus
+    batches = {
+        2: [_s("train.step", 200, 260, A), _s("generate", 200, 250, c),
+            _s("weights.load", 250, 300, c)],
+        3: [_s("train.step", 150, 190, c), _s("train.step", 300, 360, A),
+            _s("generate", 300, 350, B)],
+    }  # fmt: skip
+    for it in range(5):
+        clock.set(it * 100 * MS)
+        bus.iteration_started(it)
+        bus.samples(iteration=it, phase="rollout", lengths=[10])
+        at = it * 100
+        spans = batches.get(it, [_s("train.step", at, at + 60, A), _s("generate", at, at + 50, B)])
+        bus.publish_spans("main", bus.anchor, spans)
+    clock.set(500 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    (window2,) = [
+        r["values"] for r in _records(run.out_dir)
+        if (r["kind"], r["scope"], r["iteration"]) == ("timing", "iteration", 2)
+    ]  # fmt: skip
+    path = {k: round(window2[f"window_path_{k}_seconds"] * 1e3, 6) for k in KINDS}
+    assert (path["training"], path["publish"], path["generation"]) == (60, 40, 0)
+    check_run(run.out_dir)  # (the independent recompute: the late span counts there too)
+    check_replay(run.out_dir, tmp_path / "again")

@@ -15,7 +15,7 @@ __all__ = ["PublishSides"]
 @dataclass(slots=True)
 class PublishSides:
     """The publish phase's pieces as the timeline keeps them, and the threads that ran
-    the generation and the training phases (of the pieces the timeline placed).
+    the generation and the training phases (any span of them, a late one too).
 
     A piece's side is the span's own where it says it (True: it names an ``engine``, or
     its source is placed on the engines' side by ``config.placement``; False: placed on
@@ -47,7 +47,12 @@ class PublishSides:
         if phase == self.phase:
             side = True if isinstance(engine, str) and engine else self.worker_sides.get(source)
             self.pieces.append((start, end, thread, side))
-        elif phase == self.generation:
+        else:
+            self.note_thread(phase, thread)
+
+    def note_thread(self, phase: str, thread: int) -> None:
+        """``thread`` ran a span of ``phase`` (one wholly late too: it has no piece)."""
+        if phase == self.generation:
             self.generating.add(thread)
         elif phase == self.train:
             self.training.add(thread)

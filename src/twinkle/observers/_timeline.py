@@ -265,6 +265,8 @@ class Timeline:
                 )
                 if sides is not None and phase is not None:
                     sides.note(phase, thread, placed, end, source=source, engine=engine)
+            elif sides is not None and phase is not None:  # (wholly late: its thread ran it)
+                sides.note_thread(phase, thread)
             if loop_work is not None and loop_work(phase):
                 first = self._first_work_ns
                 self._first_work_ns = placed if first is None else min(first, placed)
