@@ -228,39 +228,6 @@ def test_a_side_bound_by_the_path_is_not_the_bound_when_another_ran_nearly_as_lo
         )
 
 
-def test_a_balanced_pipeline_is_mixed_and_a_faster_side_saves_what_the_other_leaves(
-    tmp_path: Path,
-) -> None:
-    """Each 100 ms window: the engine generates 0-96, the trainer trains 4-96 beside it.
-    The engines are busier, so the path is generation's (96 + 4 idle), but a
-    twice-as-fast generation leaves the window no shorter than training's 92 ms: the
-    steady state (windows 1-2, 200 ms) saves at most 16 ms, not 96."""
-    run, clock = manual_session(tmp_path, "balanced", CONFIG)
-    bus = run.bus
-    for it in range(5):
-        at = it * 100
-        if it:
-            clock.set(at * MS - 1)
-            spans = [_s("generate", at - 100, at - 4, B), _s("train.step", at - 96, at - 4, A)]
-            bus.publish_spans("main", bus.anchor, spans)
-        clock.set(at * MS)
-        if it < 4:
-            bus.iteration_started(it)
-            bus.samples(iteration=it, phase="rollout", lengths=[10])
-    run.finish()
-    assert run.out_dir is not None
-    limits = orjson.loads((run.out_dir / "summary.json").read_bytes())["limits"]
-    path = {k: round(v * 1e3, 6) for k, v in limits["path_seconds"].items()}
-    assert (path["generation"], path["idle"], path["training"]) == (192, 8, 0)
-    assert limits["verdict"] == "mixed"
-    assert limits["reason"].startswith("generation 96% of the critical path, but training ran")
-    faster = {k: round(v["seconds"] * 1e3, 6) for k, v in limits["twice_as_fast"].items()}
-    # generation: min(192 on the path, 192 / 2, 200 - 184 training ran); training: 0 on
-    # the path; publish: none ran
-    assert faster == {"training": 0, "generation": 16, "publish": 0}
-    assert limits["windows"] == {"mixed": 4}
-
-
 def _pipeline(tmp_path: Path, run_id: str, cycle: list[Span]) -> dict[str, Any]:
     """Four 100 ms windows, each running ``cycle`` (ms within the window); the summary's
     ``limits``, in ms."""
@@ -294,6 +261,25 @@ def _ms(limits: dict[str, Any], key: str) -> dict[str, float]:
         k: round((v if key == "path_seconds" else v["seconds"]) * 1e3, 6)
         for k, v in limits[key].items()
     }
+
+
+def test_a_balanced_pipeline_is_mixed_and_a_faster_side_saves_what_the_other_leaves(
+    tmp_path: Path,
+) -> None:
+    """Each 100 ms window: the engine generates 0-96, the trainer trains 4-96 beside it.
+    The engines are busier, so the path is generation's (96 + 4 idle), but a
+    twice-as-fast generation leaves the window no shorter than training's 92 ms: the
+    steady state (windows 1-2, 200 ms) saves at most 16 ms, not 96."""
+    limits = _pipeline(tmp_path, "balanced", [_s("generate", 0, 96, B), _s("train.step", 4, 96, A)])
+    path = _ms(limits, "path_seconds")
+    assert (path["generation"], path["idle"], path["training"]) == (192, 8, 0)
+    assert limits["verdict"] == "mixed"
+    assert limits["reason"].startswith("generation 96% of the critical path, but training ran")
+    faster = _ms(limits, "twice_as_fast")
+    # generation: min(192 on the path, 192 / 2, 200 - 184 training ran); training: 0 on
+    # the path; publish: none ran
+    assert faster == {"training": 0, "generation": 16, "publish": 0}
+    assert limits["windows"] == {"mixed": 4}
 
 
 def test_the_weights_the_trainer_writes_are_the_trainers_side_of_the_pipeline(
