@@ -316,7 +316,8 @@ class Run:
                 self._submit(event, live=True)
             return
         with self._order.lock:
-            self._refuse_sealed(events[0])
+            if self._sealed:
+                self._refuse_sealed(events[0])
             drain = False
             for event in events:
                 drain = dispatcher.enqueue(event) or drain
@@ -339,8 +340,8 @@ class Run:
         return dispatcher
 
     def _refuse_sealed(self, event: Event) -> None:
-        """(The order's lock held) refuse a live event once this process's run_finished
-        was queued (but the session's backends_closed)."""
+        """(The order's lock held, the run sealed) refuse a live event: this process's
+        run_finished was queued (but the session's backends_closed)."""
         if self._sealed and type(event) is not BackendsClosed:
             raise TwinkleError(
                 f"run {self.run_id!r} is finishing: event {event.TYPE!r} came from "
@@ -349,7 +350,13 @@ class Run:
             )
 
     def _submit(self, event: Event, *, live: bool) -> None:
-        dispatcher = self._dispatcher_for((event,))
+        dispatcher = self.dispatcher
+        if (
+            dispatcher is None
+            or self.state is not RunState.RUNNING
+            or (event.run_id != self.context.run_id)
+        ):
+            dispatcher = self._dispatcher_for((event,))  # (raises, saying why)
         kind = type(event)
         if dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
@@ -363,13 +370,13 @@ class Run:
         # Checked and queued in one step: the order checked is the order dispatched
         # (and logged), whichever threads publish.
         with self._order.lock:
-            if live:
+            if live and self._sealed:
                 self._refuse_sealed(event)
             if kind in ORDERED or not self.segments:
                 drain = self._enqueue_checked(event, dispatcher)
+                self._sealed = self._sealed or (live and kind is RunFinished)
             else:
                 drain = dispatcher.enqueue(event)
-            self._sealed = self._sealed or (live and kind is RunFinished)
         if drain:  # (inline: outside the lock, which a running checkpoint takes)
             dispatcher.drain()
 
