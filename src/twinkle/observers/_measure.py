@@ -232,12 +232,10 @@ def _sides(
     side's union, its phase's spans and the publish pieces that ran on it."""
     if config.streaming is None:
         return {}
-    on: dict[bool, list[Interval]] = {True: [], False: []}
-    for s, e, engines in publish:
-        if e > lo and s < hi:
-            on[engines].append((s if s > lo else lo, e if e < hi else hi))
+    pieces = list(publish)
+    trainer_publish = merge(clip([(s, e) for s, e, engines in pieces if not engines], lo, hi))
+    engines_publish = merge(clip([(s, e) for s, e, engines in pieces if engines], lo, hi))
     generation, training = config.streaming
-    trainer_publish, engines_publish = merge(on[False]), merge(on[True])
     return {
         "trainer": union_ns([*merged.get(training, []), *trainer_publish]),
         "engines": union_ns([*merged.get(generation, []), *engines_publish]),
