@@ -102,7 +102,7 @@ def rest_ns(t: WindowTiming, config: ObserverConfig) -> dict[str, tuple[str, int
     stretch cannot end before it: a twice-as-fast side saves at most the rest of the
     stretch. {} without ``config.streaming``."""
     sides = t.sides_ns
-    if config.streaming is None or not sides:
+    if config.streaming is None:
         return {}
     generation, training = config.streaming
     engines, trainer = sides["engines"], sides["trainer"]
@@ -189,7 +189,7 @@ def _twice_as_fast(t: WindowTiming, config: ObserverConfig) -> dict[str, dict[st
     out: dict[str, dict[str, float | None]] = {}
     rest = rest_ns(t, config)
     for side, ns in _busy_ns(t, config).items():
-        saved = min(t.path_ns[side], ns // 2, t.wall_ns - rest.get(side, ("", 0))[1])
+        saved = min(t.path_ns[side], ns // 2, t.wall_ns - rest[side][1])
         out[side] = {
             "seconds": saved / _NS,
             "share": saved / t.wall_ns if t.wall_ns else None,
