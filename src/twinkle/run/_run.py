@@ -342,7 +342,7 @@ class Run:
     def _refuse_sealed(self, event: Event) -> None:
         """(The order's lock held, the run sealed) refuse a live event: this process's
         run_finished was queued (but the session's backends_closed)."""
-        if self._sealed and type(event) is not BackendsClosed:
+        if type(event) is not BackendsClosed:
             raise TwinkleError(
                 f"run {self.run_id!r} is finishing: event {event.TYPE!r} came from "
                 "another thread after its run_finished and reaches no observer; "
@@ -350,13 +350,7 @@ class Run:
             )
 
     def _submit(self, event: Event, *, live: bool) -> None:
-        dispatcher = self.dispatcher
-        if (
-            dispatcher is None
-            or self.state is not RunState.RUNNING
-            or (event.run_id != self.context.run_id)
-        ):
-            dispatcher = self._dispatcher_for((event,))  # (raises, saying why)
+        dispatcher = self._dispatcher_for((event,))
         kind = type(event)
         if dispatcher.dispatching_here:
             # An observer publishing from inside a dispatch: no lock (on the dispatch
