@@ -309,3 +309,25 @@ def test_closing_inline_waits_for_a_dispatch_in_flight_and_refuses_what_comes_af
     assert run.failures == {}
     with pytest.raises(TwinkleError, match="observers are closed"):
         run.finish()  # (the run, its observers closed, ends FAILED, no longer in progress)
+
+
+def test_a_drain_after_close_of_events_another_thread_dispatched_is_no_refusal() -> None:
+    """A publisher queued its event, then another thread's drain dispatched it and the
+    run closed before the publisher drained: its drain found nothing left, yet was told
+    its event reached no observer."""
+    good = Good()
+    run = RunSession(
+        out_dir=None, run_id="r", autoload=False, plugins=[("good", good)],
+        background_dispatch=False,
+    )  # fmt: skip
+    run.start()
+    dispatcher = run.dispatcher
+    assert dispatcher is not None
+    event = ScalarsObserved("r", 0, 0, 0, "late", {"x": 1.0})
+    assert dispatcher.enqueue(event)  # (queued; the publisher drains next...)
+    dispatcher.drain()  # (...but another thread's drain takes it first)
+    dispatcher.close()
+    dispatcher.drain()  # (the publisher's own, once the run closed)
+    assert good.events.count("scalars") == 1
+    with pytest.raises(TwinkleError, match="observers are closed"):
+        run.finish()

@@ -206,9 +206,10 @@ class Dispatcher:
 
     def drain(self) -> None:
         """The second half of :meth:`submit`: dispatch everything queued, in order.
-        After :meth:`close`, what another thread queued since is dropped and refused."""
+        After :meth:`close`, what another thread queued since is dropped and refused
+        (what it queued before was dispatched by whichever thread drained first)."""
         with self._lock:
-            if self._closed:
+            if self._closed and self._pending:
                 self._pending.clear()
                 raise TwinkleError(
                     "the run's observers are closed: an event published while the run "
