@@ -339,10 +339,21 @@ _any_value = st.one_of(
     st.sampled_from([True, False, None, "1.0", 2**63, 2**64 - 1, 2**64, -(2**63) - 1]),
 )
 _any_key = st.one_of(_key, st.sampled_from(["", "\udcff", "ü", 1]))
+
+
+class _Flag(enum.StrEnum):
+    """A str subclass in a list of text: the fast path leaves it to the reference."""
+
+    PARTIAL = "partial"
+
+
 _any_attr = st.one_of(
     _json_scalar,
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["\ud800", "ü", 2**64, -(2**64), [1, 2], {"a": 1}]),
+    st.lists(st.sampled_from(["partial", "warm-up", "", "ü", "\ud800", 1, None])),
+    st.tuples(st.sampled_from(["drain", "ü"])),
+    st.sampled_from([[_Flag.PARTIAL], ("a", ["b"])]),
 )
 
 
@@ -374,6 +385,26 @@ def test_plain_dicts_and_other_mappings_give_the_same_record_or_error(
 def test_edge_values_take_either_path_to_the_same_result(values: dict[str, object]) -> None:
     fast, reference = _both_ways(values, {"phase": "train"})
     assert fast == reference
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["partial", "warm-up"],  # an observer's window_flags
+        [],
+        ("drain",),
+        ["ü"],  # valid text the reference path checks
+        ["\ud800"],  # a lone surrogate: refused
+        ["partial", 1],
+        [_Flag.PARTIAL],  # a str subclass: made plain text
+        ["a", ["b"]],
+    ],
+)
+def test_lists_of_text_in_attrs_take_either_path_to_the_same_result(flags: object) -> None:
+    fast, reference = _both_ways({"a": 1.0}, {"window_flags": flags, "steps": 2})
+    assert fast == reference
+    if not isinstance(fast, str):
+        assert type(fast[1]["window_flags"]) is tuple
 
 
 def test_a_str_subclass_key_is_refused_as_on_the_reference_path() -> None:

@@ -11,9 +11,9 @@ and frozen: the one place that decides what a record may hold.
   (mappings become :class:`~twinkle.reporting._frozen.FrozenDict`, lists tuples).
 
 :func:`normalise` takes the common case (a plain ``dict`` of ``float``/``int`` values
-under ASCII ``str`` keys, flat scalar attrs) in a few C-level passes over the values;
-anything else takes the entry-by-entry path (:func:`_checked`), which is the reference:
-it normalises numeric subtypes and raises the errors.
+under ASCII ``str`` keys, flat attrs of scalars and lists of text) in a few C-level
+passes over the values; anything else takes the entry-by-entry path (:func:`_checked`),
+which is the reference: it normalises numeric subtypes and raises the errors.
 """
 
 from __future__ import annotations
@@ -222,11 +222,13 @@ def _with_nonfinite(attrs: FrozenDict, nonfinite: list[str]) -> FrozenDict:
 
 
 def _plain_attrs(attrs: dict[str, Any]) -> FrozenDict | None:
-    """A frozen copy of flat attrs (scalars only, ASCII keys and text), or None to take
-    the reference path (nested values, other text, large ints, the ``nonfinite`` key).
-    One loop: attrs are a few entries, where a loop beats several C-level passes."""
+    """A frozen copy of flat attrs (scalars and lists of text, ASCII keys and text), or
+    None to take the reference path (nested values, other text, large ints, the
+    ``nonfinite`` key). One loop: attrs are a few entries, where a loop beats several
+    C-level passes. A list of text (an observer's ``window_flags``) becomes a tuple."""
     if NONFINITE_ATTR in attrs:
         return None
+    texts: list[str] = []
     for key, value in attrs.items():
         if type(key) is not str or not key or not key.isascii():
             return None
@@ -240,9 +242,16 @@ def _plain_attrs(attrs: dict[str, Any]) -> FrozenDict | None:
         elif kind is int:
             if not JSON_INT_MIN <= value <= JSON_INT_MAX:
                 return None
+        elif kind is list or kind is tuple:
+            if not (_STR_TYPES.issuperset(map(type, value)) and "".join(value).isascii()):
+                return None
+            texts.append(key)
         elif value is not None and kind is not bool:
             return None
-    return FrozenDict(attrs)
+    frozen = FrozenDict(attrs)
+    for key in texts:
+        _fill_item(frozen, key, tuple(attrs[key]))
+    return frozen
 
 
 def _plain_nonfinite(out: FrozenDict) -> list[str] | None:
@@ -266,8 +275,9 @@ def normalise(values: object, attrs: object) -> tuple[FrozenDict, FrozenDict]:
     """Frozen ``values`` (non-finite ones None) and ``attrs`` (naming them).
 
     The common case (a plain ``dict`` of ``float``/``int`` under ASCII ``str`` keys, flat
-    scalar attrs) is decided by a few C-level passes; anything else, or any doubt, goes to
-    :func:`_checked`, the reference, which normalises numeric subtypes and raises.
+    attrs of scalars and lists of text) is decided by a few C-level passes; anything
+    else, or any doubt, goes to :func:`_checked`, the reference, which normalises numeric
+    subtypes and raises.
     """
     if type(values) is dict and (attrs is None or type(attrs) is dict):
         out = FrozenDict(values)
