@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from observers.test_scripted_run import manual_session
-from twinkle.observers._stragglers import StragglerLedger, _peer_medians, _Work
+from twinkle.observers._stragglers import StragglerLedger, _Iteration, _peer_medians, _Work
 from twinkle.perf import Span
 
 MS = 1_000_000
@@ -104,6 +104,58 @@ def test_a_worker_slow_in_exactly_half_of_the_iterations_is_one_off(tmp_path: Pa
     )
 
 
+def _gathering_ranks(it: int) -> dict[str, list[Span]]:
+    """Two ranks' ``generate`` spans (100 tokens each) whose ends meet in a collective,
+    as TRL's gather of the completions' lengths does. At ``at = it * 100`` ms:
+
+    * rank0 (late, it saved a checkpoint) generates over [at+40, at+60) on thread 1:
+      20 ms; its thread 2 waits for weights over [at+40, at+55) (not inside the span's
+      thread: not taken off);
+    * rank1 generates over [at, at+60) on thread 1, of which [at+20, at+60) is
+      ``wait.gather`` (taken off: 20 ms of work), then waits [at+60, at+70) outside it.
+
+    Both then took 20 ms for 100 tokens: ratio 1.0, no straggler. Counting the wait
+    inside as work, rank1 would be 3.0x its peer: chronic."""
+    at = it * 100
+
+    def span(name: str, lo: int, hi: int, thread: int, **attrs: Any) -> Span:
+        return Span(
+            name, (at + lo) * MS, (at + hi) * MS, thread, 1, {"iteration": it, **attrs}, None
+        )
+
+    return {
+        "rank0": [
+            span("generate", 40, 60, 1, tokens=100),
+            span("wait.weights", 40, 55, 2),
+        ],
+        "rank1": [
+            span("wait.gather", 20, 60, 1),
+            span("generate", 0, 60, 1, tokens=100),
+            span("wait.gather", 60, 70, 1),
+        ],
+    }
+
+
+def test_a_rank_waiting_in_a_collective_inside_its_span_is_no_straggler(tmp_path: Path) -> None:
+    run, clock = manual_session(tmp_path, "gather", CONFIG)
+    for it in range(6):
+        clock.set(it * 100 * MS)
+        run.bus.iteration_started(it)
+        clock.set((it * 100 + 99) * MS)
+        for source, spans in _gathering_ranks(it).items():
+            run.bus.publish_spans(source, run.bus.anchor, spans)
+    clock.set(600 * MS)
+    run.finish()
+    assert run.out_dir is not None
+    summary = orjson.loads((run.out_dir / "summary.json").read_bytes())
+    generation = summary["limits"]["stragglers"]["generation"]
+    assert generation["iterations_compared"] == 4
+    for rank in ("rank0", "rank1"):
+        worker = generation["workers"][rank]
+        assert worker["verdict"] == "ok" and worker["median_ratio_to_peers"] == 1.0
+        assert worker["seconds_per_token"] == pytest.approx(0.080 / 400)
+
+
 def test_an_iteration_whose_workloads_differ_is_not_compared(stragglers: dict[str, Any]) -> None:
     assert stragglers["generation"]["abstained"] == {
         "a worker's tokens lay beyond 2x the median: not comparable": 1
@@ -127,10 +179,12 @@ def test_every_iterations_ratios_go_once_the_steady_state_has_one() -> None:
     ledger = StragglerLedger()
 
     def fold(it: int, e1_ms: int, steady: bool) -> None:
-        ledger.work["generation"][it] = {
-            name: _Work(ns=ms * MS, tokens=100, spans=1, with_tokens=1)
-            for name, ms in (("e0", 10), ("e1", e1_ms))
-        }
+        ledger.work["generation"][it] = _Iteration(
+            {
+                name: _Work(ns=ms * MS, tokens=100, spans=1, with_tokens=1)
+                for name, ms in (("e0", 10), ("e1", e1_ms))
+            }
+        )
         ledger.finalise(it, steady)
 
     fold(0, 30, steady=False)

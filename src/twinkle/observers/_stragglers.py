@@ -5,9 +5,10 @@ the workloads are not comparable (docs/metrics.md, "Stragglers").
 A worker is the ``engine`` attribute of a generation span (else the span's source),
 and the source of a training span (a rank's worker report; the run's own process is
 ``main``). Its work on an iteration is its spans of the side's phase whose ``iteration``
-attribute names it: their seconds added, and their units: the ``tokens`` attributes
-added (when every worker's spans carry some on that iteration), else the spans counted
-(requests, micro-batches).
+attribute names it: their seconds added, less the time of the waits (``wait.*`` spans
+of that iteration) their thread ran inside them (a rank waiting in a collective for a
+slower one), and their units: the ``tokens`` attributes added (when every worker's
+spans carry some on that iteration), else the spans counted (requests, micro-batches).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 from twinkle.events import SpanBatch
 from twinkle.observers._config import ObserverConfig
+from twinkle.observers._intervals import Interval, clip, length, merge
+from twinkle.observers._waits import WAIT_PREFIX
 
 __all__ = ["SLOW", "StragglerLedger"]
 
@@ -40,6 +43,28 @@ class _Work:
     tokens: int = 0
     spans: int = 0
     with_tokens: int = 0
+
+
+#: a process's thread: (source, pid, thread id), the clock its spans' times are read on
+_Thread = tuple[str, int, int]
+
+
+@dataclass(slots=True)
+class _Iteration:
+    """One side's work on one iteration: per worker, and each of its spans' stretch on
+    its thread (until the iteration is finalised, when the waits inside are taken off)."""
+
+    workers: dict[str, _Work] = field(default_factory=dict)
+    stretches: list[tuple[str, _Thread, int, int]] = field(default_factory=list)
+
+    def waited(self, waits: dict[_Thread, list[Interval]]) -> dict[str, _Work]:
+        """The workers' work, less ``waits`` (merged, per thread) inside their spans."""
+        if waits:
+            for worker, thread, start, end in self.stretches:
+                inside = waits.get(thread)
+                if inside:
+                    self.workers[worker].ns -= length(clip(inside, start, end))
+        return self.workers
 
 
 @dataclass(slots=True)
@@ -128,8 +153,10 @@ class StragglerLedger:
     arriving after its iteration was finalised is not counted."""
 
     def __init__(self) -> None:
-        #: side -> iteration -> worker -> work, for the iterations not finalised yet
-        self.work: dict[str, dict[int, dict[str, _Work]]] = {"generation": {}, "training": {}}
+        #: side -> iteration -> its workers' work, for the iterations not finalised yet
+        self.work: dict[str, dict[int, _Iteration]] = {"generation": {}, "training": {}}
+        #: iteration -> thread -> the waits it ran, for the iterations not finalised yet
+        self.waits: dict[int, dict[_Thread, list[Interval]]] = {}
         #: per side: over the steady state, and over every iteration (until the steady
         #: state has one: the summary reads that side's steady state's from then on)
         self.steady = {side: _Side() for side in self.work}
@@ -142,11 +169,14 @@ class StragglerLedger:
         generation, training = config.streaming
         phase_of, finalised, source = config.phase_of, self.finalised, event.source
         for span in event.spans:
-            phase = phase_of(span.name)
+            name = span.name
+            phase = phase_of(name)
             if phase == generation:
                 side = "generation"
             elif phase == training:
                 side = "training"
+            elif name.startswith(WAIT_PREFIX):
+                side = None
             else:
                 continue
             attrs = span.attrs
@@ -155,20 +185,25 @@ class StragglerLedger:
                 continue  # (none: docs/metrics.md "Attribution", iteration_number inlined)
             if finalised is not None and iteration <= finalised:
                 continue  # (late: its iteration was compared already)
+            thread = (source, span.pid, span.thread_id)
+            if side is None:
+                waits = self.waits.setdefault(iteration, {})
+                waits.setdefault(thread, []).append((span.start_ns, span.end_ns))
+                continue
             worker = source
             if side == "generation":
                 engine = attrs.get("engine")
                 if isinstance(engine, str) and engine:
                     worker = engine
-            by_iteration = self.work[side]
-            by_worker = by_iteration.get(iteration)
-            if by_worker is None:
-                by_worker = by_iteration[iteration] = {}
-            work = by_worker.get(worker)
+            data = self.work[side].get(iteration)
+            if data is None:
+                data = self.work[side][iteration] = _Iteration()
+            work = data.workers.get(worker)
             if work is None:
-                work = by_worker[worker] = _Work()
+                work = data.workers[worker] = _Work()
             work.ns += span.end_ns - span.start_ns
             work.spans += 1
+            data.stretches.append((worker, thread, span.start_ns, span.end_ns))
             tokens = attrs.get("tokens")
             if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
                 work.tokens += tokens
@@ -177,10 +212,12 @@ class StragglerLedger:
     def finalise(self, iteration: int, steady: bool) -> None:
         """Compare ``iteration``'s workers (its window finalised), then forget them."""
         self.finalised = iteration if self.finalised is None else max(self.finalised, iteration)
+        waits = {thread: merge(ivs) for thread, ivs in self.waits.pop(iteration, {}).items()}
         for side, by_iteration in self.work.items():
-            workers = by_iteration.pop(iteration, None)
-            if workers is None:
+            data = by_iteration.pop(iteration, None)
+            if data is None:
                 continue
+            workers = data.waited(waits)
             if steady:
                 self.steady[side].compare(workers)
             if self.steady[side].empty:

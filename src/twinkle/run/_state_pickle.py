@@ -58,7 +58,7 @@ _LEDGERS: Final = frozenset(
                 "_no_phase": ("NoPhase",),
                 "_publish_sides": ("PublishSides",),
                 "_span_ledger": ("SpanLedger",),
-                "_stragglers": ("StragglerLedger", "_Side", "_Verdicts", "_Work"),
+                "_stragglers": ("StragglerLedger", "_Iteration", "_Side", "_Verdicts", "_Work"),
                 "_timeline": ("Timeline", "_Window"),
                 "_trace_budget": ("TraceBudget", "_LowerMedian", "_Window"),
                 "_trace_lines": ("TraceLines",),
