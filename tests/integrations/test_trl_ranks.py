@@ -106,6 +106,27 @@ def test_the_runs_tokens_are_every_ranks_as_trl_counts_them(two_ranks: Path) -> 
     summary = json.loads((two_ranks / "r" / "summary.json").read_text())
     assert summary["counts"]["tokens_rollout"]["discrepancy"] == 0
     assert summary["counts"]["optimizer_updates"]["discrepancy"] == 0
+    # an update's samples are every rank's: 4 completions trained on each
+    steps = [e["samples"] for e in events if e["type"] == "optimizer_step"]
+    assert steps == [8, 8, 8]
+
+
+def test_each_ranks_gathers_are_waits_inside_its_generation(two_ranks: Path) -> None:
+    """TRL gathers the completions' lengths at the end of ``_generate``: the first rank
+    there waits for the other, in a ``wait.gather`` span (docs/metrics.md, "Stragglers")
+    inside its ``generate`` span, on the same thread."""
+    events = _events(two_ranks / "r")
+    for source in ("rank0", "rank1"):
+        spans = [s for e in events if e["type"] == "spans" and e["source"] == source
+                 for s in span_list(e)]  # fmt: skip
+        generating = [s for s in spans if s["name"] == "generate"]
+        gathers = [s for s in spans if s["name"] == "wait.gather"]
+        inside = [
+            w for w in gathers for g in generating
+            if w["thread_id"] == g["thread_id"] and w["attrs"] == g["attrs"]
+            and g["start_ns"] <= w["start_ns"] <= w["end_ns"] <= g["end_ns"]
+        ]  # fmt: skip
+        assert len({w["attrs"]["iteration"] for w in inside}) == 3, source
 
 
 def test_the_figures_recompute_and_replay_gives_the_same_files(
@@ -131,6 +152,10 @@ def test_a_killed_rank_is_named_in_the_runs_error(tmp_path: Path, at: str) -> No
     assert finished[-1]["status"] == "error"
     assert "rank 1 (pid" in error and "died" in error, error
     assert summary_path.exists()
+    # rank 0's own completions of the step it died in, held for the exchange, are kept
+    rollout = {e["iteration"]: len(e["lengths"]) for e in events
+               if e["type"] == "samples" and e["phase"] == "rollout"}  # fmt: skip
+    assert rollout == {0: 8, 1: 4}
 
 
 def test_an_error_on_every_rank_finishes_the_run_with_that_error(tmp_path: Path) -> None:

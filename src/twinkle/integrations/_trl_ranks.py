@@ -55,6 +55,10 @@ log = logging.getLogger("twinkle.integrations.trl")
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
 #: how long a failed collective looks for the peers that died
 DEAD_WAIT_S = 1.0
+#: the wait a rank's ``accelerator.gather`` is timed as: the ranks meet in it (TRL's
+#: completions' lengths at the end of each generation), the first waiting for the last
+#: (docs/metrics.md, "Stragglers": not its own work)
+GATHER_WAIT = "wait.gather"
 
 
 class RankBus:

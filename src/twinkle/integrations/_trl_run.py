@@ -4,10 +4,8 @@ and lengths of the step in progress."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import FinishedRunError, ResumeConfigError, TwinkleError, WorkerError
@@ -23,6 +21,7 @@ from twinkle.integrations._trl_lengths import length_sums, plain_lengths, rollou
 from twinkle.integrations._trl_profiling import OBSERVER_ATTRIBUTE, PROFILING, ProfilingPatch
 from twinkle.integrations._trl_ranks import (
     DEAD_WAIT_S,
+    GATHER_WAIT,
     RankBus,
     RankLink,
     check_alone,
@@ -31,6 +30,7 @@ from twinkle.integrations._trl_ranks import (
     whole_groups,
 )
 from twinkle.integrations._trl_resume import START, last_global_step, warn_redone
+from twinkle.integrations._trl_wrapping import NO_EXC, ExcInfo, MethodWraps, StepSpans
 from twinkle.perf import SpanContext, WorkerRecorder
 from twinkle.run import RunSession, RunState
 
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["ObservedRun"]
 
 log = logging.getLogger("twinkle.integrations.trl")
-
-_ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
-_NO_EXC: _ExcInfo = (None, None, None)
 
 
 class ObservedRun:
@@ -103,11 +100,11 @@ class ObservedRun:
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
         self.in_training_step = False
-        self.open: dict[str, SpanContext] = {}  # the spans of the step in progress, by name
+        self.step_spans = StepSpans(self.span)
         self.length_sums: list[Any] = []  # per micro-batch: its samples' (and prompts') lengths
         self.warned_lengths = False
         self.bad_keys: set[str] = set()  # logged keys left out (named once each)
-        self._saved: dict[str, Any] = {}
+        self._wraps = MethodWraps()
         self._profiling = False
         self._attach(owner)
 
@@ -228,16 +225,16 @@ class ObservedRun:
             self.told_start = True
             start = {"global_step": self.start_step, "steps_before": self.steps_before}
             self.bus.scalars(iteration=self.iteration, name=self.SCALARS + START, values=start)
-        self._enter("step")
+        self.step_spans.enter("step")
 
     def optimizer_begin(self) -> None:
-        self._enter("train.optimizer")
+        self.step_spans.enter("train.optimizer")
 
     def optimizer_end(self) -> None:
-        self._leave("train.optimizer")
+        self.step_spans.leave("train.optimizer")
 
     def step_end(self, global_step: int) -> None:
-        self._close_spans(_NO_EXC)
+        self.step_spans.close()
         iteration = self.iteration
         if iteration is None:
             return  # (on_step_end without on_step_begin: nothing of this run to close)
@@ -248,30 +245,43 @@ class ObservedRun:
             self.bus.samples(
                 iteration=iteration, phase="train", lengths=lengths, prompt_lengths=prompts
             )
-        if self.link is not None:
-            self._exchange(iteration)
+        samples = len(lengths) if self.link is None else self._exchange(iteration)
         step = self.steps_before + (int(global_step) - self.start_step)
-        self.bus.optimizer_step(iteration=iteration, step=step, samples=len(lengths))
+        self.bus.optimizer_step(iteration=iteration, step=step, samples=samples)
         if self.owner.memory and self.session is not None:  # (named as its spans are)
             self.session.read_memory(iteration=iteration)
 
-    def _exchange(self, iteration: int | None) -> None:
+    def _exchange(self, iteration: int | None) -> int:
         """The step's samples of every rank and the other ranks' spans and memory, to
-        rank 0's run (a collective of every rank); a failure finishes the run."""
+        rank 0's run (a collective of every rank); a failure finishes the run. Returns
+        the ranks' training samples of ``iteration`` (rank 0's run; else 0)."""
         assert self.link is not None and isinstance(self.bus, RankBus)
+        held, exchanged = self.bus.take(), False
         try:
             report = None if self.worker is None else self.worker.report(memory=self.owner.memory)
-            parts = self.link.exchange(self.bus.take(), report)
+            parts, exchanged = self.link.exchange(held, report), True
             if self.session is None or parts is None:
-                return
+                return 0
             for _, got in parts:
                 if got is not None:
                     self.session.receive(got, iteration=iteration)
-            for sample in merged_samples([held for held, _ in parts]):
-                self.session.bus.samples(**sample)
+            return self._publish_samples([samples for samples, _ in parts], iteration)
         except BaseException as exc:
+            if not exchanged:  # (rank 0's finish as failed publishes its own)
+                self.bus.held[:0] = held
             self.fail(exc)
             raise
+
+    def _publish_samples(self, parts: list[list[dict[str, Any]]], iteration: int | None) -> int:
+        """The ranks' held samples, merged, to rank 0's run; their training samples of
+        ``iteration``."""
+        assert self.session is not None
+        trained = 0
+        for sample in merged_samples(parts):
+            self.session.bus.samples(**sample)
+            if sample["phase"] == "train" and sample["iteration"] == iteration:
+                trained += len(sample["lengths"])
+        return trained
 
     def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
         if self.iteration is None:
@@ -286,7 +296,7 @@ class ObservedRun:
         self.bus.scalars(iteration=self.iteration, name=name, values=values)
 
     def finish(self, state: Any) -> None:
-        self._close_spans(_NO_EXC)
+        self.step_spans.close()
         try:
             if self.link is not None:  # (what the ranks did since the last step: evaluation)
                 self._exchange(self.iteration)
@@ -305,12 +315,12 @@ class ObservedRun:
         once: a failure that passes through several wrappers is one."""
         self.owner._failed(self)
         if self.session is None:  # (another rank: its error is its launcher's to report)
-            self._close_spans(_NO_EXC)
+            self.step_spans.close()
             self._restore()
             return
         if self.session.state is not RunState.RUNNING:
             return
-        exc_info: _ExcInfo = _NO_EXC
+        exc_info: ExcInfo = NO_EXC
         if isinstance(reason, BaseException):
             exc_info = (type(reason), reason, reason.__traceback__)
             error = f"{type(reason).__qualname__}: {reason}"
@@ -325,8 +335,10 @@ class ObservedRun:
                     wait = DEAD_WAIT_S if isinstance(reason, RuntimeError) else 0.0
                     dead = self.link.dead(wait)
                     error = f"{', '.join(dead)} died: {error}" if dead else error
-                self._close_spans(exc_info)
+                self.step_spans.close(exc_info)
                 self._restore()
+                if isinstance(self.bus, RankBus):  # (its own samples, which no exchange took)
+                    self._publish_samples([self.bus.take()], None)
                 self.session.finish(status="error", error=error)
         except Exception:  # the training's own error is the one to see
             log.exception("run %r: finishing after the failure failed", self.run_id)
@@ -363,21 +375,21 @@ class ObservedRun:
                 return failing(*args, **kwargs)
             finally:  # (after a failure: the run is finished, its spans closed)
                 self.in_training_step = False
-                self._leave("train.step")
+                self.step_spans.leave("train.step")
 
         return training_step
 
     def _prepare_inputs(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
             batch = original(*args, **kwargs)
-            if self.in_training_step and "train.step" not in self.open:
+            if self.in_training_step and "train.step" not in self.step_spans.open:
                 with self.bus.own_work("trl.lengths"):
                     sums = self._batch_sums(batch)
                 if sums is not None:
                     self.length_sums.append(sums)
                 else:
                     self._unknown_lengths(batch)
-                self._enter("train.step")
+                self.step_spans.enter("train.step")
             return batch
 
         return prepare_inputs
@@ -399,8 +411,18 @@ class ObservedRun:
         return length_sums(batch, scored_labels=self.scored_labels)
 
     def _attach_generation(self) -> None:
-        """Wrap what generates: TRL's ``_generate`` (span and rollout samples)."""
+        """Wrap what generates: TRL's ``_generate`` (span and rollout samples); on
+        several ranks, the accelerator's ``gather`` too (:data:`GATHER_WAIT`)."""
         self._wrap(self.GENERATE, self._generate)
+        if self.link is not None:
+            self._wraps.wrap(self.trainer.accelerator, "gather", self._gathering)
+
+    def _gathering(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def gather(*args: Any, **kwargs: Any) -> Any:
+            with self.span(GATHER_WAIT):
+                return original(*args, **kwargs)
+
+        return gather
 
     def _generation_span(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``original`` inside a ``generate`` span (``eval.generate`` while evaluating)."""
@@ -461,19 +483,11 @@ class ObservedRun:
     # -- attaching and detaching ----------------------------------------------------------
 
     def _wrap(self, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        trainer = self.trainer
-        original = getattr(trainer, name)
-        self._saved[name] = trainer.__dict__.get(name, _MISSING)
-        setattr(trainer, name, functools.wraps(original)(make(original)))
+        self._wraps.wrap(self.trainer, name, make)
 
     def _restore(self) -> None:
         trainer = self.trainer
-        for name, saved in self._saved.items():
-            if saved is _MISSING:
-                trainer.__dict__.pop(name, None)
-            else:
-                setattr(trainer, name, saved)
-        self._saved.clear()
+        self._wraps.restore()
         if trainer.__dict__.get(OBSERVER_ATTRIBUTE) is self:
             del trainer.__dict__[OBSERVER_ATTRIBUTE]
         if self._profiling:
@@ -481,20 +495,3 @@ class ObservedRun:
             self.PROFILING.release()
         if self.link is not None:
             self.link.close()
-
-    def _enter(self, name: str) -> None:
-        span = self.span(name)
-        span.__enter__()
-        self.open[name] = span
-
-    def _leave(self, name: str, exc_info: _ExcInfo = _NO_EXC) -> None:
-        span = self.open.pop(name, None)
-        if span is not None:
-            span.__exit__(*exc_info)
-
-    def _close_spans(self, exc_info: _ExcInfo) -> None:
-        for name in ("train.step", "train.optimizer", "step"):  # innermost first
-            self._leave(name, exc_info)
-
-
-_MISSING = object()
