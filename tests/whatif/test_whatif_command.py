@@ -205,6 +205,13 @@ def test_fewer_ranks_on_a_shared_device_is_not_predicted_and_a_speed_has_a_cavea
     out = capsys.readouterr().out
     assert "read with care: the recorded workers shared host-cpu: a --speed factor" in out
     assert "not a prediction" not in out and "that error does not bound this change" in out
+    # one rank's speed: the model runs the ranks as one trainer
+    assert main(["whatif", run, "--speed", "trainer2=2"]) == 2
+    assert (
+        "'trainer2' is one of the trainer's ranks (trainer, trainer2), which the model runs "
+        "as one trainer, in step: one rank's speed is no change it can make; name 'trainer' "
+        "(every rank) or the training phase 'train'" in capsys.readouterr().err
+    )
 
 
 def test_a_run_it_cannot_predict_keeps_its_report(

@@ -214,8 +214,10 @@ def predicted_events(
         timed.append((begin, 0, IterationStarted(run_id, begin, begin + offset, it)))
     for t in recorded.trainer:
         ends = timeline.piece_ends.get(t.iteration, [])
-        for before, since, event in t.events:
-            at = (ends[before - 1] if before else timeline.ready[t.iteration]) + since
+        for before, since, stretch, event in t.events:
+            after = ends[before - 1] if before else timeline.ready[t.iteration]
+            # (within a piece, or its gap: as far into it as it was)
+            at = after + (since * (ends[before] - after) // stretch if stretch else since)
             timed.append((at, 1, _at(event, run_id, at, offset)))
     for event in timeline.published:
         timed.append((event.monotonic_ns, 1, msgspec.structs.replace(event, run_id=run_id)))

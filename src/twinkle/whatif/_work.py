@@ -260,6 +260,14 @@ def check_speed(recorded: Recorded, changes: Changes, engines: list[str]) -> Non
     """Each ``--speed`` name is a phase, an engine of the prediction or ``trainer``."""
     known = [*recorded.config.phases, *engines, TRAINER]
     unknown = [name for name in changes.speed if name not in known]
+    ranks = trainer_workers(recorded)
+    if unknown and unknown[0] in ranks:
+        raise InvalidArgumentError(
+            f"--speed {unknown[0]}=...: {unknown[0]!r} is one of the trainer's ranks "
+            f"({', '.join(ranks)}), which the model runs as one trainer, in step: one "
+            f"rank's speed is no change it can make; name {TRAINER!r} (every rank) or the "
+            f"training phase {recorded.training!r}"
+        )
     if unknown:
         raise InvalidArgumentError(
             f"--speed {unknown[0]}=...: {unknown[0]!r} is no phase or worker of the run; "
