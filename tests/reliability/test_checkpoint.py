@@ -39,6 +39,8 @@ from twinkle.run._checkpoint import (
     HEADER_BYTES,
     Checkpoint,
     _digest,
+    log_edited,
+    log_unlike_checkpoint,
 )
 from twinkle.run._checkpoint import write as write_checkpoint
 from twinkle.run._state_pickle import read_state
@@ -396,6 +398,27 @@ def _huge(run_dir: Path) -> None:
         f.truncate(3 * 2**30)
 
 
+def _another_runs(run_dir: Path) -> None:
+    """Another run's checkpoint, whole (copied in from run ``other``'s directory: it
+    marks that run's log, of one iteration)."""
+    other = run_dir.parent.parent / "other"
+    segment(other, iterations=1, wall_offset_ns=0)
+    header = orjson.loads((other / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    theirs = checkpoint_module.load(other / "r", "r", header["observers"])
+    assert isinstance(theirs, Checkpoint)
+    theirs.run_id = "other"
+    write_checkpoint(run_dir, theirs)
+
+
+def test_another_runs_checkpoint_is_not_taken_for_an_edit_of_the_log(tmp_path: Path) -> None:
+    """A checkpoint copied in from run ``other`` says nothing of this run's log: the log
+    is not called changed (the resume passes the checkpoint over naming its run, above)."""
+    with_, _ = _twins(tmp_path)
+    _another_runs(with_ / "r")
+    assert log_unlike_checkpoint(with_ / "r") is None and log_edited(with_ / "r") is None
+    assert segment(with_, iterations=1, wall_offset_ns=HOUR).resumed is not None
+
+
 def _cut_records(run_dir: Path) -> None:
     path = run_dir / "metrics_raw.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
@@ -416,6 +439,7 @@ def _cut_records(run_dir: Path) -> None:
         (_planted_code, "cannot be read back (UnpicklingError: a checkpoint holds only twinkle"),
         (_changed_trace, "trace.json no longer begins with the bytes"),
         (_cut_records, "metrics_raw.jsonl holds"),
+        (_another_runs, "it is run 'other''s, not 'r''s"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_is_passed_over_saying_why(

@@ -294,11 +294,20 @@ def drop_stale(out_dir: Path) -> bool:
 
 def _log_mark(out_dir: Path) -> FileMark | None:
     """Where the run's checkpoint marks its event log (None: no checkpoint of this
-    format, or none readable). Reads the checkpoint's first line."""
+    format, none readable, or another run's: a checkpoint copied in from elsewhere says
+    nothing of this log, and :func:`load` refuses it naming its run). Reads the
+    checkpoint's first line and the log's."""
     try:
         with open_regular(out_dir / CHECKPOINT_FILE) as f:
             header = _header(f.readline(HEADER_BYTES + 1))
         if header is None or header.get("format") != FORMAT:
+            return None
+        try:
+            with open_regular(out_dir / EVENTS_FILE) as f:
+                first = json_object(f.readline(HEADER_BYTES + 1))
+        except FileNotFoundError:
+            first = None  # (gone: the mark says so)
+        if first is not None and first.get("run_id") != header["run_id"]:
             return None
         return FileMark(*header["files"][EVENTS_FILE])
     except (OSError, KeyError, TypeError, ValueError):
