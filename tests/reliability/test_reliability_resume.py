@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from reliability._scripted import CONFIG, killed_when_ready, segment
-from twinkle.errors import ConfigError, RecordError
+from twinkle.errors import ConfigError, RecordError, TwinkleError
 from twinkle.events import OptimizerStep
 from twinkle.hookspecs import hookimpl
 from twinkle.reporting import read_jsonl
@@ -294,3 +294,21 @@ def test_a_resume_interrupted_after_an_earlier_resume_went_by_again_changes_noth
     log = scripted_run(tmp_path, "r", 1, first_iteration=6, autoload=False)  # resumes
     records = list(read_jsonl(log.parent / "metrics_raw.jsonl"))
     assert sorted({r["iteration"] for r in records if r["kind"] == "grpo"}) == list(range(7))
+
+
+def test_a_summary_that_is_a_directory_stops_the_resume_before_it_writes(tmp_path: Path) -> None:
+    """The resume removes the run's summary (it vouched for the segments before): a
+    directory in its place is named before a line is logged, so the log stays as the
+    failed segment left it, and the resume goes on once it is moved away."""
+    with pytest.raises(RuntimeError):
+        segment(tmp_path, iterations=2, fail=True)
+    run = tmp_path / "r"
+    (run / "summary.json").unlink()
+    (run / "summary.json").mkdir()
+    logged = (run / "events.jsonl").read_bytes()
+    with pytest.raises(TwinkleError, match=r"summary\.json' is a directory, where the run writes"):
+        segment(tmp_path, iterations=1)
+    assert (run / "events.jsonl").read_bytes() == logged
+    (run / "summary.json").rmdir()
+    resumed = segment(tmp_path, iterations=1).resumed
+    assert resumed is not None and resumed.segment == 1

@@ -313,6 +313,12 @@ class RunDirectory:
         """Feed the logged events to ``run``'s observers again (those after
         :attr:`checkpoint`), close a segment that stopped without finishing, and connect
         ``bus`` (the caller then publishes ``run_resumed``)."""
+        summary = self.path / SUMMARY_FILE  # (before a line is written: forget_summary)
+        if summary.is_dir() and not summary.is_symlink():
+            raise TwinkleError(
+                f"cannot resume run {self.run_id!r}: {str(summary)!r} is a directory, where "
+                "the run writes its summary; move it away and resume again"
+            )
         if self.checkpoint is None and self.whole_log_why is not None:
             level = logging.INFO if self.whole_log_why == NO_CHECKPOINT else logging.WARNING
             log.log(level, "run %r resumes from its whole log: %s", self.run_id, self.whole_log_why)
