@@ -305,6 +305,8 @@ def test_a_bad_terminal_total_can_be_fixed_and_the_run_finished_after(tmp_path: 
         run.finish(terminal_totals={"samples": "12"})  # type: ignore[dict-item]
     with pytest.raises(RecordError, match=r"terminal_totals\['samples'\] = inf"):
         run.finish(terminal_totals={"samples": float("inf")})
+    with pytest.raises(RecordError, match=r"terminal_totals\['samples'\] = -5: .*never fewer"):
+        run.finish(terminal_totals={"samples": -5})
     assert run.state is RunState.RUNNING
     summary = run.finish(terminal_totals={"samples": 12})
     assert summary["status"] == "ok" and (tmp_path / "tt" / "summary.json").is_file()
