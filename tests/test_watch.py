@@ -189,6 +189,20 @@ def test_watch_of_what_no_wait_mends_fails_at_once(tmp_path: Path, planted: str)
     assert why in done.stderr and "waiting for" not in done.stdout
 
 
+def test_watch_of_a_finished_run_whose_log_was_emptied_fails_at_once(tmp_path: Path) -> None:
+    """Its summary written, its log emptied after: no event will come. ``watch`` said
+    it waited for the first, for ever; it fails at once, saying why, as ``report`` does."""
+    run = ended_in_error(tmp_path)
+    (run / "events.jsonl").write_bytes(b"")
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.cli", "watch", str(run), "--interval", "0.2"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "holds no event, yet the run wrote its summary.json: its log was emptied" in done.stderr
+    assert "waiting for" not in done.stdout
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished demo of 12 iterations."""

@@ -74,6 +74,7 @@ __all__ = [
     "format_report",
     "live_report",
     "load_report",
+    "no_event_coming",
     "streaming_effect",
     "time_parts",
     "write_plots",
@@ -166,8 +167,9 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     return report
 
 
-def _why_none(run: Path) -> str:
-    """Why a run's log holds no event, as far as its lock file tells."""
+def no_event_coming(run: Path) -> str | None:
+    """Why a run whose log holds no event will never hold one (it wrote its summary, or
+    the process that began it was stopped), else None (it may be starting)."""
     if (run / SUMMARY_FILE).is_file():
         return (
             f", yet the run wrote its {SUMMARY_FILE}: its log was emptied after it; "
@@ -180,6 +182,14 @@ def _why_none(run: Path) -> str:
             "wrote one; there is nothing to report (run it again with the same run id to "
             "start it, or remove the directory)"
         )
+    return None
+
+
+def _why_none(run: Path) -> str:
+    """Why a run's log holds no event, as far as its summary and lock file tell."""
+    why = no_event_coming(run)
+    if why is not None:
+        return why
     return (
         " yet: a run just starting writes its first in a moment (report it again), or one "
         "that never started wrote none"

@@ -24,7 +24,7 @@ from typing import Any
 
 from twinkle.errors import ReplayError
 from twinkle.observers import EVENTS_FILE
-from twinkle.report import live_report
+from twinkle.report import live_report, no_event_coming
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._text import (
     as_text,
@@ -117,7 +117,8 @@ def _open(
 ) -> Follower:
     """A follower of ``run`` once its log holds a line: waited for (said once), or with
     ``once`` a :class:`~twinkle.errors.ReplayError` saying it is not there. What no
-    wait mends (``run`` a file, its log not a regular file) is raised at once."""
+    wait mends (``run`` a file, its log not a regular file, a run that will log no
+    event: it wrote its summary, or its process was stopped) is raised at once."""
     said = False
     while True:
         try:
@@ -130,7 +131,10 @@ def _open(
             follower.poll()
             if follower.events or once:
                 return follower
-            follower.close()  # (a log with no event yet: its run is starting)
+            follower.close()  # (a log with no event yet: its run is starting, unless...)
+        why = no_event_coming(run)
+        if why is not None:
+            raise ReplayError(f"{str(run / EVENTS_FILE)!r} holds no event{why}")
         if not said:
             console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
             said = True
