@@ -16,12 +16,14 @@ import orjson
 import pytest
 
 import twinkle.reporting.jsonl as jsonl_module
+from _whatif_run import recorded_events
 from reliability._scripted import scripted_run
 from twinkle.cli import main
 from twinkle.errors import InvalidArgumentError, ReplayError
 from twinkle.hookspecs import hookimpl
 from twinkle.run import Follower, iter_events, replay
 from twinkle.testing import press_ctrl_c
+from twinkle.whatif import predict
 
 RECOMPUTED = ["metrics_raw.jsonl", "metrics.jsonl", "summary.json", "trace.json"]
 
@@ -72,6 +74,20 @@ def test_replay_refuses_a_non_empty_out_unless_forced(log: Path, tmp_path: Path)
     for name in RECOMPUTED:
         assert (out / name).read_bytes() == (log.parent / name).read_bytes(), name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "no staging left"
+
+
+def test_an_out_that_is_a_loop_of_links_is_refused_by_name(log: Path, tmp_path: Path) -> None:
+    """``Path.resolve()`` raised a bare RuntimeError ("Symlink loop from ...") there, from
+    the check that the output is not the log's own directory: replay and whatif."""
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    refusal = r"replay output '.*l1' is a symbolic link \(to '.*l2'\): a replay never writes"
+    with pytest.raises(ReplayError, match=refusal):
+        replay(log, tmp_path / "l1", autoload=False)
+    run = tmp_path / "run"
+    replay(recorded_events(), run, autoload=False)
+    with pytest.raises(ReplayError, match=refusal):
+        predict(run, out_dir=tmp_path / "l1")
 
 
 def test_replay_into_an_empty_existing_directory_needs_no_force(log: Path, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from twinkle.reporting._frozen import FrozenDict
 from twinkle.reporting._health import BackendHealth
-from twinkle.reporting._jsonl_files import make_dirs, open_regular, sidecar_path
+from twinkle.reporting._jsonl_files import make_dirs, open_regular, real_path, sidecar_path
 from twinkle.reporting._jsonl_tail import json_object, line_ending_at
 from twinkle.reporting._jsonl_torn import TornLineRecovery
 from twinkle.reporting._record_values import NONFINITE_ATTR
@@ -99,6 +99,7 @@ __all__ = [
     "make_dirs",
     "make_record",
     "open_regular",
+    "real_path",
     "read_jsonl",
     "record_fields",
     "record_from_dict",

@@ -29,6 +29,7 @@ __all__ = [
     "make_dirs",
     "open_appending",
     "open_regular",
+    "real_path",
     "reporter_error",
     "sidecar_path",
 ]
@@ -74,6 +75,13 @@ class Opened:
     fd: int
     readable: bool
     dir_fd: int  # the parent directory, kept to fsync it when the file was created; -1
+
+
+def real_path(path: Path) -> Path:
+    """``path`` absolute, its links followed as far as they go: a loop of links is left
+    as it is, for whatever opens the path to refuse by name (``Path.resolve()`` raises a
+    bare ``RuntimeError`` there)."""
+    return Path(os.path.realpath(path))
 
 
 def make_dirs(path: Path) -> None:

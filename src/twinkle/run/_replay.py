@@ -46,7 +46,7 @@ from twinkle.hookspecs import RunContext
 from twinkle.observers import EVENTS_FILE
 from twinkle.observers.sinks import SEQ_KEY
 from twinkle.plugins import loaded_plugins, make_plugin_manager
-from twinkle.reporting import read_jsonl
+from twinkle.reporting import read_jsonl, real_path
 from twinkle.run._checkpoint import log_unlike_checkpoint
 from twinkle.run._feed import FeedProgress, LogFeeder
 from twinkle.run._log_lines import BAD_LINE_FIX, seq_problem
@@ -285,7 +285,7 @@ def replay(
         raise InvalidArgumentError(f"replay: force must be True or False, got {force!r}")
     stream, log, latest = _source(events)
     target = None if out_dir is None else Path(out_dir)
-    if target is not None and log is not None and target.resolve() == log.path.resolve().parent:
+    if target is not None and log is not None and real_path(target) == real_path(log.path).parent:
         raise ReplayError(
             f"replay output {str(target)!r} is the log's own directory; its files would "
             "be appended to: choose another --out directory"

@@ -24,6 +24,7 @@ from typing import Any
 
 from twinkle.errors import InvalidArgumentError
 from twinkle.report import compare, load_report
+from twinkle.reporting import real_path
 from twinkle.whatif._predict import (
     added_on_shared_devices,
     contended_devices,
@@ -167,7 +168,7 @@ def _out_dir(out_dir: str | os.PathLike[str] | None, recorded: Recorded) -> Path
     if out_dir is None:
         return Path(tempfile.mkdtemp(prefix="twinkle-whatif-"))
     out = Path(out_dir)
-    if out.resolve() == recorded.path.parent.resolve():
+    if real_path(out) == real_path(recorded.path.parent):
         raise InvalidArgumentError(
             f"--out {str(out)!r} is the recorded run's own directory: give a new directory"
         )
