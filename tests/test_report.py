@@ -28,6 +28,7 @@ from twinkle.report import (
     format_compare,
     format_report,
     load_report,
+    phases_differ,
     streaming_effect,
     time_parts,
     write_plots,
@@ -141,6 +142,31 @@ def test_two_runs_compare_figure_by_figure(runs: tuple[Path, Path]) -> None:
             f"{tag}: run {report['run_id']} (ok, {n} iterations, {steady} steady): "
             f"{report['run_dir']}"
         )
+
+
+def test_two_runs_that_define_a_phase_by_other_names_are_told_so(
+    runs: tuple[Path, Path],
+) -> None:
+    """B times its rollout phase by other spans, and has a phase A lacks: the two
+    phases are named under the table, with both runs' span names; the others not."""
+    a = load_report(runs[0])
+    b = dict(load_report(runs[1]))
+    b["phase_patterns"] = {
+        **a["phase_patterns"],
+        "rollout": ["gen.*", "sample"],
+        "judge": ["judge"],
+    }
+    assert phases_differ(a, b) == {
+        "rollout": {"a": a["phase_patterns"]["rollout"], "b": ["gen.*", "sample"]},
+        "judge": {"a": None, "b": ["judge"]},
+    }
+    assert phases_differ(a, a) == {}
+    rollout = ", ".join(a["phase_patterns"]["rollout"])
+    assert format_compare(a, b).splitlines()[-1] == (
+        "phases defined differently, so their figures time other spans: rollout (A: "
+        f"{rollout}, B: gen.*, sample); judge (A: no such phase, B: judge)"
+    )
+    assert "phases defined differently" not in format_compare(a, a)
 
 
 def test_report_json_is_strict_json_whatever_the_figures(

@@ -42,7 +42,7 @@ import msgspec
 from twinkle.errors import InvalidArgumentError
 from twinkle.events import IterationStarted, MemoryReadings, RunResumed, RunStarted
 from twinkle.observers import BUILTIN_KINDS, EVENTS_FILE
-from twinkle.report._compare import PEAKS, compare, streaming_effect
+from twinkle.report._compare import PEAKS, compare, phases_differ, streaming_effect
 from twinkle.report._log_segments import log_ends_a_segment, logged_segments
 from twinkle.report._plots import PLOTS, time_parts, write_plots, write_png
 from twinkle.report._run_files import (
@@ -75,6 +75,7 @@ __all__ = [
     "live_report",
     "load_report",
     "no_event_coming",
+    "phases_differ",
     "streaming_effect",
     "time_parts",
     "write_plots",

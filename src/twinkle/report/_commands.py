@@ -17,6 +17,7 @@ from twinkle.report import (
     format_compare,
     format_report,
     load_report,
+    phases_differ,
     streaming_effect,
     write_plots,
 )
@@ -59,6 +60,7 @@ def report_command(args: argparse.Namespace, helps: Helps | None = None) -> int:
     if args.json:
         both: dict[str, Any] = {"a": first, "b": second, "compare": compare(first, second)}
         both["streaming_effect"] = streaming_effect(first, second)
+        both["phases_differ"] = phases_differ(first, second)
         print(_json(both))
     else:
         print(format_compare(first, second))

@@ -9,7 +9,7 @@ from typing import Any
 
 from twinkle.observers import PEAK_FIELDS
 
-__all__ = ["PEAKS", "compare", "streaming_effect"]
+__all__ = ["PEAKS", "compare", "phases_differ", "streaming_effect"]
 
 #: the memory fields whose highest reading the report shows per worker
 PEAKS = PEAK_FIELDS
@@ -87,6 +87,18 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
             ratio = _finite(vb / va)
         rows.append({"figure": name, "a": va, "b": vb, "ratio": ratio})
     return rows
+
+
+def phases_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The phases the two runs define by other span names (``config.phases``), each with
+    A's and B's names (None: not a phase of that run): a figure of such a phase measures
+    other work in each run, and its ratio is no speed-up."""
+    pa, pb = a.get("phase_patterns", {}), b.get("phase_patterns", {})
+    return {
+        phase: {"a": pa.get(phase), "b": pb.get(phase)}
+        for phase in [*pa, *(p for p in pb if p not in pa)]
+        if pa.get(phase) != pb.get(phase)
+    }
 
 
 def _finite(ratio: float) -> float | None:

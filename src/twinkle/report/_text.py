@@ -10,7 +10,7 @@ from typing import Any
 
 from twinkle.checks import printable
 from twinkle.metric import convert_bytes
-from twinkle.report._compare import compare, streaming_effect
+from twinkle.report._compare import compare, phases_differ, streaming_effect
 from twinkle.report._format import NAMED_WORKERS, error_line, highest_peaks, num
 from twinkle.report._framework_text import framework_lines
 from twinkle.report._limits_text import limits_lines
@@ -432,6 +432,13 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     ]
     lines = [_compared("A", a), _compared("B", b), ""]
     lines += _table(["figure", "A", "B", "B / A"], rows, names=True)
+    differ = phases_differ(a, b)
+    if differ:
+        named = "; ".join(
+            f"{phase} (A: {_names(both['a'])}, B: {_names(both['b'])})"
+            for phase, both in differ.items()
+        )
+        lines += ["", f"phases defined differently, so their figures time other spans: {named}"]
     effect = streaming_effect(a, b)
     if effect is not None:
         ratio = effect["throughput_ratio"]
@@ -444,6 +451,11 @@ def format_compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
             + f" {without}'s (same work assumed: check the tokens above)",
         ]
     return as_text(lines)
+
+
+def _names(patterns: list[str] | None) -> str:
+    """A phase's span names as config.phases gives them ("no such phase": None)."""
+    return "no such phase" if patterns is None else ", ".join(patterns) or "no span"
 
 
 def as_text(lines: list[str]) -> str:
