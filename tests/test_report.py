@@ -644,6 +644,12 @@ def test_the_chronic_stragglers_come_first_and_a_one_off_says_only() -> None:
         "seconds per token), e0 one-off (slow in 1 of 14 iterations only, typically 1.0x "
         "its peers' seconds per token)"
     )
+    # slow in every iteration compared, but in 2: a one-off, as too few were compared
+    few = {**one_off, "slow_iterations": 2, "compared_iterations": 2}
+    assert _stragglers("generation", {"unit": "span", "workers": {"rank1": few}}) == (
+        "generation: rank1 one-off (slow in 2 of 2 iterations, too few compared to call it "
+        "chronic, typically 1.0x its peers' seconds per span)"
+    )
 
 
 def test_a_side_not_compared_says_why_per_iteration_count() -> None:

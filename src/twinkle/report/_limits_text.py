@@ -142,6 +142,17 @@ def _most(workers: Mapping[str, Mapping[str, Any]], shown: int = 3) -> str:
     return ", ".join(words) + (f" and {len(top) - shown} more" if len(top) > shown else "")
 
 
+def _only(worker: Mapping[str, Any], chronic: bool) -> str:
+    """Why a one-off is not chronic: slow in half the iterations compared or fewer, or
+    in more but too few were compared (docs/metrics.md, "Stragglers")."""
+    if chronic:
+        return ""
+    slow, compared = worker.get("slow_iterations") or 0, worker.get("compared_iterations") or 0
+    if slow * 2 > compared:
+        return ", too few compared to call it chronic"
+    return " only"
+
+
 def _stragglers(side: str, found: Mapping[str, Any]) -> str:
     """One side's stragglers in words: the slow workers, or that none was, or why its
     workers were not compared."""
@@ -156,7 +167,7 @@ def _stragglers(side: str, found: Mapping[str, Any]) -> str:
     # in a healthy run's jitter, after)
     slow = [
         f"{name} {w.get('verdict')} (slow in {w.get('slow_iterations')} of "
-        f"{w.get('compared_iterations')} iterations{'' if chronic else ' only'}, typically "
+        f"{w.get('compared_iterations')} iterations{_only(w, chronic)}, typically "
         f"{w.get('median_ratio_to_peers', 0):.1f}x its peers' seconds per {found.get('unit')})"
         for chronic in (True, False)
         for name, w in workers.items()
