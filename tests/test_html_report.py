@@ -307,7 +307,7 @@ def test_the_page_replaces_an_earlier_page_only(
     before = log.read_bytes()
     assert main(["report", str(named_run), "--html", str(log)]) == 2
     err = capsys.readouterr().err
-    assert f"--html {str(log)!r} holds something else than what --html writes" in err
+    assert f"--html {str(log)!r} holds something other than what --html writes" in err
     assert "give a new path, or remove it first" in err
     assert log.read_bytes() == before
     page = tmp_path / "page.html"

@@ -265,7 +265,7 @@ def test_the_plot_is_a_png_and_replaces_no_other_file(
     for bad, why in [
         (tmp_path / "w.html", "give the path of a .png file to write"),
         (run / "events.jsonl", "give the path of a .png file to write"),
-        (notes, "holds something else than what --plot writes"),
+        (notes, "holds something other than what --plot writes"),
     ]:
         before = bad.read_bytes() if bad.exists() else None
         assert main(["whatif", str(run), "--plot", str(bad)]) == 2

@@ -290,7 +290,7 @@ def _check_replaceable(out: Path, flag: str, start: bytes) -> None:
             head = existing.read(len(start))
         if head and head.lower() != start.lower():
             raise InvalidArgumentError(
-                f"{flag} {str(out)!r} holds something else than what {flag} writes (it "
+                f"{flag} {str(out)!r} holds something other than what {flag} writes (it "
                 "would be replaced: a run's own file, say): give a new path, or remove it "
                 "first"
             )
