@@ -417,6 +417,11 @@ def test_another_runs_checkpoint_is_not_taken_for_an_edit_of_the_log(tmp_path: P
     _another_runs(with_ / "r")
     assert log_unlike_checkpoint(with_ / "r") is None and log_edited(with_ / "r") is None
     assert segment(with_, iterations=1, wall_offset_ns=HOUR).resumed is not None
+    # a log that cannot be read is still said to be unlike what the checkpoint marks
+    log = with_ / "r" / "events.jsonl"  # (the resume's own checkpoint marks it now)
+    log.rename(tmp_path / "kept.jsonl")
+    log.mkdir()
+    assert "events.jsonl" in (log_unlike_checkpoint(with_ / "r") or "")
 
 
 def _cut_records(run_dir: Path) -> None:

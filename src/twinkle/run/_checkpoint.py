@@ -43,7 +43,13 @@ from twinkle.observers import (
     EVENTS_FILE,
 )
 from twinkle.observers._held_log import outputs_held
-from twinkle.reporting import ReplacingFile, json_object, open_regular, sync_dir
+from twinkle.reporting import (
+    MAX_LINE_BYTES,
+    ReplacingFile,
+    json_object,
+    open_regular,
+    sync_dir,
+)
 from twinkle.run._state_pickle import read_state
 
 __all__ = [
@@ -304,9 +310,9 @@ def _log_mark(out_dir: Path) -> FileMark | None:
             return None
         try:
             with open_regular(out_dir / EVENTS_FILE) as f:
-                first = json_object(f.readline(HEADER_BYTES + 1))
-        except FileNotFoundError:
-            first = None  # (gone: the mark says so)
+                first = json_object(f.readline(MAX_LINE_BYTES + 1))
+        except OSError:
+            first = None  # (gone, or not a file to read: the mark's own check says so)
         if first is not None and first.get("run_id") != header["run_id"]:
             return None
         return FileMark(*header["files"][EVENTS_FILE])
