@@ -39,12 +39,14 @@ from twinkle.perf.dist import all_gather_json, gather_bytes, initialised_dist
 
 __all__ = [
     "DEAD_WAIT_S",
+    "GATHER_WAIT",
     "JOIN_TIMEOUT",
     "RankBus",
     "RankLink",
     "check_alone",
     "lone_rank",
     "merged_samples",
+    "publish_merged",
     "sigterm_held",
     "whole_groups",
 ]
@@ -275,6 +277,17 @@ def merged_samples(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         m["prompt_lengths"] = m["prompt_lengths"] or ()
         out.append(m)
     return out
+
+
+def publish_merged(bus: Any, parts: list[list[dict[str, Any]]], iteration: int | None) -> int:
+    """The ranks' held samples (:func:`merged_samples`) published on rank 0's run's
+    ``bus``; their training samples of ``iteration``."""
+    trained = 0
+    for sample in merged_samples(parts):
+        bus.samples(**sample)
+        if sample["phase"] == "train" and sample["iteration"] == iteration:
+            trained += len(sample["lengths"])
+    return trained
 
 
 def whole_groups(completions: int, per_group: int) -> int:

@@ -25,7 +25,7 @@ from twinkle.integrations._trl_ranks import (
     RankBus,
     RankLink,
     check_alone,
-    merged_samples,
+    publish_merged,
     sigterm_held,
     whole_groups,
 )
@@ -256,32 +256,24 @@ class ObservedRun:
         rank 0's run (a collective of every rank); a failure finishes the run. Returns
         the ranks' training samples of ``iteration`` (rank 0's run; else 0)."""
         assert self.link is not None and isinstance(self.bus, RankBus)
-        held, exchanged = self.bus.take(), False
+        held = self.bus.take()
+        unpublished: list[list[dict[str, Any]]] | None = [held]  # (a failure's to publish)
         try:
             report = None if self.worker is None else self.worker.report(memory=self.owner.memory)
-            parts, exchanged = self.link.exchange(held, report), True
+            parts = self.link.exchange(held, report)
             if self.session is None or parts is None:
                 return 0
+            unpublished = [samples for samples, _ in parts]  # (every rank's, now rank 0's)
             for _, got in parts:
                 if got is not None:
                     self.session.receive(got, iteration=iteration)
-            return self._publish_samples([samples for samples, _ in parts], iteration)
+            samples, unpublished = unpublished, None
+            return publish_merged(self.session.bus, samples, iteration)
         except BaseException as exc:
-            if not exchanged:  # (rank 0's finish as failed publishes its own)
-                self.bus.held[:0] = held
+            if unpublished is not None:  # (rank 0's finish as failed publishes them)
+                self.bus.held[:0] = [sample for part in unpublished for sample in part]
             self.fail(exc)
             raise
-
-    def _publish_samples(self, parts: list[list[dict[str, Any]]], iteration: int | None) -> int:
-        """The ranks' held samples, merged, to rank 0's run; their training samples of
-        ``iteration``."""
-        assert self.session is not None
-        trained = 0
-        for sample in merged_samples(parts):
-            self.session.bus.samples(**sample)
-            if sample["phase"] == "train" and sample["iteration"] == iteration:
-                trained += len(sample["lengths"])
-        return trained
 
     def logged(self, logs: Mapping[str, Any], global_step: int) -> None:
         if self.iteration is None:
@@ -337,9 +329,11 @@ class ObservedRun:
                     error = f"{', '.join(dead)} died: {error}" if dead else error
                 self.step_spans.close(exc_info)
                 self._restore()
-                if isinstance(self.bus, RankBus):  # (its own samples, which no exchange took)
-                    self._publish_samples([self.bus.take()], None)
-                self.session.finish(status="error", error=error)
+                try:
+                    if isinstance(self.bus, RankBus):  # (the samples no exchange published)
+                        publish_merged(self.session.bus, [self.bus.take()], None)
+                finally:
+                    self.session.finish(status="error", error=error)
         except Exception:  # the training's own error is the one to see
             log.exception("run %r: finishing after the failure failed", self.run_id)
 
