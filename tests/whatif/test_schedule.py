@@ -223,43 +223,51 @@ def test_a_trainer_placed_with_a_count_of_devices_has_a_rank_per_device(
 
 def _stepping_run(out: Path) -> Path:
     """The table's run with iteration 0's training in two pieces, ``train.step`` 10-12
-    and ``train.optimizer`` 12-16 ms, and its optimizer steps published at 11 ms (half
-    into the first piece), 15 (three quarters into the second) and 16 (after the last);
-    iterations 1 and 2 step once as their training ends (26, 38)."""
+    and ``train.optimizer`` 13-16 ms (1 ms apart), and its optimizer steps published at
+    11 ms (half into the first piece), 12.5 (in the gap), 15 (two thirds into the
+    second) and 16 (after the last); iterations 1 and 2 step once as their training
+    ends (26, 38)."""
     events, stepped = [], 0
     for recorded in recorded_events():
         event = recorded
         if isinstance(recorded, SpanBatch) and recorded.spans[-1].start_ns == 10 * MS:
             step = recorded.spans[-1]
-            halves = (
+            pieces = (
                 msgspec.structs.replace(step, end_ns=12 * MS),
-                msgspec.structs.replace(step, name="train.optimizer", start_ns=12 * MS),
+                msgspec.structs.replace(step, name="train.optimizer", start_ns=13 * MS),
             )
-            event = msgspec.structs.replace(recorded, spans=(*recorded.spans[:-1], *halves))
+            event = msgspec.structs.replace(recorded, spans=(*recorded.spans[:-1], *pieces))
         events.append(event)
-        if isinstance(event, SamplesObserved) and event.phase == "rollout":
-            it = event.iteration
-            for ms in (11, 15, 16) if it == 0 else (26 if it == 1 else 38,):
+        if isinstance(recorded, SamplesObserved) and recorded.phase == "rollout":
+            it = recorded.iteration
+            for us in (
+                (11_000, 12_500, 15_000, 16_000) if it == 0 else (26_000 if it == 1 else 38_000,)
+            ):
                 stepped += 1
+                at = us * 1_000
                 events.append(
-                    OptimizerStep("r", ms * MS, event.wall_ns + (ms - 10) * MS, it, stepped)
+                    OptimizerStep(
+                        "r", at, recorded.wall_ns - recorded.monotonic_ns + at, it, stepped
+                    )
                 )
     replay(events, out, autoload=False)
     return out
 
 
 def test_an_iterations_events_move_with_the_pieces_they_fell_in(tmp_path: Path) -> None:
-    """Training twice as fast: iteration 0's pieces take 10-11 and 11-13 ms, so its
-    steps come at 10.5 (half into the first), 12.5 (three quarters into the second)
-    and 13 ms (after the last), in the order they were made. (Kept at their recorded
-    distance from the piece before, the second would come at 14, after the third.)"""
+    """Training twice as fast: iteration 0's pieces take 10-11 and 12-13.5 ms (the gap
+    between them kept), so its steps come at 10.5 (half into the first), 11.5 (in the
+    gap, as recorded), 13.0 (two thirds into the second) and 13.5 ms (after the last),
+    in the order they were made. (Kept at their recorded distance from the piece
+    before, the third would come at 14, after the fourth.)"""
     predict(_stepping_run(tmp_path / "run"), Changes(speed={"train": 2.0}), tmp_path / "p")
     steps = [
         e for e in iter_events(tmp_path / "p" / "events.jsonl") if isinstance(e, OptimizerStep)
     ]
     assert [(e.step, e.monotonic_ns / MS) for e in steps if e.iteration == 0] == [
         (1, 10.5),
-        (2, 12.5),
+        (2, 11.5),
         (3, 13.0),
+        (4, 13.5),
     ]
-    assert [e.step for e in steps] == [1, 2, 3, 4, 5]
+    assert [e.step for e in steps] == [1, 2, 3, 4, 5, 6]

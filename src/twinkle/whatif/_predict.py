@@ -35,6 +35,7 @@ from twinkle.perf import Span
 from twinkle.run import ReplayResult, replay
 from twinkle.whatif._recorded import Recorded, shifted
 from twinkle.whatif._schedule import Plan, Timeline
+from twinkle.whatif._types import Piece
 from twinkle.whatif._work import trainer_workers
 
 __all__ = [
@@ -214,10 +215,15 @@ def predicted_events(
         timed.append((begin, 0, IterationStarted(run_id, begin, begin + offset, it)))
     for t in recorded.trainer:
         ends = timeline.piece_ends.get(t.iteration, [])
-        for before, since, stretch, event in t.events:
+        for before, since, event in t.events:
             after = ends[before - 1] if before else timeline.ready[t.iteration]
-            # (within a piece, or its gap: as far into it as it was)
-            at = after + (since * (ends[before] - after) // stretch if stretch else since)
+            # (after the last piece: as recorded)
+            into = (
+                _into(t.pieces[before], since, ends[before] - after)
+                if before < len(ends)
+                else since
+            )
+            at = after + into
             timed.append((at, 1, _at(event, run_id, at, offset)))
     for event in timeline.published:
         timed.append((event.monotonic_ns, 1, msgspec.structs.replace(event, run_id=run_id)))
@@ -237,6 +243,16 @@ def predicted_events(
         terminal_totals={},
         process_wall_ns=None,
     )
+
+
+def _into(piece: Piece, since: int, stretch: int) -> int:
+    """Where an event recorded ``since`` after the end of the piece before ``piece``
+    goes, now that ``piece``'s gap and duration take ``stretch``: in the gap (kept as
+    recorded), as recorded; in the piece, as far into it as it was."""
+    if since <= piece.gap_ns or not piece.duration_ns:
+        return since
+    duration = stretch - piece.gap_ns
+    return piece.gap_ns + (since - piece.gap_ns) * duration // piece.duration_ns
 
 
 def _order(item: tuple[int, int, Event]) -> tuple[int, int, int]:

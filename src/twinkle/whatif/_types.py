@@ -63,17 +63,14 @@ class TrainerIteration:
     """The trainer's iteration: when it began, when its rollouts were in (the end of
     its wait), its pieces (the first's gap from that end), the time after the last
     piece until the next iteration began (the run's end, for the last), the
-    iteration's events with their time after the piece that preceded them and the
-    length of the stretch they fell in (the next piece's gap and duration, which a
-    prediction scales their time with: 0 after the last piece), and its *lead*: the
-    observers' spans still running when it began (their start from the begin, often
-    negative), drawn where it begins without taking the trainer's time."""
+    iteration's events with their time after the piece that preceded them, and its
+    *lead*: the observers' spans still running when it began (their start from the
+    begin, often negative), drawn where it begins without taking the trainer's time."""
 
     iteration: int
     begin_ns: int
     wait_end_ns: int
     pieces: tuple[Piece, ...]
     tail_ns: int
-    #: (pieces before it, ns after their end, ns of the stretch it fell in, event)
-    events: tuple[tuple[int, int, int, Event], ...]
+    events: tuple[tuple[int, int, Event], ...]  # (pieces before it, ns after, event)
     lead: tuple[Piece, ...] = ()  # (gap_ns: the start from the begin)

@@ -246,10 +246,9 @@ def trainer_spans(
 
 def _placed(
     events: list[Event], ready: int, pieces: tuple[Piece, ...]
-) -> tuple[tuple[int, int, int, Event], ...]:
-    """Each event with the number of pieces that ended before it, its time after the
-    last of them (or after the wait's end) and the length of the stretch it fell in
-    (the next piece's gap and duration; 0 after the last piece)."""
+) -> tuple[tuple[int, int, Event], ...]:
+    """Each event with the number of pieces that ended before it and its time after the
+    last of them (or after the wait's end)."""
     ends, at = [], ready
     for p in pieces:
         at += p.gap_ns + p.duration_ns
@@ -259,8 +258,7 @@ def _placed(
         t = event.monotonic_ns
         before = sum(1 for e in ends if e <= t)
         since = ends[before - 1] if before else ready
-        stretch = ends[before] - since if before < len(ends) else 0
-        out.append((before, max(0, t - since), stretch, event))
+        out.append((before, max(0, t - since), event))
     return tuple(out)
 
 
