@@ -74,7 +74,7 @@ __all__ = [
     "format_report",
     "live_report",
     "load_report",
-    "no_event_coming",
+    "log_emptied",
     "phases_differ",
     "streaming_effect",
     "time_parts",
@@ -168,14 +168,22 @@ def _report(  # noqa: PLR0917 - the parts of one report, each read by its caller
     return report
 
 
-def no_event_coming(run: Path) -> str | None:
-    """Why a run whose log holds no event will never hold one (it wrote its summary, or
-    the process that began it was stopped), else None (it may be starting)."""
+def log_emptied(run: Path) -> str | None:
+    """Why a run whose log holds no event will never hold one: it wrote its summary
+    (else None: it may be starting, or be run again)."""
     if (run / SUMMARY_FILE).is_file():
         return (
             f", yet the run wrote its {SUMMARY_FILE}: its log was emptied after it; "
             f"restore {EVENTS_FILE} to report it"
         )
+    return None
+
+
+def _why_none(run: Path) -> str:
+    """Why a run's log holds no event, as far as its summary and lock file tell."""
+    emptied = log_emptied(run)
+    if emptied is not None:
+        return emptied
     writer = writer_of(run)
     if writer is not None and writer.alive is False:
         return (
@@ -183,14 +191,6 @@ def no_event_coming(run: Path) -> str | None:
             "wrote one; there is nothing to report (run it again with the same run id to "
             "start it, or remove the directory)"
         )
-    return None
-
-
-def _why_none(run: Path) -> str:
-    """Why a run's log holds no event, as far as its summary and lock file tell."""
-    why = no_event_coming(run)
-    if why is not None:
-        return why
     return (
         " yet: a run just starting writes its first in a moment (report it again), or one "
         "that never started wrote none"

@@ -24,7 +24,7 @@ from typing import Any
 
 from twinkle.errors import ReplayError
 from twinkle.observers import EVENTS_FILE
-from twinkle.report import live_report, no_event_coming
+from twinkle.report import live_report, log_emptied
 from twinkle.report._limits_text import limits_lines
 from twinkle.report._text import (
     as_text,
@@ -117,8 +117,8 @@ def _open(
 ) -> Follower:
     """A follower of ``run`` once its log holds a line: waited for (said once), or with
     ``once`` a :class:`~twinkle.errors.ReplayError` saying it is not there. What no
-    wait mends (``run`` a file, its log not a regular file, a run that will log no
-    event: it wrote its summary, or its process was stopped) is raised at once."""
+    wait mends (``run`` a file, its log not a regular file, a run that wrote its
+    summary and whose log was emptied after) is raised at once."""
     said = False
     while True:
         try:
@@ -132,9 +132,9 @@ def _open(
             if follower.events or once:
                 return follower
             follower.close()  # (a log with no event yet: its run is starting, unless...)
-        why = no_event_coming(run)
-        if why is not None:
-            raise ReplayError(f"{str(run / EVENTS_FILE)!r} holds no event{why}")
+        emptied = log_emptied(run)
+        if emptied is not None:
+            raise ReplayError(f"{str(run / EVENTS_FILE)!r} holds no event{emptied}")
         if not said:
             console.print(f"waiting for {run}/events.jsonl (Ctrl-C to stop) ...", markup=False)
             said = True
