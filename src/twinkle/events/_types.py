@@ -201,12 +201,6 @@ class RunFinished(Event, tag="run_finished", frozen=True):
                         "are the producers' finite end-of-run counts; leave out one you do "
                         "not know"
                     )
-                if (type(value) is int or type(value) is float) and value < 0:
-                    raise RecordError(
-                        f"run_finished.terminal_totals[{key!r}] = {value!r}: terminal totals "
-                        "count what the producers did (samples, tokens, updates), never "
-                        "fewer than none; pass the count, or leave it out"
-                    )
 
 
 @_event

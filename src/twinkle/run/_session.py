@@ -37,6 +37,7 @@ import pluggy
 from twinkle.checks import run_id as check_run_id
 from twinkle.errors import (
     InvalidArgumentError,
+    RecordError,
     TwinkleError,
 )
 from twinkle.events import (
@@ -333,6 +334,13 @@ class RunSession:
         # The caller's part checked before anything changes: a bad total is an error the
         # caller can fix and finish again after, never a lost run.
         validate_event(RunFinished(self.run_id, 0, 0, status, error, dict(terminal_totals or {})))
+        for key, value in (terminal_totals or {}).items():  # (numbers: validated)
+            if value < 0:  # (refused as written, not in a log read back: older ones hold some)
+                raise RecordError(
+                    f"run_finished.terminal_totals[{key!r}] = {value!r}: terminal totals "
+                    "count what the producers did (samples, tokens, updates), never fewer "
+                    "than none; pass the count, or leave it out"
+                )
         if self._unbind is not None:
             self._unbind()
             self._unbind = None
