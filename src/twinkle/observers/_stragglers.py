@@ -57,8 +57,9 @@ class _Iteration:
     workers: dict[str, _Work] = field(default_factory=dict)
     stretches: list[tuple[str, _Thread, int, int]] = field(default_factory=list)
 
-    def waited(self, waits: dict[_Thread, list[Interval]]) -> dict[str, _Work]:
-        """The workers' work, less ``waits`` (merged, per thread) inside their spans."""
+    def less_waits(self, waits: dict[_Thread, list[Interval]]) -> dict[str, _Work]:
+        """The workers' work, ``waits`` (merged, per thread) inside their spans taken off
+        it (in place: once, as the iteration is finalised)."""
         if waits:
             for worker, thread, start, end in self.stretches:
                 inside = waits.get(thread)
@@ -146,7 +147,8 @@ def _peer_medians(rates: dict[str, float]) -> dict[str, float]:
 
 class StragglerLedger:
     """Collects each side's work per iteration and worker from span batches, and folds
-    an iteration in when it is finalised (its work then forgotten: memory grows with
+    an iteration in when it is finalised (its work then forgotten: until then, a tuple
+    per phase span and wait of the iteration; after, memory grows with
     the workers, and by 8 bytes per worker and iteration compared, the ratios whose
     exact median is reported; once a side has a steady iteration folded in, the
     summary reads its steady state's alone, and every iteration's are dropped). A span
@@ -217,7 +219,7 @@ class StragglerLedger:
             data = by_iteration.pop(iteration, None)
             if data is None:
                 continue
-            workers = data.waited(waits)
+            workers = data.less_waits(waits)
             if steady:
                 self.steady[side].compare(workers)
             if self.steady[side].empty:
