@@ -240,8 +240,9 @@ def test_the_command_prints_text_or_json(
     assert [r["iteration"] for r in printed["iterations"]] == [0, 1, 2]
     assert main(["report", str(runs[0]), str(runs[1]), "--json"]) == 0
     both = json.loads(capsys.readouterr().out)
-    assert set(both) == {"a", "b", "compare", "streaming_effect"}
+    assert set(both) == {"a", "b", "compare", "streaming_effect", "phases_differ"}
     assert both["streaming_effect"] is None  # both runs overlap: neither measures it
+    assert both["phases_differ"] == {}  # (one demo's phases both)
 
 
 def test_a_run_with_its_log_alone_is_reported_from_it_and_what_is_no_run_is_refused(

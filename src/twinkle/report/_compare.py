@@ -97,8 +97,12 @@ def phases_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[
     return {
         phase: {"a": pa.get(phase), "b": pb.get(phase)}
         for phase in [*pa, *(p for p in pb if p not in pa)]
-        if pa.get(phase) != pb.get(phase)
+        if _named(pa.get(phase)) != _named(pb.get(phase))  # (any of its names matches)
     }
+
+
+def _named(patterns: list[str] | None) -> frozenset[str] | None:
+    return None if patterns is None else frozenset(patterns)
 
 
 def _finite(ratio: float) -> float | None:
