@@ -31,6 +31,7 @@ from twinkle.reporting import (
     record_to_dict,
     with_seq,
 )
+from twinkle.reporting._record_values import _plain_attrs
 
 
 def _reject_constant(name: str) -> Any:
@@ -405,6 +406,10 @@ def test_lists_of_text_in_attrs_take_either_path_to_the_same_result(flags: objec
     assert fast == reference
     if not isinstance(fast, str):
         assert type(fast[1]["window_flags"]) is tuple
+    ascii_text = isinstance(flags, list | tuple) and all(
+        type(f) is str and f.isascii() for f in flags
+    )
+    assert (_plain_attrs({"window_flags": flags}) is not None) == ascii_text  # (fast path)
 
 
 def test_a_str_subclass_key_is_refused_as_on_the_reference_path() -> None:
