@@ -100,7 +100,7 @@ class ObservedRun:
         self.start_tokens = int(state.num_input_tokens_seen)
         self.iteration: int | None = None
         self.in_training_step = False
-        self.step_spans = StepSpans(self.span)
+        self.step_spans = StepSpans()
         self.length_sums: list[Any] = []  # per micro-batch: its samples' (and prompts') lengths
         self.warned_lengths = False
         self.bad_keys: set[str] = set()  # logged keys left out (named once each)
@@ -225,10 +225,10 @@ class ObservedRun:
             self.told_start = True
             start = {"global_step": self.start_step, "steps_before": self.steps_before}
             self.bus.scalars(iteration=self.iteration, name=self.SCALARS + START, values=start)
-        self.step_spans.enter("step")
+        self.step_spans.enter("step", self.span("step"))
 
     def optimizer_begin(self) -> None:
-        self.step_spans.enter("train.optimizer")
+        self.step_spans.enter("train.optimizer", self.span("train.optimizer"))
 
     def optimizer_end(self) -> None:
         self.step_spans.leave("train.optimizer")
@@ -383,7 +383,7 @@ class ObservedRun:
                     self.length_sums.append(sums)
                 else:
                     self._unknown_lengths(batch)
-                self.step_spans.enter("train.step")
+                self.step_spans.enter("train.step", self.span("train.step"))
             return batch
 
         return prepare_inputs

@@ -45,17 +45,17 @@ class MethodWraps:
 
 
 class StepSpans:
-    """The spans of the step in progress, by name (made by ``span``)."""
+    """The spans of the step in progress, by name. (It holds no reference to the run
+    that makes them: the run, and its trainer, are freed when they are dropped.)"""
 
     #: the step's spans, innermost first (the order :meth:`close` ends them in)
     NAMES = ("train.step", "train.optimizer", "step")
 
-    def __init__(self, span: Callable[[str], SpanContext]) -> None:
-        self._span = span
+    def __init__(self) -> None:
         self.open: dict[str, SpanContext] = {}
 
-    def enter(self, name: str) -> None:
-        span = self._span(name)
+    def enter(self, name: str, span: SpanContext) -> None:
+        """``span`` (named ``name``) entered, until :meth:`leave` or :meth:`close`."""
         span.__enter__()
         self.open[name] = span
 
