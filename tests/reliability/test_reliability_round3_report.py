@@ -327,7 +327,7 @@ def test_plots_never_replace_a_file_that_is_not_a_png(tmp_path: Path) -> None:
     plots = tmp_path / "plots"
     plots.mkdir()
     (plots / "throughput.png").write_bytes(b"precious")
-    with pytest.raises(InvalidArgumentError, match=r"throughput\.png' holds something else"):
+    with pytest.raises(InvalidArgumentError, match=r"throughput\.png' holds something other"):
         write_plots(report, plots)
     assert [p.name for p in plots.iterdir()] == ["throughput.png"]
     assert (plots / "throughput.png").read_bytes() == b"precious"
