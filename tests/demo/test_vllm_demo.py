@@ -177,12 +177,13 @@ def test_the_engines_own_token_counts_equal_the_trainers(demo: Demo) -> None:
             assert values["requests_running_sampled_max"] <= per_engine
             assert values["request_inference_seconds"] > 0
     sampled = [v for f in figures.values() for v in f.values() if v["gauge_samples"] > 0]
-    assert sampled, "no gauge sample while any engine generated"
-    # A sample may also land before the engine scheduled the request or after it ended.
-    assert any(
-        v["kv_cache_usage_sampled_max"] > 0 and v["requests_running_sampled_max"] > 0
-        for v in sampled
-    )
+    assert sampled, "no gauge sample while any engine generated"  # (the first, ~2 s, has)
+    # What a sample reads depends on when it lands: before the engine scheduled the
+    # requests or after they ended it reads 0, and on a fast host the later iterations'
+    # 0.1-0.3 s of generation end before the first sample (0.25 s). Whether a sample saw
+    # the engine busy is the host's speed, not twinkle's (two runs here: none of 4
+    # samples did, 2 of 9 did); the peaks a sampler keeps are test_vllm_rig.py's.
+    assert all(v["requests_waiting_sampled_max"] <= per_engine for v in sampled)
     # Each read is a span of its own, between the engine's generate and reward spans.
     reads = {(s["attrs"]["iteration"], s["attrs"]["engine"]) for s in demo.spans("engine.metrics")}
     assert reads == {(it, e) for it in range(ITERATIONS) for e in ENGINES}
