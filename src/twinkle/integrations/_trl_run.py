@@ -225,10 +225,10 @@ class ObservedRun:
             self.told_start = True
             start = {"global_step": self.start_step, "steps_before": self.steps_before}
             self.bus.scalars(iteration=self.iteration, name=self.SCALARS + START, values=start)
-        self.step_spans.enter("step", self.span("step"))
+        self.step_spans.enter(self.span("step"))
 
     def optimizer_begin(self) -> None:
-        self.step_spans.enter("train.optimizer", self.span("train.optimizer"))
+        self.step_spans.enter(self.span("train.optimizer"))
 
     def optimizer_end(self) -> None:
         self.step_spans.leave("train.optimizer")
@@ -383,7 +383,7 @@ class ObservedRun:
                     self.length_sums.append(sums)
                 else:
                     self._unknown_lengths(batch)
-                self.step_spans.enter("train.step", self.span("train.step"))
+                self.step_spans.enter(self.span("train.step"))
             return batch
 
         return prepare_inputs

@@ -54,10 +54,10 @@ class StepSpans:
     def __init__(self) -> None:
         self.open: dict[str, SpanContext] = {}
 
-    def enter(self, name: str, span: SpanContext) -> None:
-        """``span`` (named ``name``) entered, until :meth:`leave` or :meth:`close`."""
+    def enter(self, span: SpanContext) -> None:
+        """``span`` entered, until :meth:`leave` (by its name) or :meth:`close`."""
         span.__enter__()
-        self.open[name] = span
+        self.open[span.name] = span
 
     def leave(self, name: str, exc_info: ExcInfo = NO_EXC) -> None:
         span = self.open.pop(name, None)
