@@ -444,3 +444,22 @@ def test_the_processs_memory_is_named_as_its_spans_are(options: dict[str, Any], 
     spans = {e.source for e in events if e.TYPE == "spans"} - {"twinkle.observers"}
     readings = [r.worker_id for e in events if e.TYPE == "memory" for r in e.readings]
     assert spans == {name} and readings == [name, "w7"]
+
+
+@pytest.mark.parametrize(("log", "said"), [(None, "was deleted"), (b"", "is empty")])
+def test_records_without_their_log_refuse_a_new_run_saying_what_became_of_the_log(
+    tmp_path: Path, log: bytes | None, said: str
+) -> None:
+    """An earlier run's records beside no event log, or an emptied one: a new run there
+    would add its iterations to them. Refused, saying which the log is; nothing changed."""
+    run = scripted_run(tmp_path, "earlier", iterations=2).parent
+    records = (run / "metrics_raw.jsonl").read_bytes()
+    (run / "events.jsonl").unlink()
+    if log is not None:
+        (run / "events.jsonl").write_bytes(log)
+    with pytest.raises(
+        ReporterError, match=rf"but no event log \(events\.jsonl {said}\): a new run there"
+    ):
+        with RunSession(out_dir=tmp_path, run_id="earlier", autoload=False):
+            pass
+    assert (run / "metrics_raw.jsonl").read_bytes() == records

@@ -152,16 +152,18 @@ def refuse_outputs_without_log(log: Path, outputs: Iterable[str]) -> None:
     of the ``outputs`` beside it holds something: an earlier run's records whose log was
     deleted. A new run there would append its iterations to them (doubling iterations),
     and nothing can rebuild them."""
+    gone = "was deleted"
     try:
         if os.stat(log, follow_symlinks=False).st_size:
             return
+        gone = "is empty"
     except FileNotFoundError:
         pass
     left = outputs_held(log.parent, outputs)
     if left:
         raise ReporterError(
             f"run directory {str(log.parent)!r} holds {', '.join(left)} of an earlier run "
-            f"but no event log ({log.name} was deleted): a new run there would add its "
+            f"but no event log ({log.name} {gone}): a new run there would add its "
             "iterations to those records, and without the log they cannot be rebuilt; "
             "move the directory away (or restore its events.jsonl), or choose another run id"
         )
