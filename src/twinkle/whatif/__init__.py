@@ -168,6 +168,11 @@ def _out_dir(out_dir: str | os.PathLike[str] | None, recorded: Recorded) -> Path
     if out_dir is None:
         return Path(tempfile.mkdtemp(prefix="twinkle-whatif-"))
     out = Path(out_dir)
+    if out.is_symlink():  # (its files would land wherever the link points)
+        raise InvalidArgumentError(
+            f"--out {str(out)!r} is a symbolic link (to {os.readlink(out)!r}): give the "
+            "directory's real path, or a new one (nothing was written)"
+        )
     if real_path(out) == real_path(recorded.path.parent):
         raise InvalidArgumentError(
             f"--out {str(out)!r} is the recorded run's own directory: give a new directory"
